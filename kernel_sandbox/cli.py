@@ -1,0 +1,167 @@
+"""The ``kernel-sandbox`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from . import __version__
+from .containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, EngineUnavailable, docker_client, gc
+from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
+
+
+def _config_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _install_config(args: argparse.Namespace) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for name in ("image", "memory", "cpus", "pids_limit", "mount_cwd"):
+        if getattr(args, name) is not None:
+            config[name] = getattr(args, name)
+    if args.network is not None:
+        config["network"] = args.network
+    if args.mount:
+        config["mounts"] = args.mount
+    if args.env:
+        config["env"] = dict(item.split("=", 1) for item in args.env)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        config[key] = _config_value(value)
+    return config
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    """Install kernelspecs into Jupyter's data directory."""
+    names = list(shipped_kernelspecs()) if args.kernel == "all" else [args.kernel]
+    if args.name and len(names) > 1:
+        raise SystemExit("--name installs one kernelspec: pick it with --kernel")
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    config = _install_config(args)
+    for name in names:
+        path = install(
+            name,
+            user=args.user,
+            prefix=prefix,
+            install_as=args.name,
+            display_name=args.display_name,
+            config=config,
+        )
+        print(f"Installed kernelspec {args.name or name} in {path}")
+    return 0
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    """Build the kernel image."""
+    from .image import build_image
+
+    tag = build_image(tag=args.tag, base_image=args.base_image, rebuild_base=args.rebuild_base)
+    print(f"Built {tag}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the set-up and print the fix for each problem."""
+    from .doctor import run_checks
+
+    failed = 0
+    for check in run_checks(image=args.image):
+        print(f"[{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}")
+        if not check.ok:
+            failed += 1
+            print(f"       fix: {check.fix}")
+    print("All checks passed." if not failed else f"{failed} problem(s) found.")
+    return 1 if failed else 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Remove containers and socket directories left by dead kernels."""
+    report = gc(docker_client(), everything=args.all)
+    for name in report.containers:
+        print(f"removed container {name}")
+    for path in report.socket_dirs:
+        print(f"removed socket directory {path}")
+    print(f"{len(report.containers)} container(s), {len(report.socket_dirs)} socket directory(ies) removed")
+    return 0
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """List kernel containers."""
+    for container in docker_client().containers.list(all=True, filters={"label": LABEL}):
+        kernel_id = container.labels.get(LABEL_KERNEL_ID, "?")
+        print(f"{container.name}\t{container.status}\tkernel {kernel_id}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kernel-sandbox``."""
+    parser = argparse.ArgumentParser(prog="kernel-sandbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    image = sub.add_parser("image", help="manage the kernel image")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    build = image_sub.add_parser("build", help=cmd_image_build.__doc__)
+    build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image tag (default {DEFAULT_IMAGE})")
+    build.add_argument("--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)")
+    build.add_argument("--rebuild-base", action="store_true", help="bootstrap the fallback base image again")
+    build.set_defaults(func=cmd_image_build)
+
+    inst = sub.add_parser("install", help=cmd_install.__doc__)
+    inst.add_argument(
+        "--kernel",
+        default=DOCKER_SPEC,
+        choices=[*shipped_kernelspecs(), "all"],
+        help=f"which kernelspec (default {DOCKER_SPEC})",
+    )
+    where = inst.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user")
+    where.add_argument("--prefix", help="install under this prefix (e.g. a virtualenv)")
+    where.add_argument("--sys-prefix", action="store_true", help="install into this Python's prefix")
+    inst.add_argument("--name", help="install under another kernelspec name")
+    inst.add_argument("--display-name", help="name shown in the launcher")
+    inst.add_argument("--image", help="kernel image")
+    inst.add_argument("--memory", help="memory limit, e.g. 1g")
+    inst.add_argument("--cpus", type=float, help="CPU limit in cores")
+    inst.add_argument("--pids-limit", type=int, help="process limit")
+    net = inst.add_mutually_exclusive_group()
+    net.add_argument("--network", dest="network", action="store_true", default=None, help="turn networking on")
+    net.add_argument("--no-network", dest="network", action="store_false", help="keep networking off")
+    inst.add_argument("--mount", action="append", default=[], help="bind mount HOST:CONTAINER[:ro|rw]")
+    inst.add_argument("--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder")
+    inst.add_argument("--env", action="append", default=[], help="environment variable NAME=VALUE")
+    inst.add_argument("--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)")
+    inst.set_defaults(func=cmd_install)
+
+    doctor = sub.add_parser("doctor", help=cmd_doctor.__doc__)
+    doctor.add_argument("--image", default=DEFAULT_IMAGE, help="kernel image to look for")
+    doctor.set_defaults(func=cmd_doctor)
+
+    collect = sub.add_parser("gc", help=cmd_gc.__doc__)
+    collect.add_argument("--all", action="store_true", help="remove every kernel container, live ones too")
+    collect.set_defaults(func=cmd_gc)
+
+    ps = sub.add_parser("ps", help=cmd_ps.__doc__)
+    ps.set_defaults(func=cmd_ps)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kernel-sandbox``."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (EngineUnavailable, ValueError, RuntimeError) as exc:
+        print(f"kernel-sandbox: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

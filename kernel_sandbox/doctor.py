@@ -1,0 +1,86 @@
+"""Checks of the local set-up, each with the command that fixes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from .containers import (
+    DEFAULT_IMAGE,
+    LABEL,
+    EngineUnavailable,
+    ImageMissing,
+    docker_client,
+    is_orphan,
+    require_image,
+)
+from .kernelspecs import DOCKER_SPEC, installed
+
+
+@dataclass
+class Check:
+    """One check's outcome: what was checked, whether it passed, and the fix when it did not."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
+    """Check the provisioners, the Docker engine, the kernel image, leftovers and kernelspecs."""
+    checks = []
+    names = {ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")}
+    missing = {"kernel-sandbox-docker", "kernel-sandbox-opensandbox"} - names
+    checks.append(
+        Check(
+            "provisioners",
+            not missing,
+            "registered with jupyter_client" if not missing else f"not registered: {sorted(missing)}",
+            "reinstall the package: `pip install kernel-sandbox` (or `pip install -e .`)",
+        )
+    )
+    try:
+        client = docker_client()
+    except EngineUnavailable as exc:
+        checks.append(Check("docker engine", False, str(exc).split(". Start")[0], _ENGINE_FIX))
+        client = None
+    else:
+        version = client.version().get("Version", "?")
+        checks.append(Check("docker engine", True, f"reachable, version {version}"))
+    if client is not None:
+        try:
+            require_image(client, image)
+        except ImageMissing:
+            checks.append(
+                Check("kernel image", False, f"{image} is missing", f"kernel-sandbox image build --tag {image}")
+            )
+        else:
+            checks.append(Check("kernel image", True, f"{image} is present"))
+        ours = client.containers.list(all=True, filters={"label": LABEL})
+        orphans = [c.name for c in ours if is_orphan(c)]
+        checks.append(
+            Check(
+                "leftover containers",
+                not orphans,
+                f"{len(ours)} kernel containers, {len(orphans)} left by dead kernels",
+                "kernel-sandbox gc",
+            )
+        )
+    specs = installed()
+    checks.append(
+        Check(
+            "kernelspecs",
+            DOCKER_SPEC in specs,
+            ", ".join(f"{name} ({path})" for name, path in specs.items()) or "none installed",
+            "kernel-sandbox install --user",
+        )
+    )
+    return checks
+
+
+_ENGINE_FIX = (
+    "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; "
+    "not installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see https://docs.docker.com/engine/install/; "
+    "a remote engine: export DOCKER_HOST"
+)

@@ -1,0 +1,51 @@
+"""Fixtures shared by every test: a reachable Docker engine, the kernel image, installed kernelspecs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernel_sandbox.containers import DEFAULT_IMAGE, EngineUnavailable, ImageMissing, docker_client, require_image
+from kernel_sandbox.kernelspecs import install
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason} (CI must run the Docker tests: .ci/run starts the engine and builds the image)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A Docker client for a reachable engine with the kernel image; skips outside CI when absent."""
+    try:
+        client = docker_client()
+    except EngineUnavailable:
+        _unavailable("no Docker engine")
+    try:
+        require_image(client, DEFAULT_IMAGE)
+    except ImageMissing:
+        _unavailable(f"kernel image {DEFAULT_IMAGE} not built (`kernel-sandbox image build`)")
+    return client
+
+
+@pytest.fixture(scope="session")
+def jupyter_prefix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A Jupyter data prefix holding the shipped kernelspecs, put first on JUPYTER_PATH."""
+    prefix = tmp_path_factory.mktemp("jupyter-prefix")
+    install("sandboxed-python", prefix=str(prefix))
+    install("sandboxed-python", prefix=str(prefix), install_as="sandboxed-python-small",
+            config={"memory": "128m", "pids_limit": 64})
+    old = os.environ.get("JUPYTER_PATH")
+    data_dir = prefix / "share" / "jupyter"
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data_dir), old]))
+    yield data_dir
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old

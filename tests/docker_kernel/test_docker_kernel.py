@@ -1,0 +1,298 @@
+"""The Sandboxed Python kernelspec through jupyter_client, on a real Docker engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import KernelProvisionerFactory
+from traitlets.config import Config
+
+from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, ImageMissing, socket_root
+from kernel_sandbox.provisioners.docker import KernelLaunchError
+
+pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+
+
+async def run(km: AsyncKernelManager, code: str, timeout: float = 60) -> dict:
+    """Execute ``code`` and collect its iopub output and reply."""
+    kc = km.client()
+    kc.start_channels()
+    out: dict = {"stream": "", "stderr": "", "results": [], "error": None, "inputs": []}
+
+    def hook(msg: dict) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out["stream" if content["name"] == "stdout" else "stderr"] += content["text"]
+        elif kind == "execute_result":
+            out["results"].append(content)
+        elif kind == "execute_input":
+            out["inputs"].append(content["execution_count"])
+        elif kind == "error":
+            out["error"] = content
+
+    try:
+        await kc.wait_for_ready(timeout=60)
+        reply = await kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    finally:
+        kc.stop_channels()
+    out["reply"] = reply["content"]
+    return out
+
+
+def containers_of(client, km: AsyncKernelManager) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={km.kernel_id}"})
+
+
+@pytest.fixture
+async def km():
+    manager = AsyncKernelManager(kernel_name="sandboxed-python")
+    await manager.start_kernel()
+    yield manager
+    if manager.has_kernel:
+        await manager.shutdown_kernel(now=True)
+
+
+async def test_execute_stream_result_and_count(km: AsyncKernelManager) -> None:
+    out = await run(km, "print('hello from the sandbox')\n6 * 7")
+    assert out["stream"] == "hello from the sandbox\n"
+    assert out["results"][0]["data"]["text/plain"] == "42"
+    assert out["reply"]["status"] == "ok"
+    count = out["reply"]["execution_count"]
+    assert out["results"][0]["execution_count"] == count == out["inputs"][0]
+    again = await run(km, "1")
+    assert again["reply"]["execution_count"] == count + 1
+
+
+async def test_interrupt_stops_a_busy_loop_and_kernel_lives(km: AsyncKernelManager) -> None:
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute("import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.01)")
+        while True:
+            msg = await kc.get_iopub_msg(timeout=30)
+            if msg["msg_type"] == "stream":
+                break
+        await km.interrupt_kernel()
+        reply = await kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+    finally:
+        kc.stop_channels()
+    assert await km.is_alive()
+    assert (await run(km, "'still here'"))["results"][0]["data"]["text/plain"] == "'still here'"
+
+
+async def test_restart_gives_fresh_container_and_state(km: AsyncKernelManager, docker_engine) -> None:
+    await run(km, "secret = 41")
+    first = km.provisioner.container_id
+    await km.restart_kernel()
+    assert km.provisioner.container_id != first
+    assert containers_of(docker_engine, km)[0].id == km.provisioner.container_id
+    out = await run(km, "secret")
+    assert out["error"]["ename"] == "NameError"
+
+
+async def test_the_sandbox_is_locked_down(km: AsyncKernelManager) -> None:
+    code = """
+import os, subprocess
+print(sorted(os.listdir('/sys/class/net')))
+print(os.getuid(), os.getgid())
+try:
+    open('/etc/owned', 'w')
+except OSError as exc:
+    print('etc', type(exc).__name__)
+open('/tmp/ok', 'w').write('x')
+open('work.txt', 'w').write('y')
+print(os.getcwd(), os.path.exists('/tmp/ok'), os.path.exists('work.txt'))
+print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])
+print(open('/proc/self/status').read().split('NoNewPrivs:')[1].split()[0])
+"""
+    out = await run(km, code)
+    lines = out["stream"].splitlines()
+    assert lines[0] == "['lo']"
+    uid, _gid = (int(x) for x in lines[1].split())
+    assert uid != 0
+    assert lines[2] in ("etc PermissionError", "etc OSError")
+    assert lines[3] == "/home/sandbox/work True True"
+    assert int(lines[4], 16) == 0
+    assert lines[5] == "1"
+
+
+async def test_host_environment_does_not_leak(docker_engine) -> None:
+    os.environ["KS_HOST_SECRET"] = "do-not-leak"
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python",
+        config=Config({"DockerProvisioner": {"env": {"GREETING": "hi"}}}),
+    )
+    try:
+        await manager.start_kernel()
+        out = await run(manager, "import os; print(os.environ.get('KS_HOST_SECRET'), os.environ['GREETING'])")
+        assert out["stream"] == "None hi\n"
+    finally:
+        del os.environ["KS_HOST_SECRET"]
+        await manager.shutdown_kernel(now=True)
+
+
+async def test_fork_loop_is_stopped_by_pids_limit() -> None:
+    manager = AsyncKernelManager(kernel_name="sandboxed-python-small")
+    await manager.start_kernel()
+    code = """
+import os, signal, time
+children = []
+try:
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    print('stopped', len(children), exc.errno)
+finally:
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+"""
+    try:
+        out = await run(manager, code)
+        word, forked, errno = out["stream"].split()
+        assert word == "stopped" and int(errno) == 11
+        assert 0 < int(forked) < 64
+        assert (await run(manager, "'alive'"))["results"][0]["data"]["text/plain"] == "'alive'"
+    finally:
+        await manager.shutdown_kernel(now=True)
+
+
+async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFixture) -> None:
+    manager = AsyncKernelManager(kernel_name="sandboxed-python-small")
+    manager.autorestart = False
+    await manager.start_kernel()
+    kc = manager.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        kc.execute("hog = 'x' * (1024 ** 3)")
+        deadline = time.monotonic() + 60
+        while await manager.provisioner.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert manager.provisioner.exit_reason == "out of memory, limit 128 MiB"
+        assert "out of memory, limit 128 MiB" in caplog.text
+    finally:
+        kc.stop_channels()
+        await manager.shutdown_kernel(now=True)
+
+
+async def test_shutdown_leaves_nothing(docker_engine) -> None:
+    manager = AsyncKernelManager(kernel_name="sandboxed-python")
+    await manager.start_kernel()
+    socket_dir = manager.provisioner.socket_dir
+    assert socket_dir.is_dir() and containers_of(docker_engine, manager)
+    await manager.shutdown_kernel()
+    assert not containers_of(docker_engine, manager)
+    assert not socket_dir.exists()
+
+
+async def test_ten_concurrent_kernels_leave_nothing(docker_engine) -> None:
+    managers = [AsyncKernelManager(kernel_name="sandboxed-python") for _ in range(10)]
+    await asyncio.gather(*(m.start_kernel() for m in managers))
+    outs = await asyncio.gather(*(run(m, "import socket; socket.gethostname()") for m in managers))
+    assert all(o["results"][0]["data"]["text/plain"] == "'sandbox'" for o in outs)
+    assert len({m.provisioner.container_id for m in managers}) == 10
+    dirs = [m.provisioner.socket_dir for m in managers]
+    await asyncio.gather(*(m.shutdown_kernel() for m in managers))
+    for m in managers:
+        assert not containers_of(docker_engine, m)
+    assert not any(d.exists() for d in dirs)
+
+
+async def test_network_option_publishes_on_loopback_only(docker_engine) -> None:
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"network": True}})
+    )
+    await manager.start_kernel()
+    try:
+        assert manager.transport == "tcp" and manager.ip == "127.0.0.1"
+        container = containers_of(docker_engine, manager)[0]
+        bindings = [b for ports in container.ports.values() for b in ports]
+        assert len(bindings) == 5 and {b["HostIp"] for b in bindings} == {"127.0.0.1"}
+        out = await run(manager, "import os; print(sorted(os.listdir('/sys/class/net')))")
+        assert out["stream"].strip() != "['lo']"
+    finally:
+        await manager.shutdown_kernel(now=True)
+
+
+async def test_mounts_are_read_only_unless_asked(tmp_path: Path) -> None:
+    ro_dir, rw_dir = tmp_path / "data", tmp_path / "out"
+    ro_dir.mkdir()
+    rw_dir.mkdir()
+    rw_dir.chmod(0o777)
+    (ro_dir / "input.txt").write_text("from the host")
+    mounts = [f"{ro_dir}:data", f"{rw_dir}:/home/sandbox/work/out:rw"]
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"mounts": mounts}})
+    )
+    await manager.start_kernel()
+    code = """
+print(open('data/input.txt').read())
+try:
+    open('data/new.txt', 'w')
+except OSError as exc:
+    print(type(exc).__name__)
+open('out/result.txt', 'w').write('from the sandbox')
+"""
+    try:
+        out = await run(manager, code)
+        assert out["stream"].splitlines() == ["from the host", "OSError"]
+        assert (rw_dir / "result.txt").read_text() == "from the sandbox"
+    finally:
+        await manager.shutdown_kernel(now=True)
+
+
+async def test_reattach_after_server_restart(docker_engine) -> None:
+    first = AsyncKernelManager(kernel_name="sandboxed-python")
+    await first.start_kernel()
+    await run(first, "kept = 'state survives'")
+    info = await first.provisioner.get_provisioner_info()
+
+    second = AsyncKernelManager(kernel_name="sandboxed-python", kernel_id=first.kernel_id)
+    second.provisioner = KernelProvisionerFactory.instance().create_provisioner_instance(
+        first.kernel_id, second.kernel_spec, parent=second
+    )
+    await second.provisioner.load_provisioner_info(info)
+    second.load_connection_info(info["connection_info"])
+    out = await run(second, "kept")
+    assert out["results"][0]["data"]["text/plain"] == "'state survives'"
+    await second.shutdown_kernel()
+    assert not containers_of(docker_engine, first)
+    assert await first.provisioner.poll() is not None
+
+
+async def test_missing_image_names_the_build_command() -> None:
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python",
+        config=Config({"DockerProvisioner": {"image": "kernel-sandbox-python:no-such-tag"}}),
+    )
+    with pytest.raises(ImageMissing, match="kernel-sandbox image build"):
+        await manager.start_kernel()
+
+
+async def test_failed_launch_removes_container_and_socket_dir(docker_engine) -> None:
+    before = set(os.listdir(socket_root()))
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python",
+        config=Config({"DockerProvisioner": {"launch_timeout": 20}}),
+    )
+    manager.kernel_spec.argv = ["python", "-c", "raise SystemExit('kernel refuses to start')"]
+    with pytest.raises(KernelLaunchError, match="kernel refuses to start"):
+        await manager.start_kernel()
+    assert not docker_engine.containers.list(
+        all=True, filters={"label": [LABEL, f"{LABEL_KERNEL_ID}={manager.kernel_id}"]}
+    )
+    assert set(os.listdir(socket_root())) <= before
