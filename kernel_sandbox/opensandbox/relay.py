@@ -1,0 +1,166 @@
+"""The relay kernel: a local Jupyter kernel that runs every cell in an OpenSandbox sandbox.
+
+The provisioner starts it with ``python -m kernel_sandbox.opensandbox.relay -f {connection_file}``
+and passes the sandbox's execd endpoint and context in the environment (see
+:class:`~kernel_sandbox.opensandbox.settings.RelaySettings`). Output events from execd are
+published on IOPub as they arrive; ``interrupt_request`` (control channel, its own thread in
+ipykernel 7) interrupts the execd context while the shell channel is still streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from ipykernel.kernelbase import Kernel
+
+from .. import __version__
+from .client import ExecdClient, OpenSandboxClient, OpenSandboxError
+from .events import Event, ExecutionError
+from .settings import RelaySettings
+
+STDIN_MESSAGE = "input is not supported in this sandbox"
+_STDIN_ERRORS = frozenset({"StdinNotImplementedError"})
+
+
+class RelayKernel(Kernel):
+    """A Jupyter kernel whose code runs in an OpenSandbox execd context."""
+
+    implementation = "kernel-sandbox-opensandbox"
+    implementation_version = __version__
+    banner = "Python in an OpenSandbox sandbox (kernel-sandbox relay)"
+    language_info = {
+        "name": "python",
+        "mimetype": "text/x-python",
+        "file_extension": ".py",
+        "pygments_lexer": "ipython3",
+        "codemirror_mode": {"name": "ipython", "version": 3},
+        "nbconvert_exporter": "python",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.relay_settings = RelaySettings.from_env()
+        self._execd = self._execd_client()
+        self._running = False
+        self._renewal: asyncio.Task[None] | None = None
+
+    def _execd_client(self, http: httpx.AsyncClient | None = None) -> ExecdClient:
+        settings = self.relay_settings
+        return ExecdClient(
+            settings.execd_url,
+            settings.execd_headers,
+            http=http,
+            request_timeout=settings.request_timeout,
+            max_output_bytes=settings.max_output_bytes,
+        )
+
+    def start(self) -> None:
+        """Start the kernel and, when configured, the loop that renews the sandbox's expiration."""
+        super().start()
+        settings = self.relay_settings
+        if settings.renew_seconds > 0 and settings.sandbox_id and settings.api_base:
+            self.io_loop.add_callback(self._start_renewal)
+
+    def _start_renewal(self) -> None:
+        self._renewal = asyncio.ensure_future(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        settings = self.relay_settings
+        interval = max(settings.renew_seconds / 3, 1.0)
+        async with OpenSandboxClient(settings.api_base, settings.api_key) as client:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await client.renew(settings.sandbox_id, settings.renew_seconds)
+                except (httpx.HTTPError, OpenSandboxError) as exc:
+                    self.log.warning("renewing sandbox %s failed: %s", settings.sandbox_id, exc)
+
+    def _publish(self, msg_type: str, content: dict[str, Any]) -> None:
+        self.send_response(self.iopub_socket, msg_type, content)
+
+    def _publish_event(self, event: Event) -> None:
+        if event.type in ("stdout", "stderr") and event.text:
+            self._publish("stream", {"name": event.type, "text": event.text})
+        elif event.type == "result" and event.data:
+            self._publish(
+                "execute_result",
+                {"data": event.data, "metadata": {}, "execution_count": self.execution_count},
+            )
+        elif event.type == "display_data" and event.data:
+            self._publish("display_data", {"data": event.data, "metadata": {}, "transient": {}})
+
+    async def do_execute(
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Run ``code`` in the sandbox, relaying its output as it arrives."""
+        error: ExecutionError | None = None
+        if code.strip():
+            self._running = True
+            try:
+                async for event in self._execd.stream(
+                    code, context_id=self.relay_settings.context_id, language=self.relay_settings.language
+                ):
+                    if event.type == "error" and event.error is not None:
+                        error = error or event.error
+                    elif not silent:
+                        self._publish_event(event)
+            except (httpx.HTTPError, OpenSandboxError) as exc:
+                error = ExecutionError("SandboxError", f"{type(exc).__name__}: {exc}", [f"SandboxError: {exc}"])
+            finally:
+                self._running = False
+        if error is None:
+            return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
+        if error.name in _STDIN_ERRORS:
+            error = ExecutionError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
+        content = {"ename": error.name, "evalue": error.value, "traceback": list(error.traceback)}
+        if not silent:
+            self._publish("error", content)
+        return {"status": "error", "execution_count": self.execution_count, **content}
+
+    async def do_is_complete(self, code: str) -> dict[str, Any]:
+        """Judge completeness locally with IPython's input transformer."""
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        status, indent = TransformerManager().check_complete(code)
+        reply: dict[str, Any] = {"status": status}
+        if status == "incomplete":
+            reply["indent"] = " " * (indent or 0)
+        return reply
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Interrupt the execd context (runs on the control thread, while execute streams)."""
+        content: dict[str, Any] = {"status": "ok"}
+        if self._running:
+            try:
+                async with httpx.AsyncClient() as http:
+                    await self._execd_client(http).interrupt(self.relay_settings.context_id)
+            except httpx.HTTPError as exc:
+                content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        """Stop renewing the sandbox's expiration; the provisioner removes the sandbox or context."""
+        if self._renewal is not None:
+            self.io_loop.add_callback(self._renewal.cancel)
+        return {"status": "ok", "restart": restart}
+
+
+def main() -> None:
+    """Launch the relay kernel (``python -m kernel_sandbox.opensandbox.relay -f FILE``)."""
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(kernel_class=RelayKernel)
+
+
+if __name__ == "__main__":
+    main()
