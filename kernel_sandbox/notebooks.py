@@ -1,0 +1,354 @@
+"""Run notebooks and code in the sandbox: the engine behind ``kernel-sandbox run`` and ``exec``.
+
+Notebooks run through nbclient on a sandboxed kernel (``sandboxed-python`` by default). When
+that kernelspec is not installed, the spec shipped with kernel-sandbox is used directly, so
+``kernel-sandbox run`` works before ``kernel-sandbox install``.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+from .kernelspecs import DOCKER_SPEC, shipped_kernelspecs
+
+PARAMETERS_TAG = "parameters"
+INJECTED_TAG = "injected-parameters"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
+    """A KernelSpecManager that also knows the kernelspecs shipped with kernel-sandbox.
+
+    Installed kernelspecs win (they carry the user's limits and mounts); a shipped one is used
+    only when no kernelspec of that name is installed.
+    """
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        """Installed kernelspecs plus the shipped ones that are not installed."""
+        found = {name: str(path) for name, path in shipped_kernelspecs().items()}
+        found.update(super().find_kernel_specs())
+        return found
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        """The installed kernelspec ``kernel_name``, else the shipped one of that name."""
+        try:
+            return super().get_kernel_spec(kernel_name)
+        except NoSuchKernel:
+            shipped = shipped_kernelspecs().get(kernel_name)
+            if shipped is None:
+                raise
+            return KernelSpec.from_resource_dir(str(shipped))
+
+
+def kernel_manager(kernel_name: str = DOCKER_SPEC, **kwargs: Any) -> AsyncKernelManager:
+    """An AsyncKernelManager for ``kernel_name`` that falls back to the shipped kernelspecs."""
+    return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(), **kwargs)
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour codes (IPython colours its tracebacks)."""
+    return _ANSI.sub("", text)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def parse_parameter(text: str) -> tuple[str, Any]:
+    """Parse ``name=value``; the value is a Python literal when it parses as one, else a string."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise ValueError(f"Parameter {text!r} must look like NAME=VALUE with NAME a Python identifier")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = raw
+    return name, value
+
+
+def inject_parameters(nb: nbformat.NotebookNode, parameters: Mapping[str, Any]) -> None:
+    """Insert a cell assigning ``parameters``, the way papermill does.
+
+    The new cell (tagged ``injected-parameters``) goes right after the cell tagged
+    ``parameters``, or first when there is none; an earlier injected cell is replaced.
+    """
+    if not parameters:
+        return
+    lines = ["# Parameters"] + [f"{name} = {value!r}" for name, value in parameters.items()]
+    cell = nbformat.v4.new_code_cell("\n".join(lines) + "\n", metadata={"tags": [INJECTED_TAG]})
+    cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    tagged = [i for i, c in enumerate(cells) if PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+    where = tagged[0] + 1 if tagged else 0
+    cells.insert(where, cell)
+    nb.cells = cells
+
+
+def tagged_source(notebook: str | Path | nbformat.NotebookNode, tag: str) -> str:
+    """The source of the code cells tagged ``tag``, joined: ship a tool or skill prototyped in a notebook."""
+    nb = notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(str(notebook), as_version=4)
+    parts = [c.source for c in nb.cells if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])]
+    if not parts:
+        raise ValueError(f"No code cell is tagged {tag!r}")
+    return "\n\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """A progress bar over code cells on stderr (tqdm when installed, else a plain line)."""
+
+    def __init__(self, total: int, label: str, stream: IO[str] | None = None, enabled: bool = True) -> None:
+        self.total, self.done, self.label = total, 0, label
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self._tqdm = None
+        self._tty = False
+        if enabled:
+            try:
+                from tqdm import tqdm  # optional
+
+                self._tqdm = tqdm(total=total, desc=label, unit="cell", file=self.stream)
+            except ImportError:
+                self._tty = self.stream.isatty()
+                self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        line = f"{self.label}: [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} cells"
+        if self._tty:
+            self.stream.write("\r" + line + ("\n" if final else ""))
+        elif final or self.done == 0:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def step(self) -> None:
+        if not self.enabled:
+            return
+        self.done += 1
+        if self._tqdm is not None:
+            self._tqdm.update(1)
+        elif self._tty:
+            self._draw()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._tqdm is not None:
+            self._tqdm.close()
+        else:
+            self._draw(final=True)
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+@dataclass
+class CellFailure:
+    """Where and why a notebook stopped."""
+
+    index: int
+    source: str
+    ename: str
+    evalue: str
+    traceback: list[str] = field(default_factory=list)
+
+    def report(self, colour: bool = False) -> str:
+        """The failing cell's source and its traceback, as shown by ``kernel-sandbox run``."""
+        tb = "\n".join(self.traceback) or f"{self.ename}: {self.evalue}"
+        text = f"Cell {self.index} failed:\n" + "-" * 60 + f"\n{self.source}\n" + "-" * 60 + f"\n{tb}\n"
+        return text if colour else strip_ansi(text)
+
+
+@dataclass
+class NotebookRun:
+    """The outcome of :func:`run_notebook`."""
+
+    notebook: nbformat.NotebookNode
+    output_path: Path | None
+    failure: CellFailure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def default_output_path(path: Path) -> Path:
+    """``analysis.ipynb`` → ``analysis.out.ipynb`` next to it."""
+    return path.with_name(path.name[: -len(".ipynb")] + ".out.ipynb" if path.name.endswith(".ipynb") else path.name + ".out.ipynb")
+
+
+def _failure(nb: nbformat.NotebookNode, exc: BaseException) -> CellFailure:
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                return CellFailure(index, cell.source, output.ename, output.evalue, list(output.traceback))
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    return CellFailure(-1, "", ename, evalue, [strip_ansi(str(exc))])
+
+
+async def async_run_notebook(
+    path: str | Path,
+    output: str | Path | None = None,
+    *,
+    kernel_name: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    startup_timeout: float = 120,
+    progress: bool = True,
+    cwd: str | Path | None = None,
+) -> NotebookRun:
+    """Execute a notebook on a sandboxed kernel and write the executed copy.
+
+    ``output`` defaults to ``NAME.out.ipynb`` next to the input (pass the input path to update it
+    in place). ``kernel_name`` defaults to ``sandboxed-python``, not the kernel named in the
+    notebook's metadata, so that a notebook made with a local kernel still runs in the sandbox.
+    The executed notebook is written even when a cell fails, with the error in that cell.
+    """
+    path = Path(path)
+    nb = nbformat.read(str(path), as_version=4)
+    name = kernel_name or DOCKER_SPEC
+    inject_parameters(nb, dict(parameters or {}))
+    total = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    bar = Progress(total, path.name, enabled=progress)
+
+    def on_cell_executed(cell: Any, **_: Any) -> None:
+        if cell.source.strip():
+            bar.step()
+
+    km = kernel_manager(name)
+    client = NotebookClient(
+        nb,
+        km=km,
+        kernel_name=name,
+        timeout=timeout,
+        startup_timeout=int(startup_timeout),
+        resources={"metadata": {"path": str(Path(cwd or path.parent).resolve())}},
+        on_cell_executed=on_cell_executed,
+    )
+    failure = None
+    try:
+        await client.async_execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+        failure = _failure(nb, exc)
+        if isinstance(exc, CellTimeoutError | DeadKernelError) and failure.index < 0:
+            failure = CellFailure(-1, "", type(exc).__name__, str(exc), [str(exc)])
+    finally:
+        bar.close()
+    spec = km.kernel_spec
+    nb.metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
+    out = Path(output) if output is not None else default_output_path(path)
+    nbformat.write(nb, str(out))
+    return NotebookRun(nb, out, failure)
+
+
+def run_notebook(path: str | Path, output: str | Path | None = None, **kwargs: Any) -> NotebookRun:
+    """Synchronous :func:`async_run_notebook`."""
+    return asyncio.run(async_run_notebook(path, output, **kwargs))
+
+
+# --------------------------------------------------------------------------- exec
+
+
+@dataclass
+class ExecResult:
+    """What :func:`exec_code` saw."""
+
+    stdout: str = ""
+    stderr: str = ""
+    error: dict[str, Any] | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out
+
+
+def _text_of(data: Mapping[str, Any]) -> str | None:
+    if "text/plain" in data:
+        return str(data["text/plain"])
+    for mime in data:
+        if mime.startswith("image/"):
+            return f"<{mime} output not shown>"
+    return None
+
+
+async def async_exec_code(
+    code: str,
+    *,
+    kernel_name: str | None = None,
+    timeout: float | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    colour: bool = False,
+    startup_timeout: float = 120,
+) -> ExecResult:
+    """Run ``code`` in a throwaway sandboxed kernel, streaming its output as it comes.
+
+    Stdout and results (their ``text/plain``) go to ``stdout``; stderr and the traceback of an
+    error go to ``stderr``. On ``timeout`` the kernel is interrupted and the result says so.
+    The kernel (and its container) is shut down in every case.
+    """
+    out_stream = stdout or sys.stdout
+    err_stream = stderr or sys.stderr
+    result = ExecResult()
+
+    def emit(stream: IO[str], text: str, attr: str) -> None:
+        stream.write(text)
+        stream.flush()
+        setattr(result, attr, getattr(result, attr) + text)
+
+    def hook(msg: dict[str, Any]) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            if content["name"] == "stdout":
+                emit(out_stream, content["text"], "stdout")
+            else:
+                emit(err_stream, content["text"], "stderr")
+        elif kind in ("execute_result", "display_data"):
+            text = _text_of(content.get("data", {}))
+            if text is not None:
+                emit(out_stream, text + "\n", "stdout")
+        elif kind == "error":
+            result.error = content
+            tb = "\n".join(content.get("traceback") or [f"{content['ename']}: {content['evalue']}"])
+            emit(err_stream, (tb if colour else strip_ansi(tb)) + "\n", "stderr")
+
+    km = kernel_manager(kernel_name or DOCKER_SPEC)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=startup_timeout)
+        try:
+            await kc.execute_interactive(code, timeout=timeout, output_hook=hook, allow_stdin=False)
+        except TimeoutError:
+            result.timed_out = True
+            await km.interrupt_kernel()
+            emit(err_stream, f"kernel-sandbox: the code did not finish within {timeout:g} s and was interrupted\n", "stderr")
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+    return result
+
+
+def exec_code(code: str, **kwargs: Any) -> ExecResult:
+    """Synchronous :func:`async_exec_code`."""
+    return asyncio.run(async_exec_code(code, **kwargs))
