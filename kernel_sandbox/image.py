@@ -79,7 +79,6 @@ def build_image(
         shutil.copytree(data_path("docker"), context, ignore=shutil.ignore_patterns("wheelhouse", "__pycache__"))
         _fill_wheelhouse(context / "wheelhouse", context / "requirements.txt", target, progress)
         _docker_build(client, context, tag, base, progress)
-    progress(f"built {tag}")
     return tag
 
 
