@@ -71,7 +71,7 @@ def build_image(
     else:
         base = base_image or _pick_base(client, progress)
     if not _has_image(client, base):
-        raise ImageBuildError(f"base image {base!r} is not in the local Docker engine; pull or build it first")
+        raise ImageBuildError(f"base image {base!r} is not in the local Docker engine; `docker pull {base}` or build it first")
     target = _probe_python(client, base)
     progress(f"base image {base}: Python {target['python']}, {target['libc']}, {target['machine']}")
     with tempfile.TemporaryDirectory(prefix="kernel-sandbox-build-") as tmp:
@@ -232,12 +232,12 @@ def _docker_build(client: docker.DockerClient, context: Path, tag: str, base: st
     )
     for chunk in stream:
         if "error" in chunk:
-            detail = "".join(output).rstrip()
+            detail = "".join(output).strip()
             raise ImageBuildError(f"docker build failed at {step}: {chunk['error'].strip()}\n{detail}")
         text = chunk.get("stream", "")
         if text.startswith("Step "):
             step = text.strip()
             output = []
             progress(step)
-        elif text:
+        elif text and not text.startswith((" ---> ", "Removing intermediate container")):
             output.append(text)
