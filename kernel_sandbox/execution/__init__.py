@@ -1,0 +1,30 @@
+"""The execution API for programs: sessions, tool calls, files, skills and a warm pool."""
+
+from .models import (
+    Execution,
+    ExecutionError,
+    FileInfo,
+    FramingError,
+    NetworkDisabledError,
+    PathError,
+    SandboxError,
+    SandboxFileError,
+    ToolResult,
+    UnsafePayloadError,
+)
+from .sandbox import AsyncSandbox, Sandbox
+
+__all__ = [
+    "AsyncSandbox",
+    "Execution",
+    "ExecutionError",
+    "FileInfo",
+    "FramingError",
+    "NetworkDisabledError",
+    "PathError",
+    "Sandbox",
+    "SandboxError",
+    "SandboxFileError",
+    "ToolResult",
+    "UnsafePayloadError",
+]

@@ -1,0 +1,91 @@
+"""Backend name → an in-memory kernelspec selecting the right provisioner, and its manager."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+BACKENDS = ("docker", "opensandbox", "local")
+KERNEL_NAME = "kernel-sandbox-execution"
+IPYKERNEL_ARGV = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+
+class _OneSpecManager(KernelSpecManager):  # type: ignore[misc]
+    """A kernelspec manager that knows exactly one (in-memory) kernelspec."""
+
+    def __init__(self, spec: KernelSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._spec = spec
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        """Return the one spec, whatever the name."""
+        return self._spec
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        """The one spec has no directory on disk."""
+        return {KERNEL_NAME: ""}
+
+
+def _k8s_memory(size: str) -> str:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", size.lower())
+    if not match:
+        raise ValueError(f"memory={size!r}: use a size such as 512m or 2g")
+    number, unit = match.groups()
+    return f"{number}{unit.upper()}i" if unit else number
+
+
+def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
+    """Build the kernelspec for ``backend`` with the sandbox ``options`` mapped onto its provisioner."""
+    options = {key: value for key, value in options.items() if value is not None}
+    if backend == "docker":
+        config = dict(options)
+        if "mounts" in config:
+            config["mounts"] = list(config["mounts"])
+        return KernelSpec(
+            argv=["python", *IPYKERNEL_ARGV],
+            display_name="Sandboxed Python",
+            language="python",
+            interrupt_mode="signal",
+            metadata={"kernel_provisioner": {"provisioner_name": "kernel-sandbox-docker", "config": config}},
+        )
+    if backend == "opensandbox":
+        config = dict(options)
+        if config.pop("mounts", None):
+            raise ValueError("The opensandbox backend does not take mounts; upload files instead")
+        limits = {}
+        if "memory" in config:
+            limits["memory"] = _k8s_memory(str(config.pop("memory")))
+        if "cpus" in config:
+            limits["cpu"] = str(config.pop("cpus"))
+        config.pop("pids_limit", None)
+        if limits:
+            config["resource_limits"] = limits
+        if "network" in config:
+            config["allow_internet"] = bool(config.pop("network"))
+        if "launch_timeout" in config:
+            config["ready_timeout"] = config.pop("launch_timeout")
+        return KernelSpec(
+            argv=[sys.executable, "-m", "kernel_sandbox.opensandbox.relay", "-f", "{connection_file}"],
+            display_name="Sandboxed Python (OpenSandbox)",
+            language="python",
+            interrupt_mode="message",
+            metadata={"kernel_provisioner": {"provisioner_name": "kernel-sandbox-opensandbox", "config": config}},
+        )
+    if backend == "local":
+        return KernelSpec(
+            argv=[sys.executable, *IPYKERNEL_ARGV],
+            display_name="Python (local, not sandboxed)",
+            language="python",
+            interrupt_mode="signal",
+            env=dict(options.get("env") or {}),
+        )
+    raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def kernel_manager(spec: KernelSpec) -> AsyncKernelManager:
+    """An AsyncKernelManager that launches ``spec``."""
+    return AsyncKernelManager(kernel_spec_manager=_OneSpecManager(spec), kernel_name=KERNEL_NAME)

@@ -1,0 +1,240 @@
+"""Code that runs in the kernel for tool calls and file operations, and how results come back.
+
+How a result travels, and why a tool cannot pass a fake one off as the real one:
+
+* The host makes a fresh random marker (``secrets.token_hex``) for every call. The generated
+  cell is a single expression; the kernel-side code calls the tool, encodes what it returned and
+  makes that framed text the value of the cell, so it arrives as the cell's ``execute_result``
+  (``BEGIN-marker length sha256 body END-marker``). ``print`` and the tool's own output go to
+  stdout and are never parsed: a marker the tool prints, or data it echoes, stays in stdout.
+* The host accepts exactly one execute_result frame carrying this call's marker, with a length and
+  digest that match. A tool that goes out of its way to forge one (it runs in the same process,
+  so it could introspect the cell to learn the marker) makes two frames appear: the call fails
+  with :class:`FramingError` instead of returning the forgery.
+* Framing only decides which bytes are the result; the bytes themselves stay untrusted. JSON is
+  decoded as JSON; anything else was pickled in the kernel and is decoded on the host only by
+  :class:`RestrictedUnpickler`, so the worst a hostile tool can do is return a wrong value.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import secrets
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import cloudpickle
+
+from .models import Execution, ExecutionError, FramingError
+from .unpickler import restricted_loads
+
+_FRAME_RE = re.compile(r"BEGIN-([0-9a-f]{32}) (\d+) ([0-9a-f]{64}) (.*) END-\1", re.S)
+_pickle_lock = threading.Lock()
+
+KERNEL_PRELUDE = r'''
+import base64, hashlib, json, pickle
+
+class _NamePickler(pickle._Pickler):
+    """Pickle classes by module and qualified name even when the kernel cannot import them."""
+
+    def save_global(self, obj, name=None):
+        try:
+            return pickle._Pickler.save_global(self, obj, name)
+        except pickle.PicklingError:
+            self.save(obj.__module__)
+            self.save(name or obj.__qualname__)
+            self.write(pickle.STACK_GLOBAL)
+            self.memoize(obj)
+
+def _encode(value):
+    try:
+        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
+        if json.loads(text) == value:
+            return {"json": text}
+    except Exception:
+        pass
+    try:
+        data = pickle.dumps(value, protocol=4)
+    except Exception:
+        import io
+        buf = io.BytesIO()
+        _NamePickler(buf, protocol=4).dump(value)
+        data = buf.getvalue()
+    return {"pickle": base64.b64encode(data).decode("ascii")}
+
+def _error(exc):
+    import traceback
+    return {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}
+
+class _Frame:
+    def __init__(self, text):
+        self.text = text
+    def __repr__(self):
+        return self.text
+
+def _frame(obj):
+    body = json.dumps(obj, ensure_ascii=True)
+    digest = hashlib.sha256(body.encode("ascii")).hexdigest()
+    return _Frame(f"BEGIN-{_marker} {len(body)} {digest} {body} END-{_marker}")
+'''
+
+TOOL_SRC = r'''
+def _main():
+    import inspect
+    out = {}
+    try:
+        data = pickle.loads(base64.b64decode(_payload))
+        func = data["func"]
+        if func is None:
+            namespace = {"__name__": "__kernel_sandbox_tool__"}
+            exec(compile(_source, "<tool>", "exec"), namespace)
+            if _name not in namespace or not callable(namespace[_name]):
+                raise NameError(f"the tool source defines no function named {_name!r}")
+            func = namespace[_name]
+        kwargs = dict(data["args"] or {})
+        takes_state = "agent_state" in inspect.signature(func).parameters
+        if takes_state:
+            kwargs["agent_state"] = data["state"]
+        out["func_return"] = _encode(func(**kwargs))
+        if takes_state:
+            out["agent_state"] = _encode(data["state"])
+    except Exception as exc:
+        out["error"] = _error(exc)
+    return out
+'''
+
+
+def frame(body: str, marker: str) -> str:
+    """Frame ``body`` (ASCII) as ``BEGIN-marker length sha256 body END-marker``."""
+    digest = hashlib.sha256(body.encode("ascii")).hexdigest()
+    return f"BEGIN-{marker} {len(body)} {digest} {body} END-{marker}"
+
+
+def parse_frame(text: str, marker: str) -> str | None:
+    """Return the body of a frame made with ``marker``, None if ``text`` is not one.
+
+    A frame with this marker whose length or digest does not match raises :class:`FramingError`.
+    """
+    match = _FRAME_RE.fullmatch(text)
+    if match is None or not secrets.compare_digest(match.group(1), marker):
+        return None
+    length, digest, body = int(match.group(2)), match.group(3), match.group(4)
+    if len(body) != length or hashlib.sha256(body.encode("ascii", "replace")).hexdigest() != digest:
+        raise FramingError("The framed result failed its length or digest check.")
+    return body
+
+
+def kernel_call(main_src: str, params: dict[str, Any]) -> tuple[str, str]:
+    """Build a one-expression cell that runs ``main_src``'s ``_main()`` and frames what it returns.
+
+    ``params`` become globals of a private namespace (nothing leaks into the user's namespace).
+    Returns the cell and its fresh marker.
+    """
+    marker = secrets.token_hex(16)
+    namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, **params}
+    source = KERNEL_PRELUDE + main_src + "\n_result = _frame(_main())\n"
+    code = f"(lambda ns: exec({source!r}, ns) or ns['_result'])({namespace!r})"
+    return code, marker
+
+
+def extract_frame(execution: Execution, marker: str) -> dict[str, Any]:
+    """Return the decoded body of the single frame with ``marker`` among ``execution``'s results."""
+    bodies = []
+    for bundle in execution.results:
+        text = bundle.get("text/plain")
+        if isinstance(text, str) and (body := parse_frame(text, marker)) is not None:
+            bodies.append(body)
+    if len(bodies) > 1:
+        raise FramingError(
+            "More than one result frame carried this call's marker: the tool tampered with the "
+            "result channel; its output is not trusted."
+        )
+    if not bodies:
+        detail = f" ({execution.error})" if execution.error else ""
+        raise FramingError(f"The sandbox returned no result frame{detail}.")
+    try:
+        return json.loads(bodies[0])
+    except ValueError as exc:
+        raise FramingError(f"The result frame does not hold JSON: {exc}") from exc
+
+
+def decode_value(encoded: dict[str, str], allowed: Iterable[type] = ()) -> Any:
+    """Decode a value encoded by the kernel: JSON as JSON, pickles by the restricted unpickler."""
+    if "json" in encoded:
+        return json.loads(encoded["json"])
+    if "pickle" in encoded:
+        return restricted_loads(base64.b64decode(encoded["pickle"]), allowed)
+    raise FramingError(f"Unknown value encoding {sorted(encoded)!r}")
+
+
+def _dumps_by_value(obj: Any, modules: Iterable[str]) -> bytes:
+    registered = []
+    with _pickle_lock:
+        try:
+            for name in modules:
+                module = sys.modules.get(name)
+                if module is not None and name != "__main__":
+                    try:
+                        cloudpickle.register_pickle_by_value(module)
+                    except ValueError:
+                        continue
+                    registered.append(module)
+            return cloudpickle.dumps(obj, protocol=4)
+        finally:
+            for module in registered:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+def _local_modules(*objects: Any) -> set[str]:
+    """Modules whose functions/classes must travel by value: the caller's own, not installed ones."""
+    names = set()
+    for obj in objects:
+        for candidate in (obj, type(obj)):
+            module = getattr(candidate, "__module__", None)
+            if module and module in sys.modules and not _is_installed(module):
+                names.add(module)
+    return names
+
+
+def _is_installed(module_name: str) -> bool:
+    module = sys.modules[module_name]
+    path = getattr(module, "__file__", None) or ""
+    return module_name.split(".")[0] in sys.stdlib_module_names or "site-packages" in path or "dist-packages" in path
+
+
+def tool_call(
+    tool: Callable[..., Any] | str,
+    args: dict[str, Any] | None,
+    agent_state: Any,
+    name: str | None,
+) -> tuple[str, str]:
+    """Build the cell for one tool call; returns the cell and its marker."""
+    if isinstance(tool, str):
+        if not name:
+            raise ValueError("run_tool(source, name=...): name the function the source defines")
+        func, source = None, textwrap.dedent(tool)
+    elif callable(tool):
+        func, source = tool, None
+        name = name or getattr(tool, "__name__", "tool")
+    else:
+        raise TypeError(f"tool must be a function or its source, not {type(tool).__name__}")
+    payload = {"func": func, "args": dict(args or {}), "state": agent_state}
+    modules = _local_modules(func, agent_state, *(args or {}).values())
+    data = _dumps_by_value(payload, modules)
+    params = {"_payload": base64.b64encode(data).decode("ascii"), "_source": source, "_name": name}
+    return kernel_call(TOOL_SRC, params)
+
+
+def tool_error(body: dict[str, Any]) -> ExecutionError | None:
+    """The tool's exception recorded in a frame body, if it raised one."""
+    error = body.get("error")
+    if not error:
+        return None
+    return ExecutionError(str(error.get("name")), str(error.get("value")), str(error.get("traceback", "")))
+
