@@ -50,7 +50,7 @@ def install(
             spec["metadata"]["kernel_provisioner"]["config"].update(config)
         spec_file.write_text(json.dumps(spec, indent=2) + "\n")
         return KernelSpecManager().install_kernel_spec(
-            str(staged), install_as or name, user=user, prefix=prefix, replace=True
+            str(staged), install_as or name, user=user, prefix=prefix
         )
 
 

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import docker
 import docker.errors
 import zmq
 import zmq.asyncio
@@ -118,14 +119,17 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     exit_reason: str | None = None
     _exit_code: int | None = None
     _cwd: str | None = None
+    _docker: docker.DockerClient | None = None
 
     @property
     def has_process(self) -> bool:
         """True while a container belongs to this kernel."""
         return self.container_id is not None
 
-    def _client(self) -> Any:
-        return docker_client()
+    def _client(self) -> docker.DockerClient:
+        if self._docker is None:
+            self._docker = docker_client()
+        return self._docker
 
     def _container(self) -> Container | None:
         if self.container_id is None:
