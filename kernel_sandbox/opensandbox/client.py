@@ -8,6 +8,7 @@ events (see :mod:`kernel_sandbox.opensandbox.events`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -289,9 +290,7 @@ class ExecdClient:
 
     async def create_context(self, language: str = "python") -> str:
         """Create a fresh code context and return its id."""
-        response = await self._http.post(
-            f"{self.url}/code/context", json={"language": language}, headers=self.headers
-        )
+        response = await self._http.post(f"{self.url}/code/context", json={"language": language}, headers=self.headers)
         raise_for_status(response)
         context_id = response.json().get("id")
         if not context_id:
@@ -403,10 +402,8 @@ class OpenSandboxClient:
         return Sandbox(id=sandbox_id, state=sandbox_state(info), info=info, endpoint=endpoint)
 
     async def _delete_quietly(self, sandbox_id: str) -> None:
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             await self.delete(sandbox_id)
-        except httpx.HTTPError:
-            pass
 
     async def get(self, sandbox_id: str) -> dict[str, Any]:
         """Return the server's description of a sandbox (404 raises :class:`OpenSandboxAPIError`)."""
@@ -470,8 +467,7 @@ class OpenSandboxClient:
                     )
             if time.monotonic() >= deadline:
                 raise SandboxTimeoutError(
-                    f"execd endpoint (port {port}) of sandbox {sandbox_id} was not ready "
-                    f"after {self.ready_timeout:g}s"
+                    f"execd endpoint (port {port}) of sandbox {sandbox_id} was not ready after {self.ready_timeout:g}s"
                 )
             await asyncio.sleep(self.poll_interval)
 
@@ -514,9 +510,7 @@ class OpenSandboxClient:
             sandbox = Sandbox(id=sandbox, state=None, endpoint=await self.endpoint(sandbox))
         elif sandbox.endpoint is None:
             sandbox.endpoint = await self.endpoint(sandbox.id)
-        return await self.execd(sandbox.endpoint).run(
-            code, context_id=context_id, language=language, on_event=on_event
-        )
+        return await self.execd(sandbox.endpoint).run(code, context_id=context_id, language=language, on_event=on_event)
 
 
 async def run_once(

@@ -10,13 +10,13 @@ ipykernel 7) interrupts the execd context while the shell channel is still strea
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from ipykernel.kernelbase import Kernel
 
 from .. import __version__
-from .client import ExecdClient, OpenSandboxClient, OpenSandboxError
+from .client import ExecdClient, OpenSandboxClient, OpenSandboxError, OutputLimitExceeded
 from .events import Event, ExecutionError
 from .settings import RelaySettings
 
@@ -30,7 +30,7 @@ class RelayKernel(Kernel):
     implementation = "kernel-sandbox-opensandbox"
     implementation_version = __version__
     banner = "Python in an OpenSandbox sandbox (kernel-sandbox relay)"
-    language_info = {
+    language_info: ClassVar[dict[str, Any]] = {
         "name": "python",
         "mimetype": "text/x-python",
         "file_extension": ".py",
@@ -114,6 +114,9 @@ class RelayKernel(Kernel):
                         error = error or event.error
                     elif not silent:
                         self._publish_event(event)
+            except OutputLimitExceeded as exc:
+                error = ExecutionError("OutputLimitExceeded", str(exc), [f"OutputLimitExceeded: {exc}"])
+                await self._interrupt_quietly()
             except (httpx.HTTPError, OpenSandboxError) as exc:
                 error = ExecutionError("SandboxError", f"{type(exc).__name__}: {exc}", [f"SandboxError: {exc}"])
             finally:
@@ -126,6 +129,12 @@ class RelayKernel(Kernel):
         if not silent:
             self._publish("error", content)
         return {"status": "error", "execution_count": self.execution_count, **content}
+
+    async def _interrupt_quietly(self) -> None:
+        try:
+            await self._execd.interrupt(self.relay_settings.context_id)
+        except httpx.HTTPError as exc:
+            self.log.warning("interrupting execd context %s failed: %s", self.relay_settings.context_id, exc)
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:
         """Judge completeness locally with IPython's input transformer."""

@@ -50,25 +50,62 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     ``api_key`` fall back to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``.
     """
 
-    api_base = Unicode("", config=True, help="Lifecycle API base URL, e.g. http://host:8080/v1 (env OPEN_SANDBOX_API_BASE).")
-    api_key = Unicode(None, allow_none=True, config=True, help="Lifecycle API key (env OPEN_SANDBOX_API_KEY); empty sends no key header.")
-    image = Unicode(DEFAULT_IMAGE, config=True, help="Sandbox image; it must run execd and a Jupyter server (code-interpreter).")
+    api_base = Unicode(
+        "", config=True, help="Lifecycle API base URL, e.g. http://host:8080/v1 (env OPEN_SANDBOX_API_BASE)."
+    )
+    api_key = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="Lifecycle API key (env OPEN_SANDBOX_API_KEY); empty sends no key header.",
+    )
+    image = Unicode(
+        DEFAULT_IMAGE, config=True, help="Sandbox image; it must run execd and a Jupyter server (code-interpreter)."
+    )
     entrypoint = List(Unicode(), default_value=list(DEFAULT_ENTRYPOINT), config=True, help="Sandbox entry process.")
-    timeout = Integer(DEFAULT_TIMEOUT, min=60, config=True, help="Sandbox lifetime in seconds; the relay renews it while alive, so an orphaned sandbox ends itself.")
-    resource_limits = Dict(default_value=dict(DEFAULT_RESOURCE_LIMITS), config=True, help="resourceLimits, e.g. {'cpu': '1', 'memory': '2Gi'}.")
+    timeout = Integer(
+        DEFAULT_TIMEOUT,
+        min=60,
+        config=True,
+        help="Sandbox lifetime in seconds; the relay renews it while alive, so an orphaned sandbox ends itself.",
+    )
+    resource_limits = Dict(
+        default_value=dict(DEFAULT_RESOURCE_LIMITS),
+        config=True,
+        help="resourceLimits, e.g. {'cpu': '1', 'memory': '2Gi'}.",
+    )
     resource_requests = Dict(default_value={}, config=True, help="resourceRequests (omitted when empty).")
     env = Dict(default_value={}, config=True, help="Environment variables set inside the sandbox.")
-    metadata = Dict(default_value={}, config=True, help="Extra sandbox metadata (labels); 'kernel-sandbox': 'true' is always added.")
-    allow_internet = Bool(False, config=True, help="Allow outbound network (omits networkPolicy); default deny-all egress.")
-    network_policy = Dict(default_value=None, allow_none=True, config=True, help="A custom networkPolicy, used as given (overrides allow_internet).")
-    secure_access = Bool(False, config=True, help="Ask the server to protect sandbox endpoints with access tokens (secureAccess).")
+    metadata = Dict(
+        default_value={}, config=True, help="Extra sandbox metadata (labels); 'kernel-sandbox': 'true' is always added."
+    )
+    allow_internet = Bool(
+        False, config=True, help="Allow outbound network (omits networkPolicy); default deny-all egress."
+    )
+    network_policy = Dict(
+        default_value=None,
+        allow_none=True,
+        config=True,
+        help="A custom networkPolicy, used as given (overrides allow_internet).",
+    )
+    secure_access = Bool(
+        False, config=True, help="Ask the server to protect sandbox endpoints with access tokens (secureAccess)."
+    )
     use_server_proxy = Bool(False, config=True, help="Reach execd through the lifecycle server's proxy.")
-    ready_timeout = Float(DEFAULT_READY_TIMEOUT, config=True, help="Seconds to wait for Running and for the execd endpoint.")
-    poll_interval = Float(DEFAULT_POLL_INTERVAL, config=True, help="Seconds between state/endpoint polls while waiting.")
-    request_timeout = Float(DEFAULT_REQUEST_TIMEOUT, config=True, help="Timeout of single HTTP calls (streams of running code have none).")
+    ready_timeout = Float(
+        DEFAULT_READY_TIMEOUT, config=True, help="Seconds to wait for Running and for the execd endpoint."
+    )
+    poll_interval = Float(
+        DEFAULT_POLL_INTERVAL, config=True, help="Seconds between state/endpoint polls while waiting."
+    )
+    request_timeout = Float(
+        DEFAULT_REQUEST_TIMEOUT, config=True, help="Timeout of single HTTP calls (streams of running code have none)."
+    )
     max_output_bytes = Integer(DEFAULT_MAX_OUTPUT_BYTES, config=True, help="Byte cap on one execution's event stream.")
     state_check_interval = Float(5.0, config=True, help="Minimum seconds between sandbox state checks in poll().")
-    fresh_sandbox_on_restart = Bool(False, config=True, help="Restart into a new sandbox instead of a new context in the same sandbox.")
+    fresh_sandbox_on_restart = Bool(
+        False, config=True, help="Restart into a new sandbox instead of a new context in the same sandbox."
+    )
     language = Unicode("python", config=True, help="execd context language.")
 
     sandbox_id: str | None = None
@@ -248,4 +285,3 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.context_id = provisioner_info.get("context_id")
         url = provisioner_info.get("execd_url")
         self.endpoint = Endpoint(url, provisioner_info.get("execd_headers") or {}) if url else None
-

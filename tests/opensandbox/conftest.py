@@ -35,9 +35,7 @@ def fake_opensandbox(fake_opensandbox_server: FakeOpenSandbox) -> Iterator[FakeO
 
 
 @pytest.fixture
-def opensandbox_kernelspec(
-    fake_opensandbox: FakeOpenSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> str:
+def opensandbox_kernelspec(fake_opensandbox: FakeOpenSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """Install the OpenSandbox kernelspec into a temporary JUPYTER_PATH, pointed at the fakes by env."""
     data_dir = tmp_path / "jupyter"
     shutil.copytree(SPEC_DIR, data_dir / "kernels" / KERNEL_NAME)

@@ -271,7 +271,18 @@ class SandboxesHandler(_LifecycleHandler):
             for s in self.lifecycle.sandboxes.values()
             if all(s.body.get("metadata", {}).get(k) == v for k, v in wanted.items())
         ]
-        self.finish({"items": items, "pagination": {"page": 1, "pageSize": 100, "totalItems": len(items), "totalPages": 1, "hasNextPage": False}})
+        self.finish(
+            {
+                "items": items,
+                "pagination": {
+                    "page": 1,
+                    "pageSize": 100,
+                    "totalItems": len(items),
+                    "totalPages": 1,
+                    "hasNextPage": False,
+                },
+            }
+        )
 
 
 class SandboxHandler(_LifecycleHandler):

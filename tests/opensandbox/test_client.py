@@ -235,7 +235,9 @@ async def test_endpoint_other_errors_raise() -> None:
 
 
 async def test_endpoint_missing_in_answer_is_a_timeout() -> None:
-    router = Router().add("GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"headers": {"X": "y"}}))
+    router = Router().add(
+        "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"headers": {"X": "y"}})
+    )
     with pytest.raises(SandboxTimeoutError, match=r"execd endpoint.*not ready"):
         await lifecycle(router, ready_timeout=0).endpoint("osb_1")
 
@@ -265,9 +267,13 @@ async def test_run_code_on_bare_id_resolves_endpoint_and_sends_headers() -> None
 
 
 async def test_scheme_less_endpoint_takes_the_api_base_scheme() -> None:
-    router = Router().add(
-        "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"endpoint": "gw.test/route/44772"})
-    ).add("POST", "/route/44772/code", events({"type": "stdout", "text": "1\n"}))
+    router = (
+        Router()
+        .add(
+            "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"endpoint": "gw.test/route/44772"})
+        )
+        .add("POST", "/route/44772/code", events({"type": "stdout", "text": "1\n"}))
+    )
     client = lifecycle(router, api_base="https://sandbox.test/v1")
     await client.run_code(Sandbox(id="osb_1", state="Running"), "print(1)", context_id="ctx-9")
     run = router.requests[1]
@@ -283,7 +289,9 @@ async def test_stream_over_byte_cap_aborts() -> None:
 
 
 async def test_execd_busy_context_raises_with_its_message() -> None:
-    router = Router().add("POST", "/code", httpx.Response(500, json={"code": "RUNTIME_ERROR", "message": "session is busy"}))
+    router = Router().add(
+        "POST", "/code", httpx.Response(500, json={"code": "RUNTIME_ERROR", "message": "session is busy"})
+    )
     with pytest.raises(OpenSandboxAPIError, match="session is busy"):
         await ExecdClient("http://execd.test", http=router.http()).run("1")
 
@@ -305,7 +313,9 @@ async def test_execd_contexts_and_interrupt() -> None:
 
 
 async def test_on_event_callback_sees_events_in_order() -> None:
-    router = Router().add("POST", "/code", events({"type": "stdout", "text": "a"}, {"type": "ping"}, {"type": "stdout", "text": "b"}))
+    router = Router().add(
+        "POST", "/code", events({"type": "stdout", "text": "a"}, {"type": "ping"}, {"type": "stdout", "text": "b"})
+    )
     seen: list[str] = []
 
     async def on_event(event: Any) -> None:
@@ -319,9 +329,12 @@ async def test_on_event_callback_sees_events_in_order() -> None:
 
 
 async def test_delete_404_is_false_and_other_errors_raise() -> None:
-    router = Router().add("DELETE", "/v1/sandboxes/gone", httpx.Response(404)).add(
-        "DELETE", "/v1/sandboxes/err", httpx.Response(500)
-    ).add("DELETE", "/v1/sandboxes/ok", httpx.Response(204))
+    router = (
+        Router()
+        .add("DELETE", "/v1/sandboxes/gone", httpx.Response(404))
+        .add("DELETE", "/v1/sandboxes/err", httpx.Response(500))
+        .add("DELETE", "/v1/sandboxes/ok", httpx.Response(204))
+    )
     client = lifecycle(router)
     assert await client.delete("gone") is False
     assert await client.delete("ok") is True
@@ -344,7 +357,9 @@ async def test_list_filters_by_label_and_follows_pages() -> None:
 
 
 async def test_renew_posts_a_future_expiry() -> None:
-    router = Router().add("POST", "/v1/sandboxes/osb_1/renew-expiration", lambda r: httpx.Response(200, json=json.loads(r.content)))
+    router = Router().add(
+        "POST", "/v1/sandboxes/osb_1/renew-expiration", lambda r: httpx.Response(200, json=json.loads(r.content))
+    )
     expires = await lifecycle(router).renew("osb_1", 300)
     assert expires.endswith("Z") and router.body(0) == {"expiresAt": expires}
 
@@ -372,8 +387,10 @@ def test_api_base_required(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_run_once_creates_runs_and_deletes() -> None:
-    router = running_router().add("POST", "/code", events({"type": "stdout", "text": "42\n"})).add(
-        "DELETE", "/v1/sandboxes/osb_1", httpx.Response(204)
+    router = (
+        running_router()
+        .add("POST", "/code", events({"type": "stdout", "text": "42\n"}))
+        .add("DELETE", "/v1/sandboxes/osb_1", httpx.Response(204))
     )
     execution = await run_once("print(6*7)", api_base=API, api_key="", http=router.http())
     assert execution.stdout == "42\n"
@@ -381,8 +398,10 @@ async def test_run_once_creates_runs_and_deletes() -> None:
 
 
 async def test_run_once_deletes_even_when_the_run_raises() -> None:
-    router = running_router().add("POST", "/code", RuntimeError("boom")).add(
-        "DELETE", "/v1/sandboxes/osb_1", httpx.Response(204)
+    router = (
+        running_router()
+        .add("POST", "/code", RuntimeError("boom"))
+        .add("DELETE", "/v1/sandboxes/osb_1", httpx.Response(204))
     )
     with pytest.raises(RuntimeError, match="boom"):
         await run_once("1/0", api_base=API, api_key="", http=router.http())

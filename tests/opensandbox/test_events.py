@@ -22,7 +22,19 @@ def test_bare_json_and_sse_lines_are_both_accepted() -> None:
 
 
 def test_junk_and_control_lines_are_skipped() -> None:
-    lines = ["event: message", "id: 7", "retry: 100", ": comment", "not-json", "", "data:", "data: ", sse(["a list"]), "42", sse({"type": "stdout", "text": "ok\n"})]
+    lines = [
+        "event: message",
+        "id: 7",
+        "retry: 100",
+        ": comment",
+        "not-json",
+        "",
+        "data:",
+        "data: ",
+        sse(["a list"]),
+        "42",
+        sse({"type": "stdout", "text": "ok\n"}),
+    ]
     execution = parse_lines(lines)
     assert execution.stdout == "ok\n"
     assert execution.error is None
@@ -62,22 +74,37 @@ def test_execution_count_as_string_and_bad_values() -> None:
     assert parse_lines([sse({"type": "execution_count", "execution_count": "8"})]).execution_count == 8
     for bad in ("nope", None, True, [1]):
         assert parse_event(sse({"type": "execution_count", "execution_count": bad})) is None
-    execution = parse_lines([sse({"type": "execution_count", "execution_count": 3}), sse({"type": "execution_count", "execution_count": "x"})])
+    execution = parse_lines(
+        [
+            sse({"type": "execution_count", "execution_count": 3}),
+            sse({"type": "execution_count", "execution_count": "x"}),
+        ]
+    )
     assert execution.execution_count == 3
 
 
 def test_error_fallback_shapes() -> None:
-    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecutionError("BadRequest", "nope", [])
-    assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecutionError("RuntimeError", "boom", [])
+    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecutionError(
+        "BadRequest", "nope", []
+    )
+    assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecutionError(
+        "RuntimeError", "boom", []
+    )
 
 
 def test_error_empty_strings_are_kept_not_replaced() -> None:
-    event = {"type": "error", "error": {"ename": "", "name": "Fallback", "evalue": "", "value": "fallback", "traceback": []}}
+    event = {
+        "type": "error",
+        "error": {"ename": "", "name": "Fallback", "evalue": "", "value": "fallback", "traceback": []},
+    }
     assert parse_lines([sse(event)]).error == ExecutionError("", "", [])
 
 
 def test_first_error_wins() -> None:
-    lines = [sse({"code": "BadRequest", "message": "nope"}), sse({"type": "error", "name": "RuntimeError", "text": "boom"})]
+    lines = [
+        sse({"code": "BadRequest", "message": "nope"}),
+        sse({"type": "error", "name": "RuntimeError", "text": "boom"}),
+    ]
     assert parse_lines(lines).error == ExecutionError("BadRequest", "nope", [])
 
 

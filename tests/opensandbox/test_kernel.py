@@ -214,9 +214,7 @@ async def test_failed_launch_deletes_the_sandbox(
     assert not fake_opensandbox.lifecycle.live()
 
 
-async def test_missing_api_base_is_a_clear_error(
-    opensandbox_kernelspec: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_missing_api_base_is_a_clear_error(opensandbox_kernelspec: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPEN_SANDBOX_API_BASE")
     with pytest.raises(OpenSandboxConfigError, match="OPEN_SANDBOX_API_BASE"):
         await manager(opensandbox_kernelspec).start_kernel()
@@ -230,3 +228,21 @@ def test_options_come_from_kernelspec_config_and_traitlets() -> None:
     first, second = OpenSandboxProvisioner(), OpenSandboxProvisioner()
     first.resource_limits["cpu"] = "64"
     assert second.resource_limits == {"cpu": "1", "memory": "2Gi"}
+
+
+async def test_output_over_the_cap_is_cut_and_the_code_interrupted(
+    opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox
+) -> None:
+    km = manager(opensandbox_kernelspec, max_output_bytes=4000)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        _, reply = await execute(kc, "import time\nwhile True:\n    print('x' * 100, flush=True)\n    time.sleep(0.01)")
+        assert reply["status"] == "error" and reply["ename"] == "OutputLimitExceeded"
+        assert "4000 bytes" in reply["evalue"]
+        assert fake_opensandbox.execd.contexts[km.provisioner.context_id].interrupts == 1
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
