@@ -597,6 +597,12 @@ class _LoopThread:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, cls._loop)  # type: ignore[arg-type]
         return future.result()
 
+    @classmethod
+    def call(cls, func: Callable[..., Any], *args: Any) -> None:
+        """Schedule a plain call on the loop (it may create tasks there)."""
+        assert cls._loop is not None
+        cls._loop.call_soon_threadsafe(func, *args)
+
 
 class Sandbox:
     """The synchronous face of :class:`AsyncSandbox` (same options), used with ``with``.
@@ -606,6 +612,12 @@ class Sandbox:
 
     def __init__(self, backend: str = "docker", **options: Any) -> None:
         self._async = AsyncSandbox(backend, **options)
+
+    @classmethod
+    def _wrap(cls, sandbox: AsyncSandbox) -> Sandbox:
+        wrapper = cls.__new__(cls)
+        wrapper._async = sandbox
+        return wrapper
 
     @property
     def work_dir(self) -> str:

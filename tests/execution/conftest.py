@@ -1,0 +1,29 @@
+"""Fixtures for the execution API tests: a shared Docker sandbox and helpers to find containers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID
+from kernel_sandbox.execution import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_engine) -> Iterator[Sandbox]:
+    """One Docker sandbox shared by a module's tests (for tests that do not depend on state)."""
+    with Sandbox(timeout=60) as sb:
+        yield sb
+
+
+@pytest.fixture
+def own_containers(docker_engine):
+    """A function returning the ids of this process's kernel-sandbox containers."""
+
+    def ids() -> set[str]:
+        found = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
+        return {container.id for container in found if container.labels.get(LABEL) == "true"}
+
+    return ids
