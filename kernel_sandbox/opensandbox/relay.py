@@ -68,7 +68,7 @@ class RelayKernel(Kernel):
 
     async def _renew_forever(self) -> None:
         settings = self.relay_settings
-        interval = max(settings.renew_seconds / 3, 1.0)
+        interval = settings.renew_interval or settings.renew_seconds / 3
         async with OpenSandboxClient(settings.api_base, settings.api_key) as client:
             while True:
                 await asyncio.sleep(interval)

@@ -15,6 +15,7 @@ ENV_EXECD_HEADERS = "KERNEL_SANDBOX_EXECD_HEADERS"
 ENV_CONTEXT_ID = "KERNEL_SANDBOX_EXECD_CONTEXT"
 ENV_LANGUAGE = "KERNEL_SANDBOX_LANGUAGE"
 ENV_RENEW_SECONDS = "KERNEL_SANDBOX_RENEW_SECONDS"
+ENV_RENEW_INTERVAL = "KERNEL_SANDBOX_RENEW_INTERVAL"
 ENV_MAX_OUTPUT_BYTES = "KERNEL_SANDBOX_MAX_OUTPUT_BYTES"
 ENV_REQUEST_TIMEOUT = "KERNEL_SANDBOX_REQUEST_TIMEOUT"
 
@@ -23,9 +24,9 @@ ENV_REQUEST_TIMEOUT = "KERNEL_SANDBOX_REQUEST_TIMEOUT"
 class RelaySettings:
     """Where the relay kernel finds its sandbox, and how it keeps the sandbox alive.
 
-    ``renew_seconds`` > 0 makes the relay push the sandbox's expiration that far ahead, every
-    third of that time, for as long as it runs; when the relay (or its parent) dies the renewals
-    stop and the sandbox ends itself.
+    ``renew_seconds`` > 0 makes the relay push the sandbox's expiration that far ahead every
+    ``renew_interval`` seconds (0: a third of ``renew_seconds``) for as long as it runs; when the
+    relay (or its parent) dies the renewals stop and the sandbox ends itself.
     """
 
     execd_url: str
@@ -36,6 +37,7 @@ class RelaySettings:
     api_base: str = ""
     api_key: str = ""
     renew_seconds: int = 0
+    renew_interval: float = 0.0
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
@@ -50,6 +52,7 @@ class RelaySettings:
             ENV_API_BASE: self.api_base,
             ENV_API_KEY: self.api_key,
             ENV_RENEW_SECONDS: str(self.renew_seconds),
+            ENV_RENEW_INTERVAL: str(self.renew_interval),
             ENV_MAX_OUTPUT_BYTES: str(self.max_output_bytes),
             ENV_REQUEST_TIMEOUT: str(self.request_timeout),
         }
@@ -67,6 +70,7 @@ class RelaySettings:
             api_base=env.get(ENV_API_BASE, ""),
             api_key=env.get(ENV_API_KEY, ""),
             renew_seconds=int(env.get(ENV_RENEW_SECONDS) or 0),
+            renew_interval=float(env.get(ENV_RENEW_INTERVAL) or 0),
             max_output_bytes=int(env.get(ENV_MAX_OUTPUT_BYTES) or DEFAULT_MAX_OUTPUT_BYTES),
             request_timeout=float(env.get(ENV_REQUEST_TIMEOUT) or DEFAULT_REQUEST_TIMEOUT),
         )

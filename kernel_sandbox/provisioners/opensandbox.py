@@ -69,6 +69,9 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         config=True,
         help="Sandbox lifetime in seconds; the relay renews it while alive, so an orphaned sandbox ends itself.",
     )
+    renew_interval = Float(
+        0.0, min=0.0, config=True, help="Seconds between the relay's expiration renewals; 0 means timeout / 3."
+    )
     resource_limits = Dict(
         default_value=dict(DEFAULT_RESOURCE_LIMITS),
         config=True,
@@ -205,6 +208,7 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             api_base=resolve_api_base(self.api_base or None),
             api_key=resolve_api_key(self.api_key),
             renew_seconds=self.timeout,
+            renew_interval=self.renew_interval,
             max_output_bytes=self.max_output_bytes,
             request_timeout=self.request_timeout,
         )

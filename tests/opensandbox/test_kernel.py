@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from opensandbox_fakes import FakeOpenSandbox
 from traitlets.config import Config
 
 from kernel_sandbox.opensandbox.client import OpenSandboxAPIError, OpenSandboxConfigError
+from kernel_sandbox.opensandbox.settings import RelaySettings
 from kernel_sandbox.provisioners.opensandbox import OpenSandboxProvisioner
 
 FAST = {"poll_interval": 0.05, "state_check_interval": 0.0}
@@ -246,3 +248,37 @@ async def test_output_over_the_cap_is_cut_and_the_code_interrupted(
     finally:
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
+
+
+async def test_relay_keeps_renewing_the_sandbox_expiration(
+    opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox
+) -> None:
+    km = manager(opensandbox_kernelspec, renew_interval=0.2, timeout=120)
+    await km.start_kernel()
+    try:
+        sandbox = fake_opensandbox.lifecycle.sandboxes[km.provisioner.sandbox_id]
+        for _ in range(600):
+            if len(sandbox.renewals) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(sandbox.renewals) >= 2
+        expires = datetime.strptime(sandbox.renewals[-1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        assert expires > datetime.now(timezone.utc) + timedelta(seconds=60)
+    finally:
+        await km.shutdown_kernel(now=True)
+
+
+def test_relay_settings_travel_through_the_environment() -> None:
+    settings = RelaySettings(
+        execd_url="http://127.0.0.1:1",
+        context_id="ctx",
+        execd_headers={"X-EXECD-ACCESS-TOKEN": "t"},
+        sandbox_id="sbx",
+        api_base="http://127.0.0.1:2/v1",
+        api_key="k",
+        renew_seconds=300,
+        renew_interval=1.5,
+        max_output_bytes=10,
+        request_timeout=3.0,
+    )
+    assert RelaySettings.from_env(settings.to_env()) == settings
