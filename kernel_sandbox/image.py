@@ -64,14 +64,20 @@ def build_image(
     (``BASE_FALLBACK``) again and builds on it.
     """
     if rebuild_base and base_image not in (None, BASE_FALLBACK):
-        raise ValueError(f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with base_image={base_image!r}")
+        raise ValueError(
+            f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with base_image={base_image!r}"
+        )
     client = _client()
     if rebuild_base:
         base = _bootstrap_base(client, progress)
+    elif base_image:
+        if not _has_image(client, base_image):
+            raise ImageBuildError(
+                f"base image {base_image!r} is not in the local Docker engine; `docker pull {base_image}` first"
+            )
+        base = base_image
     else:
-        base = base_image or _pick_base(client, progress)
-    if not _has_image(client, base):
-        raise ImageBuildError(f"base image {base!r} is not in the local Docker engine; `docker pull {base}` or build it first")
+        base = _pick_base(client, progress)
     target = _probe_python(client, base)
     progress(f"base image {base}: Python {target['python']}, {target['libc']}, {target['machine']}")
     with tempfile.TemporaryDirectory(prefix="kernel-sandbox-build-") as tmp:
@@ -158,12 +164,14 @@ def _bootstrap_base(client: docker.DockerClient, progress: Progress) -> str:
         assert tar.stdout is not None
         repository, _, tag = BASE_FALLBACK.partition(":")
         try:
-            client.api.import_image_from_stream(tar.stdout, repository=repository, tag=tag, changes=_BASE_CHANGES)
+            answer = client.api.import_image_from_stream(
+                tar.stdout, repository=repository, tag=tag, changes=_BASE_CHANGES
+            )
         finally:
             tar.stdout.close()
             tar.wait()
-        if tar.returncode != 0:
-            raise ImageBuildError(f"tar of the debootstrap root failed with exit code {tar.returncode}")
+        if tar.returncode != 0 or not _has_image(client, BASE_FALLBACK):
+            raise ImageBuildError(f"importing the debootstrap root failed (tar exit code {tar.returncode}): {answer}")
     return BASE_FALLBACK
 
 
@@ -190,7 +198,9 @@ def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
     try:
         out = client.containers.run(base, ["python3", "-c", _PROBE], remove=True, network_mode="none")
     except DockerException as exc:
-        raise ImageBuildError(f"base image {base!r} cannot run python3 ({exc}); it needs python3 and python3-venv") from exc
+        raise ImageBuildError(
+            f"base image {base!r} cannot run python3 ({exc}); it needs python3 and python3-venv"
+        ) from exc
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
@@ -208,7 +218,8 @@ def _platform_args(target: dict[str, str]) -> list[str]:
 def _fill_wheelhouse(wheelhouse: Path, requirements: Path, target: dict[str, str], progress: Progress) -> None:
     """Put the wheels of ``requirements`` for the base's Python into ``wheelhouse``, via the cache in WHEEL_CACHE."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
+    pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+           "--only-binary=:all:",
            "--implementation", "cp", "--python-version", target["python"], *_platform_args(target),
            "-r", str(requirements)]
     offline = [*pip, "--no-index", "--find-links", str(WHEEL_CACHE), "-d", str(wheelhouse)]
