@@ -218,10 +218,11 @@ def _platform_args(target: dict[str, str]) -> list[str]:
 def _fill_wheelhouse(wheelhouse: Path, requirements: Path, target: dict[str, str], progress: Progress) -> None:
     """Put the wheels of ``requirements`` for the base's Python into ``wheelhouse``, via the cache in WHEEL_CACHE."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
-           "--only-binary=:all:",
-           "--implementation", "cp", "--python-version", target["python"], *_platform_args(target),
-           "-r", str(requirements)]
+    pip = [
+        sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+        "--only-binary=:all:", "--implementation", "cp", "--python-version", target["python"],
+        *_platform_args(target), "-r", str(requirements),
+    ]
     offline = [*pip, "--no-index", "--find-links", str(WHEEL_CACHE), "-d", str(wheelhouse)]
     if subprocess.run(offline, capture_output=True, text=True).returncode == 0:
         progress(f"wheelhouse: {len(list(wheelhouse.glob('*.whl')))} wheels from {WHEEL_CACHE}")
