@@ -507,10 +507,11 @@ class OpenSandboxClient:
     ) -> Execution:
         """Run ``code`` in a sandbox; a bare sandbox id has its execd endpoint resolved first."""
         if isinstance(sandbox, str):
-            sandbox = Sandbox(id=sandbox, state=None, endpoint=await self.endpoint(sandbox))
-        elif sandbox.endpoint is None:
-            sandbox.endpoint = await self.endpoint(sandbox.id)
-        return await self.execd(sandbox.endpoint).run(code, context_id=context_id, language=language, on_event=on_event)
+            endpoint = await self.endpoint(sandbox)
+        else:
+            endpoint = sandbox.endpoint or await self.endpoint(sandbox.id)
+            sandbox.endpoint = endpoint
+        return await self.execd(endpoint).run(code, context_id=context_id, language=language, on_event=on_event)
 
 
 async def run_once(

@@ -10,7 +10,7 @@ ipykernel 7) interrupts the execd context while the shell channel is still strea
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 from ipykernel.kernelbase import Kernel
@@ -30,7 +30,7 @@ class RelayKernel(Kernel):
     implementation = "kernel-sandbox-opensandbox"
     implementation_version = __version__
     banner = "Python in an OpenSandbox sandbox (kernel-sandbox relay)"
-    language_info: ClassVar[dict[str, Any]] = {
+    language_info: dict[str, object] = {  # noqa: RUF012 (ipykernel declares it so)
         "name": "python",
         "mimetype": "text/x-python",
         "file_extension": ".py",
@@ -55,6 +55,18 @@ class RelayKernel(Kernel):
             request_timeout=settings.request_timeout,
             max_output_bytes=settings.max_output_bytes,
         )
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        """The base kernel info without subshells or the debugger: the relay offers neither."""
+        return {**super().kernel_info, "supported_features": []}
+
+    async def create_subshell_request(self, socket: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Refuse subshells: one execd context runs one cell at a time."""
+        if self.session is not None:
+            error = {"ename": "NotImplementedError", "evalue": "subshells are not supported by this sandbox"}
+            reply = {"status": "error", **error, "traceback": []}
+            self.session.send(socket, "create_subshell_reply", reply, parent, ident)
 
     def start(self) -> None:
         """Start the kernel and, when configured, the loop that renews the sandbox's expiration."""
@@ -155,7 +167,8 @@ class RelayKernel(Kernel):
                     await self._execd_client(http).interrupt(self.relay_settings.context_id)
             except httpx.HTTPError as exc:
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
-        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+        if self.session is not None:
+            self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """Stop renewing the sandbox's expiration; the provisioner removes the sandbox or context."""

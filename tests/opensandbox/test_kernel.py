@@ -80,6 +80,14 @@ async def test_runs_code_end_to_end_and_removes_the_sandbox(
     info = await kc.kernel_info(reply=True, timeout=60)
     assert info["content"]["implementation"] == "kernel-sandbox-opensandbox"
     assert info["content"]["language_info"]["name"] == "python"
+    assert info["content"]["supported_features"] == []
+    request = kc.session.msg("create_subshell_request", {})
+    kc.control_channel.send(request)
+    while (refused := await kc.control_channel.get_msg(timeout=60))["parent_header"]["msg_id"] != request["header"][
+        "msg_id"
+    ]:
+        pass
+    assert refused["content"]["status"] == "error"
 
     messages, reply = await execute(kc, "import sys\nprint('hello')\nprint('oops', file=sys.stderr)\n6 * 7")
     assert [m["msg_type"] for m in messages][:2] == ["status", "execute_input"]
