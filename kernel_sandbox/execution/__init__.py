@@ -12,10 +12,12 @@ from .models import (
     ToolResult,
     UnsafePayloadError,
 )
+from .pool import AsyncSandboxPool, SandboxPool
 from .sandbox import AsyncSandbox, Sandbox
 
 __all__ = [
     "AsyncSandbox",
+    "AsyncSandboxPool",
     "Execution",
     "ExecutionError",
     "FileInfo",
@@ -25,6 +27,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxFileError",
+    "SandboxPool",
     "ToolResult",
     "UnsafePayloadError",
 ]

@@ -1,0 +1,90 @@
+"""Skills and the warm pool on real Docker kernels."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from kernel_sandbox.execution import AsyncSandboxPool, Sandbox, SandboxPool
+
+SKILL_MODULE = b"def greet(name):\n    return f'hello {name}'\n"
+
+
+def test_skill_returns_created_files_and_figures(sandbox: Sandbox) -> None:
+    code = (
+        "from helper import greet\n"
+        "print(greet('skill'))\n"
+        "import os\nos.makedirs('out', exist_ok=True)\n"
+        "open('out/report.csv', 'w').write('a,b\\n1,2\\n')\n"
+        "open('data.txt', 'a').write('more')\n"
+        "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n"
+    )
+    result = sandbox.run_skill(code, {"helper.py": SKILL_MODULE, "data.txt": b"given", "unused.txt": b"x"})
+    assert result["success"], result["error"]
+    assert result["output"] == "hello skill\n"
+    by_path = {entry["path"]: entry for entry in result["files"]}
+    assert set(by_path) == {"out/report.csv", "data.txt", "figure_1.png"}
+    report = by_path["out/report.csv"]
+    assert report["name"] == "report.csv" and report["mime_type"] == "text/csv"
+    assert base64.b64decode(report["content_base64"]) == b"a,b\n1,2\n"
+    assert base64.b64decode(by_path["data.txt"]["content_base64"]) == b"givenmore"
+    assert by_path["figure_1.png"]["mime_type"] == "image/png"
+    assert base64.b64decode(by_path["figure_1.png"]["content_base64"]).startswith(b"\x89PNG")
+
+
+def test_failing_skill_reports_the_error(sandbox: Sandbox) -> None:
+    result = sandbox.run_skill("import sys\nprint('partial')\nraise RuntimeError('skill broke')", {})
+    assert not result["success"]
+    assert result["output"] == "partial\n"
+    assert "skill broke" in result["error"]
+
+
+def test_skill_requirements_with_network_off_fail_clearly(sandbox: Sandbox) -> None:
+    result = sandbox.run_skill("print(1)", {}, requirements="requests\n")
+    assert not result["success"] and "network=True" in result["error"]
+
+
+async def test_pool_gives_20_concurrent_callers_clean_kernels(docker_engine, own_containers) -> None:
+    before = own_containers()
+    seen_ids: set[str] = set()
+    async with AsyncSandboxPool(4) as pool:
+
+        async def user(index: int) -> str:
+            async with pool.acquire() as sb:
+                seen_ids.add(sb._km.kernel_id)
+                execution = await sb.run(
+                    "import os\n"
+                    "leak = (globals().get('secret'), sorted(os.listdir('.')))\n"
+                    f"secret = {index}\nopen('mine-{index}', 'w').write('x')\n"
+                    "leak"
+                )
+                return execution.text
+
+        leaks = await asyncio.gather(*(user(index) for index in range(20)))
+        assert leaks == ["(None, [])"] * 20
+        assert len(seen_ids) == 20
+    assert own_containers() == before
+
+
+def test_sync_pool_with_max_uses_restarts_and_empties(docker_engine, own_containers) -> None:
+    before = own_containers()
+    with SandboxPool(1, max_uses=2, idle_timeout=600) as pool:
+        with pool.acquire() as sb:
+            sb.run("secret = 1")
+            sb.upload({"left.txt": b"x"})
+        with pool.acquire() as sb:
+            assert sb.run("'secret' in globals()").text == "False"
+            assert sb.list_files() == []
+    assert own_containers() == before
+
+
+async def test_idle_kernels_are_renewed(docker_engine, own_containers) -> None:
+    before = own_containers()
+    async with AsyncSandboxPool(1, idle_timeout=0.5) as pool:
+        async with pool.acquire() as sb:
+            first = sb._km.kernel_id
+        await asyncio.sleep(3)
+        async with pool.acquire() as sb:
+            assert sb._km.kernel_id != first
+            assert (await sb.run("1")).text == "1"
+    assert own_containers() == before
