@@ -112,3 +112,9 @@ def test_events_without_a_type_or_payload_are_ignored() -> None:
     assert parse_event(sse({"text": "no type"})) is None
     event = parse_event(sse({"type": "status", "text": "busy"}))
     assert event is not None and event.type == "status" and event.text == "busy"
+
+
+def test_display_data_is_kept_apart_from_results() -> None:
+    event = parse_event(sse({"type": "display_data", "data": {"image/png": "iVBOR", "text": "<Figure>"}}))
+    assert event is not None and event.type == "display_data"
+    assert event.data == {"image/png": "iVBOR", "text/plain": "<Figure>"}
