@@ -104,3 +104,4 @@ def lab_server(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Itera
         left = docker_engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]})
         for container in left:
             remove_container(container)
+        assert not left, f"JupyterLab left {len(left)} kernel container(s) behind after it shut down"

@@ -26,3 +26,6 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
         [sys.executable, "-m", "kernel_sandbox.cli", *args],
         capture_output=True, text=True, env=env or os.environ.copy(), cwd=cwd, input=stdin, timeout=timeout,
     )
+
+
+IN_CI = bool(os.environ.get("CI"))
