@@ -13,7 +13,7 @@ from .models import PathError
 MAX_FILE_BYTES = 256 * 1024 * 1024
 
 FILES_SRC = r'''
-def _main():
+def _main_dict():
     import os
     work = os.path.realpath(_work)
 

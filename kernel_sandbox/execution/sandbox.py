@@ -33,23 +33,24 @@ from .models import (
     SandboxFileError,
     ToolResult,
 )
-from .tools import decode_value, extract_frame, kernel_call, tool_call, tool_error
+from .tools import JSON_MAIN, decode_value, extract_frame, kernel_call, tool_call, tool_error
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
 PIP_OUTPUT_TAIL = 64 * 1024
+INLINE_PAYLOAD_BYTES = 32 * 1024
 LIVENESS_INTERVAL = 1.0
 T = TypeVar("T")
 Callback = Callable[[Any], Any] | None
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/svg+xml": "svg"}
 
 WORK_DIR_SRC = r'''
-def _main():
+def _main_dict():
     import os
     return {"work": os.path.realpath(os.getcwd())}
 '''
 
 PREPARE_SRC = r'''
-def _main():
+def _main_dict():
     import os, sys
     os.chdir(_work)
     if _work not in sys.path:
@@ -58,7 +59,7 @@ def _main():
 '''
 
 WIPE_SRC = r'''
-def _main():
+def _main_dict():
     import os, shutil
     for entry in os.scandir(_work):
         if entry.is_dir(follow_symlinks=False):
@@ -69,7 +70,7 @@ def _main():
 '''
 
 INSTALL_SRC = r'''
-def _main():
+def _main_dict():
     import importlib, os, subprocess, sys, tempfile
     target = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
     os.makedirs(target, exist_ok=True)
@@ -340,6 +341,7 @@ class AsyncSandbox:
         *,
         store_history: bool = False,
         cap_main_result: bool = True,
+        stdin_reply: str | None = None,
     ) -> Execution:
         if self._km is None or self._lock is None:
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
@@ -347,9 +349,15 @@ class AsyncSandbox:
         timeout = self.timeout if timeout is None else timeout
         async with self._lock:
             collector = _Collector(self.max_output_bytes, callbacks, cap_main_result)
-            msg_id = self._kc.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
+            allow_stdin = stdin_reply is not None
+            msg_id = self._kc.execute(code, store_history=store_history, allow_stdin=allow_stdin, stop_on_error=False)
+            answering = asyncio.ensure_future(self._answer_stdin(msg_id, stdin_reply)) if allow_stdin else None
             deadline = None if timeout is None else time.monotonic() + timeout
-            outcome = await self._collect(msg_id, collector, deadline)
+            try:
+                outcome = await self._collect(msg_id, collector, deadline)
+            finally:
+                if answering is not None:
+                    answering.cancel()
             execution = collector.execution
             if outcome == "timeout":
                 await self._km.interrupt_kernel()
@@ -394,6 +402,14 @@ class AsyncSandbox:
                 if not await self._km.is_alive():
                     return "died"
 
+    async def _answer_stdin(self, msg_id: str, reply: str | None) -> None:
+        """Answer the first input request of ``msg_id`` with ``reply``, later ones with ""."""
+        while True:
+            msg = await self._kc.get_stdin_msg()
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "input_request":
+                self._kc.input(reply or "")
+                reply = None
+
     async def _drain_reply(self, msg_id: str, execution: Execution) -> None:
         while True:
             try:
@@ -411,7 +427,7 @@ class AsyncSandbox:
         await self.restart()
 
     async def _internal(self, src: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        code, marker = kernel_call(src, {"_work": self.work_dir, **params})
+        code, marker = kernel_call(src + JSON_MAIN, {"_work": self.work_dir, **params})
         execution = await self._execute(code, timeout, cap_main_result=False)
         if execution.error is not None:
             raise SandboxError(f"A kernel-sandbox helper failed in the kernel: {execution.error}")
@@ -494,8 +510,9 @@ class AsyncSandbox:
         as JSON, others through the restricted unpickler, which allows ``allowed_classes`` (and
         the sandbox's) besides plain types and raises :class:`UnsafePayloadError` otherwise.
         """
-        code, marker = tool_call(tool, dict(args or {}), agent_state, name)
-        execution = await self._execute(code, timeout, cap_main_result=False)
+        inline_limit = None if self.backend == "opensandbox" else INLINE_PAYLOAD_BYTES
+        code, marker, payload = tool_call(tool, dict(args or {}), agent_state, name, inline_limit)
+        execution = await self._execute(code, timeout, cap_main_result=False, stdin_reply=payload)
         result = ToolResult("error", stdout=execution.stdout, stderr=execution.stderr)
         if execution.error is not None:
             result.error = execution.error

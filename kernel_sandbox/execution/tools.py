@@ -34,7 +34,7 @@ import cloudpickle
 from .models import Execution, ExecutionError, FramingError
 from .unpickler import restricted_loads
 
-_FRAME_RE = re.compile(r"BEGIN-([0-9a-f]{32}) (\d+) ([0-9a-f]{64}) (.*) END-\1", re.S)
+_HEADER_RE = re.compile(r"(\d{1,12}) ([0-9a-f]{64}) ")
 _pickle_lock = threading.Lock()
 
 KERNEL_PRELUDE = r'''
@@ -53,10 +53,11 @@ class _NamePickler(pickle._Pickler):
             self.memoize(obj)
 
 def _encode(value):
+    """A JSON fragment: {"json": value} when JSON carries it faithfully, else {"pickle": b64}."""
     try:
         text = json.dumps(value, ensure_ascii=True, allow_nan=False)
         if json.loads(text) == value:
-            return {"json": text}
+            return '{"json": ' + text + '}'
     except Exception:
         pass
     try:
@@ -66,11 +67,12 @@ def _encode(value):
         buf = io.BytesIO()
         _NamePickler(buf, protocol=4).dump(value)
         data = buf.getvalue()
-    return {"pickle": base64.b64encode(data).decode("ascii")}
+    return '{"pickle": "' + base64.b64encode(data).decode("ascii") + '"}'
 
 def _error(exc):
     import traceback
-    return {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}
+    error = {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}
+    return json.dumps(error, ensure_ascii=True)
 
 class _Frame:
     def __init__(self, text):
@@ -78,10 +80,14 @@ class _Frame:
     def __repr__(self):
         return self.text
 
-def _frame(obj):
-    body = json.dumps(obj, ensure_ascii=True)
+def _frame(body):
     digest = hashlib.sha256(body.encode("ascii")).hexdigest()
     return _Frame(f"BEGIN-{_marker} {len(body)} {digest} {body} END-{_marker}")
+'''
+
+JSON_MAIN = r'''
+def _main():
+    return json.dumps(_main_dict(), ensure_ascii=True)
 '''
 
 TOOL_SRC = r'''
@@ -89,7 +95,7 @@ def _main():
     import inspect
     out = {}
     try:
-        data = pickle.loads(base64.b64decode(_payload))
+        data = pickle.loads(base64.b64decode(input() if _payload is None else _payload))
         func = data["func"]
         if func is None:
             namespace = {"__name__": "__kernel_sandbox_tool__"}
@@ -105,8 +111,8 @@ def _main():
         if takes_state:
             out["agent_state"] = _encode(data["state"])
     except Exception as exc:
-        out["error"] = _error(exc)
-    return out
+        out = {"error": _error(exc)}
+    return "{" + ", ".join(f'"{key}": {value}' for key, value in out.items()) + "}"
 '''
 
 
@@ -121,10 +127,14 @@ def parse_frame(text: str, marker: str) -> str | None:
 
     A frame with this marker whose length or digest does not match raises :class:`FramingError`.
     """
-    match = _FRAME_RE.fullmatch(text)
-    if match is None or not secrets.compare_digest(match.group(1), marker):
+    begin, end = f"BEGIN-{marker} ", f" END-{marker}"
+    if not (text.startswith(begin) and text.endswith(end)):
         return None
-    length, digest, body = int(match.group(2)), match.group(3), match.group(4)
+    match = _HEADER_RE.match(text, len(begin))
+    if match is None:
+        raise FramingError("The result frame has no valid length and digest.")
+    length, digest = int(match.group(1)), match.group(2)
+    body = text[match.end() : len(text) - len(end)]
     if len(body) != length or hashlib.sha256(body.encode("ascii", "replace")).hexdigest() != digest:
         raise FramingError("The framed result failed its length or digest check.")
     return body
@@ -133,13 +143,22 @@ def parse_frame(text: str, marker: str) -> str | None:
 def kernel_call(main_src: str, params: dict[str, Any]) -> tuple[str, str]:
     """Build a one-expression cell that runs ``main_src``'s ``_main()`` and frames what it returns.
 
-    ``params`` become globals of a private namespace (nothing leaks into the user's namespace).
-    Returns the cell and its fresh marker.
+    ``_main()`` returns the JSON text of the body (append :data:`JSON_MAIN` to a source whose ``_main_dict()`` returns a dict).
+    ``params`` become globals of a private namespace (nothing leaks into the user's namespace);
+    the compiled helper is cached in the kernel by its digest. Returns the cell and its marker.
     """
     marker = secrets.token_hex(16)
     namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, **params}
     source = KERNEL_PRELUDE + main_src + "\n_result = _frame(_main())\n"
-    code = f"(lambda ns: exec({source!r}, ns) or ns['_result'])({namespace!r})"
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    cache = (
+        "__import__('sys').modules.setdefault('_kernel_sandbox_cache', "
+        "__import__('types').ModuleType('_kernel_sandbox_cache')).__dict__"
+    )
+    code = (
+        f"(lambda ns, c={cache}: exec(c.get({key!r}) or c.setdefault({key!r}, "
+        f"compile({source!r}, '<kernel-sandbox>', 'exec')), ns) or ns['_result'])({namespace!r})"
+    )
     return code, marker
 
 
@@ -167,7 +186,7 @@ def extract_frame(execution: Execution, marker: str) -> dict[str, Any]:
 def decode_value(encoded: dict[str, str], allowed: Iterable[type] = ()) -> Any:
     """Decode a value encoded by the kernel: JSON as JSON, pickles by the restricted unpickler."""
     if "json" in encoded:
-        return json.loads(encoded["json"])
+        return encoded["json"]
     if "pickle" in encoded:
         return restricted_loads(base64.b64decode(encoded["pickle"]), allowed)
     raise FramingError(f"Unknown value encoding {sorted(encoded)!r}")
@@ -213,8 +232,14 @@ def tool_call(
     args: dict[str, Any] | None,
     agent_state: Any,
     name: str | None,
-) -> tuple[str, str]:
-    """Build the cell for one tool call; returns the cell and its marker."""
+    inline_limit: int | None = None,
+) -> tuple[str, str, str | None]:
+    """Build the cell for one tool call; returns the cell, its marker and the stdin payload.
+
+    A payload larger than ``inline_limit`` (None: no limit) is not put in the cell (compiling a
+    megabyte literal costs far more than the call): the kernel reads it with ``input()`` and the
+    host answers that one request on the stdin channel.
+    """
     if isinstance(tool, str):
         if not name:
             raise ValueError("run_tool(source, name=...): name the function the source defines")
@@ -227,8 +252,11 @@ def tool_call(
     payload = {"func": func, "args": dict(args or {}), "state": agent_state}
     modules = _local_modules(func, agent_state, *(args or {}).values())
     data = _dumps_by_value(payload, modules)
-    params = {"_payload": base64.b64encode(data).decode("ascii"), "_source": source, "_name": name}
-    return kernel_call(TOOL_SRC, params)
+    encoded = base64.b64encode(data).decode("ascii")
+    via_stdin = inline_limit is not None and len(encoded) > inline_limit
+    params = {"_payload": None if via_stdin else encoded, "_source": source, "_name": name}
+    code, marker = kernel_call(TOOL_SRC, params)
+    return code, marker, encoded if via_stdin else None
 
 
 def tool_error(body: dict[str, Any]) -> ExecutionError | None:
