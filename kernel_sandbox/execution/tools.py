@@ -14,6 +14,13 @@ How a result travels, and why a tool cannot pass a fake one off as the real one:
 * Framing only decides which bytes are the result; the bytes themselves stay untrusted. JSON is
   decoded as JSON; anything else was pickled in the kernel and is decoded on the host only by
   :class:`RestrictedUnpickler`, so the worst a hostile tool can do is return a wrong value.
+* One kernel is one trust domain: what a tool leaves behind (threads, monkeypatches, the cached
+  helper) can influence later calls in the same kernel. Give untrusted tools a fresh kernel
+  each (a pool with the default ``max_uses=1`` does exactly that).
+
+Arguments, agent state and the function travel in (cloudpickle, the caller's own modules by
+value) inside the cell, or, above a size where compiling the literal would dominate, as the
+answer to the helper's ``input()`` request on the stdin channel.
 """
 
 from __future__ import annotations
