@@ -199,3 +199,19 @@ def test_local_backend_warns_it_is_not_a_sandbox() -> None:
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="Unknown backend"):
         Sandbox("nope").start()
+
+
+def test_nothing_is_left_behind_by_failures_or_forgotten_sandboxes(docker_engine, own_containers) -> None:
+    import gc
+
+    from kernel_sandbox.containers import ImageMissing
+
+    before = own_containers()
+    with pytest.raises(ImageMissing):
+        Sandbox(image="kernel-sandbox-no-such-image:0").start()
+    assert own_containers() == before
+    forgotten = Sandbox().start()
+    assert len(own_containers() - before) == 1
+    del forgotten
+    gc.collect()
+    assert own_containers() == before
