@@ -81,10 +81,10 @@ def test_sync_pool_with_max_uses_restarts_and_empties(docker_engine, own_contain
 async def test_idle_kernels_are_renewed(docker_engine, own_containers) -> None:
     before = own_containers()
     async with AsyncSandboxPool(1, idle_timeout=0.5) as pool:
+        waiting = pool._ready[0].sandbox._km.kernel_id
+        while not pool._ready or pool._ready[0].sandbox._km.kernel_id == waiting:
+            await asyncio.sleep(0.1)
         async with pool.acquire() as sb:
-            first = sb._km.kernel_id
-        await asyncio.sleep(3)
-        async with pool.acquire() as sb:
-            assert sb._km.kernel_id != first
+            assert sb._km.kernel_id != waiting
             assert (await sb.run("1")).text == "1"
     assert own_containers() == before
