@@ -226,6 +226,9 @@ async def async_run_notebook(
     nb = nbformat.read(str(path), as_version=4)
     name = kernel_name or DOCKER_SPEC
     inject_parameters(nb, dict(parameters or {}))
+    for cell in nb.cells:  # no stale outputs below a failing cell
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     total = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
     bar = Progress(total, path.name, enabled=progress)
 

@@ -127,6 +127,9 @@ def test_run_failure_exits_non_zero_with_the_cell_and_traceback(tmp_path: Path) 
         "def divide(a, b):\n    return a / b\n\ndivide(1, 0)",
         "print('never runs')",
     )
+    stale = nbformat.read(str(source), as_version=4)
+    stale.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="stale output\n")]
+    nbformat.write(stale, str(source))
     target = tmp_path / "result.ipynb"
     result = cli("run", str(source), "-o", str(target), "--no-progress")
     assert result.returncode == 1
@@ -139,7 +142,7 @@ def test_run_failure_exits_non_zero_with_the_cell_and_traceback(tmp_path: Path) 
     out = nbformat.read(str(target), as_version=4)
     assert out.cells[1].outputs[0].text == "before the failure\n"
     assert out.cells[2].outputs[-1].output_type == "error"
-    assert out.cells[3].outputs == []
+    assert out.cells[3].outputs == []  # the saved output of a cell that did not run is gone
 
 
 @docker
