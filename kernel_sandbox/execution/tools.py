@@ -102,7 +102,8 @@ def _main():
     import inspect
     out = {}
     try:
-        data = pickle.loads(base64.b64decode(input() if _payload is None else _payload))
+        raw = input().encode("latin-1") if _payload is None else base64.b64decode(_payload)
+        data = pickle.loads(raw)
         func = data["func"]
         if func is None:
             namespace = {"__name__": "__kernel_sandbox_tool__"}
@@ -243,9 +244,10 @@ def tool_call(
 ) -> tuple[str, str, str | None]:
     """Build the cell for one tool call; returns the cell, its marker and the stdin payload.
 
-    A payload larger than ``inline_limit`` (None: no limit) is not put in the cell (compiling a
-    megabyte literal costs far more than the call): the kernel reads it with ``input()`` and the
-    host answers that one request on the stdin channel.
+    A payload larger than ``inline_limit`` bytes (None: no limit) is not put in the cell
+    (compiling a megabyte literal costs far more than the call): the kernel reads it with
+    ``input()`` and the host answers that one request on the stdin channel, the pickle's bytes
+    carried as latin-1 text (no base64 on either side).
     """
     if isinstance(tool, str):
         if not name:
@@ -259,11 +261,11 @@ def tool_call(
     payload = {"func": func, "args": dict(args or {}), "state": agent_state}
     modules = _local_modules(func, agent_state, *(args or {}).values())
     data = _dumps_by_value(payload, modules)
-    encoded = base64.b64encode(data).decode("ascii")
-    via_stdin = inline_limit is not None and len(encoded) > inline_limit
-    params = {"_payload": None if via_stdin else encoded, "_source": source, "_name": name}
+    via_stdin = inline_limit is not None and len(data) > inline_limit
+    inline = None if via_stdin else base64.b64encode(data).decode("ascii")
+    params = {"_payload": inline, "_source": source, "_name": name}
     code, marker = kernel_call(TOOL_SRC, params)
-    return code, marker, encoded if via_stdin else None
+    return code, marker, data.decode("latin-1") if via_stdin else None
 
 
 def tool_error(body: dict[str, Any]) -> ExecutionError | None:
