@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from . import __version__
-from .containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, EngineUnavailable, docker_client, gc
+from .containers import DEFAULT_IMAGE, LABEL_KERNEL_ID, OURS, EngineUnavailable, docker_client, gc
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
 
@@ -92,7 +92,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """List kernel containers."""
-    for container in docker_client().containers.list(all=True, filters={"label": LABEL}):
+    for container in docker_client().containers.list(all=True, filters={"label": OURS}):
         kernel_id = container.labels.get(LABEL_KERNEL_ID, "?")
         print(f"{container.name}\t{container.status}\tkernel {kernel_id}")
     return 0

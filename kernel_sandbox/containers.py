@@ -20,6 +20,8 @@ LABEL_OWNER_HOST = "kernel-sandbox.owner-host"
 LABEL_OWNER_PID = "kernel-sandbox.owner-pid"
 LABEL_SOCKET_DIR = "kernel-sandbox.socket-dir"
 LAUNCH_GRACE_SECONDS = 120
+OURS = [LABEL, LABEL_KERNEL_ID]
+"""Docker label filter for kernel containers (the image's own label alone is not enough)."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -118,7 +120,7 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
     """Remove kernel-sandbox containers whose kernel is dead (all of them when ``everything``)."""
     report = GcReport()
     live_dirs: set[str] = set()
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
+    for container in client.containers.list(all=True, filters={"label": OURS}):
         if everything or is_orphan(container):
             remove_container(container)
             report.containers.append(container.name)

@@ -7,7 +7,7 @@ from importlib.metadata import entry_points
 
 from .containers import (
     DEFAULT_IMAGE,
-    LABEL,
+    OURS,
     EngineUnavailable,
     ImageMissing,
     docker_client,
@@ -57,7 +57,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             )
         else:
             checks.append(Check("kernel image", True, f"{image} is present"))
-        ours = client.containers.list(all=True, filters={"label": LABEL})
+        ours = client.containers.list(all=True, filters={"label": OURS})
         orphans = [c.name for c in ours if is_orphan(c)]
         checks.append(
             Check(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.provisioning import KernelProvisionerFactory
 
 from .resources import data_path
 
@@ -47,10 +48,22 @@ def install(
         if display_name:
             spec["display_name"] = display_name
         if config:
-            spec["metadata"]["kernel_provisioner"]["config"].update(config)
+            provisioner = spec["metadata"]["kernel_provisioner"]
+            _check_options(provisioner["provisioner_name"], config)
+            provisioner["config"].update(config)
         spec_file.write_text(json.dumps(spec, indent=2) + "\n")
         return KernelSpecManager().install_kernel_spec(
             str(staged), install_as or name, user=user, prefix=prefix
+        )
+
+
+def _check_options(provisioner_name: str, config: dict[str, Any]) -> None:
+    provisioner = KernelProvisionerFactory.instance().provisioners[provisioner_name].load()
+    known = set(provisioner.class_trait_names(config=True))
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"{provisioner_name} has no option {', '.join(unknown)}; its options are {', '.join(sorted(known))}"
         )
 
 

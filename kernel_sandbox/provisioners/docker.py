@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import shutil
@@ -38,6 +39,29 @@ CONTAINER_PORTS = (50001, 50002, 50003, 50004, 50005)
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
 DEFAULT_UID = 1000
+
+
+OWNER_GUARD = """
+import fcntl, os, sys, time
+grace, lock, cmd = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
+kernel = os.getpid()
+if os.fork() == 0:
+    fd = os.open(lock, os.O_RDONLY)
+    free_since = None
+    while os.getppid() == kernel:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            free_since = None
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            free_since = free_since or time.monotonic()
+            if time.monotonic() - free_since >= grace:
+                os.kill(kernel, 9)
+        time.sleep(1)
+    os._exit(0)
+os.execvp(cmd[0], cmd)
+"""
 
 
 class KernelLaunchError(RuntimeError):
@@ -113,6 +137,11 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     )
     runtime = Unicode("", config=True, help="OCI runtime, e.g. 'runsc' for gVisor; empty: default.")
     launch_timeout = Float(60.0, config=True, help="Seconds to wait for the kernel to come up.")
+    orphan_timeout = Float(
+        300.0,
+        config=True,
+        help="Seconds a kernel lives on once the process that started it is gone; 0: forever.",
+    )
 
     container_id: str | None = None
     socket_dir: Path | None = None
@@ -120,6 +149,7 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     _exit_code: int | None = None
     _cwd: str | None = None
     _docker: docker.DockerClient | None = None
+    _owner_lock: int | None = None
 
     @property
     def has_process(self) -> bool:
@@ -168,6 +198,9 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             inner.update(transport="tcp", ip="0.0.0.0", **dict(zip(PORT_NAMES, CONTAINER_PORTS)))
         else:
             inner.update(transport="ipc", ip=f"{SOCKET_MOUNT}/k", **dict(zip(PORT_NAMES, (1, 2, 3, 4, 5))))
+        lock_file = self.socket_dir / "owner.lock"
+        lock_file.touch(mode=0o644)
+        self._take_owner_lock()
         conn_file = self.socket_dir / "connection.json"
         conn_file.write_text(json.dumps(inner))
         os.chown(conn_file, uid, gid)
@@ -178,7 +211,33 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         substitutions = {"connection_file": f"{SOCKET_MOUNT}/connection.json", "resource_dir": ""}
         extra = kwargs.pop("extra_arguments", [])
         cmd = [arg.format(**substitutions) for arg in self.kernel_spec.argv] + list(extra)
+        if self.orphan_timeout > 0:
+            guard = [str(self.orphan_timeout), f"{SOCKET_MOUNT}/owner.lock"]
+            cmd = ["python", "-I", "-S", "-c", OWNER_GUARD, *guard, *cmd]
         return await super().pre_launch(cmd=cmd, **kwargs)
+
+    def _take_owner_lock(self) -> None:
+        """Hold the lock whose release tells the container that its owner is gone.
+
+        Another live owner (the server this one re-attached after) may hold it: try again later.
+        """
+        if self._owner_lock is not None or self.socket_dir is None:
+            return
+        lock_file = self.socket_dir / "owner.lock"
+        if not lock_file.exists():
+            return
+        fd = os.open(lock_file, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+        else:
+            self._owner_lock = fd
+
+    def _release_owner_lock(self) -> None:
+        if self._owner_lock is not None:
+            os.close(self._owner_lock)
+            self._owner_lock = None
 
     def _container_env(self, launch_env: dict[str, str]) -> dict[str, str]:
         env = {name: launch_env[name] for name in self.kernel_spec.env if name in launch_env}
@@ -300,6 +359,7 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             return self._exit_code
         if self.container_id is None:
             return 0
+        self._take_owner_lock()
         try:
             container = await asyncio.to_thread(self._container)
         except EngineUnavailable:
@@ -358,6 +418,7 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 await asyncio.to_thread(remove_container, container)
         finally:
             self.container_id = None
+            self._release_owner_lock()
             if self.socket_dir is not None:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
                 self.socket_dir = None
@@ -386,4 +447,5 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         self.container_id = provisioner_info["container_id"]
         socket_dir = provisioner_info.get("socket_dir")
         self.socket_dir = Path(socket_dir) if socket_dir else None
+        self._take_owner_lock()
         self.image = provisioner_info.get("image", self.image)

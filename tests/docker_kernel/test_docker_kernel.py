@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, ImageMissing, socket_root
+from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, ImageMissing, gc, socket_root
 from kernel_sandbox.provisioners.docker import KernelLaunchError
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
@@ -284,7 +286,6 @@ async def test_missing_image_names_the_build_command() -> None:
 
 
 async def test_failed_launch_removes_container_and_socket_dir(docker_engine) -> None:
-    before = set(os.listdir(socket_root()))
     manager = AsyncKernelManager(
         kernel_name="sandboxed-python",
         config=Config({"DockerProvisioner": {"launch_timeout": 20}}),
@@ -295,4 +296,42 @@ async def test_failed_launch_removes_container_and_socket_dir(docker_engine) -> 
     assert not docker_engine.containers.list(
         all=True, filters={"label": [LABEL, f"{LABEL_KERNEL_ID}={manager.kernel_id}"]}
     )
-    assert set(os.listdir(socket_root())) <= before
+    key = manager.session.key.decode()
+    for conn_file in socket_root().glob("*/connection.json"):
+        assert json.loads(conn_file.read_text())["key"] != key
+
+
+OWNER_SCRIPT = """
+import asyncio, sys
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+
+async def main():
+    km = AsyncKernelManager(
+        kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"orphan_timeout": 1}})
+    )
+    await km.start_kernel()
+    print(km.provisioner.container_id, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_kernel_ends_itself_when_its_owner_dies_and_gc_removes_it(docker_engine) -> None:
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", OWNER_SCRIPT, stdout=asyncio.subprocess.PIPE
+    )
+    container_id = (await asyncio.wait_for(owner.stdout.readline(), 90)).decode().strip()
+    container = docker_engine.containers.get(container_id)
+    assert container.status == "running"
+    owner.kill()
+    await owner.wait()
+    deadline = time.monotonic() + 60
+    while container.status == "running" and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        container.reload()
+    assert container.status == "exited"
+    report = gc(docker_engine)
+    assert container.name in report.containers
+    assert not docker_engine.containers.list(all=True, filters={"id": container_id})
