@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .backends import kernel_manager, kernel_spec
+from .backends import BACKENDS, kernel_manager, kernel_spec
 from .files import FILES_SRC, MAX_FILE_BYTES, confine
 from .models import (
     Execution,
@@ -200,6 +200,8 @@ class AsyncSandbox:
         allowed_classes: Iterable[type] = (),
         **backend_options: Any,
     ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.backend = backend
         self.network = network
         self.timeout = timeout

@@ -198,7 +198,7 @@ def test_local_backend_warns_it_is_not_a_sandbox() -> None:
 
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="Unknown backend"):
-        Sandbox("nope").start()
+        Sandbox("nope")
 
 
 def test_nothing_is_left_behind_by_failures_or_forgotten_sandboxes(docker_engine, own_containers) -> None:
