@@ -1,0 +1,81 @@
+"""The kernel-sandbox command: install, doctor, gc, and the errors users meet first."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel_sandbox.containers import LABEL_KERNEL_ID, OURS
+from kernel_sandbox.provisioners.docker import WORK_DIR, parse_mount
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kernel_sandbox.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_install_writes_the_options_into_kernel_json(tmp_path: Path) -> None:
+    result = cli(
+        "install", "--prefix", str(tmp_path), "--name", "sbx-big", "--display-name", "Big sandbox",
+        "--memory", "2g", "--cpus", "2", "--network", "--mount", f"{tmp_path}:data", "--env", "A=b",
+    )
+    assert result.returncode == 0, result.stderr
+    spec_dir = tmp_path / "share" / "jupyter" / "kernels" / "sbx-big"
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    assert spec["display_name"] == "Big sandbox"
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "kernel-sandbox-docker",
+        "config": {"memory": "2g", "cpus": 2.0, "network": True, "mounts": [f"{tmp_path}:data"], "env": {"A": "b"}},
+    }
+    assert (spec_dir / "logo-64x64.png").is_file()
+
+
+def test_install_refuses_an_option_the_provisioner_lacks(tmp_path: Path) -> None:
+    result = cli("install", "--prefix", str(tmp_path), "--kernel", "sandboxed-python-opensandbox", "--memory", "1g")
+    assert result.returncode == 1
+    assert "kernel-sandbox-opensandbox has no option memory" in result.stderr
+    assert "resource_limits" in result.stderr
+
+
+def test_doctor_with_no_engine_prints_the_fix() -> None:
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    result = cli("doctor", env=env)
+    assert result.returncode == 1
+    assert "[FAIL] docker engine: Cannot reach the Docker engine at unix:///nonexistent/docker.sock" in result.stdout
+    assert "fix: start the engine: `sudo systemctl start docker`" in result.stdout
+
+
+def test_mount_specs_are_checked(tmp_path: Path) -> None:
+    assert parse_mount(f"{tmp_path}:data") == (str(tmp_path), f"{WORK_DIR}/data", "ro")
+    assert parse_mount(f"{tmp_path}:/mnt/x:rw") == (str(tmp_path), "/mnt/x", "rw")
+    with pytest.raises(ValueError, match="does not exist"):
+        parse_mount(f"{tmp_path}/missing:data")
+    with pytest.raises(ValueError, match="mode must be 'ro' or 'rw'"):
+        parse_mount(f"{tmp_path}:data:rx")
+    with pytest.raises(ValueError, match="HOST_PATH:CONTAINER_PATH"):
+        parse_mount("nocolon")
+
+
+def test_gc_removes_stopped_kernel_containers_and_spares_live_ones(docker_engine) -> None:
+    labels = {"kernel-sandbox": "true", LABEL_KERNEL_ID: "gc-test"}
+    stopped = docker_engine.containers.run(
+        "kernel-sandbox-python:latest", ["true"], labels=labels, network_mode="none", detach=True
+    )
+    stopped.wait(timeout=60)
+    live = docker_engine.containers.run(
+        "kernel-sandbox-python:latest", ["sleep", "300"], labels=labels, network_mode="none", detach=True
+    )
+    try:
+        result = cli("gc")
+        assert result.returncode == 0, result.stderr
+        assert f"removed container {stopped.name}" in result.stdout
+        names = [c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS})]
+        assert stopped.name not in names and live.name in names
+    finally:
+        live.remove(force=True)
