@@ -1,0 +1,106 @@
+"""Benchmark the execution API side by side with a local ipykernel, in one run, as ratios.
+
+Run: ``python bench/bench_execution.py [--rounds N]`` (needs the Docker engine and the kernel
+image). Targets are those of DESIGN.md §7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool
+from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
+
+
+def agent_tool(agent_state: dict) -> int:
+    """A tool that touches its state (so the state travels both ways)."""
+    agent_state["calls"] = agent_state.get("calls", 0) + 1
+    return len(agent_state["blob"])
+
+
+async def median_of(rounds: int, action: Callable[[], Awaitable[Any]]) -> float:
+    """Median wall time of ``action`` in milliseconds, after one warm-up call."""
+    await action()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await action()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def cold_start(backend: str, rounds: int) -> float:
+    """Median milliseconds from nothing to a kernel_info reply, for a bare kernel manager."""
+    times = []
+    for _ in range(rounds):
+        options = {"env": {}} if backend == "local" else {}
+        km = kernel_manager(kernel_spec(backend, options))
+        started = time.perf_counter()
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=60)
+        times.append((time.perf_counter() - started) * 1000)
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+    return statistics.median(times)
+
+
+async def pool_acquire(rounds: int) -> float:
+    """Median milliseconds for ``acquire()`` on a warm pool (a kernel is ready when asked)."""
+    times = []
+    async with AsyncSandboxPool(2) as pool:
+        for _ in range(rounds):
+            while not pool._ready:
+                await asyncio.sleep(0.05)
+            started = time.perf_counter()
+            async with pool.acquire() as sb:
+                times.append((time.perf_counter() - started) * 1000)
+                await sb.run("1")
+    return statistics.median(times)
+
+
+async def main(rounds: int) -> None:
+    rows: list[tuple[str, str, str, str]] = []
+    local_cold = await cold_start("local", max(3, rounds // 20))
+    docker_cold = await cold_start("docker", max(3, rounds // 20))
+    rows.append(("cold start to kernel_info", f"{local_cold:.0f} ms local", f"{docker_cold:.0f} ms docker",
+                 f"{docker_cold / local_cold:.2f}x (goal <= 1.3x)"))
+    started = time.perf_counter()
+    async with AsyncSandbox():
+        sandbox_cold = (time.perf_counter() - started) * 1000
+    rows.append(("AsyncSandbox start (incl. work-dir probe)", "", f"{sandbox_cold:.0f} ms docker",
+                 f"{sandbox_cold / local_cold:.2f}x local kernel_info"))
+    acquire = await pool_acquire(max(5, rounds // 10))
+    rows.append(("warm pool acquire p50", "", f"{acquire:.2f} ms", "goal p50 <= 20 ms"))
+
+    async with AsyncSandbox("local") as local, AsyncSandbox() as docker:
+        local_exec = await median_of(rounds, lambda: local.run("1"))
+        docker_exec = await median_of(rounds, lambda: docker.run("1"))
+        rows.append(("execute round trip", f"{local_exec:.2f} ms local", f"{docker_exec:.2f} ms docker",
+                     f"{docker_exec / local_exec:.2f}x (goal <= 1.05x)"))
+        for label, size in (("1 KB", 1024), ("1 MB", 1024 * 1024)):
+            state = {"blob": "s" * size}
+            tool = await median_of(rounds, lambda: docker.run_tool(agent_tool, agent_state=state))
+            goal = "goal <= 1.5x bare" if size == 1024 else "goal p50 <= 25 ms"
+            rows.append((f"tool call, {label} state (both ways)", f"{docker_exec:.2f} ms bare execute",
+                         f"{tool:.2f} ms tool", f"{tool / docker_exec:.2f}x bare ({goal})"))
+
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    header = ("what", "reference", "measured", "ratio")
+    widths = [max(width, len(title)) for width, title in zip(widths, header)]
+    for row in (header, tuple("-" * width for width in widths), *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=100, help="measured calls per round-trip row")
+    warnings.simplefilter("ignore")
+    asyncio.run(main(parser.parse_args().rounds))
