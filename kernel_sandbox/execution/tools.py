@@ -151,9 +151,10 @@ def parse_frame(text: str, marker: str) -> str | None:
 def kernel_call(main_src: str, params: dict[str, Any]) -> tuple[str, str]:
     """Build a one-expression cell that runs ``main_src``'s ``_main()`` and frames what it returns.
 
-    ``_main()`` returns the JSON text of the body (append :data:`JSON_MAIN` to a source whose ``_main_dict()`` returns a dict).
-    ``params`` become globals of a private namespace (nothing leaks into the user's namespace);
-    the compiled helper is cached in the kernel by its digest. Returns the cell and its marker.
+    ``_main()`` returns the body's JSON text (append :data:`JSON_MAIN` to a source whose
+    ``_main_dict()`` returns a dict). ``params`` become globals of a private namespace: the user's
+    namespace only sees the frame in IPython's ``_`` output variables. The compiled helper is
+    cached in the kernel by its digest. Returns the cell and its marker.
     """
     marker = secrets.token_hex(16)
     namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, **params}
