@@ -1,0 +1,94 @@
+"""Many sandboxed kernels at once: do all start, are they isolated, what does each cost in memory?
+
+Run: python bench/bench_scale.py [--kernels 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from kernel_sandbox.containers import docker_client
+from kernel_sandbox.kernelspecs import DOCKER_SPEC, shipped_kernelspecs
+
+
+class ShippedSpecs(KernelSpecManager):
+    """Serve the shipped Sandboxed Python kernelspec without installing it."""
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return KernelSpec.from_resource_dir(str(shipped_kernelspecs()[DOCKER_SPEC]))
+
+
+ISOLATION_PROBE = "import os, socket; print(socket.gethostname(), sorted(os.listdir('/sys/class/net')), os.getuid())"
+
+
+async def start(km: AsyncKernelManager) -> float:
+    began = time.perf_counter()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=300)
+    kc.stop_channels()
+    return time.perf_counter() - began
+
+
+async def probe(km: AsyncKernelManager, secret: str) -> str:
+    kc = km.client()
+    kc.start_channels()
+    lines: list[str] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "stream":
+            lines.append(msg["content"]["text"])
+
+    await kc.execute_interactive(f"{ISOLATION_PROBE}\nprint('secret' in globals())\nsecret = {secret!r}", output_hook=hook, timeout=120)
+    kc.stop_channels()
+    return "".join(lines)
+
+
+def memory_mib(container_ids: list[str]) -> list[float]:
+    client = docker_client()
+    usage = []
+    for cid in container_ids:
+        stats = client.containers.get(cid).stats(stream=False)
+        mem = stats["memory_stats"]
+        cache = mem.get("stats", {}).get("cache", 0) or mem.get("stats", {}).get("inactive_file", 0)
+        usage.append((mem["usage"] - cache) / 2**20)
+    return usage
+
+
+async def main(n: int) -> int:
+    managers = [AsyncKernelManager(kernel_name=DOCKER_SPEC, kernel_spec_manager=ShippedSpecs()) for _ in range(n)]
+    began = time.perf_counter()
+    results = await asyncio.gather(*(start(km) for km in managers), return_exceptions=True)
+    wall = time.perf_counter() - began
+    started = [km for km, r in zip(managers, results) if not isinstance(r, BaseException)]
+    failures = [r for r in results if isinstance(r, BaseException)]
+    try:
+        outputs = await asyncio.gather(*(probe(km, f"kernel-{i}") for i, km in enumerate(started)))
+        isolated = sum(out.split("\n")[:2] == ["sandbox ['lo'] 1000", "False"] for out in outputs)
+        mem = memory_mib([km.provisioner.container_id for km in started])
+    finally:
+        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in started))
+    times = [r for r in results if isinstance(r, float)]
+    print(f"kernels started        {len(started)}/{n}  (wall {wall:.1f} s for all)")
+    if times:
+        print(f"start to kernel_info   p50 {statistics.median(times):.2f} s, max {max(times):.2f} s")
+    print(f"isolated (no network, no shared state, non-root)  {isolated}/{len(started)}")
+    if mem:
+        print(f"memory per kernel      mean {statistics.mean(mem):.1f} MiB, max {max(mem):.1f} MiB, total {sum(mem):.0f} MiB")
+    for failure in failures[:3]:
+        print(f"failure: {failure!r}")
+    return 0 if not failures and isolated == len(started) else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kernels", type=int, default=32)
+    sys.exit(asyncio.run(main(parser.parse_args().kernels)))
