@@ -306,7 +306,7 @@ class AsyncSandbox:
                 shutil.rmtree(path, ignore_errors=True)
 
     def __del__(self) -> None:
-        if self._km is not None:
+        if getattr(self, "_km", None) is not None:
             self._kill_now()
 
     async def __aenter__(self) -> AsyncSandbox:
