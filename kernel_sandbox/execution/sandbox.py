@@ -33,7 +33,16 @@ from .models import (
     SandboxFileError,
     ToolResult,
 )
-from .tools import JSON_MAIN, decode_value, extract_frame, kernel_call, tool_call, tool_error
+from .tools import (
+    JSON_MAIN,
+    TOOL_SRC,
+    decode_value,
+    extract_frame,
+    helper_key,
+    kernel_call,
+    tool_error,
+    tool_params,
+)
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
 PIP_OUTPUT_TAIL = 64 * 1024
@@ -218,6 +227,7 @@ class AsyncSandbox:
         self._kc: Any = None
         self._tmp: str | None = None
         self._lock: asyncio.Lock | None = None
+        self._cached_helpers: set[str] = set()
         self.work_dir: str = ""
         if backend == "local":
             warnings.warn(
@@ -257,6 +267,7 @@ class AsyncSandbox:
         return self
 
     async def _connect(self) -> None:
+        self._cached_helpers.clear()
         self._kc = self._km.client()
         self._kc.start_channels()
         try:
@@ -428,9 +439,23 @@ class AsyncSandbox:
         execution.state_lost = True
         await self.restart()
 
+    async def _helper(
+        self, src: str, params: dict[str, Any], timeout: float | None, stdin_reply: str | None = None
+    ) -> tuple[Execution, str]:
+        """Run a kernel-side helper; returns its execution and marker."""
+        key = helper_key(src)
+        cached = key in self._cached_helpers
+        code, marker = kernel_call(src, params, cached)
+        execution = await self._execute(code, timeout, cap_main_result=False, stdin_reply=stdin_reply)
+        if execution.error is None:
+            self._cached_helpers.add(key)
+        elif cached and execution.error.name == "KeyError" and not execution.results:
+            self._cached_helpers.discard(key)
+            return await self._helper(src, params, timeout, stdin_reply)
+        return execution, marker
+
     async def _internal(self, src: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        code, marker = kernel_call(src + JSON_MAIN, {"_work": self.work_dir, **params})
-        execution = await self._execute(code, timeout, cap_main_result=False)
+        execution, marker = await self._helper(src + JSON_MAIN, {"_work": self.work_dir, **params}, timeout)
         if execution.error is not None:
             raise SandboxError(f"A kernel-sandbox helper failed in the kernel: {execution.error}")
         return extract_frame(execution, marker)
@@ -513,8 +538,8 @@ class AsyncSandbox:
         the sandbox's) besides plain types and raises :class:`UnsafePayloadError` otherwise.
         """
         inline_limit = None if self.backend == "opensandbox" else INLINE_PAYLOAD_BYTES
-        code, marker, payload = tool_call(tool, dict(args or {}), agent_state, name, inline_limit)
-        execution = await self._execute(code, timeout, cap_main_result=False, stdin_reply=payload)
+        params, payload = tool_params(tool, dict(args or {}), agent_state, name, inline_limit)
+        execution, marker = await self._helper(TOOL_SRC, params, timeout, payload)
         result = ToolResult("error", stdout=execution.stdout, stderr=execution.stderr)
         if execution.error is not None:
             result.error = execution.error

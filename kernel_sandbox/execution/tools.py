@@ -148,18 +148,27 @@ def parse_frame(text: str, marker: str) -> str | None:
     return body
 
 
-def kernel_call(main_src: str, params: dict[str, Any]) -> tuple[str, str]:
+def helper_key(main_src: str) -> str:
+    """The key under which the kernel caches the compiled helper built from ``main_src``."""
+    return hashlib.sha256(main_src.encode()).hexdigest()[:16]
+
+
+def kernel_call(main_src: str, params: dict[str, Any], cached: bool = False) -> tuple[str, str]:
     """Build a one-expression cell that runs ``main_src``'s ``_main()`` and frames what it returns.
 
     ``_main()`` returns the body's JSON text (append :data:`JSON_MAIN` to a source whose
     ``_main_dict()`` returns a dict). ``params`` become globals of a private namespace: the user's
     namespace only sees the frame in IPython's ``_`` output variables. The compiled helper is
-    cached in the kernel by its digest. Returns the cell and its marker.
+    cached in the kernel under :func:`helper_key`; with ``cached`` the cell only names it (a
+    smaller cell is cheaper for IPython to process). Returns the cell and its marker.
     """
     marker = secrets.token_hex(16)
     namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, **params}
+    key = helper_key(main_src)
+    cache = "__import__('sys').modules['_kernel_sandbox_cache'].__dict__"
+    if cached:
+        return f"(lambda ns: exec({cache}[{key!r}], ns) or ns['_result'])({namespace!r})", marker
     source = KERNEL_PRELUDE + main_src + "\n_result = _frame(_main())\n"
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
     cache = (
         "__import__('sys').modules.setdefault('_kernel_sandbox_cache', "
         "__import__('types').ModuleType('_kernel_sandbox_cache')).__dict__"
@@ -236,14 +245,14 @@ def _is_installed(module_name: str) -> bool:
     return module_name.split(".")[0] in sys.stdlib_module_names or "site-packages" in path or "dist-packages" in path
 
 
-def tool_call(
+def tool_params(
     tool: Callable[..., Any] | str,
     args: dict[str, Any] | None,
     agent_state: Any,
     name: str | None,
     inline_limit: int | None = None,
-) -> tuple[str, str, str | None]:
-    """Build the cell for one tool call; returns the cell, its marker and the stdin payload.
+) -> tuple[dict[str, Any], str | None]:
+    """The :data:`TOOL_SRC` parameters for one tool call, and the stdin payload if any.
 
     A payload larger than ``inline_limit`` bytes (None: no limit) is not put in the cell
     (compiling a megabyte literal costs far more than the call): the kernel reads it with
@@ -265,8 +274,7 @@ def tool_call(
     via_stdin = inline_limit is not None and len(data) > inline_limit
     inline = None if via_stdin else base64.b64encode(data).decode("ascii")
     params = {"_payload": inline, "_source": source, "_name": name}
-    code, marker = kernel_call(TOOL_SRC, params)
-    return code, marker, data.decode("latin-1") if via_stdin else None
+    return params, data.decode("latin-1") if via_stdin else None
 
 
 def tool_error(body: dict[str, Any]) -> ExecutionError | None:

@@ -174,3 +174,10 @@ def test_large_state_round_trip(sandbox: Sandbox) -> None:
     result = sandbox.run_tool(grow, agent_state={"blob": "z" * 1_000_000})
     assert result.func_return == 1_000_001
     assert result.agent_state["blob"].endswith("z!")
+
+
+def test_helpers_survive_user_code_clearing_their_cache(sandbox: Sandbox) -> None:
+    assert sandbox.run_tool(add, {"a": 1, "b": 2}).func_return["sum"] == 3
+    sandbox.run("import sys\ndel sys.modules['_kernel_sandbox_cache']")
+    assert sandbox.run_tool(add, {"a": 2, "b": 2}).func_return["sum"] == 4
+    assert sandbox.list_files() is not None
