@@ -109,12 +109,12 @@ async def _call(callback: Callback, value: Any) -> None:
 class _Collector:
     """Gather one execution's messages, keeping at most ``cap`` bytes of output in memory."""
 
-    def __init__(self, cap: int, callbacks: dict[str, Callback], cap_main_result: bool) -> None:
+    def __init__(self, cap: int, callbacks: dict[str, Callback], frame_prefix: str | None) -> None:
         self.execution = Execution()
         self.cap = cap
         self.used = 0
         self.callbacks = callbacks
-        self.cap_main_result = cap_main_result
+        self.frame_prefix = frame_prefix
         self._stdout: list[str] = []
         self._stderr: list[str] = []
 
@@ -150,7 +150,9 @@ class _Collector:
             bundle = dict(content.get("data", {}))
             size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
             main = kind == "execute_result"
-            if (main and not self.cap_main_result) or self._admit(size):
+            text = bundle.get("text/plain")
+            is_frame = self.frame_prefix is not None and isinstance(text, str) and text.startswith(self.frame_prefix)
+            if is_frame or self._admit(size):
                 self.execution.results.append(bundle)
                 if main:
                     self.execution.main_result = bundle
@@ -353,7 +355,7 @@ class AsyncSandbox:
         callbacks: dict[str, Callback] | None = None,
         *,
         store_history: bool = False,
-        cap_main_result: bool = True,
+        frame_marker: str | None = None,
         stdin_reply: str | None = None,
     ) -> Execution:
         if self._km is None or self._lock is None:
@@ -361,7 +363,8 @@ class AsyncSandbox:
         callbacks = callbacks or dict.fromkeys(("on_stdout", "on_stderr", "on_result", "on_error"))
         timeout = self.timeout if timeout is None else timeout
         async with self._lock:
-            collector = _Collector(self.max_output_bytes, callbacks, cap_main_result)
+            prefix = None if frame_marker is None else f"BEGIN-{frame_marker} "
+            collector = _Collector(self.max_output_bytes, callbacks, prefix)
             allow_stdin = stdin_reply is not None
             msg_id = self._kc.execute(code, store_history=store_history, allow_stdin=allow_stdin, stop_on_error=False)
             answering = asyncio.ensure_future(self._answer_stdin(msg_id, stdin_reply)) if allow_stdin else None
@@ -445,8 +448,8 @@ class AsyncSandbox:
         """Run a kernel-side helper; returns its execution and marker."""
         key = helper_key(src)
         cached = key in self._cached_helpers
-        code, marker = kernel_call(src, params, cached)
-        execution = await self._execute(code, timeout, cap_main_result=False, stdin_reply=stdin_reply)
+        code, marker = kernel_call(src, params, cached, as_display=self.backend != "opensandbox")
+        execution = await self._execute(code, timeout, frame_marker=marker, stdin_reply=stdin_reply)
         if execution.error is None:
             self._cached_helpers.add(key)
         elif cached and execution.error.name == "KeyError" and not execution.results:

@@ -4,13 +4,15 @@ How a result travels, and why a tool cannot pass a fake one off as the real one:
 
 * The host makes a fresh random marker (``secrets.token_hex``) for every call. The generated
   cell is a single expression; the kernel-side code calls the tool, encodes what it returned and
-  makes that framed text the value of the cell, so it arrives as the cell's ``execute_result``
-  (``BEGIN-marker length sha256 body END-marker``). ``print`` and the tool's own output go to
-  stdout and are never parsed: a marker the tool prints, or data it echoes, stays in stdout.
-* The host accepts exactly one execute_result frame carrying this call's marker, with a length and
+  publishes the framed text (``BEGIN-marker length sha256 body END-marker``) as a rich result:
+  display_data, or the cell's execute_result on relays that drop display_data. ``print`` and
+  the tool's own output go to stdout and are never parsed: a marker the tool prints, or data it
+  echoes, stays in stdout, and cannot replace the result.
+* The host accepts exactly one rich result carrying this call's marker, with a length and
   digest that match. A tool that goes out of its way to forge one (it runs in the same process,
   so it could introspect the cell to learn the marker) makes two frames appear: the call fails
-  with :class:`FramingError` instead of returning the forgery.
+  with :class:`FramingError` instead of returning the forgery. The frame is exempt from the
+  output cap; everything else the call prints or displays is capped as usual.
 * Framing only decides which bytes are the result; the bytes themselves stay untrusted. JSON is
   decoded as JSON; anything else was pickled in the kernel and is decoded on the host only by
   :class:`RestrictedUnpickler`, so the worst a hostile tool can do is return a wrong value.
@@ -89,7 +91,11 @@ class _Frame:
 
 def _frame(body):
     digest = hashlib.sha256(body.encode("ascii")).hexdigest()
-    return _Frame(f"BEGIN-{_marker} {len(body)} {digest} {body} END-{_marker}")
+    text = f"BEGIN-{_marker} {len(body)} {digest} {body} END-{_marker}"
+    if not _as_display:
+        return _Frame(text)
+    from IPython.display import publish_display_data
+    publish_display_data({"text/plain": text})
 '''
 
 JSON_MAIN = r'''
@@ -153,17 +159,21 @@ def helper_key(main_src: str) -> str:
     return hashlib.sha256(main_src.encode()).hexdigest()[:16]
 
 
-def kernel_call(main_src: str, params: dict[str, Any], cached: bool = False) -> tuple[str, str]:
+def kernel_call(
+    main_src: str, params: dict[str, Any], cached: bool = False, as_display: bool = True
+) -> tuple[str, str]:
     """Build a one-expression cell that runs ``main_src``'s ``_main()`` and frames what it returns.
 
     ``_main()`` returns the body's JSON text (append :data:`JSON_MAIN` to a source whose
     ``_main_dict()`` returns a dict). ``params`` become globals of a private namespace: the user's
-    namespace only sees the frame in IPython's ``_`` output variables. The compiled helper is
-    cached in the kernel under :func:`helper_key`; with ``cached`` the cell only names it (a
-    smaller cell is cheaper for IPython to process). Returns the cell and its marker.
+    namespace sees nothing. The frame is published as display_data, or with ``as_display=False``
+    (for relays that drop display_data) as the cell's execute_result, which IPython's ``_``
+    variables then hold. The compiled helper is cached in the kernel under :func:`helper_key`;
+    with ``cached`` the cell only names it (a smaller cell is cheaper for IPython to process).
+    Returns the cell and its marker.
     """
     marker = secrets.token_hex(16)
-    namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, **params}
+    namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, "_as_display": as_display, **params}
     key = helper_key(main_src)
     cache = "__import__('sys').modules['_kernel_sandbox_cache'].__dict__"
     if cached:

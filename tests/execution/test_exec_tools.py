@@ -181,3 +181,12 @@ def test_helpers_survive_user_code_clearing_their_cache(sandbox: Sandbox) -> Non
     sandbox.run("import sys\ndel sys.modules['_kernel_sandbox_cache']")
     assert sandbox.run_tool(add, {"a": 2, "b": 2}).func_return["sum"] == 4
     assert sandbox.list_files() is not None
+
+
+def test_helpers_leave_the_user_namespace_alone(sandbox: Sandbox) -> None:
+    sandbox.run("before = set(globals())\n40 + 2")
+    sandbox.run_tool(add, {"a": 1, "b": 1})
+    sandbox.upload({"x.txt": b"x"})
+    assert sandbox.run("_").text == "42"
+    new_names = "sorted(n for n in set(globals()) - before - {'before'} if not n.startswith('_'))"
+    assert sandbox.run(new_names).text == "[]"
