@@ -387,6 +387,8 @@ class AsyncSandbox:
                 )
                 if lost:
                     await self._recover(execution)
+                else:
+                    await self._drain_reply(msg_id, execution)
             elif outcome == "died":
                 reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
                 execution.error = ExecutionError(
