@@ -92,7 +92,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """List kernel containers."""
-    for container in docker_client().containers.list(all=True, filters={"label": OURS}):
+    for container in docker_client().containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         kernel_id = container.labels.get(LABEL_KERNEL_ID, "?")
         print(f"{container.name}\t{container.status}\tkernel {kernel_id}")
     return 0

@@ -120,7 +120,7 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
     """Remove kernel-sandbox containers whose kernel is dead (all of them when ``everything``)."""
     report = GcReport()
     live_dirs: set[str] = set()
-    for container in client.containers.list(all=True, filters={"label": OURS}):
+    for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         if everything or is_orphan(container):
             remove_container(container)
             report.containers.append(container.name)

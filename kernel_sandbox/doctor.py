@@ -57,7 +57,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             )
         else:
             checks.append(Check("kernel image", True, f"{image} is present"))
-        ours = client.containers.list(all=True, filters={"label": OURS})
+        ours = client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
         orphans = [c.name for c in ours if is_orphan(c)]
         checks.append(
             Check(

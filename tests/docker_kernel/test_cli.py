@@ -75,7 +75,7 @@ def test_gc_removes_stopped_kernel_containers_and_spares_live_ones(docker_engine
         result = cli("gc")
         assert result.returncode == 0, result.stderr
         assert f"removed container {stopped.name}" in result.stdout
-        names = [c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS})]
+        names = [c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)]
         assert stopped.name not in names and live.name in names
     finally:
         live.remove(force=True)

@@ -68,8 +68,8 @@ def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_ser
         assert "hostname: sandbox" in text
         assert "interfaces: ['lo']" in text
 
-        kernels = [c for c in docker_engine.containers.list(filters={"label": "kernel-sandbox"})
-                   if c.labels.get("kernel-sandbox.owner-pid") == str(lab_server.process.pid)]
+        owned = {"label": ["kernel-sandbox", f"kernel-sandbox.owner-pid={lab_server.process.pid}"]}
+        kernels = docker_engine.containers.list(filters=owned, ignore_removed=True)
         assert len(kernels) == 1  # the notebook's kernel runs in a container owned by the server
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-failure.png"))
