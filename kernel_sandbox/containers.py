@@ -52,15 +52,22 @@ def docker_client() -> docker.DockerClient:
     return client
 
 
-def require_image(client: docker.DockerClient, image: str) -> None:
-    """Raise :class:`ImageMissing` with the command that builds ``image`` when it is absent."""
+def has_image(client: docker.DockerClient, image: str) -> bool:
+    """True when the engine has an image named ``image``."""
     try:
         client.images.get(image)
-    except docker.errors.ImageNotFound as exc:
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def require_image(client: docker.DockerClient, image: str) -> None:
+    """Raise :class:`ImageMissing` with the command that builds ``image`` when it is absent."""
+    if not has_image(client, image):
         raise ImageMissing(
             f"The kernel image {image!r} is not on this Docker engine. "
             f"Build it with `kernel-sandbox image build --tag {image}`."
-        ) from exc
+        )
 
 
 def owner_labels(kernel_id: str, socket_dir: Path | None) -> dict[str, str]:

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Callable
 
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound
+from docker.errors import APIError, DockerException
 
-from kernel_sandbox.resources import data_path
+from .containers import DEFAULT_IMAGE, docker_client, has_image
+from .resources import data_path
 
-DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 BASE_FALLBACK = "kernel-sandbox-base:bookworm"
 UPSTREAM_BASE = "python:3.11-slim"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -47,11 +47,6 @@ class ImageBuildError(RuntimeError):
     """The kernel image or its base image could not be built; the message says why and what to do."""
 
 
-def image_exists(tag: str) -> bool:
-    """Return True when the local Docker engine has an image named ``tag``."""
-    return _has_image(_client(), tag)
-
-
 def build_image(
     tag: str = DEFAULT_IMAGE,
     base_image: str | None = None,
@@ -67,11 +62,11 @@ def build_image(
         raise ValueError(
             f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with base_image={base_image!r}"
         )
-    client = _client()
+    client = docker_client()
     if rebuild_base:
         base = _bootstrap_base(client, progress)
     elif base_image:
-        if not _has_image(client, base_image):
+        if not has_image(client, base_image):
             raise ImageBuildError(
                 f"base image {base_image!r} is not in the local Docker engine; `docker pull {base_image}` first"
             )
@@ -88,28 +83,8 @@ def build_image(
     return tag
 
 
-def _client() -> docker.DockerClient:
-    try:
-        client = docker.from_env()
-        client.ping()
-    except DockerException as exc:
-        raise ImageBuildError(
-            f"cannot reach the Docker engine ({exc}); start it (for example `dockerd &` as root, "
-            "after `apt-get install docker.io`) and check DOCKER_HOST"
-        ) from exc
-    return client
-
-
-def _has_image(client: docker.DockerClient, name: str) -> bool:
-    try:
-        client.images.get(name)
-    except ImageNotFound:
-        return False
-    return True
-
-
 def _pick_base(client: docker.DockerClient, progress: Progress) -> str:
-    if _has_image(client, UPSTREAM_BASE):
+    if has_image(client, UPSTREAM_BASE):
         return UPSTREAM_BASE
     progress(f"pulling {UPSTREAM_BASE} ...")
     try:
@@ -117,7 +92,7 @@ def _pick_base(client: docker.DockerClient, progress: Progress) -> str:
         return UPSTREAM_BASE
     except APIError as exc:
         progress(f"cannot pull {UPSTREAM_BASE} ({exc.explanation or exc}); using {BASE_FALLBACK}")
-    if _has_image(client, BASE_FALLBACK):
+    if has_image(client, BASE_FALLBACK):
         return BASE_FALLBACK
     return _bootstrap_base(client, progress)
 
@@ -170,7 +145,7 @@ def _bootstrap_base(client: docker.DockerClient, progress: Progress) -> str:
         finally:
             tar.stdout.close()
             tar.wait()
-        if tar.returncode != 0 or not _has_image(client, BASE_FALLBACK):
+        if tar.returncode != 0 or not has_image(client, BASE_FALLBACK):
             raise ImageBuildError(f"importing the debootstrap root failed (tar exit code {tar.returncode}): {answer}")
     return BASE_FALLBACK
 
