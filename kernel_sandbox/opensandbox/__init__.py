@@ -29,7 +29,7 @@ from .client import (
     run_once,
     run_once_sync,
 )
-from .events import Event, Execution, ExecutionError, parse_event, parse_line, parse_lines
+from .events import Event, ExecdRun, ExecdError, parse_event, parse_line, parse_lines
 
 __all__ = [
     "API_KEY_HEADER",
@@ -46,8 +46,8 @@ __all__ = [
     "Endpoint",
     "Event",
     "ExecdClient",
-    "Execution",
-    "ExecutionError",
+    "ExecdRun",
+    "ExecdError",
     "OpenSandboxAPIError",
     "OpenSandboxClient",
     "OpenSandboxConfigError",

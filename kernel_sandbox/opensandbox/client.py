@@ -20,7 +20,7 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from .events import Event, Execution, parse_event
+from .events import Event, ExecdRun, parse_event
 
 ENV_API_BASE = "OPEN_SANDBOX_API_BASE"
 ENV_API_KEY = "OPEN_SANDBOX_API_KEY"
@@ -280,9 +280,9 @@ class ExecdClient:
         context_id: str | None = None,
         language: str = "python",
         on_event: EventCallback | None = None,
-    ) -> Execution:
-        """Run ``code`` to completion and return the collected :class:`Execution`."""
-        execution = Execution(context_id=context_id)
+    ) -> ExecdRun:
+        """Run ``code`` to completion and return the collected :class:`ExecdRun`."""
+        execution = ExecdRun(context_id=context_id)
         async for event in self.stream(code, context_id=context_id, language=language):
             execution.add(event)
             await _emit(on_event, event)
@@ -504,7 +504,7 @@ class OpenSandboxClient:
         context_id: str | None = None,
         language: str = "python",
         on_event: EventCallback | None = None,
-    ) -> Execution:
+    ) -> ExecdRun:
         """Run ``code`` in a sandbox; a bare sandbox id has its execd endpoint resolved first."""
         if isinstance(sandbox, str):
             endpoint = await self.endpoint(sandbox)
@@ -523,7 +523,7 @@ async def run_once(
     language: str = "python",
     on_event: EventCallback | None = None,
     **create_options: Any,
-) -> Execution:
+) -> ExecdRun:
     """Create a sandbox, run ``code`` in it and delete it, also when the run raises."""
     async with OpenSandboxClient(api_base, api_key, http=http) as client:
         sandbox = await client.create(**create_options)
@@ -533,6 +533,6 @@ async def run_once(
             await asyncio.shield(client.delete(sandbox.id))
 
 
-def run_once_sync(code: str, **options: Any) -> Execution:
+def run_once_sync(code: str, **options: Any) -> ExecdRun:
     """Blocking wrapper around :func:`run_once` (not for use inside a running event loop)."""
     return asyncio.run(run_once(code, **options))

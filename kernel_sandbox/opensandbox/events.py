@@ -17,7 +17,7 @@ _CONTROL_PREFIXES = ("event:", "id:", "retry:", ":")
 
 
 @dataclass(frozen=True)
-class ExecutionError:
+class ExecdError:
     """An error raised by the code, as execd reports it."""
 
     name: str
@@ -42,19 +42,19 @@ class Event:
     text: str | None = None
     data: dict[str, Any] | None = None
     execution_count: int | None = None
-    error: ExecutionError | None = None
+    error: ExecdError | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass
-class Execution:
+class ExecdRun:
     """The collected outcome of one run: output text, result bundles, count and error."""
 
     stdout: str = ""
     stderr: str = ""
     results: list[dict[str, Any]] = field(default_factory=list)
     execution_count: int | None = None
-    error: ExecutionError | None = None
+    error: ExecdError | None = None
     context_id: str | None = None
 
     def add(self, event: Event) -> None:
@@ -124,7 +124,7 @@ def _pick(obj: dict[str, Any], *keys: str) -> Any:
     return None
 
 
-def _error(obj: dict[str, Any]) -> ExecutionError:
+def _error(obj: dict[str, Any]) -> ExecdError:
     nested = obj.get("error")
     source = nested if isinstance(nested, dict) else obj
     name = _pick(source, "ename", "name", "code")
@@ -136,7 +136,7 @@ def _error(obj: dict[str, Any]) -> ExecutionError:
         traceback = traceback.splitlines()
     elif not isinstance(traceback, list):
         traceback = []
-    return ExecutionError(
+    return ExecdError(
         name="Error" if name is None else str(name),
         value="" if value is None else str(value),
         traceback=[str(line) for line in traceback],
@@ -169,9 +169,9 @@ def parse_event(line: str | bytes) -> Event | None:
     return None if obj is None else to_event(obj)
 
 
-def parse_lines(lines: Iterable[str | bytes]) -> Execution:
-    """Collect a whole stream, given as lines, into an :class:`Execution`."""
-    execution = Execution()
+def parse_lines(lines: Iterable[str | bytes]) -> ExecdRun:
+    """Collect a whole stream, given as lines, into an :class:`ExecdRun`."""
+    execution = ExecdRun()
     for line in lines:
         event = parse_event(line)
         if event is not None:

@@ -17,7 +17,7 @@ from ipykernel.kernelbase import Kernel
 
 from .. import __version__
 from .client import ExecdClient, OpenSandboxClient, OpenSandboxError, OutputLimitExceeded
-from .events import Event, ExecutionError
+from .events import Event, ExecdError
 from .settings import RelaySettings
 
 STDIN_MESSAGE = "input is not supported in this sandbox"
@@ -115,7 +115,7 @@ class RelayKernel(Kernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         """Run ``code`` in the sandbox, relaying its output as it arrives."""
-        error: ExecutionError | None = None
+        error: ExecdError | None = None
         if code.strip():
             self._running = True
             try:
@@ -127,16 +127,16 @@ class RelayKernel(Kernel):
                     elif not silent:
                         self._publish_event(event)
             except OutputLimitExceeded as exc:
-                error = ExecutionError("OutputLimitExceeded", str(exc), [f"OutputLimitExceeded: {exc}"])
+                error = ExecdError("OutputLimitExceeded", str(exc), [f"OutputLimitExceeded: {exc}"])
                 await self._interrupt_quietly()
             except (httpx.HTTPError, OpenSandboxError) as exc:
-                error = ExecutionError("SandboxError", f"{type(exc).__name__}: {exc}", [f"SandboxError: {exc}"])
+                error = ExecdError("SandboxError", f"{type(exc).__name__}: {exc}", [f"SandboxError: {exc}"])
             finally:
                 self._running = False
         if error is None:
             return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
         if error.name in _STDIN_ERRORS:
-            error = ExecutionError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
+            error = ExecdError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
         content = {"ename": error.name, "evalue": error.value, "traceback": list(error.traceback)}
         if not silent:
             self._publish("error", content)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kernel_sandbox.opensandbox import Execution, ExecutionError, parse_event, parse_line, parse_lines
+from kernel_sandbox.opensandbox import ExecdRun, ExecdError, parse_event, parse_line, parse_lines
 
 
 def bare(event: object) -> list[str]:
@@ -53,12 +53,12 @@ def test_output_results_count_and_error_are_mapped() -> None:
         *bare({"type": "execution_complete", "execution_time": 3}),
     ]
     execution = parse_lines(lines)
-    assert execution == Execution(
+    assert execution == ExecdRun(
         stdout="hello\n",
         stderr="warn\n",
         results=[{"text/plain": "4", "text/html": "<b>4</b>"}],
         execution_count=7,
-        error=ExecutionError("ValueError", "bad", ["Traceback"]),
+        error=ExecdError("ValueError", "bad", ["Traceback"]),
         context_id="ctx-1",
     )
     assert execution.error is not None
@@ -84,10 +84,10 @@ def test_execution_count_as_string_and_bad_values() -> None:
 
 
 def test_error_fallback_shapes() -> None:
-    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecutionError(
+    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecdError(
         "BadRequest", "nope", []
     )
-    assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecutionError(
+    assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecdError(
         "RuntimeError", "boom", []
     )
 
@@ -97,7 +97,7 @@ def test_error_empty_strings_are_kept_not_replaced() -> None:
         "type": "error",
         "error": {"ename": "", "name": "Fallback", "evalue": "", "value": "fallback", "traceback": []},
     }
-    assert parse_lines([sse(event)]).error == ExecutionError("", "", [])
+    assert parse_lines([sse(event)]).error == ExecdError("", "", [])
 
 
 def test_first_error_wins() -> None:
@@ -105,7 +105,7 @@ def test_first_error_wins() -> None:
         sse({"code": "BadRequest", "message": "nope"}),
         sse({"type": "error", "name": "RuntimeError", "text": "boom"}),
     ]
-    assert parse_lines(lines).error == ExecutionError("BadRequest", "nope", [])
+    assert parse_lines(lines).error == ExecdError("BadRequest", "nope", [])
 
 
 def test_events_without_a_type_or_payload_are_ignored() -> None:
