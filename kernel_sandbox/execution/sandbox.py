@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
+import hashlib
 import inspect
 import mimetypes
 import os
@@ -34,8 +35,13 @@ from .models import (
     ToolResult,
 )
 from .tools import (
+    CHANNEL_LOST,
+    CHANNEL_SRC,
     JSON_MAIN,
+    TOOL_CHANNEL_MAIN,
     TOOL_SRC,
+    TOOL_TEXT_MAIN,
+    ChannelFrames,
     decode_value,
     extract_frame,
     helper_key,
@@ -107,14 +113,27 @@ async def _call(callback: Callback, value: Any) -> None:
 
 
 class _Collector:
-    """Gather one execution's messages, keeping at most ``cap`` bytes of output in memory."""
+    """Gather one execution's messages, keeping at most ``cap`` bytes of output in memory.
 
-    def __init__(self, cap: int, callbacks: dict[str, Callback], frame_prefix: str | None) -> None:
+    With a ``marker``, text frames carrying it are exempt from the cap. Messages on the tool
+    ``channel`` (a comm id) go to ``channel_frames``, never to the output.
+    """
+
+    def __init__(
+        self,
+        cap: int,
+        callbacks: dict[str, Callback],
+        marker: str | None = None,
+        channel: str | None = None,
+    ) -> None:
         self.execution = Execution()
         self.cap = cap
         self.used = 0
         self.callbacks = callbacks
-        self.frame_prefix = frame_prefix
+        self.marker = marker
+        self.frame_prefix = None if marker is None else f"BEGIN-{marker} "
+        self.channel = channel
+        self.channel_frames = ChannelFrames(marker or "")
         self._stdout: list[str] = []
         self._stderr: list[str] = []
 
@@ -165,6 +184,10 @@ class _Collector:
             await _call(self.callbacks["on_error"], error)
         elif kind == "execute_input":
             self.execution.execution_count = content.get("execution_count")
+        elif kind == "comm_msg" and self.channel is not None and content.get("comm_id") == self.channel:
+            data = content.get("data")
+            if isinstance(data, dict):
+                self.channel_frames.add(data, msg.get("buffers") or [])
 
     async def finish(self) -> Execution:
         execution = self.execution
@@ -230,6 +253,7 @@ class AsyncSandbox:
         self._tmp: str | None = None
         self._lock: asyncio.Lock | None = None
         self._cached_helpers: set[str] = set()
+        self._channel: str | None = None
         self.work_dir: str = ""
         if backend == "local":
             warnings.warn(
@@ -270,6 +294,7 @@ class AsyncSandbox:
 
     async def _connect(self) -> None:
         self._cached_helpers.clear()
+        self._channel = None
         self._kc = self._km.client()
         self._kc.start_channels()
         try:
@@ -346,34 +371,31 @@ class AsyncSandbox:
         ``Execution.state_lost`` is True. The session stays usable either way.
         """
         callbacks = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
-        return await self._execute(code, timeout, callbacks, store_history=True)
+        collector = _Collector(self.max_output_bytes, callbacks)
+        return await self._execute(code, timeout, collector, store_history=True)
 
     async def _execute(
         self,
         code: str,
         timeout: float | None,
-        callbacks: dict[str, Callback] | None = None,
+        collector: _Collector,
         *,
         store_history: bool = False,
-        frame_marker: str | None = None,
-        stdin_reply: str | None = None,
+        comm_msg: tuple[dict[str, Any], bytes] | None = None,
     ) -> Execution:
+        """Run ``code``, gathering into ``collector``; ``comm_msg`` (content, buffer) is sent just before."""
         if self._km is None or self._lock is None:
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
-        callbacks = callbacks or dict.fromkeys(("on_stdout", "on_stderr", "on_result", "on_error"))
         timeout = self.timeout if timeout is None else timeout
         async with self._lock:
-            prefix = None if frame_marker is None else f"BEGIN-{frame_marker} "
-            collector = _Collector(self.max_output_bytes, callbacks, prefix)
-            allow_stdin = stdin_reply is not None
-            msg_id = self._kc.execute(code, store_history=store_history, allow_stdin=allow_stdin, stop_on_error=False)
-            answering = asyncio.ensure_future(self._answer_stdin(msg_id, stdin_reply)) if allow_stdin else None
+            if comm_msg is not None:
+                content, buffer = comm_msg
+                self._kc.session.send(
+                    self._kc.shell_channel.socket, self._kc.session.msg("comm_msg", content), buffers=[buffer]
+                )
+            msg_id = self._kc.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
             deadline = None if timeout is None else time.monotonic() + timeout
-            try:
-                outcome = await self._collect(msg_id, collector, deadline)
-            finally:
-                if answering is not None:
-                    answering.cancel()
+            outcome = await self._collect(msg_id, collector, deadline)
             execution = collector.execution
             if outcome == "timeout":
                 await self._km.interrupt_kernel()
@@ -420,14 +442,6 @@ class AsyncSandbox:
                 if not await self._km.is_alive():
                     return "died"
 
-    async def _answer_stdin(self, msg_id: str, reply: str | None) -> None:
-        """Answer the first input request of ``msg_id`` with ``reply``, later ones with ""."""
-        while True:
-            msg = await self._kc.get_stdin_msg()
-            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "input_request":
-                self._kc.input(reply or "")
-                reply = None
-
     async def _drain_reply(self, msg_id: str, execution: Execution) -> None:
         while True:
             try:
@@ -445,25 +459,56 @@ class AsyncSandbox:
         await self.restart()
 
     async def _helper(
-        self, src: str, params: dict[str, Any], timeout: float | None, stdin_reply: str | None = None
-    ) -> tuple[Execution, str]:
-        """Run a kernel-side helper; returns its execution and marker."""
+        self, src: str, params: dict[str, Any], timeout: float | None, payload: bytes | None = None
+    ) -> tuple[Execution, _Collector]:
+        """Run a kernel-side helper; returns its execution and the collector holding its frames.
+
+        A ``payload`` goes ahead of the cell on the tool channel, tagged with the call's marker.
+        """
         key = helper_key(src)
         cached = key in self._cached_helpers
         code, marker = kernel_call(src, params, cached, as_display=self.backend != "opensandbox")
-        execution = await self._execute(code, timeout, frame_marker=marker, stdin_reply=stdin_reply)
+        callbacks: dict[str, Callback] = dict.fromkeys(("on_stdout", "on_stderr", "on_result", "on_error"))
+        collector = _Collector(self.max_output_bytes, callbacks, marker, self._channel)
+        comm_msg = None
+        if payload is not None:
+            data = {"call": marker, "sha256": hashlib.sha256(payload).hexdigest()}
+            comm_msg = ({"comm_id": self._channel, "data": data}, payload)
+        execution = await self._execute(code, timeout, collector, comm_msg=comm_msg)
         if execution.error is None:
             self._cached_helpers.add(key)
         elif cached and execution.error.name == "KeyError" and not execution.results:
             self._cached_helpers.discard(key)
-            return await self._helper(src, params, timeout, stdin_reply)
-        return execution, marker
+            return await self._helper(src, params, timeout, payload)
+        return execution, collector
 
     async def _internal(self, src: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        execution, marker = await self._helper(src + JSON_MAIN, {"_work": self.work_dir, **params}, timeout)
+        execution, collector = await self._helper(src + JSON_MAIN, {"_work": self.work_dir, **params}, timeout)
         if execution.error is not None:
             raise SandboxError(f"A kernel-sandbox helper failed in the kernel: {execution.error}")
-        return extract_frame(execution, marker)
+        return extract_frame(execution, collector.marker)
+
+    async def _tool_on_channel(
+        self, params: dict[str, Any], payload: bytes, timeout: float | None
+    ) -> tuple[Execution, dict[str, Any] | None]:
+        """Call a tool over the channel (opened on first use); returns the execution and frame body.
+
+        A pickle of up to :data:`INLINE_PAYLOAD_BYTES` rides in the cell instead, which saves a message.
+        """
+        inline = len(payload) <= INLINE_PAYLOAD_BYTES
+        params = {**params, "_payload": base64.b64encode(payload).decode("ascii") if inline else None}
+        for _ in range(2):
+            if self._channel is None:
+                self._channel = (await self._internal(CHANNEL_SRC, {}, timeout))["channel"]
+            execution, collector = await self._helper(
+                TOOL_SRC + TOOL_CHANNEL_MAIN, {**params, "_channel": self._channel}, timeout, None if inline else payload
+            )
+            if execution.error is None or execution.error.value != CHANNEL_LOST:
+                break
+            self._channel = None
+        if execution.error is not None:
+            return execution, None
+        return execution, collector.channel_frames.body()
 
     # -- files -----------------------------------------------------------------------------
 
@@ -542,14 +587,17 @@ class AsyncSandbox:
         as JSON, others through the restricted unpickler, which allows ``allowed_classes`` (and
         the sandbox's) besides plain types and raises :class:`UnsafePayloadError` otherwise.
         """
-        inline_limit = None if self.backend == "opensandbox" else INLINE_PAYLOAD_BYTES
-        params, payload = tool_params(tool, dict(args or {}), agent_state, name, inline_limit)
-        execution, marker = await self._helper(TOOL_SRC, params, timeout, payload)
+        params, payload = tool_params(tool, dict(args or {}), agent_state, name)
+        if self.backend == "opensandbox":
+            params["_payload"] = base64.b64encode(payload).decode("ascii")
+            execution, collector = await self._helper(TOOL_SRC + TOOL_TEXT_MAIN, params, timeout)
+            body = None if execution.error is not None else extract_frame(execution, collector.marker)
+        else:
+            execution, body = await self._tool_on_channel(params, payload, timeout)
         result = ToolResult("error", stdout=execution.stdout, stderr=execution.stderr)
-        if execution.error is not None:
+        if body is None:
             result.error = execution.error
             return result
-        body = extract_frame(execution, marker)
         result.error = tool_error(body)
         if result.error is None:
             allowed = (*self.allowed_classes, *allowed_classes)

@@ -20,9 +20,17 @@ How a result travels, and why a tool cannot pass a fake one off as the real one:
   helper) can influence later calls in the same kernel. Give untrusted tools a fresh kernel
   each (a pool with the default ``max_uses=1`` does exactly that).
 
-Arguments, agent state and the function travel in (cloudpickle, the caller's own modules by
-value) inside the cell, or, above a size where compiling the literal would dominate, as the
-answer to the helper's ``input()`` request on the stdin channel.
+Arguments, agent state and the function travel in with cloudpickle (the caller's own modules by
+value). Two transports carry a tool call, chosen per backend:
+
+* The channel (kernels that speak comms: ``docker``, ``local``). A comm opened by the kernel
+  (:data:`CHANNEL_SRC`) carries the pickle in as a binary message buffer (a small one rides in
+  the cell, base64, which saves a message) and the values out as buffers (JSON text, or a pickle). Buffers skip JSON encoding and the message signature, so
+  each one is named in the signed content with its length and sha256, and both ends check it:
+  the kernel before it unpickles the arguments, the host before it decodes a value. The frame is
+  the comm message whose signed content carries this call's marker; exactly one must arrive.
+* Text frames (the OpenSandbox relay, which carries neither comms nor buffers): the pickle is
+  a base64 literal in the cell and the result is the text frame described above.
 """
 
 from __future__ import annotations
@@ -61,27 +69,39 @@ class _NamePickler(pickle._Pickler):
             self.write(pickle.STACK_GLOBAL)
             self.memoize(obj)
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+def _plain(value):
+    """Whether JSON decodes ``value``'s encoding back to an equal value (str-keyed dicts, lists, scalars).
+
+    A walk instead of decoding the JSON again and comparing: same answer, far less work on big strings.
+    """
+    if value is None or isinstance(value, (str, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(type(item) in _SCALARS or _plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and (type(item) in _SCALARS or _plain(item)) for key, item in value.items())
+    return False
+
 def _encode(value):
-    """A JSON fragment: {"json": value} when JSON carries it faithfully, else {"pickle": b64}."""
+    """("json", JSON text) when JSON carries ``value`` faithfully, else ("pickle", its pickle)."""
     try:
-        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
-        if json.loads(text) == value:
-            return '{"json": ' + text + '}'
+        if _plain(value):
+            return "json", json.dumps(value, ensure_ascii=True, allow_nan=False).encode("ascii")
     except Exception:
         pass
     try:
-        data = pickle.dumps(value, protocol=4)
+        return "pickle", pickle.dumps(value, protocol=4)
     except Exception:
         import io
         buf = io.BytesIO()
         _NamePickler(buf, protocol=4).dump(value)
-        data = buf.getvalue()
-    return '{"pickle": "' + base64.b64encode(data).decode("ascii") + '"}'
+        return "pickle", buf.getvalue()
 
 def _error(exc):
     import traceback
-    error = {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}
-    return json.dumps(error, ensure_ascii=True)
+    return {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}
 
 class _Frame:
     def __init__(self, text):
@@ -100,33 +120,83 @@ def _frame(body):
 
 JSON_MAIN = r'''
 def _main():
-    return json.dumps(_main_dict(), ensure_ascii=True)
+    return _frame(json.dumps(_main_dict(), ensure_ascii=True))
 '''
 
 TOOL_SRC = r'''
-def _main():
+def _call_tool(raw):
+    """Call the tool pickled in ``raw``; return {name: _encode(value)} for the values going back."""
     import inspect
-    out = {}
+    data = pickle.loads(raw)
+    func = data["func"]
+    if func is None:
+        namespace = {"__name__": "__kernel_sandbox_tool__"}
+        exec(compile(_source, "<tool>", "exec"), namespace)
+        if _name not in namespace or not callable(namespace[_name]):
+            raise NameError(f"the tool source defines no function named {_name!r}")
+        func = namespace[_name]
+    kwargs = dict(data["args"] or {})
+    takes_state = "agent_state" in inspect.signature(func).parameters
+    if takes_state:
+        kwargs["agent_state"] = data["state"]
+    out = {"func_return": _encode(func(**kwargs))}
+    if takes_state:
+        out["agent_state"] = _encode(data["state"])
+    return out
+'''
+
+TOOL_TEXT_MAIN = r'''
+def _main():
     try:
-        raw = input().encode("latin-1") if _payload is None else base64.b64decode(_payload)
-        data = pickle.loads(raw)
-        func = data["func"]
-        if func is None:
-            namespace = {"__name__": "__kernel_sandbox_tool__"}
-            exec(compile(_source, "<tool>", "exec"), namespace)
-            if _name not in namespace or not callable(namespace[_name]):
-                raise NameError(f"the tool source defines no function named {_name!r}")
-            func = namespace[_name]
-        kwargs = dict(data["args"] or {})
-        takes_state = "agent_state" in inspect.signature(func).parameters
-        if takes_state:
-            kwargs["agent_state"] = data["state"]
-        out["func_return"] = _encode(func(**kwargs))
-        if takes_state:
-            out["agent_state"] = _encode(data["state"])
+        values = _call_tool(base64.b64decode(_payload))
     except Exception as exc:
-        out = {"error": _error(exc)}
-    return "{" + ", ".join(f'"{key}": {value}' for key, value in out.items()) + "}"
+        return _frame(json.dumps({"error": _error(exc)}, ensure_ascii=True))
+    fragments = {
+        name: '{"json": ' + data.decode("ascii") + "}" if kind == "json"
+        else '{"pickle": "' + base64.b64encode(data).decode("ascii") + '"}'
+        for name, (kind, data) in values.items()
+    }
+    return _frame("{" + ", ".join(f'"{name}": {text}' for name, text in fragments.items()) + "}")
+'''
+
+CHANNEL_LOST = "kernel-sandbox: the tool channel was closed in the kernel"
+
+TOOL_CHANNEL_MAIN = r'''
+def _main():
+    import comm
+    channel = comm.get_comm_manager().get_comm(_channel)
+    if channel is None:
+        raise LookupError(''' + repr(CHANNEL_LOST) + r''')
+    try:
+        values = _call_tool(_received(channel))
+        meta = {"kinds": {name: kind for name, (kind, _) in values.items()}}
+    except Exception as exc:
+        values, meta = {}, {"error": _error(exc)}
+    buffers = [data for _, data in values.values()]
+    meta.update(marker=_marker, lengths=[len(data) for data in buffers],
+                sha256=[hashlib.sha256(data).hexdigest() for data in buffers])
+    channel.send(meta, buffers=buffers)
+
+def _received(channel):
+    """The call's pickle: inline in the cell, or the buffer that came ahead of it on the channel."""
+    if _payload is not None:
+        return base64.b64decode(_payload)
+    inbox, channel.inbox = channel.inbox, {}
+    payload = inbox.get("payload")
+    if inbox.get("call") != _marker or hashlib.sha256(payload).hexdigest() != inbox.get("sha256"):
+        raise ValueError("the tool call's payload did not arrive intact")
+    return payload
+'''
+
+CHANNEL_SRC = r'''
+def _main_dict():
+    import comm
+    channel = comm.create_comm(target_name="kernel_sandbox")
+    channel.inbox = {}
+    def receive(msg):
+        channel.inbox = dict(msg["content"]["data"], payload=(msg["buffers"] or [b""])[0])
+    channel.on_msg(receive)
+    return {"channel": channel.comm_id}
 '''
 
 
@@ -162,15 +232,16 @@ def helper_key(main_src: str) -> str:
 def kernel_call(
     main_src: str, params: dict[str, Any], cached: bool = False, as_display: bool = True
 ) -> tuple[str, str]:
-    """Build a one-expression cell that runs ``main_src``'s ``_main()`` and frames what it returns.
+    """Build a one-expression cell that runs ``main_src``'s ``_main()``, which sends the result.
 
-    ``_main()`` returns the body's JSON text (append :data:`JSON_MAIN` to a source whose
-    ``_main_dict()`` returns a dict). ``params`` become globals of a private namespace: the user's
-    namespace sees nothing. The frame is published as display_data, or with ``as_display=False``
-    (for relays that drop display_data) as the cell's execute_result, which IPython's ``_``
-    variables then hold. The compiled helper is cached in the kernel under :func:`helper_key`;
-    with ``cached`` the cell only names it (a smaller cell is cheaper for IPython to process).
-    Returns the cell and its marker.
+    ``_main()`` publishes a text frame with ``_frame`` (append :data:`JSON_MAIN` to a source whose
+    ``_main_dict()`` returns a dict), or sends a channel message (:data:`TOOL_CHANNEL_MAIN`).
+    ``params`` become globals of a private namespace: the user's namespace sees nothing. A text
+    frame is published as display_data, or with ``as_display=False`` (for relays that drop
+    display_data) as the cell's execute_result, which IPython's ``_`` variables then hold. The
+    compiled helper is cached in the kernel under :func:`helper_key`; with ``cached`` the cell
+    only names it (a smaller cell is cheaper for IPython to process). Returns the cell and its
+    marker.
     """
     marker = secrets.token_hex(16)
     namespace = {"__name__": "__kernel_sandbox__", "_marker": marker, "_as_display": as_display, **params}
@@ -178,7 +249,7 @@ def kernel_call(
     cache = "__import__('sys').modules['_kernel_sandbox_cache'].__dict__"
     if cached:
         return f"(lambda ns: exec({cache}[{key!r}], ns) or ns['_result'])({namespace!r})", marker
-    source = KERNEL_PRELUDE + main_src + "\n_result = _frame(_main())\n"
+    source = KERNEL_PRELUDE + main_src + "\n_result = _main()\n"
     cache = (
         "__import__('sys').modules.setdefault('_kernel_sandbox_cache', "
         "__import__('types').ModuleType('_kernel_sandbox_cache')).__dict__"
@@ -211,12 +282,77 @@ def extract_frame(execution: Execution, marker: str) -> dict[str, Any]:
         raise FramingError(f"The result frame does not hold JSON: {exc}") from exc
 
 
-def decode_value(encoded: dict[str, str], allowed: Iterable[type] = ()) -> Any:
-    """Decode a value encoded by the kernel: JSON as JSON, pickles by the restricted unpickler."""
+class ChannelFrames:
+    """The tool channel's result frames for one call, checked as they arrive.
+
+    :meth:`add` takes each comm message's (content data, buffers); those with the call's marker
+    are frames. The first is checked and decoded at once, while the kernel is still finishing
+    the cell: each buffer must match the length and sha256 that the signed content gives for it.
+    :meth:`body` then returns it in a text frame body's shape, ``{"error": ...}`` or
+    ``{name: {"json": value} | {"pickle": bytes}}``, or raises :class:`FramingError` when there
+    was no frame, more than one, or a bad one.
+    """
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.count = 0
+        self._body: dict[str, Any] | FramingError = FramingError("The sandbox returned no result frame.")
+
+    def add(self, meta: dict[str, Any], buffers: list[memoryview]) -> None:
+        """Take one message received on the channel."""
+        if meta.get("marker") != self.marker:
+            return
+        self.count += 1
+        if self.count == 1:
+            try:
+                self._body = _read_channel_frame(meta, buffers)
+            except FramingError as exc:
+                self._body = exc
+
+    def body(self) -> dict[str, Any]:
+        """The decoded body of the single frame."""
+        if self.count > 1:
+            raise FramingError(
+                "More than one result frame carried this call's marker: the tool tampered with the "
+                "result channel; its output is not trusted."
+            )
+        if isinstance(self._body, FramingError):
+            raise self._body
+        return self._body
+
+
+def _read_channel_frame(meta: dict[str, Any], buffers: list[memoryview]) -> dict[str, Any]:
+    if "error" in meta:
+        return {"error": meta["error"]}
+    kinds, lengths, digests = meta.get("kinds"), meta.get("lengths"), meta.get("sha256")
+    if not (isinstance(kinds, dict) and isinstance(lengths, list) and isinstance(digests, list)) or not (
+        len(kinds) == len(lengths) == len(digests) == len(buffers)
+    ):
+        raise FramingError("The result frame does not describe its buffers.")
+    body: dict[str, Any] = {}
+    for (name, kind), buffer, length, digest in zip(kinds.items(), buffers, lengths, digests):
+        if len(buffer) != length or hashlib.sha256(buffer).hexdigest() != digest:
+            raise FramingError("The framed result failed its length or digest check.")
+        if kind == "json":
+            try:
+                body[name] = {"json": json.loads(str(buffer, "ascii"))}
+            except ValueError as exc:
+                raise FramingError(f"The result frame does not hold JSON: {exc}") from exc
+        else:
+            body[name] = {kind: bytes(buffer)}
+    return body
+
+
+def decode_value(encoded: dict[str, Any], allowed: Iterable[type] = ()) -> Any:
+    """Decode a value encoded by the kernel: JSON as JSON, pickles by the restricted unpickler.
+
+    A pickle is base64 text from a text frame, or raw bytes from a channel frame.
+    """
     if "json" in encoded:
         return encoded["json"]
     if "pickle" in encoded:
-        return restricted_loads(base64.b64decode(encoded["pickle"]), allowed)
+        data = encoded["pickle"]
+        return restricted_loads(data if isinstance(data, bytes) else base64.b64decode(data), allowed)
     raise FramingError(f"Unknown value encoding {sorted(encoded)!r}")
 
 
@@ -256,19 +392,9 @@ def _is_installed(module_name: str) -> bool:
 
 
 def tool_params(
-    tool: Callable[..., Any] | str,
-    args: dict[str, Any] | None,
-    agent_state: Any,
-    name: str | None,
-    inline_limit: int | None = None,
-) -> tuple[dict[str, Any], str | None]:
-    """The :data:`TOOL_SRC` parameters for one tool call, and the stdin payload if any.
-
-    A payload larger than ``inline_limit`` bytes (None: no limit) is not put in the cell
-    (compiling a megabyte literal costs far more than the call): the kernel reads it with
-    ``input()`` and the host answers that one request on the stdin channel, the pickle's bytes
-    carried as latin-1 text (no base64 on either side).
-    """
+    tool: Callable[..., Any] | str, args: dict[str, Any] | None, agent_state: Any, name: str | None
+) -> tuple[dict[str, Any], bytes]:
+    """The :data:`TOOL_SRC` parameters naming the tool, and the pickled call (function, args, state)."""
     if isinstance(tool, str):
         if not name:
             raise ValueError("run_tool(source, name=...): name the function the source defines")
@@ -280,11 +406,7 @@ def tool_params(
         raise TypeError(f"tool must be a function or its source, not {type(tool).__name__}")
     payload = {"func": func, "args": dict(args or {}), "state": agent_state}
     modules = _local_modules(func, agent_state, *(args or {}).values())
-    data = _dumps_by_value(payload, modules)
-    via_stdin = inline_limit is not None and len(data) > inline_limit
-    inline = None if via_stdin else base64.b64encode(data).decode("ascii")
-    params = {"_payload": inline, "_source": source, "_name": name}
-    return params, data.decode("latin-1") if via_stdin else None
+    return {"_source": source, "_name": name}, _dumps_by_value(payload, modules)
 
 
 def tool_error(body: dict[str, Any]) -> ExecutionError | None:

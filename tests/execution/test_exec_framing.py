@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 import pytest
 
 from kernel_sandbox.execution import Execution, FramingError, PathError
 from kernel_sandbox.execution.files import confine
-from kernel_sandbox.execution.tools import extract_frame, frame, parse_frame
+from kernel_sandbox.execution.tools import ChannelFrames, extract_frame, frame, parse_frame
 
 WORK = "/home/sandbox/work"
 
@@ -40,6 +41,33 @@ def test_printed_frames_are_ignored_and_two_frames_are_refused() -> None:
         extract_frame(forged, marker)
     with pytest.raises(FramingError, match="no result frame"):
         extract_frame(Execution(stdout=real), marker)
+
+
+def _channel_msg(marker: str, data: bytes) -> tuple[dict, list[bytes]]:
+    meta = {"marker": marker, "kinds": {"func_return": "json"}, "lengths": [len(data)],
+            "sha256": [hashlib.sha256(data).hexdigest()]}
+    return meta, [data]
+
+
+def _channel_body(marker: str, *messages: tuple[dict, list[bytes]]) -> dict:
+    frames = ChannelFrames(marker)
+    for meta, buffers in messages:
+        frames.add(meta, [memoryview(buffer) for buffer in buffers])
+    return frames.body()
+
+
+def test_channel_frames_check_marker_count_length_and_digest() -> None:
+    marker = secrets.token_hex(16)
+    real = _channel_msg(marker, b'"ok"')
+    assert _channel_body(marker, _channel_msg(secrets.token_hex(16), b"1"), real) == {"func_return": {"json": "ok"}}
+    with pytest.raises(FramingError, match="tampered"):
+        _channel_body(marker, real, _channel_msg(marker, b'"forged"'))
+    with pytest.raises(FramingError, match="no result frame"):
+        _channel_body(marker)
+    with pytest.raises(FramingError, match="digest"):
+        _channel_body(marker, (real[0], [b'"no"']))
+    with pytest.raises(FramingError, match="describe"):
+        _channel_body(marker, (real[0], []))
 
 
 @pytest.mark.parametrize(

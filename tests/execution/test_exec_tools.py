@@ -118,15 +118,39 @@ def test_printed_fake_marker_does_not_replace_the_result(sandbox: Sandbox) -> No
     assert "BEGIN-" in result.stdout and "forged" in result.stdout
 
 
+def _call_globals() -> dict:
+    """The globals of the helper calling the tool (a tool can find them: same process)."""
+    import sys
+
+    frame = sys._getframe(2)
+    while "_marker" not in frame.f_globals:
+        frame = frame.f_back
+    return frame.f_globals
+
+
 def test_forged_frame_with_the_real_marker_is_detected(sandbox: Sandbox) -> None:
+    def forger() -> str:
+        import hashlib
+
+        import comm
+
+        helper = _call_globals()
+        data = b'"forged"'
+        meta = {"marker": helper["_marker"], "kinds": {"func_return": "json"}, "lengths": [len(data)],
+                "sha256": [hashlib.sha256(data).hexdigest()]}
+        comm.get_comm_manager().get_comm(helper["_channel"]).send(meta, buffers=[data])
+        return "genuine"
+
+    with pytest.raises(FramingError, match="tampered"):
+        sandbox.run_tool(forger)
+
+
+def test_text_frame_with_the_real_marker_is_only_output_on_the_channel(sandbox: Sandbox) -> None:
     def forger() -> str:
         import hashlib
         import sys
 
-        frame = sys._getframe(1)
-        while "_marker" not in frame.f_globals:
-            frame = frame.f_back
-        marker = frame.f_globals["_marker"]
+        marker = _call_globals()["_marker"]
         body = '{"func_return": {"json": "\\"forged\\""}}'
         digest = hashlib.sha256(body.encode()).hexdigest()
 
@@ -137,8 +161,31 @@ def test_forged_frame_with_the_real_marker_is_detected(sandbox: Sandbox) -> None
         sys.displayhook(Fake())
         return "genuine"
 
-    with pytest.raises(FramingError, match="tampered"):
-        sandbox.run_tool(forger)
+    assert sandbox.run_tool(forger).func_return == "genuine"
+
+
+def test_payload_that_fails_its_digest_is_not_unpickled(sandbox: Sandbox) -> None:
+    sandbox.run_tool(add, {"a": 1, "b": 1})
+    sb = sandbox._async
+    real_send = sb._kc.session.send
+
+    def corrupt(stream, msg, buffers=None, **kwargs):
+        if buffers:
+            buffers = [b"X" + bytes(buffers[0][1:])]
+        return real_send(stream, msg, buffers=buffers, **kwargs)
+
+    sb._kc.session.send = corrupt
+    try:
+        result = sandbox.run_tool(add, {"a": "x" * 100_000, "b": "y"})
+    finally:
+        sb._kc.session.send = real_send
+    assert result.status == "error" and "did not arrive intact" in str(result.error)
+
+
+def test_tool_calls_reopen_a_channel_closed_in_the_kernel(sandbox: Sandbox) -> None:
+    assert sandbox.run_tool(add, {"a": 1, "b": 2}).func_return["sum"] == 3
+    sandbox.run("import comm\nfor c in list(comm.get_comm_manager().comms.values()): c.close()")
+    assert sandbox.run_tool(add, {"a": 2, "b": 2}).func_return["sum"] == 4
 
 
 def test_tool_that_never_returns_hits_the_timeout(sandbox: Sandbox) -> None:
