@@ -171,6 +171,11 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     def _run_as(self) -> str:
         if self.user:
+            uid, sep, gid = self.user.partition(":")
+            if not (uid.isdigit() and sep and gid.isdigit()):
+                raise KernelLaunchError(f"user must be numeric UID:GID, e.g. 1000:1000, not {self.user!r}")
+            if int(uid) == 0 or int(gid) == 0:
+                raise KernelLaunchError("The kernel never runs as root: choose a user other than uid/gid 0")
             return self.user
         uid = os.getuid()
         return f"{uid}:{os.getgid()}" if uid != 0 else f"{DEFAULT_UID}:{DEFAULT_UID}"
@@ -183,14 +188,8 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         client = await asyncio.to_thread(self._client)
         await asyncio.to_thread(require_image, client, self.image)
         self.exit_reason = self._exit_code = None
-        km = self.parent
-        root = socket_root()
-        root.mkdir(mode=0o711, exist_ok=True)
-        self.socket_dir = root / uuid.uuid4().hex[:12]
-        self.socket_dir.mkdir(mode=0o700)
         uid, gid = (int(part) for part in self._run_as().split(":"))
-        os.chown(self.socket_dir, uid, gid)
-
+        km = self.parent
         key = km.session.key.decode() if km else uuid.uuid4().hex
         scheme = km.session.signature_scheme if km else "hmac-sha256"
         inner: dict[str, Any] = {"key": key, "signature_scheme": scheme}
@@ -198,12 +197,11 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             inner.update(transport="tcp", ip="0.0.0.0", **dict(zip(PORT_NAMES, CONTAINER_PORTS)))
         else:
             inner.update(transport="ipc", ip=f"{SOCKET_MOUNT}/k", **dict(zip(PORT_NAMES, (1, 2, 3, 4, 5))))
-        lock_file = self.socket_dir / "owner.lock"
-        lock_file.touch(mode=0o644)
-        self._take_owner_lock()
-        conn_file = self.socket_dir / "connection.json"
-        conn_file.write_text(json.dumps(inner))
-        os.chown(conn_file, uid, gid)
+        try:
+            self._make_socket_dir(inner, uid, gid)
+        except BaseException:
+            await self._remove()
+            raise
         self.connection_info = {**inner, "key": key.encode()}
         if not self.network:
             self.connection_info["ip"] = str(self.socket_dir / "k")
@@ -215,6 +213,19 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             guard = [str(self.orphan_timeout), f"{SOCKET_MOUNT}/owner.lock"]
             cmd = ["python", "-I", "-S", "-c", OWNER_GUARD, *guard, *cmd]
         return await super().pre_launch(cmd=cmd, **kwargs)
+
+    def _make_socket_dir(self, connection: dict[str, Any], uid: int, gid: int) -> None:
+        """Create the kernel's private directory with its connection file and owner lock."""
+        root = socket_root()
+        root.mkdir(mode=0o711, exist_ok=True)
+        self.socket_dir = root / uuid.uuid4().hex[:12]
+        self.socket_dir.mkdir(mode=0o700)
+        os.chown(self.socket_dir, uid, gid)
+        (self.socket_dir / "owner.lock").touch(mode=0o644)
+        self._take_owner_lock()
+        conn_file = self.socket_dir / "connection.json"
+        conn_file.write_text(json.dumps(connection))
+        os.chown(conn_file, uid, gid)
 
     def _take_owner_lock(self) -> None:
         """Hold the lock whose release tells the container that its owner is gone.

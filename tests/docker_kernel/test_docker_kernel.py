@@ -50,6 +50,12 @@ def containers_of(client, km: AsyncKernelManager) -> list:
     return client.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={km.kernel_id}"})
 
 
+def assert_no_socket_dir_of(km: AsyncKernelManager) -> None:
+    key = km.session.key.decode()
+    for conn_file in socket_root().glob("*/connection.json"):
+        assert json.loads(conn_file.read_text())["key"] != key
+
+
 @pytest.fixture
 async def km():
     manager = AsyncKernelManager(kernel_name="sandboxed-python")
@@ -296,9 +302,7 @@ async def test_failed_launch_removes_container_and_socket_dir(docker_engine) -> 
     assert not docker_engine.containers.list(
         all=True, filters={"label": [LABEL, f"{LABEL_KERNEL_ID}={manager.kernel_id}"]}
     )
-    key = manager.session.key.decode()
-    for conn_file in socket_root().glob("*/connection.json"):
-        assert json.loads(conn_file.read_text())["key"] != key
+    assert_no_socket_dir_of(manager)
 
 
 OWNER_SCRIPT = """
@@ -335,3 +339,23 @@ async def test_kernel_ends_itself_when_its_owner_dies_and_gc_removes_it(docker_e
     report = gc(docker_engine)
     assert container.name in report.containers
     assert not docker_engine.containers.list(all=True, filters={"id": container_id})
+
+
+@pytest.mark.parametrize("user", ["0:0", "1000:0", "root", "1000"])
+async def test_root_or_malformed_user_is_refused(user: str) -> None:
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"user": user}})
+    )
+    with pytest.raises(KernelLaunchError, match="never runs as root|numeric UID:GID"):
+        await manager.start_kernel()
+    assert_no_socket_dir_of(manager)
+
+
+async def test_bad_mount_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    manager = AsyncKernelManager(
+        kernel_name="sandboxed-python",
+        config=Config({"DockerProvisioner": {"mounts": [f"{tmp_path}/missing:data"]}}),
+    )
+    with pytest.raises(ValueError, match="does not exist"):
+        await manager.start_kernel()
+    assert_no_socket_dir_of(manager)
