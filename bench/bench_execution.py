@@ -17,6 +17,8 @@ from typing import Any
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
 
+ROUNDS = 100
+
 
 def agent_tool(agent_state: dict) -> int:
     """A tool that touches its state (so the state travels both ways)."""
@@ -66,7 +68,16 @@ async def pool_acquire(rounds: int) -> float:
     return statistics.median(times)
 
 
+def print_table(rows: list[tuple[str, str, str, str]]) -> None:
+    """Print ``rows`` as aligned columns under the header what / reference / measured / ratio."""
+    header = ("what", "reference", "measured", "ratio")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(4)]
+    for row in (header, tuple("-" * width for width in widths), *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+
+
 async def main(rounds: int) -> None:
+    """Measure cold start, warm pool acquire, execute and tool round trips and print the table."""
     rows: list[tuple[str, str, str, str]] = []
     local_cold = await cold_start("local", max(3, rounds // 20))
     docker_cold = await cold_start("docker", max(3, rounds // 20))
@@ -92,15 +103,11 @@ async def main(rounds: int) -> None:
             rows.append((f"tool call, {label} state (both ways)", f"{docker_exec:.2f} ms bare execute",
                          f"{tool:.2f} ms tool", f"{tool / docker_exec:.2f}x bare ({goal})"))
 
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    header = ("what", "reference", "measured", "ratio")
-    widths = [max(width, len(title)) for width, title in zip(widths, header)]
-    for row in (header, tuple("-" * width for width in widths), *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    print_table(rows)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=100, help="measured calls per round-trip row")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="measured calls per round-trip row")
     warnings.simplefilter("ignore")
     asyncio.run(main(parser.parse_args().rounds))

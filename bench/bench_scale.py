@@ -19,12 +19,13 @@ from kernel_sandbox.kernelspecs import DOCKER_SPEC, shipped_kernelspecs
 
 
 class ShippedSpecs(KernelSpecManager):
-    """Serve the shipped Sandboxed Python kernelspec without installing it."""
+    """Serve the kernelspecs shipped with kernel-sandbox without installing them."""
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        return KernelSpec.from_resource_dir(str(shipped_kernelspecs()[DOCKER_SPEC]))
+        return KernelSpec.from_resource_dir(str(shipped_kernelspecs()[kernel_name]))
 
 
+KERNELS = 32
 ISOLATION_PROBE = "import os, socket; print(socket.gethostname(), sorted(os.listdir('/sys/class/net')), os.getuid())"
 
 
@@ -64,6 +65,7 @@ def memory_mib(container_ids: list[str]) -> list[float]:
 
 
 async def main(n: int) -> int:
+    """Start ``n`` kernels at once, probe isolation and memory, print the results; 0 when all passed."""
     managers = [AsyncKernelManager(kernel_name=DOCKER_SPEC, kernel_spec_manager=ShippedSpecs()) for _ in range(n)]
     began = time.perf_counter()
     results = await asyncio.gather(*(start(km) for km in managers), return_exceptions=True)
@@ -90,5 +92,5 @@ async def main(n: int) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--kernels", type=int, default=32)
+    parser.add_argument("--kernels", type=int, default=KERNELS)
     sys.exit(asyncio.run(main(parser.parse_args().kernels)))
