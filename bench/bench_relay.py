@@ -102,7 +102,7 @@ async def main(rounds: int) -> None:
         relay_kc.stop_channels()
         local_kc.stop_channels()
     finally:
-        await asyncio.gather(relay_km.shutdown_kernel(now=True), local_km.shutdown_kernel(now=True))
+        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in (relay_km, local_km) if km.has_kernel))
         fake.stop()
     relay, direct, local = medians["relay"], medians["execd"], medians["local"]
     relay_empty, local_empty = medians["relay empty"], medians["local empty"]
