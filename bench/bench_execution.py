@@ -26,32 +26,35 @@ def agent_tool(agent_state: dict) -> int:
     return len(agent_state["blob"])
 
 
-async def median_of(rounds: int, action: Callable[[], Awaitable[Any]]) -> float:
-    """Median wall time of ``action`` in milliseconds, after one warm-up call."""
-    await action()
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
+async def medians(rounds: int, *actions: Callable[[], Awaitable[Any]]) -> list[float]:
+    """Median wall time of each action in milliseconds, after one warm-up call of each.
+
+    The actions take turns within every round, so drift in the machine's load over the run
+    falls on all of them alike and their ratios stay fair.
+    """
+    for action in actions:
         await action()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
-async def cold_start(backend: str, rounds: int) -> float:
-    """Median milliseconds from nothing to a kernel_info reply, for a bare kernel manager."""
-    times = []
+    times: list[list[float]] = [[] for _ in actions]
     for _ in range(rounds):
-        options = {"env": {}} if backend == "local" else {}
-        km = kernel_manager(kernel_spec(backend, options))
-        started = time.perf_counter()
-        await km.start_kernel()
-        kc = km.client()
-        kc.start_channels()
+        for action, samples in zip(actions, times):
+            started = time.perf_counter()
+            await action()
+            samples.append((time.perf_counter() - started) * 1000)
+    return [statistics.median(samples) for samples in times]
+
+
+async def cold_start(backend: str) -> None:
+    """From nothing to a kernel_info reply, for a bare kernel manager; then shut it down."""
+    options = {"env": {}} if backend == "local" else {}
+    km = kernel_manager(kernel_spec(backend, options))
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
         await kc.wait_for_ready(timeout=60)
-        times.append((time.perf_counter() - started) * 1000)
+    finally:
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
-    return statistics.median(times)
 
 
 async def pool_acquire(rounds: int) -> float:
@@ -79,8 +82,9 @@ def print_table(rows: list[tuple[str, str, str, str]]) -> None:
 async def main(rounds: int) -> None:
     """Measure cold start, warm pool acquire, execute and tool round trips and print the table."""
     rows: list[tuple[str, str, str, str]] = []
-    local_cold = await cold_start("local", max(3, rounds // 20))
-    docker_cold = await cold_start("docker", max(3, rounds // 20))
+    local_cold, docker_cold = await medians(
+        max(3, rounds // 20), lambda: cold_start("local"), lambda: cold_start("docker")
+    )
     rows.append(("cold start to kernel_info", f"{local_cold:.0f} ms local", f"{docker_cold:.0f} ms docker",
                  f"{docker_cold / local_cold:.2f}x (goal <= 1.3x)"))
     started = time.perf_counter()
@@ -92,14 +96,17 @@ async def main(rounds: int) -> None:
     rows.append(("warm pool acquire p50", "", f"{acquire:.2f} ms", "goal p50 <= 20 ms"))
 
     async with AsyncSandbox("local") as local, AsyncSandbox() as docker:
-        local_exec = await median_of(rounds, lambda: local.run("1"))
-        docker_exec = await median_of(rounds, lambda: docker.run("1"))
+        one_kb, one_mb = {"blob": "s" * 1024}, {"blob": "s" * 1024 * 1024}
+        local_exec, docker_exec, tool_kb, tool_mb = await medians(
+            rounds,
+            lambda: local.run("1"),
+            lambda: docker.run("1"),
+            lambda: docker.run_tool(agent_tool, agent_state=one_kb),
+            lambda: docker.run_tool(agent_tool, agent_state=one_mb),
+        )
         rows.append(("execute round trip", f"{local_exec:.2f} ms local", f"{docker_exec:.2f} ms docker",
                      f"{docker_exec / local_exec:.2f}x (goal <= 1.05x)"))
-        for label, size in (("1 KB", 1024), ("1 MB", 1024 * 1024)):
-            state = {"blob": "s" * size}
-            tool = await median_of(rounds, lambda: docker.run_tool(agent_tool, agent_state=state))
-            goal = "goal <= 1.5x bare" if size == 1024 else "goal p50 <= 25 ms"
+        for label, tool, goal in (("1 KB", tool_kb, "goal <= 1.5x bare"), ("1 MB", tool_mb, "goal p50 <= 25 ms")):
             rows.append((f"tool call, {label} state (both ways)", f"{docker_exec:.2f} ms bare execute",
                          f"{tool:.2f} ms tool", f"{tool / docker_exec:.2f}x bare ({goal})"))
 
