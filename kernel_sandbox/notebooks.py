@@ -255,6 +255,8 @@ async def async_run_notebook(
             failure = CellFailure(-1, "", type(exc).__name__, str(exc), [str(exc)])
     finally:
         bar.close()
+        if km.has_kernel:
+            await km.shutdown_kernel(now=True)
     spec = km.kernel_spec
     nb.metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
     out = Path(output) if output is not None else default_output_path(path)

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import DEFAULT_IMAGE, EngineUnavailable, ImageMissing, docker_client, require_image
+from kernel_sandbox.containers import (
+    DEFAULT_IMAGE,
+    OURS,
+    EngineUnavailable,
+    ImageMissing,
+    docker_client,
+    is_orphan,
+    require_image,
+)
 from kernel_sandbox.kernelspecs import install
 
 IN_CI = bool(os.environ.get("CI"))
@@ -49,3 +57,25 @@ def jupyter_prefix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("JUPYTER_PATH", None)
     else:
         os.environ["JUPYTER_PATH"] = old
+
+
+@pytest.fixture(scope="session")
+def engine_if_any():
+    """A Docker client when an engine is reachable, else None (for checks that need no skip)."""
+    try:
+        return docker_client()
+    except EngineUnavailable:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks(engine_if_any):
+    """After every test, no kernel container may be left whose owner process has gone."""
+    yield
+    if engine_if_any is None:
+        return
+    containers = engine_if_any.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
+    leaked = [c.name for c in containers if is_orphan(c)]
+    for name in leaked:
+        engine_if_any.containers.get(name).remove(force=True)
+    assert not leaked, f"containers left behind by dead owners: {leaked}"
