@@ -18,6 +18,7 @@ import docker.errors
 import zmq
 import zmq.asyncio
 from docker.models.containers import Container
+from docker.utils import parse_bytes
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, Unicode
@@ -89,14 +90,6 @@ def parse_mount(spec: str | dict[str, Any]) -> tuple[str, str, str]:
     if not container_path.is_absolute():
         container_path = PurePosixPath(WORK_DIR) / container_path
     return str(host_path), str(container_path), mode
-
-
-def _mib(size: str) -> int:
-    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-    text = size.strip().lower().rstrip("b").rstrip("i")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(int(text) / (1024 * 1024))
 
 
 class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -265,7 +258,8 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     def _run_kwargs(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
         assert self.socket_dir is not None
-        uid, gid = self._run_as().split(":")
+        user = self._run_as()
+        uid, gid = user.split(":")
         volumes = {str(self.socket_dir): {"bind": SOCKET_MOUNT, "mode": "rw"}}
         mounted = self._mount_specs()
         volumes.update({host: {"bind": target, "mode": mode} for host, target, mode in mounted})
@@ -281,7 +275,7 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             "hostname": "sandbox",
             "labels": owner_labels(self.kernel_id, self.socket_dir),
             "environment": env,
-            "user": self._run_as(),
+            "user": user,
             "working_dir": WORK_DIR,
             "init": True,
             "detach": True,
@@ -382,7 +376,7 @@ class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if state["Status"] in ("created", "running", "restarting", "paused"):
             return None
         if state.get("OOMKilled"):
-            reason = f"out of memory, limit {_mib(self.memory)} MiB"
+            reason = f"out of memory, limit {parse_bytes(self.memory) // 2**20} MiB"
         else:
             reason = f"exit code {state['ExitCode']}"
         self._record_exit(int(state["ExitCode"]) or 1, reason)
