@@ -9,6 +9,8 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from ..kernelspecs import DOCKER_SPEC, OPENSANDBOX_SPEC, shipped_kernelspecs
+
 BACKENDS = ("docker", "opensandbox", "local")
 KERNEL_NAME = "kernel-sandbox-execution"
 IPYKERNEL_ARGV = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -38,6 +40,12 @@ def _k8s_memory(size: str) -> str:
     return f"{number}{unit.upper()}i" if unit else number
 
 
+def _shipped(name: str, config: dict[str, Any]) -> KernelSpec:
+    spec = KernelSpec.from_resource_dir(str(shipped_kernelspecs()[name]))
+    spec.metadata["kernel_provisioner"]["config"] = config
+    return spec
+
+
 def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
     """Build the kernelspec for ``backend`` with the sandbox ``options`` mapped onto its provisioner."""
     options = {key: value for key, value in options.items() if value is not None}
@@ -45,13 +53,7 @@ def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
         config = dict(options)
         if "mounts" in config:
             config["mounts"] = list(config["mounts"])
-        return KernelSpec(
-            argv=["python", *IPYKERNEL_ARGV],
-            display_name="Sandboxed Python",
-            language="python",
-            interrupt_mode="signal",
-            metadata={"kernel_provisioner": {"provisioner_name": "kernel-sandbox-docker", "config": config}},
-        )
+        return _shipped(DOCKER_SPEC, config)
     if backend == "opensandbox":
         config = dict(options)
         if config.pop("mounts", None):
@@ -68,13 +70,7 @@ def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
             config["allow_internet"] = bool(config.pop("network"))
         if "launch_timeout" in config:
             config["ready_timeout"] = config.pop("launch_timeout")
-        return KernelSpec(
-            argv=[sys.executable, "-m", "kernel_sandbox.opensandbox.relay", "-f", "{connection_file}"],
-            display_name="Sandboxed Python (OpenSandbox)",
-            language="python",
-            interrupt_mode="message",
-            metadata={"kernel_provisioner": {"provisioner_name": "kernel-sandbox-opensandbox", "config": config}},
-        )
+        return _shipped(OPENSANDBOX_SPEC, config)
     if backend == "local":
         return KernelSpec(
             argv=[sys.executable, *IPYKERNEL_ARGV],
