@@ -21,7 +21,7 @@ from typing import Callable
 import docker
 from docker.errors import APIError, DockerException
 
-from .containers import DEFAULT_IMAGE, docker_client, has_image
+from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image
 from .resources import data_path
 
 BASE_FALLBACK = "kernel-sandbox-base:bookworm"
@@ -171,7 +171,9 @@ def _run_streamed(cmd: list[str], progress: Progress, name: str) -> None:
 
 def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
     try:
-        out = client.containers.run(base, ["python3", "-c", _PROBE], remove=True, network_mode="none")
+        out = client.containers.run(
+            base, ["python3", "-c", _PROBE], remove=True, network_mode="none", labels={LABEL: "true"}
+        )
     except DockerException as exc:
         raise ImageBuildError(
             f"base image {base!r} cannot run python3 ({exc}); it needs python3 and python3-venv"
