@@ -10,11 +10,13 @@ import pytest
 
 from kernel_sandbox.containers import (
     DEFAULT_IMAGE,
+    LABEL_OWNER_PID,
     OURS,
     EngineUnavailable,
     ImageMissing,
     docker_client,
     is_orphan,
+    remove_container,
     require_image,
 )
 from kernel_sandbox.kernelspecs import install
@@ -70,12 +72,18 @@ def engine_if_any():
 
 @pytest.fixture(autouse=True)
 def nothing_leaks(engine_if_any):
-    """After every test, no kernel container may be left whose owner process has gone."""
+    """After every test, none of this process's kernel containers may be left stopped.
+
+    Only containers labelled with this process as their owner are looked at: other users of the
+    engine (another test run, a notebook server) keep theirs, running or stopped.
+    """
     yield
     if engine_if_any is None:
         return
-    containers = engine_if_any.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
+    mine = {"label": [*OURS, f"{LABEL_OWNER_PID}={os.getpid()}"]}
+    containers = engine_if_any.containers.list(all=True, filters=mine, ignore_removed=True)
     leaked = [c.name for c in containers if is_orphan(c)]
-    for name in leaked:
-        engine_if_any.containers.get(name).remove(force=True)
-    assert not leaked, f"containers left behind by dead owners: {leaked}"
+    for container in containers:
+        if container.name in leaked:
+            remove_container(container)
+    assert not leaked, f"containers of this test process left behind stopped: {leaked}"
