@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 from . import __version__
-from .containers import DEFAULT_IMAGE, LABEL_KERNEL_ID, OURS, EngineUnavailable, docker_client, gc
+from .containers import DEFAULT_IMAGE, LABEL_KERNEL_ID, OURS, docker_client, gc
+from .errors import KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
 
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (EngineUnavailable, ValueError, RuntimeError) as exc:
+    except (KernelSandboxError, ValueError) as exc:
         print(f"kernel-sandbox: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -13,6 +13,8 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
+from .errors import EngineUnavailable, ImageMissing
+
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 LABEL = "kernel-sandbox"
 LABEL_KERNEL_ID = "kernel-sandbox.kernel-id"
@@ -22,14 +24,6 @@ LABEL_SOCKET_DIR = "kernel-sandbox.socket-dir"
 LAUNCH_GRACE_SECONDS = 120
 OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
-
-
-class EngineUnavailable(RuntimeError):
-    """The Docker engine cannot be reached."""
-
-
-class ImageMissing(RuntimeError):
-    """The kernel image is not present on the Docker engine."""
 
 
 def socket_root() -> Path:

@@ -22,6 +22,7 @@ import docker
 from docker.errors import APIError, DockerException
 
 from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image
+from .errors import ImageBuildError
 from .resources import data_path
 
 BASE_FALLBACK = "kernel-sandbox-base:bookworm"
@@ -41,10 +42,6 @@ _BASE_CHANGES = [
 ]
 
 Progress = Callable[[str], None]
-
-
-class ImageBuildError(RuntimeError):
-    """The kernel image or its base image could not be built; the message says why and what to do."""
 
 
 def build_image(

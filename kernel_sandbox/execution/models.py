@@ -5,29 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class SandboxError(RuntimeError):
-    """Base class of the errors raised by the execution API."""
-
-
-class PathError(SandboxError, ValueError):
-    """A path was refused: it leaves the sandbox's work directory (``..``, absolute, symlink)."""
-
-
-class SandboxFileError(SandboxError, OSError):
-    """A file operation failed inside the sandbox (missing file, a directory, too large...)."""
-
-
-class NetworkDisabledError(SandboxError):
-    """The operation needs the network and the sandbox was created without it."""
-
-
-class UnsafePayloadError(SandboxError):
-    """A pickled result reached for something outside the allow-list; nothing was run on the host."""
-
-
-class FramingError(SandboxError):
-    """A framed result from the sandbox was missing, malformed, duplicated or failed its digest."""
+from ..errors import (  # noqa: F401 (re-exported: the execution API's errors)
+    FramingError,
+    NetworkDisabledError,
+    PathError,
+    SandboxError,
+    SandboxFileError,
+    UnsafePayloadError,
+)
 
 
 @dataclass

@@ -20,6 +20,14 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
+from ..errors import (
+    OpenSandboxAPIError,
+    OpenSandboxConfigError,
+    OpenSandboxError,
+    OutputLimitExceeded,
+    SandboxStateError,
+    SandboxTimeoutError,
+)
 from .events import Event, ExecdRun, parse_event
 
 ENV_API_BASE = "OPEN_SANDBOX_API_BASE"
@@ -38,47 +46,6 @@ LABELS: Mapping[str, str] = MappingProxyType({"kernel-sandbox": "true"})
 TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
-
-
-class OpenSandboxError(Exception):
-    """Base class for errors raised by the OpenSandbox clients."""
-
-
-class OpenSandboxConfigError(OpenSandboxError, ValueError):
-    """The client is missing configuration (for example the API base URL)."""
-
-
-class SandboxStateError(OpenSandboxError):
-    """A sandbox reached a state it cannot run code from (Failed, Terminated...)."""
-
-    def __init__(self, sandbox_id: str, state: str, message: str = "") -> None:
-        self.sandbox_id = sandbox_id
-        self.state = state
-        detail = f": {message}" if message else ""
-        super().__init__(f"sandbox {sandbox_id} entered {state}{detail}")
-
-
-class SandboxTimeoutError(OpenSandboxError, TimeoutError):
-    """A sandbox or its execd endpoint was not ready within the ready timeout."""
-
-
-class OutputLimitExceeded(OpenSandboxError):
-    """An execd stream exceeded the byte cap and was aborted."""
-
-
-class OpenSandboxAPIError(httpx.HTTPStatusError):
-    """A non-2xx answer from the lifecycle server or execd, with its ``{code, message}`` body."""
-
-    def __init__(self, response: httpx.Response, code: str | None, message: str | None) -> None:
-        self.code = code
-        self.message = message
-        detail = " ".join(part for part in (code and f"{code}:", message) if part)
-        request = response.request
-        super().__init__(
-            f"{request.method} {request.url} answered {response.status_code}" + (f" ({detail})" if detail else ""),
-            request=request,
-            response=response,
-        )
 
 
 @dataclass(frozen=True)
@@ -196,7 +163,14 @@ def raise_for_status(response: httpx.Response) -> None:
     if response.is_success:
         return
     code, message = _error_body(response)
-    raise OpenSandboxAPIError(response, code, message)
+    request = response.request
+    detail = " ".join(part for part in (code and f"{code}:", message) if part)
+    raise OpenSandboxAPIError(
+        f"{request.method} {request.url} answered {response.status_code}" + (f" ({detail})" if detail else ""),
+        response=response,
+        code=code,
+        detail=message,
+    )
 
 
 async def _emit(callback: EventCallback | None, event: Event) -> None:

@@ -23,6 +23,7 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, Unicode
 
+from ..errors import KernelLaunchError
 from ..containers import (
     DEFAULT_IMAGE,
     EngineUnavailable,
@@ -63,10 +64,6 @@ if os.fork() == 0:
     os._exit(0)
 os.execvp(cmd[0], cmd)
 """
-
-
-class KernelLaunchError(RuntimeError):
-    """The kernel container could not be started; the message says why and what to do."""
 
 
 def parse_mount(spec: str | dict[str, Any]) -> tuple[str, str, str]:

@@ -14,8 +14,8 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, ImageMissing, gc, socket_root
-from kernel_sandbox.provisioners.docker import KernelLaunchError
+from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, gc, socket_root
+from kernel_sandbox.errors import ImageMissing, KernelLaunchError
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

@@ -204,11 +204,12 @@ def test_unknown_backend_is_refused() -> None:
 def test_nothing_is_left_behind_by_failures_or_forgotten_sandboxes(docker_engine, own_containers) -> None:
     import gc
 
-    from kernel_sandbox.containers import ImageMissing
+    from kernel_sandbox.errors import ImageMissing, KernelSandboxError
 
     before = own_containers()
-    with pytest.raises(ImageMissing):
+    with pytest.raises(ImageMissing, match="kernel-sandbox image build") as info:
         Sandbox(image="kernel-sandbox-no-such-image:0").start()
+    assert isinstance(info.value, KernelSandboxError)
     assert own_containers() == before
     forgotten = Sandbox().start()
     assert len(own_containers() - before) == 1

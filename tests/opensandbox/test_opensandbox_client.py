@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from kernel_sandbox.errors import KernelSandboxError
+
 from kernel_sandbox.opensandbox import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_IMAGE,
@@ -227,9 +229,9 @@ async def test_endpoint_other_errors_raise() -> None:
     router = Router().add(
         "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(500, json={"code": "INTERNAL", "message": "boom"})
     )
-    with pytest.raises(httpx.HTTPStatusError) as info:
+    with pytest.raises(OpenSandboxAPIError) as info:
         await lifecycle(router).endpoint("osb_1")
-    assert isinstance(info.value, OpenSandboxAPIError)
+    assert isinstance(info.value, KernelSandboxError) and info.value.status_code == 500
     assert info.value.code == "INTERNAL" and info.value.message == "boom"
     assert "500" in str(info.value) and "boom" in str(info.value)
 
@@ -338,7 +340,7 @@ async def test_delete_404_is_false_and_other_errors_raise() -> None:
     client = lifecycle(router)
     assert await client.delete("gone") is False
     assert await client.delete("ok") is True
-    with pytest.raises(httpx.HTTPStatusError):
+    with pytest.raises(OpenSandboxAPIError):
         await client.delete("err")
 
 

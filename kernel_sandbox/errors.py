@@ -1,0 +1,122 @@
+"""Every error kernel-sandbox raises, in one tree under :class:`KernelSandboxError`.
+
+``except KernelSandboxError`` catches all of them; errors of the libraries underneath (docker,
+httpx, zmq) are wrapped, with the original kept as ``__cause__``::
+
+    KernelSandboxError
+    ├── ConfigError                  an option has a wrong type, an out-of-range value or an unknown name
+    ├── EngineUnavailable            the Docker engine cannot be reached
+    ├── ImageError
+    │   ├── ImageMissing             the kernel image is not on the engine
+    │   └── ImageBuildError          `kernel-sandbox image build` failed
+    ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
+    │   ├── PathError                a path leaves the work directory
+    │   ├── SandboxFileError         a file operation failed inside the sandbox
+    │   ├── NetworkDisabledError     the operation needs the network, which is off
+    │   ├── UnsafePayloadError       a result from the sandbox was refused while decoding
+    │   └── FramingError             a result frame was missing, duplicated or malformed
+    └── OpenSandboxError             the OpenSandbox clients
+        ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL)
+        ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
+        ├── SandboxStateError        a sandbox reached a state it cannot run code from
+        ├── SandboxTimeoutError      a sandbox or execd was not ready in time
+        └── OutputLimitExceeded      an execd stream went over its byte cap
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KernelSandboxError(Exception):
+    """The root of every error raised by kernel-sandbox."""
+
+
+class ConfigError(KernelSandboxError, ValueError):
+    """An option was refused: wrong type, out of range, or unknown. The message names it."""
+
+
+class EngineUnavailable(KernelSandboxError):
+    """The Docker engine cannot be reached."""
+
+
+class ImageError(KernelSandboxError):
+    """A problem with the kernel image."""
+
+
+class ImageMissing(ImageError):
+    """The kernel image is not present on the Docker engine."""
+
+
+class ImageBuildError(ImageError):
+    """Building the kernel image failed; the message says at which step and why."""
+
+
+class KernelLaunchError(KernelSandboxError):
+    """The kernel could not be started; the message says why and what to do."""
+
+
+class SandboxError(KernelSandboxError):
+    """An error of the execution API."""
+
+
+class PathError(SandboxError, ValueError):
+    """A path was refused: it leaves the sandbox's work directory (``..``, absolute, symlink)."""
+
+
+class SandboxFileError(SandboxError, OSError):
+    """A file operation failed inside the sandbox (missing file, a directory, too large...)."""
+
+
+class NetworkDisabledError(SandboxError):
+    """The operation needs the network and the sandbox was created without it."""
+
+
+class UnsafePayloadError(SandboxError):
+    """A result from the sandbox was refused while decoding; nothing was run on the host."""
+
+
+class FramingError(SandboxError):
+    """A framed result from the sandbox was missing, malformed, duplicated or failed its digest."""
+
+
+class OpenSandboxError(KernelSandboxError):
+    """An error of the OpenSandbox clients."""
+
+
+class OpenSandboxConfigError(OpenSandboxError, ValueError):
+    """The client is missing configuration (for example the API base URL)."""
+
+
+class OpenSandboxAPIError(OpenSandboxError):
+    """A non-2xx answer from the lifecycle server or execd, with its ``{code, message}`` body.
+
+    ``response`` is the httpx response (its body already read and capped), ``status_code`` its
+    status; ``__cause__`` is httpx's own error where there was one.
+    """
+
+    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.response = response
+        self.status_code: int = response.status_code
+        self.code = code
+        self.message = detail
+
+
+class SandboxStateError(OpenSandboxError):
+    """A sandbox reached a state it cannot run code from (Failed, Terminated...)."""
+
+    def __init__(self, sandbox_id: str, state: str, message: str = "") -> None:
+        self.sandbox_id = sandbox_id
+        self.state = state
+        detail = f": {message}" if message else ""
+        super().__init__(f"sandbox {sandbox_id} entered {state}{detail}")
+
+
+class SandboxTimeoutError(OpenSandboxError, TimeoutError):
+    """A sandbox or its execd endpoint was not ready within the ready timeout."""
+
+
+class OutputLimitExceeded(OpenSandboxError):
+    """An execd stream exceeded the byte cap and was aborted."""
