@@ -58,10 +58,12 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_lab(args: argparse.Namespace) -> int:
     """Set up as `setup` does, then start JupyterLab with Sandboxed Python as the default kernel."""
-    from .lab import run_lab, setup
+    from .lab import lab
 
-    result = setup(image=args.image, prefix=args.prefix, user=args.user, install_engine=args.install_engine)
-    return run_lab(result, args.jupyterlab_args, locked_down=args.locked_down)
+    return lab(
+        args.jupyterlab_args, locked_down=args.locked_down,
+        image=args.image, prefix=args.prefix, user=args.user, install_engine=args.install_engine,
+    )
 
 
 def _add_setup_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """From a fresh machine to a sandboxed JupyterLab: ``kernel-sandbox setup`` and ``kernel-sandbox lab``.
 
 :func:`setup` makes sure of each thing a sandboxed kernel needs (the engine, the image, the
-kernelspec) and does only what is missing; :func:`run_lab` then starts JupyterLab with
+kernelspec) and does only what is missing; :func:`lab` then starts JupyterLab with
 Sandboxed Python as its default kernel. :class:`SandboxedKernelSpecManager` is the kernelspec
 manager of a locked-down server (``kernel-sandbox lab --locked-down``, or
 ``jupyter_server_config.py`` for a server you run yourself).
@@ -301,19 +301,21 @@ def _sets(arguments: Sequence[str], options: Sequence[str]) -> bool:
     return any(arg == option or arg.startswith(option + "=") for arg in arguments for option in options)
 
 
-def run_lab(result: SetupResult, extra: Sequence[str], *, locked_down: bool = False) -> int:
-    """Start JupyterLab in this process, print its URL, and serve until stopped.
+def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any) -> int:
+    """Set up as :func:`setup` does, then run JupyterLab in this process, print its URL, and serve until stopped.
 
-    The data directory of the kernelspec ``result`` installed goes first on ``JUPYTER_PATH``, so
-    that kernelspec is the one the server runs, whatever else is installed under its name.
+    ``extra`` are JupyterLab's own arguments. The data directory of the kernelspec :func:`setup`
+    installed goes first on ``JUPYTER_PATH``, so that kernelspec is the one the server runs,
+    whatever else is installed under its name.
     """
     try:
         from jupyterlab.labapp import LabApp
     except ImportError as exc:
         raise SetupError(f"JupyterLab is not installed in {sys.prefix}.\n  fix: {LAB_INSTALL_FIX}") from exc
+    arguments = lab_arguments(extra, locked_down)
+    result = setup(**setup_options)
     data_dir = str(result.kernelspec_dir.parents[1])
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [data_dir, os.environ.get("JUPYTER_PATH")]))
-    arguments = lab_arguments(extra, locked_down)
     server = LabApp.initialize_server(argv=arguments)
     if os.geteuid() == 0 and not server.allow_root:
         raise SetupError(

@@ -4,7 +4,9 @@ command line, and the commands `--install-engine` would run (never run here: the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,13 @@ from traitlets import Unicode
 from traitlets.config import Configurable
 
 from kernel_sandbox import engine
+from kernel_sandbox import lab as lab_module
 from kernel_sandbox.engine import Host, install_commands, start_command
 from kernel_sandbox.errors import EngineUnavailable, SetupError
 from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.lab import LOCKED_DOWN, SandboxedKernelSpecManager, lab_arguments
+
+from nb_helpers import cli
 
 
 class FakeServer(Configurable):
@@ -152,3 +157,26 @@ def test_install_engine_with_a_running_engine_runs_nothing(docker_engine, monkey
     said: list[str] = []
     client = engine.ensure_engine(install=True, progress=said.append)
     assert client.ping() and said == []
+
+
+def test_setup_without_an_engine_says_what_to_run(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    result = cli("setup", "--prefix", str(tmp_path), env=env)
+    assert result.returncode == 1
+    assert "kernel-sandbox: docker engine: Cannot reach the Docker engine at unix:///nonexistent" in result.stderr
+    assert "fix: start the engine: `sudo systemctl start docker`" in result.stderr
+    assert "--install-engine does this for you" in result.stderr
+    assert not (tmp_path / "share").exists()  # it stopped at the first step
+
+
+def test_lab_checks_jupyterlab_and_its_arguments_before_setting_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_setup(**options):
+        raise AssertionError("setup ran")
+
+    monkeypatch.setattr(lab_module, "setup", no_setup)
+    with pytest.raises(SetupError, match="--locked-down decides ServerApp.terminals_enabled"):
+        lab_module.lab(["--ServerApp.terminals_enabled=True"], locked_down=True)
+    monkeypatch.setitem(sys.modules, "jupyterlab.labapp", None)
+    missing = r"JupyterLab is not installed in .*\n  fix: pip install 'kernel-sandbox\[lab\]'"
+    with pytest.raises(SetupError, match=missing):
+        lab_module.lab([])
