@@ -23,7 +23,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.provisioning import KernelProvisionerFactory
-from jupyter_core.paths import is_hidden
+from jupyter_core.paths import is_hidden, jupyter_config_path, jupyter_path
 from traitlets import default
 
 from .containers import DEFAULT_IMAGE, has_image
@@ -248,6 +248,16 @@ def default_kernel_for_new_notebooks(model: dict[str, Any], path: str, contents_
     metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
 
 
+def exposed_paths(root: str) -> list[str]:
+    """The server's Python environment and Jupyter data and config directories the contents API could change.
+
+    That is, those inside ``root`` and not hidden: a page that can write there can change the
+    server's code, its extensions (script in every page), its configuration or its kernelspecs.
+    """
+    candidates = [sys.prefix, *jupyter_path(), *jupyter_config_path()]
+    return sorted({path for path in candidates if os.path.exists(path) and _writable_through_contents(path, root)})
+
+
 def _writable_through_contents(path: str, root: str) -> bool:
     real_path, real_root = os.path.realpath(path), os.path.realpath(root)
     if os.path.commonpath([real_path, real_root]) != real_root:
@@ -322,6 +332,13 @@ def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any
             "JupyterLab does not run as root without --allow-root. The kernels still run as an unprivileged "
             "user in their containers, but the server, and whatever a page does through it, would act as root.\n"
             "  fix: run `kernel-sandbox lab` as a user in the docker group, or add --allow-root"
+        )
+    exposed = exposed_paths(server.root_dir) if locked_down else []
+    if exposed:
+        raise SetupError(
+            f"--locked-down will not serve {server.root_dir}: it contains {', '.join(exposed)}, the server's own "
+            "Python environment or Jupyter directories, which pages could change through the contents API.\n"
+            "  fix: serve a directory without them (--notebook-dir), or keep the environment in a hidden folder (.venv)"
         )
     server.contents_manager.register_pre_save_hook(default_kernel_for_new_notebooks)
     server.io_loop.add_callback(_announce, server, locked_down)

@@ -278,3 +278,16 @@ async def test_locked_down_lab_offers_and_starts_only_sandboxed_kernels(locked_l
         hidden = await http.put("/api/contents/.bashrc", json={"type": "file", "format": "text", "content": "x"})
         assert hidden.status_code >= 400
     assert await hostname_of_a_new_default_kernel(locked_lab) == "sandbox"
+
+
+def test_locked_down_lab_refuses_to_serve_its_own_jupyter_directories(fresh: Fresh, first_setup) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kernel_sandbox.cli", "lab", "--locked-down", "--prefix", str(fresh.prefix),
+         "--image", fresh.image, "--no-browser", "--port", str(free_port()), "--notebook-dir", str(fresh.base),
+         "--allow-root"],
+        capture_output=True, text=True, env=fresh.env, timeout=120,
+    )
+    assert result.returncode == 1
+    assert f"--locked-down will not serve {fresh.base}: it contains" in result.stderr
+    assert str(fresh.prefix / "share" / "jupyter") in result.stderr
+    assert "lab?token=" not in result.stdout

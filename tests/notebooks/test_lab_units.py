@@ -180,3 +180,14 @@ def test_lab_checks_jupyterlab_and_its_arguments_before_setting_up(monkeypatch: 
     missing = r"JupyterLab is not installed in .*\n  fix: pip install 'kernel-sandbox\[lab\]'"
     with pytest.raises(SetupError, match=missing):
         lab_module.lab([])
+
+
+def test_exposed_paths_are_the_servers_own_directories_pages_could_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    visible, hidden = tmp_path / "venv" / "share" / "jupyter", tmp_path / ".venv" / "share" / "jupyter"
+    visible.mkdir(parents=True)
+    hidden.mkdir(parents=True)
+    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join([str(visible), str(hidden)]))
+    assert lab_module.exposed_paths(str(tmp_path)) == [str(visible)]
+    assert lab_module.exposed_paths(str(tmp_path / "elsewhere")) == []
