@@ -276,7 +276,7 @@ LOCKED_DOWN = {
     "LabApp.extension_manager": "readonly",
     "ServerApp.jpserver_extensions": {"jupyter_lsp": False},
 }
-"""The settings of ``kernel-sandbox lab --locked-down``; they win over config files and arguments."""
+"""The settings of ``kernel-sandbox lab --locked-down``, checked on the running server before it serves."""
 
 
 DEFAULTS = {
@@ -333,6 +333,12 @@ def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any
             "user in their containers, but the server, and whatever a page does through it, would act as root.\n"
             "  fix: run `kernel-sandbox lab` as a user in the docker group, or add --allow-root"
         )
+    differing = _not_locked_down(server) if locked_down else []
+    if differing:
+        raise SetupError(
+            f"--locked-down could not take effect: the server has {', '.join(differing)} (set by a Jupyter config "
+            "file, perhaps for a subclass such as FileContentsManager).\n  fix: remove those settings"
+        )
     exposed = exposed_paths(server.root_dir) if locked_down else []
     if exposed:
         raise SetupError(
@@ -344,6 +350,28 @@ def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any
     server.io_loop.add_callback(_announce, server, locked_down)
     server.start()
     return 0
+
+
+def _not_locked_down(server: Any) -> list[str]:
+    """The LOCKED_DOWN settings the running server does not have, as ``name=value`` of what it has instead."""
+    from jupyterlab.labapp import LabApp
+
+    owners = {
+        "ServerApp": server,
+        "ContentsManager": server.contents_manager,
+        "LabApp": server.extension_manager.extension_points[LabApp.name].app,
+    }
+    differing = []
+    for name, wanted in LOCKED_DOWN.items():
+        owner, trait = name.split(".")
+        actual = getattr(owners[owner], trait)
+        if name == "ServerApp.kernel_spec_manager_class":
+            actual, wanted = type(server.kernel_spec_manager), SandboxedKernelSpecManager
+        elif name == "ServerApp.jpserver_extensions":
+            actual = {key: bool(server.extension_manager.linked_extensions.get(key)) for key in wanted}
+        if actual != wanted:
+            differing.append(f"{name}={actual!r}")
+    return differing
 
 
 def _announce(server: Any, locked_down: bool) -> None:

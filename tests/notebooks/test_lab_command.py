@@ -280,14 +280,28 @@ async def test_locked_down_lab_offers_and_starts_only_sandboxed_kernels(locked_l
     assert await hostname_of_a_new_default_kernel(locked_lab) == "sandbox"
 
 
-def test_locked_down_lab_refuses_to_serve_its_own_jupyter_directories(fresh: Fresh, first_setup) -> None:
+def locked_down_refusal(fresh: Fresh, root: Path, env: dict[str, str]) -> str:
+    """Run `kernel-sandbox lab --locked-down` where it must refuse to start; return its stderr."""
     result = subprocess.run(
         [sys.executable, "-m", "kernel_sandbox.cli", "lab", "--locked-down", "--prefix", str(fresh.prefix),
-         "--image", fresh.image, "--no-browser", "--port", str(free_port()), "--notebook-dir", str(fresh.base),
+         "--image", fresh.image, "--no-browser", "--port", str(free_port()), "--notebook-dir", str(root),
          "--allow-root"],
-        capture_output=True, text=True, env=fresh.env, timeout=120,
+        capture_output=True, text=True, env=env, timeout=120,
     )
-    assert result.returncode == 1
-    assert f"--locked-down will not serve {fresh.base}: it contains" in result.stderr
-    assert str(fresh.prefix / "share" / "jupyter") in result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
     assert "lab?token=" not in result.stdout
+    return result.stderr
+
+
+def test_locked_down_lab_refuses_to_serve_its_own_jupyter_directories(fresh: Fresh, first_setup) -> None:
+    stderr = locked_down_refusal(fresh, fresh.base, fresh.env)
+    assert f"--locked-down will not serve {fresh.base}: it contains" in stderr
+    assert str(fresh.prefix / "share" / "jupyter") in stderr
+
+
+def test_locked_down_lab_refuses_a_config_file_that_undoes_it(fresh: Fresh, first_setup, tmp_path: Path) -> None:
+    (tmp_path / "jupyter_server_config.py").write_text("c.FileContentsManager.allow_hidden = True\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    stderr = locked_down_refusal(fresh, root, {**fresh.env, "JUPYTER_CONFIG_DIR": str(tmp_path)})
+    assert "--locked-down could not take effect: the server has ContentsManager.allow_hidden=True" in stderr
