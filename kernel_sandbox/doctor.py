@@ -86,7 +86,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
 ENGINE_FIX = (
     "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; "
     "not installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see https://docs.docker.com/engine/install/; "
-    "on Debian/Ubuntu `sudo kernel-sandbox setup --install-engine` does both; "
+    "as root on Debian/Ubuntu, `kernel-sandbox setup --install-engine` does both; "
     "a remote engine: export DOCKER_HOST"
 )
 KERNELSPEC_FIX = "`kernel-sandbox install --sys-prefix` (this Python environment) or `kernel-sandbox install --user`"

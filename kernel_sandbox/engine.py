@@ -28,8 +28,6 @@ CONTAINERD_PID = Path("/var/run/docker/containerd/containerd.pid")
 READY_TIMEOUT = 90.0
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 
-_AS_ROOT = "`sudo kernel-sandbox setup --install-engine`"
-
 Progress = Callable[[str], None]
 
 
@@ -72,7 +70,7 @@ def install_commands(host: Host) -> list[list[str]]:
     if host.has_dockerd:
         return []
     if not host.root:
-        raise EngineUnavailable(f"installing the Docker engine needs root: run {_AS_ROOT}, or {ENGINE_FIX}")
+        raise EngineUnavailable(f"installing the Docker engine needs root; {ENGINE_FIX}")
     if not host.debian_like:
         raise EngineUnavailable(
             "--install-engine knows Debian and Ubuntu only; install Docker Engine as "
@@ -84,7 +82,7 @@ def install_commands(host: Host) -> list[list[str]]:
 def start_command(host: Host) -> list[str]:
     """The command that starts the engine on ``host``: its service under systemd, else ``dockerd``."""
     if not host.root:
-        raise EngineUnavailable(f"starting the Docker engine needs root: run {_AS_ROOT}, or {ENGINE_FIX}")
+        raise EngineUnavailable(f"starting the Docker engine needs root; {ENGINE_FIX}")
     return ["systemctl", "start", "docker"] if host.systemd else [_which("dockerd") or "dockerd"]
 
 

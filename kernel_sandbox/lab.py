@@ -92,8 +92,7 @@ def _engine_step(install_engine: bool, progress: Progress) -> Check:
     try:
         client = ensure_engine(install_engine, lambda text: progress(f"       {text}"))
     except EngineUnavailable as exc:
-        hint = "" if install_engine else "; as root on Debian/Ubuntu, --install-engine does this for you"
-        raise _fail(Check("docker engine", False, str(exc), engine_fix(exc) + hint)) from exc
+        raise _fail(Check("docker engine", False, str(exc), engine_fix(exc))) from exc
     return Check("docker engine", True, f"reachable, version {client.version().get('Version', '?')}")
 
 

@@ -121,7 +121,7 @@ def test_install_engine_commands() -> None:
         ["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "docker.io"],
     ]
     assert install_commands(Host(root=False, debian_like=True, has_dockerd=True, systemd=True)) == []
-    with pytest.raises(EngineUnavailable, match="needs root: run `sudo kernel-sandbox setup --install-engine`"):
+    with pytest.raises(EngineUnavailable, match="needs root; start the engine: `sudo systemctl start docker`"):
         install_commands(Host(root=False, debian_like=True, has_dockerd=False, systemd=True))
     with pytest.raises(EngineUnavailable, match="Debian and Ubuntu only.*docs.docker.com/engine/install"):
         install_commands(Host(root=True, debian_like=False, has_dockerd=False, systemd=True))
@@ -165,7 +165,7 @@ def test_setup_without_an_engine_says_what_to_run(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "kernel-sandbox: docker engine: Cannot reach the Docker engine at unix:///nonexistent" in result.stderr
     assert "fix: start the engine: `sudo systemctl start docker`" in result.stderr
-    assert "--install-engine does this for you" in result.stderr
+    assert "as root on Debian/Ubuntu, `kernel-sandbox setup --install-engine` does both" in result.stderr
     assert not (tmp_path / "share").exists()  # it stopped at the first step
 
 
