@@ -1,9 +1,10 @@
 """Install and start Debian's Docker engine (``docker.io``), for ``kernel-sandbox setup --install-engine``.
 
-Only as root on Debian or Ubuntu. With systemd the engine is started as its service; without
-(containers, CI machines) ``dockerd`` is started in the background with its log in
-``DOCKERD_LOG``, after clearing what an earlier dockerd left behind: pid files of dead processes
-and a containerd that outlived its dockerd (either makes a new dockerd exit at once).
+Only as root on Debian or Ubuntu, and only this machine's engine (not one ``DOCKER_HOST`` names).
+With systemd the engine is started as its service; without (containers, CI machines)
+``dockerd`` is started in the background with its log in ``DOCKERD_LOG``, after clearing what an
+earlier, dead dockerd left behind: its pid files and its containerd (either makes a new dockerd
+exit at once). A dockerd that runs is never stopped and never joined by a second one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .containers import docker_client
 from .doctor import ENGINE_FIX
 from .errors import EngineUnavailable
 
+LOCAL_ENGINES = ("unix:///var/run/docker.sock", "unix:///run/docker.sock")
 DOCKERD_LOG = Path("/var/log/kernel-sandbox-dockerd.log")
 DOCKER_PID = Path("/var/run/docker.pid")
 CONTAINERD_PID = Path("/var/run/docker/containerd/containerd.pid")
@@ -93,6 +95,12 @@ def ensure_engine(install: bool, progress: Progress) -> docker.DockerClient:
     except EngineUnavailable:
         if not install:
             raise
+    where = os.environ.get("DOCKER_HOST")
+    if where and where not in LOCAL_ENGINES:
+        raise EngineUnavailable(
+            f"DOCKER_HOST is {where}, and --install-engine installs and starts only this machine's engine: "
+            "start the engine there, or unset DOCKER_HOST"
+        )
     host = Host.probe()
     for command in install_commands(host):
         progress(f"running {' '.join(command)}")
@@ -132,13 +140,17 @@ def _pid_in(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _running(name: str) -> list[int]:
+    """The live processes whose program is ``name``."""
+    return sorted(int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _alive(int(entry), name))
+
+
 def _clear_leftovers() -> None:
-    """Kill the dockerd and containerd named by stale pid files (checked by name), and remove the files."""
-    for path, name in ((DOCKER_PID, "dockerd"), (CONTAINERD_PID, "containerd")):
-        pid = _pid_in(path)
-        if pid is not None and _alive(pid, name):
-            os.kill(pid, 9)
-    time.sleep(1)
+    """With no dockerd running: stop the containerd a dead dockerd started, and remove both pid files."""
+    pid = _pid_in(CONTAINERD_PID)
+    if pid is not None and _alive(pid, "containerd"):
+        os.kill(pid, 9)
+        time.sleep(1)
     for path in (DOCKER_PID, CONTAINERD_PID):
         path.unlink(missing_ok=True)
 
@@ -159,11 +171,15 @@ def _wait_for_engine(process: subprocess.Popen[bytes] | None) -> bool:
 
 
 def _start_dockerd(command: list[str], progress: Progress) -> None:
-    running = _pid_in(DOCKER_PID)
-    if running is not None and _alive(running, "dockerd"):
-        progress(f"dockerd (pid {running}) is running but not answering yet; waiting for it")
+    running = _running("dockerd")
+    if running:
+        progress(f"dockerd (pid {running[0]}) is running but not answering yet; waiting for it")
         if _wait_for_engine(None):
             return
+        raise EngineUnavailable(
+            f"dockerd (pid {', '.join(map(str, running))}) runs but does not answer; it is left alone. "
+            f"Look at its log, or stop it (`kill {running[0]}`) and run this command again"
+        )
     for attempt in (1, 2):
         _clear_leftovers()
         progress(f"starting dockerd in the background, attempt {attempt} (log: {DOCKERD_LOG})")
@@ -173,7 +189,7 @@ def _start_dockerd(command: list[str], progress: Progress) -> None:
             )
         if _wait_for_engine(process):
             return
-        if process.poll() is None:
+        if process.poll() is None:  # the dockerd this call started, and only that one
             process.kill()
             process.wait()
     tail = "\n".join(DOCKERD_LOG.read_text(errors="replace").splitlines()[-20:])

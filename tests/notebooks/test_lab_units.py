@@ -191,3 +191,52 @@ def test_exposed_paths_are_the_servers_own_directories_pages_could_write(
     monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join([str(visible), str(hidden)]))
     assert lab_module.exposed_paths(str(tmp_path)) == [str(visible)]
     assert lab_module.exposed_paths(str(tmp_path / "elsewhere")) == []
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple]:
+    """No command, process start or signal reaches the machine; pid files are temporary. Returns what was tried."""
+    tried: list[tuple] = []
+
+    def record(kind):
+        def fake(*args, **kwargs):
+            tried.append((kind, *args))
+            if kind != "kill":
+                raise AssertionError(f"{kind} {args}")
+        return fake
+
+    monkeypatch.setattr(subprocess, "run", record("run"))
+    monkeypatch.setattr(subprocess, "Popen", record("Popen"))
+    monkeypatch.setattr(engine.os, "kill", record("kill"))
+    monkeypatch.setattr(engine, "DOCKER_PID", tmp_path / "docker.pid")
+    monkeypatch.setattr(engine, "CONTAINERD_PID", tmp_path / "containerd.pid")
+    monkeypatch.setattr(engine, "DOCKERD_LOG", tmp_path / "dockerd.log")
+    return tried
+
+
+def test_install_engine_leaves_an_engine_named_by_docker_host_alone(nothing_runs, monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(EngineUnavailable, match="DOCKER_HOST is unix:///nonexistent/docker.sock, and --install-engine"):
+        engine.ensure_engine(install=True, progress=print)
+    assert nothing_runs == []
+
+
+def test_a_running_dockerd_that_does_not_answer_is_never_stopped(nothing_runs, monkeypatch) -> None:
+    monkeypatch.setattr(engine, "_running", lambda name: [4242] if name == "dockerd" else [])
+    monkeypatch.setattr(engine, "_wait_for_engine", lambda process: False)
+    said: list[str] = []
+    with pytest.raises(EngineUnavailable, match=r"dockerd \(pid 4242\) runs but does not answer; it is left alone"):
+        engine._start_dockerd(["dockerd"], said.append)
+    assert nothing_runs == [] and said == ["dockerd (pid 4242) is running but not answering yet; waiting for it"]
+
+
+def test_without_dockerd_the_leftovers_of_a_dead_one_are_cleared(nothing_runs, monkeypatch) -> None:
+    engine.DOCKER_PID.write_text("4141\n")
+    engine.CONTAINERD_PID.write_text("4343\n")
+    monkeypatch.setattr(engine, "_running", lambda name: [])
+    monkeypatch.setattr(engine, "_alive", lambda pid, name: (pid, name) == (4343, "containerd"))
+    monkeypatch.setattr(engine.time, "sleep", lambda seconds: None)
+    with pytest.raises(AssertionError, match="Popen"):
+        engine._start_dockerd(["dockerd"], print)
+    assert nothing_runs == [("kill", 4343, 9), ("Popen", ["dockerd"])]
+    assert not engine.DOCKER_PID.exists() and not engine.CONTAINERD_PID.exists()
