@@ -240,3 +240,20 @@ def test_without_dockerd_the_leftovers_of_a_dead_one_are_cleared(nothing_runs, m
         engine._start_dockerd(["dockerd"], print)
     assert nothing_runs == [("kill", 4343, 9), ("Popen", ["dockerd"])]
     assert not engine.DOCKER_PID.exists() and not engine.CONTAINERD_PID.exists()
+
+
+def test_every_command_says_what_it_does() -> None:
+    import argparse
+
+    from kernel_sandbox.cli import build_parser
+
+    parser = build_parser()
+    assert parser.description.startswith("Run Jupyter kernels in disposable, locked-down Docker containers")
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {action.dest: action.help for action in subparsers._choices_actions}
+    assert set(helps) == set(subparsers.choices)
+    for name, text in helps.items():
+        assert text and text[0].isupper() and text.endswith("."), f"{name}: {text!r}"
+        assert subparsers.choices[name].description, f"`kernel-sandbox {name} --help` has no description"
+    out = cli("--help").stdout
+    assert "Start here: `kernel-sandbox lab`" in out and "lab " in out and "setup " in out
