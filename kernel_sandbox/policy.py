@@ -89,10 +89,16 @@ def _defuse_autolinks(text: str) -> str:
 
 def _defuse_urls(text: str) -> str:
     """Break every script URL in Markdown or LaTeX source, entity-encoded ones included."""
-    if not _SCRIPT_URL.search(html.unescape(text)):
+    decoded = text
+    for _ in range(3):  # some renderers decode a link's entities twice
+        if _SCRIPT_URL.search(decoded):
+            break
+        if decoded == (decoded := html.unescape(decoded)):
+            return text
+    else:
         return text
-    # Entities could spell a scheme the literal text does not show: make them literal first.
-    return _SCRIPT_URL.sub(lambda m: m.group(0) + _ZWSP, text.replace("&", "&amp;"))
+    # Entities could spell a scheme the literal text does not show: no "&" may start one.
+    return _SCRIPT_URL.sub(lambda m: m.group(0) + _ZWSP, text.replace("&", "&" + _ZWSP))
 
 
 _RASTER_DATA_URL = re.compile(r"data:image/(?:png|jpeg|gif|webp|bmp)[;,]", re.IGNORECASE)
@@ -104,8 +110,13 @@ def _is_local(url: str) -> bool:
     return ":" not in head and not url.startswith(("//", "/\\", "\\"))
 
 
+_CSS_RISK = re.compile(r"expression|url\s*\(|@import|behavior|binding|javascript|\\|/\*", re.IGNORECASE)
+
+
 def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
     """Links may go anywhere http(s)/mailto; what loads by itself must be a data image or local."""
+    if attribute == "style":
+        return None if _CSS_RISK.search(value) else value
     if attribute == "href" and tag in {"use", "image"} or attribute == "src":
         url = value.strip()
         if _RASTER_DATA_URL.match(url) or (_is_local(url) if tag != "use" else url.startswith("#")):
@@ -175,6 +186,17 @@ _SVG = nh3.Cleaner(
 )
 
 
+def _markdown_attribute_filter(tag: str, attribute: str, value: str) -> str | None:
+    # Markdown may split a tag at a blank line: a "<" inside an attribute could start a new tag.
+    return None if "<" in value or ">" in value or "\n" in value else _attribute_filter(tag, attribute, value)
+
+
+_MARKDOWN_HTML = nh3.Cleaner(
+    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS, attributes=_HTML_ATTRIBUTES, allowed_classes=_CLASSES,
+    **{**_COMMON, "attribute_filter": _markdown_attribute_filter},
+)
+
+
 def sanitize_html(source: str) -> str:
     """HTML with no script, event handler, frame, form, style element or script/remote-loading URL."""
     return _HTML.clean(source)
@@ -191,7 +213,7 @@ def sanitize_markdown(source: str) -> str:
     When cleaning removes nothing, the source is kept as written, so code spans keep their ``<``.
     """
     if "<" in source:
-        clean = _HTML.clean(source)
+        clean = _MARKDOWN_HTML.clean(source)
         if html.unescape(clean) != html.unescape(source):
             source = clean
     return _defuse_urls(source)
