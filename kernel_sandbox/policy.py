@@ -219,6 +219,14 @@ def sanitize_markdown(source: str) -> str:
     return _defuse_urls(source)
 
 
+_SANITIZERS = {"text/html": sanitize_html, "text/markdown": sanitize_markdown, "image/svg+xml": sanitize_svg}
+
+
+def _same_if_equal(original: str, cleaned: str) -> str:
+    """The original object when cleaning changed nothing, so callers can tell "untouched" by identity."""
+    return original if cleaned == original else cleaned
+
+
 # ---- the policy ---------------------------------------------------------------------------------
 
 
@@ -342,13 +350,8 @@ class OutputPolicy:
             return None
         if mime in TEXT_MIME_TYPES:
             return _defuse_urls(value) if mime == "text/latex" else _defuse_autolinks(value)
-        if mime == "text/html":
-            return sanitize_html(value)
-        if mime == "text/markdown":
-            return sanitize_markdown(value)
-        if mime == "image/svg+xml":
-            return sanitize_svg(value)
-        return None
+        clean = _SANITIZERS.get(mime)
+        return None if clean is None else _same_if_equal(value, clean(value))
 
     def _metadata(self, data: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
         changed = {}
@@ -530,13 +533,13 @@ class OutputPolicy:
             if _is_code_key(key) or (update and key in _NAME_KEYS):
                 del out[key]
         if record.html_value and isinstance(out.get("value"), str):
-            out["value"] = sanitize_html(out["value"])
+            out["value"] = _same_if_equal(out["value"], sanitize_html(out["value"]))
         if "description_allow_html" in out:
             record.allow_html = out["description_allow_html"] is True
         if isinstance(out.get("description"), str):
             record.description = out["description"]
             if record.allow_html:
-                out["description"] = sanitize_html(out["description"])
+                out["description"] = _same_if_equal(out["description"], sanitize_html(out["description"]))
         elif record.allow_html and "description_allow_html" in out and record.description is not None:
             out["description"] = sanitize_html(record.description)  # HTML turned on for the old text
         if record.output and isinstance(out.get("outputs"), list):
