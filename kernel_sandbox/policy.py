@@ -287,7 +287,8 @@ class OutputPolicy:
         if self.mode == "trusted" or msg_type not in _INSPECTED:
             return False
         if msg_type == "stream" and raw_content is not None:
-            return b"://" in raw_content or b":\\/" in raw_content or b":/\\/" in raw_content or b"\\u" in raw_content
+            # "://" written plainly, with JSON's escaped slash ("\/") or an escaped colon ("\u003a")
+            return b"//" in raw_content or b"\\/" in raw_content or b"\\u" in raw_content
         return True
 
     def filter(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
