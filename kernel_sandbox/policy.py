@@ -27,10 +27,11 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import nh3
+from traitlets import CaselessStrEnum
 
 from .errors import ConfigError
 
-__all__ = ["MODES", "PASSED_MIME_TYPES", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode"]
+__all__ = ["MODES", "PASSED_MIME_TYPES", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode", "output_policy_trait"]
 
 PolicyMode = Literal["strict", "trusted"]
 MODES: tuple[PolicyMode, ...] = ("strict", "trusted")
@@ -63,6 +64,18 @@ _WIDGET_TARGETS = frozenset({"jupyter.widget", "jupyter.widget.control"})
 _NAME_KEYS = frozenset({"_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name"})
 _HTML_WIDGETS = frozenset({"HTMLModel", "HTMLMathModel", "HTMLView", "HTMLMathView"})
 _MAX_WIDGET_COMMS = 100_000
+
+
+
+def output_policy_trait() -> CaselessStrEnum:
+    """The ``output_policy`` option as a traitlets trait, for the provisioners and the launcher."""
+    return CaselessStrEnum(
+        MODES, default_value="strict", config=True,
+        help="What the kernel's outputs may do in the browser: 'strict' (default) cleans HTML, Markdown and SVG, "
+        "drops JavaScript and unknown MIME types and refuses widgets that carry code; 'trusted' passes "
+        "everything, so the kernel's outputs can run any script in the user's browser.",
+    )
+
 
 # ---- URL and text rules -------------------------------------------------------------------------
 

@@ -71,3 +71,19 @@ def test_malformed_content_does_not_raise() -> None:
         ("comm_msg", {"comm_id": "c", "data": {"method": "update_states", "states": {"m": 1, "n": {"state": {}}}}}),
     ]:
         policy.filter(msg_type, content)
+
+
+def test_traitlets_option() -> None:
+    from traitlets import TraitError
+    from traitlets.config import Configurable
+
+    from kernel_sandbox.policy import output_policy_trait
+
+    class Provisioner(Configurable):
+        output_policy = output_policy_trait()
+
+    assert Provisioner().output_policy == "strict"
+    assert Provisioner(output_policy="TRUSTED").output_policy == "trusted"
+    assert OutputPolicy.from_name(Provisioner(output_policy="Trusted").output_policy).mode == "trusted"
+    with pytest.raises(TraitError):
+        Provisioner(output_policy="off")
