@@ -332,34 +332,32 @@ class OutputPolicy:
 
     # -- MIME bundles -----------------------------------------------------------------------------
 
-    def filter_bundle(self, data: Any, metadata: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A MIME bundle and its metadata as strict lets them through (new dicts when changed)."""
-        if not isinstance(data, dict):
-            data = {}
+    def filter_bundle(self, data: Any, metadata: Any = None) -> tuple[dict[str, Any], Any]:
+        """A MIME bundle and its metadata as strict lets them through (the same objects when untouched)."""
+        bundle = data if isinstance(data, dict) else {}
         out: dict[str, Any] = {}
         removed: list[str] = []
-        for mime, value in data.items():
+        for mime, value in bundle.items():
             kept = self._mime_value(mime, value)
             if kept is None:
                 removed.append(str(mime))
             else:
                 out[mime] = kept
-        changed = removed or any(out[k] is not data[k] for k in out)
-        metadata = metadata if isinstance(metadata, dict) else {}
-        metadata = self._metadata(out, metadata)
+        meta = self._metadata(out, metadata) if isinstance(metadata, dict) else metadata
         if removed:
-            note = _note(removed)
             if set(out) <= {"text/plain"}:
                 plain = out.get("text/plain")
-                out["text/plain"] = note + ("\n" + plain if plain else "")
-            metadata = {**metadata, "kernel_sandbox": {"removed": removed, "output_policy": self.mode}}
-        return (out if changed else data), metadata
+                out["text/plain"] = _note(removed) + ("\n" + plain if plain else "")
+            listed = [kind[:100] for kind in removed[:10]]
+            meta = {**(meta if isinstance(meta, dict) else {}), "kernel_sandbox": {"removed": listed, "output_policy": self.mode}}
+        changed = removed or bundle is not data or any(out[k] is not bundle[k] for k in out)
+        return (out if changed else data), meta
 
     def _mime_value(self, mime: str, value: Any) -> Any:
-        if isinstance(value, list) and all(isinstance(part, str) for part in value):
-            value = "".join(value)  # nbformat's multi-line strings, as JupyterLab joins them
         if mime in self.passed_mime_types:
             return value
+        if isinstance(value, list) and all(isinstance(part, str) for part in value):
+            value = "".join(value)  # nbformat's multi-line strings, as JupyterLab joins them
         if not isinstance(value, str):
             return None
         if mime in TEXT_MIME_TYPES:
@@ -403,8 +401,12 @@ class OutputPolicy:
             return self._bundle_message(output)
         if kind == "stream":
             text = output.get("text")
-            text = "".join(text) if isinstance(text, list) else text
-            return {**output, "text": _defuse_autolinks(text)} if isinstance(text, str) else None
+            if isinstance(text, list) and all(isinstance(part, str) for part in text):
+                text = "".join(text)
+            if not isinstance(text, str):
+                return None
+            safe = _defuse_autolinks(text)
+            return output if safe is output.get("text") else {**output, "text": safe}
         if kind == "error":
             return self._error(output)
         return None
@@ -586,7 +588,7 @@ def _is_web_url(url: Any) -> bool:
 
 
 def _note(removed: list[str]) -> str:
-    kinds = ", ".join(removed)
+    kinds = _defuse_autolinks(", ".join(kind[:100] for kind in removed[:10]) + (", ..." if len(removed) > 10 else ""))
     return (
         f"[kernel-sandbox: output of type {kinds} removed by the strict output policy: it could run code "
         "in your browser. Use output_policy 'trusted' only for code you trust.]"

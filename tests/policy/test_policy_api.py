@@ -87,3 +87,15 @@ def test_traitlets_option() -> None:
     assert OutputPolicy.from_name(Provisioner(output_policy="Trusted").output_policy).mode == "trusted"
     with pytest.raises(TraitError):
         Provisioner(output_policy="off")
+
+
+def test_untouched_messages_are_the_same_objects() -> None:
+    policy = OutputPolicy()
+    for msg_type, content in [
+        ("display_data", {"data": {"text/plain": "x", "application/json": ["a", "b"]}, "metadata": {}}),
+        ("execute_result", {"data": {"image/png": "iVBOR"}, "execution_count": 1}),  # no metadata at all
+        ("inspect_reply", {"status": "ok", "found": False, "data": {}, "metadata": {}}),
+        ("error", {"ename": "E", "evalue": "v", "traceback": ["a", "b"]}),
+        ("execute_reply", {"status": "ok", "payload": [{"source": "page", "data": {"text/plain": "doc"}, "start": 0}]}),
+    ]:
+        assert policy.filter(msg_type, content) is content, msg_type

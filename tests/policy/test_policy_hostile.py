@@ -101,6 +101,12 @@ def test_script_and_unknown_types_are_replaced_by_a_note(mime: str) -> None:
     assert out["metadata"]["kernel_sandbox"] == {"removed": [mime], "output_policy": "strict"}
 
 
+def test_the_note_itself_makes_no_link_and_stays_short() -> None:
+    data = {"javascript://%0aalert(1)": "x", **{f"application/x-{i}{'y' * 500}": "x" for i in range(20)}}
+    note = shown(OutputPolicy(), "display_data", {"data": data, "metadata": {}})["data"]["text/plain"]
+    assert text_problems(note) == [] and len(note) < 2000
+
+
 def test_update_display_data_cannot_swap_in_a_hostile_output() -> None:
     policy = OutputPolicy()
     first = {"data": {"text/plain": "ok"}, "metadata": {}, "transient": {"display_id": "d1"}}
