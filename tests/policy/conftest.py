@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+from ipykernel.kernelspec import get_kernel_dict
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 
@@ -26,9 +31,15 @@ class LocalKernel:
     """A local ipykernel (this interpreter) driven through jupyter_client's blocking client."""
 
     def __init__(self) -> None:
-        self.manager = KernelManager(kernel_name="python3")
+        # A kernelspec of its own for this interpreter, whatever python3 specs the machine has.
+        self._specs = tempfile.TemporaryDirectory()
+        spec_dir = Path(self._specs.name) / "policy-test-python"
+        spec_dir.mkdir()
+        (spec_dir / "kernel.json").write_text(json.dumps(get_kernel_dict()))
+        specs = KernelSpecManager(kernel_dirs=[self._specs.name], ensure_native_kernel=False)
+        self.manager = KernelManager(kernel_name="policy-test-python", kernel_spec_manager=specs)
         self.manager.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
-        assert self.manager.kernel_spec.argv[0] in {sys.executable, "python", "python3"}, self.manager.kernel_spec.argv
+        assert self.manager.kernel_spec.argv[0] == sys.executable, self.manager.kernel_spec.argv
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
@@ -57,6 +68,7 @@ class LocalKernel:
     def close(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+        self._specs.cleanup()
 
 
 @pytest.fixture(scope="module")
