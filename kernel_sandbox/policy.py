@@ -123,6 +123,7 @@ def _is_local(url: str) -> bool:
     return ":" not in head and not url.startswith(("//", "/\\", "\\"))
 
 
+_LOCAL_REFERENCE = re.compile(r"\s*url\(\s*['\"]?#[\w.:-]+['\"]?\s*\)\s*")
 _CSS_RISK = re.compile(r"expression|url\s*\(|@import|behavior|binding|javascript|\\|/\*", re.IGNORECASE)
 
 
@@ -130,6 +131,8 @@ def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
     """Links may go anywhere http(s)/mailto; what loads by itself must be a data image or local."""
     if attribute == "style":
         return None if _CSS_RISK.search(value) else value
+    if "url(" in value.lower() and not _LOCAL_REFERENCE.fullmatch(value):
+        return None  # SVG paint, clip-path, mask, filter: only references inside the document
     if attribute == "href" and tag in {"use", "image"} or attribute == "src":
         url = value.strip()
         if _RASTER_DATA_URL.match(url) or (_is_local(url) if tag != "use" else url.startswith("#")):
@@ -465,8 +468,7 @@ class OutputPolicy:
             return content
         if record is None:  # a widget comm we never saw open: police its state blind
             record = _Comm()
-            record.html_value = True
-            record.output = True
+            record.html_value = record.output = record.allow_html = True
         state = self._widget_state(record, data["state"], update=True)
         if state is None or _touches_policed_buffers(data.get("buffer_paths"), record):
             return None

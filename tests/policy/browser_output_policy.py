@@ -90,6 +90,8 @@ HOSTILE_CELLS = {
 BENIGN_CELLS = {
     "pandas": "import pandas as pd\npd.DataFrame({'city': ['Paris', 'Lyon'], 'n': [1, 2]})",
     "matplotlib": "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.show()",
+    "svg": ("%config InlineBackend.figure_formats = ['svg']\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 3, 2]); plt.title('benign-svg'); plt.show()\n%config InlineBackend.figure_formats = ['png']"),
     "markdown": "from IPython.display import Markdown\nMarkdown('**benign-bold** and `a < b`')",
     "latex": "from IPython.display import Math\nMath(r'\\alpha^2 + \\beta')",
     "html": "from IPython.display import HTML\nHTML('<b>benign-html</b>')",
@@ -237,6 +239,9 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
         panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
         assert panel.locator("table.dataframe td", has_text="Lyon").count() == 1
         assert panel.locator(".jp-RenderedImage img[src^='data:image/png']").count() >= 1
+        svg = panel.locator(".jp-RenderedSVG img").last
+        svg.scroll_into_view_if_needed()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=svg.element_handle())  # the cleaned SVG still draws
         assert panel.locator("strong", has_text="benign-bold").count() == 1
         assert panel.locator("b", has_text="benign-html").count() == 1
         assert panel.locator(".jp-RenderedLatex mjx-container, .jp-RenderedLatex .MathJax").count() >= 1

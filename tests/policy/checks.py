@@ -44,6 +44,8 @@ class _Collector(HTMLParser):
                 self.problems.append(f"handler {name} on <{tag}>")
             if name in FORBIDDEN_ATTRIBUTES and not (name == "id" and self._svg_ids) and not self._renderer_class(tag, name, value):
                 self.problems.append(f"attribute {name} on <{tag}>")
+            if "url(" in value.lower() and not re.fullmatch(r"\s*url\(\s*['\"]?#[\w.:-]+['\"]?\s*\)\s*", value):
+                self.problems.append(f"external url() in {name} on <{tag}>: {value!r}")
             if name == "style" and re.search(r"expr|url\s*\(|behavior|binding|@import|position|z-index|\\|/\*", value, re.I):
                 self.problems.append(f"style {value!r} on <{tag}>")
             if name in URL_ATTRIBUTES:

@@ -189,6 +189,9 @@ def test_unknown_comm_updates_are_policed_blind() -> None:
     out = OutputPolicy().filter("comm_msg", {"comm_id": "never-opened", "data": {
         "method": "update", "state": {"_esm": "alert(1)", "_view_name": "HTMLView", "value": "<img src=x onerror=alert(1)>"}, "buffer_paths": []}})
     assert out["data"]["state"] == {"value": '<img src="x">'}
+    out = OutputPolicy().filter("comm_msg", {"comm_id": "never-opened", "data": {
+        "method": "update", "state": {"description": "<b onclick=alert(1)>d</b>"}, "buffer_paths": []}})
+    assert out["data"]["state"] == {"description": "<b>d</b>"}
 
 
 def test_buffers_on_checked_fields_drop_the_message() -> None:
@@ -219,3 +222,20 @@ def test_trusted_passes_every_message_untouched(kernel) -> None:
     policy = OutputPolicy("trusted")
     assert not any(policy.inspects(m["header"]["msg_type"]) for m in run.iopub)
     assert all(policy.filter(m["header"]["msg_type"], m["content"]) is m["content"] for m in run.iopub)
+
+
+def test_matplotlib_svg_stays_a_well_formed_drawing(kernel) -> None:
+    import xml.etree.ElementTree as ET
+
+    run = kernel.run(
+        "%matplotlib inline\n%config InlineBackend.figure_formats = ['svg']\n"
+        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2], label='line'); plt.title('t'); plt.legend(); plt.show()\n"
+        "%config InlineBackend.figure_formats = ['png']"
+    )
+    [figure] = run.of("display_data")
+    original = figure["content"]["data"]["image/svg+xml"]
+    cleaned = OutputPolicy().filter("display_data", figure["content"])["data"]["image/svg+xml"]
+    root = ET.fromstring(cleaned)  # still XML, as JupyterLab's <img src="data:image/svg+xml,..."> needs
+    paths = root.iter("{http://www.w3.org/2000/svg}path")
+    assert sum(1 for _ in paths) >= original.count("<path") - 1 > 5
+    assert html_problems(cleaned, svg_ids=True) == []
