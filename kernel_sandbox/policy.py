@@ -66,7 +66,6 @@ _HTML_WIDGETS = frozenset({"HTMLModel", "HTMLMathModel", "HTMLView", "HTMLMathVi
 _MAX_WIDGET_COMMS = 100_000
 
 
-
 def output_policy_trait() -> CaselessStrEnum:
     """The ``output_policy`` option as a traitlets trait, for the provisioners and the launcher."""
     return CaselessStrEnum(
@@ -117,6 +116,11 @@ def _defuse_urls(text: str) -> str:
 _RASTER_DATA_URL = re.compile(r"data:image/(?:png|jpeg|gif|webp|bmp)[;,]", re.IGNORECASE)
 
 
+def _browser_url(value: str) -> str:
+    """A URL as a browser parses it: tab, CR and LF removed, C0 controls and spaces stripped at the ends."""
+    return re.sub(r"[\t\n\r]", "", value).strip("".join(map(chr, range(33))))
+
+
 def _is_local(url: str) -> bool:
     """A relative URL of the page itself (no scheme, no host): loads nothing from elsewhere."""
     head = re.split(r"[/?#]", url, maxsplit=1)[0]
@@ -134,11 +138,11 @@ def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
     if "url(" in value.lower() and not _LOCAL_REFERENCE.fullmatch(value):
         return None  # SVG paint, clip-path, mask, filter: only references inside the document
     if attribute == "href" and tag in {"use", "image"} or attribute == "src":
-        url = value.strip()
+        url = _browser_url(value)
         if _RASTER_DATA_URL.match(url) or (_is_local(url) if tag != "use" else url.startswith("#")):
             return value
         return None
-    if attribute == "href" and value.strip().lower().startswith("data:"):
+    if attribute == "href" and _browser_url(value).lower().startswith("data:"):
         return None
     return value
 

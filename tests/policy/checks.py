@@ -54,13 +54,14 @@ class _Collector(HTMLParser):
                     self.problems.append(f"script URL in {name} on <{tag}>: {value!r}")
                 if url.startswith("data:") and not RASTER.match(url):
                     self.problems.append(f"data URL in {name} on <{tag}>: {value[:40]!r}")
-                if (tag, name) in LOADING and re.match(r"^([a-z][a-z0-9+.-]*:(?!image/)|//|/\\|\\)", url) and not RASTER.match(url):
+                if self._remote and (tag, name) in LOADING and re.match(r"^([a-z][a-z0-9+.-]*:(?!image/)|//|/\\|\\)", url) and not RASTER.match(url):
                     self.problems.append(f"remote load {name} on <{tag}>: {value!r}")
                 if tag == "use" and name.endswith("href") and not url.startswith("#"):
                     self.problems.append(f"<use> of {value!r}")
 
     handle_startendtag = handle_starttag
     _svg_ids = False
+    _remote = True
 
     @staticmethod
     def _renderer_class(tag: str, name: str, value: str) -> bool:
@@ -68,10 +69,11 @@ class _Collector(HTMLParser):
         return name == "class" and (tag, value) == ("table", "dataframe") or (tag == "code" and value.startswith("language-"))
 
 
-def html_problems(markup: str, *, svg_ids: bool = False) -> list[str]:
-    """Everything script-capable in ``markup`` (empty when it is safe)."""
+def html_problems(markup: str, *, svg_ids: bool = False, remote: bool = True) -> list[str]:
+    """Everything script-capable in ``markup`` (empty when it is safe); ``remote``: remote loads count too."""
     collector = _Collector()
     collector._svg_ids = svg_ids
+    collector._remote = remote
     collector.feed(markup)
     collector.close()
     return collector.problems
@@ -83,8 +85,19 @@ _markdown = mistune.create_markdown(
 
 
 def markdown_problems(source: str) -> list[str]:
-    """Render Markdown as a permissive frontend would (raw HTML kept, any link scheme) and check it."""
-    return html_problems(_markdown(source))
+    """Render Markdown as a permissive frontend would (raw HTML kept, any link scheme) and check it.
+
+    Remote images written in Markdown syntax (``![](https://...)``) are not counted: strict does
+    not block them (README, "Output policy"); raw ``<img>`` tags in Markdown are checked as HTML.
+    """
+    return html_problems(_markdown(source), remote=False) + [
+        p for p in html_problems(_raw_html(source)) if p.startswith("remote load")
+    ]
+
+
+def _raw_html(source: str) -> str:
+    """The raw HTML of a Markdown source: its tags only, as they are written."""
+    return "".join(re.findall(r"<[A-Za-z][^<>]*>", source))
 
 
 # JupyterLab's web auto-linker (rendermime renderers.ts, ILinker.webLinkRegex).

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from browser_output_policy import browser, check_notebook, lab, widget_image  # noqa: F401 (fixtures)
+from browser_output_policy import check_notebook
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("lab", ["server-shim"], indirect=True)
-def test_strict_policy_in_jupyterlab_stops_the_payloads_and_keeps_the_outputs(browser, lab) -> None:  # noqa: F811
+def test_strict_policy_in_jupyterlab_stops_the_payloads_and_keeps_the_outputs(browser, lab) -> None:
     check_notebook(browser, lab, "sandboxed-python")
