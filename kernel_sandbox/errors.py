@@ -10,6 +10,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
     ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
@@ -55,6 +56,10 @@ class ImageBuildError(ImageError):
 
 class KernelLaunchError(KernelSandboxError):
     """The kernel could not be started; the message says why and what to do."""
+
+
+class SetupError(KernelSandboxError):
+    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run instead."""
 
 
 class SandboxError(KernelSandboxError):
