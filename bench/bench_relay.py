@@ -27,6 +27,7 @@ from traitlets.config import Config
 
 from bench_execution import print_table
 from bench_scale import ShippedSpecs
+from report import Row
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC
 from kernel_sandbox.opensandbox import ExecdClient
 
@@ -70,8 +71,8 @@ async def started(km: AsyncKernelManager) -> Any:
     return kc
 
 
-async def main(rounds: int) -> None:
-    """Measure the three execute paths side by side and print the table."""
+async def measure(rounds: int) -> dict[str, float]:
+    """Median milliseconds of each path: relay, execd, local, relay empty, local empty."""
     fake = FakeOpenSandbox().start()
     config = Config(
         {
@@ -104,6 +105,27 @@ async def main(rounds: int) -> None:
     finally:
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in (relay_km, local_km) if km.has_kernel))
         fake.stop()
+    return medians
+
+
+def rows(medians: dict[str, float], rounds: int) -> list[Row]:
+    """The relay measure as report rows (for bench/run.py)."""
+    m, n = "relay", rounds
+    return [
+        Row(m, "local ipykernel (floor)", "floor", medians["local"], n=n),
+        Row(m, "(b) execd called directly (ExecdClient.run)", "ours", medians["execd"], n=n, reference="local ipykernel (floor)"),
+        Row(m, "(a) relay kernel -> execd", "ours", medians["relay"], n=n, reference="(b) execd called directly (ExecdClient.run)"),
+        Row(m, "relay overhead (a) - (b)", "ours", medians["relay"] - medians["execd"], stat="difference of p50s",
+            goal_max=2.0, goal="≤ 2 ms"),
+        Row(m, "empty execute, local ipykernel", "floor", medians["local empty"], n=n),
+        Row(m, "empty execute, relay (skips execd)", "ours", medians["relay empty"], n=n,
+            reference="empty execute, local ipykernel"),
+    ]
+
+
+async def main(rounds: int) -> None:
+    """Measure the three execute paths side by side and print the table."""
+    medians = await measure(rounds)
     relay, direct, local = medians["relay"], medians["execd"], medians["local"]
     relay_empty, local_empty = medians["relay empty"], medians["local empty"]
     print_table(
