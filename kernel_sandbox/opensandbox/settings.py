@@ -7,7 +7,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .client import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_REQUEST_TIMEOUT, ENV_API_BASE, ENV_API_KEY
+from .client import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_REQUEST_TIMEOUT,
+    ENV_API_BASE,
+    ENV_API_KEY,
+)
 
 ENV_SANDBOX_ID = "KERNEL_SANDBOX_OPENSANDBOX_ID"
 ENV_EXECD_URL = "KERNEL_SANDBOX_EXECD_URL"
@@ -18,6 +24,7 @@ ENV_RENEW_SECONDS = "KERNEL_SANDBOX_RENEW_SECONDS"
 ENV_RENEW_INTERVAL = "KERNEL_SANDBOX_RENEW_INTERVAL"
 ENV_MAX_OUTPUT_BYTES = "KERNEL_SANDBOX_MAX_OUTPUT_BYTES"
 ENV_REQUEST_TIMEOUT = "KERNEL_SANDBOX_REQUEST_TIMEOUT"
+ENV_MAX_RESPONSE_BYTES = "KERNEL_SANDBOX_MAX_RESPONSE_BYTES"
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ class RelaySettings:
     renew_interval: float = 0.0
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
     def to_env(self) -> dict[str, str]:
         """Return the environment variables that carry these settings."""
@@ -55,6 +63,7 @@ class RelaySettings:
             ENV_RENEW_INTERVAL: str(self.renew_interval),
             ENV_MAX_OUTPUT_BYTES: str(self.max_output_bytes),
             ENV_REQUEST_TIMEOUT: str(self.request_timeout),
+            ENV_MAX_RESPONSE_BYTES: str(self.max_response_bytes),
         }
 
     @classmethod
@@ -73,4 +82,5 @@ class RelaySettings:
             renew_interval=float(env.get(ENV_RENEW_INTERVAL) or 0),
             max_output_bytes=int(env.get(ENV_MAX_OUTPUT_BYTES) or DEFAULT_MAX_OUTPUT_BYTES),
             request_timeout=float(env.get(ENV_REQUEST_TIMEOUT) or DEFAULT_REQUEST_TIMEOUT),
+            max_response_bytes=int(env.get(ENV_MAX_RESPONSE_BYTES) or DEFAULT_MAX_RESPONSE_BYTES),
         )

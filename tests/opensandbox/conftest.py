@@ -25,8 +25,7 @@ def fake_opensandbox_server() -> Iterator[FakeOpenSandbox]:
 def fake_opensandbox(fake_opensandbox_server: FakeOpenSandbox) -> Iterator[FakeOpenSandbox]:
     """The session's fake servers with per-test knobs reset; no sandbox may outlive the test."""
     lifecycle = fake_opensandbox_server.lifecycle
-    lifecycle.polls_until_running = 1
-    lifecycle.endpoint_404s = 1
+    lifecycle.polls_until_running = 0
     lifecycle.advertised_token = None
     yield fake_opensandbox_server
     leaked = [sandbox.id for sandbox in lifecycle.live()]
