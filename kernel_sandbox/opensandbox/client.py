@@ -431,7 +431,7 @@ class ExecdClient:
             remaining = ready_timeout - (time.monotonic() - started)
             try:
                 response = await self._call("GET", "/ping", timeout=max(0.1, min(self.request_timeout, remaining)))
-            except (OpenSandboxConnectionError, CallDeadlineExceeded, ResponseTooLarge) as exc:
+            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
                 last = str(exc)
             else:
                 if response.is_success:

@@ -21,9 +21,6 @@ from .client import ExecdClient, OpenSandboxClient, keep_alive
 from .settings import RelaySettings
 from .translate import STDIN_MESSAGE, CellRelay, CellTranslator
 
-INTERRUPT_GRACE = 10.0
-"""Seconds a cell may go on streaming after an interrupt before the relay ends it itself."""
-
 __all__ = ["STDIN_MESSAGE", "RelayKernel", "main"]
 
 
@@ -147,9 +144,10 @@ class RelayKernel(Kernel):
                     await execd.interrupt(self.relay_settings.context_id)
             except OpenSandboxError as exc:
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            grace = self.relay_settings.interrupt_grace
             cell.abort_later(
-                INTERRUPT_GRACE,
-                OpenSandboxError(f"execd did not end the cell within {INTERRUPT_GRACE:g} s of the interrupt; the relay stopped waiting"),
+                grace,
+                OpenSandboxError(f"execd did not end the cell within {grace:g} s of the interrupt; the relay stopped waiting"),
             )
         if self.session is not None:
             self.session.send(stream, "interrupt_reply", content, parent, ident=ident)

@@ -166,6 +166,18 @@ class CellRelay:
         else:
             await self._queue.put(_DONE)
 
+    def _take(self, item: Any) -> tuple[bool, BaseException | None]:
+        """Feed one queued item; return (the cell ended, its failure)."""
+        if item is _DONE:
+            return True, None
+        if isinstance(item, BaseException):
+            return True, item
+        try:
+            self.translator.feed(item)
+        except Exception as exc:  # noqa: BLE001
+            return True, exc
+        return item.terminal, None
+
     async def run(self, events: AsyncIterator[Event]) -> dict[str, Any]:
         """Relay ``events`` and return the ``execute_reply`` content."""
         translator = self.translator
@@ -185,17 +197,10 @@ class CellRelay:
                     translator.flush()
                     continue
                 item, getter = getter.result(), None
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    failure = item
-                    break
-                try:
-                    translator.feed(item)
-                except Exception as exc:  # noqa: BLE001
-                    failure = exc
-                    break
-                if item.terminal:
+                ended, failure = self._take(item)
+                while not ended and not self._queue.empty():  # a burst is handled without a wait per event
+                    ended, failure = self._take(self._queue.get_nowait())
+                if ended:
                     break
         finally:
             tasks = [task for task in (pump, getter) if task is not None]
