@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import httpx
 
-from prepare import Prepared
+from prepare import Prepared  # noqa: I001 (a sibling script, put on sys.path by the tests' conftest)
 
 LABEL_SANDBOX = "opensandbox.io/id"
 LABEL_EGRESS = "opensandbox.io/egress-sidecar-for"
