@@ -279,3 +279,54 @@ def test_sandbox_run_files_tools_timeout(deployment: Any, tmp_path: Path, monkey
         timed_out = sb.run("import time\ntime.sleep(30)", timeout=1)
         assert timed_out.error is not None and timed_out.error.name == "TimeoutError"
         assert sb.run("1 + 2").text == "3"
+
+
+# ---- the code-interpreter stand-in: a Jupyter server behind execd's /proxy/<port>/ (for issue 11.5) --
+
+
+async def test_code_interpreter_standin_serves_jupyter_through_the_execd_proxy(deployment: Any) -> None:
+    """The later websocket relay mode needs this path: endpoint of 44771 -> execd proxy -> jupyter_server."""
+    import json as jsonlib
+
+    import tornado.httpclient
+    import tornado.websocket
+
+    if deployment.local is None:
+        pytest.skip("the code-interpreter stand-in image exists only with the local server harness")
+    token = uuid.uuid4().hex
+    options = deployment.options()
+    async with deployment.client() as client:
+        sandbox = await client.create(
+            image=deployment.local.prepared.code_interpreter_image,
+            entrypoint=["/opt/code-interpreter/code-interpreter.sh"],
+            env={"JUPYTER_TOKEN": token}, metadata=options["metadata"], resource_limits=options["resource_limits"],
+        )
+        try:
+            jupyter = await client.endpoint(sandbox.id, 44771)
+            assert jupyter.url.endswith("/proxy/44771")
+            headers = {"Authorization": f"token {token}"}
+            async with httpx.AsyncClient(timeout=10) as http:
+                for _ in range(600):
+                    try:
+                        if (await http.get(f"{jupyter.url}/api/status", headers=headers)).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.1)
+            async with httpx.AsyncClient(timeout=10) as anonymous:  # no cookie from the authenticated client
+                assert (await anonymous.get(f"{jupyter.url}/api/kernels")).status_code == 403, "the token is required"
+            async with httpx.AsyncClient(timeout=10) as http:
+                kernel = (await http.post(f"{jupyter.url}/api/kernels", headers=headers, json={"name": "python3"})).json()
+            ws_url = jupyter.url.replace("http://", "ws://") + f"/api/kernels/{kernel['id']}/channels"
+            connection = await tornado.websocket.websocket_connect(tornado.httpclient.HTTPRequest(ws_url, headers=headers))
+            msg_id = uuid.uuid4().hex
+            header = {"msg_id": msg_id, "msg_type": "kernel_info_request", "username": "t", "session": "s", "version": "5.3", "date": ""}
+            connection.write_message(jsonlib.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell"}))
+            for _ in range(100):
+                message = jsonlib.loads(await asyncio.wait_for(connection.read_message(), 60))
+                if message["msg_type"] == "kernel_info_reply" and message["parent_header"].get("msg_id") == msg_id:
+                    break
+            assert message["content"]["status"] == "ok"
+            connection.close()
+        finally:
+            await client.delete(sandbox.id)
