@@ -743,3 +743,73 @@ async def test_call_deadline_is_per_call_not_per_read() -> None:
     client = OpenSandboxClient(API, "", http=httpx.AsyncClient(transport=transport), request_timeout=0.3)
     with pytest.raises(CallDeadlineExceeded, match=r"no complete answer within 0.3 s"):
         await client.get("osb_1")
+
+
+# ---- fuzzing the client's response handling (issue 12 item 6) ------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kernel_sandbox.errors import OpenSandboxError  # noqa: E402
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=3),
+    max_leaves=12,
+)
+shaped = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": json_values | st.sampled_from(["osb_1", "..", "../x", ""]),
+        "status": json_values | st.fixed_dictionaries({"state": st.sampled_from(["Running", "Pending", "Failed", "Paused", "Unknown"]) | json_values}),
+        "endpoint": json_values | st.sampled_from(["127.0.0.1:1/proxy/44772", "x@y:1", "http://h:99999"]),
+        "headers": json_values,
+        "items": json_values,
+        "pagination": json_values,
+        "expiresAt": json_values,
+        "code": json_values,
+        "message": json_values,
+        "detail": json_values,
+    },
+)
+bodies = st.builds(lambda v: json.dumps(v).encode(), json_values | shaped) | st.binary(max_size=64)
+answers = st.tuples(st.sampled_from([200, 201, 202, 204, 400, 401, 404, 409, 422, 429, 500, 502, 503]), bodies)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(answers, min_size=1, max_size=6), st.sampled_from(["create", "get", "list", "endpoint", "renew", "delete", "context", "run"]))
+def test_fuzz_any_answer_gives_a_result_or_the_clients_own_error(answers: list[tuple[int, bytes]], call: str) -> None:
+    queue = list(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, body = queue.pop(0) if len(queue) > 1 else queue[0]
+        return httpx.Response(status, stream=Body(body))
+
+    async def main() -> None:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        client = OpenSandboxClient(API, "", http=http, poll_interval=0, ready_timeout=0, delete_attempts=2)
+        execd = ExecdClient("http://execd.test", http=http)
+        calls = {
+            "create": lambda: client.create(),
+            "get": lambda: client.get("osb_1"),
+            "list": lambda: client.list_sandboxes(max_pages=3),
+            "endpoint": lambda: client.endpoint("osb_1"),
+            "renew": lambda: client.renew("osb_1", 60),
+            "delete": lambda: client.delete("osb_1"),
+            "context": lambda: execd.create_context(),
+            "run": lambda: execd.run("1"),
+        }
+        try:
+            await calls[call]()
+        except OpenSandboxError as exc:
+            assert str(exc), "an error message is never empty"
+
+    async def no_sleep(seconds: float) -> None:
+        return None
+
+    original = client_module.asyncio.sleep
+    client_module.asyncio.sleep = no_sleep  # type: ignore[assignment]
+    try:
+        asyncio.run(main())
+    finally:
+        client_module.asyncio.sleep = original  # type: ignore[assignment]
