@@ -61,6 +61,7 @@ DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 DEFAULT_DELETE_ATTEMPTS = 4
 DRAIN_TIMEOUT = 5.0
+DEFAULT_BUSY_WAIT = 10.0
 EXECD_PORT = 44772
 LABELS: Mapping[str, str] = MappingProxyType({"kernel-sandbox": "true"})
 TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
@@ -124,8 +125,16 @@ def endpoint_url(endpoint: str, api_base: str) -> str:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (raises ValueError for a bad port)
     except ValueError as exc:
-        raise OpenSandboxProtocolError(f"the server returned an unusable execd endpoint {endpoint[:200]!r}: {exc}") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc or parts.query or parts.fragment:
+        raise OpenSandboxProtocolError(
+            f"the server returned an unusable execd endpoint {endpoint[:200]!r}: {exc}"
+        ) from exc
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or parts.query
+        or parts.fragment
+    ):
         raise OpenSandboxProtocolError(f"the server returned an unusable execd endpoint {endpoint[:200]!r}")
     return url
 
@@ -133,7 +142,9 @@ def endpoint_url(endpoint: str, api_base: str) -> str:
 def url_segment(value: Any, what: str) -> str:
     """Percent-encode one server- or user-supplied value for use as a single URL path segment."""
     if not isinstance(value, str) or not value or len(value) > _ID_MAX:
-        raise OpenSandboxProtocolError(f"{what} must be a non-empty string of at most {_ID_MAX} characters, got {value!r:.100}")
+        raise OpenSandboxProtocolError(
+            f"{what} must be a non-empty string of at most {_ID_MAX} characters, got {value!r:.100}"
+        )
     segment = quote(value, safe="")
     if segment in (".", ".."):
         raise OpenSandboxProtocolError(f"{what} {value!r} cannot be used in a URL path")
@@ -230,7 +241,11 @@ def _detail_message(detail: Any) -> str | None:
     for item in detail[:10]:
         if not isinstance(item, Mapping):
             continue
-        loc = [str(p) for p in item.get("loc") or [] if p not in ("body", "query", "path")] if isinstance(item.get("loc"), list) else []
+        loc = (
+            [str(p) for p in item.get("loc") or [] if p not in ("body", "query", "path")]
+            if isinstance(item.get("loc"), list)
+            else []
+        )
         field_name = ".".join(loc) or "request"
         parts.append(f"field {field_name!r}: {str(item.get('msg') or item.get('type') or 'invalid')[:200]}")
     return "; ".join(parts) or None
@@ -279,7 +294,8 @@ def _refuse_encoded(response: httpx.Response, what: str) -> None:
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise OpenSandboxProtocolError(
-            f"{what}: the answer is {encoding[:40]}-encoded although identity was asked for; compressed answers are refused"
+            f"{what}: the answer is {encoding[:40]}-encoded although identity was asked for; "
+            "compressed answers are refused"
         )
 
 
@@ -288,12 +304,17 @@ async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes
     _refuse_encoded(response, what)
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise ResponseTooLarge(f"{what}: the answer declares {declared} bytes, over the cap of {limit} bytes (max_response_bytes)", limit)
+        raise ResponseTooLarge(
+            f"{what}: the answer declares {declared} bytes, over the cap of {limit} bytes (max_response_bytes)", limit
+        )
     body = bytearray()
     async for chunk in response.aiter_raw():
         body += chunk
         if len(body) > limit:
-            raise ResponseTooLarge(f"{what}: the answer exceeded the cap of {limit} bytes (max_response_bytes); it was not read further", limit)
+            raise ResponseTooLarge(
+                f"{what}: the answer exceeded the cap of {limit} bytes (max_response_bytes); it was not read further",
+                limit,
+            )
     return bytes(body)
 
 
@@ -327,7 +348,11 @@ class _HTTP:
         """
         deadline = self.request_timeout if timeout is None else timeout
         request = self._http.build_request(
-            method, url, headers={**headers, "Accept-Encoding": "identity"}, json=json, params=params,
+            method,
+            url,
+            headers={**headers, "Accept-Encoding": "identity"},
+            json=json,
+            params=params,
             timeout=httpx.Timeout(deadline),
         )
         what = _where(request)
@@ -343,9 +368,16 @@ class _HTTP:
         try:
             return await asyncio.wait_for(send(), deadline)
         except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(f"{what}: no complete answer within {deadline:g} s (request_timeout, per call)") from None
+            raise CallDeadlineExceeded(
+                f"{what}: no complete answer within {deadline:g} s (request_timeout, per call)"
+            ) from None
         except httpx.TransportError as exc:
             raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
+
+
+def _is_busy(error: OpenSandboxError) -> bool:
+    """execd's answer to a run on a context that is still running: 500 "session is busy"."""
+    return isinstance(error, OpenSandboxAPIError) and "busy" in (error.message or "").lower()
 
 
 def _json(response: httpx.Response, what: str) -> Any:
@@ -381,6 +413,8 @@ class ExecdClient:
 
     ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
     (execd pings every ~3 s while code runs); bytes that do not complete an event do not count.
+    ``busy_wait``: a run that execd refuses with "session is busy" (the context's previous run,
+    e.g. one just interrupted, is still ending) is retried for that many seconds.
     """
 
     def __init__(
@@ -393,8 +427,10 @@ class ExecdClient:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        busy_wait: float = DEFAULT_BUSY_WAIT,
     ) -> None:
         self.url = url.rstrip("/")
+        self.busy_wait = busy_wait
         self.headers = as_str_dict(headers)
         self.max_output_bytes = max_output_bytes
         self.stream_idle_timeout = stream_idle_timeout
@@ -447,7 +483,9 @@ class ExecdClient:
                 )
             await asyncio.sleep(min(poll_interval, max(0.0, ready_timeout - elapsed)))
 
-    async def stream(self, code: str, *, context_id: str | None = None, language: str = "python") -> AsyncIterator[Event]:
+    async def stream(
+        self, code: str, *, context_id: str | None = None, language: str = "python"
+    ) -> AsyncIterator[Event]:
         """Run ``code`` and yield its events as they arrive, up to and including the terminal one.
 
         Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
@@ -459,24 +497,26 @@ class ExecdClient:
             context["id"] = context_id
         client = self._http._http
         request = client.build_request(
-            "POST", f"{self.url}/code", json={"code": code, "context": context},
+            "POST",
+            f"{self.url}/code",
+            json={"code": code, "context": context},
             headers={**self.headers, "Accept-Encoding": "identity"},
             timeout=httpx.Timeout(self.request_timeout, read=None),
         )
         what = _where(request)
+        busy_until = time.monotonic() + self.busy_wait
+        while True:
+            response = await self._open_stream(client, request, what)
+            if response.is_success:
+                break
+            try:
+                failure = await self._error_answer(response, request, what)
+            finally:
+                await response.aclose()
+            if not _is_busy(failure) or time.monotonic() >= busy_until:
+                raise failure
+            await asyncio.sleep(0.1)  # the previous run (e.g. just interrupted) is still ending
         try:
-            response = await asyncio.wait_for(client.send(request, stream=True, follow_redirects=False), self.request_timeout)
-        except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(f"{what}: execd did not start answering within {self.request_timeout:g} s") from None
-        except httpx.TransportError as exc:
-            raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
-        try:
-            if not response.is_success:
-                try:
-                    body = await asyncio.wait_for(_read_capped(response, self._http.max_response_bytes, what), self.request_timeout)
-                except asyncio.TimeoutError:
-                    raise CallDeadlineExceeded(f"{what}: the error answer did not arrive within {self.request_timeout:g} s") from None
-                raise_for_status(httpx.Response(response.status_code, headers=response.headers, content=body, request=request))
             async for event in self._events(response, what):
                 yield event
                 if event.terminal:
@@ -491,6 +531,38 @@ class ExecdClient:
             ) from exc
         finally:
             await response.aclose()
+
+    async def _open_stream(self, client: httpx.AsyncClient, request: httpx.Request, what: str) -> httpx.Response:
+        try:
+            return await asyncio.wait_for(
+                client.send(request, stream=True, follow_redirects=False), self.request_timeout
+            )
+        except asyncio.TimeoutError:
+            raise CallDeadlineExceeded(
+                f"{what}: execd did not start answering within {self.request_timeout:g} s"
+            ) from None
+        except httpx.TransportError as exc:
+            raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
+
+    async def _error_answer(self, response: httpx.Response, request: httpx.Request, what: str) -> OpenSandboxError:
+        """The error for a non-2xx answer to ``POST /code`` (its body read capped, within the deadline)."""
+        try:
+            body = await asyncio.wait_for(
+                _read_capped(response, self._http.max_response_bytes, what), self.request_timeout
+            )
+        except asyncio.TimeoutError:
+            return CallDeadlineExceeded(f"{what}: the error answer did not arrive within {self.request_timeout:g} s")
+        except OpenSandboxError as exc:
+            return exc
+        except httpx.TransportError as exc:
+            return OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}")
+        try:
+            raise_for_status(
+                httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
+            )
+        except OpenSandboxAPIError as exc:
+            return exc
+        raise AssertionError("unreachable: a non-2xx answer")
 
     async def _events(self, response: httpx.Response, what: str) -> AsyncIterator[Event]:
         _refuse_encoded(response, what)
@@ -511,7 +583,9 @@ class ExecdClient:
                 ) from None
             received += len(chunk)
             if received > self.max_output_bytes:
-                raise OutputLimitExceeded(f"execd output exceeded {self.max_output_bytes} bytes (max_output_bytes); the stream was aborted")
+                raise OutputLimitExceeded(
+                    f"execd output exceeded {self.max_output_bytes} bytes (max_output_bytes); the stream was aborted"
+                )
             for line in lines.feed(chunk):
                 event = parse_event(line)
                 if event is None:
@@ -532,6 +606,7 @@ class ExecdClient:
         execd frees the context only when it ends the stream; leaving earlier would make the
         next run meet "session is busy". Bounded by ``DRAIN_TIMEOUT`` and the byte cap.
         """
+
         async def drain() -> None:
             remaining = budget
             async for chunk in chunks:
@@ -765,14 +840,16 @@ class OpenSandboxClient:
                 raise SandboxStateError(sandbox_id, state, _status_message(info))
             if state in PAUSED_STATES:
                 raise SandboxStateError(
-                    sandbox_id, state, "it cannot run code while paused; resume it "
-                    f"(POST /sandboxes/{sandbox_id}/resume) or delete it"
+                    sandbox_id,
+                    state,
+                    f"it cannot run code while paused; resume it (POST /sandboxes/{sandbox_id}/resume) or delete it",
                 )
             elapsed = time.monotonic() - started
             if elapsed >= self.ready_timeout:
                 raise SandboxTimeoutError(
                     f"sandbox {sandbox_id} was not Running after {elapsed:.1f} s (ready_timeout "
-                    f"{self.ready_timeout:g} s); last state {state}" + (f": {_status_message(info)}" if _status_message(info) else "")
+                    f"{self.ready_timeout:g} s); last state {state}"
+                    + (f": {_status_message(info)}" if _status_message(info) else "")
                 )
             await asyncio.sleep(self.poll_interval)
             info = await self.get(sandbox_id)
@@ -804,7 +881,9 @@ class OpenSandboxClient:
                         headers = answer.get("headers") or {}
                         if not isinstance(headers, dict):
                             raise OpenSandboxProtocolError(f"{what} answered with headers that are not an object")
-                        return Endpoint(url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers))
+                        return Endpoint(
+                            url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers)
+                        )
                     last = f"{what} answered without an endpoint"
                 elif response.status_code in _RETRY_STATUSES:
                     last = f"{what} answered {response.status_code}"

@@ -291,8 +291,11 @@ def _error(obj: dict[str, Any]) -> ExecdError:
         traceback = traceback.splitlines()
     elif not isinstance(traceback, list):
         traceback = []
-    lines = [clean_text(line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS])
-             for line in traceback if isinstance(line, (str, int, float))]
+    lines = [
+        clean_text(line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS])
+        for line in traceback
+        if isinstance(line, (str, int, float))
+    ]
     return ExecdError(
         name=_clip(clean_text("Error" if name is None else str(name)), MAX_ERROR_FIELD_CHARS),
         value=_clip(clean_text("" if value is None else str(value)), MAX_ERROR_FIELD_CHARS),

@@ -83,8 +83,11 @@ class RelayKernel(Kernel):
         settings = self.relay_settings
         async with OpenSandboxClient(settings.api_base, settings.api_key) as client:
             await keep_alive(
-                client, settings.sandbox_id, settings.renew_seconds,
-                interval=settings.renew_interval or None, on_lost=self._sandbox_lost,
+                client,
+                settings.sandbox_id,
+                settings.renew_seconds,
+                interval=settings.renew_interval or None,
+                on_lost=self._sandbox_lost,
             )
 
     def _sandbox_lost(self, reason: str) -> None:
@@ -147,7 +150,9 @@ class RelayKernel(Kernel):
             grace = self.relay_settings.interrupt_grace
             cell.abort_later(
                 grace,
-                OpenSandboxError(f"execd did not end the cell within {grace:g} s of the interrupt; the relay stopped waiting"),
+                OpenSandboxError(
+                    f"execd did not end the cell within {grace:g} s of the interrupt; the relay stopped waiting"
+                ),
             )
         if self.session is not None:
             self.session.send(stream, "interrupt_reply", content, parent, ident=ident)

@@ -118,7 +118,12 @@ class CellTranslator:
             self.failure = failure
             error = failure_error(failure)
         if error is None:
-            self._reply = {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
+            self._reply = {
+                "status": "ok",
+                "execution_count": self.execution_count,
+                "payload": [],
+                "user_expressions": {},
+            }
             return self._reply
         if error.name in _STDIN_ERRORS:
             error = ExecdError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
@@ -188,8 +193,9 @@ class CellRelay:
             while True:
                 # one pending get() survives a flush timeout, so no item is ever lost to a cancellation
                 getter = getter or asyncio.ensure_future(self._queue.get())
-                done, _ = await asyncio.wait({getter, self._aborted}, timeout=translator.flush_due_in(),
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {getter, self._aborted}, timeout=translator.flush_due_in(), return_when=asyncio.FIRST_COMPLETED
+                )
                 if self._aborted in done:
                     failure = self._aborted.result()
                     break

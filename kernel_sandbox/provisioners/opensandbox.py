@@ -18,6 +18,7 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
+from ..errors import OpenSandboxError, SandboxNotFound
 from ..opensandbox.client import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_IMAGE,
@@ -36,8 +37,7 @@ from ..opensandbox.client import (
     resolve_api_key,
     sandbox_state,
 )
-from ..errors import OpenSandboxError, SandboxNotFound
-from ..opensandbox.settings import RelaySettings
+from ..opensandbox.settings import DEFAULT_INTERRUPT_GRACE, RelaySettings
 
 SANDBOX_GONE_EXIT_CODE = 1
 
@@ -106,7 +106,15 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     )
     max_output_bytes = Integer(DEFAULT_MAX_OUTPUT_BYTES, config=True, help="Byte cap on one execution's event stream.")
     max_response_bytes = Integer(
-        DEFAULT_MAX_RESPONSE_BYTES, config=True, help="Byte cap on every other answer (lifecycle and execd, errors included)."
+        DEFAULT_MAX_RESPONSE_BYTES,
+        config=True,
+        help="Byte cap on every other answer (lifecycle and execd, errors included).",
+    )
+    interrupt_grace = Float(
+        DEFAULT_INTERRUPT_GRACE,
+        min=0.0,
+        config=True,
+        help="Seconds a cell may go on after an interrupt before the relay ends it with an error itself.",
     )
     state_check_interval = Float(5.0, config=True, help="Minimum seconds between sandbox state checks in poll().")
     fresh_sandbox_on_restart = Bool(
@@ -219,6 +227,7 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             max_output_bytes=self.max_output_bytes,
             request_timeout=self.request_timeout,
             max_response_bytes=self.max_response_bytes,
+            interrupt_grace=self.interrupt_grace,
         )
         kwargs["env"] = {**kwargs.get("env", {}), **settings.to_env()}
         return kwargs
@@ -254,7 +263,9 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             try:
                 state = sandbox_state(await client.get(self.sandbox_id))
             except SandboxNotFound:
-                self.log.warning("OpenSandbox sandbox %s is gone (404: expired or deleted); its kernel is dead", self.sandbox_id)
+                self.log.warning(
+                    "OpenSandbox sandbox %s is gone (404: expired or deleted); its kernel is dead", self.sandbox_id
+                )
                 return True
             except OpenSandboxError as exc:
                 self.log.warning("checking OpenSandbox sandbox %s failed: %s", self.sandbox_id, exc)

@@ -47,7 +47,9 @@ class HostileHandler(tornado.web.RequestHandler):
 
     # ---- building blocks for behaviours ------------------------------------------------------
 
-    async def huge(self, total: int, status: int = 200, chunk: bytes = b"x" * MiB, content_type: str = "application/json") -> None:
+    async def huge(
+        self, total: int, status: int = 200, chunk: bytes = b"x" * MiB, content_type: str = "application/json"
+    ) -> None:
         """Send ``total`` bytes (chunked, no length) unless the client hangs up first."""
         self.set_status(status)
         self.set_header("Content-Type", content_type)

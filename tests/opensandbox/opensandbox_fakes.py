@@ -119,12 +119,19 @@ class SandboxesHandler(_LifecycleHandler):
         if missing or int(body.get("timeout", 60)) < 60:
             detail = [{"type": "missing", "loc": ["body", name], "msg": "Field required"} for name in missing]
             if int(body.get("timeout", 60)) < 60:
-                detail.append({"type": "greater_than_equal", "loc": ["body", "timeout"], "msg": "Input should be greater than or equal to 60"})
+                detail.append(
+                    {
+                        "type": "greater_than_equal",
+                        "loc": ["body", "timeout"],
+                        "msg": "Input should be greater than or equal to 60",
+                    }
+                )
             self.set_status(422)
             self.finish({"detail": detail})
             return
-        sandbox = FakeSandbox(id=f"sbx-{next(self.lifecycle._ids)}", body=body,
-                              polls_until_running=self.lifecycle.polls_until_running)
+        sandbox = FakeSandbox(
+            id=f"sbx-{next(self.lifecycle._ids)}", body=body, polls_until_running=self.lifecycle.polls_until_running
+        )
         if sandbox.polls_until_running > 0:
             sandbox.state = "Pending"
         self.lifecycle.sandboxes[sandbox.id] = sandbox
@@ -170,7 +177,9 @@ class EndpointHandler(_LifecycleHandler):
             self.fail(400, "SANDBOX::INVALID_PORT", "port must be between 1 and 65535")
             return
         token = self.lifecycle.advertised_token or self.lifecycle.execd.token
-        self.finish({"endpoint": f"127.0.0.1:{self.lifecycle.execd.port}/proxy/{port}", "headers": {TOKEN_HEADER: token}})
+        self.finish(
+            {"endpoint": f"127.0.0.1:{self.lifecycle.execd.port}/proxy/{port}", "headers": {TOKEN_HEADER: token}}
+        )
 
 
 class RenewHandler(_LifecycleHandler):

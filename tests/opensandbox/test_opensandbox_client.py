@@ -280,7 +280,9 @@ async def test_unusable_state_raises_naming_it_and_deletes(state: str) -> None:
 
 
 async def test_failed_state_carries_the_server_message() -> None:
-    failed = httpx.Response(200, json={"id": "osb_1", "status": {"state": "Failed", "message": "Sandbox container exited with code 3."}})
+    failed = httpx.Response(
+        200, json={"id": "osb_1", "status": {"state": "Failed", "message": "Sandbox container exited with code 3."}}
+    )
     router = (
         Router()
         .add("POST", "/v1/sandboxes", sandbox_json("Pending", status=202))
@@ -309,7 +311,12 @@ async def test_not_running_in_time_names_the_last_state_and_deletes() -> None:
 async def test_fastapi_422_names_the_field() -> None:
     detail = {
         "detail": [
-            {"type": "greater_than_equal", "loc": ["body", "timeout"], "msg": "Input should be greater than or equal to 60", "input": 5},
+            {
+                "type": "greater_than_equal",
+                "loc": ["body", "timeout"],
+                "msg": "Input should be greater than or equal to 60",
+                "input": 5,
+            },
             {"type": "missing", "loc": ["body", "image", "uri"], "msg": "Field required"},
         ]
     }
@@ -324,7 +331,10 @@ async def test_fastapi_422_names_the_field() -> None:
 
 
 async def test_network_policy_without_egress_says_how_to_fix_it() -> None:
-    refused = {"code": "SANDBOX::INVALID_PARAMETER", "message": "egress.image must be configured when networkPolicy is provided."}
+    refused = {
+        "code": "SANDBOX::INVALID_PARAMETER",
+        "message": "egress.image must be configured when networkPolicy is provided.",
+    }
     router = Router().add("POST", "/v1/sandboxes", httpx.Response(400, json=refused))
     with pytest.raises(OpenSandboxAPIError) as info:
         await lifecycle(router).create()
@@ -342,15 +352,23 @@ async def test_expired_sandbox_is_a_404_not_terminated() -> None:
 
 
 async def test_image_labels_in_metadata_are_kept_and_do_not_confuse_the_label_filter() -> None:
-    item = {"id": "a", "status": {"state": "Running"}, "metadata": {"kernel-sandbox": "true", "maintainer": "image label"}}
-    router = Router().add("GET", "/v1/sandboxes", httpx.Response(200, json={"items": [item], "pagination": {"hasNextPage": False}}))
+    item = {
+        "id": "a",
+        "status": {"state": "Running"},
+        "metadata": {"kernel-sandbox": "true", "maintainer": "image label"},
+    }
+    router = Router().add(
+        "GET", "/v1/sandboxes", httpx.Response(200, json={"items": [item], "pagination": {"hasNextPage": False}})
+    )
     items = await lifecycle(router).list_sandboxes(metadata={"kernel-sandbox": "true"})
     assert items == [item]
     assert router.requests[0].url.params["metadata"] == "kernel-sandbox=true"
 
 
 async def test_api_error_is_not_an_httpx_error_and_has_its_fields() -> None:
-    router = Router().add("GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(500, json={"code": "INTERNAL", "message": "boom"}))
+    router = Router().add(
+        "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(500, json={"code": "INTERNAL", "message": "boom"})
+    )
     with pytest.raises(OpenSandboxAPIError) as info:
         await lifecycle(router).endpoint("osb_1")
     error = info.value
@@ -389,7 +407,9 @@ async def test_endpoint_retries_404_and_502_until_ready(sleeps: list[float]) -> 
 
 
 async def test_endpoint_missing_in_answer_is_a_timeout_saying_so() -> None:
-    router = Router().add("GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"headers": {"X": "y"}}))
+    router = Router().add(
+        "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"headers": {"X": "y"}})
+    )
     with pytest.raises(SandboxTimeoutError, match=r"execd endpoint.*not ready.*answered without an endpoint"):
         await lifecycle(router, ready_timeout=0).endpoint("osb_1")
 
@@ -431,7 +451,9 @@ async def test_ids_are_encoded_and_cannot_change_the_path() -> None:
 
 
 async def test_a_created_id_that_would_change_the_path_is_refused_before_use() -> None:
-    router = Router().add("POST", "/v1/sandboxes", httpx.Response(202, json={"id": "..", "status": {"state": "Running"}}))
+    router = Router().add(
+        "POST", "/v1/sandboxes", httpx.Response(202, json={"id": "..", "status": {"state": "Running"}})
+    )
     with pytest.raises(OpenSandboxProtocolError, match="sandbox id"):
         await lifecycle(router).create()
     assert router.calls() == [("POST", "/v1/sandboxes")]
@@ -491,7 +513,9 @@ async def test_answers_over_the_cap_are_refused_naming_it() -> None:
 
 
 async def test_compressed_answers_are_refused() -> None:
-    router = Router().add("GET", "/v1/sandboxes/osb_1", httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=b"\x1f\x8b"))
+    router = Router().add(
+        "GET", "/v1/sandboxes/osb_1", httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=b"\x1f\x8b")
+    )
     with pytest.raises(OpenSandboxProtocolError, match="gzip-encoded"):
         await lifecycle(router).get("osb_1")
     assert router.requests[0].headers["accept-encoding"] == "identity"
@@ -503,8 +527,16 @@ async def test_compressed_answers_are_refused() -> None:
 async def test_run_code_on_bare_id_resolves_endpoint_with_path_and_sends_headers() -> None:
     router = (
         Router()
-        .add("GET", "/v1/sandboxes/osb_bare/endpoints/44772", httpx.Response(200, json={**ENDPOINT, "headers": {"X-EXECD-ACCESS-TOKEN": "t"}}))
-        .add("POST", "/proxy/44772/code", events({"type": "init", "text": "ctx"}, {"type": "stdout", "text": "42\n"}, COMPLETE))
+        .add(
+            "GET",
+            "/v1/sandboxes/osb_bare/endpoints/44772",
+            httpx.Response(200, json={**ENDPOINT, "headers": {"X-EXECD-ACCESS-TOKEN": "t"}}),
+        )
+        .add(
+            "POST",
+            "/proxy/44772/code",
+            events({"type": "init", "text": "ctx"}, {"type": "stdout", "text": "42\n"}, COMPLETE),
+        )
     )
     execution = await lifecycle(router).run_code("osb_bare", "print(6*7)")
     run = router.requests[1]
@@ -517,7 +549,9 @@ async def test_run_code_on_bare_id_resolves_endpoint_with_path_and_sends_headers
 async def test_scheme_less_endpoint_takes_the_api_base_scheme() -> None:
     router = (
         Router()
-        .add("GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"endpoint": "gw.test/route/44772"}))
+        .add(
+            "GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json={"endpoint": "gw.test/route/44772"})
+        )
         .add("POST", "/route/44772/code", events({"type": "stdout", "text": "1\n"}, COMPLETE))
     )
     client = lifecycle(router, api_base="https://sandbox.test/v1")
@@ -528,10 +562,17 @@ async def test_scheme_less_endpoint_takes_the_api_base_scheme() -> None:
 
 
 async def test_error_is_terminal_and_nothing_after_it_counts() -> None:
-    error = {"type": "error", "error": {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb"]}}
-    router = Router().add("POST", "/code", events({"type": "stdout", "text": "a"}, error, {"type": "stdout", "text": "late"}, COMPLETE))
+    error = {
+        "type": "error",
+        "error": {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb"]},
+    }
+    router = Router().add(
+        "POST", "/code", events({"type": "stdout", "text": "a"}, error, {"type": "stdout", "text": "late"}, COMPLETE)
+    )
     seen: list[str] = []
-    execution = await ExecdClient("http://execd.test", http=router.http()).run("1/0", on_event=lambda e: seen.append(e.type))
+    execution = await ExecdClient("http://execd.test", http=router.http()).run(
+        "1/0", on_event=lambda e: seen.append(e.type)
+    )
     assert seen == ["stdout", "error"]
     assert execution.stdout == "a" and execution.error is not None and execution.error.name == "ZeroDivisionError"
 
@@ -556,10 +597,20 @@ async def test_stream_over_byte_cap_aborts() -> None:
         await execd.run("print('x' * 5000)")
 
 
-async def test_execd_busy_context_raises_with_its_message() -> None:
-    router = Router().add("POST", "/code", httpx.Response(500, json={"code": "RUNTIME_ERROR", "message": "session is busy"}))
+async def test_a_busy_context_is_retried_while_the_previous_run_ends(sleeps: list[float]) -> None:
+    busy = httpx.Response(500, json={"code": "RUNTIME_ERROR", "message": "session is busy"})
+    router = Router().add("POST", "/code", busy, busy, events({"type": "stdout", "text": "1"}, COMPLETE))
+    run = await ExecdClient("http://execd.test", http=router.http()).run("1")
+    assert run.stdout == "1" and sleeps == [0.1, 0.1] and len(router.requests) == 3
+
+
+async def test_execd_busy_context_raises_with_its_message_after_busy_wait() -> None:
+    router = Router().add(
+        "POST", "/code", httpx.Response(500, json={"code": "RUNTIME_ERROR", "message": "session is busy"})
+    )
     with pytest.raises(OpenSandboxAPIError, match="session is busy"):
-        await ExecdClient("http://execd.test", http=router.http()).run("1")
+        await ExecdClient("http://execd.test", http=router.http(), busy_wait=0).run("1")
+    assert len(router.requests) == 1
 
 
 async def test_execd_contexts_and_interrupt() -> None:
@@ -598,7 +649,12 @@ async def test_delete_404_is_false_and_4xx_raise_without_retry(sleeps: list[floa
 
 async def test_delete_retries_transient_failures_with_backoff(sleeps: list[float]) -> None:
     router = Router().add(
-        "DELETE", "/v1/sandboxes/osb_1", httpx.Response(500), httpx.ReadError(""), httpx.Response(503), httpx.Response(204)
+        "DELETE",
+        "/v1/sandboxes/osb_1",
+        httpx.Response(500),
+        httpx.ReadError(""),
+        httpx.Response(503),
+        httpx.Response(204),
     )
     assert await lifecycle(router).delete("osb_1") is True
     assert sleeps == [0.5, 1.0, 2.0]
@@ -761,7 +817,10 @@ shaped = st.fixed_dictionaries(
     {},
     optional={
         "id": json_values | st.sampled_from(["osb_1", "..", "../x", ""]),
-        "status": json_values | st.fixed_dictionaries({"state": st.sampled_from(["Running", "Pending", "Failed", "Paused", "Unknown"]) | json_values}),
+        "status": json_values
+        | st.fixed_dictionaries(
+            {"state": st.sampled_from(["Running", "Pending", "Failed", "Paused", "Unknown"]) | json_values}
+        ),
         "endpoint": json_values | st.sampled_from(["127.0.0.1:1/proxy/44772", "x@y:1", "http://h:99999"]),
         "headers": json_values,
         "items": json_values,
@@ -777,7 +836,10 @@ answers = st.tuples(st.sampled_from([200, 201, 202, 204, 400, 401, 404, 409, 422
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(answers, min_size=1, max_size=6), st.sampled_from(["create", "get", "list", "endpoint", "renew", "delete", "context", "run"]))
+@given(
+    st.lists(answers, min_size=1, max_size=6),
+    st.sampled_from(["create", "get", "list", "endpoint", "renew", "delete", "context", "run"]),
+)
 def test_fuzz_any_answer_gives_a_result_or_the_clients_own_error(answers: list[tuple[int, bytes]], call: str) -> None:
     queue = list(answers)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kernel_sandbox.opensandbox import ExecdRun, ExecdError, parse_event, parse_line, parse_lines
+from kernel_sandbox.opensandbox import ExecdError, ExecdRun, parse_event, parse_line, parse_lines
 
 
 def bare(event: object) -> list[str]:
@@ -84,9 +84,7 @@ def test_execution_count_as_string_and_bad_values() -> None:
 
 
 def test_error_fallback_shapes() -> None:
-    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecdError(
-        "BadRequest", "nope", []
-    )
+    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecdError("BadRequest", "nope", [])
     assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecdError(
         "RuntimeError", "boom", []
     )
@@ -154,7 +152,9 @@ def test_lone_surrogates_and_nuls_are_replaced_in_text_keys_and_errors() -> None
     assert event is not None and event.text == "a\ufffdb\ufffdc"
     result = parse_event(json.dumps({"type": "result", "results": {"text/\udc00x": "v\ud800", "text": "t\x00"}}))
     assert result is not None and result.data == {"text/\ufffdx": "v\ufffd", "text/plain": "t\ufffd"}
-    error = parse_event(json.dumps({"type": "error", "error": {"ename": "E\ud800", "evalue": "\x00", "traceback": ["\udfff"]}}))
+    error = parse_event(
+        json.dumps({"type": "error", "error": {"ename": "E\ud800", "evalue": "\x00", "traceback": ["\udfff"]}})
+    )
     assert error is not None and error.error == ExecdError("E\ufffd", "\ufffd", ["\ufffd"])
     for item in (event.text, result.data, error.error.as_dict()):
         serialisable(item)
@@ -175,7 +175,9 @@ def test_non_string_mime_values_are_kept_only_for_json_types() -> None:
 
 def test_tracebacks_are_capped_keeping_the_end() -> None:
     lines = [f"line {i} " + "x" * 1000 for i in range(1000)]
-    event = parse_event(json.dumps({"type": "error", "error": {"ename": "E", "evalue": "v" * 100_000, "traceback": lines}}))
+    event = parse_event(
+        json.dumps({"type": "error", "error": {"ename": "E", "evalue": "v" * 100_000, "traceback": lines}})
+    )
     assert event is not None and event.error is not None
     kept = event.error.traceback
     assert sum(map(len, kept)) <= MAX_TRACEBACK_CHARS + 200
@@ -220,13 +222,27 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-event_types = st.sampled_from(["stdout", "stderr", "result", "display_data", "error", "execution_count", "init", "ping", "status", "execution_complete"]) | st.text(max_size=10)
+event_types = st.sampled_from(
+    [
+        "stdout",
+        "stderr",
+        "result",
+        "display_data",
+        "error",
+        "execution_count",
+        "init",
+        "ping",
+        "status",
+        "execution_complete",
+    ]
+) | st.text(max_size=10)
 events_st = st.fixed_dictionaries(
     {"type": event_types},
     optional={
         "text": json_values,
         "results": json_values | st.dictionaries(st.text(max_size=20), json_values, max_size=4),
-        "error": json_values | st.fixed_dictionaries({}, optional={"ename": json_values, "evalue": json_values, "traceback": json_values}),
+        "error": json_values
+        | st.fixed_dictionaries({}, optional={"ename": json_values, "evalue": json_values, "traceback": json_values}),
         "execution_count": json_values,
         "code": json_values,
         "message": json_values,
@@ -252,8 +268,15 @@ def test_fuzz_the_stream_parser(items: list[dict], junk: list[bytes], chunk: int
     if tail is not None:
         run.add(tail)
     for event in parsed:
-        serialisable({"type": event.type, "text": event.text, "data": event.data, "count": event.execution_count,
-                      "error": event.error.as_dict() if event.error else None})
+        serialisable(
+            {
+                "type": event.type,
+                "text": event.text,
+                "data": event.data,
+                "count": event.execution_count,
+                "error": event.error.as_dict() if event.error else None,
+            }
+        )
     serialisable({"out": run.stdout, "err": run.stderr, "results": run.results})
 
 

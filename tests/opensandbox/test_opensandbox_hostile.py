@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import MiB, HostileHandler, HostileServer, RssPeak
+from hostile import HostileHandler, HostileServer, MiB, RssPeak
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.opensandbox import (
@@ -54,12 +54,14 @@ def hostile(hostile_server: HostileServer) -> HostileServer:
 def huge(total: int, status: int = 200) -> Any:
     async def behaviour(h: HostileHandler) -> None:
         await h.huge(total, status)
+
     return behaviour
 
 
 def trickle(**kwargs: Any) -> Any:
     async def behaviour(h: HostileHandler) -> None:
         await h.trickle(**kwargs)
+
     return behaviour
 
 
@@ -73,12 +75,14 @@ def answer(status: int, body: Any = None, raw: bytes | None = None) -> Any:
         else:
             h.set_header("Content-Type", "application/json")
             h.finish(json.dumps(body))
+
     return behaviour
 
 
 def stream(*items: dict[str, Any] | bytes, finish: bool = True) -> Any:
     async def behaviour(h: HostileHandler) -> None:
         await h.events(*items, finish=finish)
+
     return behaviour
 
 
@@ -142,7 +146,9 @@ async def test_huge_lifecycle_answer_is_capped(hostile: HostileServer) -> None:
         ("POST /code", lambda e: e.run("1")),
     ],
 )
-async def test_a_trickling_execd_cannot_hold_a_call_past_its_deadline(hostile: HostileServer, route: str, call: Any) -> None:
+async def test_a_trickling_execd_cannot_hold_a_call_past_its_deadline(
+    hostile: HostileServer, route: str, call: Any
+) -> None:
     hostile.behaviour[route] = trickle(status=500 if route == "POST /code" else 200)
     execd = ExecdClient(hostile.url, request_timeout=1)
     with pytest.raises(CallDeadlineExceeded, match="within 1 s"):
@@ -220,12 +226,19 @@ async def test_run_once_keeps_the_result_when_delete_fails_and_never_sends_the_k
     execd = HostileServer().start()
     try:
         hostile.behaviour["POST /v1/sandboxes"] = answer(202, {"id": "sbx", "status": {"state": "Running"}})
-        hostile.behaviour["GET /v1/sandboxes/sbx/endpoints/44772"] = answer(200, {"endpoint": f"127.0.0.1:{execd.port}/proxy/44772"})
+        hostile.behaviour["GET /v1/sandboxes/sbx/endpoints/44772"] = answer(
+            200, {"endpoint": f"127.0.0.1:{execd.port}/proxy/44772"}
+        )
         hostile.behaviour["DELETE /v1/sandboxes/sbx"] = answer(500, {"code": "E", "message": "down"})
         execd.behaviour["GET /proxy/44772/ping"] = answer(200)
         execd.behaviour["POST /proxy/44772/code"] = stream({"type": "stdout", "text": "42\n"}, COMPLETE)
-        result = await run_once("print(42)", api_base=f"{hostile.url}/v1", api_key="secret-key",
-                                client_options={"delete_attempts": 2}, image="img")
+        result = await run_once(
+            "print(42)",
+            api_base=f"{hostile.url}/v1",
+            api_key="secret-key",
+            client_options={"delete_attempts": 2},
+            image="img",
+        )
         assert result.stdout == "42\n"
         assert result.cleanup_error is not None and "gave up after 2 attempts" in str(result.cleanup_error)
         assert hostile.requests.count(("DELETE", "/v1/sandboxes/sbx")) == 2
@@ -240,16 +253,30 @@ async def test_run_once_keeps_the_result_when_delete_fails_and_never_sends_the_k
 
 
 @pytest.fixture
-async def relay(hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+async def relay(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """The relay kernel as a real process, pointed at the hostile execd (no sandbox, no provisioner)."""
     spec_dir = tmp_path / "jupyter" / "kernels" / "relay-under-attack"
     spec_dir.mkdir(parents=True)
     settings = RelaySettings(execd_url=hostile.url, context_id="ctx", interrupt_grace=1.0)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [shutil.which("python") or "python", "-m", "kernel_sandbox.opensandbox.relay", "-f", "{connection_file}"],
-        "display_name": "relay under attack", "language": "python", "interrupt_mode": "message",
-        "env": settings.to_env(),
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [
+                    shutil.which("python") or "python",
+                    "-m",
+                    "kernel_sandbox.opensandbox.relay",
+                    "-f",
+                    "{connection_file}",
+                ],
+                "display_name": "relay under attack",
+                "language": "python",
+                "interrupt_mode": "message",
+                "env": settings.to_env(),
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     km = AsyncKernelManager(kernel_name="relay-under-attack")
     await km.start_kernel()
@@ -288,10 +315,15 @@ def of_type(messages: list[dict[str, Any]], msg_type: str) -> list[dict[str, Any
 
 
 def surrogate_bytes() -> bytes:
-    return b'{"type": "stdout", "text": "a\\ud800b\\u0000c"}\n\n{"type": "result", "results": {"text/x\\udc00": "v", "text": "\\udfff"}}\n\n'
+    return (
+        b'{"type": "stdout", "text": "a\\ud800b\\u0000c"}\n\n'
+        b'{"type": "result", "results": {"text/x\\udc00": "v", "text": "\\udfff"}}\n\n'
+    )
 
 
-async def test_relay_gives_one_reply_for_every_hostile_cell(hostile: HostileServer, relay: tuple[AsyncKernelManager, Any]) -> None:
+async def test_relay_gives_one_reply_for_every_hostile_cell(
+    hostile: HostileServer, relay: tuple[AsyncKernelManager, Any]
+) -> None:
     km, kc = relay
     pid = km.provisioner.process.pid
     deep = b'{"type": "stdout", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n\n"
@@ -300,10 +332,20 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(hostile: HostileServ
         ("deep nesting", stream(deep, {"type": "stdout", "text": "after\n"}, COMPLETE), "ok"),
         ("lone surrogates and NULs", stream(surrogate_bytes(), COMPLETE), "ok"),
         ("events after the end", stream(COMPLETE, {"type": "error", "error": {"ename": "Late", "evalue": ""}}), "ok"),
-        ("a stream that stops without an end", stream({"type": "stdout", "text": "partial"}), "OpenSandboxConnectionError"),
+        (
+            "a stream that stops without an end",
+            stream({"type": "stdout", "text": "partial"}),
+            "OpenSandboxConnectionError",
+        ),
         ("a 400 MB error body", huge(400 * MiB, 500), "ResponseTooLarge"),
         ("a 15 MB traceback", stream(traceback), "Boom"),
-        ("non-string MIME values", stream({"type": "result", "results": {"text": 5, "image/png": [1], "application/json": {"a": 1}}}, COMPLETE), "ok"),
+        (
+            "non-string MIME values",
+            stream(
+                {"type": "result", "results": {"text": 5, "image/png": [1], "application/json": {"a": 1}}}, COMPLETE
+            ),
+            "ok",
+        ),
     ]
     with RssPeak(pid) as rss:
         for name, behaviour, expected in cells:
@@ -325,7 +367,9 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(hostile: HostileServ
     assert rss.growth < 2 * MEMORY_BOUND, f"relay RSS grew by {rss.growth / MiB:.0f} MiB"
 
 
-async def test_relay_coalesces_a_flood_of_one_character_events(hostile: HostileServer, relay: tuple[AsyncKernelManager, Any]) -> None:
+async def test_relay_coalesces_a_flood_of_one_character_events(
+    hostile: HostileServer, relay: tuple[AsyncKernelManager, Any]
+) -> None:
     """16 MiB of one-character stdout events used to become ~560 000 IOPub messages."""
     km, kc = relay
     event = json.dumps({"type": "stdout", "text": "x"}).encode() + b"\n\n"

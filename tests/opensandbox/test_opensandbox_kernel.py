@@ -52,7 +52,9 @@ async def test_kernel_info_subshells_and_is_complete(kernel: tuple[AsyncKernelMa
 
 
 @pytest.mark.parametrize("how", ["Failed", "Terminated", "expired (404)"])
-async def test_poll_follows_the_sandbox(kernel: tuple[AsyncKernelManager, Any], fake_opensandbox: FakeOpenSandbox, how: str) -> None:
+async def test_poll_follows_the_sandbox(
+    kernel: tuple[AsyncKernelManager, Any], fake_opensandbox: FakeOpenSandbox, how: str
+) -> None:
     km, _ = kernel
     assert await km.is_alive()
     sandboxes = fake_opensandbox.lifecycle.sandboxes
@@ -74,7 +76,9 @@ async def test_a_paused_or_unknown_sandbox_is_not_declared_dead(
     fake_opensandbox.lifecycle.sandboxes[km.provisioner.sandbox_id].state = "Running"
 
 
-async def test_failed_launch_deletes_the_sandbox(opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox) -> None:
+async def test_failed_launch_deletes_the_sandbox(
+    opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox
+) -> None:
     """A wrong execd token makes readiness fail after the sandbox exists."""
     deleted_before = len(fake_opensandbox.lifecycle.deleted)
     fake_opensandbox.lifecycle.advertised_token = "wrong"

@@ -22,14 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
-
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.opensandbox import (
     ExecdClient,
-    OpenSandboxClient,
     SandboxNotFound,
     run_once,
 )
@@ -48,14 +46,19 @@ async def test_the_server_as_measured(deployment: Any) -> None:
     async with deployment.client() as client:
         options = deployment.options()
         sandbox = await client.create(
-            image=options["image"], entrypoint=options["entrypoint"], metadata=options["metadata"],
-            resource_limits=options["resource_limits"], timeout=120,
+            image=options["image"],
+            entrypoint=options["entrypoint"],
+            metadata=options["metadata"],
+            resource_limits=options["resource_limits"],
+            timeout=120,
         )
         try:
             assert sandbox.state == "Running"
             assert sandbox.endpoint is not None
             if deployment.local is not None:
-                assert sandbox.endpoint.url.startswith("http://127.0.0.1:") and sandbox.endpoint.url.endswith("/proxy/44772")
+                assert sandbox.endpoint.url.startswith("http://127.0.0.1:") and sandbox.endpoint.url.endswith(
+                    "/proxy/44772"
+                )
             info = await client.get(sandbox.id)
             assert info["metadata"]["kernel-sandbox"] == "true"
             assert info["metadata"].items() >= deployment.metadata.items()
@@ -75,9 +78,12 @@ async def test_through_the_server_proxy(deployment: Any) -> None:
     options = deployment.options()
     result = await run_once(
         "print(6 * 7)",
-        api_base=deployment.api_base, api_key=deployment.api_key,
+        api_base=deployment.api_base,
+        api_key=deployment.api_key,
         client_options={"use_server_proxy": True, "poll_interval": 0.2, "ready_timeout": 180},
-        image=options["image"], entrypoint=options["entrypoint"], metadata=options["metadata"],
+        image=options["image"],
+        entrypoint=options["entrypoint"],
+        metadata=options["metadata"],
         resource_limits=options["resource_limits"],
     )
     assert result.stdout == "42\n" and result.cleanup_error is None
@@ -88,9 +94,13 @@ async def test_run_once(deployment: Any) -> None:
     seen: list[str] = []
     result = await run_once(
         "import sys\nprint('out')\nprint('err', file=sys.stderr)\n{'a': 1}",
-        api_base=deployment.api_base, api_key=deployment.api_key, on_event=lambda e: seen.append(e.type),
+        api_base=deployment.api_base,
+        api_key=deployment.api_key,
+        on_event=lambda e: seen.append(e.type),
         client_options={"poll_interval": 0.2, "ready_timeout": 180},
-        image=options["image"], entrypoint=options["entrypoint"], metadata=options["metadata"],
+        image=options["image"],
+        entrypoint=options["entrypoint"],
+        metadata=options["metadata"],
         resource_limits=options["resource_limits"],
     )
     assert (result.stdout, result.stderr) == ("out\n", "err\n")
@@ -299,7 +309,9 @@ async def test_code_interpreter_standin_serves_jupyter_through_the_execd_proxy(d
         sandbox = await client.create(
             image=deployment.local.prepared.code_interpreter_image,
             entrypoint=["/opt/code-interpreter/code-interpreter.sh"],
-            env={"JUPYTER_TOKEN": token}, metadata=options["metadata"], resource_limits=options["resource_limits"],
+            env={"JUPYTER_TOKEN": token},
+            metadata=options["metadata"],
+            resource_limits=options["resource_limits"],
         )
         try:
             jupyter = await client.endpoint(sandbox.id, 44771)
@@ -316,12 +328,27 @@ async def test_code_interpreter_standin_serves_jupyter_through_the_execd_proxy(d
             async with httpx.AsyncClient(timeout=10) as anonymous:  # no cookie from the authenticated client
                 assert (await anonymous.get(f"{jupyter.url}/api/kernels")).status_code == 403, "the token is required"
             async with httpx.AsyncClient(timeout=10) as http:
-                kernel = (await http.post(f"{jupyter.url}/api/kernels", headers=headers, json={"name": "python3"})).json()
+                kernel = (
+                    await http.post(f"{jupyter.url}/api/kernels", headers=headers, json={"name": "python3"})
+                ).json()
             ws_url = jupyter.url.replace("http://", "ws://") + f"/api/kernels/{kernel['id']}/channels"
-            connection = await tornado.websocket.websocket_connect(tornado.httpclient.HTTPRequest(ws_url, headers=headers))
+            connection = await tornado.websocket.websocket_connect(
+                tornado.httpclient.HTTPRequest(ws_url, headers=headers)
+            )
             msg_id = uuid.uuid4().hex
-            header = {"msg_id": msg_id, "msg_type": "kernel_info_request", "username": "t", "session": "s", "version": "5.3", "date": ""}
-            connection.write_message(jsonlib.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell"}))
+            header = {
+                "msg_id": msg_id,
+                "msg_type": "kernel_info_request",
+                "username": "t",
+                "session": "s",
+                "version": "5.3",
+                "date": "",
+            }
+            connection.write_message(
+                jsonlib.dumps(
+                    {"header": header, "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell"}
+                )
+            )
             for _ in range(100):
                 message = jsonlib.loads(await asyncio.wait_for(connection.read_message(), 60))
                 if message["msg_type"] == "kernel_info_reply" and message["parent_header"].get("msg_id") == msg_id:

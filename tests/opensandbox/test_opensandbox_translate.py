@@ -74,17 +74,28 @@ async def test_held_text_is_published_while_the_cell_still_runs() -> None:
 async def test_kinds_keep_their_order() -> None:
     published = Published()
     result = Event(type="result", data={"text/plain": "42"})
-    await relay_cell(feed(out("a"), out("b", "stderr"), out("c"), result, out("d"), COMPLETE), CellTranslator(published, execution_count=1))
+    await relay_cell(
+        feed(out("a"), out("b", "stderr"), out("c"), result, out("d"), COMPLETE),
+        CellTranslator(published, execution_count=1),
+    )
     assert [(k, c.get("name") or c.get("data")) for k, c in published] == [
-        ("stream", "stdout"), ("stream", "stderr"), ("stream", "stdout"), ("execute_result", {"text/plain": "42"}), ("stream", "stdout")
+        ("stream", "stdout"),
+        ("stream", "stderr"),
+        ("stream", "stdout"),
+        ("execute_result", {"text/plain": "42"}),
+        ("stream", "stdout"),
     ]
 
 
 async def test_error_event_is_published_once_and_is_the_reply() -> None:
     published = Published()
     error = Event(type="error", error=ExecdError("ZeroDivisionError", "division by zero", ["tb1", "tb2"]))
-    reply = await relay_cell(feed(out("before"), error, out("late"), COMPLETE), CellTranslator(published, execution_count=2))
-    assert published.of("error") == [{"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb1", "tb2"]}]
+    reply = await relay_cell(
+        feed(out("before"), error, out("late"), COMPLETE), CellTranslator(published, execution_count=2)
+    )
+    assert published.of("error") == [
+        {"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": ["tb1", "tb2"]}
+    ]
     assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError" and reply["execution_count"] == 2
     assert [s["text"] for s in published.of("stream")] == ["before"]
 
@@ -118,7 +129,10 @@ async def test_stdin_errors_say_input_is_unsupported() -> None:
 async def test_silent_cells_publish_nothing() -> None:
     published = Published()
     error = Event(type="error", error=ExecdError("E", "v", []))
-    reply = await relay_cell(feed(out("x"), Event(type="result", data={"text/plain": "1"}), error), CellTranslator(published, execution_count=1, silent=True))
+    reply = await relay_cell(
+        feed(out("x"), Event(type="result", data={"text/plain": "1"}), error),
+        CellTranslator(published, execution_count=1, silent=True),
+    )
     assert published == [] and reply["status"] == "error"
 
 
@@ -152,7 +166,15 @@ async def test_the_reply_traceback_is_capped() -> None:
 
 
 raw_events = st.lists(
-    st.binary(max_size=60) | st.builds(lambda d: json.dumps(d).encode(), st.dictionaries(st.sampled_from(["type", "text", "results", "error", "execution_count"]), st.text(max_size=10) | st.integers() | st.lists(st.text(max_size=5), max_size=3), max_size=4)),
+    st.binary(max_size=60)
+    | st.builds(
+        lambda d: json.dumps(d).encode(),
+        st.dictionaries(
+            st.sampled_from(["type", "text", "results", "error", "execution_count"]),
+            st.text(max_size=10) | st.integers() | st.lists(st.text(max_size=5), max_size=3),
+            max_size=4,
+        ),
+    ),
     max_size=12,
 )
 

@@ -245,8 +245,18 @@ class CodeHandler(_Handler):
 
 
 _HOP_HEADERS = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-     "transfer-encoding", "upgrade", "content-length", "host"}
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+    }
 )
 
 
@@ -291,9 +301,16 @@ class ProxyHandler(tornado.websocket.WebSocketHandler):
             self.flush()
 
         request = tornado.httpclient.HTTPRequest(
-            self._target("http"), method=self.request.method, headers=headers, body=body,
-            header_callback=on_header, streaming_callback=on_chunk, request_timeout=0,
-            allow_nonstandard_methods=True, follow_redirects=False, decompress_response=False,
+            self._target("http"),
+            method=self.request.method,
+            headers=headers,
+            body=body,
+            header_callback=on_header,
+            streaming_callback=on_chunk,
+            request_timeout=0,
+            allow_nonstandard_methods=True,
+            follow_redirects=False,
+            decompress_response=False,
         )
         try:
             await tornado.httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
@@ -304,8 +321,11 @@ class ProxyHandler(tornado.websocket.WebSocketHandler):
     post = put = patch = delete = head = options = _forward  # type: ignore[assignment]
 
     async def open(self, *args: Any) -> None:
-        headers = {k: v for k, v in self.request.headers.get_all()
-                   if k.lower() not in _HOP_HEADERS and not k.lower().startswith("sec-websocket")}
+        headers = {
+            k: v
+            for k, v in self.request.headers.get_all()
+            if k.lower() not in _HOP_HEADERS and not k.lower().startswith("sec-websocket")
+        }
         request = tornado.httpclient.HTTPRequest(self._target("ws"), headers=headers)
         self.upstream = await tornado.websocket.websocket_connect(request, on_message_callback=self._from_upstream)
 

@@ -16,10 +16,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import docker
 import httpx
-
 from prepare import Prepared  # noqa: I001 (a sibling script, put on sys.path by the tests' conftest)
+
+import docker
 
 LABEL_SANDBOX = "opensandbox.io/id"
 LABEL_EGRESS = "opensandbox.io/egress-sidecar-for"
@@ -106,7 +106,11 @@ class LocalServer:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [str(self.prepared.server_bin), "--config", str(config)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while True:
@@ -119,7 +123,9 @@ class LocalServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"opensandbox-server did not answer /health within {timeout:g} s:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"opensandbox-server did not answer /health within {timeout:g} s:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
 
     def log_tail(self, lines: int = 40) -> str:
@@ -131,11 +137,12 @@ class LocalServer:
     def containers(self) -> list[docker.models.containers.Container]:
         """Containers of this run's sandboxes (by the run label) and their egress sidecars."""
         client = docker.from_env()
-        (key, value), = self.run_label.items()
+        ((key, value),) = self.run_label.items()
         sandboxes = client.containers.list(all=True, filters={"label": f"{key}={value}"}, ignore_removed=True)
         ids = {c.labels.get(LABEL_SANDBOX) for c in sandboxes} - {None}
         sidecars = [
-            c for c in client.containers.list(all=True, filters={"label": LABEL_EGRESS}, ignore_removed=True)
+            c
+            for c in client.containers.list(all=True, filters={"label": LABEL_EGRESS}, ignore_removed=True)
             if c.labels.get(LABEL_EGRESS) in ids
         ]
         return sandboxes + sidecars

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
-
 from kernel_sandbox.containers import DEFAULT_IMAGE, docker_client
 from kernel_sandbox.image import _fill_wheelhouse, _probe_python
 
@@ -139,9 +138,7 @@ def build_image(client: docker.DockerClient, tag: str, force: bool = False) -> N
         context = Path(tmp)
         for name in files:
             shutil.copy2(HERE / name, context / name)
-        (context / "Dockerfile").write_text(
-            template.format(base=SANDBOX_IMAGE, hash_label=HASH_LABEL, hash=wanted)
-        )
+        (context / "Dockerfile").write_text(template.format(base=SANDBOX_IMAGE, hash_label=HASH_LABEL, hash=wanted))
         if tag in WHEELHOUSE_REQUIREMENTS:
             requirements = context / "requirements.txt"
             requirements.write_text(WHEELHOUSE_REQUIREMENTS[tag])
@@ -160,7 +157,8 @@ def prepare(force: bool = False) -> Prepared:
     try:
         client.images.get(SANDBOX_IMAGE)
     except docker.errors.ImageNotFound:
-        raise SystemExit(f"the kernel image {SANDBOX_IMAGE} is missing: run `kernel-sandbox image build` first")
+        missing = f"the kernel image {SANDBOX_IMAGE} is missing: run `kernel-sandbox image build` first"
+        raise RuntimeError(missing) from None
     server_bin = install_server(force)
     for tag in DOCKERFILES:
         build_image(client, tag, force)
@@ -171,7 +169,10 @@ def prepare(force: bool = False) -> Prepared:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--force", action="store_true", help="reinstall the server and rebuild every image")
-    prepare(force=parser.parse_args().force)
+    try:
+        prepare(force=parser.parse_args().force)
+    except Exception as exc:  # noqa: BLE001 (a CI phase: say why, exit non-zero)
+        raise SystemExit(f"[opensandbox-server harness] failed: {type(exc).__name__}: {exc}") from exc
 
 
 if __name__ == "__main__":
