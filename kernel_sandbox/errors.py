@@ -10,6 +10,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
     ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
@@ -20,9 +21,9 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
         ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL)
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
         │   └── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
-        ├── OpenSandboxProtocolError an answer of the wrong shape, or a stream that broke off
+        ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
         │   └── ResponseTooLarge     an answer went over its byte cap
-        ├── OpenSandboxConnectionError  the server or execd could not be reached / hung up
+        ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run: "the connection dropped")
         ├── CallDeadlineExceeded     one call took longer than its overall deadline
         ├── SandboxStateError        a sandbox reached a state it cannot run code from
         ├── SandboxTimeoutError      a sandbox or execd was not ready in time
@@ -60,6 +61,10 @@ class ImageBuildError(ImageError):
 
 class KernelLaunchError(KernelSandboxError):
     """The kernel could not be started; the message says why and what to do."""
+
+
+class SetupError(KernelSandboxError):
+    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run instead."""
 
 
 class SandboxError(KernelSandboxError):
@@ -115,7 +120,7 @@ class SandboxNotFound(OpenSandboxAPIError):
 
 
 class OpenSandboxProtocolError(OpenSandboxError):
-    """An answer the client cannot use: wrong JSON shape, bad values, or a stream that ended early."""
+    """An answer the client cannot use: not JSON, the wrong JSON shape, bad values, or compressed."""
 
 
 class ResponseTooLarge(OpenSandboxProtocolError):
