@@ -268,6 +268,46 @@ async def test_restart_into_a_fresh_sandbox_and_renewals(deployment_kernelspec: 
         await km.shutdown_kernel(now=True)
 
 
+async def test_an_expired_sandbox_makes_the_kernel_dead(deployment_kernelspec: str, deployment: Any) -> None:
+    """The published server removes an expired sandbox (404, never Terminated); poll() must notice."""
+    from datetime import datetime, timedelta, timezone
+
+    km = manager(deployment_kernelspec)
+    await km.start_kernel()
+    try:
+        assert await km.is_alive()
+        soon = (datetime.now(timezone.utc) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        async with deployment.client() as client:
+            path = f"/sandboxes/{km.provisioner.sandbox_id}/renew-expiration"
+            assert (await client._call("POST", path, json={"expiresAt": soon})).status_code == 200
+        for _ in range(600):
+            if not await km.is_alive():
+                break
+            await asyncio.sleep(0.1)
+        assert not await km.is_alive(), "poll() still reports the kernel alive 60 s after its sandbox expired"
+    finally:
+        await km.shutdown_kernel(now=True)
+
+
+async def test_a_paused_sandbox_is_not_dead_and_runs_again_after_resume(
+    kernel: tuple[AsyncKernelManager, Any], deployment: Any
+) -> None:
+    km, kc = kernel
+    sandbox_id = km.provisioner.sandbox_id
+    async with deployment.client() as client:
+        assert (await client._call("POST", f"/sandboxes/{sandbox_id}/pause")).status_code == 202
+        for _ in range(300):
+            if (await client.get(sandbox_id))["status"]["state"] == "Paused":
+                break
+            await asyncio.sleep(0.1)
+        assert (await client.get(sandbox_id))["status"]["state"] == "Paused"
+        assert await km.is_alive(), "a paused sandbox is not a dead kernel"
+        assert (await client._call("POST", f"/sandboxes/{sandbox_id}/resume")).status_code == 202
+        await client.wait_running(sandbox_id)
+    _, reply = await execute(kc, "'after resume'")
+    assert reply["status"] == "ok"
+
+
 # ---- the execution API --------------------------------------------------------------------------------
 
 
