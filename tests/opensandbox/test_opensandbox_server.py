@@ -28,6 +28,8 @@ from traitlets.config import Config
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.opensandbox import (
     ExecdClient,
+    OpenSandboxAPIError,
+    OpenSandboxClient,
     SandboxNotFound,
     run_once,
 )
@@ -72,6 +74,30 @@ async def test_the_server_as_measured(deployment: Any) -> None:
         with pytest.raises(SandboxNotFound):
             await client.get(sandbox.id)
         assert await client.delete(sandbox.id) is False
+
+
+async def test_a_server_without_egress_refuses_the_default_policy_and_says_how_to_fix_it(
+    deployment: Any, tmp_path: Path
+) -> None:
+    if deployment.local is None:
+        pytest.skip("needs a server started without [egress]: only the local harness can")
+    from local_server import LocalServer
+
+    server = LocalServer(deployment.local.prepared, tmp_path, egress=False).start()
+    try:
+        async with OpenSandboxClient(server.api_base, server.api_key) as client:
+            with pytest.raises(OpenSandboxAPIError) as info:
+                await client.create(
+                    image=deployment.image, entrypoint=deployment.entrypoint, metadata=deployment.metadata
+                )
+        assert info.value.status_code == 400 and info.value.code == "SANDBOX::INVALID_PARAMETER"
+        assert "allow_internet=True" in str(info.value) and "[egress] image" in str(info.value)
+        async with OpenSandboxClient(server.api_base, server.api_key) as client:
+            with pytest.raises(OpenSandboxAPIError) as info:
+                await client.create(image=deployment.image, entrypoint=deployment.entrypoint, timeout=5)
+        assert info.value.status_code == 422 and "field 'timeout'" in str(info.value)
+    finally:
+        assert server.stop() == []
 
 
 async def test_through_the_server_proxy(deployment: Any) -> None:

@@ -45,7 +45,19 @@ def free_port_range(size: int = 200) -> tuple[int, int]:
     raise RuntimeError("no free port range for the sandboxes")
 
 
-def config_toml(prepared: Prepared, port: int, api_key: str, home: Path, port_range: tuple[int, int]) -> str:
+def config_toml(
+    prepared: Prepared, port: int, api_key: str, home: Path, port_range: tuple[int, int], egress: bool = True
+) -> str:
+    egress_table = (
+        f"""
+[egress]
+image = "{prepared.egress_image}"
+mode = "dns"
+readiness_timeout_seconds = 30.0
+"""
+        if egress
+        else ""
+    )
     return f"""\
 [server]
 host = "127.0.0.1"
@@ -74,19 +86,15 @@ port_range_min = {port_range[0]}
 port_range_max = {port_range[1]}
 no_new_privileges = true
 pids_limit = 4096
-
-[egress]
-image = "{prepared.egress_image}"
-mode = "dns"
-readiness_timeout_seconds = 30.0
-"""
+{egress_table}"""
 
 
 class LocalServer:
     """One ``opensandbox-server`` process; :meth:`stop` ends it and removes what it left."""
 
-    def __init__(self, prepared: Prepared, workdir: Path) -> None:
+    def __init__(self, prepared: Prepared, workdir: Path, egress: bool = True) -> None:
         self.prepared = prepared
+        self.egress = egress
         self.workdir = workdir
         self.port = free_port()
         self.api_key = secrets.token_urlsafe(24)
@@ -100,7 +108,7 @@ class LocalServer:
         home = self.workdir / "home"
         home.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.toml"
-        config.write_text(config_toml(self.prepared, self.port, self.api_key, home, free_port_range()))
+        config.write_text(config_toml(self.prepared, self.port, self.api_key, home, free_port_range(), self.egress))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPEN_SANDBOX_", "OPENSANDBOX_"))}
         env["HOME"] = str(home)
         with self.log_path.open("wb") as log:
