@@ -30,6 +30,7 @@ import io
 import json
 import os
 import pickle
+import queue
 import secrets
 import shutil
 import signal
@@ -124,16 +125,15 @@ async def first_kernel_info(kc: AsyncKernelClient, alive: Callable[[], Awaitable
     """Wait for the first ``kernel_info_reply``, asking again every half second as jupyter_client does."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        msg_id = kc.kernel_info()
+        kc.kernel_info()
         try:
             while True:
                 reply = await kc.get_shell_msg(timeout=0.5)
                 if reply["msg_type"] == "kernel_info_reply":
                     return
-        except Exception:  # queue.Empty: not up yet
+        except queue.Empty:  # not up yet
             if not await alive():
                 raise RuntimeError("the kernel ended before answering kernel_info") from None
-        del msg_id
     raise TimeoutError(f"no kernel_info reply within {timeout} s")
 
 
@@ -238,7 +238,9 @@ async def docker_run_cold_start() -> float:
 
 
 def remove_leftovers() -> int:
-    """Remove the containers this benchmark run labelled (and only those); return how many."""
+    """Remove the containers this benchmark run labelled (and only those) and its kernelspec copies; return how many containers."""
+    while Launcher.prefixes:
+        shutil.rmtree(Launcher.prefixes.pop(), ignore_errors=True)
     ids = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label={LABEL}={RUN_ID}"], capture_output=True, text=True, check=False
     ).stdout.split()
@@ -256,6 +258,8 @@ class Launcher:
     with jupyter_client's placeholders filled in; no provisioner involved.
     """
 
+    prefixes: list[str] = []  # installed kernelspecs, removed by remove_leftovers()
+
     def __init__(self, spec_dir: str, argv: list[str]) -> None:
         self.spec_dir, self.argv = spec_dir, argv
         self.dir = tempfile.mkdtemp(prefix="ks-bench-launcher-")
@@ -267,9 +271,9 @@ class Launcher:
         """A launcher for the installed kernelspec, or None and why not."""
         prefix = tempfile.mkdtemp(prefix="ks-bench-spec-")
         spec_dir = install(DOCKER_SPEC, prefix=prefix)
+        Launcher.prefixes.append(prefix)
         argv = json.loads(Path(spec_dir, "kernel.json").read_text())["argv"]
         if not any("kernel_sandbox.launch" in arg for arg in argv):
-            shutil.rmtree(prefix, ignore_errors=True)
             return None, (
                 f"the Sandboxed Python kernelspec's argv is `{' '.join(argv)}` in this checkout (the launcher is not "
                 "on main yet); started by a provisioner-unaware client it runs an unsandboxed local kernel"
@@ -287,11 +291,17 @@ class Launcher:
         """Start the argv and return milliseconds to the first kernel_info reply."""
         started = time.perf_counter()
         fname, info = write_connection_file(os.path.join(self.dir, f"kernel-{uuid.uuid4()}.json"), ip="127.0.0.1")
-        self.proc = await asyncio.create_subprocess_exec(*self.command(fname), stderr=subprocess.PIPE)
+        stderr = Path(self.dir, "stderr.txt")
+        with stderr.open("wb") as sink:
+            self.proc = await asyncio.create_subprocess_exec(*self.command(fname), stdout=subprocess.DEVNULL, stderr=sink)
         self.kc = AsyncKernelClient()
         self.kc.load_connection_file(fname)
         self.kc.start_channels(hb=False)
-        await first_kernel_info(self.kc, self.alive)
+        try:
+            await first_kernel_info(self.kc, self.alive)
+        except RuntimeError:
+            tail = stderr.read_text(errors="replace")[-500:].strip()
+            raise RuntimeError(f"the launcher exited with status {self.proc.returncode}: {tail}") from None
         return (time.perf_counter() - started) * 1000
 
     async def alive(self) -> bool:
