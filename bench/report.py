@@ -126,7 +126,7 @@ def plot(measures: list[Measure], rows: list[Row], path: Path, title: str) -> No
     values_by_what = {(row.measure, row.what): row.value for row in rows}
     shown = [m for m in measures if any(row.measure == m.key for row in rows)]
     heights = [0.75 + 0.3 * sum(row.measure == m.key for row in rows) for m in shown]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(13, sum(heights) + 0.8), squeeze=False,
+    fig, axes = plt.subplots(len(shown), 1, figsize=(13, sum(heights) + 1.2), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
     for ax, measure in zip(axes.flat, shown):
         mine = [row for row in rows if row.measure == measure.key]
@@ -163,7 +163,7 @@ def plot(measures: list[Measure], rows: list[Row], path: Path, title: str) -> No
     handles.append(plt.Line2D([], [], color="#d62728", linestyle="--", label="goal"))
     fig.legend(handles=handles, loc="upper right", ncol=4, fontsize=9, frameon=False)
     fig.suptitle(title, x=0.01, y=0.998, ha="left", va="top", fontsize=11)
-    fig.subplots_adjust(left=0.4, right=0.98, top=1 - 0.55 / (sum(heights) + 0.8), bottom=0.02, hspace=0.9)
+    fig.subplots_adjust(left=0.4, right=0.98, top=1 - 0.95 / (sum(heights) + 1.2), bottom=0.02, hspace=0.9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -187,7 +187,10 @@ def write(measures: list[Measure], rows: list[Row], out_dir: Path, meta: dict[st
     paths["md"].write_text(markdown(measures, rows, header))
     document = {"meta": meta, "measures": [asdict(m) for m in measures], "rows": [asdict(row) for row in rows]}
     paths["json"].write_text(json.dumps(_clean(document), indent=1, ensure_ascii=False) + "\n")
-    plot(measures, rows, paths["png"], f"kernel-sandbox benchmark, {meta.get('date', '')}, {meta.get('mode', '')}")
+    title = f"kernel-sandbox benchmark, {meta.get('date', '')}, {meta.get('mode', '')}"
+    if "before" in meta:
+        title += f"\nbefore: {meta['before']}; after: {meta.get('after', '?')}"
+    plot(measures, rows, paths["png"], title)
     return paths
 
 
