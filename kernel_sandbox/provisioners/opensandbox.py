@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
 from typing import Any
 
@@ -204,6 +205,7 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Create (or reuse, on restart) the sandbox, create a fresh context and pass both to the relay."""
         resolve_api_base(self.api_base or None)
         kwargs = await super().pre_launch(**kwargs)
+        kwargs["cmd"] = [sys.executable, "-m", "kernel_sandbox.opensandbox.relay", "-f", self.parent.connection_file]
         try:
             if not await self._sandbox_running():
                 await self._delete_sandbox()
