@@ -55,6 +55,13 @@ async def probe(km: AsyncKernelManager, secret: str) -> str:
     return "".join(lines)
 
 
+def is_isolated(out: str) -> bool:
+    """The probe saw hostname ``sandbox``, only ``lo``, a uid other than root's, and no other kernel's state."""
+    lines = out.split("\n")
+    seen, _, uid = lines[0].rpartition(" ")
+    return seen == "sandbox ['lo']" and uid.isdigit() and int(uid) != 0 and lines[1:2] == ["False"]
+
+
 def memory_mib(container_ids: list[str]) -> list[float]:
     client = docker_client()
     usage = []
@@ -77,7 +84,7 @@ async def measure(n: int) -> dict[str, Any]:
     isolated, mem = 0, []
     try:
         outputs = await asyncio.gather(*(probe(km, f"kernel-{i}") for i, km in enumerate(started)))
-        isolated = sum(out.split("\n")[:2] == ["sandbox ['lo'] 1000", "False"] for out in outputs)
+        isolated = sum(is_isolated(out) for out in outputs)
         mem = memory_mib([km.provisioner.container_id for km in started])
     finally:
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in started))
@@ -91,7 +98,7 @@ def rows(found: dict[str, Any]) -> list[Row]:
     why = f"not available: {found['failures'][0]!r}"[:300] if found["failures"] else "not available: no kernel started"
     return [
         Row("scale_count", "kernels started", "ours", found["started"], stat="count", goal_min=n, goal=f"all {n}"),
-        Row("scale_count", "kernels isolated (hostname, only lo, uid 1000, no shared state)", "ours", found["isolated"],
+        Row("scale_count", "kernels isolated (hostname, only lo, not root, no shared state)", "ours", found["isolated"],
             stat="count", goal_min=n, goal=f"all {n}"),
         Row("scale_time", "wall time until all answered kernel_info", "ours", found["wall"], stat="wall", n=n),
         Row("scale_time", "start to kernel_info, per kernel", "ours", statistics.median(times) if times else None,
