@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+import psutil
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
@@ -62,6 +63,17 @@ def is_isolated(out: str) -> bool:
     return seen == "sandbox ['lo']" and uid.isdigit() and int(uid) != 0 and lines[1:2] == ["False"]
 
 
+def host_mib(pids: list[int | None]) -> list[float]:
+    """Unique memory (USS) of each kernel's process on the host (its launcher), in MiB."""
+    usage = []
+    for pid in pids:
+        try:
+            usage.append(psutil.Process(pid).memory_full_info().uss / 2**20)
+        except (psutil.Error, TypeError, ValueError):
+            continue
+    return usage
+
+
 def memory_mib(container_ids: list[str]) -> list[float]:
     client = docker_client()
     usage = []
@@ -81,15 +93,16 @@ async def measure(n: int) -> dict[str, Any]:
     wall = time.perf_counter() - began
     started = [km for km, r in zip(managers, results) if not isinstance(r, BaseException)]
     failures = [r for r in results if isinstance(r, BaseException)]
-    isolated, mem = 0, []
+    isolated, mem, host = 0, [], []
     try:
         outputs = await asyncio.gather(*(probe(km, f"kernel-{i}") for i, km in enumerate(started)))
         isolated = sum(is_isolated(out) for out in outputs)
         mem = memory_mib([km.provisioner.container_id for km in started])
+        host = host_mib([getattr(km.provisioner, "pid", None) for km in started])
     finally:
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in started))
     times = [r for r in results if isinstance(r, float)]
-    return {"n": n, "started": len(started), "wall": wall, "times": times, "isolated": isolated, "mem": mem, "failures": failures}
+    return {"n": n, "started": len(started), "wall": wall, "times": times, "isolated": isolated, "mem": mem, "host": host, "failures": failures}
 
 
 def rows(found: dict[str, Any]) -> list[Row]:
@@ -105,6 +118,9 @@ def rows(found: dict[str, Any]) -> list[Row]:
             n=len(times), note=f"max {max(times):.1f} s" if times else why),
         Row("scale_memory", "memory per kernel (container, without page cache)", "ours", statistics.mean(mem) if mem else None,
             stat="mean", n=len(mem), note=f"max {max(mem):.1f} MiB, total {sum(mem):.0f} MiB" if mem else why),
+        Row("scale_memory", "host process per kernel (the launcher, unique memory)", "ours",
+            statistics.mean(found["host"]) if found["host"] else None, stat="mean", n=len(found["host"]),
+            note=f"max {max(found['host']):.1f} MiB" if found["host"] else "not available: no kernel process on the host"),
     ]
 
 
@@ -118,6 +134,8 @@ async def main(n: int) -> int:
     print(f"isolated (no network, no shared state, non-root)  {isolated}/{started}")
     if mem:
         print(f"memory per kernel      mean {statistics.mean(mem):.1f} MiB, max {max(mem):.1f} MiB, total {sum(mem):.0f} MiB")
+    if found["host"]:
+        print(f"host process per kernel  mean {statistics.mean(found['host']):.1f} MiB unique (the launcher)")
     for failure in failures[:3]:
         print(f"failure: {failure!r}")
     return 0 if not failures and isolated == started else 1
