@@ -42,7 +42,10 @@ from ..kernelside.dataformat import FACTORIES, TAG, class_name
 MiB = 1024 * 1024
 MAX_SAME_HASH = 8
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+# A JSON string, or an unterminated one running to the end: a match never fails once it has
+# started at a quote, so a sweep is linear (a pattern that could fail would be retried at every
+# later quote: quadratic on input like '"\\"\\"\\"...').
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
 _TO_SQUARE = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))

@@ -9,6 +9,7 @@ than one chunk in memory.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -28,7 +29,12 @@ def inside(work, relative):
 
 
 def _open_regular(path, flags, mode=0o644):
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO without a reader
+            raise Refused(f"{os.path.basename(path)!r} is not a regular file") from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise Refused(f"{os.path.basename(path)!r} is not a regular file")
@@ -51,12 +57,7 @@ def write_chunk(work, relative, offset, data):
         os.makedirs(parent, exist_ok=True)
         inside(work, os.path.relpath(parent, os.path.realpath(work)))
     inside(work, relative)
-    try:
-        fd = _open_regular(target, os.O_WRONLY | (os.O_CREAT if offset == 0 else 0))
-    except OSError as exc:
-        if exc.errno == getattr(os, "ENXIO", None):
-            raise Refused(f"{relative!r} is not a regular file") from None
-        raise
+    fd = _open_regular(target, os.O_WRONLY | (os.O_CREAT if offset == 0 else 0))
     try:
         if offset == 0:
             os.ftruncate(fd, 0)
@@ -81,7 +82,7 @@ def read_chunk(work, relative, offset, size, limit):
     except FileNotFoundError:
         raise FileNotFoundError(f"{relative!r} is not a file in the work directory") from None
     except OSError as exc:
-        if exc.errno in (getattr(os, "ELOOP", None), getattr(os, "EISDIR", None)):
+        if exc.errno in (errno.ELOOP, errno.EISDIR):
             raise FileNotFoundError(f"{relative!r} is not a file in the work directory") from None
         raise
     try:
