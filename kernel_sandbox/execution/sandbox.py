@@ -49,6 +49,7 @@ LIVENESS_INTERVAL = 1.0
 IOPUB_HWM = 32
 TEXT_CHUNK = 1024 * 1024
 RESTORE_GRACE = 10.0
+REPLY_GRACE = 2.0
 T = TypeVar("T")
 Callback = Callable[[Any], Any] | None
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/svg+xml": "svg"}
@@ -87,6 +88,7 @@ class _Collector:
         self.answer: tuple[dict[str, Any], list[Any]] | None = None
         self.text_answer: str | None = None
         self.opened: tuple[str, dict[str, Any]] | None = None
+        self.finished = False
         self._stdout: list[str] = []
         self._stderr: list[str] = []
 
@@ -241,6 +243,7 @@ class AsyncSandbox:
         self._lock: asyncio.Lock | None = None
         self._channel: str | None = None
         self._installed = False
+        self._restarts = 0
         self.work_dir: str = ""
         if backend == "local":
             warnings.warn(
@@ -304,6 +307,7 @@ class AsyncSandbox:
 
     async def restart(self) -> None:
         """Restart the kernel: a fresh interpreter (and, on Docker, a fresh container)."""
+        self._restarts += 1
         self._disconnect()
         await self._km.restart_kernel(now=True)
         await self._connect()
@@ -382,14 +386,17 @@ class AsyncSandbox:
         Past ``deadline`` the kernel is interrupted; if it is not idle ``interrupt_grace``
         seconds later it is restarted and ``state_lost`` set. A kernel that dies is restarted
         too. Either way ``error`` says what happened. ``reply``: the message has a shell reply.
+        ``collector.finished`` tells whether the kernel finished handling the message (idle).
         """
         msg_id = send()
         outcome = await self._collect(msg_id, collector, deadline)
         execution = collector.execution
+        collector.finished = outcome == "idle"
         if outcome == "timeout":
             await self._km.interrupt_kernel()
             outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
             lost = outcome != "idle"
+            collector.finished = not lost
             action = "restarted (state lost)" if lost else "interrupted"
             execution.error = ExecutionError(
                 "TimeoutError",
@@ -433,12 +440,12 @@ class AsyncSandbox:
                     return "died"
 
     async def _drain_reply(self, msg_id: str, execution: Execution) -> None:
-        until = time.monotonic() + min(self.start_timeout, 10.0)
+        until = time.monotonic() + REPLY_GRACE
         while (left := until - time.monotonic()) > 0:
             try:
                 reply = await self._kc.get_shell_msg(timeout=left)
             except queue.Empty:
-                return
+                break
             except Exception:
                 continue
             if reply.get("parent_header", {}).get("msg_id") == msg_id:
@@ -451,6 +458,8 @@ class AsyncSandbox:
                         str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
                     )
                 return
+        if execution.error is None:
+            execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
 
     async def _recover(self, execution: Execution) -> None:
         execution.state_lost = True
@@ -462,9 +471,11 @@ class AsyncSandbox:
         """Install the helper if needed and start it serving (on a fresh channel where comms work).
 
         Returns what it announces: ``version``, ``work`` and ``seen`` (whether the request
-        with the marker ``probe`` reached it before).
+        with the marker ``probe`` reached it before). A kernel too broken to start it (user
+        code can break the kernel's own message handling) is restarted once.
         """
-        for _ in range(3):
+        restarted = False
+        for _ in range(4):
             marker = new_marker()
             install = not self._installed
             code = bootstrap_cell(marker, self.work_dir or None, probe, self._comms, install)
@@ -481,6 +492,10 @@ class AsyncSandbox:
                     continue
                 if execution.error.name == "TimeoutError":
                     raise CallTimeoutError(f"The kernel-sandbox helper did not start in time: {execution.error.value}")
+                if not restarted:
+                    restarted = True
+                    await self.restart()
+                    continue
                 raise SandboxError(f"The kernel-sandbox helper could not start in the kernel: {execution.error}")
             info = self._opening(collector)
             self._installed = True
@@ -521,10 +536,14 @@ class AsyncSandbox:
         return collector
 
     def _first(self, collector: _Collector) -> tuple[dict[str, Any], list[Any]] | None:
-        """The answer's first message (meta, buffers), None if none came; FramingError if forged."""
+        """The answer's first message (meta, buffers); FramingError if forged.
+
+        None if no answer came, or if the kernel never finished handling the request (it died or
+        had to be restarted): an answer is final only once the helper has returned.
+        """
         if collector.answers > 1:
             raise FramingError(TAMPERED)
-        if collector.answers == 0:
+        if collector.answers == 0 or not collector.finished:
             return None
         if self._comms:
             return collector.answer
@@ -551,6 +570,7 @@ class AsyncSandbox:
         """
         deadline = time.monotonic() + seconds if deadline is None else deadline
         limits = limits or DecodeLimits()
+        restarts = self._restarts
         for attempt in range(2):
             collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
             execution = collector.execution
@@ -561,7 +581,18 @@ class AsyncSandbox:
                 break
             if self._comms:
                 self._channel = None
-                info = await self._open(deadline, probe=collector.marker)
+                try:
+                    info = await self._open(deadline, probe=collector.marker)
+                except SandboxError as exc:
+                    execution.error = ExecutionError("NoAnswer", f"No answer came, and then: {exc}")
+                    break
+                if self._restarts != restarts:
+                    execution.error = ExecutionError(
+                        "NoAnswer",
+                        "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
+                        "restarted (state lost); the request was not sent again.",
+                    )
+                    break
                 if info.get("seen") or attempt:
                     execution.error = ExecutionError(
                         "NoAnswer",
@@ -574,6 +605,8 @@ class AsyncSandbox:
                     self._installed = False
                     continue
                 break
+        if self._restarts != restarts:
+            execution.state_lost = True
         if first is None:
             if execution.error is None:
                 execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")

@@ -79,7 +79,7 @@ def _capture():
     if shell is not None:
         saved["shell"] = (shell, {name: getattr(shell, name, None) for name in ("displayhook", "display_pub")})
     if kernel is not None:
-        handlers = {name: kernel.shell_handlers.get(name) for name in ("comm_open", "comm_msg", "comm_close")}
+        handlers = {"shell_handlers": dict(kernel.shell_handlers), "control_handlers": dict(kernel.control_handlers)}
         saved["kernel"] = (kernel, getattr(kernel, "comm_manager", None), handlers)
     try:
         import comm
@@ -110,9 +110,13 @@ def restore():
         kernel, manager, handlers = saved["kernel"]
         if manager is not None:
             kernel.comm_manager = manager
-        for name, handler in handlers.items():
-            if handler is not None:
-                kernel.shell_handlers[name] = handler
+        for table, entries in handlers.items():
+            if not isinstance(getattr(kernel, table, None), dict):
+                setattr(kernel, table, {})
+            current = getattr(kernel, table)
+            for name, handler in entries.items():
+                if current.get(name) is not handler:
+                    current[name] = handler
         channel = _state.channel
         if channel is not None and manager is not None:
             manager.comms[channel.comm_id] = channel
