@@ -101,8 +101,13 @@ class _Collector:
 
     def _fit(self, text: str) -> str:
         """Keep the part of ``text`` that fits under the cap; count the rest as dropped."""
-        size = len(text.encode("utf-8", "replace"))
         room = self.cap - self.used
+        if text.isascii():
+            kept = text[: max(room, 0)]
+            self.used += len(kept)
+            self.execution.truncated_bytes += len(text) - len(kept)
+            return kept
+        size = len(text.encode("utf-8", "replace"))
         if size <= room:
             self.used += size
             return text
@@ -499,8 +504,17 @@ class AsyncSandbox:
                 raise SandboxError(f"The kernel-sandbox helper could not start in the kernel: {execution.error}")
             info = self._opening(collector)
             self._installed = True
+            if self._comms:
+                await self._settle(deadline)
             return info
         raise SandboxError("The kernel-sandbox helper could not start in the kernel: the kernel kept restarting")
+
+    async def _settle(self, deadline: float) -> None:
+        """One empty request on the new channel, outside any cell, so the helper can finish setting up."""
+        collector = _Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
+        request = {"op": "ready", "marker": collector.marker}
+        seconds = max(deadline - time.monotonic(), 0.001)
+        await self._exchange(lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False)
 
     def _opening(self, collector: _Collector) -> dict[str, Any]:
         if collector.answers > 1:
@@ -627,10 +641,10 @@ class AsyncSandbox:
         """Run a helper operation (files, packages, environment); return its ``ok`` value or raise."""
         body, execution = await self._request(request, buffers, seconds, deadline)
         what = f"kernel-sandbox {request['op']}"
+        error = execution.error
+        if error is not None and error.name == "TimeoutError":
+            raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
         if body is None:
-            error = execution.error
-            if error is not None and error.name == "TimeoutError":
-                raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
             raise SandboxError(f"The {what} failed: {error}")
         if not isinstance(body, dict):
             raise FramingError(f"The {what} answered in an unexpected form.")

@@ -41,6 +41,7 @@ except ImportError:  # on the host (tests run this module as code)
 
 VERSION = 1
 CHUNK = 4 * 1024 * 1024
+OUTPUT_FLUSH_BYTES = 1024 * 1024
 TARGET = "kernel_sandbox"
 TEXT_LIMIT = 64 * 1024
 PACKAGES = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
@@ -98,6 +99,8 @@ def restore():
     for name, value in saved["sys"].items():
         if getattr(sys, name) is not value:
             setattr(sys, name, value)
+        if name in ("stdout", "stderr"):
+            _unshadow(value)
     if "shell" in saved:
         shell, attributes = saved["shell"]
         for name, value in attributes.items():
@@ -122,6 +125,50 @@ def restore():
             manager.comms[channel.comm_id] = channel
             channel._closed = False
             channel._msg_callback = _on_msg
+
+
+def _bounded_output():
+    """Make ipykernel's output streams send what they hold once it passes OUTPUT_FLUSH_BYTES.
+
+    Left alone, a stream gathers everything written within its flush interval into one
+    message (100 MB printed in a tight loop becomes one 100 MB message); flushed by size,
+    output leaves in messages of about a megabyte, and the writer waits for them to go out.
+    The class's ``write`` is wrapped; :func:`_unshadow` removes the stale instance copies
+    of the old one that IPython leaves behind after a cell.
+    """
+    try:
+        from ipykernel.iostream import OutStream
+    except ImportError:
+        return
+    original = OutStream.write
+    if getattr(original, "kernel_sandbox", None) is not None:
+        return
+
+    def write(self, string):
+        if isinstance(string, str) and len(string) > OUTPUT_FLUSH_BYTES:
+            for start in range(0, len(string), OUTPUT_FLUSH_BYTES):
+                write(self, string[start : start + OUTPUT_FLUSH_BYTES])
+            return len(string)
+        written = original(self, string)
+        try:
+            with self._buffer_lock:
+                pending = sum(buffer.tell() for buffer in self._buffers.values())
+        except Exception:
+            return written
+        if pending > OUTPUT_FLUSH_BYTES:
+            self.flush()
+        return written
+
+    write.kernel_sandbox = original
+    OutStream.write = write
+
+
+def _unshadow(stream):
+    """Drop an instance attribute ``write`` that is the old, unwrapped method (IPython's leftover)."""
+    method = getattr(stream, "__dict__", {}).get("write")
+    current = getattr(type(stream), "write", None)
+    if getattr(method, "__func__", None) is getattr(current, "kernel_sandbox", object()):
+        del stream.__dict__["write"]
 
 
 def _flush():
@@ -270,7 +317,11 @@ def _file(request, buffers):
     return {"ok": None}
 
 
-OPS = {"call": _call, "env": _env, "install": _install, "prepare": _prepare,
+def _ready(request, buffers):
+    return {"ok": None}
+
+
+OPS = {"ready": _ready, "call": _call, "env": _env, "install": _install, "prepare": _prepare,
        "write": _file, "read": _file, "list": _file, "snapshot": _file, "wipe": _file}
 
 
@@ -341,6 +392,7 @@ def install(marker, work, probe=None, channel=True):
     _state = _holder()
     if _state.originals is None:
         _state.originals = _capture()
+        _bounded_output()
     restore()
     _restore_env()
     _state.work = os.path.realpath(work or os.getcwd())

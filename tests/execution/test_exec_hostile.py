@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import PeakRSS
+from exec_helpers import PeakRSS
 from kernel_sandbox.execution import (
     DecodeLimits,
     FramingError,
