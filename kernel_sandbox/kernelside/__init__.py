@@ -1,15 +1,16 @@
-"""Code that runs inside the kernel, kept as real modules.
+"""Code that runs inside the sandbox, kept as real modules and sent to the kernel as source.
 
-The host reads a module's text with :func:`source` and sends it to the kernel, where it runs
-with the kernel's own standard library only. The same modules import on the host, so their
-unit tests run them as ordinary code.
+Each module here runs with the image's Python (3.8 or newer, standard library only), through
+``python -c SOURCE ARGS...`` or installed into a running kernel by the execution API;
+:func:`source` reads one for sending. The same modules import on the host, so their unit
+tests run them as ordinary code.
 """
 
 from __future__ import annotations
 
-from importlib import resources
+from importlib.resources import files
 
 
-def source(name: str) -> str:
-    """The text of the kernel-side module ``name`` (a module of this package)."""
-    return resources.files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
+def source(module: str) -> str:
+    """The source text of ``kernel_sandbox.kernelside.<module>``, to send to the kernel."""
+    return files(__name__).joinpath(f"{module}.py").read_text(encoding="utf-8")
