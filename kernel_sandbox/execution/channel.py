@@ -34,7 +34,7 @@ from ..kernelside import source
 from ..kernelside.toolhost import CHUNK, TARGET, VERSION
 from .decode import DecodeLimits
 
-MODULES = ("dataformat", "files", "toolhost")
+MODULES = ("dataformat", "workfiles", "toolhost")
 MAX_PARTS = 10_000
 _HEADER = re.compile(r"(\d{1,12}) ([0-9a-f]{64}) ")
 

@@ -1,7 +1,7 @@
 """Files in and out of the sandbox, moved in chunks by the kernel-side helper (every backend).
 
 Paths are checked twice: on the host (no ``..``, no absolute path outside the work directory)
-and in the kernel (:mod:`kernel_sandbox.kernelside.files`), where the real path (symlinks
+and in the kernel (:mod:`kernel_sandbox.kernelside.workfiles`), where the real path (symlinks
 resolved) must stay under the work directory and the target must be a regular file.
 """
 

@@ -35,9 +35,10 @@ import types
 
 try:  # inside the kernel, the host installed the siblings under these names
     import _kernel_sandbox_dataformat as dataformat
-    import _kernel_sandbox_files as files
+    import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import dataformat, files
+    from kernel_sandbox.kernelside import dataformat
+    from kernel_sandbox.kernelside import workfiles as files
 
 VERSION = 1
 CHUNK = 4 * 1024 * 1024

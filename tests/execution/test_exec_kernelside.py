@@ -15,7 +15,8 @@ import pytest
 
 from kernel_sandbox.execution.channel import Answer, parse_text_frame
 from kernel_sandbox.execution.decode import DecodeLimits, decode
-from kernel_sandbox.kernelside import files, source, toolhost
+from kernel_sandbox.kernelside import source, toolhost
+from kernel_sandbox.kernelside import workfiles as files
 
 
 @pytest.fixture(autouse=True)
