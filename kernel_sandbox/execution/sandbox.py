@@ -26,7 +26,8 @@ import zmq
 import zmq.asyncio
 
 from ..errors import CallTimeoutError, ConfigError, FramingError
-from .backends import BACKENDS, kernel_manager, kernel_spec
+from ..policy import OutputPolicy
+from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
 from .channel import CHUNK, TARGET, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
 from .files import MAX_FILE_BYTES, NO_LIMIT, Content, chunks, confine
@@ -75,9 +76,10 @@ class _Collector:
 
     def __init__(
         self, cap: int, callbacks: Mapping[str, Callback] | None = None, marker: str | None = None,
-        channel: str | None = None,
+        channel: str | None = None, policy: OutputPolicy | None = None,
     ) -> None:
         self.execution = Execution()
+        self.policy = policy
         self.cap = cap
         self.used = 0
         self.callbacks = dict(callbacks or {})
@@ -143,7 +145,7 @@ class _Collector:
                 return
             size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
             if self._admit(size):
-                bundle = dict(bundle)
+                bundle = dict(bundle if self.policy is None else self.policy.filter_bundle(bundle)[0])
                 self.execution.results.append(bundle)
                 if kind == "execute_result":
                     self.execution.main_result = bundle
@@ -194,8 +196,9 @@ class AsyncSandbox:
     ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted call gets to stop before
     the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
     hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
-    (decode values the data format cannot carry from pickles: off, see the README); any other
-    keyword goes to the backend's provisioner config.
+    (decode values the data format cannot carry from pickles: off, see the README),
+    ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
+    backend's provisioner config. Docker options are checked here, before anything starts.
     """
 
     def __init__(
@@ -216,6 +219,7 @@ class AsyncSandbox:
         allowed_classes: Iterable[type] = (),
         decode_limits: DecodeLimits | None = None,
         unsafe_pickle: bool = False,
+        output_policy: str | None = None,
         **backend_options: Any,
     ) -> None:
         if backend not in BACKENDS:
@@ -235,11 +239,17 @@ class AsyncSandbox:
         self._allowed = allowed_map(self.allowed_classes)
         self.decode_limits = decode_limits or DecodeLimits()
         self.unsafe_pickle = bool(unsafe_pickle)
+        self._policy = OutputPolicy.from_name(output_policy) if backend == "local" else None
+        if output_policy is not None:
+            OutputPolicy.from_name(output_policy)
+            backend_options["output_policy"] = output_policy
         self._options: dict[str, Any] = {
             "image": image, "memory": memory, "cpus": cpus, "pids_limit": pids_limit,
             "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
+        if backend == "docker":
+            check_options(self._options)
         self._comms = backend != "opensandbox"
         self._km: Any = None
         self._kc: Any = None
@@ -684,7 +694,7 @@ class AsyncSandbox:
         async with self._lock:
             if values:
                 await self._op({"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline)
-            collector = _Collector(self.max_output_bytes, callbacks)
+            collector = _Collector(self.max_output_bytes, callbacks, policy=self._policy)
             execution = await self._exchange(
                 lambda: self._send_execute(code, store_history=True), collector, seconds, deadline, reply=True
             )
