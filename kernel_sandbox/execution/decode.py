@@ -95,12 +95,22 @@ def _malformed(what: str) -> UnsafePayloadError:
 
 
 def allowed_map(classes: Iterable[type]) -> dict[str, type]:
-    """``{"module:qualname": class}`` for the classes a caller allows."""
-    mapping = {}
+    """``{"module:qualname": class}`` for the classes a caller allows.
+
+    A class defined inside a function may reach the kernel without its qualified name (pickled
+    by value, some metaclasses keep only ``__name__``), so ``module:name`` is accepted too, as
+    long as no two allowed classes share it.
+    """
+    mapping: dict[str, type] = {}
+    short: dict[str, set[type]] = {}
     for cls in classes:
         if not isinstance(cls, type):
             raise ConfigError(f"allowed_classes takes classes, not {cls!r}")
         mapping[class_name(cls)] = cls
+        short.setdefault(f"{cls.__module__}:{cls.__name__}", set()).add(cls)
+    for name, found in short.items():
+        if len(found) == 1:
+            mapping.setdefault(name, next(iter(found)))
     return mapping
 
 

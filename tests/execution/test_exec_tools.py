@@ -245,3 +245,41 @@ def test_helpers_leave_the_user_namespace_alone(sandbox: Sandbox) -> None:
     assert sandbox.run("_").text == "42"
     new_names = "sorted(n for n in set(globals()) - before - {'before'} if not n.startswith('_'))"
     assert sandbox.run(new_names).text == "[]"
+
+
+def test_pydantic_and_attrs_states_round_trip_on_a_local_kernel() -> None:
+    """The kernel image has no pydantic; the local backend's kernel shares the host's packages."""
+    import warnings
+
+    import attrs
+    import pydantic
+
+    class Memory(pydantic.BaseModel):
+        facts: list[str] = []
+
+    class Agent(pydantic.BaseModel):
+        name: str
+        memory: Memory
+
+    @attrs.define
+    class Counter:
+        calls: int = 0
+
+    def learn(fact: str, agent_state: Agent) -> int:
+        agent_state.memory.facts.append(fact)
+        return len(agent_state.memory.facts)
+
+    def count(agent_state: Counter) -> int:
+        agent_state.calls += 1
+        return agent_state.calls
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = Sandbox("local")
+    with sb:
+        result = sb.run_tool(learn, {"fact": "sky"}, Agent(name="ada", memory=Memory()), allowed_classes=[Agent, Memory])
+        assert (result.func_return, result.agent_state) == (1, Agent(name="ada", memory=Memory(facts=["sky"])))
+        counted = sb.run_tool(count, agent_state=Counter(), allowed_classes=[Counter])
+        assert (counted.func_return, counted.agent_state) == (1, Counter(calls=1))
+        with pytest.raises(UnsafePayloadError, match="Memory, which is not in allowed_classes"):
+            sb.run_tool(learn, {"fact": "x"}, Agent(name="b", memory=Memory()), allowed_classes=[Agent])
