@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import pickle
 import statistics
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -19,6 +16,7 @@ from typing import Any
 
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
+from peer_per_call import per_call_interpreter
 from report import Row
 
 ROUNDS = 100
@@ -30,24 +28,9 @@ def agent_tool(agent_state: dict) -> int:
     return len(agent_state["blob"])
 
 
-FRESH_INTERPRETER = """
-import pickle, sys
-call = pickle.loads(sys.stdin.buffer.read())
-state = call["state"]
-state["calls"] = state.get("calls", 0) + 1
-result = {"func_return": len(state["blob"]), "agent_state": state}
-sys.stdout.buffer.write(b"BEGIN-RESULT" + pickle.dumps(result) + b"END-RESULT")
-"""
-
-
 async def fresh_interpreter(state: dict) -> Any:
     """A tool call the way Letta's local sandbox makes it: a new interpreter, pickles in and out."""
-    payload = pickle.dumps({"state": state})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FRESH_INTERPRETER, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    out, _ = await proc.communicate(payload)
-    return pickle.loads(out[len(b"BEGIN-RESULT") : -len(b"END-RESULT")])
+    return await per_call_interpreter(agent_tool, state)
 
 
 async def samples(rounds: int, *actions: Callable[[], Awaitable[Any]]) -> list[list[float]]:

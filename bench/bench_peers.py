@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import inspect
-import io
 import json
 import os
-import pickle
 import queue
 import secrets
 import shutil
@@ -51,6 +48,7 @@ from jupyter_client.connect import write_connection_file
 
 from bench_execution import agent_tool
 from bench_relay import execute
+from peer_per_call import per_call_interpreter
 from report import Measure, Row, unavailable
 from kernel_sandbox.containers import DEFAULT_IMAGE
 from kernel_sandbox.execution import AsyncSandbox
@@ -338,45 +336,14 @@ async def launcher_cold_start(found: Launcher) -> float:
 
 # -- peer: a fresh interpreter per tool call (Letta's local sandbox) ---------------------------
 
-PER_CALL_SCRIPT = """import base64, pickle, sys
-{tool_source}
-state = pickle.loads(base64.b64decode({state!r}))
-result = {tool_name}(state)
-sys.stdout.write({start!r} + base64.b64encode(pickle.dumps((result, state))).decode() + {end!r})
-"""
-MARK_START, MARK_END = f"<<result-{uuid.uuid4().hex}>>", f"<<end-{uuid.uuid4().hex}>>"
-
-
-class _PlainData(pickle.Unpickler):
-    """Unpickles builtin containers and scalars only: nothing is imported or called."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused {module}.{name}")
-
-
-async def per_call_interpreter(state: dict) -> float:
-    """A tool call the way Letta's local sandbox makes one: a script holding the pickled state, a
-    new interpreter running it, the pickled result read between markers from its stdout."""
+async def per_call_tool(state: dict) -> float:
+    """Milliseconds of one tool call through a fresh interpreter (:mod:`peer_per_call`), result checked."""
     started = time.perf_counter()
-    script = PER_CALL_SCRIPT.format(
-        tool_source=inspect.getsource(agent_tool), tool_name=agent_tool.__name__,
-        state=base64.b64encode(pickle.dumps(state)).decode(), start=MARK_START, end=MARK_END,
-    )
-    with tempfile.TemporaryDirectory(prefix="ks-bench-tool-") as tmp:
-        path = Path(tmp, "tool.py")
-        path.write_text(script)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(path), cwd=tmp, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        out, err = await proc.communicate()
-    if proc.returncode:
-        raise RuntimeError(f"the tool's interpreter failed: {err.decode(errors='replace')[-500:]}")
-    text = out.decode()
-    payload = text[text.index(MARK_START) + len(MARK_START) : text.index(MARK_END)]
-    result, new_state = _PlainData(io.BytesIO(base64.b64decode(payload))).load()
+    result, new_state = await per_call_interpreter(agent_tool, state)
+    elapsed = (time.perf_counter() - started) * 1000
     if result != len(state["blob"]) or new_state.get("calls") != state.get("calls", 0) + 1:
         raise RuntimeError("the per-call interpreter returned the wrong result")
-    return (time.perf_counter() - started) * 1000
+    return elapsed
 
 
 # -- peer: llm-sandbox's SandboxSession on the same image ---------------------------------------
@@ -520,8 +487,8 @@ async def measure(cold_rounds: int, exec_rounds: int, tool_rounds: int) -> list[
                 "bare": lambda: timed(lambda: sb.run("1")),
                 "ours kb": lambda: timed(lambda: sb.run_tool(agent_tool, agent_state=ONE_KB)),
                 "ours mb": lambda: timed(lambda: sb.run_tool(agent_tool, agent_state=ONE_MB)),
-                "letta kb": lambda: per_call_interpreter(ONE_KB),
-                "letta mb": lambda: per_call_interpreter(ONE_MB),
+                "letta kb": lambda: per_call_tool(ONE_KB),
+                "letta mb": lambda: per_call_tool(ONE_MB),
             }
             if not llm_why:
                 actions["llm kb"] = lambda: llm.tool(ONE_KB)
