@@ -124,13 +124,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """Remove containers and socket directories left by dead kernels."""
+    """Remove containers and private directories left by dead kernels."""
     report = gc(docker_client(), everything=args.all)
     for name in report.containers:
         print(f"removed container {name}")
-    for path in report.socket_dirs:
-        print(f"removed socket directory {path}")
-    print(f"{len(report.containers)} container(s), {len(report.socket_dirs)} socket directory(ies) removed")
+    for path in report.private_dirs:
+        print(f"removed private directory {path}")
+    print(f"{len(report.containers)} container(s), {len(report.private_dirs)} private directory(ies) removed")
     return 0
 
 

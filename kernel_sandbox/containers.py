@@ -1,49 +1,64 @@
-"""Docker Engine calls shared by the provisioner, the CLI and the garbage collector."""
+"""Docker Engine calls shared by the launcher, the CLI and the garbage collector, and the container spec.
+
+:func:`container_spec` is a pure function from settings to the docker SDK's keyword arguments:
+what the sandbox is made of can be read (and unit-tested) without an engine.
+"""
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
-import time
+import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
 from docker.models.containers import Container
 
-from .errors import EngineUnavailable, ImageMissing
+from .errors import ConfigError, EngineUnavailable, ImageMissing
+from .kernelside import source
+from .privdir import abandoned_dirs
+from .settings import DEFAULT_IMAGE, HOME_DIR, WORK_DIR, DockerSettings
 
-DEFAULT_IMAGE = "kernel-sandbox-python:latest"
+__all__ = ["DEFAULT_IMAGE", "HOME_DIR", "WORK_DIR"]
+
 LABEL = "kernel-sandbox"
 LABEL_KERNEL_ID = "kernel-sandbox.kernel-id"
 LABEL_OWNER_HOST = "kernel-sandbox.owner-host"
 LABEL_OWNER_PID = "kernel-sandbox.owner-pid"
-LABEL_SOCKET_DIR = "kernel-sandbox.socket-dir"
-LAUNCH_GRACE_SECONDS = 120
+"""The process that asked for the kernel (a notebook server, a test, VS Code)."""
+LABEL_LAUNCHER_PID = "kernel-sandbox.launcher-pid"
+"""The launcher that owns the container and removes it; ``gc`` looks at this one."""
+LABEL_PRIVATE_DIR = "kernel-sandbox.private-dir"
 OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
+API_TIMEOUT = 30
+"""Seconds any single Docker API call may take before it fails (streams have no such limit)."""
+KERNEL_KEY_ENV = "KERNEL_SANDBOX_KEY"
 
 
-def socket_root() -> Path:
-    """Return the short per-user directory that holds the kernels' IPC socket directories."""
-    return Path(f"/tmp/ksbx-{os.getuid()}")
-
-
-def docker_client() -> docker.DockerClient:
+def docker_client(timeout: float = API_TIMEOUT) -> docker.DockerClient:
     """Connect to the Docker engine named by the environment (``DOCKER_HOST``) or the local socket."""
     try:
-        client = docker.from_env()
+        client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as exc:
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         raise EngineUnavailable(
-            f"Cannot reach the Docker engine at {where} ({exc}). Start it "
+            f"Cannot reach the Docker engine at {engine_address()} ({exc}). Start it "
             "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "
             "or point DOCKER_HOST at a running engine; `kernel-sandbox doctor` checks the setup."
         ) from exc
     return client
+
+
+def engine_address() -> str:
+    """Where the Docker engine is expected, for messages."""
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
 def has_image(client: docker.DockerClient, image: str) -> bool:
@@ -64,17 +79,216 @@ def require_image(client: docker.DockerClient, image: str) -> None:
         )
 
 
-def owner_labels(kernel_id: str, socket_dir: Path | None) -> dict[str, str]:
-    """Labels that mark a container as ours and name the process and host that own it."""
+def owner_labels(kernel_id: str, *, owner_pid: int, private_dir: Path | None = None) -> dict[str, str]:
+    """Labels that mark a container as ours and name the host, the asking process and the launcher."""
     labels = {
         LABEL: "true",
         LABEL_KERNEL_ID: kernel_id,
         LABEL_OWNER_HOST: socket.gethostname(),
-        LABEL_OWNER_PID: str(os.getpid()),
+        LABEL_OWNER_PID: str(owner_pid),
+        LABEL_LAUNCHER_PID: str(os.getpid()),
     }
-    if socket_dir is not None:
-        labels[LABEL_SOCKET_DIR] = str(socket_dir)
+    if private_dir is not None:
+        labels[LABEL_PRIVATE_DIR] = str(private_dir)
     return labels
+
+
+# -- who the kernel runs as ----------------------------------------------------------------
+
+
+def _ids_in_use(etc: Path) -> tuple[set[int], list[range]]:
+    ids: set[int] = set()
+    for name, columns in (("passwd", (2, 3)), ("group", (2,))):
+        try:
+            lines = (etc / name).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split(":")
+            ids.update(int(parts[i]) for i in columns if len(parts) > i and parts[i].isdigit())
+    ranges = []
+    for name in ("subuid", "subgid"):
+        try:
+            lines = (etc / name).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split(":")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                ranges.append(range(int(parts[1]), int(parts[1]) + int(parts[2])))
+    return ids, ranges
+
+
+def unused_id(low: int, high: int, etc: Path = Path("/etc")) -> int:
+    """An id in ``low..high`` that no host account uses as uid, gid or subordinate id."""
+    ids, ranges = _ids_in_use(etc)
+
+    def free(candidate: int) -> bool:
+        return candidate not in ids and not any(candidate in span for span in ranges)
+
+    for _ in range(256):
+        candidate = random.randint(low, high)
+        if free(candidate):
+            return candidate
+    for candidate in range(low, high + 1):
+        if free(candidate):
+            return candidate
+    raise ConfigError(f"uid_range={low}-{high}: every id in it belongs to a host account")
+
+
+def run_as(settings: DockerSettings) -> tuple[int, int]:
+    """The kernel's uid and gid: ``user`` when set, the host user's, or an unused one when root."""
+    if settings.user:
+        uid, gid = settings.user.split(":")
+        return int(uid), int(gid)
+    if os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    chosen = unused_id(*settings.uid_range)
+    return chosen, chosen
+
+
+# -- the container ---------------------------------------------------------------------------
+
+
+def resolve_mounts(settings: DockerSettings, cwd: str | None) -> list[tuple[str, str, str]]:
+    """Each bind mount as (host path, container path, mode), host paths resolved and checked."""
+    mounts = [(mount.host, mount.target, mount.mode) for mount in settings.mounts]
+    if settings.mount_cwd != "off" and cwd:
+        mounts.append((cwd, WORK_DIR, settings.mount_cwd))
+    resolved = []
+    for host, target, mode in mounts:
+        path = Path(host).expanduser().resolve()
+        if not path.exists():
+            raise ConfigError(f"mounts: the host path {path} does not exist (from {host}:{target}:{mode})")
+        resolved.append((str(path), target, mode))
+    return resolved
+
+
+def container_spec(
+    settings: DockerSettings,
+    *,
+    kernel_id: str,
+    kernel_key: str,
+    user: tuple[int, int],
+    env: Mapping[str, str],
+    mounts: Iterable[tuple[str, str, str]],
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """Keyword arguments for ``client.containers.create(settings.image, **spec)``: the whole sandbox.
+
+    ``env`` is what the kernelspec passes on (the host's environment never is); ``mounts`` come
+    from :func:`resolve_mounts`; ``kernel_key`` is the kernel's own signing key, not the client's.
+    """
+    uid, gid = user
+    sizes = settings.tmpfs_sizes()
+    tmpfs = {
+        "/tmp": f"rw,nosuid,nodev,size={sizes['tmp_size']},mode=1777",
+        HOME_DIR: f"rw,nosuid,nodev,size={sizes['home_size']},uid={uid},gid={gid},mode=0755",
+    }
+    if "work_size" in sizes:
+        tmpfs[WORK_DIR] = f"rw,nosuid,nodev,size={sizes['work_size']},uid={uid},gid={gid},mode=0755"
+    environment = {
+        **env,
+        **settings.env,
+        "HOME": HOME_DIR,
+        "PYTHONUNBUFFERED": "1",
+        "JPY_PARENT_PID": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        KERNEL_KEY_ENV: kernel_key,
+    }
+    spec: dict[str, Any] = {
+        "command": ["python", "-c", source("boot"), *settings.kernel_cmd],
+        "name": f"kernel-sandbox-{kernel_id[:8]}-{uuid.uuid4().hex[:6]}",
+        "hostname": "sandbox",
+        "labels": dict(labels),
+        "environment": environment,
+        "user": f"{uid}:{gid}",
+        "working_dir": WORK_DIR,
+        "init": True,
+        "auto_remove": True,
+        "log_config": {"type": "none", "config": {}},
+        "read_only": settings.read_only,
+        "tmpfs": tmpfs,
+        "volumes": {host: {"bind": target, "mode": mode} for host, target, mode in mounts},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "ipc_mode": "private",
+        "network_mode": "bridge" if settings.network else "none",
+    }
+    if settings.memory is not None:
+        spec["mem_limit"] = spec["memswap_limit"] = settings.memory
+    if settings.cpus is not None:
+        spec["nano_cpus"] = round(settings.cpus * 1e9)
+    if settings.pids_limit is not None:
+        spec["pids_limit"] = settings.pids_limit
+    if settings.runtime:
+        spec["runtime"] = settings.runtime
+    return spec
+
+
+def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
+    """Refuse, before any container exists, settings that this engine cannot enforce."""
+    runtimes = info.get("Runtimes") or {}
+    if settings.runtime and settings.runtime not in runtimes:
+        raise ConfigError(
+            f"runtime={settings.runtime!r} is not registered with the Docker engine (it has: "
+            f"{', '.join(sorted(runtimes)) or 'none'}); register it under 'runtimes' in "
+            "/etc/docker/daemon.json and reload dockerd (`kernel-sandbox doctor` shows how)"
+        )
+    needs = [
+        ("memory", settings.memory is not None, "MemoryLimit"),
+        ("memory", settings.memory is not None, "SwapLimit"),
+        ("pids_limit", settings.pids_limit is not None, "PidsLimit"),
+        ("cpus", settings.cpus is not None, "CpuCfsQuota"),
+    ]
+    for option, wanted, capability in needs:
+        if wanted and info.get(capability) is False:
+            raise ConfigError(
+                f"{option}: this Docker engine cannot enforce it ({capability} is off in `docker info`); "
+                f"enable the cgroup controller, or set {option}='unlimited' to run without that limit"
+            )
+    cores = info.get("NCPU")
+    if settings.cpus is not None and isinstance(cores, int) and settings.cpus > cores:
+        raise ConfigError(f"cpus={settings.cpus}: the Docker engine has only {cores} CPUs")
+
+
+def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """The limits of ``spec`` that the engine did not apply, read from the container's HostConfig."""
+    expected = {
+        "Memory": spec.get("mem_limit", 0),
+        "MemorySwap": spec.get("memswap_limit", 0),
+        "NanoCpus": spec.get("nano_cpus", 0),
+        "ReadonlyRootfs": spec["read_only"],
+        "NetworkMode": spec["network_mode"],
+        "IpcMode": spec["ipc_mode"],
+    }
+    wrong = [f"{key} is {host_config.get(key)!r}, not {value!r}" for key, value in expected.items()
+             if (host_config.get(key) or 0) != (value or 0)]
+    if (host_config.get("PidsLimit") or 0) != spec.get("pids_limit", 0):
+        wrong.append(f"PidsLimit is {host_config.get('PidsLimit')!r}, not {spec.get('pids_limit')!r}")
+    if sorted(host_config.get("CapDrop") or []) != ["ALL"]:
+        wrong.append(f"CapDrop is {host_config.get('CapDrop')!r}")
+    if "no-new-privileges" not in (host_config.get("SecurityOpt") or []):
+        wrong.append(f"SecurityOpt is {host_config.get('SecurityOpt')!r}")
+    return wrong
+
+
+def remove_container(container: Container) -> None:
+    """Force-remove a container and return once it is gone (the engine may be removing it already)."""
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        if "already in progress" not in str(exc):
+            raise
+        try:
+            container.wait(condition="removed")
+        except docker.errors.NotFound:
+            pass
+
+
+# -- leftovers -------------------------------------------------------------------------------
 
 
 def _pid_alive(pid: int) -> bool:
@@ -88,14 +302,18 @@ def _pid_alive(pid: int) -> bool:
 
 
 def is_orphan(container: Container) -> bool:
-    """True when the container has stopped or the process on this host that started it is gone."""
-    if container.status not in ("running", "created", "restarting", "paused"):
-        return True
+    """True when nothing on this host will remove ``container``: its launcher (owner) is dead.
+
+    A container of another host is never an orphan here; one without owner labels is an orphan
+    once it has stopped. A stopped container whose owner lives is not: its owner may still read it.
+    """
     labels = container.labels
-    if labels.get(LABEL_OWNER_HOST) != socket.gethostname():
+    if LABEL_OWNER_HOST in labels and labels[LABEL_OWNER_HOST] != socket.gethostname():
         return False
-    pid = labels.get(LABEL_OWNER_PID, "")
-    return pid.isdigit() and not _pid_alive(int(pid))
+    owner = labels.get(LABEL_LAUNCHER_PID) or labels.get(LABEL_OWNER_PID) or ""
+    if owner.isdigit():
+        return not _pid_alive(int(owner))
+    return container.status not in ("running", "created", "restarting", "paused")
 
 
 @dataclass
@@ -103,35 +321,17 @@ class GcReport:
     """What ``gc`` removed."""
 
     containers: list[str] = field(default_factory=list)
-    socket_dirs: list[str] = field(default_factory=list)
-
-
-def remove_container(container: Container) -> None:
-    """Force-remove a container, tolerating one that is already gone."""
-    try:
-        container.remove(force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if "already in progress" not in str(exc):
-            raise
+    private_dirs: list[str] = field(default_factory=list)
 
 
 def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
-    """Remove kernel-sandbox containers whose kernel is dead (all of them when ``everything``)."""
+    """Remove kernel containers whose owner is dead (all of them when ``everything``) and abandoned dirs."""
     report = GcReport()
-    live_dirs: set[str] = set()
     for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         if everything or is_orphan(container):
             remove_container(container)
             report.containers.append(container.name)
-        elif LABEL_SOCKET_DIR in container.labels:
-            live_dirs.add(container.labels[LABEL_SOCKET_DIR])
-    root = socket_root()
-    if root.is_dir():
-        for entry in root.iterdir():
-            young = time.time() - entry.stat().st_mtime < LAUNCH_GRACE_SECONDS
-            if str(entry) not in live_dirs and (everything or not young):
-                shutil.rmtree(entry, ignore_errors=True)
-                report.socket_dirs.append(str(entry))
+    for path in abandoned_dirs():
+        shutil.rmtree(path, ignore_errors=True)
+        report.private_dirs.append(str(path))
     return report

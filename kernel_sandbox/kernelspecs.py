@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -11,10 +13,17 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 
+from .errors import ConfigError, KernelLaunchError
 from .resources import data_path
+from .settings import DockerSettings
 
 DOCKER_SPEC = "sandboxed-python"
 OPENSANDBOX_SPEC = "sandboxed-python-opensandbox"
+PYTHON_PLACEHOLDER = "{kernel_sandbox_python}"
+SPEC_DIR_PLACEHOLDER = "{kernel_sandbox_spec_dir}"
+"""The shipped kernel.json files name the launcher with these; ``install`` writes absolute paths.
+
+A kernelspec copied by hand keeps them, so its argv cannot start anything: it fails closed."""
 
 
 def shipped_kernelspecs() -> dict[str, Path]:
@@ -34,35 +43,62 @@ def install(
 ) -> str:
     """Install the shipped kernelspec ``name`` and return the directory it was installed in.
 
-    ``config`` entries override the provisioner config in kernel.json (image, memory, mounts...);
-    ``install_as`` and ``display_name`` let several configurations sit side by side.
+    ``config`` entries override the provisioner config in kernel.json (image, memory, mounts...),
+    checked before anything is written; ``install_as`` and ``display_name`` let several
+    configurations sit side by side. The kernelspec's argv runs the launcher with this
+    interpreter's absolute path (as ``ipykernel install`` does), so clients that ignore
+    provisioners get the same sandbox.
     """
     specs = shipped_kernelspecs()
     if name not in specs:
         raise ValueError(f"Unknown kernelspec {name!r}; choose one of {', '.join(specs)}")
+    _require_isolated_import()
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / (install_as or name)
         shutil.copytree(specs[name], staged)
-        spec_file = staged / "kernel.json"
-        spec = json.loads(spec_file.read_text())
+        spec = json.loads((staged / "kernel.json").read_text())
         if display_name:
             spec["display_name"] = display_name
-        if config:
-            provisioner = spec["metadata"]["kernel_provisioner"]
-            _check_options(provisioner["provisioner_name"], config)
-            provisioner["config"].update(config)
-        spec_file.write_text(json.dumps(spec, indent=2) + "\n")
-        return KernelSpecManager().install_kernel_spec(
+        provisioner = spec["metadata"]["kernel_provisioner"]
+        provisioner["config"].update(config or {})
+        _check_options(provisioner["provisioner_name"], provisioner["config"])
+        (staged / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
+        destination = KernelSpecManager().install_kernel_spec(
             str(staged), install_as or name, user=user, prefix=prefix
+        )
+    spec_file = Path(destination) / "kernel.json"
+    spec = json.loads(spec_file.read_text())
+    spec["argv"] = launcher_argv(spec["argv"], Path(destination).resolve())
+    spec_file.write_text(json.dumps(spec, indent=2) + "\n")
+    return destination
+
+
+def launcher_argv(argv: list[str], spec_dir: Path) -> list[str]:
+    """``argv`` with the placeholders replaced by this interpreter and ``spec_dir``, both absolute."""
+    values = {PYTHON_PLACEHOLDER: sys.executable, SPEC_DIR_PLACEHOLDER: str(spec_dir)}
+    return [values.get(part, part) for part in argv]
+
+
+def _require_isolated_import() -> None:
+    """The launcher runs as ``python -I`` (no current directory on sys.path): it must import so."""
+    probe = subprocess.run([sys.executable, "-I", "-c", "import kernel_sandbox.launch"], capture_output=True, text=True)
+    if probe.returncode:
+        raise KernelLaunchError(
+            f"{sys.executable} -I cannot import kernel_sandbox ({probe.stderr.strip().splitlines()[-1:]}); "
+            "the kernelspecs run the launcher in isolated mode, so install kernel-sandbox into a virtual "
+            "environment or the system site-packages rather than the user site"
         )
 
 
 def _check_options(provisioner_name: str, config: dict[str, Any]) -> None:
+    if provisioner_name == "kernel-sandbox-docker":
+        DockerSettings.from_config(config)
+        return
     provisioner = KernelProvisionerFactory.instance().provisioners[provisioner_name].load()
     known = set(provisioner.class_trait_names(config=True))
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"{provisioner_name} has no option {', '.join(unknown)}; its options are {', '.join(sorted(known))}"
         )
 

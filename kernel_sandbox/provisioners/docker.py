@@ -1,453 +1,257 @@
-"""Kernel provisioner that runs each kernel in a fresh, locked-down Docker container."""
+"""Kernel provisioner that runs each kernel in a fresh, locked-down Docker container.
+
+The container is started by the launcher (:mod:`kernel_sandbox.launch`), the one code path that
+sandboxes; this provisioner runs it as a local process, as ``LocalProvisioner`` runs a kernel, and
+adds what a provisioner-aware client can use: the client's channels as IPC sockets in a private
+0700 directory, the effective settings (traitlets config and kernel.json) checked before anything
+starts, the reason a kernel ended (out of memory, limit N MiB), interrupt as SIGINT to the launcher,
+and re-attach after a server restart while the launcher waits ``orphan_timeout`` for its owner.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
 import os
-import shutil
 import signal
-import time
-import uuid
-from pathlib import Path, PurePosixPath
+import sys
+from pathlib import Path
 from typing import Any
 
-import docker
 import docker.errors
-import zmq
-import zmq.asyncio
-from docker.models.containers import Container
-from docker.utils import parse_bytes
 from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.launcher import launch_kernel
+from jupyter_client.provisioning import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, Unicode
+from traitlets import Any as AnyTrait
 
-from ..errors import KernelLaunchError
-from ..containers import (
-    DEFAULT_IMAGE,
-    EngineUnavailable,
-    docker_client,
-    owner_labels,
-    remove_container,
-    require_image,
-    socket_root,
-)
+from ..containers import docker_client, remove_container, resolve_mounts
+from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
+from ..settings import OPTIONS, DockerSettings, check_names
 
-HOME_DIR = "/home/sandbox"
-WORK_DIR = "/home/sandbox/work"
-SOCKET_MOUNT = "/run/kernel"
-CONTAINER_PORTS = (50001, 50002, 50003, 50004, 50005)
-PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
-DEFAULT_UID = 1000
+_BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
 
 
-OWNER_GUARD = """
-import fcntl, os, sys, time
-grace, lock, cmd = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
-kernel = os.getpid()
-if os.fork() == 0:
-    fd = os.open(lock, os.O_RDONLY)
-    free_since = None
-    while os.getppid() == kernel:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            free_since = None
-        else:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            free_since = free_since or time.monotonic()
-            if time.monotonic() - free_since >= grace:
-                os.kill(kernel, 9)
-        time.sleep(1)
-    os._exit(0)
-os.execvp(cmd[0], cmd)
-"""
+def _option(name: str) -> Any:
+    metadata = OPTIONS[name].metadata
+    return AnyTrait(metadata["default"], allow_none=True, config=True, help=metadata["help"])
 
 
-def parse_mount(spec: str | dict[str, Any]) -> tuple[str, str, str]:
-    """Parse ``HOST:CONTAINER[:ro|rw]`` (or a dict with host/container/mode) into a triple.
-
-    Relative container paths are placed under the work directory; the mode defaults to ``ro``.
-    """
-    if isinstance(spec, dict):
-        host, target, mode = spec["host"], spec.get("container", ""), spec.get("mode", "ro")
-    else:
-        parts = spec.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"Mount {spec!r} must look like HOST_PATH:CONTAINER_PATH[:ro|rw]")
-        host, target, mode = parts[0], parts[1], parts[2] if len(parts) == 3 else "ro"
-    if mode not in ("ro", "rw"):
-        raise ValueError(f"Mount {spec!r}: mode must be 'ro' or 'rw', not {mode!r}")
-    host_path = Path(host).expanduser().resolve()
-    if not host_path.exists():
-        raise ValueError(f"Mount {spec!r}: host path {host_path} does not exist")
-    container_path = PurePosixPath(target or host_path.name)
-    if not container_path.is_absolute():
-        container_path = PurePosixPath(WORK_DIR) / container_path
-    return str(host_path), str(container_path), mode
-
-
-class DockerProvisioner(KernelProvisionerBase):  # type: ignore[misc]
+class DockerProvisioner(LocalProvisioner):  # type: ignore[misc]
     """Launch the kernel of a kernelspec in a new container on the local Docker engine.
 
-    Networking is off by default (ZMQ over IPC sockets in a bind-mounted directory); the
-    container runs as a non-root user with no capabilities, a read-only root filesystem and
-    limits on memory, CPUs and processes.
+    Every option of :class:`~kernel_sandbox.settings.DockerSettings` is a traitlet here
+    (``c.DockerProvisioner.memory = "2g"``) and a key of the kernelspec's provisioner config;
+    they are checked together, and an unknown or bad one stops the launch with its name.
     """
 
-    image = Unicode(DEFAULT_IMAGE, config=True, help="Docker image that runs the kernel.")
-    network = Bool(False, config=True, help="Give the kernel a network (TCP ports on 127.0.0.1).")
-    memory = Unicode("512m", config=True, help="Memory limit, swap included (e.g. 512m, 2g).")
-    cpus = Float(1.0, config=True, help="CPU limit, in cores.")
-    pids_limit = Int(256, config=True, help="Maximum number of processes and threads.")
-    user = Unicode(
-        "",
-        config=True,
-        help="uid:gid the kernel runs as; empty means the host user's, or 1000:1000 for root.",
-    )
-    read_only = Bool(True, config=True, help="Mount the image's root filesystem read-only.")
-    tmp_size = Unicode("256m", config=True, help="Size of the writable tmpfs at /tmp.")
-    home_size = Unicode("256m", config=True, help=f"Size of the writable tmpfs at {HOME_DIR}.")
-    work_size = Unicode("1g", config=True, help=f"Size of the writable work directory {WORK_DIR}.")
-    mounts = List(
-        Unicode(),
-        config=True,
-        help="Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw' is given.",
-    )
-    mount_cwd = CaselessStrEnum(
-        ["off", "ro", "rw"],
-        "off",
-        config=True,
-        help="Mount the kernel's working directory (the notebook's folder) as the work directory.",
-    )
-    env = Dict(
-        value_trait=Unicode(), config=True, help="Environment variables given to the kernel."
-    )
-    runtime = Unicode("", config=True, help="OCI runtime, e.g. 'runsc' for gVisor; empty: default.")
-    launch_timeout = Float(60.0, config=True, help="Seconds to wait for the kernel to come up.")
-    orphan_timeout = Float(
-        300.0,
-        config=True,
-        help="Seconds a kernel lives on once the process that started it is gone; 0: forever.",
-    )
+    image = _option("image")
+    network = _option("network")
+    memory = _option("memory")
+    cpus = _option("cpus")
+    pids_limit = _option("pids_limit")
+    user = _option("user")
+    uid_range = _option("uid_range")
+    read_only = _option("read_only")
+    tmp_size = _option("tmp_size")
+    home_size = _option("home_size")
+    work_size = _option("work_size")
+    mounts = _option("mounts")
+    mount_cwd = _option("mount_cwd")
+    env = _option("env")
+    runtime = _option("runtime")
+    launch_timeout = _option("launch_timeout")
+    orphan_timeout = _option("orphan_timeout")
+    kernel_cmd = _option("kernel_cmd")
 
-    container_id: str | None = None
-    socket_dir: Path | None = None
+    private: PrivateDir | None = None
     exit_reason: str | None = None
     _exit_code: int | None = None
-    _cwd: str | None = None
-    _docker: docker.DockerClient | None = None
-    _owner_lock: int | None = None
+    _status_fd: int | None = None
+    _stopping = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
+        super().__init__(**kwargs)
+        check_names(self.config.get(type(self).__name__, {}))
+
+    def settings(self) -> DockerSettings:
+        """The effective settings: traitlets configuration and kernel.json, checked."""
+        return DockerSettings.from_config({name: getattr(self, name) for name in OPTIONS})
 
     @property
     def has_process(self) -> bool:
-        """True while a container belongs to this kernel."""
-        return self.container_id is not None
+        """True while a launcher runs this kernel (started here, or found again by re-attach)."""
+        return self.process is not None or (self.pid is not None and self.private is not None)
 
-    def _client(self) -> docker.DockerClient:
-        if self._docker is None:
-            self._docker = docker_client()
-        return self._docker
-
-    def _container(self) -> Container | None:
-        if self.container_id is None:
-            return None
-        try:
-            return self._client().containers.get(self.container_id)
-        except docker.errors.NotFound:
-            return None
-
-    def _run_as(self) -> str:
-        if self.user:
-            uid, sep, gid = self.user.partition(":")
-            if not (uid.isdigit() and sep and gid.isdigit()):
-                raise KernelLaunchError(f"user must be numeric UID:GID, e.g. 1000:1000, not {self.user!r}")
-            if int(uid) == 0 or int(gid) == 0:
-                raise KernelLaunchError("The kernel never runs as root: choose a user other than uid/gid 0")
-            return self.user
-        uid = os.getuid()
-        return f"{uid}:{os.getgid()}" if uid != 0 else f"{DEFAULT_UID}:{DEFAULT_UID}"
+    @property
+    def container_id(self) -> str | None:
+        """The id of the kernel's container, once the launcher has made it."""
+        state = self.private.read_json(LAUNCHER_STATE) if self.private else None
+        return state.get("container_id") if isinstance(state, dict) else None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Check the engine and image, prepare the socket directory and the container command."""
+        """Check the settings, prepare the private directory, and build the launcher's command."""
         if kwargs.pop("transport_encryption", "disabled") == "required":
-            raise KernelLaunchError("kernel-sandbox does not support CurveZMQ transport encryption")
-        self._cwd = kwargs.pop("cwd", None)
-        client = await asyncio.to_thread(self._client)
-        await asyncio.to_thread(require_image, client, self.image)
-        self.exit_reason = self._exit_code = None
-        uid, gid = (int(part) for part in self._run_as().split(":"))
+            raise KernelLaunchError("kernel-sandbox does not offer CurveZMQ transport encryption")
+        settings = self.settings()
+        kwargs.pop("extra_arguments", None)
+        env = kwargs.get("env", {})
+        cwd = kwargs.pop("cwd", None)
+        resolve_mounts(settings, cwd)
         km = self.parent
-        key = km.session.key.decode() if km else uuid.uuid4().hex
-        scheme = km.session.signature_scheme if km else "hmac-sha256"
-        inner: dict[str, Any] = {"key": key, "signature_scheme": scheme}
-        if self.network:
-            inner.update(transport="tcp", ip="0.0.0.0", **dict(zip(PORT_NAMES, CONTAINER_PORTS)))
-        else:
-            inner.update(transport="ipc", ip=f"{SOCKET_MOUNT}/k", **dict(zip(PORT_NAMES, (1, 2, 3, 4, 5))))
-        try:
-            self._make_socket_dir(inner, uid, gid)
-        except BaseException:
-            await self._remove()
-            raise
-        self.connection_info = {**inner, "key": key.encode()}
-        if not self.network:
-            self.connection_info["ip"] = str(self.socket_dir / "k")
-
-        substitutions = {"connection_file": f"{SOCKET_MOUNT}/connection.json", "resource_dir": ""}
-        extra = kwargs.pop("extra_arguments", [])
-        cmd = [arg.format(**substitutions) for arg in self.kernel_spec.argv] + list(extra)
-        if self.orphan_timeout > 0:
-            guard = [str(self.orphan_timeout), f"{SOCKET_MOUNT}/owner.lock"]
-            cmd = ["python", "-I", "-S", "-c", OWNER_GUARD, *guard, *cmd]
-        return await super().pre_launch(cmd=cmd, **kwargs)
-
-    def _make_socket_dir(self, connection: dict[str, Any], uid: int, gid: int) -> None:
-        """Create the kernel's private directory with its connection file and owner lock."""
-        root = socket_root()
-        root.mkdir(mode=0o711, exist_ok=True)
-        self.socket_dir = root / uuid.uuid4().hex[:12]
-        self.socket_dir.mkdir(mode=0o700)
-        os.chown(self.socket_dir, uid, gid)
-        (self.socket_dir / "owner.lock").touch(mode=0o644)
-        self._take_owner_lock()
-        conn_file = self.socket_dir / "connection.json"
-        conn_file.write_text(json.dumps(connection))
-        os.chown(conn_file, uid, gid)
-
-    def _take_owner_lock(self) -> None:
-        """Hold the lock whose release tells the container that its owner is gone.
-
-        Another live owner (the server this one re-attached after) may hold it: try again later.
-        """
-        if self._owner_lock is not None or self.socket_dir is None:
-            return
-        lock_file = self.socket_dir / "owner.lock"
-        if not lock_file.exists():
-            return
-        fd = os.open(lock_file, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-        else:
-            self._owner_lock = fd
-
-    def _release_owner_lock(self) -> None:
-        if self._owner_lock is not None:
-            os.close(self._owner_lock)
-            self._owner_lock = None
-
-    def _container_env(self, launch_env: dict[str, str]) -> dict[str, str]:
-        env = {name: launch_env[name] for name in self.kernel_spec.env if name in launch_env}
-        env.update({name: launch_env[name] for name in FORWARDED_ENV if name in launch_env})
-        env.update(self.env)
-        env.update(HOME=HOME_DIR, PYTHONUNBUFFERED="1")
-        return env
-
-    def _mount_specs(self) -> list[tuple[str, str, str]]:
-        specs = [parse_mount(spec) for spec in self.mounts]
-        if self.mount_cwd != "off" and self._cwd:
-            specs.append(parse_mount(f"{self._cwd}:{WORK_DIR}:{self.mount_cwd}"))
-        return specs
-
-    def _run_kwargs(self, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-        assert self.socket_dir is not None
-        user = self._run_as()
-        uid, gid = user.split(":")
-        volumes = {str(self.socket_dir): {"bind": SOCKET_MOUNT, "mode": "rw"}}
-        mounted = self._mount_specs()
-        volumes.update({host: {"bind": target, "mode": mode} for host, target, mode in mounted})
-        tmpfs = {
-            "/tmp": f"rw,nosuid,nodev,size={self.tmp_size},mode=1777",
-            HOME_DIR: f"rw,nosuid,nodev,size={self.home_size},uid={uid},gid={gid},mode=0755",
-        }
-        if not any(target == WORK_DIR for _, target, _ in mounted):
-            tmpfs[WORK_DIR] = f"rw,nosuid,nodev,size={self.work_size},uid={uid},gid={gid},mode=0755"
-        kwargs: dict[str, Any] = {
-            "command": cmd,
-            "name": f"kernel-sandbox-{self.kernel_id[:8]}-{uuid.uuid4().hex[:6]}",
-            "hostname": "sandbox",
-            "labels": owner_labels(self.kernel_id, self.socket_dir),
-            "environment": env,
-            "user": user,
-            "working_dir": WORK_DIR,
-            "init": True,
-            "detach": True,
-            "read_only": self.read_only,
-            "tmpfs": tmpfs,
-            "volumes": volumes,
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
-            "mem_limit": self.memory,
-            "memswap_limit": self.memory,
-            "nano_cpus": int(self.cpus * 1e9),
-            "pids_limit": self.pids_limit,
-            "ipc_mode": "private",
-        }
-        if self.runtime:
-            kwargs["runtime"] = self.runtime
-        if self.network:
-            kwargs["ports"] = {f"{port}/tcp": ("127.0.0.1", None) for port in CONTAINER_PORTS}
-        else:
-            kwargs["network_mode"] = "none"
-        return kwargs
+        if self.private is None:
+            self.private = PrivateDir.create()
+            self.private.hold(OWNER_LOCK)
+            km.cleanup_connection_file()
+        self.exit_reason = self._exit_code = None
+        self._stopping = False
+        (self.private / EXIT).unlink(missing_ok=True)
+        km.transport = "ipc"
+        km.ip = str(self.private / "k")
+        km.write_connection_file(jupyter_session=env.get("JPY_SESSION_NAME", ""))
+        self.connection_info = km.get_connection_info()
+        names = [*self.kernel_spec.env, *FORWARDED_ENV]
+        config_file = self.private.write_json(
+            CONFIG,
+            {
+                "settings": settings.to_config(),
+                "kernel_id": self.kernel_id,
+                "env": {name: env[name] for name in names if name in env},
+                "cwd": str(cwd) if cwd else None,
+            },
+        )
+        read_end, self._status_fd = os.pipe()
+        self._status_reader = read_end
+        cmd = [
+            sys.executable, "-m", "kernel_sandbox.launch", "-f", km.connection_file,
+            "--config", str(config_file), "--status-fd", str(self._status_fd),
+        ]
+        kwargs["cwd"] = str(self.private.path)
+        return await KernelProvisionerBase.pre_launch(self, cmd=cmd, **kwargs)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Start the container and wait until the kernel's heartbeat answers."""
-        env = self._container_env(kwargs.get("env", {}))
+        """Run the launcher and wait until its kernel answers, or raise with the launcher's reason."""
+        assert self._status_fd is not None
+        kwargs = self._scrub_kwargs(kwargs)
         try:
-            run_kwargs = self._run_kwargs(cmd, env)
-            client = await asyncio.to_thread(self._client)
-            container = await asyncio.to_thread(client.containers.run, self.image, **run_kwargs)
-            self.container_id = container.id
-            if self.network:
-                await asyncio.to_thread(container.reload)
-                for name, port in zip(PORT_NAMES, CONTAINER_PORTS):
-                    self.connection_info[name] = int(container.ports[f"{port}/tcp"][0]["HostPort"])
-                self.connection_info["ip"] = "127.0.0.1"
-            await self._wait_for_heartbeat()
-        except BaseException:
-            await self._remove()
-            raise
-        self.log.info("Kernel %s runs in container %s", self.kernel_id, container.name)
+            self.process = launch_kernel(cmd, pass_fds=(self._status_fd,), **kwargs)
+        finally:
+            os.close(self._status_fd)
+            self._status_fd = None
+        self.pid = self.process.pid
+        self.pgid = os.getpgid(self.pid)
+        self.cwd = kwargs.get("cwd")
+        ready = await asyncio.to_thread(_read_status, self._status_reader)
+        if not ready:
+            code = await asyncio.to_thread(self.process.wait)
+            reason = self._read_exit(code)
+            await self._forget()
+            raise KernelLaunchError(reason)
         return self.connection_info
 
-    async def _wait_for_heartbeat(self) -> None:
-        info = self.connection_info
-        if info["transport"] == "ipc":
-            address = f"ipc://{info['ip']}-{info['hb_port']}"
-        else:
-            address = f"tcp://{info['ip']}:{info['hb_port']}"
-        context = zmq.asyncio.Context.instance()
-        deadline = time.monotonic() + self.launch_timeout
-        while time.monotonic() < deadline:
-            if await self.poll() is not None:
-                logs = await self._logs()
-                raise KernelLaunchError(
-                    f"The kernel container exited during start-up ({self.exit_reason}).\n{logs}"
-                )
-            if info["transport"] == "ipc" and not Path(address[6:]).exists():
-                await asyncio.sleep(0.02)
-                continue
-            sock = context.socket(zmq.REQ)
-            sock.linger = 0
-            try:
-                sock.connect(address)
-                await sock.send(b"ping")
-                if await sock.poll(200):
-                    await sock.recv()
-                    return
-            finally:
-                sock.close()
-        raise KernelLaunchError(
-            f"The kernel in image {self.image!r} did not answer within {self.launch_timeout:.0f} s. "
-            "Check that the image runs ipykernel (`kernel-sandbox doctor`), or raise "
-            "launch_timeout in the kernelspec's provisioner config.\n" + await self._logs()
-        )
-
-    async def _logs(self) -> str:
-        container = await asyncio.to_thread(self._container)
-        if container is None:
-            return ""
-        raw = await asyncio.to_thread(container.logs, tail=40)
-        return raw.decode(errors="replace")
+    def _read_exit(self, code: int) -> str:
+        recorded = self.private.read_json(EXIT) if self.private else None
+        if isinstance(recorded, dict) and "reason" in recorded:
+            return str(recorded["reason"])
+        if code < 0:
+            return f"the launcher was killed by {signal.Signals(-code).name}"
+        return f"the launcher exited with code {code} (its messages are in this server's log)"
 
     async def poll(self) -> int | None:
-        """Return None while the container runs, else the kernel's exit code."""
+        """None while the launcher runs, else its exit code (0: a clean shutdown)."""
         if self._exit_code is not None:
             return self._exit_code
-        if self.container_id is None:
-            return 0
-        self._take_owner_lock()
-        try:
-            container = await asyncio.to_thread(self._container)
-        except EngineUnavailable:
-            return None
-        if container is None:
-            self._record_exit(-1, "its container was removed")
-            return self._exit_code
-        state = container.attrs["State"]
-        if state["Status"] in ("created", "running", "restarting", "paused"):
-            return None
-        if state.get("OOMKilled"):
-            reason = f"out of memory, limit {parse_bytes(self.memory) // 2**20} MiB"
+        if self.process is not None:
+            code = self.process.poll()
+        elif self.pid is not None and self.private is not None:
+            self.private.hold(OWNER_LOCK)
+            recorded = self.private.read_json(EXIT)
+            code = None if self.private.held(LAUNCHER_LOCK) else int((recorded or {}).get("code", 1))
         else:
-            reason = f"exit code {state['ExitCode']}"
-        self._record_exit(int(state["ExitCode"]) or 1, reason)
-        return self._exit_code
-
-    def _record_exit(self, code: int, reason: str) -> None:
-        self._exit_code = code
-        self.exit_reason = reason
-        self.log.error("Kernel %s ended: %s", self.kernel_id, reason)
+            return 0
+        if code is not None:
+            self._exit_code = code
+            self.exit_reason = self._read_exit(code)
+            if code and not self._stopping:
+                self.log.error("Kernel %s ended: %s", self.kernel_id, self.exit_reason)
+        return code
 
     async def wait(self) -> int | None:
-        """Wait until the container has stopped."""
+        """Wait until the launcher has ended."""
         while (code := await self.poll()) is None:
             await asyncio.sleep(0.1)
+        if self.process is not None:
+            self.process.wait()
+            self.process = None
         return code
 
     async def send_signal(self, signum: int) -> None:
-        """Send a signal to the kernel (``--init`` forwards it to ipykernel)."""
-        container = await asyncio.to_thread(self._container)
-        if container is None or signum == 0:
+        """Signal the launcher: SIGINT interrupts the cell, SIGTERM ends the kernel cleanly."""
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            self._stopping = True
+        if self.process is None and self.pid is not None and self.private is not None:
+            if self.private.held(LAUNCHER_LOCK):
+                os.kill(self.pid, signum)
             return
-        try:
-            await asyncio.to_thread(container.kill, signal=signal.Signals(signum).name)
-        except docker.errors.APIError as exc:
-            if "is not running" not in str(exc):
-                raise
-
-    async def kill(self, restart: bool = False) -> None:
-        """Kill the kernel's container."""
-        await self.send_signal(signal.SIGKILL)
-
-    async def terminate(self, restart: bool = False) -> None:
-        """Ask the kernel to stop with SIGTERM."""
-        await self.send_signal(signal.SIGTERM)
+        await super().send_signal(signum)
 
     async def cleanup(self, restart: bool = False) -> None:
-        """Remove the container and its socket directory."""
-        await self._remove()
+        """Make sure the container is gone; unless restarting, remove the private directory too."""
+        container_id = self.container_id
+        if container_id and (self.private is None or not self.private.held(LAUNCHER_LOCK)):
+            await asyncio.to_thread(_remove_quietly, container_id, self.log)
+        self.pid = self.pgid = None
+        if not restart:
+            await self._forget()
 
-    async def _remove(self) -> None:
-        try:
-            container = await asyncio.to_thread(self._container)
-            if container is not None:
-                await asyncio.to_thread(remove_container, container)
-        finally:
-            self.container_id = None
-            self._release_owner_lock()
-            if self.socket_dir is not None:
-                shutil.rmtree(self.socket_dir, ignore_errors=True)
-                self.socket_dir = None
+    async def _forget(self) -> None:
+        if self.private is not None:
+            self.private.remove()
+            self.private = None
+        self.pid = self.pgid = None
+        self.process = None
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
         """Containers need a moment longer than processes to stop."""
         return max(recommended, 5.0)
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
-        """The launch already waits for the heartbeat; allow for the container's start."""
-        return max(recommended, self.launch_timeout)
+        """The launch already waits for the kernel; allow for the container's start."""
+        return max(recommended, float(self.launch_timeout))
 
     async def get_provisioner_info(self) -> dict[str, Any]:
-        """Persist what a restarted server needs to re-attach to the running container."""
+        """What a restarted server needs to re-attach: the private directory and the launcher's pid."""
         info = await super().get_provisioner_info()
-        info.update(
-            container_id=self.container_id,
-            socket_dir=str(self.socket_dir) if self.socket_dir else None,
-            image=self.image,
-        )
+        info.update(private_dir=str(self.private.path) if self.private else None)
         return info
 
-    async def load_provisioner_info(self, provisioner_info: dict) -> None:
-        """Re-attach to the container recorded by :meth:`get_provisioner_info`."""
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Re-attach to the launcher recorded by :meth:`get_provisioner_info` and become its owner.
+
+        The previous owner may still hold the owner lock (a server that is shutting down): the lock
+        is taken again at each :meth:`poll` until it is free.
+        """
         await super().load_provisioner_info(provisioner_info)
-        self.container_id = provisioner_info["container_id"]
-        socket_dir = provisioner_info.get("socket_dir")
-        self.socket_dir = Path(socket_dir) if socket_dir else None
-        self._take_owner_lock()
-        self.image = provisioner_info.get("image", self.image)
+        private_dir = provisioner_info.get("private_dir")
+        if not private_dir:
+            raise ConfigError("provisioner info without a private_dir: nothing to re-attach to")
+        self.private = PrivateDir(Path(private_dir))
+        self.private.hold(OWNER_LOCK)
+
+
+def _read_status(fd: int) -> bool:
+    """Block until the launcher reports ``ready`` on the pipe, or closes it (False)."""
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.readline().strip() == b"ready"
+
+
+def _remove_quietly(container_id: str, log: Any) -> None:
+    """Remove a container whose launcher could not (it was killed); one already gone is fine."""
+    try:
+        remove_container(docker_client().containers.get(container_id))
+    except docker.errors.NotFound:
+        return
+    except (KernelSandboxError, docker.errors.DockerException) as exc:
+        log.warning("could not remove the kernel's container %s: %s", container_id[:12], exc)

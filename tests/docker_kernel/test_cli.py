@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID, OURS
-from kernel_sandbox.provisioners.docker import WORK_DIR, parse_mount
+from kernel_sandbox.containers import LABEL_KERNEL_ID, OURS, resolve_mounts
+from kernel_sandbox.errors import ConfigError
+from kernel_sandbox.settings import WORK_DIR, DockerSettings
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -51,15 +52,19 @@ def test_doctor_with_no_engine_prints_the_fix() -> None:
     assert "fix: start the engine: `sudo systemctl start docker`" in result.stdout
 
 
+def mounts(*specs: str) -> list[tuple[str, str, str]]:
+    return resolve_mounts(DockerSettings.from_config({"mounts": list(specs)}), None)
+
+
 def test_mount_specs_are_checked(tmp_path: Path) -> None:
-    assert parse_mount(f"{tmp_path}:data") == (str(tmp_path), f"{WORK_DIR}/data", "ro")
-    assert parse_mount(f"{tmp_path}:/mnt/x:rw") == (str(tmp_path), "/mnt/x", "rw")
-    with pytest.raises(ValueError, match="does not exist"):
-        parse_mount(f"{tmp_path}/missing:data")
-    with pytest.raises(ValueError, match="mode must be 'ro' or 'rw'"):
-        parse_mount(f"{tmp_path}:data:rx")
-    with pytest.raises(ValueError, match="HOST_PATH:CONTAINER_PATH"):
-        parse_mount("nocolon")
+    assert mounts(f"{tmp_path}:data") == [(str(tmp_path), f"{WORK_DIR}/data", "ro")]
+    assert mounts(f"{tmp_path}:/mnt/x:rw") == [(str(tmp_path), "/mnt/x", "rw")]
+    with pytest.raises(ConfigError, match="does not exist"):
+        mounts(f"{tmp_path}/missing:data")
+    with pytest.raises(ConfigError, match="mode must be 'ro' or 'rw'"):
+        mounts(f"{tmp_path}:data:rx")
+    with pytest.raises(ConfigError, match="HOST_PATH:CONTAINER_PATH"):
+        mounts("nocolon")
 
 
 def test_gc_removes_stopped_kernel_containers_and_spares_live_ones(docker_engine) -> None:

@@ -1,0 +1,14 @@
+"""Code that runs inside the sandbox, kept as real modules and sent to the kernel as source.
+
+Each module here runs with the image's Python (3.8 or newer, standard library only) through
+``python -c SOURCE ARGS...``; :func:`source` reads one for sending.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+
+def source(module: str) -> str:
+    """The source text of ``kernel_sandbox.kernelside.<module>``, to run with ``python -c``."""
+    return files(__name__).joinpath(f"{module}.py").read_text(encoding="utf-8")

@@ -1,0 +1,74 @@
+"""Start the kernel inside the container: write its connection file, then run the kernel command.
+
+The container's command is ``python -c SOURCE KERNEL_CMD...``. The kernel's own key (not the
+client's) arrives in the environment as ``KERNEL_SANDBOX_KEY`` and is removed from it before the
+kernel runs. The kernel binds its five ports on the container's own loopback (:data:`PORTS`),
+which nothing but the launcher's exec streams can reach: the container has no other network.
+
+A ``python -m MODULE ...`` command runs in this same interpreter, with ipykernel's warning about
+TCP without encryption filtered out (the traffic never leaves the container's loopback); any
+other command is executed as it is.
+"""
+
+import json
+import logging
+import os
+import runpy
+import sys
+
+PORTS = {"shell_port": 20001, "iopub_port": 20002, "stdin_port": 20003, "control_port": 20004, "hb_port": 20005}
+"""Below Linux's ephemeral port range, so a connection attempt can never take a kernel's port."""
+KEY_ENV = "KERNEL_SANDBOX_KEY"
+SIGNATURE_SCHEME = "hmac-sha256"
+CONNECTION_FILE = "/tmp/kernel-sandbox-connection.json"
+LOOPBACK_WARNING = "Kernel is running over TCP without encryption"
+PYTHON_NAMES = ("python", "python3")
+
+
+def connection_info(key):
+    """The kernel's connection info: its five ports on 127.0.0.1, signed with ``key``."""
+    return dict(PORTS, transport="tcp", ip="127.0.0.1", key=key, signature_scheme=SIGNATURE_SCHEME)
+
+
+def write_connection_file(path, info):
+    """Write ``info`` as JSON to a new file at ``path`` that only this user may read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(info, handle)
+
+
+def kernel_argv(cmd, connection_file):
+    """``cmd`` with ``{connection_file}`` replaced by the file's path."""
+    return [part.replace("{connection_file}", connection_file) for part in cmd]
+
+
+class DropLoopbackWarning(logging.Filter):
+    """Drop ipykernel's warning about TCP without encryption: here TCP is the container's loopback."""
+
+    def filter(self, record):
+        return not record.getMessage().startswith(LOOPBACK_WARNING)
+
+
+def run(argv):
+    """Run ``argv``: a ``python -m MODULE`` command in this interpreter, anything else by exec."""
+    if len(argv) >= 3 and os.path.basename(argv[0]) in PYTHON_NAMES and argv[1] == "-m":
+        logging.getLogger("IPKernelApp").addFilter(DropLoopbackWarning())
+        sys.argv = [argv[2], *argv[3:]]
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        return
+    os.execvp(argv[0], argv)
+
+
+def main(cmd):
+    """Write the connection file from the environment and run the kernel command ``cmd``."""
+    key = os.environ.pop(KEY_ENV, "")
+    if not key or not cmd:
+        sys.stderr.write(f"kernel-sandbox boot: no {KEY_ENV} in the environment or no kernel command\n")
+        return 2
+    write_connection_file(CONNECTION_FILE, connection_info(key))
+    run(kernel_argv(cmd, CONNECTION_FILE))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

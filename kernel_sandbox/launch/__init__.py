@@ -1,0 +1,243 @@
+"""The launcher: ``python -m kernel_sandbox.launch -f CONNECTION_FILE (--kernelspec DIR | --config FILE)``.
+
+The one code path that sandboxes a kernel. Given the connection file a Jupyter client wrote, it
+starts the kernel in a container with the kernelspec's provisioner settings and serves the
+client's five channels by relaying them to it. Clients that launch a kernelspec's ``argv``
+themselves (VS Code, PyCharm) run it with ``--kernelspec``; the Docker provisioner runs it with
+``--config``, a 0600 file in the kernel's private directory holding its effective settings.
+
+Lifecycle: SIGINT interrupts the running cell; SIGTERM, a ``shutdown_request`` or the end of
+the launcher ends the kernel and removes its container (a SIGKILLed launcher's container ends
+through its lifeline). When the process that started the launcher goes away, the kernel is
+shut down: at once for a client that ran ``argv``, after ``orphan_timeout`` for a provisioner
+(whose successor may re-attach meanwhile). Exit status 0 is a clean shutdown; a kernel that
+could not be sandboxed exits 1 with one message on stderr saying why and how to fix it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
+from ..settings import DockerSettings
+from .front import Connection, ExitStatus, Front, OutputPolicy
+
+DOCKER_PROVISIONER = "kernel-sandbox-docker"
+OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
+FORWARDED_ENV = ("JPY_SESSION_NAME",)
+OWNER_CHECK_INTERVAL = 1.0
+
+log = logging.getLogger("kernel_sandbox.launch")
+
+
+@dataclass
+class LaunchRequest:
+    """Everything a launch needs: the client's connection, the settings and where they came from."""
+
+    connection: Connection
+    settings: DockerSettings
+    kernel_id: str
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    private: PrivateDir | None = None
+    """The provisioner's private directory (``--config``); None when the launcher makes its own."""
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise KernelLaunchError(f"cannot read the {what} {path}: {exc}") from exc
+
+
+def request_from_kernelspec(connection: Connection, connection_file: str, spec_dir: str) -> LaunchRequest:
+    """A launch by a client that ran the kernelspec's argv: the settings are kernel.json's own."""
+    spec = _read_json(str(Path(spec_dir) / "kernel.json"), "kernelspec")
+    provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
+    name = provisioner.get("provisioner_name")
+    if name == OPENSANDBOX_PROVISIONER:
+        raise KernelLaunchError(
+            "this OpenSandbox kernelspec needs a provisioner-aware client (JupyterLab, jupyter_server, "
+            "nbclient, papermill) until the launcher can start OpenSandbox sandboxes itself; it never "
+            "runs a kernel outside a sandbox. Use the Docker kernelspec (Sandboxed Python) in this client."
+        )
+    if name != DOCKER_PROVISIONER:
+        raise KernelLaunchError(f"{spec_dir}/kernel.json does not select the {DOCKER_PROVISIONER} provisioner")
+    env_names = [*spec.get("env", {}), *FORWARDED_ENV]
+    stem = Path(connection_file).stem
+    kernel_id = stem[len("kernel-"):] if stem.startswith("kernel-") else uuid.uuid4().hex
+    return LaunchRequest(
+        connection=connection,
+        settings=DockerSettings.from_config(provisioner.get("config", {})),
+        kernel_id=kernel_id,
+        env={name: os.environ[name] for name in env_names if name in os.environ},
+        cwd=os.getcwd(),
+    )
+
+
+def request_from_config(connection: Connection, config_file: str) -> LaunchRequest:
+    """A launch by the provisioner: settings, kernel id, environment and cwd from its 0600 file."""
+    private = PrivateDir(Path(config_file).resolve().parent)
+    config = _read_json(config_file, "launcher config")
+    if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
+        raise ConfigError(f"{config_file} holds no 'settings' mapping")
+    return LaunchRequest(
+        connection=connection,
+        settings=DockerSettings.from_config(config["settings"]),
+        kernel_id=str(config.get("kernel_id") or uuid.uuid4().hex),
+        env=dict(config.get("env") or {}),
+        cwd=config.get("cwd"),
+        private=private,
+    )
+
+
+def read_request(args: argparse.Namespace) -> LaunchRequest:
+    """Build the launch request from the command line."""
+    connection = Connection.from_info(_read_json(args.connection_file, "connection file"))
+    if args.config:
+        return request_from_config(connection, args.config)
+    if args.kernelspec:
+        return request_from_kernelspec(connection, args.connection_file, args.kernelspec)
+    raise KernelLaunchError("the launcher needs --kernelspec DIR or --config FILE")
+
+
+def output_policy(settings: DockerSettings) -> OutputPolicy:
+    """The output policy for a kernel with these settings (everything passes, for now)."""
+    return OutputPolicy()
+
+
+async def _watch_owner(request: LaunchRequest, private: PrivateDir, gone: asyncio.Future[str]) -> None:
+    """Resolve ``gone`` when the process that started the launcher is no longer there."""
+    if request.private is None:
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await asyncio.sleep(OWNER_CHECK_INTERVAL)
+        gone.set_result("the client that started the kernel is gone")
+        return
+    timeout = request.settings.orphan_timeout
+    free_since: float | None = None
+    while True:
+        if private.held(OWNER_LOCK):
+            free_since = None
+        else:
+            free_since = free_since or time.monotonic()
+            if timeout is not None and time.monotonic() - free_since >= timeout:
+                gone.set_result(f"the process that started the kernel has been gone for {timeout:g} s")
+                return
+        await asyncio.sleep(OWNER_CHECK_INTERVAL)
+
+
+async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
+    """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit code."""
+    from .docker_link import DockerLink
+
+    loop = asyncio.get_running_loop()
+    private = request.private or PrivateDir.create()
+    private.hold(LAUNCHER_LOCK)
+    stop: asyncio.Future[str] = loop.create_future()
+    front = Front(request.connection, output_policy(request.settings))
+    link = DockerLink(
+        request.settings,
+        private,
+        kernel_id=request.kernel_id,
+        owner_pid=os.getppid(),
+        env=request.env,
+        cwd=request.cwd,
+    )
+
+    def stop_with(reason: str) -> None:
+        if not stop.done():
+            stop.set_result(reason)
+
+    loop.add_signal_handler(signal.SIGTERM, stop_with, "stopped by SIGTERM")
+    loop.add_signal_handler(signal.SIGHUP, stop_with, "stopped by SIGHUP")
+    loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(link.interrupt()))
+    owner = asyncio.ensure_future(_watch_owner(request, private, stop))
+    try:
+        front.bind()
+        front.attach(link)
+        started = asyncio.ensure_future(link.start(front))
+        await asyncio.wait([started, stop], return_when=asyncio.FIRST_COMPLETED)
+        if started.done():
+            started.result()
+            front.kernel_ready()
+            _report_ready(status_fd)
+            ended = asyncio.ensure_future(link.ended())
+            await asyncio.wait([ended, stop], return_when=asyncio.FIRST_COMPLETED)
+            status = ended.result() if ended.done() else ExitStatus(0, stop.result())
+        else:
+            started.cancel()
+            status = ExitStatus(0, stop.result())
+    except KernelSandboxError as exc:
+        status = ExitStatus(1, str(exc))
+        print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
+    except Exception as exc:
+        log.exception("the launcher failed")
+        status = ExitStatus(1, f"the launcher failed: {exc!r}")
+    finally:
+        owner.cancel()
+        await link.stop()
+        front.close()
+        _close(status_fd)
+    if status.code:
+        log.error("kernel %s ended: %s", request.kernel_id, status.reason)
+    if request.private is not None and private.held(OWNER_LOCK):
+        private.write_json(EXIT, {"code": status.code, "reason": status.reason})
+        private.release(LAUNCHER_LOCK)
+    else:
+        private.remove()  # nobody is left to read why the kernel ended
+    return status.code
+
+
+def _report_ready(status_fd: int | None) -> None:
+    if status_fd is not None:
+        os.write(status_fd, b"ready\n")
+        _close(status_fd)
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher's command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kernel_sandbox.launch",
+        description="Start a sandboxed kernel for the client that wrote CONNECTION_FILE and relay its channels.",
+    )
+    parser.add_argument("-f", dest="connection_file", required=True, help="the client's connection file")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--kernelspec", metavar="DIR", help="kernelspec directory whose kernel.json holds the settings")
+    source.add_argument("--config", metavar="FILE", help="effective settings written by the provisioner (0600)")
+    parser.add_argument("--status-fd", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the launcher; the exit code is the kernel's fate (0: a clean shutdown)."""
+    args = build_parser().parse_args(argv)
+    level = os.environ.get("KERNEL_SANDBOX_LOG_LEVEL", "WARNING").upper()
+    logging.basicConfig(level=level, format="[kernel-sandbox %(levelname)s] %(message)s")
+    try:
+        request = read_request(args)
+    except KernelSandboxError as exc:
+        print(f"kernel-sandbox: {exc}", file=sys.stderr)
+        _close(args.status_fd)
+        return 1
+    return asyncio.run(serve(request, args.status_fd))

@@ -1,0 +1,513 @@
+"""The Docker link: a kernel in a container with no network, reached through Docker exec streams.
+
+Inside the container ipykernel binds its five ports on the container's own loopback. For each
+channel the launcher opens an exec stream running :mod:`kernel_sandbox.kernelside.connector`
+against that channel's port and speaks ZMTP through it (:mod:`.zmtp`): one stream per channel,
+so heartbeats and control messages never queue behind a flood of output. Nothing of the host is
+mounted into the container for this, and no host path is involved: the streams are the engine's.
+
+Each connector is also a lifeline: when the launcher ends, by any signal, the engine closes the
+connectors' stdin and they kill every process of the container; the container removes itself
+(auto-remove).
+How the kernel ended (out of memory included) is read from the engine's events, since an
+auto-removed container cannot be inspected afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import secrets
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from ..containers import (
+    applied_limits,
+    check_engine,
+    container_spec,
+    docker_client,
+    engine_address,
+    owner_labels,
+    remove_container,
+    require_image,
+    resolve_mounts,
+    run_as,
+)
+from ..errors import EngineUnavailable, KernelLaunchError, KernelSandboxError
+from ..kernelside import source
+from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
+from ..privdir import LAUNCHER_STATE, PrivateDir
+from ..settings import MiB, DockerSettings
+from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, split
+from .zmtp import SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
+
+log = logging.getLogger("kernel_sandbox.launch")
+
+ROUTING_ID = b"kernel-sandbox-launcher"
+"""One routing id for the shell, control and stdin sockets, so ipykernel's stdin requests reach us."""
+PROBE = b"kernel-sandbox-probe"
+PROBE_INTERVAL = 0.5
+REOPEN_DELAY = 0.2
+WAITING_LIMIT = 1000
+"""Client messages kept per channel while its stream is not open yet (ZMQ's own default queue size)."""
+ENGINE_CHECK_TIMEOUT = 10
+WELCOME_WAIT = 1.0
+"""Seconds to wait, once the heartbeat answers, for ipykernel 7's ``iopub_welcome`` (JEP 65) to
+confirm the launcher's IOPub subscription; kernels without it start after this pause."""
+EXIT_REPORT_WAIT = 5.0
+"""Seconds to wait for the engine's report of a kernel that died while its channels were opened."""
+OUTPUT_CAP = 1 * MiB
+"""Bytes of the container's own stdout/stderr passed to the launcher's stderr; the rest is dropped."""
+OUTPUT_TAIL_LINES = 40
+CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
+_HEADER = struct.Struct(">BxxxL")
+
+
+def _own_socket(sdk_socket: Any) -> socket.socket:
+    """A plain non-blocking socket of our own for a stream the docker SDK hijacked from HTTP."""
+    raw = getattr(sdk_socket, "_sock", sdk_socket)
+    if not isinstance(raw, socket.socket) or isinstance(raw, ssl.SSLSocket):
+        sdk_socket.close()
+        raise EngineUnavailable(
+            f"the Docker engine at {engine_address()} is reached over a transport the launcher cannot "
+            "stream through (TLS or ssh); use a unix:// or tcp:// DOCKER_HOST"
+        )
+    ours = socket.socket(fileno=os.dup(raw.fileno()))
+    sdk_socket.close()
+    raw.close()
+    ours.setblocking(False)
+    return ours
+
+
+class Demux:
+    """Split Docker's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian length) by stream."""
+
+    def __init__(self, stdout: Callable[[bytes], None], stderr: Callable[[bytes], None]) -> None:
+        self._out = {1: stdout, 2: stderr}
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes of the stream and hand on every complete payload."""
+        buffer = self._buffer
+        buffer += data
+        offset = 0
+        while len(buffer) - offset >= _HEADER.size:
+            kind, length = _HEADER.unpack_from(buffer, offset)
+            end = offset + _HEADER.size + length
+            if len(buffer) < end:
+                break
+            handler = self._out.get(kind)
+            if handler is not None and length:
+                handler(bytes(buffer[offset + _HEADER.size : end]))
+            offset = end
+        del buffer[:offset]
+
+
+class _Channel(asyncio.Protocol):
+    """One kernel channel: an exec stream running the connector, with ZMTP spoken through it."""
+
+    def __init__(self, link: DockerLink, name: str) -> None:
+        self.link = link
+        self.name = name
+        self.transport: asyncio.Transport | None = None
+        self.peer: ZmtpPeer | None = None
+        self._demux = Demux(self._from_kernel, self._stderr)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        kind = b"SUB" if self.name == "iopub" else b"DEALER"
+        identity = ROUTING_ID if self.name in REQUEST_CHANNELS else b""
+        self.peer = ZmtpPeer(kind, transport.write, self._message, identity=identity)
+        if kind == b"SUB":
+            self.peer.send([SUBSCRIBE_ALL])
+        self.link._channel_open(self)
+
+    def send(self, frames: list[bytes]) -> None:
+        assert self.peer is not None
+        self.peer.send(frames)
+
+    def _from_kernel(self, data: bytes) -> None:
+        assert self.peer is not None
+        try:
+            self.peer.feed(data)
+        except ProtocolError as exc:
+            log.error("the kernel's %s channel broke ZMTP: %s", self.name, exc)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _message(self, frames: list[bytes]) -> None:
+        self.link._from_kernel(self.name, frames)
+
+    def _stderr(self, data: bytes) -> None:
+        log.debug("%s connector: %s", self.name, data[:500].decode(errors="replace").strip())
+
+    def data_received(self, data: bytes) -> None:
+        self._demux.feed(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link._channel_lost(self)
+
+    def pause_writing(self) -> None:
+        self.link._throttle(self.name, True)
+
+    def resume_writing(self) -> None:
+        self.link._throttle(self.name, False)
+
+
+class _Watched(asyncio.Protocol):
+    """A stream whose (demultiplexed) bytes go to a callback and whose end is reported."""
+
+    def __init__(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        self._demux = Demux(on_data, on_data)
+        self._on_end = on_end
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._demux.feed(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_end()
+
+
+class KernelOutput:
+    """The container's own stdout and stderr: passed to our stderr up to a cap, the tail kept for errors."""
+
+    def __init__(self, cap: int = OUTPUT_CAP) -> None:
+        self._left = cap
+        self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+        self._partial = ""
+
+    def write(self, data: bytes) -> None:
+        """Record and pass on one chunk of the container's output."""
+        text = self._partial + data.decode(errors="replace")
+        *lines, self._partial = text.split("\n")
+        self.tail.extend(lines)
+        if self._left > 0:
+            chunk = data[: self._left]
+            self._left -= len(chunk)
+            sys.stderr.buffer.write(chunk)
+            if self._left <= 0:
+                sys.stderr.buffer.write(b"\n[kernel-sandbox: further output of the kernel container dropped]\n")
+            sys.stderr.flush()
+
+    def text(self) -> str:
+        """The last lines the container wrote."""
+        return "\n".join([*self.tail, self._partial]).strip()
+
+
+class DockerLink:
+    """The kernel in a locked-down container on the Docker engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: DockerSettings,
+        private: PrivateDir,
+        *,
+        kernel_id: str,
+        owner_pid: int,
+        env: dict[str, str],
+        cwd: str | None,
+    ) -> None:
+        self.settings = settings
+        self.private = private
+        self.kernel_id = kernel_id
+        self.owner_pid = owner_pid
+        self.env = env
+        self.cwd = cwd
+        self.container_id: str | None = None
+        self.output = KernelOutput()
+        self._key = secrets.token_hex(32)
+        self._signer = Signer(self._key.encode(), SIGNATURE_SCHEME)
+        self._client: docker.DockerClient | None = None
+        self._front: Front | None = None
+        self._channels: dict[str, _Channel] = {}
+        self._waiting: dict[str, collections.deque[list[Any]]] = {name: collections.deque() for name in CHANNEL_PORTS}
+        self._streams: list[asyncio.BaseTransport] = []
+        self._events: Any = None
+        self._oom = False
+        self._stopping = False
+        self._loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[ExitStatus] = self._loop.create_future()
+        self._ready: asyncio.Future[None] = self._loop.create_future()
+        self._welcomed: asyncio.Future[None] = self._loop.create_future()
+        self._creating: asyncio.Future[Any] | None = None
+
+    # -- starting ------------------------------------------------------------------------------
+
+    async def start(self, front: Front) -> None:
+        """Create and start the container, open its channels, and return once the kernel answers."""
+        self._front = front
+        settings = self.settings
+        client = self._client = await asyncio.to_thread(docker_client)
+        check_engine(await asyncio.to_thread(client.info), settings)
+        await asyncio.to_thread(require_image, client, settings.image)
+        spec = container_spec(
+            settings,
+            kernel_id=self.kernel_id,
+            kernel_key=self._key,
+            user=run_as(settings),
+            env=self.env,
+            mounts=resolve_mounts(settings, self.cwd),
+            labels=owner_labels(self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path),
+        )
+        self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
+        try:
+            container = await asyncio.shield(self._creating)
+        except docker.errors.APIError as exc:
+            reason = exc.explanation or exc
+            raise KernelLaunchError(f"Docker refused to create the kernel's container: {reason}") from exc
+        self.container_id = container.id
+        self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
+        await asyncio.to_thread(self._watch_events)
+        await self._attach_output()
+        try:
+            await asyncio.to_thread(container.start)
+        except docker.errors.APIError as exc:
+            hint = ""
+            if settings.runtime == "runsc":
+                hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
+            raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
+        try:
+            await asyncio.gather(*(self._open_channel(name) for name in CHANNEL_PORTS))
+        except docker.errors.APIError as exc:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._ended), EXIT_REPORT_WAIT)
+            except asyncio.TimeoutError:
+                raise KernelLaunchError(f"Could not reach the kernel's channels: {exc.explanation or exc}") from exc
+            raise self._start_failure() from exc
+        self.heartbeat([PROBE, b"ping"])
+        await self._wait_until_ready(container, spec)
+
+    def _start_failure(self) -> KernelLaunchError:
+        status = self._ended.result()
+        return KernelLaunchError(f"The kernel exited during start-up ({status.reason}).\n{self.output.text()}".strip())
+
+    def _exec_socket(self, cmd: list[str]) -> socket.socket:
+        assert self._client is not None and self.container_id is not None
+        exec_id = self._client.api.exec_create(self.container_id, cmd, stdin=True, stdout=True, stderr=True)["Id"]
+        return _own_socket(self._client.api.exec_start(exec_id, socket=True))
+
+    async def _open_channel(self, name: str) -> None:
+        port, wait = str(CHANNEL_PORTS[name]), str(self.settings.launch_timeout)
+        cmd = ["python", "-I", "-S", "-c", source("connector"), port, wait]
+        sock = await asyncio.to_thread(self._exec_socket, cmd)
+        if self._stopping:
+            sock.close()
+            return
+        await self._loop.connect_accepted_socket(lambda: _Channel(self, name), sock)
+
+    async def _attach_output(self) -> None:
+        assert self._client is not None
+        params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
+        sdk_socket = await asyncio.to_thread(self._client.api.attach_socket, self.container_id, params)
+        transport, _ = await self._loop.connect_accepted_socket(
+            lambda: _Watched(self.output.write, lambda: None), _own_socket(sdk_socket)
+        )
+        self._streams.append(transport)
+
+    async def _wait_until_ready(self, container: Any, spec: dict[str, Any]) -> None:
+        limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
+        deadline = time.monotonic() + self.settings.launch_timeout
+        try:
+            while not self._ready.done():
+                if self._ended.done():
+                    raise self._start_failure()
+                if time.monotonic() >= deadline:
+                    raise KernelLaunchError(
+                        f"The kernel in image {self.settings.image!r} did not answer within "
+                        f"{self.settings.launch_timeout:g} s. Check that the image runs ipykernel "
+                        "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
+                    )
+                await asyncio.wait(
+                    [self._ready, self._ended], timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not self._ready.done():
+                    self.heartbeat([PROBE, b"ping"])
+            await asyncio.wait([self._welcomed], timeout=WELCOME_WAIT)
+            await limits
+        finally:
+            limits.cancel()
+
+    def _check_limits(self, container: Any, spec: dict[str, Any]) -> None:
+        container.reload()
+        wrong = applied_limits(container.attrs["HostConfig"], spec)
+        if wrong:
+            raise KernelLaunchError("The Docker engine did not apply the kernel's limits: " + "; ".join(wrong))
+
+    # -- channels and messages -----------------------------------------------------------------
+
+    def _channel_open(self, channel: _Channel) -> None:
+        self._channels[channel.name] = channel
+        waiting = self._waiting[channel.name]
+        while waiting:
+            channel.send(waiting.popleft())
+
+    def _channel_lost(self, channel: _Channel) -> None:
+        if self._channels.get(channel.name) is channel:
+            del self._channels[channel.name]
+        if self._stopping or self._ended.done():
+            return
+        log.debug("the kernel's %s stream ended; opening another", channel.name)
+
+        async def reopen() -> None:
+            await asyncio.sleep(REOPEN_DELAY)
+            if not (self._stopping or self._ended.done()):
+                try:
+                    await self._open_channel(channel.name)
+                except Exception as exc:
+                    log.warning("could not reopen the kernel's %s stream: %s", channel.name, exc)
+
+        asyncio.ensure_future(reopen())
+
+    def _throttle(self, channel: str, paused: bool) -> None:
+        if self._front is not None and channel in REQUEST_CHANNELS:
+            self._front.throttle(channel, paused)
+
+    def _send(self, channel: str, frames: list[Any]) -> None:
+        open_channel = self._channels.get(channel)
+        if open_channel is not None:
+            open_channel.send(frames)
+        elif len(self._waiting[channel]) < WAITING_LIMIT:
+            self._waiting[channel].append(frames)
+        else:
+            log.warning("dropped a %s message: the kernel's channel is not open", channel)
+
+    def _from_kernel(self, channel: str, frames: list[bytes]) -> None:
+        if channel == "hb":
+            if frames[0] == PROBE:
+                if not self._ready.done():
+                    self._ready.set_result(None)
+            elif self._front is not None:
+                self._front.heartbeat_reply(frames)
+            return
+        message = split(frames)
+        if message is None or self._front is None:
+            return
+        idents, signature, parts = message
+        if not self._signer.verify(signature, parts):
+            log.warning("dropped a %s message with a bad signature from the kernel", channel)
+            return
+        if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
+            self._welcomed.set_result(None)
+        self._front.from_kernel(channel, idents, parts)
+
+    def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
+        """Sign a client message with the kernel's key and send it on."""
+        self._send(channel, [*idents, DELIM, self._signer.sign(parts), *parts])
+
+    def heartbeat(self, frames: list[Any]) -> None:
+        """Forward a ping to the kernel's heartbeat."""
+        self._send("hb", list(frames))
+
+    # -- life and death ------------------------------------------------------------------------
+
+    def _watch_events(self) -> None:
+        """Follow the container's events from a thread (subscribed before it starts: nothing is missed)."""
+        assert self._client is not None
+        stream = self._client.events(filters={"container": self.container_id}, decode=True)
+        self._events = stream
+        loop = self._loop
+
+        def follow() -> None:
+            try:
+                for event in stream:
+                    loop.call_soon_threadsafe(self._on_event, event)
+            except Exception as exc:
+                loop.call_soon_threadsafe(self._on_events_lost, exc)
+            else:
+                loop.call_soon_threadsafe(self._on_events_lost, None)
+
+        threading.Thread(target=follow, name="docker-events", daemon=True).start()
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        status = event.get("status") or event.get("Action")
+        if status == "oom":
+            self._oom = True
+        elif status == "die":
+            code = int(event.get("Actor", {}).get("Attributes", {}).get("exitCode", 1))
+            if self._oom:
+                limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
+                self._end(ExitStatus(code or 137, f"out of memory{limit}"))
+            else:
+                self._end(ExitStatus(code, "the kernel shut down" if code == 0 else f"exit code {code}"))
+
+    def _on_events_lost(self, exc: BaseException | None) -> None:
+        if not (self._stopping or self._ended.done()):
+            asyncio.ensure_future(self._explain_loss(exc))
+
+    async def _explain_loss(self, exc: BaseException | None) -> None:
+        """The event stream ended while the kernel should be running: find out why, in bounded time."""
+        try:
+            client = await asyncio.to_thread(docker_client, ENGINE_CHECK_TIMEOUT)
+            await asyncio.to_thread(client.containers.get, self.container_id)
+        except EngineUnavailable as error:
+            self._end(ExitStatus(1, f"the Docker engine became unreachable ({error.__cause__ or error})"))
+        except docker.errors.NotFound:
+            self._end(ExitStatus(1, "the kernel's container was removed"))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+            self._end(ExitStatus(1, f"the Docker engine failed: {error}"))
+        else:
+            self._end(ExitStatus(1, f"the Docker engine stopped reporting on the kernel ({exc})"))
+
+    def _end(self, status: ExitStatus) -> None:
+        if not self._ended.done():
+            self._ended.set_result(status)
+
+    async def ended(self) -> ExitStatus:
+        """Wait until the kernel has ended, and say how."""
+        return await asyncio.shield(self._ended)
+
+    async def interrupt(self) -> None:
+        """Send SIGINT to the kernel through the container's init."""
+        if self._client is None or self.container_id is None:
+            return
+        try:
+            await asyncio.to_thread(self._client.api.kill, self.container_id, "SIGINT")
+        except docker.errors.APIError as exc:
+            log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
+
+    async def stop(self) -> None:
+        """Close every stream, end the kernel and remove its container."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
+            if transport is not None:
+                transport.close()
+        if self.container_id is None and self._creating is not None:
+            try:
+                self.container_id = (await self._creating).id
+            except Exception:
+                pass
+        if self._client is not None and self.container_id is not None:
+            try:
+                container = await asyncio.to_thread(self._client.containers.get, self.container_id)
+                await asyncio.to_thread(remove_container, container)
+            except docker.errors.NotFound:
+                pass
+            except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
+        if self._events is not None:
+            self._events.close()

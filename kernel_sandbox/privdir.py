@@ -1,0 +1,175 @@
+"""Private host directories: one per kernel, under a per-user root, readable by their owner only.
+
+The root is ``$XDG_RUNTIME_DIR/kernel-sandbox`` when ``XDG_RUNTIME_DIR`` is the user's own private
+directory, else ``/tmp/kernel-sandbox-UID``. A root or kernel directory that is not a real
+directory owned by this user with mode 0700 (say, one another account made first) is refused,
+never used or repaired. No part of these directories is visible to a kernel: the container has
+no bind mount of them, so every path in them was made by the host user's own processes.
+
+What one kernel's directory holds (:class:`PrivateDir` names them):
+
+* the client's IPC sockets (when the provisioner chose IPC) and the launcher's own sockets that
+  lead to the kernel's channels;
+* ``config.json``, the effective settings the provisioner hands to the launcher (0600);
+* ``owner.lock``, held by the provisioner; ``launcher.lock``, held by the launcher while it lives;
+* ``launcher.json`` (the launcher's pid and container id) and ``exit.json`` (why the kernel ended).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import KernelLaunchError
+
+CONFIG = "config.json"
+OWNER_LOCK = "owner.lock"
+LAUNCHER_LOCK = "launcher.lock"
+LAUNCHER_STATE = "launcher.json"
+EXIT = "exit.json"
+NEW_DIR_GRACE_SECONDS = 60
+
+
+def user_root() -> Path:
+    """The current user's root for private directories, created (0700) when missing, then checked."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime_dir and _is_private_dir(Path(runtime_dir)):
+        root = Path(runtime_dir) / "kernel-sandbox"
+    else:
+        root = Path(tempfile.gettempdir()) / f"kernel-sandbox-{os.geteuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    require_private(root)
+    return root
+
+
+def _is_private_dir(path: Path) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+
+
+def require_private(path: Path) -> None:
+    """Raise :class:`KernelLaunchError` unless ``path`` is a real directory of this user, mode 0700."""
+    if not _is_private_dir(path):
+        try:
+            info = os.lstat(path)
+            found = f"owner uid {info.st_uid}, mode {stat.filemode(info.st_mode)}"
+        except OSError as exc:
+            found = exc.strerror or str(exc)
+        raise KernelLaunchError(
+            f"{path} is not a private directory of uid {os.geteuid()} ({found}); kernel-sandbox keeps "
+            "kernel keys and sockets only in a directory that is the user's own with mode 0700. Another "
+            f"account may have made it first: remove it (as root) or set XDG_RUNTIME_DIR to a private directory."
+        )
+
+
+class PrivateDir:
+    """One kernel's private directory on the host."""
+
+    def __init__(self, path: Path) -> None:
+        require_private(path)
+        self.path = path
+        self._held: dict[str, int] = {}
+
+    @classmethod
+    def create(cls) -> PrivateDir:
+        """Make a new directory with a random name under :func:`user_root`."""
+        return cls(Path(tempfile.mkdtemp(prefix="", dir=user_root())))
+
+    def __repr__(self) -> str:
+        return f"PrivateDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def ipc(self, name: str) -> str:
+        """A ZMQ ``ipc://`` address for a socket file named ``name`` in this directory."""
+        return f"ipc://{self.path / name}"
+
+    def write_json(self, name: str, data: Any) -> Path:
+        """Write ``data`` as JSON to ``name``, replacing it atomically; the file is 0600."""
+        target = self.path / name
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle)
+        os.replace(tmp, target)
+        return target
+
+    def read_json(self, name: str) -> Any:
+        """The JSON content of ``name``, or None when it does not exist."""
+        try:
+            return json.loads((self.path / name).read_text())
+        except FileNotFoundError:
+            return None
+
+    def _open(self, name: str) -> int:
+        return os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+    def hold(self, name: str) -> bool:
+        """Take the lock ``name`` and keep it until :meth:`release`; False when another holds it."""
+        if name in self._held:
+            return True
+        fd = self._open(name)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        self._held[name] = fd
+        return True
+
+    def release(self, name: str) -> None:
+        """Let go of the lock ``name`` if this object holds it."""
+        fd = self._held.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+
+    def held(self, name: str) -> bool:
+        """True when some process (this one included) holds the lock ``name``."""
+        if name in self._held:
+            return True
+        try:
+            fd = os.open(self.path / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def remove(self) -> None:
+        """Release every lock and delete the directory with everything in it."""
+        for name in list(self._held):
+            self.release(name)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def abandoned_dirs() -> list[Path]:
+    """Kernel directories under the user's root that no provisioner or launcher holds any more."""
+    root = user_root()
+    found = []
+    for entry in root.iterdir():
+        if not _is_private_dir(entry) or time.time() - entry.stat().st_mtime < NEW_DIR_GRACE_SECONDS:
+            continue
+        directory = PrivateDir(entry)
+        if not directory.held(OWNER_LOCK) and not directory.held(LAUNCHER_LOCK):
+            found.append(entry)
+    return found

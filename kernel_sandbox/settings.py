@@ -1,0 +1,335 @@
+"""The Docker backend's options: one model for the provisioner, the launcher, ``install`` and programs.
+
+:meth:`DockerSettings.from_config` checks every value before any container exists: a wrong type,
+an out-of-range or empty value, a combination that cannot hold, or an unknown name raises
+:class:`~kernel_sandbox.errors.ConfigError` naming the option. A limit is lifted only when asked
+for in so many words: ``None`` or ``"unlimited"``; ``0``, negative and empty values are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_IMAGE = "kernel-sandbox-python:latest"
+DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
+HOME_DIR = "/home/sandbox"
+WORK_DIR = "/home/sandbox/work"
+UNLIMITED = "unlimited"
+MiB = 2**20
+TMPFS_SHARE = {"tmp_size": 1 / 8, "home_size": 1 / 4, "work_size": 3 / 8}
+"""Default share of the memory limit for each writable tmpfs; together 3/4, the rest is the kernel's."""
+TMPFS_FALLBACK = {"tmp_size": 128 * MiB, "home_size": 256 * MiB, "work_size": 384 * MiB}
+"""Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
+MIN_MEMORY = 32 * MiB
+MIN_PIDS = 16
+RESERVED_ENV_PREFIX = "KERNEL_SANDBOX_"
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_MAX_ID = 2**31 - 2
+
+
+def _refuse(name: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r}: {why}")
+
+
+def _unlimited(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() == UNLIMITED)
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _refuse(name, value, "must be a non-empty string")
+    return value.strip()
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _refuse(name, value, "must be true or false")
+    return value
+
+
+def parse_size(name: str, value: Any) -> int:
+    """Bytes from ``value``: an int, or a string such as ``512m``, ``1.5g``, ``2GiB`` (binary units)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
+        number = int(float(match[1]) * _UNITS[match[2].lower()])
+    else:
+        raise _refuse(name, value, "must be a size such as 512m or 2g")
+    if number <= 0:
+        raise _refuse(name, value, f"must be more than 0; to lift the limit say {UNLIMITED!r}")
+    return number
+
+
+def _memory(name: str, value: Any) -> int | None:
+    if _unlimited(value):
+        return None
+    size = parse_size(name, value)
+    if size < MIN_MEMORY:
+        raise _refuse(name, value, f"must be at least {MIN_MEMORY // MiB}m, or {UNLIMITED!r}")
+    return size
+
+
+def _tmpfs(name: str, value: Any) -> int | None:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    if _unlimited(value):
+        raise _refuse(name, value, "a writable tmpfs always has a size; say 'auto' for the default")
+    return parse_size(name, value)
+
+
+def _cpus(name: str, value: Any) -> float | None:
+    if _unlimited(value):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _refuse(name, value, "must be a number of cores such as 1 or 0.5")
+    cores = float(value)
+    if not math.isfinite(cores) or cores < 0.01 or cores > 1024:
+        raise _refuse(name, value, f"must be between 0.01 and 1024 cores, or {UNLIMITED!r}")
+    return cores
+
+
+def _pids(name: str, value: Any) -> int | None:
+    if _unlimited(value):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refuse(name, value, "must be a whole number of processes")
+    if value < MIN_PIDS:
+        raise _refuse(name, value, f"must be at least {MIN_PIDS} (the kernel needs threads), or {UNLIMITED!r}")
+    return value
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _refuse(name, value, "must be a number of seconds")
+    if not 0 < value <= 86400:
+        raise _refuse(name, value, "must be more than 0 and at most 86400 seconds")
+    return float(value)
+
+
+def _orphan_seconds(name: str, value: Any) -> float | None:
+    return None if _unlimited(value) else _seconds(name, value)
+
+
+def _user(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _refuse(name, value, "must be a string 'UID:GID' or ''")
+    if not value:
+        return ""
+    uid, sep, gid = value.partition(":")
+    if not (uid.isdigit() and sep and gid.isdigit()) or max(int(uid), int(gid)) > _MAX_ID:
+        raise _refuse(name, value, "must be a numeric UID:GID such as 1000:1000")
+    if int(uid) == 0 or int(gid) == 0:
+        raise _refuse(name, value, "the kernel never runs as root: choose a uid and gid other than 0")
+    return f"{int(uid)}:{int(gid)}"
+
+
+def _id_range(name: str, value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        low, high = value
+    elif isinstance(value, str) and re.fullmatch(r"\d+-\d+", value.strip()):
+        low, high = (int(part) for part in value.strip().split("-"))
+    else:
+        raise _refuse(name, value, "must be a range such as '100000-999999'")
+    if isinstance(low, bool) or isinstance(high, bool) or not (isinstance(low, int) and isinstance(high, int)):
+        raise _refuse(name, value, "must be a range of whole numbers")
+    if not 1000 <= low <= high <= _MAX_ID:
+        raise _refuse(name, value, f"must lie within 1000-{_MAX_ID}, low end first")
+    return low, high
+
+
+def _mount_cwd(name: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in ("off", "ro", "rw"):
+        raise _refuse(name, value, "must be 'off', 'ro' or 'rw'")
+    return value.lower()
+
+
+def _runtime(name: str, value: Any) -> str:
+    if not isinstance(value, str) or (value and not _RUNTIME.fullmatch(value)):
+        raise _refuse(name, value, "must be the name of an OCI runtime registered with Docker, e.g. 'runsc', or ''")
+    return value
+
+
+def _env(name: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise _refuse(name, value, "must be a mapping of variable names to strings")
+    for key, item in value.items():
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise _refuse(name, value, f"{key!r} is not a valid variable name")
+        if key.upper().startswith(RESERVED_ENV_PREFIX):
+            raise _refuse(name, value, f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are kernel-sandbox's own")
+        if not isinstance(item, str) or "\0" in item:
+            raise _refuse(name, value, f"the value of {key!r} must be a string without NUL")
+    return dict(value)
+
+
+def _kernel_cmd(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise _refuse(name, value, "must be a non-empty list of strings")
+    if not all(isinstance(part, str) and part and "\0" not in part for part in value):
+        raise _refuse(name, value, "every part must be a non-empty string")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount as written by the user; the host path is checked when the kernel starts."""
+
+    host: str
+    container: str
+    mode: str = "ro"
+
+    @property
+    def target(self) -> str:
+        """The absolute path inside the container (relative ones sit under the work directory)."""
+        path = PurePosixPath(self.container or PurePosixPath(self.host).name)
+        return str(path if path.is_absolute() else PurePosixPath(WORK_DIR) / path)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.container}:{self.mode}"
+
+
+def parse_mount(name: str, spec: Any) -> Mount:
+    """Parse ``HOST:CONTAINER[:ro|rw]`` (or a dict with host/container/mode); read-only by default."""
+    if isinstance(spec, Mount):
+        return spec
+    if isinstance(spec, Mapping):
+        host, target, mode = spec.get("host"), spec.get("container", ""), spec.get("mode", "ro")
+    elif isinstance(spec, str):
+        parts = spec.split(":")
+        if len(parts) not in (2, 3):
+            raise _refuse(name, spec, "a mount must look like HOST_PATH:CONTAINER_PATH[:ro|rw]")
+        host, target, mode = parts[0], parts[1], parts[2] if len(parts) == 3 else "ro"
+    else:
+        raise _refuse(name, spec, "a mount must be 'HOST:CONTAINER[:ro|rw]' or a dict")
+    if not isinstance(host, str) or not host or not isinstance(target, str) or "\0" in host + target:
+        raise _refuse(name, spec, "a mount needs a host path")
+    if mode not in ("ro", "rw"):
+        raise _refuse(name, spec, f"mode must be 'ro' or 'rw', not {mode!r}")
+    return Mount(host, target, mode)
+
+
+def _mounts(name: str, value: Any) -> tuple[Mount, ...]:
+    if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)):
+        raise _refuse(name, value, "must be a list of mounts")
+    return tuple(parse_mount(name, spec) for spec in value)
+
+
+def _option(default: Any, parse: Callable[[str, Any], Any], help: str) -> Any:
+    factory = (lambda: dict(default)) if isinstance(default, dict) else None
+    metadata = {"parse": parse, "help": help, "default": default}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=parse("default", default), metadata=metadata)
+
+
+@dataclass(frozen=True)
+class DockerSettings:
+    """The settings of one Docker kernel, checked; build with :meth:`from_config`."""
+
+    image: str = _option(DEFAULT_IMAGE, _text, "Docker image that runs the kernel.")
+    network: bool = _option(False, _flag, "Give the kernel a network (a bridge with outbound access).")
+    memory: int | None = _option("1g", _memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'.")
+    cpus: float | None = _option(1.0, _cpus, "CPU limit in cores, or 'unlimited'.")
+    pids_limit: int | None = _option(256, _pids, "Maximum number of processes and threads, or 'unlimited'.")
+    user: str = _option(
+        "", _user, "uid:gid the kernel runs as; empty: the host user's, or one from uid_range for root."
+    )
+    uid_range: tuple[int, int] = _option(
+        "100000-999999", _id_range, "When Jupyter runs as root: the range the kernel's unused uid:gid is picked from."
+    )
+    read_only: bool = _option(True, _flag, "Mount the image's root filesystem read-only.")
+    tmp_size: int | None = _option("auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/8.")
+    home_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/4.")
+    work_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory.")
+    mounts: tuple[Mount, ...] = _option((), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'.")
+    mount_cwd: str = _option(
+        "off", _mount_cwd, "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw."
+    )
+    env: dict[str, str] = _option({}, _env, "Environment variables given to the kernel.")
+    runtime: str = _option("", _runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default.")
+    launch_timeout: float = _option(60.0, _seconds, "Seconds to wait for the kernel to come up.")
+    orphan_timeout: float | None = _option(
+        30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
+    )
+    kernel_cmd: tuple[str, ...] = _option(
+        DEFAULT_KERNEL_CMD, _kernel_cmd, "The kernel's command inside the container; {connection_file} is replaced."
+    )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DockerSettings:
+        """Check ``config`` (option name → value) and return the settings; unset options keep their defaults."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"the Docker provisioner's config must be a mapping, not {type(config).__name__}")
+        check_names(config)
+        values = {name: OPTIONS[name].metadata["parse"](name, value) for name, value in config.items()}
+        settings = cls(**values)
+        settings._check_together()
+        return settings
+
+    def _check_together(self) -> None:
+        sizes = self.tmpfs_sizes()
+        if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
+            used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
+            raise ConfigError(
+                f"{used} must fit in 3/4 of memory={self.memory // MiB}m, so that a full disk is ENOSPC "
+                "and not an out-of-memory kill: raise memory or lower the sizes"
+            )
+        if self.mount_cwd != "off" and any(mount.target == WORK_DIR for mount in self.mounts):
+            raise ConfigError(f"mount_cwd={self.mount_cwd!r} and mounts both mount the work directory {WORK_DIR}")
+
+    def tmpfs_sizes(self) -> dict[str, int]:
+        """The size in bytes of each writable tmpfs (``tmp_size``, ``home_size``, ``work_size``)."""
+        sizes = {}
+        for name, share in TMPFS_SHARE.items():
+            size = getattr(self, name)
+            if size is None:
+                size = int(self.memory * share) if self.memory is not None else TMPFS_FALLBACK[name]
+            if name == "work_size" and self.work_mounted:
+                continue
+            sizes[name] = size
+        return sizes
+
+    @property
+    def work_mounted(self) -> bool:
+        """True when a bind mount (or ``mount_cwd``) takes the place of the work directory's tmpfs."""
+        return self.mount_cwd != "off" or any(mount.target == WORK_DIR for mount in self.mounts)
+
+    def to_config(self) -> dict[str, Any]:
+        """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
+        config = dataclasses.asdict(self)
+        config["mounts"] = [str(mount) for mount in self.mounts]
+        config["kernel_cmd"] = list(self.kernel_cmd)
+        config["uid_range"] = "{}-{}".format(*self.uid_range)
+        for name in ("tmp_size", "home_size", "work_size"):
+            if config[name] is None:
+                config[name] = "auto"
+        return config
+
+
+OPTIONS: dict[str, dataclasses.Field[Any]] = {option.name: option for option in dataclasses.fields(DockerSettings)}
+"""Every option of the Docker backend, by name; ``metadata`` holds its ``help``, ``default`` and ``parse``."""
+
+
+def check_names(config: Mapping[str, Any]) -> None:
+    """Refuse names in ``config`` that are not options, suggesting the closest one."""
+    unknown = sorted(set(config) - set(OPTIONS), key=str)
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(str(name), OPTIONS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"the Docker backend has no option {name!r}{hint}; its options are {', '.join(OPTIONS)}"
+        )
