@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 from kernel_sandbox.execution import AsyncSandbox, Sandbox
 from resource_counts import MiB, Bounds, Counts, ResourceWatch
@@ -268,7 +269,7 @@ async def test_start_stop_cycles_through_multi_kernel_manager(
     watch: ResourceWatch, load_size: Any, record_property: Any, jupyter_prefix: Any
 ) -> None:
     """Kernels started and stopped the way a Jupyter server does (AsyncMultiKernelManager, runtime dir)."""
-    mkm = AsyncMultiKernelManager()
+    mkm = AsyncMultiKernelManager(connection_dir=jupyter_runtime_dir())  # as jupyter_server sets it
     await multi_kernel_cycle(mkm, -1)
     before = watch.snapshot()
     deadline = Deadline(load_size.test_timeout - 30, "AsyncMultiKernelManager start/stop cycles")
