@@ -7,8 +7,9 @@ Mark a test, a class or a module (``pytestmark = ...``) with what it tries::
         \"\"\"A kernel plants symlinks where the host would connect.\"\"\"
 
 * kind: ``attack`` (an attacker's move that must be blocked), ``fault`` (a failure the project must
-  survive: engine gone, kernel killed, owner dead), ``load`` (a volume held with nothing left
-  behind), ``fuzz`` (generated inputs that must be handled);
+  survive or refuse cleanly: engine gone, kernel or owner killed, a launch that fails, a wrong
+  option), ``load`` (a volume held with nothing left behind), ``fuzz`` (generated inputs that must
+  be handled);
 * layer: a key of :data:`LAYERS`.
 
 A test's first docstring line (else its name) says what it tries; each collected case (each
@@ -17,7 +18,7 @@ parameter) counts as one attempt. A test that tries several things in one case s
 ``record_property(name, value)`` (JSON values) is kept with the test's entry, e.g. the load tests'
 counts before and after.
 
-Every run that ran a marked test merges its entries (by test id) into
+``pytest -m security`` runs every test the figures count. Every run that ran a marked test merges its entries (by test id) into
 ``test-artifacts/security-figures.json`` (``--security-figures PATH`` to choose). Render the table
 into SECURITY.md with ``python tests/security_figures.py`` (``--check`` to only compare).
 
@@ -62,49 +63,80 @@ LAYERS = {
 }
 
 # Tests that were on main before the marker existed, classified here until their owners mark
-# them (then the entry goes): test id prefix -> (kind, layer).
+# them (then the entry goes): test id prefix -> (kind, layer); the first matching prefix wins.
+_DK = "tests/docker_kernel/test_docker_kernel.py::test_"
+_OC = "tests/opensandbox/test_opensandbox_client.py::test_"
+_OE = "tests/opensandbox/test_opensandbox_events.py::test_"
+_ET = "tests/execution/test_exec_tools.py::test_"
+_ES = "tests/execution/test_exec_sandbox.py::test_"
 UNMARKED: dict[str, tuple[str, str]] = {
-    "tests/docker_kernel/test_docker_kernel.py::test_the_sandbox_is_locked_down": ("attack", "container"),
-    "tests/docker_kernel/test_docker_kernel.py::test_host_environment_does_not_leak": ("attack", "container"),
-    "tests/docker_kernel/test_docker_kernel.py::test_fork_loop_is_stopped_by_pids_limit": ("attack", "container"),
-    "tests/docker_kernel/test_docker_kernel.py::test_memory_hog_is_reported_out_of_memory": ("attack", "container"),
-    "tests/docker_kernel/test_docker_kernel.py::test_network_option_publishes_on_loopback_only": ("attack", "container"),
-    "tests/docker_kernel/test_docker_kernel.py::test_mounts_are_read_only_unless_asked": ("attack", "container"),
-    "tests/docker_kernel/test_docker_kernel.py::test_root_or_malformed_user_is_refused": ("attack", "options"),
-    "tests/docker_kernel/test_docker_kernel.py::test_bad_mount_is_refused_and_leaves_nothing": ("fault", "options"),
-    "tests/docker_kernel/test_docker_kernel.py::test_failed_launch_removes_container_and_socket_dir": ("fault", "sessions"),
-    "tests/docker_kernel/test_docker_kernel.py::test_kernel_ends_itself_when_its_owner_dies": ("fault", "sessions"),
-    "tests/docker_kernel/test_docker_kernel.py::test_ten_concurrent_kernels_leave_nothing": ("load", "sessions"),
+    **dict.fromkeys([f"{_DK}the_sandbox_is_locked_down", f"{_DK}host_environment_does_not_leak",
+                     f"{_DK}fork_loop_is_stopped_by_pids_limit", f"{_DK}memory_hog_is_reported_out_of_memory",
+                     f"{_DK}network_option_gives_a_network_and_publishes_nothing",
+                     f"{_DK}mounts_are_read_only_unless_asked"], ("attack", "container")),
+    f"{_DK}root_or_malformed_user_is_refused": ("attack", "options"),
+    **dict.fromkeys([f"{_DK}bad_mount_is_refused_and_leaves_nothing",
+                     "tests/docker_kernel/test_cli.py::test_install_refuses_an_option_the_provisioner_lacks",
+                     "tests/docker_kernel/test_cli.py::test_mount_specs_are_checked"], ("fault", "options")),
+    **dict.fromkeys([f"{_DK}failed_launch_removes_container_and_private_dir",
+                     f"{_DK}kernel_is_removed_when_its_owner_dies",
+                     "tests/docker_kernel/test_cli.py::test_gc_removes_stopped_kernel_containers"], ("fault", "sessions")),
+    f"{_DK}ten_concurrent_kernels_leave_nothing": ("load", "sessions"),
     "tests/execution/test_exec_unpickler.py": ("attack", "results"),
-    "tests/execution/test_exec_framing.py::test_tampered_frame_fails_its_digest": ("attack", "results"),
-    "tests/execution/test_exec_framing.py::test_printed_frames_are_ignored_and_two_frames_are_refused": ("attack", "results"),
-    "tests/execution/test_exec_framing.py::test_channel_frames_check_marker_count_length_and_digest": ("attack", "results"),
-    "tests/execution/test_exec_framing.py::test_confine_refuses_paths_outside": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_agent_state_of_an_unlisted_class_is_refused": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_pickle_reaching_for_os_system": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_printed_fake_marker_does_not_replace_the_result": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_forged_frame_with_the_real_marker_is_detected": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_text_frame_with_the_real_marker": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_payload_that_fails_its_digest_is_not_unpickled": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_tool_printing_100_mb_is_capped": ("attack", "results"),
-    "tests/execution/test_exec_tools.py::test_tool_that_never_returns_hits_the_timeout": ("fault", "sessions"),
-    "tests/execution/test_exec_sandbox.py::test_output_cap_keeps_host_memory_bounded": ("attack", "results"),
-    "tests/execution/test_exec_sandbox.py::test_paths_outside_the_work_dir_are_refused_on_the_host": ("attack", "results"),
-    "tests/execution/test_exec_sandbox.py::test_symlink_escapes_are_refused_in_the_kernel": ("attack", "results"),
-    "tests/execution/test_exec_sandbox.py::test_timeout_restarts_a_kernel_that_ignores_interrupts": ("fault", "sessions"),
-    "tests/execution/test_exec_sandbox.py::test_kernel_death_is_reported_and_recovered": ("fault", "sessions"),
-    "tests/execution/test_exec_sandbox.py::test_nothing_is_left_behind_by_failures": ("fault", "sessions"),
+    **dict.fromkeys([f"tests/execution/test_exec_framing.py::test_{name}" for name in (
+        "tampered_frame_fails_its_digest", "printed_frames_are_ignored_and_two_frames_are_refused",
+        "channel_frames_check_marker_count_length_and_digest", "confine_refuses_paths_outside")], ("attack", "results")),
+    **dict.fromkeys([f"{_ET}{name}" for name in (
+        "agent_state_of_an_unlisted_class_is_refused", "pickle_reaching_for_os_system",
+        "printed_fake_marker_does_not_replace_the_result", "forged_frame_with_the_real_marker_is_detected",
+        "text_frame_with_the_real_marker", "payload_that_fails_its_digest_is_not_unpickled",
+        "tool_printing_100_mb_is_capped")], ("attack", "results")),
+    **dict.fromkeys([f"{_ES}{name}" for name in (
+        "output_cap_keeps_host_memory_bounded", "paths_outside_the_work_dir_are_refused_on_the_host",
+        "symlink_escapes_are_refused_in_the_kernel")], ("attack", "results")),
+    **dict.fromkeys([f"{_ET}tool_that_never_returns_hits_the_timeout",
+                     f"{_ES}timeout_restarts_a_kernel_that_ignores_interrupts",
+                     f"{_ES}kernel_death_is_reported_and_recovered",
+                     f"{_ES}nothing_is_left_behind_by_failures"], ("fault", "sessions")),
     "tests/execution/test_exec_skills_pool.py::test_pool_gives_20_concurrent_callers_clean_kernels": ("load", "sessions"),
     "tests/policy/test_policy_hostile.py::test_generated_": ("fuzz", "policy"),
     "tests/policy/test_policy_hostile.py": ("attack", "policy"),
-    "tests/policy/test_policy_real_outputs.py::test_widget_with_esm_is_refused_and_says_so": ("attack", "policy"),
-    "tests/policy/test_policy_real_outputs.py::test_html_widgets_and_html_descriptions_are_sanitized": ("attack", "policy"),
-    "tests/policy/test_policy_real_outputs.py::test_unknown_comm_updates_are_policed_blind": ("attack", "policy"),
-    "tests/policy/test_policy_real_outputs.py::test_buffers_on_checked_fields_drop_the_message": ("attack", "policy"),
+    **dict.fromkeys([f"tests/policy/test_policy_real_outputs.py::test_{name}" for name in (
+        "widget_with_esm_is_refused_and_says_so", "html_widgets_and_html_descriptions_are_sanitized",
+        "unknown_comm_updates_are_policed_blind", "buffers_on_checked_fields_drop_the_message")], ("attack", "policy")),
     "tests/policy/test_policy_jupyterlab.py": ("attack", "policy"),
-    "tests/opensandbox/test_opensandbox_client.py::test_stream_over_byte_cap_aborts": ("attack", "opensandbox"),
-    "tests/opensandbox/test_opensandbox_events.py::test_junk_and_control_lines_are_skipped": ("attack", "opensandbox"),
-    "tests/notebooks/test_lab_command.py": ("attack", "lab"),
+    "tests/opensandbox/test_opensandbox_hostile.py::test_connection_errors_reach_the_user": ("fault", "opensandbox"),
+    "tests/opensandbox/test_opensandbox_hostile.py": ("attack", "opensandbox"),
+    f"{_OC}fuzz_": ("fuzz", "opensandbox"),
+    **dict.fromkeys([f"{_OC}{name}" for name in (
+        "ids_are_encoded_and_cannot_change_the_path", "a_created_id_that_would_change_the_path",
+        "context_ids_are_encoded", "endpoint_of_the_wrong_shape_is_refused", "create_answers_of_the_wrong_shape",
+        "other_wrong_shapes_raise_the_clients_error", "answers_over_the_cap_are_refused", "compressed_answers_are_refused",
+        "error_is_terminal_and_nothing_after_it_counts", "events_after_execution_complete_are_ignored",
+        "a_stream_without_a_terminal_event_is_a_dropped_connection", "stream_over_byte_cap_aborts",
+        "call_deadline_is_per_call_not_per_read")], ("attack", "opensandbox")),
+    **dict.fromkeys([f"{_OC}{name}" for name in (
+        "delete_retries_transient_failures_with_backoff", "keep_alive_survives_any_error",
+        "keep_alive_reports_once_when_renewal_fails", "run_once_keeps_its_result_when_delete_fails",
+        "transport_errors_never_have_an_empty_message")], ("fault", "opensandbox")),
+    f"{_OE}fuzz_": ("fuzz", "opensandbox"),
+    **dict.fromkeys([f"{_OE}{name}" for name in (
+        "junk_and_control_lines_are_skipped", "deep_nesting_is_junk_not_a_recursion_error",
+        "lone_surrogates_and_nuls_are_replaced", "non_string_mime_values_are_kept_only_for_json_types",
+        "tracebacks_are_capped_keeping_the_end", "events_after_the_terminal_one_change_nothing",
+        "accumulation_is_linear", "byte_garbage_is_skipped_or_cleaned")], ("attack", "opensandbox")),
+    "tests/opensandbox/test_opensandbox_translate.py::test_fuzz_": ("fuzz", "opensandbox"),
+    **dict.fromkeys([f"tests/opensandbox/test_opensandbox_translate.py::test_{name}" for name in (
+        "a_flood_of_tiny_events_becomes_few_messages", "every_failure_still_gives_exactly_one_reply",
+        "abort_from_another_thread_ends_a_cell_that_never_stops", "the_reply_traceback_is_capped")],
+        ("attack", "opensandbox")),
+    **dict.fromkeys([f"tests/notebooks/test_lab_command.py::test_{name}" for name in (
+        "locked_down_lab_offers_and_starts_only_sandboxed_kernels", "locked_down_lab_refuses_to_serve_its_own",
+        "locked_down_lab_refuses_a_config_file_that_undoes_it")], ("attack", "lab")),
+    **dict.fromkeys([f"tests/notebooks/test_lab_units.py::test_{name}" for name in (
+        "locked_down_manager_offers_only_sandboxed_kernelspecs", "locked_down_manager_keeps_the_kernelspecs_it_read",
+        "locked_down_manager_refuses_kernelspecs_pages_could_rewrite", "locked_down_settings_come_last",
+        "exposed_paths_are_the_servers_own_directories")], ("attack", "lab")),
 }
 
 
@@ -172,11 +204,14 @@ def _what(item: pytest.Item) -> str:
     return line or item.name.split("[")[0].removeprefix("test_").replace("_", " ")
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     assert _run is not None
     for item in items:
         found = _classify(item)
         if found is not None:
+            if item.get_closest_marker("security") is None:
+                item.add_marker(pytest.mark.security(*found))
             _run.meta[item.nodeid] = {"kind": found[0], "layer": found[1], "what": _what(item),
                                      "test": item.nodeid.split("[")[0]}
 
