@@ -317,9 +317,12 @@ def render(figures: dict[str, Any]) -> str:
     lines.append("|---|" + "---:|" * (len(KINDS) + 2))
     totals = {kind: [0, 0] for kind in KINDS}
     failed, skipped = [], []
+    untested = []
     for layer, title in LAYERS.items():
         mine = [t for t in tests if t["layer"] == layer]
         if not mine:
+            untested.append(title)
+            lines.append(f"| {title} | " + " | ".join("–" for _ in KINDS) + " | – | – |")
             continue
         cells = []
         for kind in KINDS:
@@ -336,6 +339,9 @@ def render(figures: dict[str, Any]) -> str:
         lines.append(f"| {title} | " + " | ".join(cells) + f" | {len(bad)} | {len(off)} |")
     lines.append("| **All layers** | " + " | ".join(f"**{ok} / {n}**" if n else "–" for ok, n in totals.values())
                  + f" | **{len(failed)}** | **{len(skipped)}** |")
+    if untested:
+        lines += ["", f"No test of this run covers: {', '.join(untested)}. What SECURITY.md says of "
+                  f"{'it' if len(untested) == 1 else 'them'} is design, not measurement."]
     loads = [t for t in tests if t["kind"] == "load" and "before" in t["properties"]]
     if loads:
         lines += ["", "Load tests, counted on the test process before and after (bounded growth only: "
