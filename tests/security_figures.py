@@ -154,31 +154,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "security(kind, layer): a test SECURITY.md counts; kind in "
         f"{sorted(KINDS)}, layer in {sorted(LAYERS)} (see tests/security_figures.py)",
     )
-    if config.getoption("full_size"):
+    if full_size(config):
         from hypothesis import settings
 
         settings.register_profile("full-size", max_examples=FULL_SIZE_EXAMPLES, deadline=None)
         settings.load_profile("full-size")
-    global _run
-    _run = _Run(config)
+    config.pluginmanager.register(Recorder(config), "security-figures-recorder")
 
 
 def full_size(config: pytest.Config) -> bool:
     """True when the run asked for the full size of the load and fuzz tests."""
     return bool(config.getoption("full_size"))
-
-
-class _Run:
-    """The entries of this run, by test id."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.path = Path(config.getoption("security_figures"))
-        self.full = full_size(config)
-        self.meta: dict[str, dict[str, Any]] = {}
-        self.entries: dict[str, dict[str, Any]] = {}
-
-
-_run: _Run | None = None
 
 
 def _kind_layer(kind: str | None = None, layer: str | None = None) -> tuple[str | None, str | None]:
@@ -204,82 +190,86 @@ def _what(item: pytest.Item) -> str:
     return line or item.name.split("[")[0].removeprefix("test_").replace("_", " ")
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    assert _run is not None
-    for item in items:
-        found = _classify(item)
-        if found is not None:
-            if item.get_closest_marker("security") is None:
-                item.add_marker(pytest.mark.security(*found))
-            _run.meta[item.nodeid] = {"kind": found[0], "layer": found[1], "what": _what(item),
-                                     "test": item.nodeid.split("[")[0]}
+class Recorder:
+    """The hooks that record this run's marked tests and merge them into the figures file."""
 
+    def __init__(self, config: pytest.Config) -> None:
+        self.path = Path(config.getoption("security_figures"))
+        self.full = full_size(config)
+        self.meta: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
 
-@pytest.hookimpl(wrapper=True, trylast=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
-    """Count the inputs a hypothesis test ran (valid or failing), from hypothesis's statistics."""
-    meta = _run.meta.get(item.nodeid) if _run is not None else None
-    if meta is None or meta["kind"] != "fuzz" or not hasattr(getattr(item, "obj", None), "hypothesis"):
-        return (yield)
-    from hypothesis.statistics import collector
+    @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            found = _classify(item)
+            if found is not None:
+                if item.get_closest_marker("security") is None:
+                    item.add_marker(pytest.mark.security(*found))
+                self.meta[item.nodeid] = {"kind": found[0], "layer": found[1], "what": _what(item),
+                                          "test": item.nodeid.split("[")[0]}
 
-    previous = collector.value
-    seen = [0]
-
-    def note(stats: dict[str, Any]) -> None:
-        for phase in stats.values():
-            if isinstance(phase, dict):
-                seen[0] += sum(case.get("status") in ("valid", "interesting") for case in phase.get("test-cases", []))
-        if previous is not None:
-            previous(stats)
-
-    with collector.with_value(note):
-        try:
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """Count the inputs a hypothesis test ran (valid or failing), from hypothesis's statistics."""
+        meta = self.meta.get(item.nodeid)
+        if meta is None or meta["kind"] != "fuzz" or not hasattr(getattr(item, "obj", None), "hypothesis"):
             return (yield)
-        finally:
-            if seen[0]:
-                item.user_properties.append(("cases", seen[0]))
+        from hypothesis.statistics import collector
 
+        previous = collector.value
+        seen = [0]
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    run = _run
-    if run is None or report.nodeid not in run.meta:
-        return
-    entry = run.entries.setdefault(report.nodeid, {**run.meta[report.nodeid], "outcome": "passed",
-                                                   "duration": 0.0, "properties": {}})
-    entry["duration"] = round(entry["duration"] + report.duration, 3)
-    for name, value in report.user_properties:
-        entry["properties"][name] = value
-    if report.when == "call":
-        if hasattr(report, "wasxfail"):
-            entry["outcome"] = "xfailed" if report.skipped else "xpassed"
-        else:
-            entry["outcome"] = report.outcome
-    elif report.failed:
-        entry["outcome"] = "error"
-    elif report.skipped:
-        entry["outcome"] = "skipped"
-    if report.skipped and isinstance(report.longrepr, tuple):
-        entry["reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
+        def note(stats: dict[str, Any]) -> None:
+            for phase in stats.values():
+                if isinstance(phase, dict):
+                    seen[0] += sum(case.get("status") in ("valid", "interesting")
+                                   for case in phase.get("test-cases", []))
+            if previous is not None:
+                previous(stats)
 
+        with collector.with_value(note):
+            try:
+                return (yield)
+            finally:
+                if seen[0] and not any(name == "cases" for name, _ in item.user_properties):
+                    item.user_properties.append(("cases", seen[0]))
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    run = _run
-    if run is None or not run.entries:
-        return
-    stamp = {
-        "commit": _commit(),
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "size": "full" if run.full else "reduced",
-    }
-    try:
-        old = json.loads(run.path.read_text())["tests"]
-    except (OSError, ValueError, KeyError):
-        old = {}
-    merged = {**old, **{nodeid: {**entry, **stamp} for nodeid, entry in run.entries.items()}}
-    run.path.parent.mkdir(parents=True, exist_ok=True)
-    run.path.write_text(json.dumps({"tests": dict(sorted(merged.items()))}, indent=1) + "\n")
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid not in self.meta:
+            return
+        entry = self.entries.setdefault(report.nodeid, {**self.meta[report.nodeid], "outcome": "passed",
+                                                         "duration": 0.0, "properties": {}})
+        entry["duration"] = round(entry["duration"] + report.duration, 3)
+        for name, value in report.user_properties:
+            entry["properties"][name] = value
+        if report.when == "call":
+            if hasattr(report, "wasxfail"):
+                entry["outcome"] = "xfailed" if report.skipped else "xpassed"
+            else:
+                entry["outcome"] = report.outcome
+        elif report.failed:
+            entry["outcome"] = "error"
+        elif report.skipped:
+            entry["outcome"] = "skipped"
+        if report.skipped and isinstance(report.longrepr, tuple):
+            entry["reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
+
+    def pytest_sessionfinish(self) -> None:
+        if not self.entries:
+            return
+        stamp = {
+            "commit": _commit(),
+            "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "size": "full" if self.full else "reduced",
+        }
+        try:
+            old = json.loads(self.path.read_text())["tests"]
+        except (OSError, ValueError, KeyError):
+            old = {}
+        merged = {**old, **{nodeid: {**entry, **stamp} for nodeid, entry in self.entries.items()}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"tests": dict(sorted(merged.items()))}, indent=1) + "\n")
 
 
 def _commit() -> str:
@@ -350,7 +340,7 @@ def render(figures: dict[str, Any]) -> str:
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for t in loads:
             props = t["properties"]
-            before, after, bound = props["before"], props["after"], props.get("bounds", {})
+            before, after, bound = props["before"], props.get("after", {}), props.get("bounds", {})
             def cell(name: str, bound_name: str | None = None) -> str:
                 text = f"{before.get(name, '?')} → {after.get(name, '?')}"
                 limit = bound.get(bound_name or name)
