@@ -790,7 +790,7 @@ class AsyncSandbox:
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
         async with self._lock:
-            return await self._op({"op": op, "path": ".", **params}, (), seconds, deadline)
+            return await self._op({"op": op, **params}, (), seconds, deadline)
 
     # -- packages --------------------------------------------------------------------------
 

@@ -326,7 +326,7 @@ def _prepare(request, buffers):
 
 
 def _file(request, buffers):
-    op, path = request["op"], request["path"]
+    op, path = request["op"], request.get("path", ".")
     if op == "write":
         return {"ok": files.write_chunk(_work(), path, request["offset"], buffers[0])}
     if op == "read":
