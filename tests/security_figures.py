@@ -83,21 +83,37 @@ UNMARKED: dict[str, tuple[str, str]] = {
                      "tests/docker_kernel/test_cli.py::test_gc_removes_stopped_kernel_containers"], ("fault", "sessions")),
     f"{_DK}ten_concurrent_kernels_leave_nothing": ("load", "sessions"),
     "tests/execution/test_exec_unpickler.py": ("attack", "results"),
-    **dict.fromkeys([f"tests/execution/test_exec_framing.py::test_{name}" for name in (
-        "tampered_frame_fails_its_digest", "printed_frames_are_ignored_and_two_frames_are_refused",
-        "channel_frames_check_marker_count_length_and_digest", "confine_refuses_paths_outside")], ("attack", "results")),
+    "tests/execution/test_exec_decode.py::test_fuzz_": ("fuzz", "results"),
+    **dict.fromkeys([f"tests/execution/test_exec_decode.py::test_{name}" for name in (
+        "instances_of_other_classes_are_refused", "pickles_are_refused_unless_the_caller_opted_in",
+        "every_limit_refuses_with_an_error_naming_it", "out_of_band_buffers_count_against_the_limits",
+        "hostile_documents_are_refused_and_change_nothing", "allowed_standard_classes_are_rebuilt_without_changing",
+        "decode_bombs_are_refused_with_bounded_memory", "items_are_counted_before_anything_is_built")],
+        ("attack", "results")),
+    **dict.fromkeys([f"tests/execution/test_exec_hostile.py::test_{name}" for name in (
+        "a_tool_that_ignores_interrupts_ends_within_its_timeout", "a_session_survives_what_a_tool_breaks",
+        "a_session_survives_what_a_cell_breaks")], ("fault", "sessions")),
+    "tests/execution/test_exec_hostile.py": ("attack", "results"),
+    **dict.fromkeys([f"tests/execution/test_exec_channel.py::test_{name}" for name in (
+        "text_frame_round_trip_and_tampering", "answer_parts_must_match_their_declared_lengths",
+        "an_answer_over_the_size_limit_is_refused", "confine_refuses_paths_outside")], ("attack", "results")),
     **dict.fromkeys([f"{_ET}{name}" for name in (
-        "agent_state_of_an_unlisted_class_is_refused", "pickle_reaching_for_os_system",
-        "printed_fake_marker_does_not_replace_the_result", "forged_frame_with_the_real_marker_is_detected",
-        "text_frame_with_the_real_marker", "payload_that_fails_its_digest_is_not_unpickled",
-        "tool_printing_100_mb_is_capped")], ("attack", "results")),
+        "agent_state_of_an_unlisted_class_is_refused", "object_with_a_reduce_hook_comes_back_as_data",
+        "printed_fake_marker_does_not_replace_the_result", "forged_answer_with_the_real_marker_is_detected",
+        "forged_answer_then_raise_is_detected", "text_frame_with_the_real_marker",
+        "payload_that_does_not_arrive_whole_is_not_unpickled", "tool_printing_100_mb_is_capped")],
+        ("attack", "results")),
     **dict.fromkeys([f"{_ES}{name}" for name in (
         "output_cap_keeps_host_memory_bounded", "paths_outside_the_work_dir_are_refused_on_the_host",
-        "symlink_escapes_are_refused_in_the_kernel")], ("attack", "results")),
+        "symlink_escapes_are_refused_in_the_kernel", "secrets_in_env_stay_out_of",
+        "a_fifo_planted_at_the_target_does_not_hang")], ("attack", "results")),
     **dict.fromkeys([f"{_ET}tool_that_never_returns_hits_the_timeout",
                      f"{_ES}timeout_restarts_a_kernel_that_ignores_interrupts",
                      f"{_ES}kernel_death_is_reported_and_recovered",
-                     f"{_ES}nothing_is_left_behind_by_failures"], ("fault", "sessions")),
+                     f"{_ES}nothing_is_left_behind_by_failures",
+                     f"{_ES}every_call_has_a_deadline_by_default",
+                     f"{_ES}a_kernel_that_stalls_a_transfer_hits_its_deadline"], ("fault", "sessions")),
+    f"{_ES}a_gigabyte_moves_in_chunks_with_the_default_limits": ("load", "sessions"),
     "tests/execution/test_exec_skills_pool.py::test_pool_gives_20_concurrent_callers_clean_kernels": ("load", "sessions"),
     "tests/policy/test_policy_hostile.py::test_generated_": ("fuzz", "policy"),
     "tests/policy/test_policy_hostile.py": ("attack", "policy"),
@@ -196,11 +212,14 @@ class Recorder:
     def __init__(self, config: pytest.Config) -> None:
         self.path = Path(config.getoption("security_figures"))
         self.full = full_size(config)
+        self.root = config.rootpath
         self.meta: dict[str, dict[str, Any]] = {}
         self.entries: dict[str, dict[str, Any]] = {}
+        self.collected: set[str] = set()
 
     @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.collected.update(item.nodeid for item in items)
         for item in items:
             found = _classify(item)
             if found is not None:
@@ -267,9 +286,17 @@ class Recorder:
             old = json.loads(self.path.read_text())["tests"]
         except (OSError, ValueError, KeyError):
             old = {}
-        merged = {**old, **{nodeid: {**entry, **stamp} for nodeid, entry in self.entries.items()}}
+        files = {nodeid.split("::")[0] for nodeid in self.collected}
+        kept = {nodeid: entry for nodeid, entry in old.items() if self._still_there(nodeid, files)}
+        merged = {**kept, **{nodeid: {**entry, **stamp} for nodeid, entry in self.entries.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"tests": dict(sorted(merged.items()))}, indent=1) + "\n")
+
+
+    def _still_there(self, nodeid: str, files: set[str]) -> bool:
+        """An earlier entry stays unless its file is gone, or was collected now without it."""
+        path = nodeid.split("::")[0]
+        return nodeid in self.collected if path in files else (self.root / path).exists()
 
 
 def _commit() -> str:

@@ -49,14 +49,17 @@ def test_not_counted():
 
 
 @pytest.fixture(autouse=True)
-def ini(pytester: pytest.Pytester) -> None:
+def ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs in a subprocess of their own, rooted in pytester's directory, with the plugin importable."""
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
 
 
 def run(pytester: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
     if not (pytester.path / "test_suite.py").exists():
         pytester.makepyfile(test_suite=SUITE)
-    return pytester.runpytest_inprocess("-p", "security_figures", "--security-figures", str(out),
+    return pytester.runpytest_subprocess(f"--rootdir={pytester.path}", "-p", "security_figures",
+                                         "--security-figures", str(out),
                                         "-p", "no:cacheprovider", *args)
 
 
@@ -80,16 +83,19 @@ def test_marked_tests_are_recorded_with_their_outcome_and_figures(pytester: pyte
     assert "`test_suite.py::test_skipped`: no browser" in table
 
 
-def test_m_security_selects_the_counted_tests_and_runs_merge(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_m_security_selects_the_counted_tests_and_runs_merge_dropping_removed_tests(pytester: pytest.Pytester, tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     run(pytester, out, "-m", "security", "-k", "blocked or load").assert_outcomes(passed=4)
     run(pytester, out, "-k", "not_survived").assert_outcomes(failed=1)
     assert len(json.loads(out.read_text())["tests"]) == 5
+    (pytester.path / "test_suite.py").write_text(SUITE.replace("def test_load(", "def test_renamed("))
+    run(pytester, out, "-k", "not_survived").assert_outcomes(failed=1)
+    assert "test_suite.py::test_load" not in json.loads(out.read_text())["tests"]  # gone from its file
 
 
 def test_a_wrong_kind_or_layer_is_a_usage_error(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytester.makepyfile(test_bad='import pytest\n@pytest.mark.security("attack", "kernel")\ndef test_x(): pass\n')
-    result = pytester.runpytest_inprocess("-p", "security_figures", "--security-figures", str(tmp_path / "f.json"))
+    result = pytester.runpytest_subprocess("-p", "security_figures", "--security-figures", str(tmp_path / "f.json"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "layer one of" in "\n".join(result.errlines + result.outlines)
 
