@@ -60,7 +60,7 @@ def run(pytester: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
         pytester.makepyfile(test_suite=SUITE)
     return pytester.runpytest_subprocess(f"--rootdir={pytester.path}", "-p", "security_figures",
                                          "--security-figures", str(out),
-                                        "-p", "no:cacheprovider", *args)
+                                         "-p", "no:cacheprovider", *args)
 
 
 def test_marked_tests_are_recorded_with_their_outcome_and_figures(pytester: pytest.Pytester, tmp_path: Path) -> None:
