@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,11 +216,9 @@ class Recorder:
         self.root = config.rootpath
         self.meta: dict[str, dict[str, Any]] = {}
         self.entries: dict[str, dict[str, Any]] = {}
-        self.collected: set[str] = set()
 
     @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        self.collected.update(item.nodeid for item in items)
         for item in items:
             found = _classify(item)
             if found is not None:
@@ -286,17 +285,20 @@ class Recorder:
             old = json.loads(self.path.read_text())["tests"]
         except (OSError, ValueError, KeyError):
             old = {}
-        files = {nodeid.split("::")[0] for nodeid in self.collected}
-        kept = {nodeid: entry for nodeid, entry in old.items() if self._still_there(nodeid, files)}
+        kept = {nodeid: entry for nodeid, entry in old.items() if self._still_there(nodeid)}
         merged = {**kept, **{nodeid: {**entry, **stamp} for nodeid, entry in self.entries.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"tests": dict(sorted(merged.items()))}, indent=1) + "\n")
 
 
-    def _still_there(self, nodeid: str, files: set[str]) -> bool:
-        """An earlier entry stays unless its file is gone, or was collected now without it."""
-        path = nodeid.split("::")[0]
-        return nodeid in self.collected if path in files else (self.root / path).exists()
+    def _still_there(self, nodeid: str) -> bool:
+        """An earlier entry stays while its file exists and still defines its test function."""
+        path, _, name = nodeid.split("[")[0].partition("::")
+        try:
+            source = (self.root / path).read_text()
+        except OSError:
+            return False
+        return re.search(rf"def {re.escape(name.rpartition('::')[2])}\(", source) is not None
 
 
 def _commit() -> str:

@@ -88,6 +88,8 @@ def test_m_security_selects_the_counted_tests_and_runs_merge_dropping_removed_te
     run(pytester, out, "-m", "security", "-k", "blocked or load").assert_outcomes(passed=4)
     run(pytester, out, "-k", "not_survived").assert_outcomes(failed=1)
     assert len(json.loads(out.read_text())["tests"]) == 5
+    run(pytester, out, "test_suite.py::test_fuzz").assert_outcomes(passed=1)
+    assert len(json.loads(out.read_text())["tests"]) == 6  # one more; a test run by its id keeps the others
     (pytester.path / "test_suite.py").write_text(SUITE.replace("def test_load(", "def test_renamed("))
     run(pytester, out, "-k", "not_survived").assert_outcomes(failed=1)
     assert "test_suite.py::test_load" not in json.loads(out.read_text())["tests"]  # gone from its file
