@@ -181,7 +181,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
             started.cancel()
             status = ExitStatus(0, stop.result())
     except KernelSandboxError as exc:
-        status = ExitStatus(1, str(exc))
+        status = ExitStatus(1, str(exc), type(exc).__name__)
         print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
     except Exception as exc:
         log.exception("the launcher failed")
@@ -194,7 +194,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     if status.code:
         log.error("kernel %s ended: %s", request.kernel_id, status.reason)
     if request.private is not None and private.held(OWNER_LOCK):
-        private.write_json(EXIT, {"code": status.code, "reason": status.reason})
+        private.write_json(EXIT, {"code": status.code, "reason": status.reason, "error": status.error})
         private.release(LAUNCHER_LOCK)
     else:
         private.remove()  # nobody is left to read why the kernel ended

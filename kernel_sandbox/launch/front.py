@@ -88,10 +88,11 @@ class OutputPolicy:
 
 @dataclass(frozen=True)
 class ExitStatus:
-    """How a kernel ended: the launcher's exit code and the reason in words."""
+    """How a kernel ended: the launcher's exit code, the reason in words, and the error's class name."""
 
     code: int
     reason: str
+    error: str = ""
 
 
 class KernelLink(Protocol):
