@@ -141,13 +141,19 @@ async def _watch_owner(request: LaunchRequest, private: PrivateDir, gone: asynci
 
 async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit code."""
-    from .docker_link import DockerLink
-
     loop = asyncio.get_running_loop()
     private = request.private or PrivateDir.create()
     private.hold(LAUNCHER_LOCK)
     stop: asyncio.Future[str] = loop.create_future()
     front = Front(request.connection, output_policy(request.settings))
+    try:
+        front.bind()  # first, so that a client's first heartbeat is answered at once
+    except KernelSandboxError as exc:
+        print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
+        _finish(request, private, ExitStatus(1, str(exc), type(exc).__name__))
+        return 1
+    from .docker_link import DockerLink  # the docker SDK takes a while to import
+
     link = DockerLink(
         request.settings,
         private,
@@ -166,7 +172,6 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(link.interrupt()))
     owner = asyncio.ensure_future(_watch_owner(request, private, stop))
     try:
-        front.bind()
         front.attach(link)
         started = asyncio.ensure_future(link.start(front))
         await asyncio.wait([started, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -193,12 +198,17 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
         _close(status_fd)
     if status.code:
         log.error("kernel %s ended: %s", request.kernel_id, status.reason)
+    _finish(request, private, status)
+    return status.code
+
+
+def _finish(request: LaunchRequest, private: PrivateDir, status: ExitStatus) -> None:
+    """Leave the exit status for the provisioner that owns the directory, or remove the directory."""
     if request.private is not None and private.held(OWNER_LOCK):
         private.write_json(EXIT, {"code": status.code, "reason": status.reason, "error": status.error})
         private.release(LAUNCHER_LOCK)
     else:
         private.remove()  # nobody is left to read why the kernel ended
-    return status.code
 
 
 def _report_ready(status_fd: int | None) -> None:
