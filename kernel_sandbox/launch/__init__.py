@@ -52,7 +52,8 @@ class LaunchRequest:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     private: PrivateDir | None = None
-    """The provisioner's private directory (``--config``); None when the launcher makes its own."""
+    """The provisioner's private directory (``--config``); None for a client that ran argv, whose
+    launcher keeps nothing on disk (its container carries its pid, for ``gc``)."""
 
 
 def _read_json(path: str, what: str) -> Any:
@@ -118,9 +119,10 @@ def output_policy(settings: DockerSettings) -> OutputPolicy:
     return OutputPolicy()
 
 
-async def _watch_owner(request: LaunchRequest, private: PrivateDir, gone: asyncio.Future[str]) -> None:
+async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> None:
     """Resolve ``gone`` when the process that started the launcher is no longer there."""
-    if request.private is None:
+    private = request.private
+    if private is None:
         parent = os.getppid()
         while os.getppid() == parent:
             await asyncio.sleep(OWNER_CHECK_INTERVAL)
@@ -142,15 +144,16 @@ async def _watch_owner(request: LaunchRequest, private: PrivateDir, gone: asynci
 async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit code."""
     loop = asyncio.get_running_loop()
-    private = request.private or PrivateDir.create()
-    private.hold(LAUNCHER_LOCK)
+    private = request.private
+    if private is not None:
+        private.hold(LAUNCHER_LOCK)
     stop: asyncio.Future[str] = loop.create_future()
     front = Front(request.connection, output_policy(request.settings))
     try:
         front.bind()  # first, so that a client's first heartbeat is answered at once
     except KernelSandboxError as exc:
         print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
-        _finish(request, private, ExitStatus(1, str(exc), type(exc).__name__))
+        _finish(private, ExitStatus(1, str(exc), type(exc).__name__))
         return 1
     from .docker_link import DockerLink  # the docker SDK takes a while to import
 
@@ -170,7 +173,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop_with, "stopped by SIGTERM")
     loop.add_signal_handler(signal.SIGHUP, stop_with, "stopped by SIGHUP")
     loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(link.interrupt()))
-    owner = asyncio.ensure_future(_watch_owner(request, private, stop))
+    owner = asyncio.ensure_future(_watch_owner(request, stop))
     try:
         front.attach(link)
         started = asyncio.ensure_future(link.start(front))
@@ -198,13 +201,15 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
         _close(status_fd)
     if status.code:
         log.error("kernel %s ended: %s", request.kernel_id, status.reason)
-    _finish(request, private, status)
+    _finish(private, status)
     return status.code
 
 
-def _finish(request: LaunchRequest, private: PrivateDir, status: ExitStatus) -> None:
+def _finish(private: PrivateDir | None, status: ExitStatus) -> None:
     """Leave the exit status for the provisioner that owns the directory, or remove the directory."""
-    if request.private is not None and private.held(OWNER_LOCK):
+    if private is None:
+        return
+    if private.held(OWNER_LOCK):
         private.write_json(EXIT, {"code": status.code, "reason": status.reason, "error": status.error})
         private.release(LAUNCHER_LOCK)
     else:

@@ -223,7 +223,7 @@ class DockerLink:
     def __init__(
         self,
         settings: DockerSettings,
-        private: PrivateDir,
+        private: PrivateDir | None,
         *,
         kernel_id: str,
         owner_pid: int,
@@ -270,7 +270,9 @@ class DockerLink:
             user=run_as(settings),
             env=self.env,
             mounts=resolve_mounts(settings, self.cwd),
-            labels=owner_labels(self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path),
+            labels=owner_labels(
+                self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path if self.private else None
+            ),
         )
         self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
         try:
@@ -279,7 +281,8 @@ class DockerLink:
             reason = exc.explanation or exc
             raise KernelLaunchError(f"Docker refused to create the kernel's container: {reason}") from exc
         self.container_id = container.id
-        self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
+        if self.private is not None:
+            self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
         await asyncio.to_thread(self._watch_events)
         await self._attach_output()
         try:
