@@ -37,6 +37,49 @@ def _install_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+DESCRIPTION = """\
+Run Jupyter kernels in disposable, locked-down Docker containers: the "Sandboxed Python"
+kernelspec starts each kernel in a fresh container with no network, a non-root user and
+resource limits, for JupyterLab, notebooks run headless, and programs.
+
+Start here: `kernel-sandbox lab` checks the Docker engine, builds the kernel image, installs
+the kernelspec and opens JupyterLab with Sandboxed Python as the default kernel.
+`kernel-sandbox setup` does the same without JupyterLab, for other clients and programs."""
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    """Check the engine, build the kernel image if missing, install the kernelspec: only what is not done yet."""
+    from .lab import setup
+
+    setup(image=args.image, prefix=args.prefix, user=args.user, install_engine=args.install_engine)
+    print(f"Ready: pick Sandboxed Python ({DOCKER_SPEC}) in any Jupyter client.")
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    """Set up as `setup` does, then start JupyterLab with Sandboxed Python as the default kernel."""
+    from .lab import lab
+
+    return lab(
+        args.jupyterlab_args, locked_down=args.locked_down,
+        image=args.image, prefix=args.prefix, user=args.user, install_engine=args.install_engine,
+    )
+
+
+def _add_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--image",
+        help=f"kernel image, built when missing (default: the installed kernelspec's, else {DEFAULT_IMAGE})",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--prefix", help="install the kernelspec under this prefix (default: this Python's, sys.prefix)")
+    where.add_argument("--user", action="store_true", help="install the kernelspec for the current user instead")
+    parser.add_argument(
+        "--install-engine", action="store_true",
+        help="as root on Debian/Ubuntu: install docker.io and start the engine when none is reachable",
+    )
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     """Install kernelspecs into Jupyter's data directory."""
     names = list(shipped_kernelspecs()) if args.kernel == "all" else [args.kernel]
@@ -144,19 +187,52 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kernel-sandbox``."""
-    parser = argparse.ArgumentParser(prog="kernel-sandbox", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kernel-sandbox", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`kernel-sandbox COMMAND --help` shows a command's options.",
+    )
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    image = sub.add_parser("image", help="manage the kernel image")
+    lab = sub.add_parser(
+        "lab", help=cmd_lab.__doc__, allow_abbrev=False,
+        usage="kernel-sandbox lab [-h] [--locked-down] [--image IMAGE] [--prefix PREFIX | --user] [--install-engine] "
+        "[JUPYTERLAB ARGUMENTS ...]",
+        description=cmd_lab.__doc__ + (
+            " JupyterLab listens on 127.0.0.1 with a token; the URL is printed once it is up. Arguments this command"
+            " does not know go to JupyterLab (e.g. --port 9999 --no-browser --notebook-dir ~/work --allow-root)."
+            " JupyterLab comes with the extra: pip install 'kernel-sandbox[lab]'."
+        ),
+    )
+    _add_setup_arguments(lab)
+    lab.add_argument(
+        "--locked-down", action="store_true",
+        help="no terminals, only sandboxed kernelspecs (also through the REST API), no extension installs, no "
+        "language servers: what a script in the page could do is smaller (README: Security model)",
+    )
+    lab.set_defaults(func=cmd_lab, jupyterlab_args=[])
+
+    setup = sub.add_parser(
+        "setup", help=cmd_setup.__doc__, allow_abbrev=False,
+        description=cmd_setup.__doc__ + " A second run changes nothing and takes seconds. Each step it cannot do"
+        " fails with the command to run instead.",
+    )
+    _add_setup_arguments(setup)
+    setup.set_defaults(func=cmd_setup)
+
+    image = sub.add_parser(
+        "image", help="Build the kernel image (`image build`).", description="Manage the kernel image."
+    )
     image_sub = image.add_subparsers(dest="image_command", required=True)
-    build = image_sub.add_parser("build", help=cmd_image_build.__doc__)
+    build = image_sub.add_parser("build", help=cmd_image_build.__doc__, description=cmd_image_build.__doc__ + (
+        " Nothing in the build reaches a package index: the wheels are downloaded on the host first."))
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image tag (default {DEFAULT_IMAGE})")
     build.add_argument("--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)")
     build.add_argument("--rebuild-base", action="store_true", help="bootstrap the fallback base image again")
     build.set_defaults(func=cmd_image_build)
 
-    inst = sub.add_parser("install", help=cmd_install.__doc__)
+    inst = sub.add_parser("install", help=cmd_install.__doc__, description=cmd_install.__doc__ + (
+        " Options set the sandbox of every kernel started from that kernelspec; install one per configuration."))
     inst.add_argument(
         "--kernel",
         default=DOCKER_SPEC,
@@ -182,15 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)")
     inst.set_defaults(func=cmd_install)
 
-    doctor = sub.add_parser("doctor", help=cmd_doctor.__doc__)
+    doctor = sub.add_parser("doctor", help=cmd_doctor.__doc__, description=cmd_doctor.__doc__)
     doctor.add_argument("--image", default=DEFAULT_IMAGE, help="kernel image to look for")
     doctor.set_defaults(func=cmd_doctor)
 
-    collect = sub.add_parser("gc", help=cmd_gc.__doc__)
+    collect = sub.add_parser("gc", help=cmd_gc.__doc__, description=cmd_gc.__doc__)
     collect.add_argument("--all", action="store_true", help="remove every kernel container, live ones too")
     collect.set_defaults(func=cmd_gc)
 
-    ps = sub.add_parser("ps", help=cmd_ps.__doc__)
+    ps = sub.add_parser("ps", help=cmd_ps.__doc__, description=cmd_ps.__doc__)
     ps.set_defaults(func=cmd_ps)
 
     run = sub.add_parser("run", help=cmd_run.__doc__, description=cmd_run.__doc__ + (
@@ -220,7 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``kernel-sandbox``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        args.jupyterlab_args = unknown
     try:
         return int(args.func(args))
     except (KernelSandboxError, ValueError) as exc:

@@ -29,6 +29,10 @@ class Check:
     detail: str
     fix: str = ""
 
+    def __str__(self) -> str:
+        line = f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
+        return line if self.ok or not self.fix else f"{line}\n       fix: {self.fix}"
+
 
 def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     """Check the provisioners, the Docker engine, the kernel image, leftovers and kernelspecs."""
@@ -46,7 +50,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     try:
         client = docker_client()
     except EngineUnavailable as exc:
-        checks.append(Check("docker engine", False, str(exc).split(". Start")[0], _ENGINE_FIX))
+        checks.append(Check("docker engine", False, str(exc).split(". Start")[0], engine_fix(exc)))
         client = None
     else:
         version = client.version().get("Version", "?")
@@ -56,7 +60,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             require_image(client, image)
         except ImageMissing:
             checks.append(
-                Check("kernel image", False, f"{image} is missing", f"kernel-sandbox image build --tag {image}")
+                Check("kernel image", False, f"{image} is missing", image_fix(image))
             )
         else:
             checks.append(Check("kernel image", True, f"{image} is present"))
@@ -79,7 +83,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             "kernelspecs",
             DOCKER_SPEC in specs,
             ", ".join(f"{name} ({path})" for name, path in specs.items()) or "none installed",
-            "kernel-sandbox install --user",
+            KERNELSPEC_FIX,
         )
     )
     return checks
@@ -99,8 +103,24 @@ def runsc_check(runtimes: dict) -> Check:
     )
 
 
-_ENGINE_FIX = (
+ENGINE_FIX = (
     "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; "
     "not installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see https://docs.docker.com/engine/install/; "
+    "as root on Debian/Ubuntu, `kernel-sandbox setup --install-engine` does both; "
     "a remote engine: export DOCKER_HOST"
 )
+KERNELSPEC_FIX = "`kernel-sandbox install --sys-prefix` (this Python environment) or `kernel-sandbox install --user`"
+SOCKET_FIX = (
+    "let your user use the engine: `sudo usermod -aG docker $USER`, then log in again "
+    "(the docker group is root-equivalent on this host); or run the command with sudo"
+)
+
+
+def engine_fix(error: Exception) -> str:
+    """The fix for an unreachable engine: the docker group when the socket refused us, else starting it."""
+    return SOCKET_FIX if "Permission denied" in str(error) else ENGINE_FIX
+
+
+def image_fix(image: str) -> str:
+    """The command that builds the kernel image ``image``."""
+    return f"kernel-sandbox image build --tag {image}"

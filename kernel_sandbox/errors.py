@@ -10,6 +10,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
     ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
@@ -19,6 +20,11 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     └── OpenSandboxError             the OpenSandbox clients
         ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL)
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
+        │   └── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
+        ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
+        │   └── ResponseTooLarge     an answer went over its byte cap
+        ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run: "the connection dropped")
+        ├── CallDeadlineExceeded     one call took longer than its overall deadline
         ├── SandboxStateError        a sandbox reached a state it cannot run code from
         ├── SandboxTimeoutError      a sandbox or execd was not ready in time
         └── OutputLimitExceeded      an execd stream went over its byte cap
@@ -57,6 +63,10 @@ class KernelLaunchError(KernelSandboxError):
     """The kernel could not be started; the message says why and what to do."""
 
 
+class SetupError(KernelSandboxError):
+    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run instead."""
+
+
 class SandboxError(KernelSandboxError):
     """An error of the execution API."""
 
@@ -93,7 +103,8 @@ class OpenSandboxAPIError(OpenSandboxError):
     """A non-2xx answer from the lifecycle server or execd, with its ``{code, message}`` body.
 
     ``response`` is the httpx response (its body already read and capped), ``status_code`` its
-    status; ``__cause__`` is httpx's own error where there was one.
+    status, ``code`` and ``message`` the server's (FastAPI's ``detail`` is turned into a message
+    naming each refused field).
     """
 
     def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
@@ -102,6 +113,30 @@ class OpenSandboxAPIError(OpenSandboxError):
         self.status_code: int = response.status_code
         self.code = code
         self.message = detail
+
+
+class SandboxNotFound(OpenSandboxAPIError):
+    """The lifecycle server answered 404 for a sandbox: unknown, deleted, or expired (removed)."""
+
+
+class OpenSandboxProtocolError(OpenSandboxError):
+    """An answer the client cannot use: not JSON, the wrong JSON shape, bad values, or compressed."""
+
+
+class ResponseTooLarge(OpenSandboxProtocolError):
+    """An answer exceeded its byte cap; it was not read further. ``limit`` is the cap in bytes."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class OpenSandboxConnectionError(OpenSandboxError, ConnectionError):
+    """The lifecycle server or execd could not be reached, or hung up; the message names the call."""
+
+
+class CallDeadlineExceeded(OpenSandboxError, TimeoutError):
+    """One call (connect, send, and the whole answer) took longer than its deadline."""
 
 
 class SandboxStateError(OpenSandboxError):

@@ -3,12 +3,21 @@
 The lifecycle server creates, inspects and deletes sandboxes (``/v1/sandboxes``); ``execd`` runs
 inside each sandbox (port 44772) and executes code in Jupyter contexts, answering with a stream of
 events (see :mod:`kernel_sandbox.opensandbox.events`).
+
+Both are read as untrusted: code in a sandbox can replace execd, so every answer, error bodies
+included, is read with a byte cap (``max_response_bytes``, a run's stream with
+``max_output_bytes``) and within an overall deadline per call (``request_timeout``: connect, send
+and the whole answer, however slowly it trickles). Server-supplied values placed in URLs are
+percent-encoded; answers of the wrong shape raise :class:`OpenSandboxProtocolError` naming the
+call; transport failures raise :class:`OpenSandboxConnectionError` with a message that says what
+was tried. Redirects are never followed, and the API key goes only to the lifecycle server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -16,19 +25,26 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 
 from ..errors import (
+    CallDeadlineExceeded,
     OpenSandboxAPIError,
     OpenSandboxConfigError,
+    OpenSandboxConnectionError,
     OpenSandboxError,
+    OpenSandboxProtocolError,
     OutputLimitExceeded,
+    ResponseTooLarge,
+    SandboxNotFound,
     SandboxStateError,
     SandboxTimeoutError,
 )
-from .events import Event, ExecdRun, parse_event
+from .events import Event, ExecdRun, LineSplitter, parse_event
+
+log = logging.getLogger(__name__)
 
 ENV_API_BASE = "OPEN_SANDBOX_API_BASE"
 ENV_API_KEY = "OPEN_SANDBOX_API_KEY"
@@ -40,12 +56,23 @@ DEFAULT_RESOURCE_LIMITS: Mapping[str, str] = MappingProxyType({"cpu": "1", "memo
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_STREAM_IDLE_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+DEFAULT_DELETE_ATTEMPTS = 4
+DRAIN_TIMEOUT = 5.0
+DEFAULT_BUSY_WAIT = 10.0
 EXECD_PORT = 44772
 LABELS: Mapping[str, str] = MappingProxyType({"kernel-sandbox": "true"})
 TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
+WAITING_STATES = frozenset({"Pending", "Unknown", "Resuming", "Pausing"})
+"""States worth waiting through after create (``Unknown``: the runtime could not tell, for now)."""
+PAUSED_STATES = frozenset({"Paused"})
+_RETRY_STATUSES = frozenset({404, 502, 503, 504})
+_ID_MAX = 256
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
+LostCallback = Callable[[str], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,8 @@ def resolve_api_base(api_base: str | None = None) -> str:
             f"the OpenSandbox API base URL is required: pass api_base or set {ENV_API_BASE} "
             "(for example http://localhost:8080/v1)"
         )
+    if urlsplit(base).scheme not in ("http", "https"):
+        raise OpenSandboxConfigError(f"api_base must be an http:// or https:// URL, got {base!r}")
     return base.rstrip("/")
 
 
@@ -87,13 +116,39 @@ def resolve_api_key(api_key: str | None = None) -> str:
 def endpoint_url(endpoint: str, api_base: str) -> str:
     """Turn an endpoint as the server reports it (``host:port[/path]``) into a URL.
 
-    An endpoint without a scheme takes the API base's scheme.
+    An endpoint without a scheme takes the API base's scheme; only http(s) URLs with a host and
+    without user info, query or fragment are accepted.
     """
-    endpoint = endpoint.rstrip("/")
-    if "://" in endpoint:
-        return endpoint
-    scheme = urlsplit(api_base).scheme or "http"
-    return f"{scheme}://{endpoint}"
+    endpoint = endpoint.strip().rstrip("/")
+    url = endpoint if "://" in endpoint else f"{urlsplit(api_base).scheme or 'http'}://{endpoint}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError as exc:
+        raise OpenSandboxProtocolError(
+            f"the server returned an unusable execd endpoint {endpoint[:200]!r}: {exc}"
+        ) from exc
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or parts.query
+        or parts.fragment
+    ):
+        raise OpenSandboxProtocolError(f"the server returned an unusable execd endpoint {endpoint[:200]!r}")
+    return url
+
+
+def url_segment(value: Any, what: str) -> str:
+    """Percent-encode one server- or user-supplied value for use as a single URL path segment."""
+    if not isinstance(value, str) or not value or len(value) > _ID_MAX:
+        raise OpenSandboxProtocolError(
+            f"{what} must be a non-empty string of at most {_ID_MAX} characters, got {value!r:.100}"
+        )
+    segment = quote(value, safe="")
+    if segment in (".", ".."):
+        raise OpenSandboxProtocolError(f"{what} {value!r} cannot be used in a URL path")
+    return segment
 
 
 def as_str_dict(value: Mapping[str, Any] | None) -> dict[str, str]:
@@ -106,6 +161,12 @@ def sandbox_state(info: Mapping[str, Any] | None) -> str | None:
     status = info.get("status") if isinstance(info, Mapping) else None
     state = status.get("state") if isinstance(status, Mapping) else None
     return state if isinstance(state, str) else None
+
+
+def _status_message(info: Mapping[str, Any]) -> str:
+    status = info.get("status")
+    message = status.get("message") if isinstance(status, Mapping) else None
+    return str(message)[:500] if message else ""
 
 
 def build_create_body(
@@ -146,43 +207,215 @@ def build_create_body(
     return body
 
 
+# ---- reading answers ------------------------------------------------------------------------
+
+_TRANSPORT_WORDS = {
+    httpx.ConnectError: "could not connect (refused or unreachable)",
+    httpx.ConnectTimeout: "timed out while connecting",
+    httpx.ReadError: "the connection was reset or closed while reading the answer",
+    httpx.WriteError: "the connection was reset or closed while sending the request",
+    httpx.RemoteProtocolError: "the server closed the connection without a complete answer",
+    httpx.ReadTimeout: "timed out waiting for the answer",
+    httpx.PoolTimeout: "no free connection in the pool",
+}
+
+
+def describe_transport_error(exc: BaseException) -> str:
+    """A non-empty description of an httpx transport error (httpx's own text is often empty)."""
+    words = next((text for kind, text in _TRANSPORT_WORDS.items() if isinstance(exc, kind)), "transport error")
+    detail = str(exc) or str(exc.__cause__ or "")
+    return f"{words} ({type(exc).__name__}{': ' + detail[:300] if detail else ''})"
+
+
+def _where(request: httpx.Request) -> str:
+    return f"{request.method} {request.url.copy_with(query=None)}"
+
+
+def _detail_message(detail: Any) -> str | None:
+    """FastAPI's ``{"detail": [{"loc", "msg"}...]}`` as "field: problem; ..."; a string detail as is."""
+    if isinstance(detail, str):
+        return detail
+    if not isinstance(detail, list):
+        return None
+    parts = []
+    for item in detail[:10]:
+        if not isinstance(item, Mapping):
+            continue
+        loc = (
+            [str(p) for p in item.get("loc") or [] if p not in ("body", "query", "path")]
+            if isinstance(item.get("loc"), list)
+            else []
+        )
+        field_name = ".".join(loc) or "request"
+        parts.append(f"field {field_name!r}: {str(item.get('msg') or item.get('type') or 'invalid')[:200]}")
+    return "; ".join(parts) or None
+
+
+_EGRESS_HINT = (
+    "This server has no egress sidecar configured, so it refuses any networkPolicy, including the "
+    "default-deny policy kernel-sandbox sends. Fix one of: configure `[egress] image` on the server "
+    "(then egress is enforced); or set allow_internet=True to send no policy (the sandbox then has "
+    "whatever network the server gives it, unrestricted)."
+)
+
+
 def _error_body(response: httpx.Response) -> tuple[str | None, str | None]:
     try:
         body = response.json()
-    except ValueError:
-        text = response.text.strip()
-        return None, text[:500] or None
-    if isinstance(body, dict):
-        code, message = body.get("code"), body.get("message") or body.get("detail")
-        return (None if code is None else str(code)), (None if message is None else str(message))
-    return None, None
+    except (ValueError, RecursionError):
+        text = response.content[:500].decode("utf-8", errors="replace").strip()
+        return None, text or None
+    if not isinstance(body, dict):
+        return None, None
+    code = body.get("code")
+    message = body.get("message")
+    if message is None:
+        message = _detail_message(body.get("detail"))
+    return (None if code is None else str(code)[:200]), (None if message is None else str(message)[:2000])
 
 
 def raise_for_status(response: httpx.Response) -> None:
-    """Raise :class:`OpenSandboxAPIError` for a non-2xx response (its body must be read)."""
+    """Raise :class:`OpenSandboxAPIError` (:class:`SandboxNotFound` for a sandbox's 404) for a non-2xx response."""
     if response.is_success:
         return
     code, message = _error_body(response)
     request = response.request
     detail = " ".join(part for part in (code and f"{code}:", message) if part)
-    raise OpenSandboxAPIError(
-        f"{request.method} {request.url} answered {response.status_code}" + (f" ({detail})" if detail else ""),
-        response=response,
-        code=code,
-        detail=message,
-    )
+    text = f"{_where(request)} answered {response.status_code}" + (f" ({detail})" if detail else "")
+    if response.status_code == 400 and message and "egress" in message and "networkPolicy" in message:
+        text += ". " + _EGRESS_HINT
+    kind = OpenSandboxAPIError
+    if response.status_code == 404 and "/sandboxes/" in request.url.path and "/proxy/" not in request.url.path:
+        kind = SandboxNotFound
+    raise kind(text, response=response, code=code, detail=message)
 
 
-async def _emit(callback: EventCallback | None, event: Event) -> None:
+def _refuse_encoded(response: httpx.Response, what: str) -> None:
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise OpenSandboxProtocolError(
+            f"{what}: the answer is {encoding[:40]}-encoded although identity was asked for; "
+            "compressed answers are refused"
+        )
+
+
+async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes:
+    """Read a streamed response's raw body, refusing more than ``limit`` bytes."""
+    _refuse_encoded(response, what)
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge(
+            f"{what}: the answer declares {declared} bytes, over the cap of {limit} bytes (max_response_bytes)", limit
+        )
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) > limit:
+            raise ResponseTooLarge(
+                f"{what}: the answer exceeded the cap of {limit} bytes (max_response_bytes); it was not read further",
+                limit,
+            )
+    return bytes(body)
+
+
+class _HTTP:
+    """Capped, deadline-bound HTTP calls shared by both clients."""
+
+    def __init__(self, http: httpx.AsyncClient | None, request_timeout: float, max_response_bytes: int) -> None:
+        self.request_timeout = request_timeout
+        self.max_response_bytes = max_response_bytes
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(request_timeout), follow_redirects=False)
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def call(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        json: Any = None,
+        params: Any = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """One request, its whole answer read (capped) within ``timeout`` (default: request_timeout).
+
+        Returns a response whose body is in memory; raises for transport errors and the deadline,
+        never for an HTTP status.
+        """
+        deadline = self.request_timeout if timeout is None else timeout
+        request = self._http.build_request(
+            method,
+            url,
+            headers={**headers, "Accept-Encoding": "identity"},
+            json=json,
+            params=params,
+            timeout=httpx.Timeout(deadline),
+        )
+        what = _where(request)
+
+        async def send() -> httpx.Response:
+            response = await self._http.send(request, stream=True, follow_redirects=False)
+            try:
+                body = await _read_capped(response, self.max_response_bytes, what)
+            finally:
+                await response.aclose()
+            return httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
+
+        try:
+            return await asyncio.wait_for(send(), deadline)
+        except asyncio.TimeoutError:
+            raise CallDeadlineExceeded(
+                f"{what}: no complete answer within {deadline:g} s (request_timeout, per call)"
+            ) from None
+        except httpx.TransportError as exc:
+            raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
+
+
+def _is_busy(error: OpenSandboxError) -> bool:
+    """execd's answer to a run on a context that is still running: 500 "session is busy"."""
+    return isinstance(error, OpenSandboxAPIError) and "busy" in (error.message or "").lower()
+
+
+def _json(response: httpx.Response, what: str) -> Any:
+    try:
+        return response.json()
+    except (ValueError, RecursionError) as exc:
+        raise OpenSandboxProtocolError(
+            f"{what} answered {response.status_code} with a body that is not JSON ({type(exc).__name__})"
+        ) from None
+
+
+def _object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
+    """The answer as a JSON object having ``required`` keys, or OpenSandboxProtocolError naming the call."""
+    answer = _json(response, what)
+    if not isinstance(answer, dict):
+        raise OpenSandboxProtocolError(f"{what} answered with a JSON {type(answer).__name__}, expected an object")
+    missing = [key for key in required if not answer.get(key)]
+    if missing:
+        raise OpenSandboxProtocolError(f"{what} answered without {', '.join(missing)}")
+    return answer
+
+
+async def _emit(callback: Callable[[Any], Awaitable[None] | None] | None, value: Any) -> None:
     if callback is None:
         return
-    result = callback(event)
+    result = callback(value)
     if asyncio.iscoroutine(result):
         await result
 
 
 class ExecdClient:
-    """Talks to one sandbox's execd: run code (streamed), manage contexts, interrupt."""
+    """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
+
+    ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
+    (execd pings every ~3 s while code runs); bytes that do not complete an event do not count.
+    ``busy_wait``: a run that execd refuses with "session is busy" (the context's previous run,
+    e.g. one just interrupted, is still ending) is retried for that many seconds.
+    """
 
     def __init__(
         self,
@@ -192,18 +425,24 @@ class ExecdClient:
         http: httpx.AsyncClient | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        busy_wait: float = DEFAULT_BUSY_WAIT,
     ) -> None:
         self.url = url.rstrip("/")
+        self.busy_wait = busy_wait
         self.headers = as_str_dict(headers)
         self.max_output_bytes = max_output_bytes
-        self._timeout = httpx.Timeout(request_timeout)
-        self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=self._timeout)
+        self.stream_idle_timeout = stream_idle_timeout
+        self._http = _HTTP(http, request_timeout, max_response_bytes)
+
+    @property
+    def request_timeout(self) -> float:
+        return self._http.request_timeout
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
-        if self._owns_http:
-            await self._http.aclose()
+        await self._http.aclose()
 
     async def __aenter__(self) -> ExecdClient:
         return self
@@ -211,41 +450,172 @@ class ExecdClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
+
+    async def wait_ready(self, ready_timeout: float, poll_interval: float = 0.1) -> int:
+        """Poll ``GET /ping`` until it answers 200; return the number of attempts.
+
+        Connection resets, refusals, remote disconnects, per-call deadlines and 404/502/503/504
+        (proxies in front of a starting execd) are retried until ``ready_timeout``; any other
+        status fails at once. The timeout error says what was tried, how often and for how long.
+        """
+        started = time.monotonic()
+        attempts, last = 0, "no attempt"
+        while True:
+            attempts += 1
+            remaining = ready_timeout - (time.monotonic() - started)
+            try:
+                response = await self._call("GET", "/ping", timeout=max(0.1, min(self.request_timeout, remaining)))
+            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
+                last = str(exc)
+            else:
+                if response.is_success:
+                    return attempts
+                if response.status_code not in _RETRY_STATUSES:
+                    raise_for_status(response)
+                last = f"GET {self.url}/ping answered {response.status_code}"
+            elapsed = time.monotonic() - started
+            if elapsed >= ready_timeout:
+                raise SandboxTimeoutError(
+                    f"execd at {self.url} did not become ready: GET /ping tried {attempts} times over "
+                    f"{elapsed:.1f} s (ready_timeout {ready_timeout:g} s); last: {last}"
+                )
+            await asyncio.sleep(min(poll_interval, max(0.0, ready_timeout - elapsed)))
+
     async def stream(
         self, code: str, *, context_id: str | None = None, language: str = "python"
     ) -> AsyncIterator[Event]:
-        """Run ``code`` and yield its events as they arrive.
+        """Run ``code`` and yield its events as they arrive, up to and including the terminal one.
 
-        Raises :class:`OutputLimitExceeded` once the stream passes ``max_output_bytes``.
+        Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
+        :class:`OpenSandboxConnectionError` when the stream ends (or breaks) before a terminal
+        event, :class:`CallDeadlineExceeded` when no event arrives for ``stream_idle_timeout``.
         """
         context: dict[str, str] = {"language": language}
         if context_id:
             context["id"] = context_id
-        body = {"code": code, "context": context}
-        timeout = httpx.Timeout(self._timeout.connect, read=None)
-        async with self._http.stream(
-            "POST", f"{self.url}/code", json=body, headers=self.headers, timeout=timeout
-        ) as response:
-            if not response.is_success:
-                await response.aread()
-                raise_for_status(response)
-            received = 0
-            buffer = b""
-            async for chunk in response.aiter_bytes():
-                received += len(chunk)
-                if received > self.max_output_bytes:
-                    raise OutputLimitExceeded(
-                        f"execd output exceeded {self.max_output_bytes} bytes; the stream was aborted"
-                    )
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    event = parse_event(line)
-                    if event is not None:
-                        yield event
-            event = parse_event(buffer)
-            if event is not None:
+        client = self._http._http
+        request = client.build_request(
+            "POST",
+            f"{self.url}/code",
+            json={"code": code, "context": context},
+            headers={**self.headers, "Accept-Encoding": "identity"},
+            timeout=httpx.Timeout(self.request_timeout, read=None),
+        )
+        what = _where(request)
+        busy_until = time.monotonic() + self.busy_wait
+        while True:
+            response = await self._open_stream(client, request, what)
+            if response.is_success:
+                break
+            try:
+                failure = await self._error_answer(response, request, what)
+            finally:
+                await response.aclose()
+            if not _is_busy(failure) or time.monotonic() >= busy_until:
+                raise failure
+            await asyncio.sleep(0.1)  # the previous run (e.g. just interrupted) is still ending
+        try:
+            async for event in self._events(response, what):
                 yield event
+                if event.terminal:
+                    return
+            raise OpenSandboxConnectionError(
+                f"{what}: the connection to execd dropped before the run ended (the stream closed without an "
+                "execution_complete or error event); the code may still be running in the sandbox"
+            )
+        except httpx.TransportError as exc:
+            raise OpenSandboxConnectionError(
+                f"{what}: the connection to execd dropped while the code ran: {describe_transport_error(exc)}"
+            ) from exc
+        finally:
+            await response.aclose()
+
+    async def _open_stream(self, client: httpx.AsyncClient, request: httpx.Request, what: str) -> httpx.Response:
+        try:
+            return await asyncio.wait_for(
+                client.send(request, stream=True, follow_redirects=False), self.request_timeout
+            )
+        except asyncio.TimeoutError:
+            raise CallDeadlineExceeded(
+                f"{what}: execd did not start answering within {self.request_timeout:g} s"
+            ) from None
+        except httpx.TransportError as exc:
+            raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
+
+    async def _error_answer(self, response: httpx.Response, request: httpx.Request, what: str) -> OpenSandboxError:
+        """The error for a non-2xx answer to ``POST /code`` (its body read capped, within the deadline)."""
+        try:
+            body = await asyncio.wait_for(
+                _read_capped(response, self._http.max_response_bytes, what), self.request_timeout
+            )
+        except asyncio.TimeoutError:
+            return CallDeadlineExceeded(f"{what}: the error answer did not arrive within {self.request_timeout:g} s")
+        except OpenSandboxError as exc:
+            return exc
+        except httpx.TransportError as exc:
+            return OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}")
+        try:
+            raise_for_status(
+                httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
+            )
+        except OpenSandboxAPIError as exc:
+            return exc
+        raise AssertionError("unreachable: a non-2xx answer")
+
+    async def _events(self, response: httpx.Response, what: str) -> AsyncIterator[Event]:
+        _refuse_encoded(response, what)
+        received = 0
+        lines = LineSplitter()
+        chunks = response.aiter_raw().__aiter__()
+        last_event = time.monotonic()
+        while True:
+            wait = last_event + self.stream_idle_timeout - time.monotonic()
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), max(wait, 0.001))
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                raise CallDeadlineExceeded(
+                    f"{what}: no event from execd for {self.stream_idle_timeout:g} s (stream_idle_timeout); "
+                    "execd pings every few seconds while code runs, so it is gone or misbehaving"
+                ) from None
+            received += len(chunk)
+            if received > self.max_output_bytes:
+                raise OutputLimitExceeded(
+                    f"execd output exceeded {self.max_output_bytes} bytes (max_output_bytes); the stream was aborted"
+                )
+            for line in lines.feed(chunk):
+                event = parse_event(line)
+                if event is None:
+                    continue
+                last_event = time.monotonic()
+                if event.terminal:
+                    await self._drain(chunks, self.max_output_bytes - received)
+                    yield event
+                    return
+                yield event
+        event = parse_event(lines.rest())
+        if event is not None:
+            yield event
+
+    async def _drain(self, chunks: AsyncIterator[bytes], budget: int) -> None:
+        """Read (and ignore) what follows a terminal event until execd closes the stream.
+
+        execd frees the context only when it ends the stream; leaving earlier would make the
+        next run meet "session is busy". Bounded by ``DRAIN_TIMEOUT`` and the byte cap.
+        """
+
+        async def drain() -> None:
+            remaining = budget
+            async for chunk in chunks:
+                remaining -= len(chunk)
+                if remaining < 0:
+                    return
+
+        with contextlib.suppress(asyncio.TimeoutError, httpx.TransportError):
+            await asyncio.wait_for(drain(), min(DRAIN_TIMEOUT, self.request_timeout))
 
     async def run(
         self,
@@ -264,16 +634,16 @@ class ExecdClient:
 
     async def create_context(self, language: str = "python") -> str:
         """Create a fresh code context and return its id."""
-        response = await self._http.post(f"{self.url}/code/context", json={"language": language}, headers=self.headers)
+        what = f"POST {self.url}/code/context"
+        response = await self._call("POST", "/code/context", json={"language": language})
         raise_for_status(response)
-        context_id = response.json().get("id")
-        if not context_id:
-            raise OpenSandboxError(f"execd created a {language} context without an id")
+        context_id = _object(response, what, "id")["id"]
+        url_segment(context_id, f"{what}: the context id")
         return str(context_id)
 
     async def delete_context(self, context_id: str) -> bool:
         """Delete a code context; False when it was already gone."""
-        response = await self._http.delete(f"{self.url}/code/contexts/{context_id}", headers=self.headers)
+        response = await self._call("DELETE", f"/code/contexts/{url_segment(context_id, 'context id')}")
         if response.status_code == 404:
             return False
         raise_for_status(response)
@@ -281,8 +651,34 @@ class ExecdClient:
 
     async def interrupt(self, context_id: str) -> None:
         """Interrupt the code running in ``context_id``."""
-        response = await self._http.delete(f"{self.url}/code", params={"id": context_id}, headers=self.headers)
+        response = await self._call("DELETE", "/code", params={"id": context_id})
         raise_for_status(response)
+
+
+async def _retrying_delete(attempt: Callable[[], Awaitable[bool]], attempts: int, what: str) -> bool:
+    """Run ``attempt`` up to ``attempts`` times with backoff (0.5, 1, 2... s) on transient failures."""
+    delay = 0.5
+    for number in range(1, attempts + 1):
+        try:
+            return await attempt()
+        except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
+            failure: OpenSandboxError = exc
+        except OpenSandboxAPIError as exc:
+            if exc.status_code < 500 and exc.status_code != 429:
+                raise
+            failure = exc
+        if number == attempts:
+            raise type(failure)(f"{failure} (gave up after {attempts} attempts)", **_error_kwargs(failure)) from failure
+        log.warning("%s failed (attempt %d of %d), retrying in %g s: %s", what, number, attempts, delay, failure)
+        await asyncio.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _error_kwargs(error: OpenSandboxError) -> dict[str, Any]:
+    if isinstance(error, OpenSandboxAPIError):
+        return {"response": error.response, "code": error.code, "detail": error.message}
+    return {}
 
 
 class OpenSandboxClient:
@@ -303,16 +699,27 @@ class OpenSandboxClient:
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
     ) -> None:
         self.api_base = resolve_api_base(api_base)
         self.api_key = resolve_api_key(api_key)
         self.use_server_proxy = use_server_proxy
         self.poll_interval = poll_interval
         self.ready_timeout = ready_timeout
-        self.request_timeout = request_timeout
         self.max_output_bytes = max_output_bytes
-        self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(request_timeout))
+        self.stream_idle_timeout = stream_idle_timeout
+        self.delete_attempts = max(1, delete_attempts)
+        self._http = _HTTP(http, request_timeout, max_response_bytes)
+
+    @property
+    def request_timeout(self) -> float:
+        return self._http.request_timeout
+
+    @property
+    def max_response_bytes(self) -> int:
+        return self._http.max_response_bytes
 
     @property
     def headers(self) -> dict[str, str]:
@@ -321,8 +728,7 @@ class OpenSandboxClient:
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
-        if self._owns_http:
-            await self._http.aclose()
+        await self._http.aclose()
 
     async def __aenter__(self) -> OpenSandboxClient:
         return self
@@ -330,10 +736,16 @@ class OpenSandboxClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self._http.call(method, f"{self.api_base}{path}", headers=self.headers, **kwargs)
+
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = await self._http.request(method, f"{self.api_base}{path}", headers=self.headers, **kwargs)
+        response = await self._call(method, path, **kwargs)
         raise_for_status(response)
         return response
+
+    def _path(self, sandbox_id: str, *rest: str) -> str:
+        return "/".join(["/sandboxes", url_segment(sandbox_id, "sandbox id"), *rest])
 
     async def create(
         self,
@@ -349,9 +761,9 @@ class OpenSandboxClient:
         network_policy: Mapping[str, Any] | None = None,
         secure_access: bool = False,
     ) -> Sandbox:
-        """Create a sandbox, wait until it is Running and resolve its execd endpoint.
+        """Create a sandbox, wait until it is Running, resolve its execd endpoint and wait for execd.
 
-        The sandbox is deleted again when waiting or resolving fails.
+        The sandbox is deleted again when any later step fails.
         """
         body = build_create_body(
             image=image,
@@ -365,48 +777,59 @@ class OpenSandboxClient:
             network_policy=network_policy,
             secure_access=secure_access,
         )
-        info = (await self._request("POST", "/sandboxes", json=body)).json()
-        sandbox_id = str(info["id"])
+        what = f"POST {self.api_base}/sandboxes"
+        info = _object(await self._request("POST", "/sandboxes", json=body), what, "id")
+        sandbox_id = info["id"]
+        url_segment(sandbox_id, f"{what}: the sandbox id")
         try:
             info = await self.wait_running(sandbox_id, info)
             endpoint = await self.endpoint(sandbox_id)
+            await self.execd(endpoint).wait_ready(self.ready_timeout, min(self.poll_interval, 0.1) or 0.1)
         except BaseException:
             await asyncio.shield(self._delete_quietly(sandbox_id))
             raise
         return Sandbox(id=sandbox_id, state=sandbox_state(info), info=info, endpoint=endpoint)
 
     async def _delete_quietly(self, sandbox_id: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):
+        try:
             await self.delete(sandbox_id)
+        except (OpenSandboxError, httpx.HTTPError) as exc:
+            log.warning("deleting sandbox %s failed: %s", sandbox_id, exc)
 
     async def get(self, sandbox_id: str) -> dict[str, Any]:
-        """Return the server's description of a sandbox (404 raises :class:`OpenSandboxAPIError`)."""
-        return (await self._request("GET", f"/sandboxes/{sandbox_id}")).json()
+        """Return the server's description of a sandbox (404 raises :class:`SandboxNotFound`)."""
+        path = self._path(sandbox_id)
+        return _object(await self._request("GET", path), f"GET {self.api_base}{path}")
 
     async def list_sandboxes(
-        self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None
+        self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None, max_pages: int = 1000
     ) -> list[dict[str, Any]]:
         """List sandboxes, optionally filtered by metadata labels and states (all pages)."""
         items: list[dict[str, Any]] = []
-        page = 1
-        while True:
+        what = f"GET {self.api_base}/sandboxes"
+        for page in range(1, max_pages + 1):
             params: list[tuple[str, Any]] = [("page", page), ("pageSize", 100)]
             if metadata:
                 params.append(("metadata", urlencode(as_str_dict(metadata))))
             params.extend(("state", state) for state in states or [])
-            answer = (await self._request("GET", "/sandboxes", params=params)).json()
-            items.extend(answer.get("items") or [])
-            if not (answer.get("pagination") or {}).get("hasNextPage"):
+            answer = _object(await self._request("GET", "/sandboxes", params=params), what)
+            page_items = answer.get("items") or []
+            pagination = answer.get("pagination") or {}
+            if not isinstance(page_items, list) or not isinstance(pagination, dict):
+                raise OpenSandboxProtocolError(f"{what} answered with items or pagination of the wrong type")
+            items.extend(item for item in page_items if isinstance(item, dict))
+            if not pagination.get("hasNextPage") or not page_items:
                 return items
-            page += 1
+        return items
 
     async def wait_running(self, sandbox_id: str, info: dict[str, Any] | None = None) -> dict[str, Any]:
         """Poll until the sandbox is Running and return its description.
 
-        A terminal state raises :class:`SandboxStateError`; the ready timeout raises
-        :class:`SandboxTimeoutError`.
+        ``Pending``, ``Unknown``, ``Pausing`` and ``Resuming`` are waited through; ``Paused`` and the
+        terminal states raise :class:`SandboxStateError`; 404 raises :class:`SandboxNotFound`; the
+        ready timeout raises :class:`SandboxTimeoutError` naming the last state.
         """
-        deadline = time.monotonic() + self.ready_timeout
+        started = time.monotonic()
         if info is None:
             info = await self.get(sandbox_id)
         while True:
@@ -414,34 +837,63 @@ class OpenSandboxClient:
             if state == "Running":
                 return info
             if state in TERMINAL_STATES:
-                message = str((info.get("status") or {}).get("message") or "")
-                raise SandboxStateError(sandbox_id, state, message)
-            if time.monotonic() >= deadline:
+                raise SandboxStateError(sandbox_id, state, _status_message(info))
+            if state in PAUSED_STATES:
+                raise SandboxStateError(
+                    sandbox_id,
+                    state,
+                    f"it cannot run code while paused; resume it (POST /sandboxes/{sandbox_id}/resume) or delete it",
+                )
+            elapsed = time.monotonic() - started
+            if elapsed >= self.ready_timeout:
                 raise SandboxTimeoutError(
-                    f"sandbox {sandbox_id} was not Running after {self.ready_timeout:g}s (state {state})"
+                    f"sandbox {sandbox_id} was not Running after {elapsed:.1f} s (ready_timeout "
+                    f"{self.ready_timeout:g} s); last state {state}"
+                    + (f": {_status_message(info)}" if _status_message(info) else "")
                 )
             await asyncio.sleep(self.poll_interval)
             info = await self.get(sandbox_id)
 
     async def endpoint(self, sandbox_id: str, port: int = EXECD_PORT) -> Endpoint:
-        """Resolve the endpoint of ``port`` in the sandbox, retrying 404 until the ready timeout."""
-        deadline = time.monotonic() + self.ready_timeout
+        """Resolve the endpoint of ``port`` in the sandbox.
+
+        404/502/503/504, connection errors and answers without an endpoint are retried until the
+        ready timeout (some deployments answer so until the sandbox is ready; the published server
+        answers 200 at once, before anything listens).
+        """
+        started = time.monotonic()
+        path = self._path(sandbox_id, "endpoints", str(int(port)))
+        what = f"GET {self.api_base}{path}"
         params = {"use_server_proxy": "true" if self.use_server_proxy else "false"}
+        attempts, last = 0, ""
         while True:
-            response = await self._http.get(
-                f"{self.api_base}/sandboxes/{sandbox_id}/endpoints/{port}", headers=self.headers, params=params
-            )
-            if response.status_code != 404:
-                raise_for_status(response)
-                answer = response.json()
-                if isinstance(answer, dict) and answer.get("endpoint"):
-                    return Endpoint(
-                        url=endpoint_url(str(answer["endpoint"]), self.api_base),
-                        headers=as_str_dict(answer.get("headers")),
-                    )
-            if time.monotonic() >= deadline:
+            attempts += 1
+            try:
+                response = await self._call("GET", path, params=params)
+            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
+                last = str(exc)
+            else:
+                if response.is_success:
+                    answer = _object(response, what)
+                    if answer.get("endpoint"):
+                        if not isinstance(answer["endpoint"], str):
+                            raise OpenSandboxProtocolError(f"{what} answered with an endpoint that is not a string")
+                        headers = answer.get("headers") or {}
+                        if not isinstance(headers, dict):
+                            raise OpenSandboxProtocolError(f"{what} answered with headers that are not an object")
+                        return Endpoint(
+                            url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers)
+                        )
+                    last = f"{what} answered without an endpoint"
+                elif response.status_code in _RETRY_STATUSES:
+                    last = f"{what} answered {response.status_code}"
+                else:
+                    raise_for_status(response)
+            elapsed = time.monotonic() - started
+            if elapsed >= self.ready_timeout:
                 raise SandboxTimeoutError(
-                    f"execd endpoint (port {port}) of sandbox {sandbox_id} was not ready after {self.ready_timeout:g}s"
+                    f"execd endpoint (port {port}) of sandbox {sandbox_id} was not ready: tried {attempts} times "
+                    f"over {elapsed:.1f} s (ready_timeout {self.ready_timeout:g} s); last: {last}"
                 )
             await asyncio.sleep(self.poll_interval)
 
@@ -449,25 +901,40 @@ class OpenSandboxClient:
         """Move the sandbox's expiration to ``seconds`` from now; return the new ``expiresAt``."""
         expires = datetime.now(timezone.utc) + timedelta(seconds=seconds)
         body = {"expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        answer = (await self._request("POST", f"/sandboxes/{sandbox_id}/renew-expiration", json=body)).json()
-        return str(answer.get("expiresAt", body["expiresAt"]))
+        path = self._path(sandbox_id, "renew-expiration")
+        response = await self._request("POST", path, json=body)
+        if not response.content.strip():
+            return body["expiresAt"]
+        answer = _object(response, f"POST {self.api_base}{path}")
+        return str(answer.get("expiresAt", body["expiresAt"]))[:64]
 
     async def delete(self, sandbox_id: str) -> bool:
-        """Delete a sandbox; False when it was already gone (404), other errors raise."""
-        response = await self._http.delete(f"{self.api_base}/sandboxes/{sandbox_id}", headers=self.headers)
-        if response.status_code == 404:
-            return False
-        raise_for_status(response)
-        return True
+        """Delete a sandbox; False when it was already gone (404).
+
+        Connection errors, deadlines, 429 and 5xx are retried ``delete_attempts`` times with
+        backoff; other errors raise at once.
+        """
+        path = self._path(sandbox_id)
+
+        async def attempt() -> bool:
+            response = await self._call("DELETE", path)
+            if response.status_code == 404:
+                return False
+            raise_for_status(response)
+            return True
+
+        return await _retrying_delete(attempt, self.delete_attempts, f"DELETE {self.api_base}{path}")
 
     def execd(self, endpoint: Endpoint) -> ExecdClient:
         """Return an :class:`ExecdClient` for ``endpoint`` that shares this client's connection pool."""
         return ExecdClient(
             endpoint.url,
             endpoint.headers,
-            http=self._http,
+            http=self._http._http,
             request_timeout=self.request_timeout,
             max_output_bytes=self.max_output_bytes,
+            max_response_bytes=self.max_response_bytes,
+            stream_idle_timeout=self.stream_idle_timeout,
         )
 
     async def run_code(
@@ -488,6 +955,45 @@ class OpenSandboxClient:
         return await self.execd(endpoint).run(code, context_id=context_id, language=language, on_event=on_event)
 
 
+async def keep_alive(
+    client: OpenSandboxClient,
+    sandbox_id: str,
+    seconds: float,
+    *,
+    interval: float | None = None,
+    on_lost: LostCallback | None = None,
+) -> None:
+    """Renew the sandbox's expiration every ``interval`` s (default ``seconds / 3``) until cancelled.
+
+    Any error but cancellation is logged and survived. ``on_lost(reason)`` is called once when the
+    sandbox can no longer be renewed: it is gone (404; the loop then ends), or every renewal has
+    failed for longer than ``seconds``, so it has probably expired.
+    """
+    interval = interval or seconds / 3
+    renewed_at = time.monotonic()
+    reported = False
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await client.renew(sandbox_id, seconds)
+        except asyncio.CancelledError:
+            raise
+        except SandboxNotFound:
+            await _emit(on_lost, f"sandbox {sandbox_id} is gone (404): it expired or was deleted")
+            return
+        except Exception as exc:  # noqa: BLE001 (the loop must outlive any answer of the server)
+            log.warning("renewing sandbox %s failed: %s: %s", sandbox_id, type(exc).__name__, exc)
+            if not reported and time.monotonic() - renewed_at > seconds:
+                reported = True
+                await _emit(
+                    on_lost,
+                    f"sandbox {sandbox_id} could not be renewed for {time.monotonic() - renewed_at:.0f} s "
+                    f"(its timeout is {seconds:g} s); it has probably expired. Last error: {exc}",
+                )
+        else:
+            renewed_at, reported = time.monotonic(), False
+
+
 async def run_once(
     code: str,
     *,
@@ -496,15 +1002,33 @@ async def run_once(
     http: httpx.AsyncClient | None = None,
     language: str = "python",
     on_event: EventCallback | None = None,
+    client_options: Mapping[str, Any] | None = None,
     **create_options: Any,
 ) -> ExecdRun:
-    """Create a sandbox, run ``code`` in it and delete it, also when the run raises."""
-    async with OpenSandboxClient(api_base, api_key, http=http) as client:
+    """Create a sandbox, run ``code`` in it and delete it, also when the run raises.
+
+    A failed delete never hides the outcome: after a run it is kept in the result's
+    ``cleanup_error`` (and logged); after a failed run it is logged and the run's error is raised.
+    ``client_options`` go to :class:`OpenSandboxClient` (timeouts, caps...).
+    """
+    async with OpenSandboxClient(api_base, api_key, http=http, **dict(client_options or {})) as client:
         sandbox = await client.create(**create_options)
         try:
-            return await client.run_code(sandbox, code, language=language, on_event=on_event)
-        finally:
+            result = await client.run_code(sandbox, code, language=language, on_event=on_event)
+        except BaseException as exc:
+            try:
+                await asyncio.shield(client.delete(sandbox.id))
+            except Exception as cleanup:  # noqa: BLE001
+                log.error("deleting sandbox %s after a failed run failed too: %s", sandbox.id, cleanup)
+                with contextlib.suppress(AttributeError):
+                    exc.add_note(f"deleting sandbox {sandbox.id} failed as well: {cleanup}")
+            raise
+        try:
             await asyncio.shield(client.delete(sandbox.id))
+        except Exception as cleanup:  # noqa: BLE001
+            log.error("deleting sandbox %s failed; the run's result is kept: %s", sandbox.id, cleanup)
+            result.cleanup_error = cleanup
+        return result
 
 
 def run_once_sync(code: str, **options: Any) -> ExecdRun:

@@ -1,24 +1,53 @@
-"""Parse the event stream that OpenSandbox's execd writes for ``POST /code``.
+"""Parse the event stream that OpenSandbox's execd writes for ``POST /code``, as untrusted input.
 
 The real server writes each event as a bare JSON object followed by a blank line; proxies and
 some clients use SSE ``data: {...}`` lines instead. Both are accepted; blank lines, SSE control
 lines (``event:``, ``id:``, ``retry:``, comments, empty ``data:``) and anything that is not a JSON
-object are skipped.
+object (including JSON nested too deeply to decode) are skipped.
+
+Everything taken from an event is cleaned: lone surrogates and NULs in text and MIME keys become
+U+FFFD, MIME values that are not text are kept only for JSON types (depth-limited) or dropped,
+and tracebacks are capped (:data:`MAX_TRACEBACK_CHARS`). A run ends at the first terminal event:
+``execution_complete`` (success) or ``error`` (upstream execd sends nothing after it).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 _CONTROL_PREFIXES = ("event:", "id:", "retry:", ":")
+_UNSAFE = re.compile("[\x00\ud800-\udfff]")
+TERMINAL_TYPES = frozenset({"execution_complete", "error"})
+MAX_TRACEBACK_CHARS = 64 * 1024
+"""Cap on one traceback (all its lines together); past it the oldest lines are dropped."""
+MAX_ERROR_FIELD_CHARS = 8 * 1024
+"""Cap on an error's name and value."""
+MAX_JSON_DEPTH = 32
+"""Deepest nesting kept in a JSON MIME value (``application/json``, ``*+json``)."""
+
+
+def clean_text(text: str) -> str:
+    """Return ``text`` with NULs and lone surrogates replaced by U+FFFD (linear time)."""
+    if "\x00" not in text:
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            pass
+    return _UNSAFE.sub("\ufffd", text)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"[... {len(text) - limit} characters cut]"
 
 
 @dataclass(frozen=True)
 class ExecdError:
-    """An error raised by the code, as execd reports it."""
+    """An error raised by the code, as execd reports it (cleaned and capped)."""
 
     name: str
     value: str
@@ -29,7 +58,7 @@ class ExecdError:
         return {"name": self.name, "value": self.value, "traceback": list(self.traceback)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     """One normalised execd event.
 
@@ -43,34 +72,108 @@ class Event:
     data: dict[str, Any] | None = None
     execution_count: int | None = None
     error: ExecdError | None = None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        """True for the event that ends a run (``execution_complete`` or ``error``)."""
+        return self.type in TERMINAL_TYPES
 
 
-@dataclass
 class ExecdRun:
-    """The collected outcome of one run: output text, result bundles, count and error."""
+    """The collected outcome of one run: output text, result bundles, count and error.
 
-    stdout: str = ""
-    stderr: str = ""
-    results: list[dict[str, Any]] = field(default_factory=list)
-    execution_count: int | None = None
-    error: ExecdError | None = None
-    context_id: str | None = None
+    Output is gathered in chunks and joined once, so collecting costs linear time in its size.
+    ``complete`` is True once a terminal event arrived; events after it are ignored.
+    """
+
+    def __init__(
+        self,
+        stdout: str = "",
+        stderr: str = "",
+        results: list[dict[str, Any]] | None = None,
+        execution_count: int | None = None,
+        error: ExecdError | None = None,
+        context_id: str | None = None,
+    ) -> None:
+        self._out: list[str] = [stdout] if stdout else []
+        self._err: list[str] = [stderr] if stderr else []
+        self.results: list[dict[str, Any]] = list(results or [])
+        self.execution_count = execution_count
+        self.error = error
+        self.context_id = context_id
+        self.complete = False
+        self.cleanup_error: BaseException | None = None
+        """Set by :func:`~kernel_sandbox.opensandbox.client.run_once` when deleting the sandbox failed."""
+
+    @staticmethod
+    def _joined(parts: list[str]) -> str:
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
+
+    @property
+    def stdout(self) -> str:
+        """Everything the code wrote to stdout."""
+        return self._joined(self._out)
+
+    @property
+    def stderr(self) -> str:
+        """Everything the code wrote to stderr."""
+        return self._joined(self._err)
 
     def add(self, event: Event) -> None:
-        """Fold one event into the execution (the first error wins)."""
+        """Fold one event into the run; after a terminal event nothing changes any more."""
+        if self.complete:
+            return
         if event.type == "stdout":
-            self.stdout += event.text or ""
+            self._out.append(event.text or "")
         elif event.type == "stderr":
-            self.stderr += event.text or ""
+            self._err.append(event.text or "")
         elif event.type in ("result", "display_data") and event.data is not None:
             self.results.append(event.data)
         elif event.type == "execution_count" and event.execution_count is not None:
             self.execution_count = event.execution_count
-        elif event.type == "error" and event.error is not None and self.error is None:
+        elif event.type == "error" and event.error is not None:
             self.error = event.error
         elif event.type == "init" and event.text:
             self.context_id = event.text
+        self.complete = event.terminal
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.stdout, self.stderr, self.results, self.execution_count, self.error, self.context_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExecdRun) and self._key() == other._key()
+
+    def __repr__(self) -> str:
+        error = f", error={self.error.name}" if self.error else ""
+        return (
+            f"ExecdRun(stdout={len(self.stdout)} chars, stderr={len(self.stderr)} chars, "
+            f"results={len(self.results)}, execution_count={self.execution_count}{error}, complete={self.complete})"
+        )
+
+
+class LineSplitter:
+    """Split a byte stream into lines, looking at each byte once (a long line costs linear time)."""
+
+    def __init__(self) -> None:
+        self._partial = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """Return the lines that ``chunk`` completes (without their newline)."""
+        if b"\n" not in chunk:
+            self._partial += chunk
+            return []
+        first, *middle, rest = chunk.split(b"\n")
+        self._partial += first
+        lines = [bytes(self._partial), *middle]
+        self._partial = bytearray(rest)
+        return lines
+
+    def rest(self) -> bytes:
+        """Return what is left after the last newline (the stream's unterminated last line)."""
+        rest, self._partial = bytes(self._partial), bytearray()
+        return rest
 
 
 def parse_line(line: str | bytes) -> dict[str, Any] | None:
@@ -86,23 +189,62 @@ def parse_line(line: str | bytes) -> dict[str, Any] | None:
             return None
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
 
 def as_int(value: Any) -> int | None:
-    """Return ``value`` as an int (also from a numeric string), or None when it is not one."""
+    """Return ``value`` as an int (also from a short numeric string), or None when it is not one."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) <= 20:
         try:
             return int(value.strip())
         except ValueError:
             return None
     return None
+
+
+def _clean_json(value: Any, depth: int = 0) -> Any:
+    """Return a cleaned copy of a JSON value; raise ValueError past :data:`MAX_JSON_DEPTH`."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if depth >= MAX_JSON_DEPTH:
+        raise ValueError("JSON value nested too deeply")
+    if isinstance(value, list):
+        return [_clean_json(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {clean_text(str(k)): _clean_json(v, depth + 1) for k, v in value.items()}
+    raise ValueError(f"not a JSON value: {type(value).__name__}")
+
+
+def _is_json_mime(key: str) -> bool:
+    return key == "application/json" or key.endswith("+json")
+
+
+def clean_bundle(bundle: dict[str, Any]) -> dict[str, Any]:
+    """Clean a MIME bundle: text values cleaned, JSON types kept depth-limited, anything else dropped.
+
+    execd renames ``text/plain`` to ``text``; it is renamed back.
+    """
+    cleaned: dict[str, Any] = {}
+    for key, value in bundle.items():
+        key = clean_text(str(key))
+        if key == "text" and "text/plain" not in bundle:
+            key = "text/plain"
+        if isinstance(value, str):
+            cleaned[key] = clean_text(value)
+        elif _is_json_mime(key):
+            try:
+                cleaned[key] = _clean_json(value)
+            except ValueError:
+                continue
+    return cleaned
 
 
 def _mime_bundle(obj: dict[str, Any]) -> dict[str, Any]:
@@ -111,10 +253,7 @@ def _mime_bundle(obj: dict[str, Any]) -> dict[str, Any]:
         bundle = obj.get("data") if isinstance(obj.get("data"), dict) else None
     if bundle is None:
         bundle = {k: v for k, v in obj.items() if "/" in k}
-    bundle = dict(bundle)
-    if "text" in bundle and "text/plain" not in bundle:
-        bundle["text/plain"] = bundle.pop("text")
-    return bundle
+    return clean_bundle(bundle)
 
 
 def _pick(obj: dict[str, Any], *keys: str) -> Any:
@@ -122,6 +261,22 @@ def _pick(obj: dict[str, Any], *keys: str) -> Any:
         if key in obj and obj[key] is not None:
             return obj[key]
     return None
+
+
+def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[str]:
+    """Keep the last lines of a traceback that fit in ``limit`` characters, noting what was cut."""
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        if size + len(line) > limit:
+            if not kept:
+                kept.append(line[-limit:])
+            cut = len(lines) - len(kept)
+            kept.append(f"[... {cut} earlier traceback line(s) cut: the traceback exceeded {limit} characters]")
+            break
+        kept.append(line)
+        size += len(line)
+    return kept[::-1]
 
 
 def _error(obj: dict[str, Any]) -> ExecdError:
@@ -136,10 +291,15 @@ def _error(obj: dict[str, Any]) -> ExecdError:
         traceback = traceback.splitlines()
     elif not isinstance(traceback, list):
         traceback = []
+    lines = [
+        clean_text(line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS])
+        for line in traceback
+        if isinstance(line, (str, int, float))
+    ]
     return ExecdError(
-        name="Error" if name is None else str(name),
-        value="" if value is None else str(value),
-        traceback=[str(line) for line in traceback],
+        name=_clip(clean_text("Error" if name is None else str(name)), MAX_ERROR_FIELD_CHARS),
+        value=_clip(clean_text("" if value is None else str(value)), MAX_ERROR_FIELD_CHARS),
+        traceback=cap_traceback(lines),
     )
 
 
@@ -147,33 +307,41 @@ def to_event(obj: dict[str, Any]) -> Event | None:
     """Normalise one decoded JSON object into an :class:`Event` (None when it carries nothing)."""
     kind = obj.get("type")
     if kind is None and "code" in obj and "message" in obj:
-        return Event(type="error", error=_error(obj), raw=obj)
+        return Event(type="error", error=_error(obj))
     if not isinstance(kind, str):
         return None
+    kind = clean_text(kind[:64])
     if kind in ("stdout", "stderr", "init", "status"):
         text = obj.get("text")
-        return Event(type=kind, text="" if text is None else str(text), raw=obj)
+        return Event(type=kind, text="" if text is None else clean_text(str(text)))
     if kind in ("result", "display_data", "execute_result"):
-        return Event(type="display_data" if kind == "display_data" else "result", data=_mime_bundle(obj), raw=obj)
+        return Event(type="display_data" if kind == "display_data" else "result", data=_mime_bundle(obj))
     if kind == "execution_count":
         count = as_int(obj.get("execution_count"))
-        return Event(type=kind, execution_count=count, raw=obj) if count is not None else None
+        return Event(type=kind, execution_count=count) if count is not None else None
     if kind == "error":
-        return Event(type=kind, error=_error(obj), raw=obj)
-    return Event(type=kind, raw=obj)
+        return Event(type=kind, error=_error(obj))
+    return Event(type=kind)
 
 
 def parse_event(line: str | bytes) -> Event | None:
     """Parse one stream line into an :class:`Event` (None for lines that carry no event)."""
     obj = parse_line(line)
-    return None if obj is None else to_event(obj)
+    if obj is None:
+        return None
+    try:
+        return to_event(obj)
+    except RecursionError:
+        return None
 
 
 def parse_lines(lines: Iterable[str | bytes]) -> ExecdRun:
-    """Collect a whole stream, given as lines, into an :class:`ExecdRun`."""
+    """Collect a whole stream, given as lines, into an :class:`ExecdRun` (up to its terminal event)."""
     execution = ExecdRun()
     for line in lines:
         event = parse_event(line)
         if event is not None:
             execution.add(event)
+            if execution.complete:
+                break
     return execution

@@ -16,12 +16,12 @@ import httpx
 from ipykernel.kernelbase import Kernel
 
 from .. import __version__
-from .client import ExecdClient, OpenSandboxClient, OpenSandboxError, OutputLimitExceeded
-from .events import Event, ExecdError
+from ..errors import CallDeadlineExceeded, OpenSandboxError, OutputLimitExceeded
+from .client import ExecdClient, OpenSandboxClient, keep_alive
 from .settings import RelaySettings
+from .translate import STDIN_MESSAGE, CellRelay, CellTranslator
 
-STDIN_MESSAGE = "input is not supported in this sandbox"
-_STDIN_ERRORS = frozenset({"StdinNotImplementedError"})
+__all__ = ["STDIN_MESSAGE", "RelayKernel", "main"]
 
 
 class RelayKernel(Kernel):
@@ -43,7 +43,7 @@ class RelayKernel(Kernel):
         super().__init__(**kwargs)
         self.relay_settings = RelaySettings.from_env()
         self._execd = self._execd_client()
-        self._running = False
+        self._cell: CellRelay | None = None
         self._renewal: asyncio.Task[None] | None = None
 
     def _execd_client(self, http: httpx.AsyncClient | None = None) -> ExecdClient:
@@ -54,6 +54,7 @@ class RelayKernel(Kernel):
             http=http,
             request_timeout=settings.request_timeout,
             max_output_bytes=settings.max_output_bytes,
+            max_response_bytes=settings.max_response_bytes,
         )
 
     @property
@@ -80,28 +81,20 @@ class RelayKernel(Kernel):
 
     async def _renew_forever(self) -> None:
         settings = self.relay_settings
-        interval = settings.renew_interval or settings.renew_seconds / 3
         async with OpenSandboxClient(settings.api_base, settings.api_key) as client:
-            while True:
-                await asyncio.sleep(interval)
-                try:
-                    await client.renew(settings.sandbox_id, settings.renew_seconds)
-                except (httpx.HTTPError, OpenSandboxError) as exc:
-                    self.log.warning("renewing sandbox %s failed: %s", settings.sandbox_id, exc)
+            await keep_alive(
+                client,
+                settings.sandbox_id,
+                settings.renew_seconds,
+                interval=settings.renew_interval or None,
+                on_lost=self._sandbox_lost,
+            )
+
+    def _sandbox_lost(self, reason: str) -> None:
+        self.log.error("%s; this kernel cannot run code any more: restart it", reason)
 
     def _publish(self, msg_type: str, content: dict[str, Any]) -> None:
         self.send_response(self.iopub_socket, msg_type, content)
-
-    def _publish_event(self, event: Event) -> None:
-        if event.type in ("stdout", "stderr") and event.text:
-            self._publish("stream", {"name": event.type, "text": event.text})
-        elif event.type == "result" and event.data:
-            self._publish(
-                "execute_result",
-                {"data": event.data, "metadata": {}, "execution_count": self.execution_count},
-            )
-        elif event.type == "display_data" and event.data:
-            self._publish("display_data", {"data": event.data, "metadata": {}, "transient": {}})
 
     async def do_execute(
         self,
@@ -114,38 +107,24 @@ class RelayKernel(Kernel):
         cell_meta: dict[str, Any] | None = None,
         cell_id: str | None = None,
     ) -> dict[str, Any]:
-        """Run ``code`` in the sandbox, relaying its output as it arrives."""
-        error: ExecdError | None = None
-        if code.strip():
-            self._running = True
-            try:
-                async for event in self._execd.stream(
-                    code, context_id=self.relay_settings.context_id, language=self.relay_settings.language
-                ):
-                    if event.type == "error" and event.error is not None:
-                        error = error or event.error
-                    elif not silent:
-                        self._publish_event(event)
-            except OutputLimitExceeded as exc:
-                error = ExecdError("OutputLimitExceeded", str(exc), [f"OutputLimitExceeded: {exc}"])
-                await self._interrupt_quietly()
-            except (httpx.HTTPError, OpenSandboxError) as exc:
-                error = ExecdError("SandboxError", f"{type(exc).__name__}: {exc}", [f"SandboxError: {exc}"])
-            finally:
-                self._running = False
-        if error is None:
-            return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
-        if error.name in _STDIN_ERRORS:
-            error = ExecdError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
-        content = {"ename": error.name, "evalue": error.value, "traceback": list(error.traceback)}
-        if not silent:
-            self._publish("error", content)
-        return {"status": "error", "execution_count": self.execution_count, **content}
+        """Run ``code`` in the sandbox, relaying its output as it arrives; always one reply."""
+        translator = CellTranslator(self._publish, execution_count=self.execution_count, silent=silent)
+        if not code.strip():
+            return translator.reply()
+        settings = self.relay_settings
+        self._cell = cell = CellRelay(translator)
+        try:
+            reply = await cell.run(self._execd.stream(code, context_id=settings.context_id, language=settings.language))
+        finally:
+            self._cell = None
+        if isinstance(translator.failure, (OutputLimitExceeded, CallDeadlineExceeded)):
+            await self._interrupt_quietly()
+        return reply
 
     async def _interrupt_quietly(self) -> None:
         try:
             await self._execd.interrupt(self.relay_settings.context_id)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OpenSandboxError) as exc:
             self.log.warning("interrupting execd context %s failed: %s", self.relay_settings.context_id, exc)
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:
@@ -161,12 +140,20 @@ class RelayKernel(Kernel):
     async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Interrupt the execd context (runs on the control thread, while execute streams)."""
         content: dict[str, Any] = {"status": "ok"}
-        if self._running:
+        cell = self._cell
+        if cell is not None:
             try:
-                async with httpx.AsyncClient() as http:
-                    await self._execd_client(http).interrupt(self.relay_settings.context_id)
-            except httpx.HTTPError as exc:
+                async with self._execd_client() as execd:
+                    await execd.interrupt(self.relay_settings.context_id)
+            except OpenSandboxError as exc:
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            grace = self.relay_settings.interrupt_grace
+            cell.abort_later(
+                grace,
+                OpenSandboxError(
+                    f"execd did not end the cell within {grace:g} s of the interrupt; the relay stopped waiting"
+                ),
+            )
         if self.session is not None:
             self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 

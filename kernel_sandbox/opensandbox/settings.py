@@ -7,7 +7,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .client import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_REQUEST_TIMEOUT, ENV_API_BASE, ENV_API_KEY
+from .client import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_REQUEST_TIMEOUT,
+    ENV_API_BASE,
+    ENV_API_KEY,
+)
 
 ENV_SANDBOX_ID = "KERNEL_SANDBOX_OPENSANDBOX_ID"
 ENV_EXECD_URL = "KERNEL_SANDBOX_EXECD_URL"
@@ -18,6 +24,9 @@ ENV_RENEW_SECONDS = "KERNEL_SANDBOX_RENEW_SECONDS"
 ENV_RENEW_INTERVAL = "KERNEL_SANDBOX_RENEW_INTERVAL"
 ENV_MAX_OUTPUT_BYTES = "KERNEL_SANDBOX_MAX_OUTPUT_BYTES"
 ENV_REQUEST_TIMEOUT = "KERNEL_SANDBOX_REQUEST_TIMEOUT"
+ENV_MAX_RESPONSE_BYTES = "KERNEL_SANDBOX_MAX_RESPONSE_BYTES"
+ENV_INTERRUPT_GRACE = "KERNEL_SANDBOX_INTERRUPT_GRACE"
+DEFAULT_INTERRUPT_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,8 @@ class RelaySettings:
 
     ``renew_seconds`` > 0 makes the relay push the sandbox's expiration that far ahead every
     ``renew_interval`` seconds (0: a third of ``renew_seconds``) for as long as it runs; when the
-    relay (or its parent) dies the renewals stop and the sandbox ends itself.
+    relay (or its parent) dies the renewals stop and the sandbox ends itself. ``interrupt_grace``:
+    seconds a cell may go on after an interrupt before the relay ends it with an error itself.
     """
 
     execd_url: str
@@ -40,6 +50,8 @@ class RelaySettings:
     renew_interval: float = 0.0
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    interrupt_grace: float = DEFAULT_INTERRUPT_GRACE
 
     def to_env(self) -> dict[str, str]:
         """Return the environment variables that carry these settings."""
@@ -55,6 +67,8 @@ class RelaySettings:
             ENV_RENEW_INTERVAL: str(self.renew_interval),
             ENV_MAX_OUTPUT_BYTES: str(self.max_output_bytes),
             ENV_REQUEST_TIMEOUT: str(self.request_timeout),
+            ENV_MAX_RESPONSE_BYTES: str(self.max_response_bytes),
+            ENV_INTERRUPT_GRACE: str(self.interrupt_grace),
         }
 
     @classmethod
@@ -73,4 +87,6 @@ class RelaySettings:
             renew_interval=float(env.get(ENV_RENEW_INTERVAL) or 0),
             max_output_bytes=int(env.get(ENV_MAX_OUTPUT_BYTES) or DEFAULT_MAX_OUTPUT_BYTES),
             request_timeout=float(env.get(ENV_REQUEST_TIMEOUT) or DEFAULT_REQUEST_TIMEOUT),
+            max_response_bytes=int(env.get(ENV_MAX_RESPONSE_BYTES) or DEFAULT_MAX_RESPONSE_BYTES),
+            interrupt_grace=float(env.get(ENV_INTERRUPT_GRACE) or DEFAULT_INTERRUPT_GRACE),
         )

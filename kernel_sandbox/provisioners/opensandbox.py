@@ -15,15 +15,16 @@ import sys
 import time
 from typing import Any
 
-import httpx
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
+from ..errors import OpenSandboxError, SandboxNotFound
 from ..opensandbox.client import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_IMAGE,
     DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_READY_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
@@ -32,13 +33,12 @@ from ..opensandbox.client import (
     TERMINAL_STATES,
     Endpoint,
     ExecdClient,
-    OpenSandboxAPIError,
     OpenSandboxClient,
     resolve_api_base,
     resolve_api_key,
     sandbox_state,
 )
-from ..opensandbox.settings import RelaySettings
+from ..opensandbox.settings import DEFAULT_INTERRUPT_GRACE, RelaySettings
 
 SANDBOX_GONE_EXIT_CODE = 1
 
@@ -106,6 +106,17 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         DEFAULT_REQUEST_TIMEOUT, config=True, help="Timeout of single HTTP calls (streams of running code have none)."
     )
     max_output_bytes = Integer(DEFAULT_MAX_OUTPUT_BYTES, config=True, help="Byte cap on one execution's event stream.")
+    max_response_bytes = Integer(
+        DEFAULT_MAX_RESPONSE_BYTES,
+        config=True,
+        help="Byte cap on every other answer (lifecycle and execd, errors included).",
+    )
+    interrupt_grace = Float(
+        DEFAULT_INTERRUPT_GRACE,
+        min=0.0,
+        config=True,
+        help="Seconds a cell may go on after an interrupt before the relay ends it with an error itself.",
+    )
     state_check_interval = Float(5.0, config=True, help="Minimum seconds between sandbox state checks in poll().")
     fresh_sandbox_on_restart = Bool(
         False, config=True, help="Restart into a new sandbox instead of a new context in the same sandbox."
@@ -127,11 +138,17 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             ready_timeout=self.ready_timeout,
             request_timeout=self.request_timeout,
             max_output_bytes=self.max_output_bytes,
+            max_response_bytes=self.max_response_bytes,
         )
 
-    def _execd(self, http: httpx.AsyncClient) -> ExecdClient:
+    def _execd(self) -> ExecdClient:
         assert self.endpoint is not None
-        return ExecdClient(self.endpoint.url, self.endpoint.headers, http=http, request_timeout=self.request_timeout)
+        return ExecdClient(
+            self.endpoint.url,
+            self.endpoint.headers,
+            request_timeout=self.request_timeout,
+            max_response_bytes=self.max_response_bytes,
+        )
 
     async def _create_sandbox(self) -> None:
         metadata = {**self.metadata}
@@ -161,10 +178,8 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         async with self._client() as client:
             try:
                 return sandbox_state(await client.get(self.sandbox_id)) == "Running"
-            except OpenSandboxAPIError as exc:
-                if exc.response.status_code == 404:
-                    return False
-                raise
+            except SandboxNotFound:
+                return False
 
     async def _delete_sandbox(self) -> None:
         sandbox_id, self.sandbox_id, self.endpoint, self.context_id = self.sandbox_id, None, None, None
@@ -173,17 +188,17 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         async with self._client() as client:
             try:
                 await client.delete(sandbox_id)
-            except httpx.HTTPError as exc:
+            except OpenSandboxError as exc:
                 self.log.warning("deleting OpenSandbox sandbox %s failed: %s", sandbox_id, exc)
 
     async def _delete_context(self) -> None:
         context_id, self.context_id = self.context_id, None
         if context_id is None or self.endpoint is None:
             return
-        async with httpx.AsyncClient() as http:
+        async with self._execd() as execd:
             try:
-                await self._execd(http).delete_context(context_id)
-            except httpx.HTTPError as exc:
+                await execd.delete_context(context_id)
+            except OpenSandboxError as exc:
                 self.log.warning("deleting execd context %s failed: %s", context_id, exc)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -195,8 +210,8 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             if not await self._sandbox_running():
                 await self._delete_sandbox()
                 await self._create_sandbox()
-            async with httpx.AsyncClient() as http:
-                self.context_id = await self._execd(http).create_context(self.language)
+            async with self._execd() as execd:
+                self.context_id = await execd.create_context(self.language)
         except BaseException:
             await asyncio.shield(self._delete_sandbox())
             raise
@@ -213,6 +228,8 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             renew_interval=self.renew_interval,
             max_output_bytes=self.max_output_bytes,
             request_timeout=self.request_timeout,
+            max_response_bytes=self.max_response_bytes,
+            interrupt_grace=self.interrupt_grace,
         )
         kwargs["env"] = {**kwargs.get("env", {}), **settings.to_env()}
         return kwargs
@@ -247,9 +264,12 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         async with self._client() as client:
             try:
                 state = sandbox_state(await client.get(self.sandbox_id))
-            except OpenSandboxAPIError as exc:
-                return exc.response.status_code == 404
-            except httpx.HTTPError as exc:
+            except SandboxNotFound:
+                self.log.warning(
+                    "OpenSandbox sandbox %s is gone (404: expired or deleted); its kernel is dead", self.sandbox_id
+                )
+                return True
+            except OpenSandboxError as exc:
                 self.log.warning("checking OpenSandbox sandbox %s failed: %s", self.sandbox_id, exc)
                 return False
         if state in TERMINAL_STATES:
@@ -260,8 +280,8 @@ class OpenSandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def send_signal(self, signum: int) -> None:
         """SIGINT interrupts the execd context; other signals go to the relay process."""
         if signum == signal.SIGINT and self.endpoint is not None and self.context_id is not None:
-            async with httpx.AsyncClient() as http:
-                await self._execd(http).interrupt(self.context_id)
+            async with self._execd() as execd:
+                await execd.interrupt(self.context_id)
             return
         await super().send_signal(signum)
 

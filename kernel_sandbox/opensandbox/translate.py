@@ -1,0 +1,238 @@
+"""Turn one cell's execd events into Jupyter messages, independent of any kernel class.
+
+:class:`CellTranslator` maps events to IOPub contents (``stream``, ``execute_result``,
+``display_data``, ``error``) through a ``publish(msg_type, content)`` callable and builds the
+cell's one ``execute_reply``. stdout/stderr text is coalesced: held until ``flush_bytes`` are
+buffered, another kind of output arrives, or ``flush_interval`` (50 ms) has passed since the
+first held byte, so a flood of tiny events costs a few messages while output still streams.
+
+:func:`relay_cell` drives a translator from an event stream and returns exactly one reply
+whatever the stream does: ends early, raises anything, breaks its cap, or never stops after an
+interrupt (:meth:`CellRelay.abort`). All text arrives cleaned by the parser (no lone surrogates
+or NULs), so every message can be serialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ..errors import KernelSandboxError
+from .events import Event, ExecdError, cap_traceback, clean_text
+
+DEFAULT_FLUSH_BYTES = 64 * 1024
+DEFAULT_FLUSH_INTERVAL = 0.05
+STDIN_MESSAGE = "input is not supported in this sandbox"
+_STDIN_ERRORS = frozenset({"StdinNotImplementedError"})
+
+Publish = Callable[[str, dict[str, Any]], None]
+
+
+def failure_error(failure: BaseException) -> ExecdError:
+    """The cell error for a failure of the relay itself (connection, cap, protocol, anything)."""
+    if isinstance(failure, KernelSandboxError):
+        name = type(failure).__name__
+        value = str(failure) or name
+    else:
+        name = "SandboxError"
+        value = f"the relay failed while reading execd's answer: {type(failure).__name__}: {failure}"
+    value = clean_text(value[:8192])
+    return ExecdError(name, value, [f"{name}: {value}"])
+
+
+class CellTranslator:
+    """The Jupyter side of one execute request: IOPub output as events arrive, then one reply."""
+
+    def __init__(
+        self,
+        publish: Publish,
+        *,
+        execution_count: int,
+        silent: bool = False,
+        flush_bytes: int = DEFAULT_FLUSH_BYTES,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+    ) -> None:
+        self._publish = publish
+        self.execution_count = execution_count
+        self.silent = silent
+        self.flush_bytes = flush_bytes
+        self.flush_interval = flush_interval
+        self.error: ExecdError | None = None
+        self.failure: BaseException | None = None
+        self._name: str | None = None
+        self._parts: list[str] = []
+        self._size = 0
+        self._held_since = 0.0
+        self._reply: dict[str, Any] | None = None
+
+    def _send(self, msg_type: str, content: dict[str, Any]) -> None:
+        if not self.silent:
+            self._publish(msg_type, content)
+
+    def flush(self) -> None:
+        """Publish the held stream text, if any."""
+        if self._parts and self._name is not None:
+            self._send("stream", {"name": self._name, "text": "".join(self._parts)})
+        self._name, self._parts, self._size = None, [], 0
+
+    def flush_due_in(self) -> float | None:
+        """Seconds until held text must be published (None when nothing is held)."""
+        if not self._parts:
+            return None
+        return max(0.0, self._held_since + self.flush_interval - time.monotonic())
+
+    def feed(self, event: Event) -> None:
+        """Take one event (ignored once the reply is built)."""
+        if self._reply is not None:
+            return
+        if event.type in ("stdout", "stderr"):
+            if not event.text:
+                return
+            if self._name != event.type:
+                self.flush()
+                self._name, self._held_since = event.type, time.monotonic()
+            self._parts.append(event.text)
+            self._size += len(event.text)
+            if self._size >= self.flush_bytes:
+                self.flush()
+            return
+        if event.type == "result" and event.data:
+            self.flush()
+            self._send("execute_result", {"data": event.data, "metadata": {}, "execution_count": self.execution_count})
+        elif event.type == "display_data" and event.data:
+            self.flush()
+            self._send("display_data", {"data": event.data, "metadata": {}, "transient": {}})
+        elif event.type == "error" and event.error is not None and self.error is None:
+            self.flush()
+            self.error = event.error
+
+    def reply(self, failure: BaseException | None = None) -> dict[str, Any]:
+        """Flush, publish the error (once) and return the ``execute_reply`` content (always the same one)."""
+        if self._reply is not None:
+            return self._reply
+        self.flush()
+        error = self.error
+        if error is None and failure is not None:
+            self.failure = failure
+            error = failure_error(failure)
+        if error is None:
+            self._reply = {
+                "status": "ok",
+                "execution_count": self.execution_count,
+                "payload": [],
+                "user_expressions": {},
+            }
+            return self._reply
+        if error.name in _STDIN_ERRORS:
+            error = ExecdError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
+        content = {"ename": error.name, "evalue": error.value, "traceback": cap_traceback(list(error.traceback))}
+        self._send("error", content)
+        self._reply = {"status": "error", "execution_count": self.execution_count, **content}
+        return self._reply
+
+
+_DONE = object()
+
+
+class CellRelay:
+    """Runs one cell: pumps events into a translator, flushing on time, until one reply is built.
+
+    :meth:`abort` ends the cell from any thread (e.g. after an interrupt that execd ignored).
+    """
+
+    def __init__(self, translator: CellTranslator, queue_size: int = 256) -> None:
+        self.translator = translator
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(queue_size)
+        self._loop = asyncio.get_running_loop()
+        self._aborted: asyncio.Future[BaseException] = self._loop.create_future()
+
+    def abort(self, reason: BaseException) -> None:
+        """End the cell with ``reason`` as its failure (thread-safe; no effect once it ended)."""
+        self._loop.call_soon_threadsafe(self._abort, reason)
+
+    def abort_later(self, delay: float, reason: BaseException) -> None:
+        """Call :meth:`abort` after ``delay`` seconds unless the cell has ended by then (thread-safe)."""
+        self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._abort, reason)
+
+    def _abort(self, reason: BaseException) -> None:
+        if not self._aborted.done():
+            self._aborted.set_result(reason)
+
+    async def _pump(self, events: AsyncIterator[Event]) -> None:
+        try:
+            async for event in events:
+                await self._queue.put(event)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 (every failure becomes the cell's error)
+            await self._queue.put(exc)
+        else:
+            await self._queue.put(_DONE)
+
+    def _take(self, item: Any) -> tuple[bool, BaseException | None]:
+        """Feed one queued item; return (the cell ended, its failure)."""
+        if item is _DONE:
+            return True, None
+        if isinstance(item, BaseException):
+            return True, item
+        try:
+            self.translator.feed(item)
+        except Exception as exc:  # noqa: BLE001
+            return True, exc
+        return item.terminal, None
+
+    async def run(self, events: AsyncIterator[Event]) -> dict[str, Any]:
+        """Relay ``events`` and return the ``execute_reply`` content."""
+        translator = self.translator
+        pump = asyncio.ensure_future(self._pump(events))
+        failure: BaseException | None = None
+        getter: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                # one pending get() survives a flush timeout, so no item is ever lost to a cancellation
+                getter = getter or asyncio.ensure_future(self._queue.get())
+                done, _ = await asyncio.wait(
+                    {getter, self._aborted}, timeout=translator.flush_due_in(), return_when=asyncio.FIRST_COMPLETED
+                )
+                if self._aborted in done:
+                    failure = self._aborted.result()
+                    break
+                if not done:
+                    translator.flush()
+                    continue
+                item, getter = getter.result(), None
+                ended, failure = self._take(item)
+                while not ended and not self._queue.empty():  # a burst is handled without a wait per event
+                    ended, failure = self._take(self._queue.get_nowait())
+                if ended:
+                    break
+        finally:
+            tasks = [task for task in (pump, getter) if task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._abort(asyncio.CancelledError())
+            if hasattr(events, "aclose"):
+                try:
+                    await events.aclose()  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001,S110 (the stream's own cleanup must not cost the reply)
+                    pass
+        return translator.reply(failure)
+
+
+async def relay_cell(events: AsyncIterator[Event], translator: CellTranslator) -> dict[str, Any]:
+    """Relay one cell's ``events`` through ``translator``; return its one ``execute_reply`` content."""
+    return await CellRelay(translator).run(events)
+
+
+__all__ = [
+    "DEFAULT_FLUSH_BYTES",
+    "DEFAULT_FLUSH_INTERVAL",
+    "STDIN_MESSAGE",
+    "CellRelay",
+    "CellTranslator",
+    "failure_error",
+    "relay_cell",
+]

@@ -1,0 +1,612 @@
+"""The output policy: what a sandboxed kernel may make a Jupyter client show or run.
+
+JupyterLab trusts every output produced in the live session: an ``application/javascript``
+output, or an ``<img onerror=...>`` in HTML, runs in the user's page with the user's rights on the
+Jupyter server (read the ``_xsrf`` cookie, write files, start a terminal). The launcher's relay
+therefore passes every kernel→client message through :meth:`OutputPolicy.filter` before a client
+sees it, and re-signs what it returns.
+
+Two modes (:data:`MODES`):
+
+* ``strict`` (the default) lets through only what renders without running code the kernel sent:
+  an **allow-list** of MIME types (:data:`PASSED_MIME_TYPES`; unknown types are dropped, the list is
+  extended with ``allow_mime_types``), HTML / Markdown / SVG cleaned by nh3 (Ammonia), text with
+  ``javascript:`` links defused, and widgets of the standard ``@jupyter-widgets/*`` modules only
+  (``allow_widget_modules`` adds others), never with ``_esm``/``_css`` code.
+* ``trusted`` passes everything unchanged: the kernel's outputs can run any script in the user's
+  browser, as with an ordinary local kernel.
+
+One :class:`OutputPolicy` per kernel connection: it remembers the widget comms it has seen.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import nh3
+from traitlets import CaselessStrEnum
+
+from .errors import ConfigError
+
+__all__ = ["MODES", "PASSED_MIME_TYPES", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode", "output_policy_trait"]
+
+PolicyMode = Literal["strict", "trusted"]
+MODES: tuple[PolicyMode, ...] = ("strict", "trusted")
+
+#: MIME types strict passes unchanged: data its renderer draws without running kernel code.
+PASSED_MIME_TYPES = frozenset({
+    "image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp",
+    "application/json", "application/vnd.dataresource+json",  # pandas table schema
+    "application/vnd.plotly.v1+json",
+    "application/vnd.vega.v5+json", "application/vnd.vega.v4+json",
+    "application/vnd.vegalite.v5+json", "application/vnd.vegalite.v4+json", "application/vnd.vegalite.v3+json",
+    "application/vnd.jupyter.widget-view+json",
+})
+#: Plain text; passed with ``javascript://`` links (which JupyterLab would auto-link) defused.
+TEXT_MIME_TYPES = frozenset({"text/plain", "text/latex", "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr"})
+#: Widget modules strict lets a kernel instantiate: the ipywidgets controls, nothing else.
+STANDARD_WIDGET_MODULES = frozenset({"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"})
+
+_VEGA_TYPES = frozenset(t for t in PASSED_MIME_TYPES if ".vega" in t)
+# vega-embed options that only style the chart; others (sourceHeader, editorUrl, loader, ast...) go.
+_VEGA_EMBED_OPTIONS = frozenset({"theme", "renderer", "scaleFactor", "width", "height", "padding", "actions", "tooltip", "defaultStyle"})
+
+_DISPLAY_TYPES = frozenset({"display_data", "update_display_data", "execute_result"})
+_INSPECTED = frozenset({
+    *_DISPLAY_TYPES, "stream", "error", "comm_open", "comm_msg", "comm_close",
+    "execute_reply", "inspect_reply", "kernel_info_reply", "debug_reply",
+})
+
+_WIDGET_TARGETS = frozenset({"jupyter.widget", "jupyter.widget.control"})
+_NAME_KEYS = frozenset({"_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name"})
+_HTML_WIDGETS = frozenset({"HTMLModel", "HTMLMathModel", "HTMLView", "HTMLMathView"})
+_MAX_WIDGET_COMMS = 100_000
+
+
+def output_policy_trait() -> CaselessStrEnum:
+    """The ``output_policy`` option as a traitlets trait, for the provisioners and the launcher."""
+    return CaselessStrEnum(
+        MODES, default_value="strict", config=True,
+        help="What the kernel's outputs may do in the browser: 'strict' (default) cleans HTML, Markdown and SVG, "
+        "drops JavaScript and unknown MIME types and refuses widgets that carry code; 'trusted' passes "
+        "everything, so the kernel's outputs can run any script in the user's browser.",
+    )
+
+
+# ---- URL and text rules -------------------------------------------------------------------------
+
+# A script URL scheme as a browser reads it: tab, CR and LF are dropped anywhere in a URL, case is
+# ignored, and Markdown turns ``\:`` into ``:``. ``data:`` is allowed only for raster images.
+_GAP = r"[\t\n\r]*"
+_SCRIPT_URL = re.compile(
+    "(?:" + "|".join(_GAP.join(word) for word in ("javascript", "vbscript", "livescript")) + r")"
+    + _GAP + r"\\?(?=:)"
+    + "|" + _GAP.join("data") + _GAP + r"\\?(?=:(?![\t\n\r ]*image/(?:png|jpeg|gif|webp|bmp)[;,]))",
+    re.IGNORECASE,
+)
+# What JupyterLab's auto-linker turns into a link in text output: ``scheme://...`` (any scheme).
+_AUTOLINK_SCRIPT = re.compile(r"(?:java|vb|live)script(?=://)", re.IGNORECASE)
+_ZWSP = "\u200b"
+
+
+def _defuse_autolinks(text: str) -> str:
+    """Break ``javascript://`` links in plain text so no frontend makes them clickable."""
+    if "://" not in text:
+        return text
+    return _AUTOLINK_SCRIPT.sub(lambda m: m.group(0) + _ZWSP, text)
+
+
+def _defuse_urls(text: str) -> str:
+    """Break every script URL in Markdown or LaTeX source, entity-encoded ones included."""
+    decoded = text
+    for _ in range(3):  # some renderers decode a link's entities twice
+        if _SCRIPT_URL.search(decoded):
+            break
+        if decoded == (decoded := html.unescape(decoded)):
+            return text
+    else:
+        return text
+    # Entities could spell a scheme the literal text does not show: no "&" may start one.
+    return _SCRIPT_URL.sub(lambda m: m.group(0) + _ZWSP, text.replace("&", "&" + _ZWSP))
+
+
+_RASTER_DATA_URL = re.compile(r"data:image/(?:png|jpeg|gif|webp|bmp)[;,]", re.IGNORECASE)
+
+
+def _browser_url(value: str) -> str:
+    """A URL as a browser parses it: tab, CR and LF removed, C0 controls and spaces stripped at the ends."""
+    return re.sub(r"[\t\n\r]", "", value).strip("".join(map(chr, range(33))))
+
+
+def _is_local(url: str) -> bool:
+    """A relative URL of the page itself (no scheme, no host): loads nothing from elsewhere."""
+    head = re.split(r"[/?#]", url, maxsplit=1)[0]
+    return ":" not in head and not url.startswith(("//", "/\\", "\\"))
+
+
+_LOCAL_REFERENCE = re.compile(r"\s*url\(\s*['\"]?#[\w.:-]+['\"]?\s*\)\s*")
+_CSS_RISK = re.compile(r"expression|url\s*\(|@import|behavior|binding|javascript|\\|/\*", re.IGNORECASE)
+
+
+def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
+    """Links may go anywhere http(s)/mailto; what loads by itself must be a data image or local."""
+    if attribute == "style":
+        return None if _CSS_RISK.search(value) else value
+    if "url(" in value.lower() and not _LOCAL_REFERENCE.fullmatch(value):
+        return None  # SVG paint, clip-path, mask, filter: only references inside the document
+    if attribute == "href" and tag in {"use", "image"} or attribute == "src":
+        url = _browser_url(value)
+        if _RASTER_DATA_URL.match(url) or (_is_local(url) if tag != "use" else url.startswith("#")):
+            return value
+        return None
+    if attribute == "href" and _browser_url(value).lower().startswith("data:"):
+        return None
+    return value
+
+
+# ---- sanitizers ---------------------------------------------------------------------------------
+
+_SVG_TAGS = {
+    "svg", "g", "defs", "symbol", "use", "title", "desc", "metadata", "path", "rect", "circle", "ellipse",
+    "line", "polyline", "polygon", "text", "tspan", "textPath", "clipPath", "mask", "pattern", "marker",
+    "linearGradient", "radialGradient", "stop", "image", "filter", "feGaussianBlur", "feOffset", "feBlend",
+    "feFlood", "feComposite", "feMerge", "feMergeNode", "feColorMatrix",
+}
+_SVG_ATTRIBUTES = {
+    "id", "x", "y", "x1", "y1", "x2", "y2", "cx", "cy", "r", "rx", "ry", "dx", "dy", "d", "points", "width",
+    "height", "viewBox", "preserveAspectRatio", "transform", "fill", "fill-opacity", "fill-rule", "stroke",
+    "stroke-width", "stroke-opacity", "stroke-linecap", "stroke-linejoin", "stroke-dasharray",
+    "stroke-dashoffset", "stroke-miterlimit", "opacity", "clip-path", "clip-rule", "clipPathUnits", "mask",
+    "font-family", "font-size", "font-weight", "font-style", "text-anchor", "dominant-baseline",
+    "alignment-baseline", "letter-spacing", "offset", "stop-color", "stop-opacity", "gradientUnits",
+    "gradientTransform", "patternUnits", "patternTransform", "markerWidth", "markerHeight", "refX", "refY",
+    "orient", "markerUnits", "href", "xlink:href", "version", "style", "stdDeviation", "in", "in2",
+    "result", "mode", "operator", "values", "type", "flood-color", "flood-opacity", "filter",
+    "vector-effect", "visibility", "display", "color", "lengthAdjust", "textLength", "startOffset",
+}
+# In HTML, no ids (they clobber `window.<id>`, as JupyterLab's own sanitizer knows) and no classes.
+_INLINE_SVG_ATTRIBUTES = _SVG_ATTRIBUTES - {"id"}
+# Inline CSS: colours, type, boxes and SVG paint; nothing that positions over the page.
+_STYLE_PROPERTIES = {
+    "color", "background-color", "text-align", "vertical-align", "font-family", "font-size", "font-weight",
+    "font-style", "text-decoration", "white-space", "width", "height", "max-width", "min-width", "padding",
+    "padding-left", "padding-right", "padding-top", "padding-bottom", "margin", "margin-left", "margin-right",
+    "margin-top", "margin-bottom", "border", "border-collapse", "border-left", "border-right", "border-top",
+    "border-bottom", "border-color", "border-width", "border-style", "line-height", "text-indent",
+    "fill", "fill-opacity", "fill-rule", "stroke", "stroke-width", "stroke-opacity", "stroke-linecap",
+    "stroke-linejoin", "stroke-dasharray", "stroke-dashoffset", "stroke-miterlimit", "opacity",
+    "text-anchor", "dominant-baseline",
+}
+_HTML_ATTRIBUTES = {tag: set(attrs) for tag, attrs in nh3.ALLOWED_ATTRIBUTES.items()}
+_HTML_ATTRIBUTES["*"] = {"title", "lang", "dir", "align", "style"}
+_HTML_ATTRIBUTES["img"] |= {"title"}
+_HTML_ATTRIBUTES["table"] |= {"border"}  # pandas' tables
+for _tag in _SVG_TAGS:
+    _HTML_ATTRIBUTES.setdefault(_tag, set()).update(_INLINE_SVG_ATTRIBUTES)
+# Classes: only pandas' own, never JupyterLab's (which could dress an output up as the app's UI).
+_CLASSES = {tag: {"dataframe"} for tag in ("table",)}
+_COMMON = dict(
+    clean_content_tags={"script", "style"},
+    url_schemes={"http", "https", "mailto", "data"},
+    attribute_filter=_attribute_filter,
+    filter_style_properties=_STYLE_PROPERTIES,
+    strip_comments=True,
+    link_rel="noopener noreferrer",
+)
+_HTML = nh3.Cleaner(
+    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS, attributes=_HTML_ATTRIBUTES, allowed_classes=_CLASSES, **_COMMON,
+)
+_SVG = nh3.Cleaner(
+    tags=_SVG_TAGS, attributes={"*": _SVG_ATTRIBUTES},
+    set_tag_attribute_values={"svg": {"xmlns": "http://www.w3.org/2000/svg", "xmlns:xlink": "http://www.w3.org/1999/xlink"}},
+    **_COMMON,
+)
+
+
+def _markdown_attribute_filter(tag: str, attribute: str, value: str) -> str | None:
+    # Markdown may split a tag at a blank line: a "<" inside an attribute could start a new tag.
+    return None if "<" in value or ">" in value or "\n" in value else _attribute_filter(tag, attribute, value)
+
+
+_MARKDOWN_HTML = nh3.Cleaner(
+    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS, attributes=_HTML_ATTRIBUTES, allowed_classes=_CLASSES,
+    **{**_COMMON, "attribute_filter": _markdown_attribute_filter},
+)
+
+
+def sanitize_html(source: str) -> str:
+    """HTML with no script, event handler, frame, form, style element or script/remote-loading URL."""
+    return _HTML.clean(source)
+
+
+def sanitize_svg(source: str) -> str:
+    """An SVG document with only drawing elements left (no script, foreignObject, handlers, links out)."""
+    return _SVG.clean(source).replace("&nbsp;", "&#160;")  # the result is XML, which has no &nbsp;
+
+
+def sanitize_markdown(source: str) -> str:
+    """Markdown whose raw HTML is cleaned like :func:`sanitize_html` and whose links are not scripts.
+
+    When cleaning removes nothing, the source is kept as written, so code spans keep their ``<``.
+    """
+    if "<" in source:
+        clean = _MARKDOWN_HTML.clean(source)
+        if html.unescape(clean) != html.unescape(source):
+            source = clean
+    return _defuse_urls(source)
+
+
+_SANITIZERS = {"text/html": sanitize_html, "text/markdown": sanitize_markdown, "image/svg+xml": sanitize_svg}
+
+
+def _same_if_equal(original: str, cleaned: str) -> str:
+    """The original object when cleaning changed nothing, so callers can tell "untouched" by identity."""
+    return original if cleaned == original else cleaned
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+
+
+class _Comm:
+    """What the policy remembers about one widget comm."""
+
+    __slots__ = ("widget", "refused", "html_value", "output", "allow_html", "description")
+
+    def __init__(self, widget: bool = True) -> None:
+        self.widget = widget
+        self.refused = False
+        self.html_value = False
+        self.output = False
+        self.allow_html = False
+        self.description: str | None = None
+
+
+class OutputPolicy:
+    """Filters the content of every kernel→client message; ``strict`` (default) or ``trusted``.
+
+    ``allow_mime_types`` extends the allow-list of MIME types strict passes unchanged (for a
+    renderer you installed that draws data without running the kernel's code);
+    ``allow_widget_modules`` adds widget modules (installed JupyterLab extensions) to the
+    standard ``@jupyter-widgets/*`` ones. Neither has any effect in ``trusted`` mode.
+    """
+
+    def __init__(
+        self,
+        mode: PolicyMode = "strict",
+        *,
+        allow_mime_types: Iterable[str] = (),
+        allow_widget_modules: Iterable[str] = (),
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"output_policy must be one of {', '.join(MODES)}, not {mode!r}")
+        self.mode: PolicyMode = mode
+        self.passed_mime_types = PASSED_MIME_TYPES | frozenset(allow_mime_types)
+        self.widget_modules = STANDARD_WIDGET_MODULES | frozenset(allow_widget_modules)
+        self._comms: dict[str, _Comm] = {}
+
+    @classmethod
+    def from_name(cls, name: str | None, **options: Any) -> OutputPolicy:
+        """The policy for an ``output_policy`` option value; ``None`` or ``""`` means ``strict``."""
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"output_policy must be a string ({' or '.join(MODES)}), not {type(name).__name__}")
+        return cls((name or "strict").strip().lower(), **options)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        extra = sorted(self.passed_mime_types - PASSED_MIME_TYPES) + sorted(self.widget_modules - STANDARD_WIDGET_MODULES)
+        return f"OutputPolicy({self.mode!r}{', extra=' + repr(extra) if extra else ''})"
+
+    def inspects(self, msg_type: str, raw_content: bytes | None = None) -> bool:
+        """Whether :meth:`filter` may change a message of this type; if not, skip parsing it.
+
+        With ``raw_content`` (the message's serialized content frame) a ``stream`` message is only
+        inspected when its bytes could hold a ``://`` link, so floods of output cost one scan.
+        """
+        if self.mode == "trusted" or msg_type not in _INSPECTED:
+            return False
+        if msg_type == "stream" and raw_content is not None:
+            # "://" written plainly, with JSON's escaped slash ("\/") or an escaped colon ("\u003a")
+            return b"//" in raw_content or b"\\/" in raw_content or b"\\u" in raw_content
+        return True
+
+    def filter(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
+        """The content a client may see: ``content`` itself when untouched, a changed copy, or None.
+
+        None means the message must be dropped (a later message of a refused widget).
+        """
+        if self.mode == "trusted" or msg_type not in _INSPECTED or not isinstance(content, dict):
+            return content
+        if msg_type in _DISPLAY_TYPES:
+            return self._bundle_message(content)
+        if msg_type == "stream":
+            text = content.get("text")
+            if isinstance(text, str) and (safe := _defuse_autolinks(text)) is not text:
+                return {**content, "text": safe}
+            return content
+        if msg_type == "error":
+            return self._error(content)
+        if msg_type in {"comm_open", "comm_msg", "comm_close"}:
+            return self._comm(msg_type, content)
+        if msg_type == "execute_reply":
+            return self._execute_reply(content)
+        if msg_type == "inspect_reply":
+            return self._bundle_message(content)
+        if msg_type == "kernel_info_reply":
+            return self._kernel_info(content)
+        return self._debug_reply(content)
+
+    # -- MIME bundles -----------------------------------------------------------------------------
+
+    def filter_bundle(self, data: Any, metadata: Any = None) -> tuple[dict[str, Any], Any]:
+        """A MIME bundle and its metadata as strict lets them through (the same objects when untouched)."""
+        bundle = data if isinstance(data, dict) else {}
+        out: dict[str, Any] = {}
+        removed: list[str] = []
+        for mime, value in bundle.items():
+            kept = self._mime_value(mime, value)
+            if kept is None:
+                removed.append(str(mime))
+            else:
+                out[mime] = kept
+        meta = self._metadata(out, metadata) if isinstance(metadata, dict) else metadata
+        if removed:
+            if set(out) <= {"text/plain"}:
+                plain = out.get("text/plain")
+                out["text/plain"] = _note(removed) + ("\n" + plain if plain else "")
+            listed = [kind[:100] for kind in removed[:10]]
+            meta = {**(meta if isinstance(meta, dict) else {}), "kernel_sandbox": {"removed": listed, "output_policy": self.mode}}
+        changed = removed or bundle is not data or any(out[k] is not bundle[k] for k in out)
+        return (out if changed else data), meta
+
+    def _mime_value(self, mime: str, value: Any) -> Any:
+        if mime in self.passed_mime_types:
+            return value
+        if isinstance(value, list) and all(isinstance(part, str) for part in value):
+            value = "".join(value)  # nbformat's multi-line strings, as JupyterLab joins them
+        if not isinstance(value, str):
+            return None
+        if mime in TEXT_MIME_TYPES:
+            return _defuse_urls(value) if mime == "text/latex" else _defuse_autolinks(value)
+        clean = _SANITIZERS.get(mime)
+        return None if clean is None else _same_if_equal(value, clean(value))
+
+    def _metadata(self, data: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+        changed = {}
+        for mime in _VEGA_TYPES.intersection(data).intersection(metadata):
+            options = metadata[mime].get("embed_options") if isinstance(metadata[mime], dict) else None
+            if isinstance(options, dict) and not options.keys() <= _VEGA_EMBED_OPTIONS:
+                kept = {k: v for k, v in options.items() if k in _VEGA_EMBED_OPTIONS}
+                changed[mime] = {**metadata[mime], "embed_options": kept}
+        return {**metadata, **changed} if changed else metadata
+
+    def _bundle_message(self, content: dict[str, Any]) -> dict[str, Any]:
+        if "data" not in content:
+            return content
+        data, metadata = self.filter_bundle(content.get("data"), content.get("metadata"))
+        if data is content.get("data") and metadata is content.get("metadata"):
+            return content
+        return {**content, "data": data, "metadata": metadata}
+
+    def _error(self, content: dict[str, Any]) -> dict[str, Any]:
+        traceback = content.get("traceback")
+        lines = [_defuse_autolinks(line) if isinstance(line, str) else str(line) for line in traceback] if isinstance(traceback, list) else []
+        fields = {k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if isinstance(content.get(k), str)}
+        if (isinstance(traceback, list) and any(a is not b for a, b in zip(lines, traceback))) or any(
+            fields[k] is not content[k] for k in fields
+        ):
+            return {**content, **fields, "traceback": lines}
+        return content
+
+    def filter_output(self, output: Any) -> Any:
+        """One nbformat output (as in an Output widget's ``outputs``) as strict lets it through."""
+        if not isinstance(output, dict):
+            return None
+        kind = output.get("output_type")
+        if kind in {"display_data", "execute_result", "update_display_data"}:
+            return self._bundle_message(output)
+        if kind == "stream":
+            text = output.get("text")
+            if isinstance(text, list) and all(isinstance(part, str) for part in text):
+                text = "".join(text)
+            if not isinstance(text, str):
+                return None
+            safe = _defuse_autolinks(text)
+            return output if safe is output.get("text") else {**output, "text": safe}
+        if kind == "error":
+            return self._error(output)
+        return None
+
+    # -- replies ----------------------------------------------------------------------------------
+
+    def _execute_reply(self, content: dict[str, Any]) -> dict[str, Any]:
+        payload = content.get("payload")
+        if not isinstance(payload, list) or not payload:
+            return content
+        # A "page" payload (`obj?`, `%pdoc`) is shown as a trusted output by JupyterLab.
+        filtered = [self._bundle_message(p) if isinstance(p, dict) and p.get("source") == "page" else p for p in payload]
+        if all(a is b for a, b in zip(filtered, payload)):
+            return content
+        return {**content, "payload": filtered}
+
+    def _kernel_info(self, content: dict[str, Any]) -> dict[str, Any]:
+        links = content.get("help_links")
+        if not isinstance(links, list):
+            return content
+        kept = [link for link in links if isinstance(link, dict) and _is_web_url(link.get("url"))]
+        return content if len(kept) == len(links) else {**content, "help_links": kept}
+
+    def _debug_reply(self, content: dict[str, Any]) -> dict[str, Any]:
+        # richInspectVariables: the debugger renders body.data as a trusted MIME bundle.
+        body = content.get("body")
+        if not isinstance(body, dict) or "data" not in body:
+            return content
+        filtered = self._bundle_message(body)
+        return content if filtered is body else {**content, "body": filtered}
+
+    # -- widgets ----------------------------------------------------------------------------------
+
+    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
+        comm_id = content.get("comm_id")
+        data = content.get("data")
+        if msg_type == "comm_close":
+            self._comms.pop(comm_id, None)  # type: ignore[arg-type]
+            return content
+        if msg_type == "comm_open":
+            if content.get("target_name") != "jupyter.widget" or not isinstance(data, dict):
+                if isinstance(comm_id, str) and content.get("target_name") not in _WIDGET_TARGETS:
+                    self._remember(comm_id, _Comm(widget=False))  # e.g. a tool-call channel: never touched
+                return content
+            return self._widget_open(content, data)
+        # comm_msg
+        record = self._comms.get(comm_id)  # type: ignore[arg-type]
+        if record is not None and (record.refused or not record.widget):
+            return None if record.refused else content
+        if not isinstance(data, dict):
+            return content
+        method = data.get("method")
+        if method == "update_states" and isinstance(data.get("states"), dict):
+            return self._update_states(content, data)
+        if method not in {"update", "echo_update"} or not isinstance(data.get("state"), dict):
+            return content
+        if record is None:  # a widget comm we never saw open: police its state blind
+            record = _Comm()
+            record.html_value = record.output = record.allow_html = True
+        state = self._widget_state(record, data["state"], update=True)
+        if state is None or _touches_policed_buffers(data.get("buffer_paths"), record):
+            return None
+        if state is data["state"]:
+            return content
+        return {**content, "data": {**data, "state": state}}
+
+    def _widget_open(self, content: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        state = data.get("state")
+        comm_id = content.get("comm_id")
+        if not isinstance(state, dict) or not isinstance(comm_id, str):
+            return content
+        record = _Comm()
+        reason = self._refusal(state, data.get("buffer_paths"), record)
+        if reason is None and len(self._comms) >= _MAX_WIDGET_COMMS:
+            reason = f"more than {_MAX_WIDGET_COMMS} widgets are open"
+        self._remember(comm_id, record)
+        if reason is not None:
+            record.refused = True
+            version = str((content.get("metadata") or {}).get("version", "2"))
+            return {**content, "data": {"state": _note_widget(reason, version), "buffer_paths": []}}
+        filtered = self._widget_state(record, state, update=False)
+        return content if filtered is state else {**content, "data": {**data, "state": filtered}}
+
+    def _update_states(self, content: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        """The control comm's full-state reply (JupyterLab asks for it when a page opens)."""
+        states = data["states"]
+        paths = [p for p in data.get("buffer_paths") or [] if isinstance(p, list) and len(p) > 2 and p[1] == "state"]
+        out = {}
+        for model_id, entry in states.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
+                out[model_id] = entry
+                continue
+            record = self._comms.get(model_id) or _Comm()
+            names = {"_model_name": entry.get("model_name"), "_model_module": entry.get("model_module")}
+            mine = [p[2:] for p in paths if p[0] == model_id]
+            if record.refused:
+                reason: str | None = "it was refused when it opened"
+            else:
+                reason = self._refusal({**entry["state"], **names}, mine, record)
+            if reason is not None:
+                record.refused = True
+                self._remember(model_id, record)
+                out[model_id] = {
+                    "model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls",
+                    "model_module_version": "2.0.0", "state": _note_widget(reason, "2"),
+                }
+                continue
+            self._remember(model_id, record)
+            filtered = self._widget_state(record, entry["state"], update=False)
+            out[model_id] = entry if filtered is entry["state"] else {**entry, "state": filtered}
+        if all(out[k] is states[k] for k in states):
+            return content
+        return {**content, "data": {**data, "states": out}}
+
+    def _remember(self, comm_id: str, record: _Comm) -> None:
+        if comm_id in self._comms or len(self._comms) < _MAX_WIDGET_COMMS:
+            self._comms[comm_id] = record
+
+    def _refusal(self, state: dict[str, Any], buffer_paths: Any, record: _Comm) -> str | None:
+        """Why a widget may not be created, or None; fills in what ``record`` must remember."""
+        for key in ("_model_module", "_view_module"):
+            module = state.get(key)
+            if module is not None and module not in self.widget_modules:
+                return f"its module {str(module)[:100]!r} is not one of the allowed widget modules"
+        code = sorted(k for k in state if _is_code_key(k))
+        if code:
+            return f"it carries code for the browser ({', '.join(code)})"
+        names = {state.get("_model_name"), state.get("_view_name")}
+        record.html_value = bool(names & _HTML_WIDGETS)
+        record.output = "OutputModel" in names
+        if _touches_policed_buffers(buffer_paths, record):
+            return "a binary buffer replaces one of its checked fields"
+        return None
+
+    def _widget_state(self, record: _Comm, state: dict[str, Any], *, update: bool) -> dict[str, Any] | None:
+        """A widget state with code keys gone and its HTML and outputs cleaned (same object if untouched)."""
+        out = dict(state)
+        for key in list(out):
+            if _is_code_key(key) or (update and key in _NAME_KEYS):
+                del out[key]
+        if record.html_value and isinstance(out.get("value"), str):
+            out["value"] = _same_if_equal(out["value"], sanitize_html(out["value"]))
+        if "description_allow_html" in out:
+            record.allow_html = out["description_allow_html"] is True
+        if isinstance(out.get("description"), str):
+            record.description = out["description"]
+            if record.allow_html:
+                out["description"] = _same_if_equal(out["description"], sanitize_html(out["description"]))
+        elif record.allow_html and "description_allow_html" in out and record.description is not None:
+            out["description"] = sanitize_html(record.description)  # HTML turned on for the old text
+        if record.output and isinstance(out.get("outputs"), list):
+            out["outputs"] = [o for o in map(self.filter_output, out["outputs"]) if o is not None]
+        if out.keys() == state.keys() and all(out[k] is state[k] for k in out):
+            return state
+        return out
+
+
+def _is_code_key(key: str) -> bool:
+    """anywidget's ``_esm``/``_css`` (and similar): source the frontend would load and run."""
+    return key.startswith(("_esm", "_css", "_anywidget")) or key in {"_module_url", "_source"}
+
+
+def _touches_policed_buffers(buffer_paths: Any, record: _Comm) -> bool:
+    """Whether a binary buffer would land on a field the policy checks (it cannot check bytes)."""
+    if not isinstance(buffer_paths, list):
+        return False
+    policed = {"description", *_NAME_KEYS}
+    if record.html_value:
+        policed.add("value")
+    if record.output:
+        policed.add("outputs")
+    return any(isinstance(p, list) and p and (p[0] in policed or _is_code_key(str(p[0]))) for p in buffer_paths)
+
+
+def _is_web_url(url: Any) -> bool:
+    """An absolute http(s) URL with no characters a browser would silently drop."""
+    return isinstance(url, str) and re.fullmatch(r"https?://[^\s\x00-\x1f\\]+", url, re.IGNORECASE) is not None
+
+
+def _note(removed: list[str]) -> str:
+    kinds = _defuse_autolinks(", ".join(kind[:100] for kind in removed[:10]) + (", ..." if len(removed) > 10 else ""))
+    return (
+        f"[kernel-sandbox: output of type {kinds} removed by the strict output policy: it could run code "
+        "in your browser. Use output_policy 'trusted' only for code you trust.]"
+    )
+
+
+def _note_widget(reason: str, protocol_version: str) -> dict[str, Any]:
+    """The state of an HTML widget that says why the kernel's widget was refused."""
+    controls = "2.0.0" if not protocol_version.startswith(("1", "2.0")) else "1.5.0"
+    text = html.escape(f"kernel-sandbox: widget refused by the strict output policy: {reason}.")
+    return {
+        "_model_module": "@jupyter-widgets/controls", "_model_module_version": controls, "_model_name": "HTMLModel",
+        "_view_module": "@jupyter-widgets/controls", "_view_module_version": controls, "_view_name": "HTMLView",
+        "value": f"<em>{text}</em>", "description": "", "placeholder": "",
+    }

@@ -1,0 +1,307 @@
+"""`kernel-sandbox setup` and `kernel-sandbox lab` from a machine with no image and no kernelspec.
+
+The state is made fresh, not borrowed: a temporary image tag nobody has built and an empty
+Jupyter prefix, config, data and runtime directory. The first `setup` builds the image through
+the real build path; Docker's layer cache (filled by `.ci/run`'s image phase, or any earlier
+build on this engine) makes that take seconds instead of minutes. The tag is removed at the end;
+the layers stay with the image that shares them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from docker.errors import ImageNotFound
+from test_jupyter_server_api import KernelChannels
+from test_jupyterlab_browser import CHROMIUM, CHROMIUM_ARGS
+
+from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, has_image, remove_container
+
+from nb_helpers import ARTIFACTS, IN_CI, cli, free_port
+
+SPEC = "sandboxed-python"
+
+
+@dataclass
+class Fresh:
+    """A temporary image tag and Jupyter directories, and the environment that points at them."""
+
+    image: str
+    base: Path
+    prefix: Path
+    env: dict[str, str]
+
+    def setup(self) -> subprocess.CompletedProcess[str]:
+        return cli("setup", "--prefix", str(self.prefix), "--image", self.image, env=self.env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def fresh(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
+    base = tmp_path_factory.mktemp("first-contact")
+    image = f"kernel-sandbox-test-{uuid.uuid4().hex[:12]}:latest"
+    assert not has_image(docker_engine, image)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "JPY_"))}
+    env.update({
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_DATA_DIR": str(base / "data"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+    })
+    try:
+        yield Fresh(image, base, base / "prefix", env)
+    finally:
+        try:
+            docker_engine.images.remove(image)  # untags; layers another image uses stay
+        except ImageNotFound:
+            pass
+
+
+@pytest.fixture(scope="module")
+def first_setup(fresh: Fresh) -> subprocess.CompletedProcess[str]:
+    result = fresh.setup()
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_setup_builds_the_missing_image_and_installs_the_kernelspec(fresh: Fresh, first_setup, docker_engine) -> None:
+    out = first_setup.stdout
+    assert "[ok] docker engine: reachable" in out
+    assert f"[..] kernel image: {fresh.image} is missing; building it" in out
+    assert re.search(rf"\[ok\] kernel image: {re.escape(fresh.image)} built in \d+ s", out)
+    assert "Step 16/16" in out  # the build's progress is shown
+    spec_dir = fresh.prefix / "share" / "jupyter" / "kernels" / SPEC
+    assert f"[ok] kernelspec: {SPEC} installed in {spec_dir}" in out
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    assert spec["metadata"]["kernel_provisioner"]["config"] == {"image": fresh.image}
+    assert docker_engine.images.get(fresh.image).labels.get(LABEL) == "true"
+
+
+def test_a_second_setup_rebuilds_and_reinstalls_nothing(fresh: Fresh, first_setup, docker_engine) -> None:
+    image_id = docker_engine.images.get(fresh.image).id
+    spec_file = fresh.prefix / "share" / "jupyter" / "kernels" / SPEC / "kernel.json"
+    written = spec_file.stat().st_mtime_ns
+    again = fresh.setup()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"[ok] kernel image: {fresh.image} is present" in again.stdout
+    assert f"[ok] kernelspec: {SPEC} is up to date in {spec_file.parent}" in again.stdout
+    assert "Step " not in again.stdout and "building" not in again.stdout
+    assert docker_engine.images.get(fresh.image).id == image_id
+    assert spec_file.stat().st_mtime_ns == written
+
+
+@dataclass
+class Lab:
+    """A `kernel-sandbox lab` process and what it printed."""
+
+    url: str
+    token: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+
+def start_lab(fresh: Fresh, engine, name: str, *extra: str) -> Iterator[Lab]:
+    root = fresh.base / f"root-{name}"
+    root.mkdir()
+    out, err = fresh.base / f"{name}.out", fresh.base / f"{name}.err"
+    port = free_port()
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kernel_sandbox.cli", "lab", "--prefix", str(fresh.prefix), "--image", fresh.image,
+             "--no-browser", "--port", str(port), "--notebook-dir", str(root), "--allow-root",
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=", *extra],
+            stdout=stdout, stderr=stderr, env=fresh.env,
+        )
+    deadline = time.monotonic() + 120
+    pattern = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=(\w+)")
+    while not (found := pattern.search(out.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"kernel-sandbox lab printed no URL:\n{out.read_text()}\n{err.read_text()[-3000:]}")
+        time.sleep(0.2)
+    lab = Lab(f"http://127.0.0.1:{port}", found.group(1), process)
+    try:
+        yield lab
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / f"kernel-sandbox-lab-{name}.log").write_text(out.read_text() + err.read_text())
+        left = engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]})
+        for container in left:
+            remove_container(container)
+        assert not left, f"kernel-sandbox lab left {len(left)} kernel container(s) behind"
+
+
+@pytest.fixture(scope="module")
+def lab(fresh: Fresh, first_setup, docker_engine) -> Iterator[Lab]:
+    yield from start_lab(fresh, docker_engine, "default")
+
+
+@pytest.fixture(scope="module")
+def locked_lab(fresh: Fresh, first_setup, docker_engine) -> Iterator[Lab]:
+    yield from start_lab(fresh, docker_engine, "locked", "--locked-down")
+
+
+async def hostname_of_a_new_default_kernel(lab: Lab) -> str:
+    """Start a kernel without naming one, as JupyterLab's "New notebook" does, and return what it prints."""
+    async with httpx.AsyncClient(base_url=lab.url, headers=lab.headers, timeout=120) as http:
+        response = await http.post("/api/kernels", json={})
+        assert response.status_code == 201, response.text
+        kernel = response.json()
+        try:
+            assert kernel["name"] == SPEC
+            async with KernelChannels(lab, kernel["id"]) as channels:
+                reply, out = await channels.until_reply(
+                    await channels.execute("import socket\nprint(socket.gethostname())")
+                )
+            assert reply["status"] == "ok", reply
+            return out.strip()
+        finally:
+            assert (await http.delete(f"/api/kernels/{kernel['id']}")).status_code == 204
+
+
+async def test_lab_serves_sandboxed_python_as_the_default_kernel(fresh: Fresh, lab: Lab) -> None:
+    assert httpx.get(f"{lab.url}/api/status").status_code == 403  # the token is required
+    async with httpx.AsyncClient(base_url=lab.url, headers=lab.headers, timeout=30) as http:
+        assert (await http.get("/api/status")).status_code == 200
+        assert (await http.get("/api/terminals")).status_code == 200  # an ordinary server: terminals on
+        specs = (await http.get("/api/kernelspecs")).json()
+    assert specs["default"] == SPEC
+    assert "python3" in specs["kernelspecs"]  # an ordinary server offers the local kernel too
+    spec = specs["kernelspecs"][SPEC]["spec"]
+    assert spec["display_name"] == "Sandboxed Python"
+    assert spec["metadata"]["kernel_provisioner"]["config"]["image"] == fresh.image
+    assert await hostname_of_a_new_default_kernel(lab) == "sandbox"
+
+
+@contextlib.contextmanager
+def chromium_page() -> Iterator[Any]:
+    """A page of a headless Debian chromium, closed (with Playwright's event loop) when the test ends."""
+    if not Path(CHROMIUM).exists():
+        if IN_CI:
+            pytest.fail(f"chromium not found at {CHROMIUM} (CI installs Debian's chromium package)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1280, "height": 800})
+        finally:
+            browser.close()
+
+
+def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: Lab) -> None:
+    """JupyterLab's File → New → Notebook starts the kernel the new file's metadata names (else it asks,
+    preselecting the alphabetically first kernel, "Python 3"): the server writes the default kernel there."""
+    with chromium_page() as page:
+        page.set_default_timeout(90_000)
+        try:
+            page.goto(f"{lab.url}/lab?token={lab.token}")
+            page.locator('.jp-LauncherCard[data-category="Notebook"]').first.wait_for()
+            page.locator('div.lm-MenuBar-itemLabel:text-is("File")').click()
+            page.locator('.lm-Menu-itemLabel:text-is("New")').click()
+            page.locator('.lm-Menu-itemLabel:text-is("Notebook")').click()
+            panel = page.locator(".jp-NotebookPanel:visible")
+            panel.locator(".jp-Toolbar-kernelName", has_text="Sandboxed Python").wait_for()
+            panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+            assert page.locator(".jp-Dialog").count() == 0  # no "Select Kernel" question
+            panel.locator(".jp-Cell .cm-content").first.click()
+            page.keyboard.insert_text("import socket; print('host', socket.gethostname())")
+            page.keyboard.press("Shift+Enter")
+            output = panel.locator(".jp-OutputArea-output").first
+            output.filter(has_text="host").wait_for()
+            assert output.inner_text().strip() == "host sandbox"
+        except Exception:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "kernel-sandbox-lab-new-notebook-failure.png"))
+            raise
+
+
+async def test_a_new_notebook_names_the_default_kernel_but_others_keep_theirs(lab: Lab) -> None:
+    async with httpx.AsyncClient(base_url=lab.url, headers=lab.headers, timeout=30) as http:
+        created = (await http.post("/api/contents", json={"type": "notebook"})).json()
+        content = (await http.get(f"/api/contents/{created['path']}")).json()["content"]
+        assert content["metadata"]["kernelspec"] == {
+            "name": SPEC, "display_name": "Sandboxed Python", "language": "python",
+        }
+        mine = {"cells": [], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+                "nbformat": 4, "nbformat_minor": 5}
+        saved = await http.put("/api/contents/mine.ipynb", json={"type": "notebook", "content": mine})
+        assert saved.status_code == 201, saved.text
+        content = (await http.get("/api/contents/mine.ipynb")).json()["content"]
+        assert content["metadata"]["kernelspec"]["name"] == "python3"
+
+
+async def test_locked_down_lab_offers_and_starts_only_sandboxed_kernels(locked_lab: Lab) -> None:
+    async with httpx.AsyncClient(base_url=locked_lab.url, headers=locked_lab.headers, timeout=30) as http:
+        specs = (await http.get("/api/kernelspecs")).json()
+        assert specs["default"] == SPEC and list(specs["kernelspecs"]) == [SPEC]
+
+        # python3 is refused by name: as a kernel, in a session, and its spec is unknown
+        refused = await http.post("/api/kernels", json={"name": "python3"})
+        assert refused.status_code >= 400
+        session = await http.post(
+            "/api/sessions", json={"path": "x.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+        )
+        assert session.status_code == 501 and "python3 not found" in session.text
+        assert (await http.get("/api/kernelspecs/python3")).status_code == 404
+        assert (await http.get("/api/kernels")).json() == []
+
+        # no terminals, no extension installs, no language servers
+        assert (await http.get("/api/terminals")).status_code == 404
+        assert (await http.post("/api/terminals")).status_code == 404
+        install = await http.post("/lab/api/extensions", json={"cmd": "install", "extension_name": "anything"})
+        assert install.status_code >= 400
+        assert (await http.get("/lsp/status")).status_code == 404
+        hidden = await http.put("/api/contents/.bashrc", json={"type": "file", "format": "text", "content": "x"})
+        assert hidden.status_code >= 400
+    assert await hostname_of_a_new_default_kernel(locked_lab) == "sandbox"
+
+
+def locked_down_refusal(fresh: Fresh, root: Path, env: dict[str, str]) -> str:
+    """Run `kernel-sandbox lab --locked-down` where it must refuse to start; return its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kernel_sandbox.cli", "lab", "--locked-down", "--prefix", str(fresh.prefix),
+         "--image", fresh.image, "--no-browser", "--port", str(free_port()), "--notebook-dir", str(root),
+         "--allow-root"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "lab?token=" not in result.stdout
+    return result.stderr
+
+
+def test_locked_down_lab_refuses_to_serve_its_own_jupyter_directories(fresh: Fresh, first_setup) -> None:
+    stderr = locked_down_refusal(fresh, fresh.base, fresh.env)
+    assert f"--locked-down will not serve {fresh.base}: it contains" in stderr
+    assert str(fresh.prefix / "share" / "jupyter") in stderr
+
+
+def test_locked_down_lab_refuses_a_config_file_that_undoes_it(fresh: Fresh, first_setup, tmp_path: Path) -> None:
+    (tmp_path / "jupyter_server_config.py").write_text("c.FileContentsManager.allow_hidden = True\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    stderr = locked_down_refusal(fresh, root, {**fresh.env, "JUPYTER_CONFIG_DIR": str(tmp_path)})
+    assert "--locked-down could not take effect: the server has ContentsManager.allow_hidden=True" in stderr

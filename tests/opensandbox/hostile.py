@@ -1,0 +1,166 @@
+"""A HOSTILE execd and a HOSTILE lifecycle server on 127.0.0.1 (tornado), for issue 18's attacks.
+
+They stand for what code inside a sandbox can do (kill execd and serve port 44772 itself) and
+for a misbehaving or compromised lifecycle server: answers of any size, trickled a byte at a
+time, of the wrong shape, events nested 100 000 deep, lone surrogates, events after the end,
+streams that stop without an end. Each test sets ``behaviour[route] = callable`` and reads
+``requests`` (method, raw path with query) to assert exactly what the client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import tornado.httpserver
+import tornado.ioloop
+import tornado.iostream
+import tornado.netutil
+import tornado.web
+
+Behaviour = Callable[["HostileHandler"], Awaitable[None]]
+MiB = 1024 * 1024
+
+
+class HostileHandler(tornado.web.RequestHandler):
+    def initialize(self, server: HostileServer) -> None:
+        self.server = server
+
+    async def _any(self, *args: Any) -> None:
+        self.server.requests.append((self.request.method or "", self.request.uri or ""))
+        self.server.headers.append(dict(self.request.headers))
+        key = f"{self.request.method} {self.request.path}"
+        behaviour = self.server.behaviour.get(key) or self.server.behaviour.get(self.request.method or "")
+        if behaviour is None:
+            self.set_status(404)
+            self.finish({"code": "NOT_FOUND", "message": key})
+            return
+        try:
+            await behaviour(self)
+        except tornado.iostream.StreamClosedError:
+            pass
+
+    get = post = delete = put = _any  # type: ignore[assignment]
+
+    # ---- building blocks for behaviours ------------------------------------------------------
+
+    async def huge(
+        self, total: int, status: int = 200, chunk: bytes = b"x" * MiB, content_type: str = "application/json"
+    ) -> None:
+        """Send ``total`` bytes (chunked, no length) unless the client hangs up first."""
+        self.set_status(status)
+        self.set_header("Content-Type", content_type)
+        sent = 0
+        while sent < total and not self.request.connection.stream.closed():  # type: ignore[union-attr]
+            self.write(chunk)
+            await self.flush()
+            sent += len(chunk)
+        self.server.sent_bytes.append(sent)
+        self.finish()
+
+    async def trickle(self, data: bytes = b" " * 10_000, interval: float = 0.2, status: int = 200) -> None:
+        """One byte every ``interval`` seconds."""
+        self.set_status(status)
+        for i in range(len(data)):
+            if self.request.connection.stream.closed():  # type: ignore[union-attr]
+                return
+            self.write(data[i : i + 1])
+            await self.flush()
+            await asyncio.sleep(interval)
+        self.finish()
+
+    async def events(self, *items: dict[str, Any] | bytes, finish: bool = True) -> None:
+        """Stream events as execd does (bare JSON and a blank line); raw bytes are sent as given."""
+        self.set_header("Content-Type", "text/event-stream")
+        for item in items:
+            self.write(item if isinstance(item, bytes) else json.dumps(item).encode() + b"\n\n")
+            await self.flush()
+        if finish:
+            self.finish()
+
+
+class HostileServer:
+    """One tornado server on 127.0.0.1 in a daemon thread, answering per ``behaviour``."""
+
+    def __init__(self) -> None:
+        self.behaviour: dict[str, Behaviour] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.headers: list[dict[str, str]] = []
+        self.sent_bytes: list[int] = []
+        self.port = 0
+        self._loop: tornado.ioloop.IOLoop | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hostile-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        self._loop = tornado.ioloop.IOLoop.current()
+        app = tornado.web.Application([(r"/.*", HostileHandler, {"server": self})])
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        tornado.httpserver.HTTPServer(app).add_sockets(sockets)
+        self.port = int(sockets[0].getsockname()[1])
+        self._ready.set()
+        self._loop.start()
+
+    def start(self) -> HostileServer:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def reset(self) -> None:
+        self.behaviour.clear()
+        self.requests.clear()
+        self.headers.clear()
+        self.sent_bytes.clear()
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.add_callback(self._loop.stop)
+            self._thread.join(10)
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident set size of a process now, from /proc (not a lifetime peak)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+class RssPeak:
+    """Sample a process's RSS every few milliseconds in a thread; ``growth`` is peak minus start."""
+
+    def __init__(self, pid: int | str = "self", every: float = 0.003) -> None:
+        self.pid, self.every = pid, every
+        self.start = self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.peak = max(self.peak, rss_bytes(self.pid))
+            except OSError:
+                return
+
+    def __enter__(self) -> RssPeak:
+        self.start = self.peak = rss_bytes(self.pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.peak = max(self.peak, rss_bytes(self.pid))
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start

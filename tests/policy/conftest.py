@@ -1,0 +1,205 @@
+"""Fixtures of the policy tests: a real local ipykernel, and JupyterLab with Docker kernels in Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.kernelspecs import install, shipped_kernelspecs
+
+from browser_output_policy import ARTIFACTS, KERNELSPECS
+from ipykernel.kernelspec import get_kernel_dict
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class Run:
+    """Every iopub message of one execution (up to idle) and its execute_reply."""
+
+    iopub: list[dict[str, Any]] = field(default_factory=list)
+    reply: dict[str, Any] = field(default_factory=dict)
+
+    def of(self, *msg_types: str) -> list[dict[str, Any]]:
+        return [m for m in self.iopub if m["header"]["msg_type"] in msg_types]
+
+
+class LocalKernel:
+    """A local ipykernel (this interpreter) driven through jupyter_client's blocking client."""
+
+    def __init__(self) -> None:
+        # A kernelspec of its own for this interpreter, whatever python3 specs the machine has.
+        self._specs = tempfile.TemporaryDirectory()
+        spec_dir = Path(self._specs.name) / "policy-test-python"
+        spec_dir.mkdir()
+        (spec_dir / "kernel.json").write_text(json.dumps(get_kernel_dict()))
+        specs = KernelSpecManager(kernel_dirs=[self._specs.name], ensure_native_kernel=False)
+        self.manager = KernelManager(kernel_name="policy-test-python", kernel_spec_manager=specs)
+        self.manager.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
+        assert self.manager.kernel_spec.argv[0] == sys.executable, self.manager.kernel_spec.argv
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 60) -> Run:
+        msg_id = self.client.execute(code)
+        run = Run()
+        while True:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            run.iopub.append(msg)
+            if msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        run.reply = self.client.get_shell_msg(timeout=timeout)
+        assert run.reply["parent_header"]["msg_id"] == msg_id
+        return run
+
+    def request(self, send: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        msg_id = getattr(self.client, send)(*args, **kwargs)
+        while True:
+            reply = self.client.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+        self._specs.cleanup()
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[LocalKernel]:
+    k = LocalKernel()
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+# ---- JupyterLab in Chromium (test_policy_jupyterlab.py, browser_output_policy.py) ----------------
+
+CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WIDGET_IMAGE = "kernel-sandbox-policytest:latest"  # our tag: the kernel image plus ipywidgets and tqdm
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def widget_image(docker_engine) -> str:
+    """The kernel image if it has ipywidgets and tqdm, else our own tag of it with them added."""
+    probe = "import ipywidgets, tqdm"
+    try:
+        docker_engine.containers.run(DEFAULT_IMAGE, ["python", "-c", probe], remove=True, network_mode="none")
+        return DEFAULT_IMAGE
+    except Exception:
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = Path(tmp) / "wheelhouse"
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+                        "ipywidgets>=8.1", "widgetsnbextension>=4", "jupyterlab_widgets>=3", "tqdm>=4.66"], check=True)
+        (Path(tmp) / "Dockerfile").write_text(
+            f"FROM {DEFAULT_IMAGE}\nCOPY wheelhouse /tmp/wheelhouse\nUSER root\n"
+            "RUN pip install --no-index --no-deps /tmp/wheelhouse/*.whl && rm -rf /tmp/wheelhouse\nUSER 1000:1000\n"
+        )
+        docker_engine.images.build(path=tmp, tag=WIDGET_IMAGE, rm=True, labels={"kernel-sandbox": "true"})
+    return WIDGET_IMAGE
+
+
+@pytest.fixture(scope="module", params=["relay"])
+def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """JupyterLab on 127.0.0.1 with the kernelspecs under test (using the widget image) and nothing else.
+
+    ``relay``: the server forwards kernel messages as they come (the policy must be in the relay);
+    ``server-shim``: the server itself applies the policy (policy_server_shim.py, a test stand-in).
+    """
+    base = tmp_path_factory.mktemp("policy-lab")
+    prefix = base / "prefix"
+    shipped = shipped_kernelspecs()
+    for name in KERNELSPECS:
+        spec = json.loads((Path(shipped[name]) / "kernel.json").read_text()) if name in shipped else None
+        if spec is None:
+            pytest.fail(f"kernelspec {name!r} is not shipped with kernel-sandbox (shipped: {', '.join(shipped)})")
+        provisioned = "kernel_provisioner" in spec.get("metadata", {})
+        install(name, prefix=str(prefix), config={"image": widget_image} if provisioned and widget_image != DEFAULT_IMAGE else None)
+    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    root = base / "root"
+    root.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
+           "JUPYTER_PATH": str(prefix / "share" / "jupyter"), "JUPYTER_CONFIG_DIR": str(base / "config"),
+           "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces")}
+    port, token = _free_port(), secrets.token_hex(16)
+    log = base / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+             f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             "--LabApp.news_url=", "--KernelSpecManager.ensure_native_kernel=False",
+             *(["--ServerApp.kernel_websocket_connection_class=policy_server_shim.PolicyConnection"] if request.param == "server-shim" else [])],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"token {token}"}
+    deadline = time.monotonic() + 90
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"JupyterLab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/api/status", headers=headers, timeout=2).status_code == 200:
+                break
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"JupyterLab did not answer:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+    try:
+        yield {"url": url, "token": token, "headers": headers, "root": root, "mode": request.param}
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / f"policy-jupyterlab-{request.param}.log").write_bytes(log.read_bytes())
+        for container in docker_engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]}):
+            remove_container(container)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"chromium not found at {CHROMIUM} (apt-get install -y chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -1,0 +1,101 @@
+"""The policy's small surface: modes by name, the cheap predicate, configuration errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernel_sandbox.errors import ConfigError, KernelSandboxError
+from kernel_sandbox.policy import MODES, OutputPolicy
+
+
+def test_modes_by_name() -> None:
+    assert MODES == ("strict", "trusted")
+    assert OutputPolicy().mode == "strict"
+    assert OutputPolicy.from_name(None).mode == "strict" and OutputPolicy.from_name("").mode == "strict"
+    assert OutputPolicy.from_name(" Trusted ").mode == "trusted"
+    assert repr(OutputPolicy.from_name("strict", allow_mime_types=["application/vnd.x+json"])) == "OutputPolicy('strict', extra=['application/vnd.x+json'])"
+
+
+@pytest.mark.parametrize("bad", ["off", "none", "permissive", 1, True])
+def test_unknown_mode_is_a_config_error_naming_the_option(bad) -> None:
+    with pytest.raises(ConfigError, match="output_policy") as caught:
+        OutputPolicy.from_name(bad)
+    assert isinstance(caught.value, KernelSandboxError)
+
+
+def test_predicate_skips_messages_that_cannot_carry_markup() -> None:
+    strict = OutputPolicy()
+    for msg_type in ("status", "execute_input", "clear_output", "shutdown_reply", "complete_reply", "is_complete_reply", "history_reply", "input_request"):
+        assert not strict.inspects(msg_type)
+    for msg_type in ("display_data", "update_display_data", "execute_result", "error", "comm_open", "comm_msg",
+                     "execute_reply", "inspect_reply", "kernel_info_reply", "debug_reply", "stream"):
+        assert strict.inspects(msg_type)
+
+
+@pytest.mark.parametrize(("text", "inspected"), [
+    ("plain output\n" * 100, False),
+    ("see https://jupyter.org", True),
+    ("javascript:\\/\\/x", True),   # JSON may escape the slashes...
+    ("\\u003a//", True),           # ...or the colon
+])
+def test_stream_predicate_on_raw_bytes(text: str, inspected: bool) -> None:
+    raw = json.dumps({"name": "stdout", "text": text}).encode() if "\\" not in text else ('{"name": "stdout", "text": "%s"}' % text).encode()
+    assert OutputPolicy().inspects("stream", raw) is inspected
+    if not inspected:
+        content = json.loads(raw)
+        assert OutputPolicy().filter("stream", content) is content  # skipping it loses nothing
+
+
+def test_trusted_inspects_nothing() -> None:
+    trusted = OutputPolicy("trusted")
+    assert not any(trusted.inspects(t) for t in ("display_data", "comm_open", "stream", "kernel_info_reply"))
+    content = {"data": {"application/javascript": "alert(1)"}, "metadata": {}}
+    assert trusted.filter("display_data", content) is content
+
+
+def test_allow_mime_types_extends_the_allow_list() -> None:
+    content = {"data": {"application/vnd.my-chart+json": {"x": [1]}}, "metadata": {}}
+    assert "application/vnd.my-chart+json" not in OutputPolicy().filter("display_data", content)["data"]
+    assert OutputPolicy(allow_mime_types=["application/vnd.my-chart+json"]).filter("display_data", content) is content
+
+
+def test_malformed_content_does_not_raise() -> None:
+    policy = OutputPolicy()
+    for msg_type, content in [
+        ("display_data", {"data": "x"}), ("display_data", {"data": {"text/html": None}, "metadata": 3}),
+        ("error", {"traceback": "x"}), ("comm_open", {"target_name": "jupyter.widget", "data": {"state": 1}}),
+        ("comm_msg", {"comm_id": 1, "data": {"method": "update", "state": []}}), ("execute_reply", {"payload": [1, {"source": "page"}]}),
+        ("kernel_info_reply", {"help_links": [1, None]}), ("debug_reply", {"body": []}), ("stream", {"text": 5}),
+        ("comm_msg", {"comm_id": "c", "data": {"method": "update_states", "states": {"m": 1, "n": {"state": {}}}}}),
+    ]:
+        policy.filter(msg_type, content)
+
+
+def test_traitlets_option() -> None:
+    from traitlets import TraitError
+    from traitlets.config import Configurable
+
+    from kernel_sandbox.policy import output_policy_trait
+
+    class Provisioner(Configurable):
+        output_policy = output_policy_trait()
+
+    assert Provisioner().output_policy == "strict"
+    assert Provisioner(output_policy="TRUSTED").output_policy == "trusted"
+    assert OutputPolicy.from_name(Provisioner(output_policy="Trusted").output_policy).mode == "trusted"
+    with pytest.raises(TraitError):
+        Provisioner(output_policy="off")
+
+
+def test_untouched_messages_are_the_same_objects() -> None:
+    policy = OutputPolicy()
+    for msg_type, content in [
+        ("display_data", {"data": {"text/plain": "x", "application/json": ["a", "b"]}, "metadata": {}}),
+        ("execute_result", {"data": {"image/png": "iVBOR"}, "execution_count": 1}),  # no metadata at all
+        ("inspect_reply", {"status": "ok", "found": False, "data": {}, "metadata": {}}),
+        ("error", {"ename": "E", "evalue": "v", "traceback": ["a", "b"]}),
+        ("execute_reply", {"status": "ok", "payload": [{"source": "page", "data": {"text/plain": "doc"}, "start": 0}]}),
+    ]:
+        assert policy.filter(msg_type, content) is content, msg_type
