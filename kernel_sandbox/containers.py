@@ -18,6 +18,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.models.containers import Container
 
 from .errors import ConfigError, EngineUnavailable, ImageMissing
@@ -47,7 +48,7 @@ def docker_client(timeout: float = API_TIMEOUT) -> docker.DockerClient:
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineUnavailable(
             f"Cannot reach the Docker engine at {engine_address()} ({exc}). Start it "
             "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "

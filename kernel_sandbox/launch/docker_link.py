@@ -192,18 +192,36 @@ class _Watched(asyncio.Protocol):
 
 
 class KernelOutput:
-    """The container's own stdout and stderr: passed to our stderr up to a cap, the tail kept for errors."""
+    """The container's own stdout and stderr, passed to our stderr up to a cap, the tail kept for errors.
+
+    Until :meth:`release` (the kernel answered) output is only kept: a launch that fails reports
+    it once, inside its error message.
+    """
 
     def __init__(self, cap: int = OUTPUT_CAP) -> None:
         self._left = cap
         self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._partial = ""
+        self._held: list[bytes] | None = []
+
+    def release(self) -> None:
+        """Pass on what was held during start-up, and everything from now on."""
+        held, self._held = self._held or [], None
+        for chunk in held:
+            self._pass_on(chunk)
 
     def write(self, data: bytes) -> None:
         """Record and pass on one chunk of the container's output."""
         text = self._partial + data.decode(errors="replace")
         *lines, self._partial = text.split("\n")
         self.tail.extend(lines)
+        if self._held is not None:
+            if sum(map(len, self._held)) < self._left:
+                self._held.append(data)
+            return
+        self._pass_on(data)
+
+    def _pass_on(self, data: bytes) -> None:
         if self._left > 0:
             chunk = data[: self._left]
             self._left -= len(chunk)
@@ -302,6 +320,7 @@ class DockerLink:
             raise self._start_failure() from exc
         self.heartbeat([PROBE, b"ping"])
         await self._wait_until_ready(container, spec)
+        self.output.release()
 
     def _start_failure(self) -> KernelLaunchError:
         status = self._ended.result()
