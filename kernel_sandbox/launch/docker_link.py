@@ -144,9 +144,9 @@ class _Channel(asyncio.Protocol):
         try:
             self.peer.feed(data)
         except ProtocolError as exc:
-            log.error("the kernel's %s channel broke ZMTP: %s", self.name, exc)
+            self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
-                self.transport.abort()
+                self.transport.abort()  # the connector's stdin closes: it ends the kernel
 
     def _message(self, frames: list[bytes]) -> None:
         self.link._from_kernel(self.name, frames)
