@@ -23,6 +23,7 @@ from docker.models.containers import Container
 
 from .errors import ConfigError, EngineUnavailable, ImageMissing
 from .kernelside import source
+from .kernelside.boot import KEY_ENV
 from .privdir import abandoned_dirs
 from .settings import DEFAULT_IMAGE, HOME_DIR, WORK_DIR, DockerSettings
 
@@ -40,7 +41,6 @@ OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
 API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
-KERNEL_KEY_ENV = "KERNEL_SANDBOX_KEY"
 
 
 def docker_client(timeout: float = API_TIMEOUT) -> docker.DockerClient:
@@ -195,7 +195,7 @@ def container_spec(
         "PYTHONUNBUFFERED": "1",
         "JPY_PARENT_PID": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        KERNEL_KEY_ENV: kernel_key,
+        KEY_ENV: kernel_key,
     }
     spec: dict[str, Any] = {
         "command": ["python", "-c", source("boot"), *settings.kernel_cmd],

@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from .front import Connection, ExitStatus, Front, OutputPolicy
 DOCKER_PROVISIONER = "kernel-sandbox-docker"
 OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
+"""Besides the kernelspec's own ``env``, the one variable of the client's passed into the container."""
 OWNER_CHECK_INTERVAL = 1.0
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -63,6 +65,12 @@ def _read_json(path: str, what: str) -> Any:
         raise KernelLaunchError(f"cannot read the {what} {path}: {exc}") from exc
 
 
+def passed_env(spec_env: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """What of the client's environment the kernel gets: the kernelspec's ``env`` names and
+    :data:`FORWARDED_ENV`, never the rest of the host's environment."""
+    return {name: environ[name] for name in [*spec_env, *FORWARDED_ENV] if name in environ}
+
+
 def request_from_kernelspec(connection: Connection, connection_file: str, spec_dir: str) -> LaunchRequest:
     """A launch by a client that ran the kernelspec's argv: the settings are kernel.json's own."""
     spec = _read_json(str(Path(spec_dir) / "kernel.json"), "kernelspec")
@@ -76,14 +84,13 @@ def request_from_kernelspec(connection: Connection, connection_file: str, spec_d
         )
     if name != DOCKER_PROVISIONER:
         raise KernelLaunchError(f"{spec_dir}/kernel.json does not select the {DOCKER_PROVISIONER} provisioner")
-    env_names = [*spec.get("env", {}), *FORWARDED_ENV]
     stem = Path(connection_file).stem
     kernel_id = stem[len("kernel-"):] if stem.startswith("kernel-") else uuid.uuid4().hex
     return LaunchRequest(
         connection=connection,
         settings=DockerSettings.from_config(provisioner.get("config", {})),
         kernel_id=kernel_id,
-        env={name: os.environ[name] for name in env_names if name in os.environ},
+        env=passed_env(spec.get("env", {}), os.environ),
         cwd=os.getcwd(),
     )
 

@@ -27,10 +27,10 @@ from traitlets import Any as AnyTrait
 from ..containers import docker_client, remove_container, resolve_mounts
 from .. import errors
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..launch import passed_env
 from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
 from ..settings import OPTIONS, DockerSettings, check_names
 
-FORWARDED_ENV = ("JPY_SESSION_NAME",)
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
 
 
@@ -113,13 +113,12 @@ class DockerProvisioner(LocalProvisioner):  # type: ignore[misc]
         km.ip = str(self.private / "k")
         km.write_connection_file(jupyter_session=env.get("JPY_SESSION_NAME", ""))
         self.connection_info = km.get_connection_info()
-        names = [*self.kernel_spec.env, *FORWARDED_ENV]
         config_file = self.private.write_json(
             CONFIG,
             {
                 "settings": settings.to_config(),
                 "kernel_id": self.kernel_id,
-                "env": {name: env[name] for name in names if name in env},
+                "env": passed_env(self.kernel_spec.env, env),
                 "cwd": str(cwd) if cwd else None,
             },
         )
