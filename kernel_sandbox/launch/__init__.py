@@ -53,6 +53,8 @@ class LaunchRequest:
     kernel_id: str
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    client_pid: int = field(default_factory=os.getppid)
+    """The process that started the launcher, as it was when the launcher started."""
     private: PrivateDir | None = None
     """The provisioner's private directory (``--config``); None for a client that ran argv, whose
     launcher keeps nothing on disk (its container carries its pid, for ``gc``)."""
@@ -112,7 +114,7 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
 
 
 def read_request(args: argparse.Namespace) -> LaunchRequest:
-    """Build the launch request from the command line."""
+    """Build the launch request from the command line (first thing: the client is the parent now)."""
     connection = Connection.from_info(_read_json(args.connection_file, "connection file"))
     if args.config:
         return request_from_config(connection, args.config)
@@ -130,8 +132,7 @@ async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> Non
     """Resolve ``gone`` when the process that started the launcher is no longer there."""
     private = request.private
     if private is None:
-        parent = os.getppid()
-        while os.getppid() == parent:
+        while os.getppid() == request.client_pid:
             await asyncio.sleep(OWNER_CHECK_INTERVAL)
         gone.set_result("the client that started the kernel is gone")
         return
@@ -168,7 +169,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
         request.settings,
         private,
         kernel_id=request.kernel_id,
-        owner_pid=os.getppid(),
+        owner_pid=request.client_pid,
         env=request.env,
         cwd=request.cwd,
     )
