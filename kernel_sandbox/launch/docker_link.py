@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
 import os
 import secrets
@@ -48,6 +49,7 @@ from ..containers import (
 from ..errors import EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
+from ..kernelside.connector import RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB, DockerSettings
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, split
@@ -71,6 +73,9 @@ EXIT_REPORT_WAIT = 5.0
 OUTPUT_CAP = 1 * MiB
 """Bytes of the container's own stdout/stderr passed to the launcher's stderr; the rest is dropped."""
 OUTPUT_TAIL_LINES = 40
+CLONE_NEWNET = 0x40000000
+LIFELINE_CHANNEL = "hb"
+"""The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
 CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
 _HEADER = struct.Struct(">BxxxL")
 
@@ -116,14 +121,14 @@ class Demux:
 
 
 class _Channel(asyncio.Protocol):
-    """One kernel channel: an exec stream running the connector, with ZMTP spoken through it."""
+    """One kernel channel with ZMTP spoken through it: an exec stream (demultiplexed) or a socket."""
 
-    def __init__(self, link: DockerLink, name: str) -> None:
+    def __init__(self, link: DockerLink, name: str, *, multiplexed: bool = True) -> None:
         self.link = link
         self.name = name
         self.transport: asyncio.Transport | None = None
         self.peer: ZmtpPeer | None = None
-        self._demux = Demux(self._from_kernel, self._stderr)
+        self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -155,7 +160,10 @@ class _Channel(asyncio.Protocol):
         log.debug("%s connector: %s", self.name, data[:500].decode(errors="replace").strip())
 
     def data_received(self, data: bytes) -> None:
-        self._demux.feed(data)
+        if self._demux is not None:
+            self._demux.feed(data)
+        else:
+            self._from_kernel(data)
 
     def eof_received(self) -> bool:
         return False
@@ -235,6 +243,80 @@ class KernelOutput:
         return "\n".join([*self.tail, self._partial]).strip()
 
 
+def _may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
+    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack)."""
+    runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
+    return os.geteuid() == 0 and runtime == "runc" and engine_address().startswith("unix://")
+
+
+def _container_netns(container: Any) -> int | None:
+    """An open handle on the container's network namespace, or None when it cannot be had safely.
+
+    The namespace is found through the container's init pid; the engine is asked again after
+    opening it, so a pid that was reused meanwhile is never taken for the container's.
+    """
+    container.reload()
+    pid = container.attrs["State"]["Pid"]
+    try:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # not in the engine's pid namespace (say, a launcher inside a container)
+    container.reload()
+    if container.attrs["State"]["Pid"] != pid or not container.attrs["State"]["Running"]:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _connect_in_netns(
+    netns: int, port: int, wait_seconds: float, cancel: threading.Event
+) -> asyncio.Future[socket.socket]:
+    """A TCP connection to ``port`` on the container's own loopback, made from inside its namespace.
+
+    A fresh thread enters the namespace (setns changes only the calling thread) and connects,
+    retrying while the kernel starts, until ``wait_seconds`` pass or ``cancel`` is set; the
+    socket stays in that namespace wherever it is used afterwards.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[socket.socket] = loop.create_future()
+
+    def settle(sock: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled: the launcher stopped meanwhile
+            if sock is not None:
+                sock.close()
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            ours = socket.socket(fileno=sock.detach())
+            ours.setblocking(False)
+            future.set_result(ours)
+
+    def enter_and_connect() -> None:
+        deadline = time.monotonic() + wait_seconds
+        try:
+            if _libc().setns(netns, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+            while True:
+                try:
+                    sock = connect(port, 0)
+                    break
+                except OSError:
+                    if cancel.is_set() or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(RETRY_SECONDS)
+        except OSError as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, sock, None)
+
+    threading.Thread(target=enter_and_connect, name="netns-connect", daemon=True).start()
+    return future
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 class DockerLink:
     """The kernel in a locked-down container on the Docker engine (see the module docstring)."""
 
@@ -271,6 +353,8 @@ class DockerLink:
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._welcomed: asyncio.Future[None] = self._loop.create_future()
         self._creating: asyncio.Future[Any] | None = None
+        self._netns: int | None = None
+        self._cancel = threading.Event()
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -279,7 +363,8 @@ class DockerLink:
         self._front = front
         settings = self.settings
         client = self._client = await asyncio.to_thread(docker_client)
-        check_engine(await asyncio.to_thread(client.info), settings)
+        info = await asyncio.to_thread(client.info)
+        check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
         spec = container_spec(
             settings,
@@ -310,17 +395,28 @@ class DockerLink:
             if settings.runtime == "runsc":
                 hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
             raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
-        try:
-            await asyncio.gather(*(self._open_channel(name) for name in CHANNEL_PORTS))
-        except docker.errors.APIError as exc:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._ended), EXIT_REPORT_WAIT)
-            except asyncio.TimeoutError:
-                raise KernelLaunchError(f"Could not reach the kernel's channels: {exc.explanation or exc}") from exc
-            raise self._start_failure() from exc
+        if _may_enter_netns(settings, info):
+            self._netns = await asyncio.to_thread(_container_netns, container)
+        opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
-        await self._wait_until_ready(container, spec)
+        try:
+            await self._wait_until_ready(container, spec, opening)
+        finally:
+            for task in opening:
+                task.cancel()
         self.output.release()
+
+    async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
+        """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
+        for task in opening:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._ended), EXIT_REPORT_WAIT)
+                except asyncio.TimeoutError:
+                    reason = getattr(exc, "explanation", None) or exc
+                    raise KernelLaunchError(f"Could not reach the kernel's channels: {reason}") from exc
+                raise self._start_failure() from exc
 
     def _start_failure(self) -> KernelLaunchError:
         status = self._ended.result()
@@ -332,13 +428,18 @@ class DockerLink:
         return _own_socket(self._client.api.exec_start(exec_id, socket=True))
 
     async def _open_channel(self, name: str) -> None:
-        port, wait = str(CHANNEL_PORTS[name]), str(self.settings.launch_timeout)
-        cmd = ["python", "-I", "-S", "-c", source("connector"), port, wait]
-        sock = await asyncio.to_thread(self._exec_socket, cmd)
+        port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
+        direct = self._netns is not None and name != LIFELINE_CHANNEL
+        if direct:
+            # past the launch deadline, so that a kernel that never listens is reported as such
+            sock = await _connect_in_netns(self._netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
+        else:
+            cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
+            sock = await asyncio.to_thread(self._exec_socket, cmd)
         if self._stopping:
             sock.close()
             return
-        await self._loop.connect_accepted_socket(lambda: _Channel(self, name), sock)
+        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=not direct), sock)
 
     async def _attach_output(self) -> None:
         assert self._client is not None
@@ -349,11 +450,14 @@ class DockerLink:
         )
         self._streams.append(transport)
 
-    async def _wait_until_ready(self, container: Any, spec: dict[str, Any]) -> None:
+    async def _wait_until_ready(
+        self, container: Any, spec: dict[str, Any], opening: list[asyncio.Future[None]]
+    ) -> None:
         limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
         deadline = time.monotonic() + self.settings.launch_timeout
         try:
-            while not self._ready.done():
+            while not self._ready.done() or not all(task.done() for task in opening):
+                await self._channels_failed(opening)
                 if self._ended.done():
                     raise self._start_failure()
                 if time.monotonic() >= deadline:
@@ -363,7 +467,7 @@ class DockerLink:
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
                 await asyncio.wait(
-                    [self._ready, self._ended], timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+                    [self._ready, self._ended, *opening], timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
@@ -515,6 +619,7 @@ class DockerLink:
         if self._stopping:
             return
         self._stopping = True
+        self._cancel.set()
         for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
             if transport is not None:
                 transport.close()
@@ -533,3 +638,6 @@ class DockerLink:
                 log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
         if self._events is not None:
             self._events.close()
+        if self._netns is not None:
+            os.close(self._netns)
+            self._netns = None
