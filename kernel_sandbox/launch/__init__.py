@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the launcher; the exit code is the kernel's fate (0: a clean shutdown)."""
     args = build_parser().parse_args(argv)
     level = os.environ.get("KERNEL_SANDBOX_LOG_LEVEL", "WARNING").upper()
-    logging.basicConfig(level=level, format="[kernel-sandbox %(levelname)s] %(message)s")
+    logging.basicConfig(level=level, format="[kernel-sandbox %(levelname)s %(asctime)s] %(message)s")
     try:
         request = read_request(args)
     except KernelSandboxError as exc:

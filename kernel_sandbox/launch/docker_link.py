@@ -178,25 +178,14 @@ class _Channel(asyncio.Protocol):
         self.link._throttle(self.name, False)
 
 
-class _Watched(asyncio.Protocol):
-    """A stream whose (demultiplexed) bytes go to a callback and whose end is reported."""
+class _OutputStream(asyncio.Protocol):
+    """The container's attached stdout and stderr, demultiplexed into a :class:`KernelOutput`."""
 
-    def __init__(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
-        self._demux = Demux(on_data, on_data)
-        self._on_end = on_end
-        self.transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+    def __init__(self, output: KernelOutput) -> None:
+        self._demux = Demux(output.write, output.write)
 
     def data_received(self, data: bytes) -> None:
         self._demux.feed(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._on_end()
 
 
 class KernelOutput:
@@ -446,7 +435,7 @@ class DockerLink:
         params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
         sdk_socket = await asyncio.to_thread(self._client.api.attach_socket, self.container_id, params)
         transport, _ = await self._loop.connect_accepted_socket(
-            lambda: _Watched(self.output.write, lambda: None), _own_socket(sdk_socket)
+            lambda: _OutputStream(self.output), _own_socket(sdk_socket)
         )
         self._streams.append(transport)
 
@@ -471,7 +460,9 @@ class DockerLink:
                 )
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
+            log.debug("the kernel answers; waiting for its IOPub welcome")
             await asyncio.wait([self._welcomed], timeout=WELCOME_WAIT)
+            log.debug("IOPub %s", "welcomed" if self._welcomed.done() else "not welcomed: starting without")
             await limits
         finally:
             limits.cancel()

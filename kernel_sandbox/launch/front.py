@@ -31,8 +31,8 @@ DELIM = b"<IDS|MSG>"
 REQUEST_CHANNELS = ("shell", "control", "stdin")
 CHANNELS = (*REQUEST_CHANNELS, "iopub", "hb")
 PROTOCOL_VERSION = "5.4"
-Frames = Sequence[Any]
-"""A multipart message: ``zmq.Frame`` objects or bytes."""
+Frames = Sequence[bytes]
+"""A multipart message, one bytes object per frame."""
 
 log = logging.getLogger("kernel_sandbox.launch")
 
