@@ -215,3 +215,25 @@ def test_no_installed_kernelspec_can_start_a_kernel_outside_a_sandbox(jupyter_pr
         assert spec.argv[1:4] == ["-I", "-m", "kernel_sandbox.launch"], name
         assert spec.argv[-2:] == ["--kernelspec", spec.resource_dir], name
         assert not any("ipykernel" in part for part in spec.argv), name
+
+
+def test_iopub_subscribers_are_welcomed_with_the_clients_key(launched: Launched) -> None:
+    """JEP 65: each new IOPub subscription gets an iopub_welcome, signed with the client's key."""
+    import zmq
+    from jupyter_client.session import Session
+
+    info = json.loads(Path(launched.connection_file).read_text())
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{info['iopub_port']}")
+    try:
+        assert sub.poll(30_000), "no iopub_welcome within 30 s"
+        frames = sub.recv_multipart()
+        session = Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"])
+        _, message = session.feed_identities(frames)
+        welcome = session.deserialize(message)  # raises on a bad signature
+        assert welcome["msg_type"] == "iopub_welcome" and welcome["content"] == {"subscription": ""}
+    finally:
+        sub.close(linger=0)
+        context.term()
