@@ -97,26 +97,18 @@ def owner_labels(kernel_id: str, *, owner_pid: int, private_dir: Path | None = N
 # -- who the kernel runs as ----------------------------------------------------------------
 
 
+def _fields(path: Path) -> list[list[str]]:
+    try:
+        return [line.split(":") for line in path.read_text().splitlines()]
+    except OSError:
+        return []
+
+
 def _ids_in_use(etc: Path) -> tuple[set[int], list[range]]:
-    ids: set[int] = set()
-    for name, columns in (("passwd", (2, 3)), ("group", (2,))):
-        try:
-            lines = (etc / name).read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split(":")
-            ids.update(int(parts[i]) for i in columns if len(parts) > i and parts[i].isdigit())
-    ranges = []
-    for name in ("subuid", "subgid"):
-        try:
-            lines = (etc / name).read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split(":")
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                ranges.append(range(int(parts[1]), int(parts[1]) + int(parts[2])))
+    ids = {int(row[i]) for name, columns in (("passwd", (2, 3)), ("group", (2,)))
+           for row in _fields(etc / name) for i in columns if len(row) > i and row[i].isdigit()}
+    ranges = [range(int(row[1]), int(row[1]) + int(row[2])) for name in ("subuid", "subgid")
+              for row in _fields(etc / name) if len(row) == 3 and row[1].isdigit() and row[2].isdigit()]
     return ids, ranges
 
 

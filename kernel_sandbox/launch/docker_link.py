@@ -52,7 +52,7 @@ from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB, DockerSettings
-from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, split
+from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
 from .zmtp import SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -519,13 +519,10 @@ class DockerLink:
             elif self._front is not None:
                 self._front.heartbeat_reply(frames)
             return
-        message = split(frames)
+        message = unpack(frames, self._signer, f"kernel on {channel}")
         if message is None or self._front is None:
             return
-        idents, signature, parts = message
-        if not self._signer.verify(signature, parts):
-            log.warning("dropped a %s message with a bad signature from the kernel", channel)
-            return
+        idents, parts = message
         if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
             self._welcomed.set_result(None)
         self._front.from_kernel(channel, idents, parts)

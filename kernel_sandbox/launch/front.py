@@ -60,6 +60,18 @@ class Signer:
         return self._hmac is None or hmac.compare_digest(bytes(signature), self.sign(parts))
 
 
+def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], list[bytes]] | None:
+    """Routing identities and parts of a message signed by ``signer``; None (logged) for anything else."""
+    message = split(frames)
+    if message is None:
+        return None
+    idents, signature, parts = message
+    if not signer.verify(signature, parts):
+        log.warning("dropped a message with a bad signature from the %s", sender)
+        return None
+    return idents, parts
+
+
 def split(frames: Frames) -> tuple[list[bytes], bytes, list[bytes]] | None:
     """Routing identities, signature and the parts after it; None when there is no delimiter."""
     for index, frame in enumerate(frames):
@@ -249,14 +261,9 @@ class Front:
 
     def _request_handler(self, channel: str) -> Callable[[list[Any]], None]:
         def handle(frames: list[Any]) -> None:
-            message = split(frames)
-            if message is None or self._link is None:
-                return
-            idents, signature, parts = message
-            if not self._signer.verify(signature, parts):
-                log.warning("dropped a %s message with a bad signature from the client", channel)
-                return
-            self._link.send(channel, idents, parts)
+            message = unpack(frames, self._signer, f"client on {channel}")
+            if message is not None and self._link is not None:
+                self._link.send(channel, *message)
 
         return handle
 

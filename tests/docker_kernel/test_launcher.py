@@ -181,25 +181,25 @@ def test_without_an_engine_the_argv_fails_closed(spec_dir: Path, tmp_path: Path)
         kernel.stop()
 
 
-def test_without_the_image_the_argv_names_the_build_command(tmp_path: Path) -> None:
-    spec_dir = Path(install("sandboxed-python", prefix=str(tmp_path), install_as="no-image",
-                            config={"image": "kernel-sandbox-python:no-such-tag"}))
+def refusal(spec_dir: Path, tmp_path: Path) -> str:
+    """Run an argv that must refuse: it exits 1, and its stderr says why."""
     kernel = Launched(spec_dir, tmp_path)
     try:
         assert kernel.process.wait(60) == 1
-        assert "kernel-sandbox image build --tag kernel-sandbox-python:no-such-tag" in kernel.process.stderr.read().decode()
+        return kernel.process.stderr.read().decode()
     finally:
         kernel.stop()
+
+
+def test_without_the_image_the_argv_names_the_build_command(tmp_path: Path) -> None:
+    spec_dir = Path(install("sandboxed-python", prefix=str(tmp_path), install_as="no-image",
+                            config={"image": "kernel-sandbox-python:no-such-tag"}))
+    assert "kernel-sandbox image build --tag kernel-sandbox-python:no-such-tag" in refusal(spec_dir, tmp_path)
 
 
 def test_the_opensandbox_kernelspec_refuses_clients_that_ignore_provisioners(tmp_path: Path) -> None:
     spec_dir = Path(install("sandboxed-python-opensandbox", prefix=str(tmp_path)))
-    kernel = Launched(spec_dir, tmp_path)
-    try:
-        assert kernel.process.wait(60) == 1
-        assert "needs a provisioner-aware client" in kernel.process.stderr.read().decode()
-    finally:
-        kernel.stop()
+    assert "needs a provisioner-aware client" in refusal(spec_dir, tmp_path)
 
 
 def test_no_installed_kernelspec_can_start_a_kernel_outside_a_sandbox(jupyter_prefix: Path) -> None:
