@@ -39,6 +39,26 @@ class Launched:
         self.client.load_connection_file()
         self.client.start_channels()
 
+    def ready(self, timeout: float = 90) -> None:
+        """Wait for the launcher's heartbeat, then for the kernel.
+
+        jupyter_client's own wait gives up when the first heartbeat is unanswered for a second,
+        which a launcher still importing on a loaded machine can miss: poll it first, with a deadline.
+        """
+        import zmq
+
+        info = json.loads(Path(self.connection_file).read_text())
+        context = zmq.Context()
+        ping = context.socket(zmq.REQ)
+        ping.connect(f"tcp://127.0.0.1:{info['hb_port']}")
+        try:
+            ping.send(b"ping")
+            assert ping.poll(timeout * 1000), f"the launcher's heartbeat did not answer within {timeout} s"
+        finally:
+            ping.close(linger=0)
+            context.term()
+        self.client.wait_for_ready(timeout=timeout)
+
     def run(self, code: str, timeout: float = 60) -> tuple[str, dict]:
         out: list[str] = []
 
@@ -78,7 +98,7 @@ def spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def launched(spec_dir: Path, tmp_path: Path) -> Iterator[Launched]:
     kernel = Launched(spec_dir, tmp_path)
-    kernel.client.wait_for_ready(timeout=90)
+    kernel.ready()
     yield kernel
     kernel.stop()
 
