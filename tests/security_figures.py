@@ -83,6 +83,33 @@ UNMARKED: dict[str, tuple[str, str]] = {
                      f"{_DK}kernel_is_removed_when_its_owner_dies",
                      "tests/docker_kernel/test_cli.py::test_gc_removes_stopped_kernel_containers"], ("fault", "sessions")),
     f"{_DK}ten_concurrent_kernels_leave_nothing": ("load", "sessions"),
+    **dict.fromkeys([f"tests/docker_kernel/test_isolation.py::test_{name}" for name in (
+        "every_security_claim_holds_inside_the_kernel", "filling_every_writable_place_stops_at_its_own_limit",
+        "mount_cwd_mounts_the_notebook_folder_read_only")], ("attack", "container")),
+    **dict.fromkeys([f"tests/docker_kernel/test_isolation.py::test_{name}" for name in (
+        "planted_links_fifos_and_sockets_are_never_touched", "two_kernels_cannot_reach_each_other",
+        "another_host_account_finds_no_key_and_reaches_no_kernel",
+        "nothing_listens_for_the_kernel_on_the_host_network")], ("attack", "channel")),
+    "tests/docker_kernel/test_faults.py": ("fault", "sessions"),
+    "tests/docker_kernel/test_channel_units.py::test_zmtp_frames_survive_any_split_of_the_stream": ("fuzz", "channel"),
+    **dict.fromkeys([f"tests/docker_kernel/test_channel_units.py::test_{name}" for name in (
+        "boot_refuses_to_run_without_a_key", "zmtp_refuses_a_peer_that_is_not_zmtp3",
+        "zmtp_refuses_a_message_over_the_cap_before_buffering_it", "signatures_are_checked_and_made_per_key",
+        "a_root_made_by_someone_else_is_refused", "private_dirs_hold_0600_files_and_exclusive_locks")],
+        ("attack", "channel")),
+    **dict.fromkeys([f"tests/docker_kernel/test_settings.py::test_{name}" for name in (
+        "any_config_is_accepted_whole_or_refused", "sizes_read_as_docker_reads_them")], ("fuzz", "options")),
+    **dict.fromkeys([f"tests/docker_kernel/test_settings.py::test_{name}" for name in (
+        "tmpfs_sizes_fit_in_memory", "bad_settings_are_refused_with_the_option_named",
+        "limits_are_lifted_only_in_so_many_words", "the_provisioner_refuses_unknown_kernelspec_config",
+        "shipped_kernelspecs_cannot_start_anything_before_install")], ("fault", "options")),
+    "tests/docker_kernel/test_settings.py::test_the_kernels_uid_is_unused_by_any_host_account": ("attack", "container"),
+    **dict.fromkeys([f"tests/docker_kernel/test_launcher.py::test_{name}" for name in (
+        "sigterm_removes_the_container", "a_shutdown_request_removes_the_container",
+        "sigkill_of_the_launcher_leaves_no_container", "the_launcher_follows_its_client_out",
+        "without_an_engine_the_argv_fails_closed", "without_the_image_the_argv_names_the_build_command",
+        "the_opensandbox_kernelspec_refuses_clients_that_ignore_provisioners",
+        "no_installed_kernelspec_can_start_a_kernel_outside_a_sandbox")], ("fault", "sessions")),
     "tests/execution/test_exec_unpickler.py": ("attack", "results"),
     "tests/execution/test_exec_decode.py::test_fuzz_": ("fuzz", "results"),
     **dict.fromkeys([f"tests/execution/test_exec_decode.py::test_{name}" for name in (
