@@ -110,7 +110,8 @@ def rows(found: dict[str, Any]) -> list[Row]:
     n, times, mem = found["n"], found["times"], found["mem"]
     why = f"not available: {found['failures'][0]!r}"[:300] if found["failures"] else "not available: no kernel started"
     return [
-        Row("scale_count", "kernels started", "ours", found["started"], stat="count", goal_min=n, goal=f"all {n}"),
+        Row("scale_count", "kernels started", "ours", found["started"], stat="count", goal_min=n, goal=f"all {n}",
+            note=f"{len(found['failures'])} failed, the first: {found['failures'][0]!r}"[:300] if found["failures"] else ""),
         Row("scale_count", "kernels isolated (hostname, only lo, not root, no shared state)", "ours", found["isolated"],
             stat="count", goal_min=n, goal=f"all {n}"),
         Row("scale_time", "wall time until all answered kernel_info", "ours", found["wall"], stat="wall", n=n),
