@@ -1,48 +1,28 @@
-"""The execution API on the opensandbox backend, through the fake lifecycle server and execd
-(a real local ipykernel behind execd's wire format) that the OpenSandbox tests provide."""
+"""How the execution API maps its options onto the opensandbox backend (no server needed).
+
+Sessions, files and tool calls on that backend run against the published OpenSandbox server
+in tests/opensandbox/test_opensandbox_server.py.
+"""
 
 from __future__ import annotations
-
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kernel_sandbox.execution import NetworkDisabledError, Sandbox
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "opensandbox"))
-from opensandbox_fakes import FakeOpenSandbox  # noqa: E402
+from kernel_sandbox.execution.backends import kernel_spec
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenSandbox]:
-    server = FakeOpenSandbox(ping_interval=0.3).start()
-    server.lifecycle.polls_until_running = 1
-    yield server
-    server.stop()
+def test_limits_network_and_timeouts_map_onto_the_provisioner_config() -> None:
+    spec = kernel_spec("opensandbox", {"memory": "1g", "cpus": 1, "pids_limit": 64, "network": False,
+                                       "launch_timeout": 30, "mounts": None, "env": {}})
+    config = spec.metadata["kernel_provisioner"]["config"]
+    assert config["resource_limits"] == {"memory": "1Gi", "cpu": "1"}
+    assert config["allow_internet"] is False and config["ready_timeout"] == 30
+    assert "pids_limit" not in config
 
 
-def test_session_tools_files_and_timeout(fake: FakeOpenSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    options = {"api_base": fake.api_base, "api_key": fake.lifecycle.api_key, "poll_interval": 0.05}
-    with Sandbox("opensandbox", memory="1g", cpus=1, state_check_interval=0.0, **options) as sb:
-        assert sb.run("print('hi'); 6 * 7").text == "42"
-        assert sb.upload({"in/a.txt": b"data"}) == ["in/a.txt"]
-        assert sb.download("in/a.txt") == b"data"
-
-        def tool(x: int, agent_state: dict) -> int:
-            agent_state["seen"] = x
-            return x * 2
-
-        result = sb.run_tool(tool, {"x": 21}, {"seen": None})
-        assert (result.func_return, result.agent_state) == (42, {"seen": 21})
-        timed_out = sb.run("import time\ntime.sleep(30)", timeout=1)
-        assert timed_out.error is not None and timed_out.error.name == "TimeoutError"
-        assert sb.run("1 + 2").text == "3"
-        with pytest.raises(NetworkDisabledError):
-            sb.install("requests")
-        body = fake.lifecycle.live()[-1].body
-        assert body["resourceLimits"] == {"memory": "1Gi", "cpu": "1"}
-        assert "networkPolicy" in body
-    assert not fake.lifecycle.live()
+def test_mounts_are_refused_and_install_needs_the_network() -> None:
+    with pytest.raises(ValueError, match="does not take mounts"):
+        kernel_spec("opensandbox", {"mounts": ["/tmp:/data"]})
+    with pytest.raises(NetworkDisabledError, match="network=True"):
+        Sandbox("opensandbox", api_base="http://127.0.0.1:9", api_key="k").install("requests")

@@ -1,4 +1,4 @@
-"""Issue 18's attacks, replayed against the clients and the relay kernel over real sockets.
+"""Issue 18's attacks, replayed against the clients and the launcher's execd relay over real sockets.
 
 A hostile execd and a hostile lifecycle server (tests/opensandbox/hostile.py, tornado on
 127.0.0.1) answer with huge bodies, trickles, deep nesting, lone surrogates, late events and
@@ -32,7 +32,7 @@ from kernel_sandbox.opensandbox import (
     SandboxTimeoutError,
     run_once,
 )
-from kernel_sandbox.opensandbox.settings import RelaySettings
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs
 
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}
@@ -249,36 +249,43 @@ async def test_run_once_keeps_the_result_when_delete_fails_and_never_sends_the_k
         execd.stop()
 
 
-# ---- 5. the relay kernel: one reply for every cell, bounded memory and messages -------------------
+# ---- 5. the launcher's execd relay: one reply for every cell, bounded memory and messages -------------
+
+
+def sandbox_behaviours(hostile: HostileServer) -> dict[str, Any]:
+    """A lifecycle server with one Running sandbox whose execd endpoint is the hostile server itself."""
+    running = {"id": "sbx", "status": {"state": "Running"}}
+    return {
+        "POST /v1/sandboxes": answer(202, running),
+        "GET /v1/sandboxes/sbx": answer(200, running),
+        "GET /v1/sandboxes/sbx/endpoints/44772": answer(200, {"endpoint": f"127.0.0.1:{hostile.port}"}),
+        "POST /v1/sandboxes/sbx/renew-expiration": answer(200, {"expiresAt": "2030-01-01T00:00:00Z"}),
+        "DELETE /v1/sandboxes/sbx": answer(204),
+        "GET /ping": answer(200),
+        "POST /code/context": answer(200, {"id": "ctx", "language": "python"}),
+        "DELETE /code": answer(200),
+    }
 
 
 @pytest.fixture
 async def relay(
     hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
-    """The relay kernel as a real process, pointed at the hostile execd (no sandbox, no provisioner)."""
-    spec_dir = tmp_path / "jupyter" / "kernels" / "relay-under-attack"
-    spec_dir.mkdir(parents=True)
-    settings = RelaySettings(execd_url=hostile.url, context_id="ctx", interrupt_grace=1.0)
-    (spec_dir / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [
-                    shutil.which("python") or "python",
-                    "-m",
-                    "kernel_sandbox.opensandbox.relay",
-                    "-f",
-                    "{connection_file}",
-                ],
-                "display_name": "relay under attack",
-                "language": "python",
-                "interrupt_mode": "message",
-                "env": settings.to_env(),
-            }
-        )
-    )
+    """The OpenSandbox kernelspec's launcher as a real process, its sandbox's execd the hostile server."""
+    hostile.behaviour.update(sandbox_behaviours(hostile))
+    spec_dir = tmp_path / "jupyter" / "kernels" / OPENSANDBOX_SPEC
+    shutil.copytree(shipped_kernelspecs()[OPENSANDBOX_SPEC], spec_dir)
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    spec["metadata"]["kernel_provisioner"]["config"] = {
+        "api_base": f"{hostile.url}/v1",
+        "api_key": "secret-key",
+        "mode": "execd",
+        "interrupt_grace": 1.0,
+        "poll_interval": 0.05,
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    km = AsyncKernelManager(kernel_name="relay-under-attack")
+    km = AsyncKernelManager(kernel_name=OPENSANDBOX_SPEC)
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
@@ -325,7 +332,7 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(
     hostile: HostileServer, relay: tuple[AsyncKernelManager, Any]
 ) -> None:
     km, kc = relay
-    pid = km.provisioner.process.pid
+    pid = km.provisioner.pid
     deep = b'{"type": "stdout", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n\n"
     traceback = {"type": "error", "error": {"ename": "Boom", "evalue": "v", "traceback": ["t" * 1000] * 15_000}}
     cells = [
@@ -360,8 +367,9 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(
             if name == "a stream that stops without an end":
                 assert "dropped before the run ended" in reply["evalue"]
             if name == "a 15 MB traceback":
-                assert sum(map(len, reply["traceback"])) <= 64 * 1024 + 200
-                assert len(of_type(iopub, "error")) == 1
+                (error,) = of_type(iopub, "error")
+                assert sum(map(len, error["traceback"])) <= 64 * 1024
+                assert sum(map(len, reply["traceback"])) <= 2 * 1024
             if name == "non-string MIME values":
                 assert of_type(iopub, "execute_result")[0]["data"] == {"application/json": {"a": 1}}
     assert rss.growth < 2 * MEMORY_BOUND, f"relay RSS grew by {rss.growth / MiB:.0f} MiB"
@@ -375,7 +383,7 @@ async def test_relay_coalesces_a_flood_of_one_character_events(
     event = json.dumps({"type": "stdout", "text": "x"}).encode() + b"\n\n"
     hostile.behaviour["POST /code"] = stream(event * (17 * MiB // len(event)))
     hostile.behaviour["DELETE /code"] = answer(200)
-    with RssPeak(km.provisioner.process.pid) as rss:
+    with RssPeak(km.provisioner.pid) as rss:
         reply, iopub = await within(execute(kc), 300, "the flood")
     assert reply["ename"] == "OutputLimitExceeded" and "16777216 bytes" in reply["evalue"]
     streams = of_type(iopub, "stream")
@@ -403,7 +411,7 @@ async def test_relay_survives_an_execd_that_ignores_interrupts_and_floods_the_an
         msg = await kc.get_iopub_msg(timeout=60)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             break
-    with RssPeak(km.provisioner.process.pid) as rss:
+    with RssPeak(km.provisioner.pid) as rss:
         request = kc.session.msg("interrupt_request", {})
         kc.control_channel.send(request)
         interrupt_reply = await kc.control_channel.get_msg(timeout=60)
