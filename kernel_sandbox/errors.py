@@ -15,7 +15,9 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
     │   ├── NetworkDisabledError     the operation needs the network, which is off
+    │   ├── CallTimeoutError         a call (file transfer, helper) did not finish before its deadline
     │   ├── UnsafePayloadError       a result from the sandbox was refused while decoding
+    │   │   └── ResultLimitError     ... because it exceeds a decoding limit (``limit`` names it)
     │   └── FramingError             a result frame was missing, duplicated or malformed
     └── OpenSandboxError             the OpenSandbox clients
         ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL)
@@ -83,8 +85,21 @@ class NetworkDisabledError(SandboxError):
     """The operation needs the network and the sandbox was created without it."""
 
 
+class CallTimeoutError(SandboxError, TimeoutError):
+    """A call of the execution API (a file transfer, a helper) did not finish before its deadline."""
+
+
 class UnsafePayloadError(SandboxError):
     """A result from the sandbox was refused while decoding; nothing was run on the host."""
+
+
+class ResultLimitError(UnsafePayloadError):
+    """A result from the sandbox exceeds a decoding limit; ``limit`` names it, ``value`` is its value."""
+
+    def __init__(self, message: str, *, limit: str, value: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
 
 
 class FramingError(SandboxError):

@@ -128,8 +128,11 @@ def _tree(path: Path) -> dict[str, bytes]:
 def _kernelspec_step(target: Path, config: dict[str, Any], prefix: str | None) -> Check:
     """Install the Sandboxed Python kernelspec at ``target`` unless what is there is what we would write."""
     with tempfile.TemporaryDirectory(prefix="kernel-sandbox-spec-") as tmp:
-        staged = Path(install(DOCKER_SPEC, prefix=tmp, config=config))
-        if _tree(staged) == _tree(target):
+        staged = Path(install(DOCKER_SPEC, prefix=tmp, config=config)).resolve()
+        wanted = _tree(staged)
+        # the argv names the kernelspec's own directory: the staged copy's, where the target names its own
+        wanted["kernel.json"] = wanted["kernel.json"].replace(str(staged).encode(), str(target.resolve()).encode())
+        if wanted == _tree(target):
             return Check("kernelspec", True, f"{DOCKER_SPEC} is up to date in {target}{_shadowed(target)}")
     try:
         path = Path(install(DOCKER_SPEC, user=prefix is None, prefix=prefix, config=config))

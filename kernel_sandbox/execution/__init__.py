@@ -1,12 +1,15 @@
 """The execution API for programs: sessions, tool calls, files, skills and a warm pool."""
 
+from .decode import DecodeLimits
 from .models import (
+    CallTimeoutError,
     Execution,
     ExecutionError,
     FileInfo,
     FramingError,
     NetworkDisabledError,
     PathError,
+    ResultLimitError,
     SandboxError,
     SandboxFileError,
     ToolResult,
@@ -18,12 +21,15 @@ from .sandbox import AsyncSandbox, Sandbox
 __all__ = [
     "AsyncSandbox",
     "AsyncSandboxPool",
+    "CallTimeoutError",
+    "DecodeLimits",
     "Execution",
     "ExecutionError",
     "FileInfo",
     "FramingError",
     "NetworkDisabledError",
     "PathError",
+    "ResultLimitError",
     "Sandbox",
     "SandboxError",
     "SandboxFileError",

@@ -46,14 +46,25 @@ def _shipped(name: str, config: dict[str, Any]) -> KernelSpec:
     return spec
 
 
+def _docker_config(options: dict[str, Any]) -> dict[str, Any]:
+    config = {key: value for key, value in options.items() if value is not None}
+    if "mounts" in config:
+        config["mounts"] = list(config["mounts"])
+    return config
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Refuse Docker options that are unknown or out of range (ConfigError naming the option)."""
+    from ..settings import DockerSettings
+
+    DockerSettings.from_config(_docker_config(options))
+
+
 def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
     """Build the kernelspec for ``backend`` with the sandbox ``options`` mapped onto its provisioner."""
-    options = {key: value for key, value in options.items() if value is not None}
     if backend == "docker":
-        config = dict(options)
-        if "mounts" in config:
-            config["mounts"] = list(config["mounts"])
-        return _shipped(DOCKER_SPEC, config)
+        return _shipped(DOCKER_SPEC, _docker_config(options))
+    options = {key: value for key, value in options.items() if value is not None}
     if backend == "opensandbox":
         config = dict(options)
         if config.pop("mounts", None):

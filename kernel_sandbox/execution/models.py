@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import (  # noqa: F401 (re-exported: the execution API's errors)
+    CallTimeoutError,
     FramingError,
     NetworkDisabledError,
     PathError,
+    ResultLimitError,
     SandboxError,
     SandboxFileError,
     UnsafePayloadError,
@@ -48,7 +50,11 @@ class Execution:
 
 @dataclass
 class ToolResult:
-    """The outcome of ``run_tool``: status, the function's return value and the agent state."""
+    """The outcome of ``run_tool``: status, the function's return value and the agent state.
+
+    ``status`` is ``"success"`` only when the tool returned and its one answer arrived;
+    ``state_lost`` is True when the kernel had to be restarted during the call.
+    """
 
     status: str
     func_return: Any = None
@@ -56,6 +62,8 @@ class ToolResult:
     stdout: str = ""
     stderr: str = ""
     error: ExecutionError | None = None
+    state_lost: bool = False
+    truncated_bytes: int = 0
 
 
 @dataclass

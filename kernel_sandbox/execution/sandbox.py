@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
-import hashlib
 import inspect
+import json
 import mimetypes
 import os
 import posixpath
@@ -17,13 +17,20 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
-from .backends import BACKENDS, kernel_manager, kernel_spec
-from .files import FILES_SRC, MAX_FILE_BYTES, confine
+import zmq
+import zmq.asyncio
+
+from ..errors import CallTimeoutError, ConfigError, FramingError
+from ..policy import OutputPolicy
+from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
+from .channel import CHUNK, TARGET, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
+from .decode import DecodeLimits, allowed_map, decode
+from .files import MAX_FILE_BYTES, NO_LIMIT, Content, chunks, confine
 from .models import (
     Execution,
     ExecutionError,
@@ -34,75 +41,23 @@ from .models import (
     SandboxFileError,
     ToolResult,
 )
-from .tools import (
-    CHANNEL_LOST,
-    CHANNEL_SRC,
-    JSON_MAIN,
-    TOOL_CHANNEL_MAIN,
-    TOOL_SRC,
-    TOOL_TEXT_MAIN,
-    ChannelFrames,
-    decode_value,
-    extract_frame,
-    helper_key,
-    kernel_call,
-    tool_error,
-    tool_params,
-)
+from .tools import body_error, check_env, tool_payload
 
+DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
 PIP_OUTPUT_TAIL = 64 * 1024
-INLINE_PAYLOAD_BYTES = 32 * 1024
 LIVENESS_INTERVAL = 1.0
+IOPUB_HWM = 32
+TEXT_CHUNK = 1024 * 1024
+RESTORE_GRACE = 10.0
+REPLY_GRACE = 2.0
 T = TypeVar("T")
 Callback = Callable[[Any], Any] | None
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/svg+xml": "svg"}
-
-WORK_DIR_SRC = r'''
-def _main_dict():
-    import os
-    return {"work": os.path.realpath(os.getcwd())}
-'''
-
-PREPARE_SRC = r'''
-def _main_dict():
-    import os, sys
-    os.chdir(_work)
-    if _work not in sys.path:
-        sys.path.insert(0, _work)
-    return {}
-'''
-
-WIPE_SRC = r'''
-def _main_dict():
-    import os, shutil
-    for entry in os.scandir(_work):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            os.unlink(entry.path)
-    return {}
-'''
-
-INSTALL_SRC = r'''
-def _main_dict():
-    import importlib, os, subprocess, sys, tempfile
-    target = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
-    os.makedirs(target, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write(_requirements)
-    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-           "--target", target, "-r", handle.name, *_pip_args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=_work)
-    finally:
-        os.unlink(handle.name)
-    if proc.returncode == 0:
-        if target not in sys.path:
-            sys.path.insert(0, target)
-        importlib.invalidate_caches()
-    return {"returncode": proc.returncode, "stdout": proc.stdout[-_tail:], "stderr": proc.stderr[-_tail:]}
-'''
+TAMPERED = (
+    "More than one answer carried this call's marker: the tool tampered with the result channel; "
+    "its output is not trusted."
+)
 
 
 async def _call(callback: Callback, value: Any) -> None:
@@ -113,27 +68,29 @@ async def _call(callback: Callback, value: Any) -> None:
 
 
 class _Collector:
-    """Gather one execution's messages, keeping at most ``cap`` bytes of output in memory.
+    """Gather the messages one request causes, keeping at most ``cap`` bytes of output in memory.
 
-    With a ``marker``, text frames carrying it are exempt from the cap. Messages on the tool
-    ``channel`` (a comm id) go to ``channel_frames``, never to the output.
+    With a ``marker``, the messages that carry it are answers (a comm message on ``channel``,
+    a comm opened by the helper, or a text frame), kept apart from the output and counted.
     """
 
     def __init__(
-        self,
-        cap: int,
-        callbacks: dict[str, Callback],
-        marker: str | None = None,
-        channel: str | None = None,
+        self, cap: int, callbacks: Mapping[str, Callback] | None = None, marker: str | None = None,
+        channel: str | None = None, policy: OutputPolicy | None = None,
     ) -> None:
         self.execution = Execution()
+        self.policy = policy
         self.cap = cap
         self.used = 0
-        self.callbacks = callbacks
+        self.callbacks = dict(callbacks or {})
         self.marker = marker
         self.frame_prefix = None if marker is None else f"BEGIN-{marker} "
         self.channel = channel
-        self.channel_frames = ChannelFrames(marker or "")
+        self.answers = 0
+        self.answer: tuple[dict[str, Any], list[Any]] | None = None
+        self.text_answer: str | None = None
+        self.opened: tuple[str, dict[str, Any]] | None = None
+        self.finished = False
         self._stdout: list[str] = []
         self._stderr: list[str] = []
 
@@ -146,8 +103,13 @@ class _Collector:
 
     def _fit(self, text: str) -> str:
         """Keep the part of ``text`` that fits under the cap; count the rest as dropped."""
-        size = len(text.encode("utf-8", "replace"))
         room = self.cap - self.used
+        if text.isascii():
+            kept = text[: max(room, 0)]
+            self.used += len(kept)
+            self.execution.truncated_bytes += len(text) - len(kept)
+            return kept
+        size = len(text.encode("utf-8", "replace"))
         if size <= room:
             self.used += size
             return text
@@ -157,37 +119,56 @@ class _Collector:
         self.execution.truncated_bytes += size - kept_size
         return kept
 
+    def _count_answer(self) -> bool:
+        self.answers += 1
+        return self.answers == 1
+
     async def handle(self, msg: dict[str, Any]) -> None:
         kind, content = msg["msg_type"], msg["content"]
+        if not isinstance(content, dict):
+            return
         if kind == "stream":
-            text = self._fit(content.get("text", ""))
+            text = content.get("text", "")
+            text = self._fit(text if isinstance(text, str) else str(text))
             if text:
                 is_err = content.get("name") == "stderr"
                 (self._stderr if is_err else self._stdout).append(text)
-                await _call(self.callbacks["on_stderr" if is_err else "on_stdout"], text)
+                await _call(self.callbacks.get("on_stderr" if is_err else "on_stdout"), text)
         elif kind in ("execute_result", "display_data"):
-            bundle = dict(content.get("data", {}))
-            size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
-            main = kind == "execute_result"
+            bundle = content.get("data")
+            if not isinstance(bundle, dict):
+                return
             text = bundle.get("text/plain")
-            is_frame = self.frame_prefix is not None and isinstance(text, str) and text.startswith(self.frame_prefix)
-            if is_frame or self._admit(size):
+            if self.frame_prefix is not None and isinstance(text, str) and text.startswith(self.frame_prefix):
+                if self._count_answer() and kind == "execute_result":
+                    self.text_answer = text
+                return
+            size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
+            if self._admit(size):
+                bundle = dict(bundle if self.policy is None else self.policy.filter_bundle(bundle)[0])
                 self.execution.results.append(bundle)
-                if main:
+                if kind == "execute_result":
                     self.execution.main_result = bundle
-                await _call(self.callbacks["on_result"], bundle)
+                await _call(self.callbacks.get("on_result"), bundle)
         elif kind == "error":
             error = ExecutionError(
-                content.get("ename", ""), content.get("evalue", ""), "\n".join(content.get("traceback", []))
+                str(content.get("ename", ""))[:1000], str(content.get("evalue", ""))[:10000],
+                "\n".join(str(line) for line in content.get("traceback", []))[-65536:],
             )
-            self.execution.error = error
-            await _call(self.callbacks["on_error"], error)
+            if self._admit(len(error.value) + len(error.traceback)):
+                self.execution.error = error
+                await _call(self.callbacks.get("on_error"), error)
         elif kind == "execute_input":
             self.execution.execution_count = content.get("execution_count")
         elif kind == "comm_msg" and self.channel is not None and content.get("comm_id") == self.channel:
             data = content.get("data")
-            if isinstance(data, dict):
-                self.channel_frames.add(data, msg.get("buffers") or [])
+            if isinstance(data, dict) and data.get("marker") == self.marker and self._count_answer():
+                buffers = msg.get("buffers") or []
+                self.answer = (data, buffers if sum(map(len, buffers)) <= 2 * CHUNK else [])
+        elif kind == "comm_open" and content.get("target_name") == TARGET:
+            data = content.get("data")
+            if isinstance(data, dict) and data.get("marker") == self.marker and self._count_answer():
+                self.opened = (str(content.get("comm_id")), data)
 
     async def finish(self) -> Execution:
         execution = self.execution
@@ -197,7 +178,7 @@ class _Collector:
                 f"{self.cap} bytes (max_output_bytes)]\n"
             )
             self._stdout.append(note)
-            await _call(self.callbacks["on_stdout"], note)
+            await _call(self.callbacks.get("on_stdout"), note)
         execution.stdout = "".join(self._stdout)
         execution.stderr = "".join(self._stderr)
         return execution
@@ -210,10 +191,14 @@ class AsyncSandbox:
     """A kernel in a sandbox (``docker``, ``opensandbox`` or ``local``), used with ``async with``.
 
     Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by
-    default), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (default seconds per
-    ``run``), ``start_timeout``, ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted
-    run gets to stop before the kernel is restarted), ``allowed_classes`` (extra types pickled
-    tool results may contain); any other keyword goes to the backend's provisioner config.
+    default), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
+    may take by default: 300; ``float("inf")`` for none), ``start_timeout``,
+    ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted call gets to stop before
+    the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
+    hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
+    (decode values the data format cannot carry from pickles: off, see the README),
+    ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
+    backend's provisioner config. Docker options are checked here, before anything starts.
     """
 
     def __init__(
@@ -227,33 +212,53 @@ class AsyncSandbox:
         network: bool = False,
         env: Mapping[str, str] | None = None,
         mounts: Iterable[str] | None = None,
-        timeout: float | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
         start_timeout: float = 60.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         interrupt_grace: float = 3.0,
         allowed_classes: Iterable[type] = (),
+        decode_limits: DecodeLimits | None = None,
+        unsafe_pickle: bool = False,
+        output_policy: str | None = None,
         **backend_options: Any,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
+        if decode_limits is not None and not isinstance(decode_limits, DecodeLimits):
+            raise ConfigError(f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}")
         self.backend = backend
         self.network = network
-        self.timeout = timeout
-        self.start_timeout = start_timeout
+        self.timeout = float(timeout)
+        self.start_timeout = float(start_timeout)
         self.max_output_bytes = max_output_bytes
-        self.interrupt_grace = interrupt_grace
+        self.interrupt_grace = float(interrupt_grace)
         self.allowed_classes = tuple(allowed_classes)
+        self._allowed = allowed_map(self.allowed_classes)
+        self.decode_limits = decode_limits or DecodeLimits()
+        self.unsafe_pickle = bool(unsafe_pickle)
+        self._policy = OutputPolicy.from_name(output_policy) if backend == "local" else None
+        if output_policy is not None:
+            OutputPolicy.from_name(output_policy)
+            backend_options["output_policy"] = output_policy
         self._options: dict[str, Any] = {
             "image": image, "memory": memory, "cpus": cpus, "pids_limit": pids_limit,
             "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
+        if backend == "docker":
+            check_options(self._options)
+        self._comms = backend != "opensandbox"
         self._km: Any = None
         self._kc: Any = None
+        self._context: zmq.asyncio.Context | None = None
         self._tmp: str | None = None
         self._lock: asyncio.Lock | None = None
-        self._cached_helpers: set[str] = set()
         self._channel: str | None = None
+        self._installed = False
+        self._restarts = 0
         self.work_dir: str = ""
         if backend == "local":
             warnings.warn(
@@ -261,6 +266,10 @@ class AsyncSandbox:
                 "(no isolation, no limits). Use it for development only.",
                 stacklevel=2,
             )
+
+    def __repr__(self) -> str:
+        state = "started" if self._km is not None else "not started"
+        return f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -285,36 +294,44 @@ class AsyncSandbox:
         try:
             await self._km.start_kernel(**({"cwd": cwd} if cwd else {}))
             await self._connect()
-            body = await self._internal(WORK_DIR_SRC, {}, self.start_timeout)
-            self.work_dir = body["work"]
+            async with self._lock:
+                info = await self._open(time.monotonic() + self.start_timeout)
+            self.work_dir = info["work"]
         except BaseException:
             await self.close()
             raise
         return self
 
     async def _connect(self) -> None:
-        self._cached_helpers.clear()
-        self._channel = None
-        self._kc = self._km.client()
+        self._channel, self._installed = None, False
+        self._context = zmq.asyncio.Context()
+        self._context.setsockopt(zmq.RCVHWM, IOPUB_HWM)
+        self._kc = self._km.client(context=self._context)
         self._kc.start_channels()
         try:
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
 
+    def _disconnect(self) -> None:
+        kc, context, self._kc, self._context = self._kc, self._context, None, None
+        if kc is not None:
+            kc.stop_channels()
+        if context is not None:
+            context.destroy(linger=0)
+
     async def restart(self) -> None:
         """Restart the kernel: a fresh interpreter (and, on Docker, a fresh container)."""
-        if self._kc is not None:
-            self._kc.stop_channels()
+        self._restarts += 1
+        self._disconnect()
         await self._km.restart_kernel(now=True)
         await self._connect()
 
     async def close(self) -> None:
         """Shut the kernel down and remove everything the sandbox created. Safe to call twice."""
-        km, kc, self._km, self._kc = self._km, self._kc, None, None
+        km, self._km = self._km, None
         try:
-            if kc is not None:
-                kc.stop_channels()
+            self._disconnect()
             if km is not None and km.has_kernel:
                 await km.shutdown_kernel(now=True)
         finally:
@@ -353,85 +370,80 @@ class AsyncSandbox:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    # -- running code ----------------------------------------------------------------------
+    # -- the message exchange ----------------------------------------------------------------
 
-    async def run(
-        self,
-        code: str,
-        timeout: float | None = None,
-        on_stdout: Callback = None,
-        on_stderr: Callback = None,
-        on_result: Callback = None,
-        on_error: Callback = None,
-    ) -> Execution:
-        """Run ``code``; errors in it are returned in ``Execution.error``, not raised.
-
-        Callbacks (plain or async) are called while the code runs. On timeout the kernel is
-        interrupted; if it does not stop within ``interrupt_grace`` it is restarted and
-        ``Execution.state_lost`` is True. The session stays usable either way.
-        """
-        callbacks = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
-        collector = _Collector(self.max_output_bytes, callbacks)
-        return await self._execute(code, timeout, collector, store_history=True)
-
-    async def _execute(
-        self,
-        code: str,
-        timeout: float | None,
-        collector: _Collector,
-        *,
-        store_history: bool = False,
-        comm_msg: tuple[dict[str, Any], bytes] | None = None,
-    ) -> Execution:
-        """Run ``code``, gathering into ``collector``; ``comm_msg`` (content, buffer) is sent just before."""
+    def _deadline(self, timeout: float | None) -> tuple[float, float]:
+        """(seconds, monotonic deadline) for a call with ``timeout`` (None: the sandbox's)."""
         if self._km is None or self._lock is None:
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
-        timeout = self.timeout if timeout is None else timeout
-        async with self._lock:
-            if comm_msg is not None:
-                content, buffer = comm_msg
-                self._kc.session.send(
-                    self._kc.shell_channel.socket, self._kc.session.msg("comm_msg", content), buffers=[buffer]
-                )
-            msg_id = self._kc.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            outcome = await self._collect(msg_id, collector, deadline)
-            execution = collector.execution
-            if outcome == "timeout":
-                await self._km.interrupt_kernel()
-                outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
-                lost = outcome != "idle"
-                action = "restarted (state lost)" if lost else "interrupted"
-                execution.error = ExecutionError(
-                    "TimeoutError",
-                    f"Execution exceeded the timeout of {timeout:g} s; the kernel was {action}.",
-                    execution.error.traceback if execution.error else "",
-                )
-                if lost:
-                    await self._recover(execution)
-                else:
-                    await self._drain_reply(msg_id, execution)
-            elif outcome == "died":
-                reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
-                execution.error = ExecutionError(
-                    "KernelDied", f"The kernel died ({reason}); it was restarted and its state is lost."
-                )
-                await self._recover(execution)
-            else:
-                await self._drain_reply(msg_id, execution)
-            return await collector.finish()
+        seconds = self.timeout if timeout is None else timeout
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, not {seconds!r}")
+        return seconds, time.monotonic() + seconds
 
-    async def _collect(self, msg_id: str, collector: _Collector, deadline: float | None) -> str:
+    def _send_execute(self, code: str, *, silent: bool = False, store_history: bool = False) -> str:
+        msg_id: str = self._kc.execute(
+            code, silent=silent, store_history=store_history, allow_stdin=False, stop_on_error=False
+        )
+        return msg_id
+
+    def _send_comm(self, request: dict[str, Any], buffers: Sequence[Any]) -> str:
+        msg = self._kc.session.msg("comm_msg", {"comm_id": self._channel, "data": request})
+        self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
+        msg_id: str = msg["header"]["msg_id"]
+        return msg_id
+
+    async def _exchange(
+        self, send: Callable[[], str], collector: _Collector, seconds: float, deadline: float, *, reply: bool
+    ) -> Execution:
+        """Send one shell message and gather what it causes until the kernel is idle again.
+
+        Past ``deadline`` the kernel is interrupted; if it is not idle ``interrupt_grace``
+        seconds later it is restarted and ``state_lost`` set. A kernel that dies is restarted
+        too. Either way ``error`` says what happened. ``reply``: the message has a shell reply.
+        ``collector.finished`` tells whether the kernel finished handling the message (idle).
+        """
+        msg_id = send()
+        outcome = await self._collect(msg_id, collector, deadline)
+        execution = collector.execution
+        collector.finished = outcome == "idle"
+        if outcome == "timeout":
+            await self._km.interrupt_kernel()
+            outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
+            lost = outcome != "idle"
+            collector.finished = not lost
+            action = "restarted (state lost)" if lost else "interrupted"
+            execution.error = ExecutionError(
+                "TimeoutError",
+                f"Execution exceeded the timeout of {seconds:g} s; the kernel was {action}.",
+                execution.error.traceback if execution.error else "",
+            )
+            if lost:
+                await self._recover(execution)
+            elif reply:
+                await self._drain_reply(msg_id, execution)
+        elif outcome == "died":
+            reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
+            execution.error = ExecutionError(
+                "KernelDied", f"The kernel died ({reason}); it was restarted and its state is lost."
+            )
+            await self._recover(execution)
+        elif reply:
+            await self._drain_reply(msg_id, execution)
+        return await collector.finish()
+
+    async def _collect(self, msg_id: str, collector: _Collector, deadline: float) -> str:
         """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel death."""
         next_check = time.monotonic() + LIVENESS_INTERVAL
         while True:
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if now >= deadline:
                 return "timeout"
-            wait = LIVENESS_INTERVAL if deadline is None else min(LIVENESS_INTERVAL, deadline - now)
             try:
-                msg = await self._kc.get_iopub_msg(timeout=max(wait, 0.001))
+                msg = await self._kc.get_iopub_msg(timeout=max(min(LIVENESS_INTERVAL, deadline - now), 0.001))
             except queue.Empty:
+                msg = None
+            except Exception:  # a message that does not deserialize (bad signature, bad JSON): dropped
                 msg = None
             if msg is not None and msg.get("parent_header", {}).get("msg_id") == msg_id:
                 if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
@@ -443,104 +455,339 @@ class AsyncSandbox:
                     return "died"
 
     async def _drain_reply(self, msg_id: str, execution: Execution) -> None:
-        while True:
+        until = time.monotonic() + REPLY_GRACE
+        while (left := until - time.monotonic()) > 0:
             try:
-                reply = await self._kc.get_shell_msg(timeout=self.start_timeout)
+                reply = await self._kc.get_shell_msg(timeout=left)
             except queue.Empty:
-                return
+                break
+            except Exception:
+                continue
             if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                count = reply["content"].get("execution_count")
-                if count is not None:
+                content = reply.get("content", {})
+                count = content.get("execution_count")
+                if isinstance(count, int):
                     execution.execution_count = count
+                if content.get("status") == "error" and execution.error is None:
+                    execution.error = ExecutionError(
+                        str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
+                    )
                 return
+        if execution.error is None:
+            execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
 
     async def _recover(self, execution: Execution) -> None:
         execution.state_lost = True
         await self.restart()
 
-    async def _helper(
-        self, src: str, params: dict[str, Any], timeout: float | None, payload: bytes | None = None
-    ) -> tuple[Execution, _Collector]:
-        """Run a kernel-side helper; returns its execution and the collector holding its frames.
+    # -- the kernel-side helper --------------------------------------------------------------
 
-        A ``payload`` goes ahead of the cell on the tool channel, tagged with the call's marker.
+    async def _open(self, deadline: float, probe: str | None = None) -> dict[str, Any]:
+        """Install the helper if needed and start it serving (on a fresh channel where comms work).
+
+        Returns what it announces: ``version``, ``work`` and ``seen`` (whether the request
+        with the marker ``probe`` reached it before). A kernel too broken to start it (user
+        code can break the kernel's own message handling) is restarted once.
         """
-        key = helper_key(src)
-        cached = key in self._cached_helpers
-        code, marker = kernel_call(src, params, cached, as_display=self.backend != "opensandbox")
-        callbacks: dict[str, Callback] = dict.fromkeys(("on_stdout", "on_stderr", "on_result", "on_error"))
-        collector = _Collector(self.max_output_bytes, callbacks, marker, self._channel)
-        comm_msg = None
-        if payload is not None:
-            data = {"call": marker, "sha256": hashlib.sha256(payload).hexdigest()}
-            comm_msg = ({"comm_id": self._channel, "data": data}, payload)
-        execution = await self._execute(code, timeout, collector, comm_msg=comm_msg)
-        if execution.error is None:
-            self._cached_helpers.add(key)
-        elif cached and execution.error.name == "KeyError" and not execution.results:
-            self._cached_helpers.discard(key)
-            return await self._helper(src, params, timeout, payload)
-        return execution, collector
-
-    async def _internal(self, src: str, params: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        execution, collector = await self._helper(src + JSON_MAIN, {"_work": self.work_dir, **params}, timeout)
-        if execution.error is not None:
-            raise SandboxError(f"A kernel-sandbox helper failed in the kernel: {execution.error}")
-        return extract_frame(execution, collector.marker)
-
-    async def _tool_on_channel(
-        self, params: dict[str, Any], payload: bytes, timeout: float | None
-    ) -> tuple[Execution, dict[str, Any] | None]:
-        """Call a tool over the channel (opened on first use); returns the execution and frame body.
-
-        A pickle of up to :data:`INLINE_PAYLOAD_BYTES` rides in the cell instead, which saves a message.
-        """
-        inline = len(payload) <= INLINE_PAYLOAD_BYTES
-        params = {**params, "_payload": base64.b64encode(payload).decode("ascii") if inline else None}
-        for _ in range(2):
-            if self._channel is None:
-                self._channel = (await self._internal(CHANNEL_SRC, {}, timeout))["channel"]
-            execution, collector = await self._helper(
-                TOOL_SRC + TOOL_CHANNEL_MAIN, {**params, "_channel": self._channel}, timeout, None if inline else payload
+        restarted = False
+        for _ in range(4):
+            marker = new_marker()
+            install = not self._installed
+            code = bootstrap_cell(marker, self.work_dir or None, probe, self._comms, install)
+            collector = _Collector(self.max_output_bytes, marker=marker)
+            seconds = max(deadline - time.monotonic(), 0.001)
+            execution = await self._exchange(
+                lambda: self._send_execute(code, silent=self._comms), collector, seconds, deadline, reply=True
             )
-            if execution.error is None or execution.error.value != CHANNEL_LOST:
+            if execution.state_lost:
+                continue
+            if execution.error is not None:
+                if not install:
+                    self._installed = False
+                    continue
+                if execution.error.name == "TimeoutError":
+                    raise CallTimeoutError(f"The kernel-sandbox helper did not start in time: {execution.error.value}")
+                if not restarted:
+                    restarted = True
+                    await self.restart()
+                    continue
+                raise SandboxError(f"The kernel-sandbox helper could not start in the kernel: {execution.error}")
+            info = self._opening(collector)
+            self._installed = True
+            if self._comms:
+                await self._settle(deadline)
+            return info
+        raise SandboxError("The kernel-sandbox helper could not start in the kernel: the kernel kept restarting")
+
+    async def _settle(self, deadline: float) -> None:
+        """One empty request on the new channel, outside any cell, so the helper can finish setting up."""
+        collector = _Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
+        request = {"op": "ready", "marker": collector.marker}
+        seconds = max(deadline - time.monotonic(), 0.001)
+        await self._exchange(lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False)
+
+    def _opening(self, collector: _Collector) -> dict[str, Any]:
+        if collector.answers > 1:
+            raise FramingError(TAMPERED)
+        if self._comms:
+            if collector.opened is None:
+                raise FramingError("The kernel-sandbox helper started but opened no channel.")
+            self._channel, info = collector.opened
+        else:
+            found = parse_text_frame(collector.text_answer, collector.marker) if collector.text_answer else None
+            if found is None:
+                raise FramingError("The kernel-sandbox helper started but sent no answer.")
+            info = found[0]
+        if info.get("version") != VERSION or not isinstance(info.get("work"), str):
+            raise FramingError("The kernel-sandbox helper answered in an unexpected form.")
+        return info
+
+    async def _send_request(
+        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float,
+        callbacks: Mapping[str, Callback] | None = None,
+    ) -> _Collector:
+        """Send one request (its marker is made here) and gather until the kernel is idle."""
+        if not self._installed or (self._comms and self._channel is None):
+            await self._open(deadline)
+        marker = new_marker()
+        request = {**request, "marker": marker}
+        collector = _Collector(self.max_output_bytes, callbacks, marker, self._channel)
+        if self._comms:
+            await self._exchange(lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False)
+        else:
+            code = text_cell(request, buffers)
+            await self._exchange(lambda: self._send_execute(code), collector, seconds, deadline, reply=True)
+        return collector
+
+    def _first(self, collector: _Collector) -> tuple[dict[str, Any], list[Any]] | None:
+        """The answer's first message (meta, buffers); FramingError if forged.
+
+        None if no answer came, or if the kernel never finished handling the request (it died or
+        had to be restarted): an answer is final only once the helper has returned.
+        """
+        if collector.answers > 1:
+            raise FramingError(TAMPERED)
+        if collector.answers == 0 or not collector.finished:
+            return None
+        if self._comms:
+            return collector.answer
+        if collector.text_answer is None:
+            raise FramingError("The answer did not come as the value of the request's cell.")
+        return parse_text_frame(collector.text_answer, collector.marker or "")
+
+    async def _request(
+        self,
+        request: dict[str, Any],
+        buffers: Sequence[Any] = (),
+        seconds: float = DEFAULT_TIMEOUT,
+        deadline: float | None = None,
+        *,
+        callbacks: Mapping[str, Callback] | None = None,
+        limits: DecodeLimits | None = None,
+        allowed: Mapping[str, type] | None = None,
+        allow_pickle: bool = False,
+    ) -> tuple[Any, Execution]:
+        """Send ``request`` to the helper and decode its answer: (body, execution).
+
+        The body is None when no answer came (``execution.error`` says why). A request that
+        provably never reached the helper (its channel was gone) is sent once more.
+        """
+        deadline = time.monotonic() + seconds if deadline is None else deadline
+        limits = limits or DecodeLimits()
+        restarts = self._restarts
+        for attempt in range(2):
+            collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
+            execution = collector.execution
+            first = self._first(collector)
+            if first is not None or execution.error is not None and execution.error.name in ("TimeoutError", "KernelDied"):
                 break
-            self._channel = None
-        if execution.error is not None:
-            return execution, None
-        return execution, collector.channel_frames.body()
+            if execution.state_lost:
+                break
+            if self._comms:
+                self._channel = None
+                try:
+                    info = await self._open(deadline, probe=collector.marker)
+                except SandboxError as exc:
+                    execution.error = ExecutionError("NoAnswer", f"No answer came, and then: {exc}")
+                    break
+                if self._restarts != restarts:
+                    execution.error = ExecutionError(
+                        "NoAnswer",
+                        "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
+                        "restarted (state lost); the request was not sent again.",
+                    )
+                    break
+                if info.get("seen") or attempt:
+                    execution.error = ExecutionError(
+                        "NoAnswer",
+                        "The request reached the kernel-sandbox helper but no answer came back (the code it "
+                        "ran may have broken the channel); the channel was reopened.",
+                    )
+                    break
+            else:
+                if not attempt and execution.error is not None:
+                    self._installed = False
+                    continue
+                break
+        if self._restarts != restarts:
+            execution.state_lost = True
+        if first is None:
+            if execution.error is None:
+                execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")
+            return None, execution
+        answer = Answer.first(*first, limits)
+        origin = collector.marker
+        while answer.missing:
+            pulled = await self._send_request({"op": "pull", "of": origin, "offset": answer.received}, (), seconds, deadline)
+            chunk = self._first(pulled)
+            if chunk is None or not chunk[0].get("raw") or len(chunk[1]) != 1:
+                raise FramingError(f"Could not pull the rest of the answer ({pulled.execution.error or 'no chunk came'}).")
+            answer.add(chunk[1][0])
+        doc, parts = answer.parts()
+        body = decode(doc, parts, allowed=allowed or {}, limits=limits, allow_pickle=allow_pickle)
+        return body, execution
+
+    async def _op(self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float) -> Any:
+        """Run a helper operation (files, packages, environment); return its ``ok`` value or raise."""
+        body, execution = await self._request(request, buffers, seconds, deadline)
+        what = f"kernel-sandbox {request['op']}"
+        error = execution.error
+        if error is not None and error.name == "TimeoutError":
+            raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
+        if body is None:
+            raise SandboxError(f"The {what} failed: {error}")
+        if not isinstance(body, dict):
+            raise FramingError(f"The {what} answered in an unexpected form.")
+        if "refused" in body:
+            raise PathError(f"Refused: {body['refused']} ({self.work_dir})")
+        error = body_error(body)
+        if error is not None:
+            if request["op"] in ("write", "read", "list", "snapshot", "wipe"):
+                raise SandboxFileError(f"{error.name}: {error.value}")
+            raise SandboxError(f"The {what} failed in the kernel: {error}")
+        return body.get("ok")
+
+    # -- running code ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        on_stdout: Callback = None,
+        on_stderr: Callback = None,
+        on_result: Callback = None,
+        on_error: Callback = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> Execution:
+        """Run ``code``; errors in it are returned in ``Execution.error``, not raised.
+
+        Callbacks (plain or async) are called while the code runs. On timeout the kernel is
+        interrupted; if it does not stop within ``interrupt_grace`` it is restarted and
+        ``Execution.state_lost`` is True. The session stays usable either way. ``env`` sets
+        environment variables for this run only; the values never appear in the cell.
+        """
+        callbacks = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
+        values = check_env(env)
+        seconds, deadline = self._deadline(timeout)
+        assert self._lock is not None
+        async with self._lock:
+            if values:
+                await self._op({"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline)
+            collector = _Collector(self.max_output_bytes, callbacks, policy=self._policy)
+            execution = await self._exchange(
+                lambda: self._send_execute(code, store_history=True), collector, seconds, deadline, reply=True
+            )
+            if values and not execution.state_lost:
+                await self._restore_env(execution)
+        return execution
+
+    async def _restore_env(self, execution: Execution) -> None:
+        """Take the per-call environment away again; restart the kernel if that fails."""
+        grace = max(self.interrupt_grace, RESTORE_GRACE)
+        try:
+            await self._op({"op": "env", "action": "restore"}, (), grace, time.monotonic() + grace)
+        except SandboxError:
+            execution.state_lost = True
+            await self.restart()
 
     # -- files -----------------------------------------------------------------------------
 
-    async def _file_op(self, op: str, **params: Any) -> Any:
-        body = await self._internal(FILES_SRC, {"_op": op, "_path": ".", "_limit": MAX_FILE_BYTES, **params})
-        if "refused" in body:
-            raise PathError(f"Refused: {body['refused']} ({self.work_dir})")
-        if "error" in body:
-            raise SandboxFileError(body["error"])
-        return body["ok"]
+    def _chunk(self) -> int:
+        return CHUNK if self._comms else TEXT_CHUNK
 
-    async def upload(self, files: Mapping[str, bytes | str]) -> list[str]:
-        """Write ``{path: content}`` under the work directory; returns the relative paths written."""
-        encoded = {}
+    async def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
+        """Write ``{path: content}`` under the work directory; returns the relative paths written.
+
+        Content is ``bytes``/``str``, a host path (``pathlib.Path``) or a binary file object;
+        it moves in chunks, so a file larger than memory is fine.
+        """
+        targets = []
         for path, content in files.items():
             rel = confine(path, self.work_dir)
             if rel == ".":
                 raise PathError(f"{path!r} names the work directory itself, not a file")
-            data = content.encode() if isinstance(content, str) else bytes(content)
-            encoded[rel] = base64.b64encode(data).decode("ascii")
-        written: list[str] = await self._file_op("upload", _files=encoded)
-        return written
+            targets.append((rel, content))
+        seconds, deadline = self._deadline(timeout)
+        assert self._lock is not None
+        async with self._lock:
+            for rel, content in targets:
+                offset = 0
+                for piece in chunks(content, self._chunk()):
+                    request = {"op": "write", "path": rel, "offset": offset}
+                    size = await self._op(request, [piece], seconds, deadline)
+                    offset += len(piece)
+                    if size != offset:
+                        raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being written")
+        return sorted(rel for rel, _ in targets)
 
-    async def download(self, path: str) -> bytes:
-        """Read a file from the work directory."""
-        data: str = await self._file_op("download", _path=confine(path, self.work_dir))
-        return base64.b64decode(data)
+    async def _read(self, path: str, sink: Callable[[bytes], Any], limit: int, timeout: float | None) -> int:
+        rel = confine(path, self.work_dir)
+        seconds, deadline = self._deadline(timeout)
+        assert self._lock is not None
+        offset, total = 0, None
+        async with self._lock:
+            while total is None or offset < total:
+                request = {"op": "read", "path": rel, "offset": offset, "size": self._chunk(), "limit": limit}
+                size, data = await self._op(request, (), seconds, deadline)
+                if total is None:
+                    total = size
+                expected = min(self._chunk(), total - offset)
+                if size != total or not isinstance(data, bytes) or len(data) != expected:
+                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                sink(data)
+                offset += len(data)
+        return offset
 
-    async def list_files(self, path: str = ".") -> list[FileInfo]:
+    async def download(self, path: str, *, timeout: float | None = None) -> bytes:
+        """Read a file of the work directory into memory (up to 256 MiB; see :meth:`download_to`)."""
+        parts: list[bytes] = []
+        await self._read(path, parts.append, MAX_FILE_BYTES, timeout)
+        return b"".join(parts)
+
+    async def download_to(
+        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None
+    ) -> int:
+        """Stream a file of the work directory to a host path or binary file; returns its size."""
+        if isinstance(destination, (str, os.PathLike)):
+            with open(destination, "wb") as handle:
+                return await self._read(path, handle.write, NO_LIMIT, timeout)
+        return await self._read(path, destination.write, NO_LIMIT, timeout)
+
+    async def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
         """List a directory of the work directory (symlinks are listed, not followed)."""
-        entries = await self._file_op("list", _path=confine(path, self.work_dir))
+        rel = confine(path, self.work_dir)
+        seconds, deadline = self._deadline(timeout)
+        assert self._lock is not None
+        async with self._lock:
+            entries = await self._op({"op": "list", "path": rel}, (), seconds, deadline)
         return [FileInfo(*entry) for entry in entries]
+
+    async def _simple(self, op: str, timeout: float | None, **params: Any) -> Any:
+        seconds, deadline = self._deadline(timeout)
+        assert self._lock is not None
+        async with self._lock:
+            return await self._op({"op": op, "path": ".", **params}, (), seconds, deadline)
 
     # -- packages --------------------------------------------------------------------------
 
@@ -559,8 +806,7 @@ class AsyncSandbox:
                 "network=True (e.g. Sandbox(network=True)) to let pip reach a package index."
             )
         text = requirements if isinstance(requirements, str) else "\n".join(requirements)
-        params = {"_requirements": text, "_pip_args": list(pip_args), "_tail": PIP_OUTPUT_TAIL}
-        body = await self._internal(INSTALL_SRC, params, timeout)
+        body = await self._simple("install", timeout, requirements=text, pip_args=list(pip_args), tail=PIP_OUTPUT_TAIL)
         execution = Execution(stdout=body["stdout"], stderr=body["stderr"])
         if body["returncode"] != 0:
             execution.error = ExecutionError(
@@ -579,33 +825,42 @@ class AsyncSandbox:
         *,
         timeout: float | None = None,
         allowed_classes: Iterable[type] = (),
+        env: Mapping[str, str] | None = None,
     ) -> ToolResult:
         """Call ``tool`` (a function, or its source with ``name``) in the kernel with ``args``.
 
         A tool with an ``agent_state`` parameter receives ``agent_state`` and its changes come
-        back. The result is framed with a fresh marker (see :mod:`.tools`); JSON values come back
-        as JSON, others through the restricted unpickler, which allows ``allowed_classes`` (and
-        the sandbox's) besides plain types and raises :class:`UnsafePayloadError` otherwise.
+        back. What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
+        ``allowed_classes`` (and the sandbox's), anything else raises
+        :class:`UnsafePayloadError`. ``env`` sets environment variables for this call only.
+        ``status`` is ``"success"`` only if the tool returned and exactly one answer came.
         """
-        params, payload = tool_params(tool, dict(args or {}), agent_state, name)
-        if self.backend == "opensandbox":
-            params["_payload"] = base64.b64encode(payload).decode("ascii")
-            execution, collector = await self._helper(TOOL_SRC + TOOL_TEXT_MAIN, params, timeout)
-            body = None if execution.error is not None else extract_frame(execution, collector.marker)
-        else:
-            execution, body = await self._tool_on_channel(params, payload, timeout)
-        result = ToolResult("error", stdout=execution.stdout, stderr=execution.stderr)
+        values = check_env(env)
+        payload = tool_payload(tool, args, agent_state, name, values)
+        allowed = {**self._allowed, **allowed_map(allowed_classes)}
+        seconds, deadline = self._deadline(timeout)
+        assert self._lock is not None
+        async with self._lock:
+            body, execution = await self._request(
+                {"op": "call", "length": len(payload), "pickle": self.unsafe_pickle}, [payload], seconds, deadline,
+                limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
+            )
+        result = ToolResult(
+            "error", stdout=execution.stdout, stderr=execution.stderr, state_lost=execution.state_lost,
+            truncated_bytes=execution.truncated_bytes,
+        )
         if body is None:
             result.error = execution.error
             return result
-        result.error = tool_error(body)
+        if not isinstance(body, dict) or not ("r" in body or "error" in body):
+            raise FramingError("The tool call's answer holds neither a return value nor an error.")
+        result.error = body_error(body)
         if result.error is None:
-            allowed = (*self.allowed_classes, *allowed_classes)
-            result.func_return = decode_value(body["func_return"], allowed)
-            result.agent_state = (
-                decode_value(body["agent_state"], allowed) if "agent_state" in body else agent_state
-            )
             result.status = "success"
+            result.func_return = body["r"]
+            result.agent_state = body.get("s", agent_state)
+        elif execution.error is not None and execution.error.name == "TimeoutError":
+            result.error = ExecutionError(execution.error.name, execution.error.value, result.error.traceback)
         return result
 
     # -- skills ----------------------------------------------------------------------------
@@ -626,19 +881,19 @@ class AsyncSandbox:
         """
         try:
             if skill_files:
-                await self.upload(skill_files)
+                await self.upload(skill_files, timeout=timeout)
             if requirements:
                 installed = await self.install(requirements, timeout=timeout)
                 if installed.error is not None:
                     return {"success": False, "output": installed.stdout, "error": installed.stderr, "files": []}
-            before = await self._file_op("snapshot")
-            await self._internal(PREPARE_SRC, {})
+            before = await self._simple("snapshot", timeout)
+            await self._simple("prepare", timeout)
             execution = await self.run(code, timeout=timeout)
-            after = await self._file_op("snapshot")
+            after = await self._simple("snapshot", timeout)
             files = []
             for path in sorted(after):
                 if before.get(path) != after[path]:
-                    content = await self.download(path)
+                    content = await self.download(path, timeout=timeout)
                     files.append(_file_entry(posixpath.basename(path), path, content))
             figure = 0
             for bundle in execution.results:
@@ -660,7 +915,7 @@ class AsyncSandbox:
     async def _reset(self) -> None:
         """Fresh interpreter and an empty work directory, for a pool's next user."""
         await self.restart()
-        await self._internal(WIPE_SRC, {})
+        await self._simple("wipe", None)
 
 
 def _file_entry(name: str, path: str, content: bytes) -> dict[str, str]:
@@ -746,25 +1001,33 @@ class Sandbox:
         on_stderr: Callback = None,
         on_result: Callback = None,
         on_error: Callback = None,
+        *,
+        env: Mapping[str, str] | None = None,
     ) -> Execution:
         """See :meth:`AsyncSandbox.run`."""
-        return _LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error))
+        return _LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env))
 
     def restart(self) -> None:
         """See :meth:`AsyncSandbox.restart`."""
         _LoopThread.run(self._async.restart())
 
-    def upload(self, files: Mapping[str, bytes | str]) -> list[str]:
+    def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
         """See :meth:`AsyncSandbox.upload`."""
-        return _LoopThread.run(self._async.upload(files))
+        return _LoopThread.run(self._async.upload(files, timeout=timeout))
 
-    def download(self, path: str) -> bytes:
+    def download(self, path: str, *, timeout: float | None = None) -> bytes:
         """See :meth:`AsyncSandbox.download`."""
-        return _LoopThread.run(self._async.download(path))
+        return _LoopThread.run(self._async.download(path, timeout=timeout))
 
-    def list_files(self, path: str = ".") -> list[FileInfo]:
+    def download_to(
+        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None
+    ) -> int:
+        """See :meth:`AsyncSandbox.download_to`."""
+        return _LoopThread.run(self._async.download_to(path, destination, timeout=timeout))
+
+    def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
         """See :meth:`AsyncSandbox.list_files`."""
-        return _LoopThread.run(self._async.list_files(path))
+        return _LoopThread.run(self._async.list_files(path, timeout=timeout))
 
     def install(
         self, requirements: str | Iterable[str], *, pip_args: Iterable[str] = (), timeout: float | None = None
@@ -781,10 +1044,13 @@ class Sandbox:
         *,
         timeout: float | None = None,
         allowed_classes: Iterable[type] = (),
+        env: Mapping[str, str] | None = None,
     ) -> ToolResult:
         """See :meth:`AsyncSandbox.run_tool`."""
         return _LoopThread.run(
-            self._async.run_tool(tool, args, agent_state, name, timeout=timeout, allowed_classes=allowed_classes)
+            self._async.run_tool(
+                tool, args, agent_state, name, timeout=timeout, allowed_classes=allowed_classes, env=env
+            )
         )
 
     def run_skill(

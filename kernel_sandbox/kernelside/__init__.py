@@ -1,7 +1,9 @@
 """Code that runs inside the sandbox, kept as real modules and sent to the kernel as source.
 
-Each module here runs with the image's Python (3.8 or newer, standard library only) through
-``python -c SOURCE ARGS...``; :func:`source` reads one for sending.
+Each module here runs with the image's Python (3.8 or newer, standard library only), through
+``python -c SOURCE ARGS...`` or installed into a running kernel by the execution API;
+:func:`source` reads one for sending. The same modules import on the host, so their unit
+tests run them as ordinary code.
 """
 
 from __future__ import annotations
@@ -10,5 +12,5 @@ from importlib.resources import files
 
 
 def source(module: str) -> str:
-    """The source text of ``kernel_sandbox.kernelside.<module>``, to run with ``python -c``."""
+    """The source text of ``kernel_sandbox.kernelside.<module>``, to send to the kernel."""
     return files(__name__).joinpath(f"{module}.py").read_text(encoding="utf-8")

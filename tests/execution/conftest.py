@@ -1,4 +1,4 @@
-"""Fixtures for the execution API tests: a shared Docker sandbox and helpers to find containers."""
+"""Fixtures for the execution API tests: a shared Docker sandbox and this process's containers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from kernel_sandbox.execution import Sandbox
 
 @pytest.fixture(scope="module")
 def sandbox(docker_engine) -> Iterator[Sandbox]:
-    """One Docker sandbox shared by a module's tests (for tests that do not depend on state)."""
-    with Sandbox(timeout=60) as sb:
+    """One Docker sandbox shared by a module's tests (for tests that do not depend on state).
+
+    ``interrupt_grace`` is generous so that an interrupted call never loses the kernel merely
+    because the machine is busy.
+    """
+    with Sandbox(timeout=60, interrupt_grace=30) as sb:
         yield sb
 
 

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import resource
+import hashlib
+import logging
+import os
+import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
+from exec_helpers import PeakRSS, container_of
+from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import (
     AsyncSandbox,
+    CallTimeoutError,
     NetworkDisabledError,
     PathError,
     Sandbox,
     SandboxFileError,
 )
+
+MiB = 1024 * 1024
 
 
 def test_run_returns_streams_results_and_count(sandbox: Sandbox) -> None:
@@ -28,7 +37,6 @@ def test_run_returns_streams_results_and_count(sandbox: Sandbox) -> None:
 
 def test_errors_are_returned_not_raised(sandbox: Sandbox) -> None:
     execution = sandbox.run("raise ValueError('bad input')")
-    assert execution.error is not None
     assert (execution.error.name, execution.error.value) == ("ValueError", "bad input")
     assert "ValueError" in execution.error.traceback
     assert sandbox.run("1 + 1").text == "2"
@@ -47,7 +55,43 @@ def test_display_data_and_images_are_results(sandbox: Sandbox) -> None:
     assert png and png[0].startswith("iVBOR")
 
 
-def test_callbacks_see_output_while_it_runs(sandbox: Sandbox) -> None:
+def test_callbacks_see_output_while_the_cell_still_runs(docker_engine, sandbox: Sandbox) -> None:
+    """The cell prints, then blocks on a FIFO that the test writes only after the callback saw the print."""
+    container = container_of(docker_engine, sandbox)
+    seen = threading.Event()
+    released: list[object] = []
+
+    def release() -> None:
+        if seen.wait(timeout=60):
+            user = container.attrs["Config"]["User"]
+            released.append(container.exec_run(["sh", "-c", "echo go > /tmp/stream-gate"], user=user))
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    code = (
+        "import os, select\n"
+        "os.mkfifo('/tmp/stream-gate')\n"
+        "print('first', flush=True)\n"
+        "gate = os.open('/tmp/stream-gate', os.O_RDONLY | os.O_NONBLOCK)\n"
+        "ready, _, _ = select.select([gate], [], [], 60)\n"
+        "print('released' if ready and os.read(gate, 10) == b'go\\n' else 'never released')\n"
+    )
+    outputs: list[str] = []
+
+    def on_stdout(text: str) -> None:
+        outputs.append(text)
+        if "first" in text:
+            seen.set()
+
+    execution = sandbox.run(code, on_stdout=on_stdout)
+    seen.set()
+    releaser.join()
+    assert execution.error is None, execution.error
+    assert outputs[0] == "first\n" and execution.stdout == "first\nreleased\n"
+    assert released and released[0].exit_code == 0
+
+
+def test_every_callback_is_called(sandbox: Sandbox) -> None:
     seen: list[tuple[str, object]] = []
     sandbox.run(
         "import sys\nprint('a')\nprint('b', file=sys.stderr)\n1\n",
@@ -64,7 +108,7 @@ def test_callbacks_see_output_while_it_runs(sandbox: Sandbox) -> None:
 def test_timeout_interrupts_and_keeps_state(sandbox: Sandbox) -> None:
     sandbox.run("kept = 'still here'")
     execution = sandbox.run("import time\nwhile True: time.sleep(0.1)", timeout=1)
-    assert execution.error is not None and execution.error.name == "TimeoutError"
+    assert execution.error.name == "TimeoutError"
     assert "1 s" in execution.error.value and not execution.state_lost
     assert sandbox.run("kept").text == "'still here'"
 
@@ -75,29 +119,28 @@ def test_timeout_restarts_a_kernel_that_ignores_interrupts(docker_engine) -> Non
         code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.1)"
         execution = sb.run(code, timeout=1)
         assert execution.state_lost
-        assert execution.error is not None and "restarted" in execution.error.value
+        assert "restarted" in execution.error.value
         assert sb.run("'lost' in globals()").text == "False"
 
 
 def test_output_cap_keeps_host_memory_bounded(docker_engine) -> None:
     cap = 1_000_000
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with Sandbox(max_output_bytes=cap, memory="1g") as sb:
-        execution = sb.run("chunk = 'x' * 999_999\nfor _ in range(100): print(chunk)")
+        with PeakRSS() as rss:
+            execution = sb.run("chunk = 'x' * 999_999\nfor _ in range(100): print(chunk)")
         assert execution.error is None
         assert len(execution.stdout.encode()) < cap + 200
         assert "[output truncated: 99000000 bytes over the cap" in execution.stdout
         assert execution.truncated_bytes == 99_000_000
         assert sb.run("'alive'").text == "'alive'"
-    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
-    assert grown_mib < 400, f"host peak RSS grew by {grown_mib:.0f} MiB for 100 MB of output"
+    assert rss.growth < 100 * MiB, f"host RSS grew by {rss.growth / MiB:.0f} MiB for 100 MB of output"
 
 
 def test_kernel_death_is_reported_and_recovered(docker_engine) -> None:
     with Sandbox(memory="128m") as sb:
         execution = sb.run("blocks = []\nwhile True: blocks.append(bytearray(16 * 1024 * 1024))", timeout=60)
         assert execution.state_lost
-        assert execution.error is not None and execution.error.name == "KernelDied"
+        assert execution.error.name == "KernelDied"
         assert "memory" in execution.error.value
         assert sb.run("2 + 2").text == "4"
 
@@ -204,15 +247,114 @@ def test_unknown_backend_is_refused() -> None:
 def test_nothing_is_left_behind_by_failures_or_forgotten_sandboxes(docker_engine, own_containers) -> None:
     import gc
 
-    from kernel_sandbox.errors import ImageMissing, KernelSandboxError
+    from kernel_sandbox.errors import KernelSandboxError
 
     before = own_containers()
-    with pytest.raises(ImageMissing, match="kernel-sandbox image build") as info:
+    with pytest.raises(KernelSandboxError, match="kernel-sandbox image build"):
         Sandbox(image="kernel-sandbox-no-such-image:0").start()
-    assert isinstance(info.value, KernelSandboxError)
     assert own_containers() == before
     forgotten = Sandbox().start()
     assert len(own_containers() - before) == 1
     del forgotten
     gc.collect()
     assert own_containers() == before
+
+
+SECRET = "sk-test-7f3a9c2e41b8d6"
+
+
+def test_per_call_env_is_set_for_that_call_only(sandbox: Sandbox) -> None:
+    read = "import os; (os.environ.get('KS_TOKEN'), os.environ.get('HOME'))"
+    assert sandbox.run(read, env={"KS_TOKEN": SECRET, "HOME": "/elsewhere"}).text == repr((SECRET, "/elsewhere"))
+    assert sandbox.run(read).text == repr((None, "/home/sandbox"))
+
+    def tool(name: str) -> str | None:
+        import os
+
+        return os.environ.get(name)
+
+    assert sandbox.run_tool(tool, {"name": "KS_TOKEN"}, env={"KS_TOKEN": SECRET}).func_return == SECRET
+    assert sandbox.run_tool(tool, {"name": "KS_TOKEN"}).func_return is None
+    failed = sandbox.run("import os\nraise RuntimeError(os.environ['KS_TOKEN'][:3])", env={"KS_TOKEN": SECRET})
+    assert failed.error.value == SECRET[:3]
+    assert sandbox.run(read).text == repr((None, "/home/sandbox"))
+    timed_out = sandbox.run("import time\nwhile True: time.sleep(0.05)", timeout=1, env={"KS_TOKEN": SECRET})
+    assert timed_out.error.name == "TimeoutError" and not timed_out.state_lost
+    assert sandbox.run(read).text == repr((None, "/home/sandbox"))
+
+
+def test_secrets_in_env_stay_out_of_history_reprs_errors_and_logs(
+    sandbox: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    execution = sandbox.run("import os; len(os.environ['KS_TOKEN'])", env={"KS_TOKEN": SECRET})
+    result = sandbox.run_tool(lambda: "ok", env={"KS_TOKEN": SECRET})
+    timed_out = sandbox.run_tool(lambda: __import__("time").sleep(30), env={"KS_TOKEN": SECRET}, timeout=1)
+    errors = []
+    for bad in ({"KS_TOKEN": SECRET.encode()}, {"KS_TOKEN": SECRET + "\x00"}, {"BAD=NAME": SECRET}, [SECRET]):
+        with pytest.raises(ConfigError) as info:
+            sandbox.run("1", env=bad)  # type: ignore[arg-type]
+        errors.append(str(info.value))
+    history = sandbox.run("'\\n'.join(get_ipython().history_manager.input_hist_raw)").text
+    visible = [repr(execution), repr(result), repr(timed_out), repr(sandbox._async), history, caplog.text, *errors]
+    assert execution.text == str(len(SECRET)) and result.func_return == "ok"
+    assert [text for text in visible if SECRET in text] == []
+    assert "env['KS_TOKEN'] must be a string" in errors[0]
+
+
+def test_every_call_has_a_deadline_by_default(docker_engine) -> None:
+    assert AsyncSandbox().timeout == 300
+    for bad in (0, -1, None, "10", True):
+        with pytest.raises(ConfigError, match="timeout"):
+            AsyncSandbox(timeout=bad)  # type: ignore[arg-type]
+
+
+def test_a_fifo_planted_at_the_target_does_not_hang_file_transfers(sandbox: Sandbox) -> None:
+    sandbox.run("import os\nos.mkfifo('planted')\nos.mkfifo('read-me')")
+    with pytest.raises(PathError, match="not a regular file"):
+        sandbox.upload({"planted": b"data"}, timeout=30)
+    with pytest.raises(PathError, match="not a regular file"):
+        sandbox.download("read-me", timeout=30)
+    sandbox.upload({"after.txt": b"fine"})
+    assert sandbox.download("after.txt") == b"fine"
+
+
+def test_a_kernel_that_stalls_a_transfer_hits_its_deadline(docker_engine) -> None:
+    with Sandbox(interrupt_grace=5) as sb:
+        sb.upload({"warm.txt": b"x"})
+        sb.run(
+            "import sys, time\nfiles = sys.modules['_kernel_sandbox_workfiles']\n"
+            "def stalled(*args):\n    while True: time.sleep(0.05)\n"
+            "files.write_chunk = files.read_chunk = stalled"
+        )
+        with pytest.raises(CallTimeoutError, match="did not finish within 2 s"):
+            sb.upload({"stalled.txt": b"data"}, timeout=2)
+        with pytest.raises(CallTimeoutError, match="did not finish within 2 s"):
+            sb.download("warm.txt", timeout=2)
+        assert sb.run("1 + 1").text == "2"
+
+
+def test_a_gigabyte_moves_in_chunks_with_the_default_limits(docker_engine, tmp_path: Path) -> None:
+    """1 GiB up and down through a 512 MiB kernel, streamed: neither side holds the file."""
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    source, back = tmp_path / "source.bin", tmp_path / "back.bin"
+    digest = hashlib.sha256()
+    block = os.urandom(MiB)
+    with open(source, "wb") as handle:
+        for index in range(1024):
+            piece = index.to_bytes(8, "little") + block[8:]
+            handle.write(piece)
+            digest.update(piece)
+    with Sandbox(memory="512m", mounts=[f"{work}:/home/sandbox/work:rw"]) as sb, PeakRSS() as rss:
+        assert sb.upload({"big.bin": source}) == ["big.bin"]
+        assert sb.list_files()[0].size == 1024 * MiB
+        assert sb.download_to("big.bin", back) == 1024 * MiB
+        assert sb.run("1").text == "1"
+    copied = hashlib.sha256()
+    with open(back, "rb") as handle:
+        while piece := handle.read(8 * MiB):
+            copied.update(piece)
+    assert copied.hexdigest() == digest.hexdigest()
+    assert rss.growth < 128 * MiB, f"host RSS grew by {rss.growth / MiB:.0f} MiB moving 1 GiB"

@@ -82,7 +82,10 @@ async def test_idle_kernels_are_renewed(docker_engine, own_containers) -> None:
     before = own_containers()
     async with AsyncSandboxPool(1, idle_timeout=0.5) as pool:
         waiting = pool._ready[0].sandbox._km.kernel_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
         while not pool._ready or pool._ready[0].sandbox._km.kernel_id == waiting:
+            assert loop.time() < deadline, "the idle kernel was not renewed within 60 s"
             await asyncio.sleep(0.1)
         async with pool.acquire() as sb:
             assert sb._km.kernel_id != waiting

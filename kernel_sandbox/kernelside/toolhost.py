@@ -1,0 +1,413 @@
+"""The kernel side of the execution API: tool calls, per-call environments, files, packages.
+
+The host installs this module (with ``dataformat`` and ``files``) once per kernel and calls
+:func:`install`. Requests then arrive as comm messages on the channel :func:`install` opens
+(``docker``, ``local``), handled between cells without IPython's per-execute work, or as
+:func:`text_request` cells on transports without comms (the OpenSandbox relay).
+
+A request is ``{"op", "marker", ...}`` plus binary buffers. Every answer is one message
+carrying the request's marker: ``{"marker", "lengths"}`` plus the buffers of a value encoded
+with ``dataformat`` (``{"ok": ...}``, ``{"error": {...}}``, ``{"refused": ...}``, or for a
+tool call ``{"r": return value, "s": agent state}``). An answer over :data:`CHUNK` bytes is
+kept here and sent in chunks the host pulls (``"pull": true``), so no message is larger.
+
+Sending the answer is the handler's last act. Before it, everything a tool may have changed
+that the next call relies on is put back: ``sys.stdout``/``stderr``/``displayhook``/
+``excepthook``, IPython's display hook and publisher, the comm manager and its handlers, and
+this channel; the per-call environment is restored in any case.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import traceback
+import types
+
+try:  # inside the kernel, the host installed the siblings under these names
+    import _kernel_sandbox_dataformat as dataformat
+    import _kernel_sandbox_workfiles as files
+except ImportError:  # on the host (tests run this module as code)
+    from kernel_sandbox.kernelside import dataformat
+    from kernel_sandbox.kernelside import workfiles as files
+
+VERSION = 1
+CHUNK = 4 * 1024 * 1024
+OUTPUT_FLUSH_BYTES = 1024 * 1024
+TARGET = "kernel_sandbox"
+TEXT_LIMIT = 64 * 1024
+PACKAGES = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
+
+
+def _holder():
+    """Where the state lives: a module of its own, so it outlives a re-install of this one."""
+    holder = sys.modules.get("_kernel_sandbox_state")
+    if not isinstance(holder, types.ModuleType):
+        holder = types.ModuleType("_kernel_sandbox_state")
+        holder.channel = holder.originals = holder.work = holder.env = None
+        holder.seen = collections.deque(maxlen=64)
+        holder.pending = {}
+        sys.modules["_kernel_sandbox_state"] = holder
+    return holder
+
+
+_state = _holder()
+
+
+# -- restoring what a tool may break -----------------------------------------------------------
+
+def _ipython():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _capture():
+    """The objects the channel and the next calls rely on, as they are now."""
+    shell = _ipython()
+    kernel = getattr(shell, "kernel", None)
+    saved = {"sys": {name: getattr(sys, name) for name in ("stdout", "stderr", "displayhook", "excepthook")}}
+    if shell is not None:
+        saved["shell"] = (shell, {name: getattr(shell, name, None) for name in ("displayhook", "display_pub")})
+    if kernel is not None:
+        handlers = {"shell_handlers": dict(kernel.shell_handlers), "control_handlers": dict(kernel.control_handlers)}
+        saved["kernel"] = (kernel, getattr(kernel, "comm_manager", None), handlers)
+    try:
+        import comm
+
+        saved["comm"] = (comm, comm.get_comm_manager, comm.create_comm)
+    except ImportError:
+        pass
+    return saved
+
+
+def restore():
+    """Put back what :func:`_capture` saved at install, and re-attach this channel."""
+    saved = _state.originals
+    if not saved:
+        return
+    for name, value in saved["sys"].items():
+        if getattr(sys, name) is not value:
+            setattr(sys, name, value)
+        if name in ("stdout", "stderr"):
+            _unshadow(value)
+    if "shell" in saved:
+        shell, attributes = saved["shell"]
+        for name, value in attributes.items():
+            if value is not None and getattr(shell, name, None) is not value:
+                setattr(shell, name, value)
+    if "comm" in saved:
+        module, get_manager, create = saved["comm"]
+        module.get_comm_manager, module.create_comm = get_manager, create
+    if "kernel" in saved:
+        kernel, manager, handlers = saved["kernel"]
+        if manager is not None:
+            kernel.comm_manager = manager
+        for table, entries in handlers.items():
+            if not isinstance(getattr(kernel, table, None), dict):
+                setattr(kernel, table, {})
+            current = getattr(kernel, table)
+            for name, handler in entries.items():
+                if current.get(name) is not handler:
+                    current[name] = handler
+        channel = _state.channel
+        if channel is not None and manager is not None:
+            manager.comms[channel.comm_id] = channel
+            channel._closed = False
+            channel._msg_callback = _on_msg
+
+
+def _bounded_output():
+    """Make ipykernel's output streams send what they hold once it passes OUTPUT_FLUSH_BYTES.
+
+    Left alone, a stream gathers everything written within its flush interval into one
+    message (100 MB printed in a tight loop becomes one 100 MB message); flushed by size,
+    output leaves in messages of about a megabyte, and the writer waits for them to go out.
+    The class's ``write`` is wrapped; :func:`_unshadow` removes the stale instance copies
+    of the old one that IPython leaves behind after a cell.
+    """
+    try:
+        from ipykernel.iostream import OutStream
+    except ImportError:
+        return
+    original = OutStream.write
+    if getattr(original, "kernel_sandbox", None) is not None:
+        return
+
+    def write(self, string):
+        if isinstance(string, str) and len(string) > OUTPUT_FLUSH_BYTES:
+            for start in range(0, len(string), OUTPUT_FLUSH_BYTES):
+                write(self, string[start : start + OUTPUT_FLUSH_BYTES])
+            return len(string)
+        written = original(self, string)
+        try:
+            with self._buffer_lock:
+                pending = sum(buffer.tell() for buffer in self._buffers.values())
+        except Exception:
+            return written
+        if pending > OUTPUT_FLUSH_BYTES:
+            self.flush()
+        return written
+
+    write.kernel_sandbox = original
+    OutStream.write = write
+
+
+def _unshadow(stream):
+    """Drop an instance attribute ``write`` that is the old, unwrapped method (IPython's leftover)."""
+    method = getattr(stream, "__dict__", {}).get("write")
+    current = getattr(type(stream), "write", None)
+    if getattr(method, "__func__", None) is getattr(current, "kernel_sandbox", object()):
+        del stream.__dict__["write"]
+
+
+def _flush():
+    for name in ("stdout", "stderr"):
+        stream = _state.originals["sys"][name] if _state.originals else getattr(sys, name)
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+# -- answers -----------------------------------------------------------------------------------
+
+def _error(exc):
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    value = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
+    return {"error": {"name": type(exc).__name__, "value": value[:TEXT_LIMIT], "traceback": text[-TEXT_LIMIT:]}}
+
+
+def answer(marker, body, allow_pickle=False):
+    """Encode ``body``; return ``(meta, buffers)`` for the answer to request ``marker``."""
+    try:
+        doc, buffers = dataformat.encode(body, allow_pickle=allow_pickle)
+    except Exception as exc:
+        doc, buffers = dataformat.encode(_error(exc))
+    parts = [doc, *buffers]
+    lengths = [len(part) for part in parts]
+    meta = {"marker": marker, "lengths": lengths}
+    if sum(lengths) <= CHUNK:
+        return meta, parts
+    blob = b"".join(parts)
+    _state.pending.clear()
+    _state.pending[marker] = blob
+    meta["pull"] = True
+    return meta, [blob[:CHUNK]]
+
+
+def _pull(request, buffers):
+    blob = _state.pending.get(request.get("of"))
+    if blob is None:
+        raise LookupError("no answer is waiting to be pulled for that call")
+    offset = int(request["offset"])
+    chunk = blob[offset:offset + CHUNK]
+    if offset + CHUNK >= len(blob):
+        _state.pending.clear()
+    return {"marker": request["marker"], "lengths": [len(chunk)], "raw": True}, [chunk]
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+def _work():
+    return _state.work or os.getcwd()
+
+
+def _call(request, buffers):
+    if len(buffers) != 1 or len(buffers[0]) != request.get("length"):
+        raise ValueError("the tool call's payload did not arrive intact")
+    payload = pickle.loads(buffers[0])
+    func = payload["func"]
+    if func is None:
+        namespace = {"__name__": "__kernel_sandbox_tool__"}
+        exec(compile(payload["source"], "<tool>", "exec"), namespace)
+        func = namespace.get(payload["name"])
+        if not callable(func):
+            raise NameError(f"the tool source defines no function named {payload['name']!r}")
+    kwargs = dict(payload["args"] or {})
+    takes_state = "agent_state" in inspect.signature(func).parameters
+    if takes_state:
+        kwargs["agent_state"] = payload["state"]
+    with _environment(payload.get("env") or {}):
+        value = func(**kwargs)
+    return {"r": value, "s": payload["state"]} if takes_state else {"r": value}
+
+
+class _environment:
+    """Set variables for one call and put the previous values back afterwards."""
+
+    def __init__(self, values):
+        self.values = values
+        self.previous = {}
+
+    def __enter__(self):
+        _restore_env()
+        self.previous = {name: os.environ.get(name) for name in self.values}
+        _state.env = self.previous
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        _restore_env()
+
+
+def _restore_env():
+    previous, _state.env = _state.env or {}, None
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _env(request, buffers):
+    if request["action"] == "set":
+        _environment(json.loads(bytes(buffers[0]))).__enter__()
+    else:
+        _restore_env()
+    return {"ok": None}
+
+
+def _install(request, buffers):
+    os.makedirs(PACKAGES, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write(request["requirements"])
+    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+               "--target", PACKAGES, "-r", handle.name, *request["pip_args"]]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=_work())
+    finally:
+        os.unlink(handle.name)
+    if proc.returncode == 0:
+        if PACKAGES not in sys.path:
+            sys.path.insert(0, PACKAGES)
+        importlib.invalidate_caches()
+    tail = request["tail"]
+    return {"ok": {"returncode": proc.returncode, "stdout": proc.stdout[-tail:], "stderr": proc.stderr[-tail:]}}
+
+
+def _prepare(request, buffers):
+    os.chdir(_work())
+    if _work() not in sys.path:
+        sys.path.insert(0, _work())
+    return {"ok": None}
+
+
+def _file(request, buffers):
+    op, path = request["op"], request["path"]
+    if op == "write":
+        return {"ok": files.write_chunk(_work(), path, request["offset"], buffers[0])}
+    if op == "read":
+        total, data = files.read_chunk(_work(), path, request["offset"], request["size"], request["limit"])
+        return {"ok": [total, data]}
+    if op == "list":
+        return {"ok": files.listing(_work(), path)}
+    if op == "snapshot":
+        return {"ok": files.snapshot(_work())}
+    files.wipe(_work())
+    return {"ok": None}
+
+
+def _ready(request, buffers):
+    return {"ok": None}
+
+
+OPS = {"ready": _ready, "call": _call, "env": _env, "install": _install, "prepare": _prepare,
+       "write": _file, "read": _file, "list": _file, "snapshot": _file, "wipe": _file}
+
+
+def handle(request, buffers):
+    """Run one request; return ``(meta, buffers)`` of its answer. Never raises."""
+    marker = request.get("marker")
+    _state.seen.append(marker)
+    if request.get("op") == "pull":
+        try:
+            return _pull(request, buffers)
+        except Exception as exc:
+            return answer(marker, _error(exc))
+    allow_pickle = False
+    try:
+        if request.get("op") == "call":
+            allow_pickle = bool(request.get("pickle"))
+        body = OPS[request["op"]](request, buffers)
+    except files.Refused as exc:
+        body = {"refused": str(exc)}
+    except BaseException as exc:
+        body = _error(exc)
+    finally:
+        restore()
+        _flush()
+    return answer(marker, body, allow_pickle)
+
+
+# -- transports --------------------------------------------------------------------------------
+
+def _on_msg(msg):
+    data = msg["content"].get("data") or {}
+    meta, buffers = handle(data, msg.get("buffers") or [])
+    _state.channel.send(meta, buffers=buffers)
+
+
+class _Frame:
+    """A cell's value whose repr is the text frame of an answer (for relays without comms)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def frame(marker, meta, buffers):
+    """The text frame ``BEGIN-marker length sha256 body END-marker`` of an answer."""
+    body = json.dumps({"meta": meta, "parts": [base64.b64encode(part).decode("ascii") for part in buffers]})
+    digest = hashlib.sha256(body.encode("ascii")).hexdigest()
+    return _Frame(f"BEGIN-{marker} {len(body)} {digest} {body} END-{marker}")
+
+
+def text_request(request_text, buffers_text=()):
+    """Handle a request given as JSON text and base64 buffers; the cell's value is the frame."""
+    request = json.loads(request_text)
+    meta, buffers = handle(request, [base64.b64decode(part) for part in buffers_text])
+    return frame(request["marker"], meta, buffers)
+
+
+def install(marker, work, probe=None, channel=True):
+    """Start serving: capture the originals, restore any leftover environment, open the channel.
+
+    Returns (and, on the channel, also announces in the comm's open message)
+    ``{"marker", "version", "work", "seen"}``, where ``seen`` says whether a request with
+    the marker ``probe`` was received before.
+    """
+    global _state
+    _state = _holder()
+    if _state.originals is None:
+        _state.originals = _capture()
+        _bounded_output()
+    restore()
+    _restore_env()
+    _state.work = os.path.realpath(work or os.getcwd())
+    info = {"marker": marker, "version": VERSION, "work": _state.work, "seen": probe in _state.seen}
+    if channel:
+        old, _state.channel = _state.channel, None
+        if old is not None:
+            try:
+                old.close()
+            except Exception:
+                pass
+        import comm
+
+        _state.channel = comm.create_comm(target_name=TARGET, data=info)
+        _state.channel.on_msg(_on_msg)
+        restore()
+    return info

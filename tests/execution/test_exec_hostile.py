@@ -1,0 +1,279 @@
+"""Hostile tools on a real Docker kernel: forged answers, decode bombs, floods, broken kernels.
+
+A tool controls its kernel: it can find the request's marker, send messages on the channel and
+replace the kernel-side encoder so that the helper's one genuine answer carries any bytes the
+tool likes. None of that may run code on the host, change a host class, grow the host's memory
+without bound, report success for a tool that did not return, or leave the session unusable.
+"""
+
+from __future__ import annotations
+
+import collections
+import fractions
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from exec_helpers import PeakRSS
+from kernel_sandbox.execution import (
+    DecodeLimits,
+    FramingError,
+    ResultLimitError,
+    Sandbox,
+    UnsafePayloadError,
+)
+from kernel_sandbox.kernelside.dataformat import class_name
+
+MiB = 1024 * 1024
+
+
+class AgentState:
+    """The caller's agent state: an attacker would like ``is_admin()`` to say True."""
+
+    def __init__(self) -> None:
+        self.name = "ada"
+
+    def is_admin(self) -> bool:
+        return False
+
+
+WATCHED = [AgentState, fractions.Fraction, collections.Counter, collections.OrderedDict, dict, list, object]
+
+
+def ok(sb: Sandbox) -> None:
+    """The session still works: a plain tool call and a plain run."""
+    assert sb.run_tool(lambda: 40 + 2).func_return == 42
+    assert sb.run("6 * 7").text == "42"
+
+
+@pytest.fixture
+def fresh(docker_engine) -> Iterator[Sandbox]:
+    """A sandbox of its own, for tests that break or kill their kernel."""
+    with Sandbox(timeout=60, interrupt_grace=5) as sb:
+        yield sb
+
+
+def answering_with(doc: bytes) -> Any:
+    """A tool that makes the helper's genuine (single) answer carry ``doc``."""
+
+    def tool() -> str:
+        import sys
+
+        fmt = sys.modules["_kernel_sandbox_dataformat"]
+        real = fmt.encode
+
+        def forged(body: Any, **kwargs: Any) -> tuple[bytes, list[bytes]]:
+            fmt.encode = real
+            return doc, []
+
+        fmt.encode = forged
+        return "innocent"
+
+    return tool
+
+
+def test_forged_documents_cannot_change_host_classes(sandbox: Sandbox) -> None:
+    before = {cls: dict(vars(cls)) for cls in WATCHED}
+    state = class_name(AgentState)
+    attacks = [
+        b'{"r":{"$":"obj","c":"%s","v":{"name":"x","is_admin":true}}}' % state.encode(),
+        b'{"r":{"$":"obj","c":"%s","v":{"__class__":"x","__dict__":{"is_admin":1}}}}' % state.encode(),
+        b'{"r":{"$":"obj","c":"fractions:Fraction","v":{"_numerator":2,"__class__":1}}}',
+        b'{"r":{"$":"obj","c":"collections:Counter","v":{"most_common":"x"}}}',
+        b'{"r":{"$":"pickle","v":"gASVIAAAAAAAAACMCGJ1aWx0aW5zlIwEZXZhbJSTlIwBMZSFlFKULg=="}}',
+    ]
+    for doc in attacks:
+        with pytest.raises(UnsafePayloadError):
+            sandbox.run_tool(answering_with(doc), allowed_classes=[AgentState, fractions.Fraction])
+    counter = sandbox.run_tool(answering_with(b'{"r":{"$":"counter","v":[["most_common","x"]]}}')).func_return
+    assert counter == collections.Counter({"most_common": "x"})
+    assert {cls: dict(vars(cls)) for cls in WATCHED} == before
+    assert AgentState().is_admin() is False
+    assert fractions.Fraction(1) != fractions.Fraction(2)
+    assert collections.Counter("aab").most_common(1) == [("a", 2)]
+    ok(sandbox)
+
+
+BOMBS = {
+    "deep nesting": (b"[" * 300_000 + b"]" * 300_000, "max_depth"),
+    "a huge integer": (b'{"r":' + b"9" * 2_000_000 + b"}", "max_int_digits"),
+    "a million empty lists": (b'{"r":[' + b"[]," * 2_000_000 + b"[]]}", "max_items"),
+    "a Decimal exponent": (b'{"r":{"$":"decimal","v":"1E+999999999"}}', "max_exponent"),
+}
+
+
+@pytest.mark.parametrize("name", list(BOMBS))
+def test_decode_bombs_from_a_tool_are_refused_with_bounded_memory(sandbox: Sandbox, name: str) -> None:
+    doc, limit = BOMBS[name]
+    with PeakRSS() as rss:
+        with pytest.raises(ResultLimitError, match=limit) as info:
+            sandbox.run_tool(answering_with(doc))
+    assert info.value.limit == limit
+    assert rss.growth < 32 * len(doc) + 64 * MiB, f"host RSS grew by {rss.growth / MiB:.0f} MiB"
+    ok(sandbox)
+
+
+def test_collisions_in_a_set_are_refused(sandbox: Sandbox) -> None:
+    items = ",".join(str(k * (2**61 - 1)) for k in range(1, 50_000))
+    with pytest.raises(UnsafePayloadError, match="share one hash"):
+        sandbox.run_tool(answering_with(b'{"r":{"$":"set","v":[%s]}}' % items.encode()))
+
+
+def test_a_result_over_the_size_limit_is_refused_before_it_is_pulled(docker_engine) -> None:
+    with Sandbox(decode_limits=DecodeLimits(max_bytes=8 * MiB)) as sb, PeakRSS() as rss:
+        with pytest.raises(ResultLimitError, match="max_bytes=8388608"):
+            sb.run_tool(lambda: b"x" * (200 * MiB))
+        assert len(sb.run_tool(lambda: b"y" * (6 * MiB)).func_return) == 6 * MiB
+    assert rss.growth < 100 * MiB
+
+
+def test_floods_during_a_call_are_capped_as_they_arrive(sandbox: Sandbox) -> None:
+    def flood() -> str:
+        import sys
+
+        from IPython.display import display
+
+        chunk = "d" * 1_000_000
+        for _ in range(300):
+            display({"text/plain": chunk}, raw=True)
+            print(chunk)
+            print(chunk, file=sys.stderr)
+        return "done"
+
+    with PeakRSS() as rss:
+        result = sandbox.run_tool(flood, timeout=300)
+    assert (result.status, result.func_return) == ("success", "done")
+    assert result.truncated_bytes > 800_000_000
+    assert "[output truncated:" in result.stdout
+    assert len(result.stdout) + len(result.stderr) < 5 * MiB
+    assert rss.growth < 200 * MiB, f"host RSS grew by {rss.growth / MiB:.0f} MiB during a 900 MB flood"
+    ok(sandbox)
+
+
+def test_a_flood_of_messages_on_the_channel_is_dropped_and_a_flood_of_answers_refused(sandbox: Sandbox) -> None:
+    def chatter(forge: bool) -> str:
+        import sys
+
+        frame = sys._getframe()
+        while "request" not in frame.f_locals:
+            frame = frame.f_back
+        marker = frame.f_locals["request"]["marker"] if forge else "not-the-marker"
+        channel = sys.modules["_kernel_sandbox_state"].channel
+        blob = b"c" * 4_000_000
+        for _ in range(100):
+            channel.send({"marker": marker, "lengths": [len(blob)]}, buffers=[blob])
+        return "done"
+
+    with PeakRSS() as rss:
+        assert sandbox.run_tool(chatter, {"forge": False}, timeout=300).func_return == "done"
+        with pytest.raises(FramingError, match="tampered"):
+            sandbox.run_tool(chatter, {"forge": True}, timeout=300)
+    assert rss.growth < 200 * MiB, f"host RSS grew by {rss.growth / MiB:.0f} MiB"
+    ok(sandbox)
+
+
+def test_a_forged_answer_then_a_hang_is_never_a_success(fresh: Sandbox) -> None:
+    def forge_then_hang() -> str:
+        import sys
+        import time
+
+        frame = sys._getframe()
+        while "request" not in frame.f_locals:
+            frame = frame.f_back
+        helper = sys.modules["_kernel_sandbox_toolhost"]
+        meta, buffers = helper.answer(frame.f_locals["request"]["marker"], {"r": "forged"})
+        helper._state.channel.send(meta, buffers=buffers)
+        while True:
+            time.sleep(0.05)
+
+    with pytest.raises(FramingError, match="tampered"):
+        fresh.run_tool(forge_then_hang, timeout=3)
+    ok(fresh)
+
+
+def test_a_forged_answer_then_death_is_reported_and_the_kernel_restarted(fresh: Sandbox) -> None:
+    def forge_then_die() -> str:
+        import os
+        import sys
+
+        frame = sys._getframe()
+        while "request" not in frame.f_locals:
+            frame = frame.f_back
+        helper = sys.modules["_kernel_sandbox_toolhost"]
+        meta, buffers = helper.answer(frame.f_locals["request"]["marker"], {"r": "forged"})
+        helper._state.channel.send(meta, buffers=buffers)
+        sys.stdout.flush()
+        os._exit(0)
+
+    result = fresh.run_tool(forge_then_die)
+    assert (result.status, result.error.name, result.state_lost) == ("error", "KernelDied", True)
+    assert result.func_return is None
+    ok(fresh)
+
+
+def test_a_tool_that_ignores_interrupts_ends_within_its_timeout(fresh: Sandbox) -> None:
+    def stubborn() -> None:
+        import signal
+        import time
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:
+            time.sleep(0.05)
+
+    result = fresh.run_tool(stubborn, timeout=2)
+    assert (result.status, result.error.name, result.state_lost) == ("error", "TimeoutError", True)
+    assert "restarted" in result.error.value
+    ok(fresh)
+
+
+def _vandal(target: str) -> Any:
+    def tool() -> str:
+        import sys
+
+        import comm
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if target == "stdout":
+            sys.stdout = sys.stderr = None
+            print("lost")
+        elif target == "comm manager":
+            shell.kernel.comm_manager = None
+            comm.get_comm_manager = lambda: None
+        elif target == "comm handlers":
+            shell.kernel.shell_handlers.clear()
+        elif target == "channel":
+            for channel in list(comm.get_comm_manager().comms.values()):
+                channel.close()
+        elif target == "display hooks":
+            shell.displayhook = shell.display_pub = sys.displayhook = None
+        elif target == "events":
+            shell.events.register("pre_execute", lambda: 1 / 0)
+        return "vandalised"
+
+    return tool
+
+
+VANDALISM = ["stdout", "comm manager", "comm handlers", "channel", "display hooks", "events"]
+
+
+@pytest.mark.parametrize("target", VANDALISM)
+def test_a_session_survives_what_a_tool_breaks(fresh: Sandbox, target: str) -> None:
+    result = fresh.run_tool(_vandal(target), timeout=20)
+    assert result.status == "success" and result.func_return == "vandalised"
+    for _ in range(3):
+        ok(fresh)
+
+
+@pytest.mark.parametrize("target", VANDALISM)
+def test_a_session_survives_what_a_cell_breaks(fresh: Sandbox, target: str) -> None:
+    """Broken by run() (no tool guard): the next tool call recovers, restarting the kernel if it must."""
+    ok(fresh)
+    fresh.run("import cloudpickle\n_vandal = cloudpickle.loads(%r)\n_vandal()" % (
+        __import__("cloudpickle").dumps(_vandal(target)),), timeout=20)
+    result = fresh.run_tool(lambda: "after", timeout=20)
+    assert result.status == "success" or result.state_lost, result.error
+    for _ in range(3):
+        assert fresh.run_tool(lambda: "again", timeout=20).func_return == "again"
+    assert fresh.run("1 + 1").text == "2"
