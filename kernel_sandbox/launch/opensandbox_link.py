@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
 from ..opensandbox.client import TERMINAL_STATES, ExecdClient, OpenSandboxClient, keep_alive, sandbox_state
-from ..opensandbox.events import MAX_TRACEBACK_CHARS, REPLY_TRACEBACK_CHARS, cap_traceback
+from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
 from ..opensandbox.settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, PrivateDir
@@ -50,6 +50,8 @@ ROUTES_LIMIT = 4096
 NO_REPLY = frozenset({"comm_open", "comm_msg", "comm_close", "input_reply"})
 """Client messages that get no reply: not remembered for routing."""
 RECONNECT_ATTEMPTS = 5
+RECONNECT_WINDOW = 60.0
+"""More than RECONNECT_ATTEMPTS losses of the websocket within this many seconds end the kernel."""
 STOP_WAIT = 30.0
 """Seconds :meth:`OpenSandboxLink.stop` waits for a create in flight to name its sandbox."""
 
@@ -78,6 +80,7 @@ class WebsocketBridge:
         self._shutdown_ids: set[str] = set()
         self._closing = False
         self._reconnecting: asyncio.Future[None] | None = None
+        self._losses: list[float] = []
 
     @property
     def alive(self) -> bool:
@@ -149,7 +152,7 @@ class WebsocketBridge:
         try:
             self.socket.send(channel, parts)
         except OpenSandboxError as exc:
-            log.warning("dropped a %s message: %s", channel, exc)
+            log.warning("dropped a %s message (the kernel websocket is being reopened): %s", channel, exc)
 
     # -- kernel to client ------------------------------------------------------------------------
 
@@ -183,41 +186,41 @@ class WebsocketBridge:
 
     @staticmethod
     def _capped_error(parts: list[bytes]) -> list[bytes]:
-        """An IOPub ``error`` with its traceback capped at 64 KiB (the last lines kept)."""
+        """An IOPub ``error`` within the caps (traceback 64 KiB, its last lines; name and value 8 KiB)."""
         try:
             if json.loads(parts[0]).get("msg_type") != "error":
                 return parts
             content = json.loads(parts[3])
-            traceback = content.get("traceback")
-            if not isinstance(traceback, list) or sum(len(str(line)) for line in traceback) <= MAX_TRACEBACK_CHARS:
-                return parts
-            content["traceback"] = cap_traceback([str(line) for line in traceback])
+            capped = capped_error(content)
         except (ValueError, AttributeError, TypeError, RecursionError):
             return parts
-        return [*parts[:3], _dumps(content), *parts[4:]]
+        return parts if capped is content else [*parts[:3], _dumps(capped), *parts[4:]]
 
     @staticmethod
     def _short_reply(parts: list[bytes]) -> list[bytes]:
-        """An error ``execute_reply`` whose traceback is cut to its last 2 KiB (IOPub has the whole)."""
+        """An error ``execute_reply`` with only the traceback's last 2 KiB (IOPub has the whole)."""
         try:
             content = json.loads(parts[3])
-            traceback = content.get("traceback")
-            if not isinstance(traceback, list) or sum(len(str(line)) for line in traceback) <= REPLY_TRACEBACK_CHARS:
-                return parts
-            content["traceback"] = cap_traceback([str(line) for line in traceback], REPLY_TRACEBACK_CHARS)
+            capped = capped_error(content, REPLY_TRACEBACK_CHARS)
         except (ValueError, AttributeError, TypeError, RecursionError):
             return parts
-        return [*parts[:3], _dumps(content), *parts[4:]]
+        return parts if capped is content else [*parts[:3], _dumps(capped), *parts[4:]]
 
     # -- life ------------------------------------------------------------------------------------
 
     def _lost(self, reason: str) -> None:
         if self._closing or self._reconnecting is not None:
             return
+        now = asyncio.get_running_loop().time()
+        self._losses = [when for when in self._losses if now - when < RECONNECT_WINDOW] + [now]
+        if len(self._losses) > RECONNECT_ATTEMPTS:
+            self._end(ExitStatus(1, f"{reason} {len(self._losses)} times within {RECONNECT_WINDOW:g} s"))
+            return
         self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
 
     async def _reconnect(self, reason: str) -> None:
-        """Open the websocket again (same session: the server keeps the kernel); end the link if it cannot."""
+        """Open the websocket again with the same session id, so the sandbox's Jupyter server replays
+        what the kernel sent meanwhile; end the link if it cannot be opened."""
         delay = 0.2
         try:
             for attempt in range(1, RECONNECT_ATTEMPTS + 1):

@@ -285,6 +285,29 @@ def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[st
     return [note[:limit], *kept[::-1]]
 
 
+def capped_error(content: dict[str, Any], traceback_limit: int = MAX_TRACEBACK_CHARS) -> dict[str, Any]:
+    """An ``error`` / error ``execute_reply`` content within the caps: ``ename`` and ``evalue`` at
+    :data:`MAX_ERROR_FIELD_CHARS`, the traceback's last lines within ``traceback_limit``.
+
+    Returns ``content`` itself when it is within them already (then nothing needs re-serialising).
+    """
+    name, value, traceback = content.get("ename"), content.get("evalue"), content.get("traceback")
+    fits = (
+        (not isinstance(name, str) or len(name) <= MAX_ERROR_FIELD_CHARS)
+        and (not isinstance(value, str) or len(value) <= MAX_ERROR_FIELD_CHARS)
+        and (not isinstance(traceback, list) or sum(len(str(line)) for line in traceback) <= traceback_limit)
+    )
+    if fits:
+        return content
+    capped = dict(content)
+    for key in ("ename", "evalue"):
+        if isinstance(capped.get(key), str):
+            capped[key] = _clip(capped[key], MAX_ERROR_FIELD_CHARS)
+    if isinstance(traceback, list):
+        capped["traceback"] = cap_traceback([str(line) for line in traceback], traceback_limit)
+    return capped
+
+
 def _error(obj: dict[str, Any]) -> ExecdError:
     nested = obj.get("error")
     source = nested if isinstance(nested, dict) else obj

@@ -341,6 +341,25 @@ async def test_websocket_mode_is_a_full_jupyter_kernel(kernel: tuple[AsyncKernel
     finally:
         other.stop_channels()
 
+    # an error far over the caps reaches the client cut: value 8 KiB, traceback 64 KiB, the reply's 2 KiB
+    messages, reply = await execute(kc, "raise ValueError('v' * 100_000 + '\\n' * 50_000)")
+    (error,) = of_type(messages, "error")
+    assert len(error["evalue"]) < 9 * 1024 and sum(map(len, error["traceback"])) <= 64 * 1024
+    assert len(reply["evalue"]) < 9 * 1024 and sum(map(len, reply["traceback"])) <= 2 * 1024
+
+    # a message over max_output_bytes (16 MiB) closes the websocket; the launcher reopens it and goes on
+    # (what the kernel sent right after the big message, on the closing connection, is lost)
+    kc.execute("from IPython.display import display\ndisplay({'text/plain': 'x' * 17_000_000}, raw=True)")
+    await asyncio.sleep(5)
+    messages, reply = await execute(kc, "'after the big one'")
+    assert reply["status"] == "ok"
+    while True:
+        try:
+            messages.append(await kc.get_iopub_msg(timeout=1))
+        except Exception:  # noqa: BLE001 (queue.Empty: nothing more)
+            break
+    assert not [m for m in messages if m["msg_type"] == "display_data"], "the over-cap message reached the client"
+
     completion = (await kc.complete("import matpl", reply=True, timeout=60))["content"]
     assert "matplotlib" in completion["matches"]
     inspection = (await kc.inspect("print", reply=True, timeout=60))["content"]
