@@ -76,7 +76,7 @@ def start_jupyter(token: str) -> tuple[subprocess.Popen[bytes], int]:
     command = [
         sys.executable, "-m", "jupyter_server", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0", "--ServerApp.open_browser=False", f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN",
+        f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN", "--allow-root",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_TOKEN", "JPY_"))}
     return subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
