@@ -59,8 +59,10 @@ def encode_v1(channel: str, parts: Sequence[bytes]) -> bytes:
     return b"".join([struct.pack(f"<{len(offsets) + 1}Q", len(offsets), *offsets), name, *parts])
 
 
-def decode_v1(data: bytes) -> tuple[str, list[bytes]]:
+def decode_v1(data: bytes | str) -> tuple[str, list[bytes]]:
     """The channel and parts of a v1 frame; refuse any layout that does not add up."""
+    if not isinstance(data, bytes):
+        raise OpenSandboxProtocolError("a kernel websocket frame (v1) came as text")
     if len(data) < 8:
         raise OpenSandboxProtocolError("a kernel websocket frame (v1) is shorter than its header")
     (count,) = struct.unpack_from("<Q", data)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileHandler, HostileServer, MiB, RssPeak
+from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, RssPeak, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.opensandbox import (
@@ -253,9 +253,14 @@ async def test_run_once_keeps_the_result_when_delete_fails_and_never_sends_the_k
 
 
 def sandbox_behaviours(hostile: HostileServer) -> dict[str, Any]:
-    """A lifecycle server with one Running sandbox whose execd endpoint is the hostile server itself."""
+    """A lifecycle server with one Running sandbox whose execd endpoint is the hostile server itself,
+    and whose Jupyter server (port 44771) is the hostile server under /jupyter."""
     running = {"id": "sbx", "status": {"state": "Running"}}
     return {
+        "GET /v1/sandboxes/sbx/endpoints/44771": answer(200, {"endpoint": f"127.0.0.1:{hostile.port}/jupyter"}),
+        "GET /jupyter/api/status": answer(200, {}),
+        "POST /jupyter/api/kernels": answer(201, {"id": "k1", "name": "python3"}),
+        "POST /jupyter/api/kernels/k1/interrupt": answer(204),
         "POST /v1/sandboxes": answer(202, running),
         "GET /v1/sandboxes/sbx": answer(200, running),
         "GET /v1/sandboxes/sbx/endpoints/44772": answer(200, {"endpoint": f"127.0.0.1:{hostile.port}"}),
@@ -267,21 +272,20 @@ def sandbox_behaviours(hostile: HostileServer) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def relay(
-    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
-    """The OpenSandbox kernelspec's launcher as a real process, its sandbox's execd the hostile server."""
+async def launched(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any
+) -> tuple[AsyncKernelManager, Any]:
+    """The OpenSandbox kernelspec's launcher as a real process, its sandbox the hostile server."""
     hostile.behaviour.update(sandbox_behaviours(hostile))
     spec_dir = tmp_path / "jupyter" / "kernels" / OPENSANDBOX_SPEC
-    shutil.copytree(shipped_kernelspecs()[OPENSANDBOX_SPEC], spec_dir)
+    shutil.copytree(shipped_kernelspecs()[OPENSANDBOX_SPEC], spec_dir, dirs_exist_ok=True)
     spec = json.loads((spec_dir / "kernel.json").read_text())
     spec["metadata"]["kernel_provisioner"]["config"] = {
         "api_base": f"{hostile.url}/v1",
         "api_key": "secret-key",
-        "mode": "execd",
         "interrupt_grace": 1.0,
         "poll_interval": 0.05,
+        **config,
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
@@ -290,6 +294,26 @@ async def relay(
     kc = km.client()
     kc.start_channels()
     await kc.wait_for_ready(timeout=60)
+    return km, kc
+
+
+@pytest.fixture
+async def relay(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """The launcher in execd mode, its sandbox's execd the hostile server."""
+    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd")
+    yield km, kc
+    kc.stop_channels()
+    await km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+async def bridge(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """The launcher in websocket mode, its sandbox's Jupyter server and kernel websocket hostile."""
+    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="websocket", max_output_bytes=4 * MiB)
     yield km, kc
     kc.stop_channels()
     await km.shutdown_kernel(now=True)
@@ -424,6 +448,67 @@ async def test_relay_survives_an_execd_that_ignores_interrupts_and_floods_the_an
     hostile.behaviour["POST /code"] = stream(COMPLETE)
     reply, _ = await execute(kc)
     assert reply["status"] == "ok"
+
+
+async def test_the_websocket_bridge_survives_a_hostile_kernel(
+    hostile: HostileServer, bridge: tuple[AsyncKernelManager, Any]
+) -> None:
+    """Garbage frames, wrong channels, short messages, unreadable headers and a 3 MB traceback, then a reply."""
+    km, kc = bridge
+    traceback = ["t" * 1000] * 3000
+
+    async def attack(ws: HostileKernelSocket, channel: str, parts: list[bytes]) -> None:
+        request = json.loads(parts[0])
+        if request["msg_type"] != "execute_request":
+            return
+        await ws.raw(b"\x00\x01\x02")
+        await ws.raw((2**62).to_bytes(8, "little") + b"x" * 64)
+        await ws.raw("a text frame in the v1 format")
+        await ws.send("elsewhere", kernel_message("stream", request, {"name": "stdout", "text": "nowhere"}))
+        await ws.send("iopub", kernel_message("stream", request, {"name": "stdout", "text": "short"})[:2])
+        await ws.send("shell", [json.dumps({"msg_type": "execute_reply"}).encode(), b"{", b"{}", b"{}"])
+        await ws.send("shell", [b"[" * 100_000, b"{}", b"{}", b"{}"])
+        error = {"ename": "Boom", "evalue": "v" * 100_000, "traceback": traceback}
+        await ws.send("iopub", kernel_message("error", request, error))
+        await ws.send("iopub", kernel_message("stream", request, {"name": "stdout", "text": "survived\n"}))
+        await ws.send("shell", kernel_message("execute_reply", request, {"status": "error", "execution_count": 1, **error}))
+        await ws.send("iopub", kernel_message("status", request, {"execution_state": "idle"}))
+
+    hostile.kernel_behaviour = attack
+    with RssPeak(km.provisioner.pid) as rss:
+        reply, iopub = await within(execute(kc, "attack"), 120, "the hostile kernel's cell")
+    assert of_type(iopub, "stream") == [{"name": "stdout", "text": "survived\n"}]
+    (error,) = of_type(iopub, "error")
+    assert sum(map(len, error["traceback"])) <= 64 * 1024 and len(error["evalue"]) < 9 * 1024
+    assert reply["status"] == "error" and sum(map(len, reply["traceback"])) <= 2 * 1024
+    assert len(reply["evalue"]) < 9 * 1024
+    assert rss.growth < MEMORY_BOUND, f"launcher RSS grew by {rss.growth / MiB:.0f} MiB"
+    assert await km.is_alive()
+
+
+async def test_a_kernel_that_keeps_sending_over_the_cap_is_ended(
+    hostile: HostileServer, bridge: tuple[AsyncKernelManager, Any]
+) -> None:
+    """Each message over max_output_bytes closes the websocket; the launcher reopens it, a few times only."""
+    km, kc = bridge
+
+    async def flood(ws: HostileKernelSocket) -> None:
+        await ws.raw(b"x" * (5 * MiB))
+
+    async def over_the_cap(ws: HostileKernelSocket, channel: str, parts: list[bytes]) -> None:
+        await flood(ws)
+
+    hostile.kernel_on_open = flood
+    hostile.kernel_behaviour = over_the_cap
+    kc.execute("a request the kernel answers with too much")
+    for _ in range(600):
+        if not await km.is_alive():
+            break
+        await asyncio.sleep(0.1)
+    assert not await km.is_alive(), "the launcher kept reopening a websocket the kernel keeps flooding"
+    assert "times within 60 s" in (km.provisioner.exit_reason or "")
+    assert 2 <= hostile.kernel_connections <= 7
+    assert ("DELETE", "/v1/sandboxes/sbx") in hostile.requests, "the sandbox is deleted"
 
 
 async def reply_to(channel: Any, msg_id: str) -> dict[str, Any]:
