@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,30 @@ def test_the_argv_without_an_api_base_fails_closed_naming_the_variable(tmp_path:
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "OPEN_SANDBOX_API_BASE" in result.stderr and result.stderr.startswith("kernel-sandbox: ")
+
+
+async def test_the_argv_launcher_deletes_its_sandbox_when_its_client_is_gone(
+    fake_opensandbox: FakeOpenSandbox, tmp_path: Path
+) -> None:
+    """A client that ran argv and died (VS Code killed): the launcher notices its parent is gone."""
+    spec_dir = Path(install(OPENSANDBOX_SPEC, prefix=str(tmp_path / "prefix"), config={**FAST, "poll_interval": 0.05}))
+    argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-orphan.json"))
+    cmd = [part.replace("{connection_file}", connection_file) for part in argv]
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": fake_opensandbox.api_base,
+           "OPEN_SANDBOX_API_KEY": fake_opensandbox.lifecycle.api_key}
+    client = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(3)", *cmd], env=env)
+
+    async def created() -> bool:
+        return any(s.body["metadata"].get("kernel-sandbox-kernel-id") == "orphan" for s in fake_opensandbox.lifecycle.live())
+
+    await until(created, "the launcher created no sandbox")
+    client.wait(30)
+    await until(_all_deleted(fake_opensandbox), "the sandbox outlived the client that started its kernel")
+
+
+def _all_deleted(fake: FakeOpenSandbox) -> Any:
+    async def check() -> bool:
+        return not fake.lifecycle.live()
+
+    return check
