@@ -138,7 +138,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         read_end, self._status_fd = os.pipe()
         self._status_reader = read_end
         cmd = [
-            sys.executable, "-m", "kernel_sandbox.launch", "-f", km.connection_file,
+            sys.executable, "-m", "kernel_sandbox.launch", "-f", os.path.realpath(km.connection_file),
             "--config", str(config_file), "--status-fd", str(self._status_fd),
         ]
         kwargs["cwd"] = str(self.private.path)
