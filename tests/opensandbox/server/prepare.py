@@ -18,7 +18,7 @@ Images (all local, all STAND-INS where named so):
 * ``kernel-sandbox-python:latest``: the sandbox image, our kernel image as it is.
 * ``kernel-sandbox-osb-egress-standin``: answers ``/healthz`` and ``/policy`` on 18080 so the
   server accepts a ``networkPolicy``; it enforces nothing.
-* ``kernel-sandbox-osb-code-interpreter-standin``: our kernel image plus jupyter_server and ipywidgets, with
+* ``kernel-sandbox-osb-code-interpreter-standin``: our kernel image plus jupyter_server, ipywidgets and tqdm, with
   ``/opt/code-interpreter/code-interpreter.sh`` starting it on 127.0.0.1:44771 with a token (the
   layout of upstream's code-interpreter image).
 """
@@ -74,12 +74,12 @@ LABEL kernel-sandbox.osb-standin=code-interpreter {hash_label}={hash}
 USER root
 COPY wheelhouse/ /tmp/wheelhouse/
 COPY code_interpreter_standin.sh /opt/code-interpreter/code-interpreter.sh
-RUN pip install --no-index --find-links /tmp/wheelhouse jupyter_server ipywidgets && rm -rf /tmp/wheelhouse
+RUN pip install --no-index --find-links /tmp/wheelhouse jupyter_server ipywidgets tqdm && rm -rf /tmp/wheelhouse
 USER sandbox
 """,
     ),
 }
-WHEELHOUSE_REQUIREMENTS = {CODE_INTERPRETER_IMAGE: "jupyter_server>=2\nipywidgets>=8\n"}
+WHEELHOUSE_REQUIREMENTS = {CODE_INTERPRETER_IMAGE: "jupyter_server>=2\nipywidgets>=8\ntqdm>=4.66\n"}
 
 
 @dataclass(frozen=True)
