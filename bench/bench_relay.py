@@ -29,18 +29,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench_execution import print_table
+from bench_scale import ShippedSpecs
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 from traitlets.config import Config
 
-from bench_execution import print_table
-from bench_scale import ShippedSpecs
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC
 from kernel_sandbox.opensandbox import ExecdClient
 from kernel_sandbox.opensandbox.jupyter import JupyterServer, KernelSocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "opensandbox"))
-from opensandbox_fakes import FakeOpenSandbox  # noqa: E402
+from opensandbox_fakes import FakeOpenSandbox
 
 ROUNDS = 200
 CODE = "1"

@@ -221,7 +221,7 @@ class ExecdRelay:
                 idents, parent, content = self._queue.popleft()
                 try:
                     failed = await self._execute(idents, parent, content)
-                except Exception:  # noqa: BLE001 (the next cell must still run)
+                except Exception:
                     log.exception("the relay failed on a cell")
                     failed = False
                 if failed:

@@ -38,7 +38,7 @@ from ..opensandbox.jupyter import JupyterServer, KernelSocket
 from ..opensandbox.settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from .execd_relay import ExecdRelay
-from .front import REQUEST_CHANNELS, ExitStatus, Front, PROTOCOL_VERSION
+from .front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
 
 log = logging.getLogger("kernel_sandbox.launch")
 

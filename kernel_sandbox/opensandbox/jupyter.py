@@ -21,6 +21,7 @@ it); frames whose layout does not add up are refused with :class:`OpenSandboxPro
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import struct
@@ -33,7 +34,7 @@ import tornado.httpclient
 import tornado.websocket
 
 from ..errors import CallDeadlineExceeded, OpenSandboxConnectionError, OpenSandboxProtocolError, SandboxTimeoutError
-from .client import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, _HTTP, _object, as_str_dict, raise_for_status
+from .client import _HTTP, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, _object, as_str_dict, raise_for_status
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def decode_v1(data: bytes | str) -> tuple[str, list[bytes]]:
     if not 6 <= count <= MAX_PARTS + 2 or len(data) < 8 * (count + 1):
         raise OpenSandboxProtocolError(f"a kernel websocket frame (v1) declares {count} offsets")
     offsets = struct.unpack_from(f"<{count}Q", data, 8)
-    if offsets[0] != 8 * (count + 1) or offsets[-1] != len(data) or any(b < a for a, b in zip(offsets, offsets[1:])):
+    if offsets[0] != 8 * (count + 1) or offsets[-1] != len(data) or any(b < a for a, b in itertools.pairwise(offsets)):
         raise OpenSandboxProtocolError("a kernel websocket frame (v1) has offsets outside the frame")
     channel = data[offsets[0] : offsets[1]].decode("ascii", errors="replace")
     if channel not in CHANNELS:
@@ -111,7 +112,7 @@ def decode_legacy(data: str | bytes) -> tuple[str, list[bytes]]:
         if not 1 <= count <= MAX_PARTS or len(data) < 4 * (count + 1):
             raise OpenSandboxProtocolError(f"a kernel websocket frame (legacy binary) declares {count} parts")
         offsets = [*struct.unpack_from(f"!{count}I", data, 4), len(data)]
-        if offsets[0] < 4 * (count + 1) or any(b < a for a, b in zip(offsets, offsets[1:])):
+        if offsets[0] < 4 * (count + 1) or any(b < a for a, b in itertools.pairwise(offsets)):
             raise OpenSandboxProtocolError("a kernel websocket frame (legacy binary) has offsets outside the frame")
         text: str | bytes = data[offsets[0] : offsets[1]]
         buffers = [data[offsets[i] : offsets[i + 1]] for i in range(1, count)]
@@ -294,7 +295,7 @@ class KernelSocket:
     def _dispatch(self, channel: str, parts: list[bytes]) -> None:
         try:
             self._on_message(channel, parts)
-        except Exception:  # noqa: BLE001 (one bad message must not end the connection)
+        except Exception:
             log.exception("handling a message from the sandbox's kernel websocket failed")
 
     def _closed(self, reason: str) -> None:

@@ -20,6 +20,7 @@ import pytest
 from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, RssPeak, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs
 from kernel_sandbox.opensandbox import (
     CallDeadlineExceeded,
     ExecdClient,
@@ -32,7 +33,6 @@ from kernel_sandbox.opensandbox import (
     SandboxTimeoutError,
     run_once,
 )
-from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs
 
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}
@@ -113,9 +113,8 @@ async def within(awaitable: Any, seconds: float, what: str) -> Any:
 async def test_huge_execd_answers_are_capped(hostile: HostileServer, route: str, call: Any, status: int) -> None:
     hostile.behaviour[route] = huge(400 * MiB, status)
     execd = ExecdClient(hostile.url)
-    with RssPeak() as rss:
-        with pytest.raises((ResponseTooLarge, SandboxTimeoutError, OutputLimitExceeded)) as info:
-            await within(call(execd), 60, route)
+    with RssPeak() as rss, pytest.raises((ResponseTooLarge, SandboxTimeoutError, OutputLimitExceeded)) as info:
+        await within(call(execd), 60, route)
     await execd.aclose()
     if route == "POST /code" and status == 200:
         assert "exceeded 16777216 bytes (max_output_bytes)" in str(info.value)
@@ -128,9 +127,8 @@ async def test_huge_execd_answers_are_capped(hostile: HostileServer, route: str,
 async def test_huge_lifecycle_answer_is_capped(hostile: HostileServer) -> None:
     hostile.behaviour["GET /v1/sandboxes/sbx"] = huge(100 * MiB)
     client = OpenSandboxClient(f"{hostile.url}/v1", "key")
-    with RssPeak() as rss:
-        with pytest.raises(ResponseTooLarge, match="cap of 4194304 bytes"):
-            await within(client.get("sbx"), 60, "GET")
+    with RssPeak() as rss, pytest.raises(ResponseTooLarge, match="cap of 4194304 bytes"):
+        await within(client.get("sbx"), 60, "GET")
     await client.aclose()
     assert rss.growth < MEMORY_BOUND
 
@@ -336,7 +334,7 @@ async def execute(kc: Any, code: str = "cell") -> tuple[dict[str, Any], list[dic
         if reply["parent_header"].get("msg_id") == msg_id:
             replies.append(reply["content"])
             break
-    with pytest.raises(Exception):  # noqa: B017,PT011 (queue.Empty: no second reply may follow)
+    with pytest.raises(Exception):  # noqa: B017 (queue.Empty: no second reply may follow)
         await kc.get_shell_msg(timeout=0.5)
     return replies[0], iopub
 

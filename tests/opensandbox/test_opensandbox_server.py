@@ -333,7 +333,7 @@ async def test_websocket_mode_is_a_full_jupyter_kernel(kernel: tuple[AsyncKernel
         other_id = other.execute("second = input('other? ')", allow_stdin=True)
         request = await other.get_stdin_msg(timeout=120)
         assert request["parent_header"]["msg_id"] == other_id
-        with pytest.raises(Exception):  # noqa: B017,PT011 (queue.Empty: the first client is not asked)
+        with pytest.raises(Exception):  # noqa: B017 (queue.Empty: the first client is not asked)
             await kc.get_stdin_msg(timeout=1)
         other.input("two")
         while (await other.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != other_id:
