@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import pickle
 import statistics
 import subprocess
@@ -134,12 +135,14 @@ async def main(rounds: int) -> None:
 
     async with AsyncSandbox("local") as local, AsyncSandbox() as docker:
         one_kb, one_mb = {"blob": "s" * 1024}, {"blob": "s" * 1024 * 1024}
-        local_exec, docker_exec, tool_kb, tool_mb, fresh_kb, fresh_mb = await samples(
+        fresh_states = ({**one_mb, "round": index} for index in itertools.count())
+        local_exec, docker_exec, tool_kb, tool_mb, tool_mb_new, fresh_kb, fresh_mb = await samples(
             rounds,
             lambda: local.run("1"),
             lambda: docker.run("1"),
             lambda: docker.run_tool(agent_tool, agent_state=one_kb),
             lambda: docker.run_tool(agent_tool, agent_state=one_mb),
+            lambda: docker.run_tool(agent_tool, agent_state=next(fresh_states)),
             lambda: fresh_interpreter(one_kb),
             lambda: fresh_interpreter(one_mb),
         )
@@ -152,6 +155,9 @@ async def main(rounds: int) -> None:
                      f"{kb:.2f} ms tool (p90 {p90(tool_kb):.2f})", f"{kb / bare:.2f}x bare (goal <= 1.0x)"))
         rows.append(("tool call, 1 MB state (both ways), p50", "goal p50 <= 20 ms",
                      f"{mb:.2f} ms tool (p90 {p90(tool_mb):.2f})", f"{mb / bare:.2f}x bare"))
+        new_mb = statistics.median(tool_mb_new)
+        rows.append(("tool call, 1 MB state new every call, p50", "the state travels in too",
+                     f"{new_mb:.2f} ms tool (p90 {p90(tool_mb_new):.2f})", f"{new_mb / bare:.2f}x bare"))
         for label, fresh, tool in (("1 KB", fresh_kb, kb), ("1 MB", fresh_mb, mb)):
             fresh_p50 = statistics.median(fresh)
             rows.append((f"fresh interpreter per call, {label}", f"{fresh_p50:.2f} ms (Letta's local way)",

@@ -23,6 +23,8 @@ from kernel_sandbox.kernelspecs import install
 
 IN_CI = bool(os.environ.get("CI"))
 
+pytest_plugins = ["security_figures"]
+
 
 def _unavailable(reason: str) -> None:
     if IN_CI:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
+import hashlib
 import inspect
 import json
 import mimetypes
@@ -50,6 +51,7 @@ LIVENESS_INTERVAL = 1.0
 IOPUB_HWM = 32
 TEXT_CHUNK = 1024 * 1024
 RESTORE_GRACE = 10.0
+KEEP_STATE_BYTES = 64 * 1024
 REPLY_GRACE = 2.0
 T = TypeVar("T")
 Callback = Callable[[Any], Any] | None
@@ -259,6 +261,7 @@ class AsyncSandbox:
         self._channel: str | None = None
         self._installed = False
         self._restarts = 0
+        self._kept_state: str | None = None
         self.work_dir: str = ""
         if backend == "local":
             warnings.warn(
@@ -303,7 +306,7 @@ class AsyncSandbox:
         return self
 
     async def _connect(self) -> None:
-        self._channel, self._installed = None, False
+        self._channel, self._installed, self._kept_state = None, False, None
         self._context = zmq.asyncio.Context()
         self._context.setsockopt(zmq.RCVHWM, IOPUB_HWM)
         self._kc = self._km.client(context=self._context)
@@ -787,7 +790,7 @@ class AsyncSandbox:
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
         async with self._lock:
-            return await self._op({"op": op, "path": ".", **params}, (), seconds, deadline)
+            return await self._op({"op": op, **params}, (), seconds, deadline)
 
     # -- packages --------------------------------------------------------------------------
 
@@ -836,15 +839,27 @@ class AsyncSandbox:
         ``status`` is ``"success"`` only if the tool returned and exactly one answer came.
         """
         values = check_env(env)
-        payload = tool_payload(tool, args, agent_state, name, values)
+        call, state = tool_payload(tool, args, agent_state, name, values)
         allowed = {**self._allowed, **allowed_map(allowed_classes)}
         seconds, deadline = self._deadline(timeout)
+        keep = len(state) >= KEEP_STATE_BYTES
+        digest = hashlib.sha256(state).hexdigest() if keep else None
         assert self._lock is not None
         async with self._lock:
-            body, execution = await self._request(
-                {"op": "call", "length": len(payload), "pickle": self.unsafe_pickle}, [payload], seconds, deadline,
-                limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
-            )
+            for _ in range(2):
+                send_state = not keep or digest != self._kept_state
+                request = {"op": "call", "length": len(call), "pickle": self.unsafe_pickle,
+                           "state": {"length": len(state), "digest": digest, "keep": keep}}
+                body, execution = await self._request(
+                    request, [call, state] if send_state else [call], seconds, deadline,
+                    limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
+                )
+                error = body_error(body)
+                if not send_state and error is not None and error.name == "StateNotKept":
+                    self._kept_state = None
+                    continue
+                self._kept_state = digest if keep and body is not None and not execution.state_lost else None
+                break
         result = ToolResult(
             "error", stdout=execution.stdout, stderr=execution.stderr, state_lost=execution.state_lost,
             truncated_bytes=execution.truncated_bytes,

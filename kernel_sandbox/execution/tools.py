@@ -38,7 +38,7 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
-def _dumps_by_value(obj: Any, modules: Iterable[str]) -> bytes:
+def _dumps_by_value(objects: Iterable[Any], modules: Iterable[str]) -> list[bytes]:
     registered = []
     with _pickle_lock:
         try:
@@ -50,7 +50,7 @@ def _dumps_by_value(obj: Any, modules: Iterable[str]) -> bytes:
                     except ValueError:
                         continue
                     registered.append(module)
-            return cloudpickle.dumps(obj, protocol=4)
+            return [cloudpickle.dumps(obj, protocol=4) for obj in objects]
         finally:
             for module in registered:
                 cloudpickle.unregister_pickle_by_value(module)
@@ -76,8 +76,11 @@ def _is_installed(module_name: str) -> bool:
 def tool_payload(
     tool: Callable[..., Any] | str, args: Mapping[str, Any] | None, agent_state: Any, name: str | None,
     env: dict[str, str],
-) -> bytes:
-    """The pickled call: function or source and name, arguments, agent state and environment."""
+) -> tuple[bytes, bytes]:
+    """The pickled call (function or source and name, arguments, environment) and the pickled state.
+
+    The state is pickled apart so that a large one the kernel already holds need not travel again.
+    """
     if isinstance(tool, str):
         if not name:
             raise ValueError("run_tool(source, name=...): name the function the source defines")
@@ -87,9 +90,10 @@ def tool_payload(
         name = name or getattr(tool, "__name__", "tool")
     else:
         raise TypeError(f"tool must be a function or its source, not {type(tool).__name__}")
-    call = {"func": func, "source": source, "name": name, "args": dict(args or {}), "state": agent_state, "env": env}
+    call = {"func": func, "source": source, "name": name, "args": dict(args or {}), "env": env}
     modules = _local_modules(func, agent_state, *(args or {}).values())
-    return _dumps_by_value(call, modules)
+    call_bytes, state_bytes = _dumps_by_value([call, agent_state], modules)
+    return call_bytes, state_bytes
 
 
 def body_error(body: Any) -> ExecutionError | None:

@@ -1,4 +1,11 @@
-"""A restricted unpickler for results that come back from a sandbox (untrusted bytes)."""
+"""The restricted unpickler behind ``unsafe_pickle=True`` (off by default).
+
+Results normally come back in the data-only format of :mod:`.decode`, and the host never runs
+pickle opcodes from a sandbox. A caller who trusts the sandbox's output may opt into pickled
+values for what that format cannot carry; they are decoded here, with only plain types and the
+caller's allowed classes resolvable. That is weaker than data-only decoding (an allowed class's
+own code runs, and allowed names can still be combined to change objects), hence the name.
+"""
 
 from __future__ import annotations
 

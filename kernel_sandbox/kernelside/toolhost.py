@@ -53,7 +53,7 @@ def _holder():
     holder = sys.modules.get("_kernel_sandbox_state")
     if not isinstance(holder, types.ModuleType):
         holder = types.ModuleType("_kernel_sandbox_state")
-        holder.channel = holder.originals = holder.work = holder.env = None
+        holder.channel = holder.originals = holder.work = holder.env = holder.states = None
         holder.seen = collections.deque(maxlen=64)
         holder.pending = {}
         sys.modules["_kernel_sandbox_state"] = holder
@@ -224,10 +224,32 @@ def _work():
     return _state.work or os.getcwd()
 
 
+class StateNotKept(LookupError):
+    """The call named an agent state by its digest, and this kernel does not hold it (any more)."""
+
+
+def _agent_state(request, buffers):
+    """The call's pickled agent state: sent along, or the one kept from an earlier call."""
+    described = request.get("state") or {}
+    if len(buffers) == 2:
+        if len(buffers[1]) != described.get("length"):
+            raise ValueError("the tool call's payload did not arrive intact")
+        data = bytes(buffers[1])
+        if described.get("keep"):
+            _state.states = {described["digest"]: data}
+        return data
+    data = (_state.states or {}).get(described.get("digest"))
+    if data is None:
+        raise StateNotKept("the agent state is not kept here")
+    return data
+
+
 def _call(request, buffers):
-    if len(buffers) != 1 or len(buffers[0]) != request.get("length"):
+    if len(buffers) not in (1, 2) or len(buffers[0]) != request.get("length"):
         raise ValueError("the tool call's payload did not arrive intact")
+    state_data = _agent_state(request, buffers)
     payload = pickle.loads(buffers[0])
+    payload["state"] = pickle.loads(state_data)
     func = payload["func"]
     if func is None:
         namespace = {"__name__": "__kernel_sandbox_tool__"}
@@ -304,7 +326,7 @@ def _prepare(request, buffers):
 
 
 def _file(request, buffers):
-    op, path = request["op"], request["path"]
+    op, path = request["op"], request.get("path", ".")
     if op == "write":
         return {"ok": files.write_chunk(_work(), path, request["offset"], buffers[0])}
     if op == "read":

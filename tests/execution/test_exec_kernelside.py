@@ -44,9 +44,10 @@ def ask(request: dict[str, Any], buffers: list[bytes] = ()) -> Any:  # type: ign
 
 
 def call(func: Any, *, args: dict[str, Any] | None = None, state: Any = None, env: dict[str, str] | None = None) -> Any:
-    payload = cloudpickle.dumps({"func": func, "source": None, "name": None, "args": args or {}, "state": state,
-                                 "env": env or {}})
-    return ask({"op": "call", "length": len(payload)}, [payload])
+    payload = cloudpickle.dumps({"func": func, "source": None, "name": None, "args": args or {}, "env": env or {}})
+    pickled_state = cloudpickle.dumps(state)
+    described = {"length": len(pickled_state), "digest": "d", "keep": False}
+    return ask({"op": "call", "length": len(payload), "state": described}, [payload, pickled_state])
 
 
 def test_the_modules_are_read_as_text_for_the_kernel() -> None:
@@ -94,8 +95,11 @@ def test_requests_answer_and_never_raise(work: Path) -> None:
     assert ask({"op": "read", "path": "a.txt", "offset": 0, "size": 10, "limit": 10}) == {"ok": [2, b"hi"]}
     assert "refused" in ask({"op": "read", "path": "../x", "offset": 0, "size": 1, "limit": 1})
     assert ask({"op": "nope"})["error"]["name"] == "KeyError"
-    assert ask({"op": "call", "length": 5}, [b"short"])["error"]["name"] == "UnpicklingError"
+    assert ask({"op": "call", "length": 5}, [b"short"])["error"]["name"] == "StateNotKept"
     assert "did not arrive intact" in ask({"op": "call", "length": 6}, [b"short"])["error"]["value"]
+    described = {"length": 5, "digest": "d", "keep": True}
+    assert ask({"op": "call", "length": 5, "state": described}, [b"short", b"state"])["error"]["name"] == "UnpicklingError"
+    assert ask({"op": "call", "length": 5, "state": described}, [b"short"])["error"]["name"] == "UnpicklingError"
 
 
 def test_tool_calls_return_value_state_and_every_exception() -> None:

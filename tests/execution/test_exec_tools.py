@@ -283,3 +283,37 @@ def test_pydantic_and_attrs_states_round_trip_on_a_local_kernel() -> None:
         assert (counted.func_return, counted.agent_state) == (1, Counter(calls=1))
         with pytest.raises(UnsafePayloadError, match="Memory, which is not in allowed_classes"):
             sb.run_tool(learn, {"fact": "x"}, Agent(name="b", memory=Memory()), allowed_classes=[Agent])
+
+
+def test_a_large_unchanged_state_is_not_sent_again(docker_engine) -> None:
+    """The kernel keeps the last large state it received, by digest; a call with that same state
+    sends only the digest, and a kernel that lost it asks for it again."""
+    sandbox = Sandbox().start()
+    sb = sandbox._async
+    sent: list[int] = []
+    real_send = sb._kc.session.send
+
+    def counting(stream, msg, buffers=None, **kwargs):
+        if isinstance(msg, dict) and msg.get("msg_type") == "comm_msg":
+            sent.append(sum(len(buffer) for buffer in buffers or []))
+        return real_send(stream, msg, buffers=buffers, **kwargs)
+
+    def grow(agent_state: dict) -> int:
+        agent_state["n"] = agent_state.get("n", 0) + 1
+        return len(agent_state["blob"])
+
+    state = {"blob": "k" * 500_000}
+    sb._kc.session.send = counting
+    try:
+        assert sandbox.run_tool(grow, agent_state=state).agent_state["n"] == 1
+        again = sandbox.run_tool(grow, agent_state=state)
+        sandbox.run("import sys\nsys.modules['_kernel_sandbox_state'].states = None")
+        lost = sandbox.run_tool(grow, agent_state=state)
+        changed = sandbox.run_tool(grow, agent_state={**state, "n": 10})
+    finally:
+        sb._kc.session.send = real_send
+        sandbox.close()
+    assert (again.agent_state["n"], lost.agent_state["n"], changed.agent_state["n"]) == (1, 1, 11)
+    assert state == {"blob": "k" * 500_000}
+    big = [size > 400_000 for size in sent]
+    assert big == [True, False, False, True, True], sent
