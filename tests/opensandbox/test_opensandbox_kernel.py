@@ -85,6 +85,7 @@ async def test_cells_after_an_error_are_aborted_as_ipykernel_does(kernel: tuple[
     assert (await kc.execute_interactive("print('after')", timeout=60))["content"]["status"] == "ok"
 
 
+@pytest.mark.security("fault", "sessions")
 @pytest.mark.parametrize("state", ["Failed", "Terminated"])
 async def test_a_sandbox_that_ends_ends_the_kernel(
     kernel: tuple[AsyncKernelManager, Any], fake_opensandbox: FakeOpenSandbox, state: str
@@ -111,6 +112,7 @@ async def test_an_unknown_state_is_not_declared_dead(
     sandbox.state = "Running"
 
 
+@pytest.mark.security("fault", "sessions")
 async def test_failed_launch_deletes_the_sandbox(opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox) -> None:
     """A wrong execd token makes readiness fail after the sandbox exists."""
     fake_opensandbox.lifecycle.advertised_token = "wrong"
@@ -119,6 +121,7 @@ async def test_failed_launch_deletes_the_sandbox(opensandbox_kernelspec: str, fa
     assert len(fake_opensandbox.lifecycle.deleted) >= 1 and not fake_opensandbox.lifecycle.live()
 
 
+@pytest.mark.security("fault", "sessions")
 async def test_renewals_run_while_the_launcher_lives_and_its_sandbox_is_deleted_when_it_is_killed(
     opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox
 ) -> None:
@@ -143,6 +146,7 @@ async def _renewed(sandbox: Any, count: int) -> bool:
     return len(sandbox.renewals) >= count
 
 
+@pytest.mark.security("fault", "options")
 async def test_missing_api_base_is_a_clear_error(opensandbox_kernelspec: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPEN_SANDBOX_API_BASE")
     with pytest.raises(OpenSandboxConfigError, match="OPEN_SANDBOX_API_BASE"):
@@ -164,6 +168,7 @@ def test_options_come_from_kernelspec_config_and_traitlets() -> None:
         OpenSandboxProvisioner(api_base="http://127.0.0.1:1/v1", timeout=5).settings()
 
 
+@pytest.mark.security("fault", "options")
 def test_the_argv_without_an_api_base_fails_closed_naming_the_variable(tmp_path: Path) -> None:
     """A client that ignores provisioners (VS Code) runs argv: no API base, no kernel, never a local one."""
     spec_dir = Path(install(OPENSANDBOX_SPEC, prefix=str(tmp_path / "prefix")))
@@ -177,6 +182,7 @@ def test_the_argv_without_an_api_base_fails_closed_naming_the_variable(tmp_path:
     assert "OPEN_SANDBOX_API_BASE" in result.stderr and result.stderr.startswith("kernel-sandbox: ")
 
 
+@pytest.mark.security("fault", "sessions")
 async def test_the_argv_launcher_deletes_its_sandbox_when_its_client_is_gone(
     fake_opensandbox: FakeOpenSandbox, tmp_path: Path
 ) -> None:

@@ -424,6 +424,7 @@ async def test_output_over_the_cap_is_cut_and_the_code_interrupted(
         await km.shutdown_kernel(now=True)
 
 
+@pytest.mark.security("fault", "sessions")
 async def test_an_expired_sandbox_makes_the_kernel_dead(deployment: Any, deployment_jupyter_path: Path) -> None:
     """The published server removes an expired sandbox (404, never Terminated); the launcher must notice."""
     from datetime import datetime, timedelta, timezone
@@ -520,6 +521,7 @@ def argv_spec(deployment: Any, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return spec_dir, env
 
 
+@pytest.mark.security("fault", "sessions")
 def test_the_argv_kernel_runs_in_the_sandbox_streams_interrupts_and_sigterm_leaves_no_sandbox(
     argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
 ) -> None:
@@ -559,6 +561,7 @@ def test_the_argv_kernel_runs_in_the_sandbox_streams_interrupts_and_sigterm_leav
         kernel.close()
 
 
+@pytest.mark.security("fault", "sessions")
 def test_sigkill_of_the_argv_launcher_stops_renewals_and_the_server_expires_the_sandbox(
     argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
 ) -> None:

@@ -159,6 +159,7 @@ async def test_abort_from_another_thread_ends_a_cell_that_never_stops() -> None:
     assert reply["status"] == "error" and reply["evalue"] == "execd did not end the cell"
 
 
+@pytest.mark.security("attack", "opensandbox")
 async def test_the_traceback_is_published_once_capped_and_the_reply_keeps_a_short_tail() -> None:
     lines = [f"frame {i} " + "x" * 1000 for i in range(10_000)]
     published = Published()

@@ -49,6 +49,7 @@ def test_defaults_round_trip_and_the_key_is_never_shown() -> None:
         ({"api_key": 12}, "api_key='***'"),
     ],
 )
+@pytest.mark.security("fault", "options")
 def test_a_bad_option_is_refused_naming_it(config: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError) as info:
         OpenSandboxSettings.from_config(config)
@@ -117,6 +118,7 @@ def test_legacy_matches_jupyter_server(buffers: list[bytes]) -> None:
         encode_v1("shell", PARTS).replace(b"shell", b"hello"),
     ],
 )
+@pytest.mark.security("attack", "opensandbox")
 def test_hostile_v1_frames_are_refused(frame: bytes) -> None:
     with pytest.raises(OpenSandboxProtocolError):
         decode_v1(frame)
@@ -134,11 +136,13 @@ def test_hostile_v1_frames_are_refused(frame: bytes) -> None:
         struct.pack("!I", 2**31),
     ],
 )
+@pytest.mark.security("attack", "opensandbox")
 def test_hostile_legacy_frames_are_refused(frame: str | bytes) -> None:
     with pytest.raises(OpenSandboxProtocolError):
         decode_legacy(frame)
 
 
+@pytest.mark.security("fuzz", "opensandbox")
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400) | st.builds(lambda n, rest: struct.pack("<Q", n) + rest, st.integers(0, 2**64 - 1), st.binary(max_size=200)))
 def test_any_bytes_decode_or_are_refused(frame: bytes) -> None:
