@@ -1,16 +1,17 @@
 """Relay overhead per execute: the launcher's two OpenSandbox modes vs the same sandbox endpoints called directly.
 
 Run: ``python bench/bench_relay.py [--rounds N]`` (no Docker needed). The protocol-faithful fake
-lifecycle server and execd of tests/opensandbox serve on 127.0.0.1; behind execd is a real
-ipykernel, and each fake sandbox runs a real jupyter_server (reached through execd's
-``/proxy/<port>/``, as the code-interpreter image is). Side by side, interleaved round by round:
+lifecycle server and execd of tests/opensandbox serve on 127.0.0.1 from a process of their own
+(as execd runs apart from its clients); behind execd is a real ipykernel, and each fake sandbox
+runs a real jupyter_server (reached through execd's ``/proxy/<port>/``, as the code-interpreter
+image is). Side by side, interleaved round by round:
 
 * (a) ``1`` executed through jupyter_client and the ``sandboxed-python-opensandbox`` kernelspec in
   execd mode (client -> launcher's execd relay -> execd), (b) the same code in an execd context
   of the same execd with ``ExecdClient.run``: the execd relay's overhead is (a) - (b);
-* (w) the kernelspec in websocket mode (client -> launcher -> the Jupyter server's kernel
-  websocket), (d) the same execute sent straight to a kernel of the same Jupyter server over its
-  websocket: the bridge's overhead is (w) - (d);
+* (w) the kernelspec in websocket mode (client -> launcher -> execd's proxy -> the Jupyter
+  server's kernel websocket), (d) the same execute sent over the same proxy straight to a kernel
+  of a Jupyter server of the same kind: the bridge's overhead is (w) - (d);
 * (c) a local ipykernel as the floor, and an empty execute, which the execd relay answers
   without calling execd (the cost of one Jupyter message cycle through the launcher).
 
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -39,11 +42,42 @@ from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC
 from kernel_sandbox.opensandbox import ExecdClient
 from kernel_sandbox.opensandbox.jupyter import JupyterServer, KernelSocket
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "opensandbox"))
-from opensandbox_fakes import FakeOpenSandbox
-
+FAKES = Path(__file__).resolve().parents[1] / "tests" / "opensandbox"
 ROUNDS = 200
 CODE = "1"
+SERVE_FAKES = f"""
+import json, logging, secrets, sys
+sys.path.insert(0, {str(FAKES)!r})
+from opensandbox_fakes import FakeOpenSandbox, start_jupyter
+logging.disable(logging.ERROR)  # the proxy logs every 502 while a Jupyter server starts
+fake = FakeOpenSandbox(jupyter=True).start()
+token = secrets.token_hex(16)
+jupyter, port = start_jupyter(token)
+print(json.dumps(dict(api_base=fake.api_base, api_key=fake.lifecycle.api_key, execd_url=fake.execd_url,
+                      execd_token=fake.execd.token, jupyter=fake.execd_url.replace("/44772", f"/{{port}}"),
+                      jupyter_token=token)), flush=True)
+try:
+    sys.stdin.read()
+finally:
+    jupyter.terminate()
+    fake.stop()
+"""
+
+
+class Fakes:
+    """The fake lifecycle server and execd in a process of their own, and one more Jupyter server behind its proxy."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVE_FAKES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        self.info = json.loads(self.process.stdout.readline())
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(60)
 
 
 async def execute(kc: Any, code: str) -> None:
@@ -118,30 +152,27 @@ async def started(km: AsyncKernelManager) -> Any:
     return kc
 
 
-def relay_manager(fake: FakeOpenSandbox, mode: str) -> AsyncKernelManager:
-    options = {"api_base": fake.api_base, "api_key": fake.lifecycle.api_key, "poll_interval": 0.05, "mode": mode}
+def relay_manager(fakes: Fakes, mode: str) -> AsyncKernelManager:
+    info = fakes.info
+    options = {"api_base": info["api_base"], "api_key": info["api_key"], "poll_interval": 0.05, "mode": mode}
     config = Config({"OpenSandboxProvisioner": options})
     return AsyncKernelManager(kernel_name=OPENSANDBOX_SPEC, kernel_spec_manager=ShippedSpecs(), config=config)
 
 
 async def measure(rounds: int) -> dict[str, float]:
     """Median milliseconds of each path: relay, execd, websocket, websocket direct, local, and two empty executes."""
-    fake = FakeOpenSandbox(jupyter=True).start()
-    execd_km, ws_km = relay_manager(fake, "execd"), relay_manager(fake, "websocket")
+    fakes = Fakes()
+    info = fakes.info
+    execd_km, ws_km = relay_manager(fakes, "execd"), relay_manager(fakes, "websocket")
     local_km = AsyncKernelManager(kernel_name="python3")
     managers = (execd_km, ws_km, local_km)
     direct = DirectWebsocket()
-    jupyter: JupyterServer | None = None
+    jupyter = JupyterServer(info["jupyter"], info["jupyter_token"])
     try:
         execd_kc, ws_kc, local_kc = [await started(km) for km in managers]
-        (sandbox,) = [
-            s for s in fake.lifecycle.live() if s.body["metadata"]["kernel-sandbox-kernel-id"] == ws_km.kernel_id
-        ]
-        jupyter = JupyterServer(
-            f"{fake.execd_url.rsplit('/proxy/', 1)[0]}/proxy/{sandbox.jupyter_ports[1]}", sandbox.body["env"]["JUPYTER_TOKEN"]
-        )
+        await jupyter.wait_ready(120)
         await direct.open(jupyter)
-        async with ExecdClient(fake.execd_url, {"X-EXECD-ACCESS-TOKEN": fake.execd.token}) as execd:
+        async with ExecdClient(info["execd_url"], {"X-EXECD-ACCESS-TOKEN": info["execd_token"]}) as execd:
             context_id = await execd.create_context()
             medians = await interleaved_medians(
                 rounds,
@@ -160,10 +191,9 @@ async def measure(rounds: int) -> dict[str, float]:
     finally:
         if direct.socket is not None:
             direct.socket.close()
-        if jupyter is not None:
-            await jupyter.aclose()
+        await jupyter.aclose()
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in managers if km.has_kernel))
-        fake.stop()
+        fakes.stop()
     return medians
 
 
