@@ -32,8 +32,9 @@ from kernel_sandbox.provisioners.opensandbox import OpenSandboxProvisioner
 FAST = {"poll_interval": 0.05, "state_check_interval": 0.2, "mode": "execd"}
 
 
-def manager(kernel_name: str, **options: Any) -> AsyncKernelManager:
-    return AsyncKernelManager(kernel_name=kernel_name, config=Config({"OpenSandboxProvisioner": {**FAST, **options}}))
+def manager(kernel_name: str, kernel_id: str | None = None, **options: Any) -> AsyncKernelManager:
+    config = Config({"OpenSandboxProvisioner": {**FAST, **options}})
+    return AsyncKernelManager(kernel_name=kernel_name, kernel_id=kernel_id, config=config)
 
 
 async def until(predicate: Any, what: str, seconds: float = 30) -> None:
@@ -208,3 +209,40 @@ def _all_deleted(fake: FakeOpenSandbox) -> Any:
         return not fake.lifecycle.live()
 
     return check
+
+
+async def test_reattach_after_server_restart(opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox) -> None:
+    """A restarted Jupyter server finds the launcher (within orphan_timeout) and its sandbox again."""
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    first = manager(opensandbox_kernelspec)
+    await first.start_kernel()
+    kc = first.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    assert (await kc.execute_interactive("kept = 'state survives'", timeout=60))["content"]["status"] == "ok"
+    kc.stop_channels()
+    info = await first.provisioner.get_provisioner_info()
+    sandbox_id = first.provisioner.sandbox_id
+
+    second = manager(opensandbox_kernelspec, kernel_id=first.kernel_id)
+    second.provisioner = KernelProvisionerFactory.instance().create_provisioner_instance(
+        first.kernel_id, second.kernel_spec, parent=second
+    )
+    await second.provisioner.load_provisioner_info(info)
+    second.load_connection_info(info["connection_info"])
+    assert second.provisioner.sandbox_id == sandbox_id
+    kc = second.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        outputs: list[str] = []
+        reply = await kc.execute_interactive(
+            "print(kept)", timeout=60, output_hook=lambda m: outputs.append(m["content"].get("text", ""))
+        )
+        assert reply["content"]["status"] == "ok" and "state survives\n" in outputs
+    finally:
+        kc.stop_channels()
+    await second.shutdown_kernel()
+    assert sandbox_id in fake_opensandbox.lifecycle.deleted and not fake_opensandbox.lifecycle.live()
+    await asyncio.wait_for(first.provisioner.wait(), 30)
