@@ -12,18 +12,21 @@ import sys
 import warnings
 
 import bench_execution
+import bench_launcher
 import bench_relay
 import bench_scale
 
 
 def main() -> int:
-    """Run bench_execution, bench_relay and bench_scale in turn; the exit code is bench_scale's."""
+    """Run bench_execution, bench_launcher, bench_relay and bench_scale in turn; the exit code is bench_scale's."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     quick = parser.parse_args().quick
     warnings.simplefilter("ignore")
     print("== bench_execution: execution API on Docker vs a local ipykernel ==", flush=True)
     asyncio.run(bench_execution.main(10 if quick else bench_execution.ROUNDS))
+    print("\n== bench_launcher: the launcher's argv and provisioner paths vs a local ipykernel ==", flush=True)
+    asyncio.run(bench_launcher.main(20 if quick else bench_launcher.ROUNDS))
     print("\n== bench_relay: OpenSandbox relay vs direct execd (fakes on 127.0.0.1) ==", flush=True)
     asyncio.run(bench_relay.main(20 if quick else bench_relay.ROUNDS))
     print("\n== bench_scale: many Docker kernels at once ==", flush=True)

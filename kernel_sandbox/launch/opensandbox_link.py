@@ -258,7 +258,7 @@ class OpenSandboxLink:
     def __init__(
         self,
         settings: OpenSandboxSettings,
-        private: PrivateDir,
+        private: PrivateDir | None,
         *,
         kernel_id: str,
         env: dict[str, str],
@@ -338,7 +338,12 @@ class OpenSandboxLink:
     def _created(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
         self._named.set()
-        self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
+        self._record(sandbox_id)
+
+    def _record(self, sandbox_id: str | None) -> None:
+        """Tell the provisioner (its private directory) which sandbox to delete should the launcher be killed."""
+        if self.private is not None:
+            self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
 
     async def _connect(self, client: OpenSandboxClient, sandbox_id: str) -> WebsocketBridge | ExecdRelay:
         settings = self.settings
@@ -461,7 +466,7 @@ class OpenSandboxLink:
             except (KernelSandboxError, OSError) as exc:
                 log.error("could not delete the kernel's sandbox %s: %s", self.sandbox_id, exc)
             else:  # nothing left for the provisioner to remove
-                self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": None})
+                self._record(None)
         for closer in (self._jupyter, self._client):
             if closer is not None:
                 await closer.aclose()

@@ -28,11 +28,12 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Any as AnyTrait
 from traitlets import Undefined
 
-from ..errors import ConfigError, KernelLaunchError
+from .. import errors
+from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..launch import passed_env
 from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
 from ..settings import check_names
 
-FORWARDED_ENV = ("JPY_SESSION_NAME",)
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
 
 
@@ -124,14 +125,13 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         km.ip = str(self.private / "k")
         km.write_connection_file(jupyter_session=env.get("JPY_SESSION_NAME", ""))
         self.connection_info = km.get_connection_info()
-        names = [*self.kernel_spec.env, *FORWARDED_ENV]
         config_file = self.private.write_json(
             CONFIG,
             {
                 "provisioner": self.backend,
                 "settings": settings.to_config(),
                 "kernel_id": self.kernel_id,
-                "env": {name: env[name] for name in names if name in env},
+                "env": passed_env(self.kernel_spec.env, env),
                 "cwd": str(cwd) if cwd else None,
             },
         )
@@ -160,8 +160,9 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         if not ready:
             code = await asyncio.to_thread(self.process.wait)
             reason = self._read_exit(code)
+            recorded = self.private.read_json(EXIT) if self.private else None
             await self._forget()
-            raise KernelLaunchError(reason)
+            raise _launch_error(recorded, reason)
         return self.connection_info
 
     def _read_exit(self, code: int) -> str:
@@ -248,6 +249,18 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise ConfigError("provisioner info without a private_dir: nothing to re-attach to")
         self.private = PrivateDir(Path(private_dir))
         self.private.hold(OWNER_LOCK)
+
+
+def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:
+    """The error the launcher reported (same class: ImageMissing, ConfigError...), or a launch error."""
+    name = recorded.get("error", "") if isinstance(recorded, dict) else ""
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, KernelSandboxError):
+        try:
+            return kind(reason)
+        except TypeError:  # a class that needs more than a message
+            pass
+    return KernelLaunchError(reason)
 
 
 def _read_status(fd: int) -> bool:
