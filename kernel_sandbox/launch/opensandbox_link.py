@@ -210,17 +210,23 @@ class WebsocketBridge:
 
     def _lost(self, reason: str) -> None:
         if self._closing or self._reconnecting is not None:
-            return
-        now = asyncio.get_running_loop().time()
-        self._losses = [when for when in self._losses if now - when < RECONNECT_WINDOW] + [now]
-        if len(self._losses) > RECONNECT_ATTEMPTS:
-            self._end(ExitStatus(1, f"{reason} {len(self._losses)} times within {RECONNECT_WINDOW:g} s"))
+            return  # a reconnect in progress sees the new socket closed itself
+        if self._too_many_losses(reason):
             return
         self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
 
+    def _too_many_losses(self, reason: str) -> bool:
+        """Count one loss of the websocket; past RECONNECT_ATTEMPTS within RECONNECT_WINDOW, end the kernel."""
+        now = asyncio.get_running_loop().time()
+        self._losses = [when for when in self._losses if now - when < RECONNECT_WINDOW] + [now]
+        if len(self._losses) <= RECONNECT_ATTEMPTS:
+            return False
+        self._end(ExitStatus(1, f"{reason} {len(self._losses)} times within {RECONNECT_WINDOW:g} s"))
+        return True
+
     async def _reconnect(self, reason: str) -> None:
         """Open the websocket again with the same session id, so the sandbox's Jupyter server replays
-        what the kernel sent meanwhile; end the link if it cannot be opened."""
+        what the kernel sent meanwhile; end the link if it cannot be opened or keeps closing."""
         delay = 0.2
         try:
             for attempt in range(1, RECONNECT_ATTEMPTS + 1):
@@ -229,11 +235,16 @@ class WebsocketBridge:
                     return
                 try:
                     await self._connect()
-                    log.warning("%s; reconnected (attempt %d)", reason, attempt)
-                    return
                 except OpenSandboxError as exc:
                     log.warning("%s; reconnecting failed (attempt %d): %s", reason, attempt, exc)
-                delay *= 2
+                    delay *= 2
+                    continue
+                assert self.socket is not None
+                if not self.socket.closed:
+                    log.warning("%s; reconnected (attempt %d)", reason, attempt)
+                    return
+                if self._too_many_losses(reason):
+                    return
             self._end(ExitStatus(1, f"{reason}, and it could not be reopened"))
         finally:
             self._reconnecting = None
