@@ -29,6 +29,7 @@ import logging
 import os
 import secrets
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
@@ -64,7 +65,7 @@ class WebsocketBridge:
     """Bridge the client's channels to a kernel of the sandbox's Jupyter server, over its websocket."""
 
     def __init__(
-        self, front: Front, jupyter: JupyterServer, settings: OpenSandboxSettings, end: Any
+        self, front: Front, jupyter: JupyterServer, settings: OpenSandboxSettings, end: Callable[[ExitStatus], None]
     ) -> None:
         self.front = front
         self.jupyter = jupyter
@@ -75,12 +76,14 @@ class WebsocketBridge:
         self.socket: KernelSocket | None = None
         self._routes: collections.OrderedDict[str, list[Any]] = collections.OrderedDict()
         self._last: dict[str, list[Any]] = {}
-        self._probe_id = ""
+        self._probes: set[str] = set()
+        """Ids of the launcher's own kernel_info requests: their replies are not the clients'."""
         self._probed: asyncio.Future[None] | None = None
         self._shutdown_ids: set[str] = set()
         self._closing = False
         self._reconnecting: asyncio.Future[None] | None = None
         self._losses: list[float] = []
+        self._held: list[tuple[str, list[Any]]] = []
 
     @property
     def alive(self) -> bool:
@@ -118,9 +121,10 @@ class WebsocketBridge:
 
     def _probe(self) -> None:
         assert self.socket is not None
-        self._probe_id = uuid.uuid4().hex
+        probe_id = uuid.uuid4().hex
+        self._probes.add(probe_id)
         header = {
-            "msg_id": self._probe_id,
+            "msg_id": probe_id,
             "msg_type": "kernel_info_request",
             "username": "kernel-sandbox",
             "session": self.session_id,
@@ -147,12 +151,21 @@ class WebsocketBridge:
                     self._routes.popitem(last=False)
             if msg_type == "shutdown_request":
                 self._shutdown_ids.add(msg_id)
-        if self.socket is None:
+        if self.socket is None or self.socket.closed:
+            if self._reconnecting is not None and len(self._held) < WAITING_LIMIT:
+                self._held.append((channel, parts))  # sent once the websocket is open again
+            else:
+                log.warning("dropped a %s message: the kernel websocket is closed", channel)
             return
+        self.send_parts(channel, parts)
+
+    def send_parts(self, channel: str, parts: list[Any]) -> None:
+        """Write one message to the open websocket (logged and dropped when it closed meanwhile)."""
+        assert self.socket is not None
         try:
             self.socket.send(channel, parts)
         except OpenSandboxError as exc:
-            log.warning("dropped a %s message (the kernel websocket is being reopened): %s", channel, exc)
+            log.warning("dropped a %s message: %s", channel, exc)
 
     # -- kernel to client ------------------------------------------------------------------------
 
@@ -170,8 +183,8 @@ class WebsocketBridge:
         except (ValueError, AttributeError, TypeError, RecursionError):
             log.warning("dropped a %s message from the kernel without a readable header", channel)
             return
-        if parent_id == self._probe_id and self._probed is not None:
-            if not self._probed.done():
+        if parent_id in self._probes:
+            if self._probed is not None and not self._probed.done():
                 self._probed.set_result(None)
             return
         if channel == "stdin":
@@ -242,6 +255,9 @@ class WebsocketBridge:
                 assert self.socket is not None
                 if not self.socket.closed:
                     log.warning("%s; reconnected (attempt %d)", reason, attempt)
+                    held, self._held = self._held, []
+                    for channel, parts in held:
+                        self.send_parts(channel, parts)
                     return
                 if self._too_many_losses(reason):
                     return
