@@ -23,7 +23,7 @@ from kernel_sandbox.kernelspecs import install
 
 IN_CI = bool(os.environ.get("CI"))
 
-pytest_plugins = ["security_figures"]
+pytest_plugins = ["security_figures", "ci_strict", "pytester"]
 
 
 def _unavailable(reason: str) -> None:
