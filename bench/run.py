@@ -41,9 +41,10 @@ MEASURES = [
     *bench_peers.MEASURES,
     Measure("pool", "Kernel from a warm pool", "ms", "`AsyncSandboxPool.acquire()` when a kernel is ready."),
     *bench_output.MEASURES,
-    Measure("relay", "OpenSandbox relay vs direct execd (execute `1`)", "ms",
-            "Protocol-faithful fake lifecycle server and execd on 127.0.0.1, a real ipykernel behind execd; "
-            "see bench_relay.py. The relay's cost is (a) − (b)."),
+    Measure("relay", "OpenSandbox through the launcher vs the sandbox's endpoints called directly (execute `1`)", "ms",
+            "Protocol-faithful fake lifecycle server and execd on 127.0.0.1 in a process of their own, a real "
+            "ipykernel behind execd and a real Jupyter server behind its proxy; see bench_relay.py. The relay's "
+            "cost is (a) − (b) in execd mode and (w) − (d) in websocket mode."),
     Measure("scale_count", "Many Docker kernels at once: how many", "kernels", lower_is_better=False),
     Measure("scale_time", "Many Docker kernels at once: time", "s"),
     Measure("scale_memory", "Many Docker kernels at once: memory", "MiB"),
