@@ -260,7 +260,7 @@ class Launcher:
 
     def __init__(self, spec_dir: str, argv: list[str]) -> None:
         self.spec_dir, self.argv = spec_dir, argv
-        self.dir = tempfile.mkdtemp(prefix="ks-bench-launcher-")
+        self.dir = ""
         self.proc: asyncio.subprocess.Process | None = None
         self.kc: AsyncKernelClient | None = None
 
@@ -288,6 +288,7 @@ class Launcher:
     async def start(self) -> float:
         """Start the argv and return milliseconds to the first kernel_info reply."""
         started = time.perf_counter()
+        self.dir = tempfile.mkdtemp(prefix="ks-bench-launcher-")
         fname, info = write_connection_file(os.path.join(self.dir, f"kernel-{uuid.uuid4()}.json"), ip="127.0.0.1")
         stderr = Path(self.dir, "stderr.txt")
         with stderr.open("wb") as sink:
@@ -318,7 +319,8 @@ class Launcher:
                     break
                 except asyncio.TimeoutError:
                     continue
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class _Keep(dict):
