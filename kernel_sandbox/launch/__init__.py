@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..policy import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
-from .front import Connection, ExitStatus, Front, OutputPolicy
+from .front import Connection, ExitStatus, Front
 
 DOCKER_PROVISIONER = "kernel-sandbox-docker"
 OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
@@ -124,8 +125,12 @@ def read_request(args: argparse.Namespace) -> LaunchRequest:
 
 
 def output_policy(settings: DockerSettings) -> OutputPolicy:
-    """The output policy for a kernel with these settings (everything passes, for now)."""
-    return OutputPolicy()
+    """A new output policy for one kernel connection with these settings (it tracks widget comms)."""
+    return OutputPolicy.from_name(
+        settings.output_policy,
+        allow_mime_types=settings.allow_mime_types,
+        allow_widget_modules=settings.allow_widget_modules,
+    )
 
 
 async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> None:

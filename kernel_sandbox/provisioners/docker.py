@@ -28,6 +28,7 @@ from ..containers import docker_client, remove_container, resolve_mounts
 from .. import errors
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..launch import passed_env
+from ..policy import output_policy_trait
 from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
 from ..settings import OPTIONS, DockerSettings, check_names
 
@@ -65,6 +66,9 @@ class DockerProvisioner(LocalProvisioner):  # type: ignore[misc]
     launch_timeout = _option("launch_timeout")
     orphan_timeout = _option("orphan_timeout")
     kernel_cmd = _option("kernel_cmd")
+    output_policy = output_policy_trait()
+    allow_mime_types = _option("allow_mime_types")
+    allow_widget_modules = _option("allow_widget_modules")
 
     private: PrivateDir | None = None
     exit_reason: str | None = None
