@@ -225,6 +225,16 @@ def test_trusted_passes_everything_unchanged(specs, tmp_path: Path) -> None:
     assert data[1]["text/html"] == '<img src=x onerror="alert(1)">'
 
 
+
+@pytest.mark.parametrize("mode", ["strict", "trusted"])
+def test_the_execution_api_sets_the_relays_policy(docker_engine, mode: str) -> None:
+    from kernel_sandbox.execution import Sandbox
+
+    with Sandbox(output_policy=mode) as sandbox:
+        execution = sandbox.run("display({'application/javascript': 'alert(1)', 'text/plain': 'js'}, raw=True)")
+    [result] = execution.results
+    assert ("application/javascript" in result) is (mode == "trusted")
+
 # ---- the front on its own: what a kernel sends that the policy cannot read ------------------------
 
 
