@@ -34,6 +34,7 @@ import zmq
 
 from ..errors import KernelLaunchError
 from ..policy import OutputPolicy
+from .zmtp import LARGE_FRAME
 
 DELIM = b"<IDS|MSG>"
 REQUEST_CHANNELS = ("shell", "control", "stdin")
@@ -153,9 +154,12 @@ class Reader:
             self._loop.call_soon(self._drain)
 
     def send(self, frames: list[Any]) -> None:
-        """Send ``frames`` without blocking (a full queue drops them, as ZMQ's own relays do)."""
+        """Send ``frames`` without blocking (a full queue drops them, as ZMQ's own relays do).
+
+        Large frames are not copied: ZMQ keeps a reference until they are sent.
+        """
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             log.warning("dropped a message: the %s queue is full", self.name)
         self.kick()
@@ -172,10 +176,10 @@ class Reader:
             return
         for _ in range(self.BATCH):
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._handle(frames)
+            self._handle([frame.buffer if len(frame) >= LARGE_FRAME else frame.bytes for frame in frames])
         self.kick()
 
     def close(self) -> None:
