@@ -6,9 +6,14 @@ client's five channels by relaying them to it. Clients that launch a kernelspec'
 themselves (VS Code, PyCharm) run it with ``--kernelspec``; the Docker provisioner runs it with
 ``--config``, a 0600 file in the kernel's private directory holding its effective settings.
 
+The kernelspec's provisioner picks the backend: ``kernel-sandbox-docker`` runs the kernel in a
+Docker container (:mod:`.docker_link`), ``kernel-sandbox-opensandbox`` in an OpenSandbox sandbox
+(:mod:`.opensandbox_link`); the OpenSandbox provisioner runs the launcher the same way.
+
 Lifecycle: SIGINT interrupts the running cell; SIGTERM, a ``shutdown_request`` or the end of
-the launcher ends the kernel and removes its container (a SIGKILLed launcher's container ends
-through its lifeline). When the process that started the launcher goes away, the kernel is
+the launcher ends the kernel and removes its container or sandbox (a SIGKILLed launcher's
+container ends through its lifeline; its sandbox expires ``timeout`` seconds after the last
+renewal). When the process that started the launcher goes away, the kernel is
 shut down: at once for a client that ran ``argv``, after ``orphan_timeout`` for a provisioner
 (whose successor may re-attach meanwhile). Exit status 0 is a clean shutdown; a kernel that
 could not be sandboxed exits 1 with one message on stderr saying why and how to fix it.
@@ -28,13 +33,18 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..policy import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
-from .front import Connection, ExitStatus, Front
+from .front import Connection, ExitStatus, Front, KernelLink
+
+if TYPE_CHECKING:
+    from ..opensandbox.settings import OpenSandboxSettings
+
+Settings = Union[DockerSettings, "OpenSandboxSettings"]
 
 DOCKER_PROVISIONER = "kernel-sandbox-docker"
 OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
@@ -50,7 +60,7 @@ class LaunchRequest:
     """Everything a launch needs: the client's connection, the settings and where they came from."""
 
     connection: Connection
-    settings: DockerSettings
+    settings: Settings
     kernel_id: str
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
@@ -78,23 +88,29 @@ def request_from_kernelspec(connection: Connection, connection_file: str, spec_d
     """A launch by a client that ran the kernelspec's argv: the settings are kernel.json's own."""
     spec = _read_json(str(Path(spec_dir) / "kernel.json"), "kernelspec")
     provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
-    name = provisioner.get("provisioner_name")
-    if name == OPENSANDBOX_PROVISIONER:
-        raise KernelLaunchError(
-            "this OpenSandbox kernelspec needs a provisioner-aware client (JupyterLab, jupyter_server, "
-            "nbclient, papermill) until the launcher can start OpenSandbox sandboxes itself; it never "
-            "runs a kernel outside a sandbox. Use the Docker kernelspec (Sandboxed Python) in this client."
-        )
-    if name != DOCKER_PROVISIONER:
-        raise KernelLaunchError(f"{spec_dir}/kernel.json does not select the {DOCKER_PROVISIONER} provisioner")
+    settings = settings_from_config(provisioner.get("provisioner_name"), provisioner.get("config", {}))
     stem = Path(connection_file).stem
     kernel_id = stem[len("kernel-"):] if stem.startswith("kernel-") else uuid.uuid4().hex
     return LaunchRequest(
         connection=connection,
-        settings=DockerSettings.from_config(provisioner.get("config", {})),
+        settings=settings,
         kernel_id=kernel_id,
         env=passed_env(spec.get("env", {}), os.environ),
         cwd=os.getcwd(),
+    )
+
+
+def settings_from_config(provisioner_name: Any, config: Any) -> Settings:
+    """The checked settings of ``provisioner_name``'s kernel (OpenSandbox's with the API base resolved)."""
+    if provisioner_name == DOCKER_PROVISIONER:
+        return DockerSettings.from_config(config)
+    if provisioner_name == OPENSANDBOX_PROVISIONER:
+        from ..opensandbox.settings import OpenSandboxSettings
+
+        return OpenSandboxSettings.from_config(config).resolved()
+    raise KernelLaunchError(
+        f"the kernelspec selects the provisioner {provisioner_name!r}, which the launcher does not know; "
+        f"use {DOCKER_PROVISIONER} or {OPENSANDBOX_PROVISIONER}"
     )
 
 
@@ -106,7 +122,7 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
         raise ConfigError(f"{config_file} holds no 'settings' mapping")
     return LaunchRequest(
         connection=connection,
-        settings=DockerSettings.from_config(config["settings"]),
+        settings=settings_from_config(config.get("provisioner", DOCKER_PROVISIONER), config["settings"]),
         kernel_id=str(config.get("kernel_id") or uuid.uuid4().hex),
         env=dict(config.get("env") or {}),
         cwd=config.get("cwd"),
@@ -124,12 +140,30 @@ def read_request(args: argparse.Namespace) -> LaunchRequest:
     raise KernelLaunchError("the launcher needs --kernelspec DIR or --config FILE")
 
 
-def output_policy(settings: DockerSettings) -> OutputPolicy:
+def make_link(request: LaunchRequest, private: PrivateDir | None) -> KernelLink:
+    """The kernel link for the request's backend (imported on demand: each pulls in its SDK)."""
+    if isinstance(request.settings, DockerSettings):
+        from .docker_link import DockerLink  # the docker SDK takes a while to import
+
+        return DockerLink(
+            request.settings,
+            private,
+            kernel_id=request.kernel_id,
+            owner_pid=request.client_pid,
+            env=request.env,
+            cwd=request.cwd,
+        )
+    from .opensandbox_link import OpenSandboxLink
+
+    return OpenSandboxLink(request.settings, private, kernel_id=request.kernel_id, env=request.env)
+
+
+def output_policy(settings: Settings) -> OutputPolicy:
     """A new output policy for one kernel connection with these settings (it tracks widget comms)."""
     return OutputPolicy.from_name(
         settings.output_policy,
-        allow_mime_types=settings.allow_mime_types,
-        allow_widget_modules=settings.allow_widget_modules,
+        allow_mime_types=getattr(settings, "allow_mime_types", ()),
+        allow_widget_modules=getattr(settings, "allow_widget_modules", ()),
     )
 
 
@@ -168,16 +202,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
         print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
         _finish(private, ExitStatus(1, str(exc), type(exc).__name__))
         return 1
-    from .docker_link import DockerLink  # the docker SDK takes a while to import
-
-    link = DockerLink(
-        request.settings,
-        private,
-        kernel_id=request.kernel_id,
-        owner_pid=request.client_pid,
-        env=request.env,
-        cwd=request.cwd,
-    )
+    link = make_link(request, private)
 
     def stop_with(reason: str) -> None:
         if not stop.done():

@@ -47,7 +47,7 @@ def test_install_writes_the_options_into_kernel_json(tmp_path: Path) -> None:
 def test_install_refuses_an_option_the_provisioner_lacks(tmp_path: Path) -> None:
     result = cli("install", "--prefix", str(tmp_path), "--kernel", "sandboxed-python-opensandbox", "--memory", "1g")
     assert result.returncode == 1
-    assert "kernel-sandbox-opensandbox has no option memory" in result.stderr
+    assert "the OpenSandbox backend has no option 'memory'" in result.stderr
     assert "resource_limits" in result.stderr
 
 

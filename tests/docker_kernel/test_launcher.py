@@ -218,11 +218,6 @@ def test_without_the_image_the_argv_names_the_build_command(tmp_path: Path) -> N
     assert "kernel-sandbox image build --tag kernel-sandbox-python:no-such-tag" in refusal(spec_dir, tmp_path)
 
 
-def test_the_opensandbox_kernelspec_refuses_clients_that_ignore_provisioners(tmp_path: Path) -> None:
-    spec_dir = Path(install("sandboxed-python-opensandbox", prefix=str(tmp_path)))
-    assert "needs a provisioner-aware client" in refusal(spec_dir, tmp_path)
-
-
 def test_no_installed_kernelspec_can_start_a_kernel_outside_a_sandbox(jupyter_prefix: Path) -> None:
     """Every kernelspec of ours runs the launcher with an absolute interpreter in isolated mode."""
     specs = {
