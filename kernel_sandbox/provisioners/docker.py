@@ -16,6 +16,7 @@ import docker.errors
 from ..containers import docker_client, remove_container, resolve_mounts
 from ..errors import KernelSandboxError
 from ..launch import DOCKER_PROVISIONER
+from ..policy import output_policy_trait
 from ..settings import OPTIONS, DockerSettings
 from .launched import LaunchedProvisioner, option_trait
 
@@ -50,6 +51,9 @@ class DockerProvisioner(LaunchedProvisioner):
     launch_timeout = option_trait(OPTIONS["launch_timeout"])
     orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
     kernel_cmd = option_trait(OPTIONS["kernel_cmd"])
+    output_policy = output_policy_trait()
+    allow_mime_types = option_trait(OPTIONS["allow_mime_types"])
+    allow_widget_modules = option_trait(OPTIONS["allow_widget_modules"])
 
     def settings(self) -> DockerSettings:
         """The effective settings: traitlets configuration and kernel.json, checked."""
