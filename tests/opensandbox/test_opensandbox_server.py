@@ -635,8 +635,8 @@ async def test_gc_deletes_this_hosts_sandboxes_whose_launcher_is_dead(deployment
     """Only sandboxes of this host whose launcher is gone; a live launcher's and another host's stay."""
     from kernel_sandbox.opensandbox.gc import LABEL_LAUNCHER_PID, LABEL_OWNER_HOST, host_label
 
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await gone.wait()
     options = deployment.options()
     owners = {
         "dead": {LABEL_OWNER_HOST: host_label(), LABEL_LAUNCHER_PID: str(gone.pid)},
