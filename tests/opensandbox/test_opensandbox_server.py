@@ -612,7 +612,9 @@ def test_sandbox_run_files_tools_timeout(
     options = deployment.options(mode)
     options.pop("resource_limits")
     with Sandbox("opensandbox", memory="1g", cpus=1, **options) as sb:
+        assert sb._async._comms is (mode == "websocket"), "comm tool calls exactly where the kernel has comms"
         assert sb.run("print('hi'); 6 * 7").text == "42"
+        assert sb.run("import os; print(os.environ['TOOL_KEY'])", env={"TOOL_KEY": "k-1"}).stdout == "k-1\n"
         assert sb.upload({"in/a.txt": b"data"}) == ["in/a.txt"]
         assert sb.download("in/a.txt") == b"data"
 
