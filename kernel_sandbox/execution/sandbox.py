@@ -200,7 +200,7 @@ class AsyncSandbox:
     hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
     (decode values the data format cannot carry from pickles: off, see the README),
     ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
-    backend's provisioner config. Docker options are checked here, before anything starts.
+    backend's provisioner config. Docker and OpenSandbox options are checked here, before anything starts.
     """
 
     def __init__(
@@ -250,9 +250,8 @@ class AsyncSandbox:
             "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
-        if backend == "docker":
-            check_options(self._options)
-        self._comms = backend != "opensandbox"
+        check_options(backend, self._options)
+        self._comms = backend != "opensandbox"  # tool calls on a comm; on OpenSandbox decided in _connect
         self._km: Any = None
         self._kc: Any = None
         self._context: zmq.asyncio.Context | None = None
@@ -315,6 +314,11 @@ class AsyncSandbox:
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
+        if self.backend == "opensandbox":  # the launcher's execd relay has no comms; the websocket mode has
+            from ..launch.execd_relay import IMPLEMENTATION
+
+            info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
+            self._comms = info["content"].get("implementation") != IMPLEMENTATION
 
     def _disconnect(self) -> None:
         kc, context, self._kc, self._context = self._kc, self._context, None, None
