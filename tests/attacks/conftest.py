@@ -66,3 +66,7 @@ def other_user() -> Iterator[OtherUser]:
         yield OtherUser(name, pwd.getpwnam(name).pw_uid)
     finally:
         subprocess.run(["userdel", name], check=False)
+
+
+local_kernel = policy_fixtures.kernel
+"""A real local ipykernel (module scope), to make real widget messages for the policy tests."""
