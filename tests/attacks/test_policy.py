@@ -30,13 +30,10 @@ def through(policy: OutputPolicy, messages: list[dict]) -> list[tuple[str, dict 
     return out
 
 
-def _opened(seen: list[tuple[str, dict | None]], model_name: str) -> list[dict | None]:
-    return [c for t, c in seen if t == "comm_open" and c is not None
-            and c["data"]["state"].get("_model_name") in (model_name, "HTMLModel") and c["comm_id"]]
-
-
-def _links(seen: list[tuple[str, dict | None]]) -> list[dict]:
-    return [c for t, c in seen if t == "comm_open" and c is not None and "Link" in str(c["data"]["state"].get("_model_name"))]
+def _links(seen: list[tuple[str, dict | None]], messages: list[dict]) -> list[dict]:
+    """What the client sees of the kernel's link widgets (by the kernel's own comm_open)."""
+    return [c for (t, c), m in zip(seen, messages)
+            if t == "comm_open" and "Link" in str(m["content"]["data"]["state"].get("_model_name")) and c is not None]
 
 
 def _refused(content: dict) -> bool:
@@ -66,9 +63,9 @@ def test_frontend_links_cannot_carry_unchecked_text_into_html(local_kernel, code
     """A widget link (jslink/jsdlink) runs in the browser: it may not write into a field the policy checks."""
     run = local_kernel.run("import ipywidgets as w\n" + code)
     seen = through(OutputPolicy(), run.iopub)
-    [link] = _links(seen)
+    [link] = _links(seen, run.iopub)
     assert _refused(link), (
-        f"the strict policy passed a {link['data']['state'].get('_model_name')} whose browser-side copy writes "
+        "the strict policy passed a widget link whose browser-side copy writes "
         "unchecked text into a checked field (an HTML widget's value, an Output's outputs, a description's HTML "
         "switch): in JupyterLab its <img onerror> runs"
     )
@@ -83,7 +80,7 @@ def test_a_link_cannot_be_turned_onto_a_checked_field_later(local_kernel) -> Non
         "l = w.jsdlink((t, 'value'), (u, 'value'))\nl.target = (h, 'value')"
     )
     seen = through(OutputPolicy(), run.iopub)
-    [link] = _links(seen)
+    [link] = _links(seen, run.iopub)
     assert not _refused(link), "a link between two text fields is harmless and must pass"
     link_id = link["comm_id"]
     retargets = [c for t, c in [(m["header"]["msg_type"], m["content"]) for m in run.iopub]
@@ -100,7 +97,7 @@ def test_links_between_plain_fields_still_work(local_kernel) -> None:
     """A slider linked to a number box (what people use links for) passes untouched."""
     run = local_kernel.run("import ipywidgets as w\ns = w.IntSlider()\nn = w.IntText()\nw.jslink((s, 'value'), (n, 'value'))")
     seen = through(OutputPolicy(), run.iopub)
-    [link] = _links(seen)
+    [link] = _links(seen, run.iopub)
     assert not _refused(link)
     assert all(c is m["content"] or c == m["content"] for (t, c), m in zip(seen, run.iopub))
 
