@@ -1,20 +1,30 @@
-"""Relay overhead per execute: the OpenSandbox relay kernel vs the same execd called directly.
+"""Relay overhead per execute: the launcher's two OpenSandbox modes vs the same sandbox endpoints called directly.
 
 Run: ``python bench/bench_relay.py [--rounds N]`` (no Docker needed). The protocol-faithful fake
-lifecycle server and execd of tests/opensandbox serve on 127.0.0.1; behind execd is a real
-ipykernel. Side by side, interleaved round by round: (a) a trivial execute through
-jupyter_client and the ``sandboxed-python-opensandbox`` kernelspec (relay kernel -> execd),
-(b) the same code in the same execd context with ``ExecdClient.run``, (c) a local ipykernel
-as the floor. The relay's overhead is (a) - (b); DESIGN.md §7 asks for at most 2 ms. An empty
-execute, which the relay answers without calling execd, shows the cost of the Jupyter message
-cycle alone, on the relay and on a local ipykernel.
+lifecycle server and execd of tests/opensandbox serve on 127.0.0.1 from a process of their own
+(as execd runs apart from its clients); behind execd is a real ipykernel, and each fake sandbox
+runs a real jupyter_server (reached through execd's ``/proxy/<port>/``, as the code-interpreter
+image is). Side by side, interleaved round by round:
+
+* (a) ``1`` executed through jupyter_client and the ``sandboxed-python-opensandbox`` kernelspec in
+  execd mode (client -> launcher's execd relay -> execd), (b) the same code in an execd context
+  of the same execd with ``ExecdClient.run``: the execd relay's overhead is (a) - (b);
+* (w) the kernelspec in websocket mode (client -> launcher -> execd's proxy -> the Jupyter
+  server's kernel websocket), (d) the same execute sent over the same proxy straight to a kernel
+  of a Jupyter server of the same kind: the bridge's overhead is (w) - (d);
+* (c) a local ipykernel as the floor, and an empty execute, which the execd relay answers
+  without calling execd (the cost of one Jupyter message cycle through the launcher).
+
+DESIGN.md §7 asks for at most 2 ms over the direct call.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -22,19 +32,53 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.manager import AsyncKernelManager
-from traitlets.config import Config
-
 from bench_execution import print_table
 from bench_scale import ShippedSpecs
+from report import Row
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.session import Session
+from traitlets.config import Config
+
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC
 from kernel_sandbox.opensandbox import ExecdClient
+from kernel_sandbox.opensandbox.jupyter import JupyterServer, KernelSocket
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "opensandbox"))
-from opensandbox_fakes import FakeOpenSandbox  # noqa: E402
-
+FAKES = Path(__file__).resolve().parents[1] / "tests" / "opensandbox"
 ROUNDS = 200
 CODE = "1"
+SERVE_FAKES = f"""
+import json, logging, secrets, sys
+sys.path.insert(0, {str(FAKES)!r})
+from opensandbox_fakes import FakeOpenSandbox, start_jupyter
+logging.disable(logging.ERROR)  # the proxy logs every 502 while a Jupyter server starts
+fake = FakeOpenSandbox(jupyter=True).start()
+token = secrets.token_hex(16)
+jupyter, port = start_jupyter(token)
+print(json.dumps(dict(api_base=fake.api_base, api_key=fake.lifecycle.api_key, execd_url=fake.execd_url,
+                      execd_token=fake.execd.token, jupyter=fake.execd_url.replace("/44772", f"/{{port}}"),
+                      jupyter_token=token)), flush=True)
+try:
+    sys.stdin.read()
+finally:
+    jupyter.terminate()
+    fake.stop()
+"""
+
+
+class Fakes:
+    """The fake lifecycle server and execd in a process of their own, and one more Jupyter server behind its proxy."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVE_FAKES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        self.info = json.loads(self.process.stdout.readline())
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(60)
 
 
 async def execute(kc: Any, code: str) -> None:
@@ -46,6 +90,45 @@ async def execute(kc: Any, code: str) -> None:
             break
     while (await kc.get_shell_msg(timeout=60))["parent_header"].get("msg_id") != msg_id:
         pass
+
+
+class DirectWebsocket:
+    """A client of a kernel of the sandbox's Jupyter server over its websocket, with no launcher between."""
+
+    def __init__(self) -> None:
+        self.session = Session(key=b"")
+        self.socket: KernelSocket | None = None
+        self._waiting: dict[str, tuple[asyncio.Future[None], asyncio.Future[None]]] = {}
+
+    async def open(self, jupyter: JupyterServer) -> None:
+        kernel_id = await jupyter.start_kernel("python3")
+        self.socket = await jupyter.connect(
+            kernel_id, self.session.session, self._received, lambda reason: None, max_message_size=2**24
+        )
+        await self.execute("1")
+
+    def _received(self, channel: str, parts: list[bytes]) -> None:
+        parent = self.session.unpack(parts[1]).get("msg_id", "")
+        futures = self._waiting.get(parent)
+        if futures is None:
+            return
+        header = self.session.unpack(parts[0])
+        if channel == "shell" and header["msg_type"] == "execute_reply":
+            futures[0].set_result(None)
+        elif channel == "iopub" and header["msg_type"] == "status" and b'"idle"' in parts[3]:
+            futures[1].set_result(None)
+
+    async def execute(self, code: str) -> None:
+        """Execute ``code`` and wait for both its idle status and its execute reply."""
+        assert self.socket is not None
+        msg = self.session.msg("execute_request", {"code": code, "silent": False})
+        loop = asyncio.get_running_loop()
+        futures = (loop.create_future(), loop.create_future())
+        self._waiting[msg["header"]["msg_id"]] = futures
+        parts = [self.session.pack(msg[key]) for key in ("header", "parent_header", "metadata", "content")]
+        self.socket.send("shell", parts)
+        await asyncio.wait_for(asyncio.gather(*futures), 60)
+        del self._waiting[msg["header"]["msg_id"]]
 
 
 async def interleaved_medians(rounds: int, actions: dict[str, Callable[[], Awaitable[Any]]]) -> dict[str, float]:
@@ -70,54 +153,94 @@ async def started(km: AsyncKernelManager) -> Any:
     return kc
 
 
-async def main(rounds: int) -> None:
-    """Measure the three execute paths side by side and print the table."""
-    fake = FakeOpenSandbox().start()
-    config = Config(
-        {
-            "OpenSandboxProvisioner": {
-                "api_base": fake.api_base,
-                "api_key": fake.lifecycle.api_key,
-                "poll_interval": 0.05,
-            }
-        }
-    )
-    relay_km = AsyncKernelManager(kernel_name=OPENSANDBOX_SPEC, kernel_spec_manager=ShippedSpecs(), config=config)
+def relay_manager(fakes: Fakes, mode: str) -> AsyncKernelManager:
+    info = fakes.info
+    options = {"api_base": info["api_base"], "api_key": info["api_key"], "poll_interval": 0.05, "mode": mode}
+    config = Config({"OpenSandboxProvisioner": options})
+    return AsyncKernelManager(kernel_name=OPENSANDBOX_SPEC, kernel_spec_manager=ShippedSpecs(), config=config)
+
+
+async def measure(rounds: int) -> dict[str, float]:
+    """Median milliseconds of each path: relay, execd, websocket, websocket direct, local, and two empty executes."""
+    fakes = Fakes()
+    info = fakes.info
+    execd_km, ws_km = relay_manager(fakes, "execd"), relay_manager(fakes, "websocket")
     local_km = AsyncKernelManager(kernel_name="python3")
+    managers = (execd_km, ws_km, local_km)
+    direct = DirectWebsocket()
+    jupyter = JupyterServer(info["jupyter"], info["jupyter_token"])
     try:
-        relay_kc = await started(relay_km)
-        local_kc = await started(local_km)
-        endpoint, context_id = relay_km.provisioner.endpoint, relay_km.provisioner.context_id
-        async with ExecdClient(endpoint.url, endpoint.headers) as execd:
+        execd_kc, ws_kc, local_kc = [await started(km) for km in managers]
+        await jupyter.wait_ready(120)
+        await direct.open(jupyter)
+        async with ExecdClient(info["execd_url"], {"X-EXECD-ACCESS-TOKEN": info["execd_token"]}) as execd:
+            context_id = await execd.create_context()
             medians = await interleaved_medians(
                 rounds,
                 {
-                    "relay": lambda: execute(relay_kc, CODE),
+                    "relay": lambda: execute(execd_kc, CODE),
                     "execd": lambda: execd.run(CODE, context_id=context_id),
+                    "websocket": lambda: execute(ws_kc, CODE),
+                    "websocket direct": lambda: direct.execute(CODE),
                     "local": lambda: execute(local_kc, CODE),
-                    "relay empty": lambda: execute(relay_kc, ""),
+                    "relay empty": lambda: execute(execd_kc, ""),
                     "local empty": lambda: execute(local_kc, ""),
                 },
             )
-        relay_kc.stop_channels()
-        local_kc.stop_channels()
+        for kc in (execd_kc, ws_kc, local_kc):
+            kc.stop_channels()
     finally:
-        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in (relay_km, local_km) if km.has_kernel))
-        fake.stop()
+        if direct.socket is not None:
+            direct.socket.close()
+        await jupyter.aclose()
+        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in managers if km.has_kernel))
+        fakes.stop()
+    return medians
+
+
+def rows(medians: dict[str, float], rounds: int) -> list[Row]:
+    """The relay measure as report rows (for bench/run.py)."""
+    m, n, local, execd = "relay", rounds, "local ipykernel (floor)", "(b) execd called directly (ExecdClient.run)"
+    direct = "(d) Jupyter server websocket called directly"
+    return [
+        Row(m, local, "floor", medians["local"], n=n),
+        Row(m, execd, "ours", medians["execd"], n=n, reference=local),
+        Row(m, "(a) launcher, execd mode -> execd", "ours", medians["relay"], n=n, reference=execd),
+        Row(m, "execd relay overhead (a) - (b)", "ours", medians["relay"] - medians["execd"], stat="difference of p50s",
+            goal_max=2.0, goal="≤ 2 ms"),
+        Row(m, direct, "ours", medians["websocket direct"], n=n, reference=local),
+        Row(m, "(w) launcher, websocket mode -> Jupyter server", "ours", medians["websocket"], n=n, reference=direct),
+        Row(m, "websocket bridge overhead (w) - (d)", "ours", medians["websocket"] - medians["websocket direct"],
+            stat="difference of p50s", goal_max=2.0, goal="≤ 2 ms"),
+        Row(m, "empty execute, local ipykernel", "floor", medians["local empty"], n=n),
+        Row(m, "empty execute, execd relay (skips execd)", "ours", medians["relay empty"], n=n,
+            reference="empty execute, local ipykernel"),
+    ]
+
+
+async def main(rounds: int) -> None:
+    """Measure the execute paths side by side and print the table."""
+    medians = await measure(rounds)
     relay, direct, local = medians["relay"], medians["execd"], medians["local"]
+    ws, ws_direct = medians["websocket"], medians["websocket direct"]
     relay_empty, local_empty = medians["relay empty"], medians["local empty"]
     print_table(
         [
-            (f"execute {CODE!r}: relay kernel (a) vs execd (b)", f"{direct:.2f} ms execd direct",
+            (f"execute {CODE!r}: execd relay (a) vs execd (b)", f"{direct:.2f} ms execd direct",
              f"{relay:.2f} ms relay", f"{relay - direct:+.2f} ms overhead a-b (goal <= 2 ms)"),
+            (f"execute {CODE!r}: websocket bridge (w) vs direct (d)", f"{ws_direct:.2f} ms websocket direct",
+             f"{ws:.2f} ms bridge", f"{ws - ws_direct:+.2f} ms overhead w-d (goal <= 2 ms)"),
+            (f"execute {CODE!r}: websocket bridge (w) vs execd (b)", f"{direct:.2f} ms execd direct",
+             f"{ws:.2f} ms bridge", f"{ws - direct:+.2f} ms w-b"),
             (f"execute {CODE!r}: execd (b) vs local (c)", f"{local:.2f} ms local ipykernel",
              f"{direct:.2f} ms execd direct", f"{direct / local:.2f}x local"),
-            (f"execute {CODE!r}: relay kernel (a) vs local (c)", f"{local:.2f} ms local ipykernel",
+            (f"execute {CODE!r}: execd relay (a) vs local (c)", f"{local:.2f} ms local ipykernel",
              f"{relay:.2f} ms relay", f"{relay / local:.2f}x local"),
-            ("empty execute (relay skips execd)", f"{local_empty:.2f} ms local ipykernel",
+            ("empty execute (the relay skips execd)", f"{local_empty:.2f} ms local ipykernel",
              f"{relay_empty:.2f} ms relay", f"{relay_empty / local_empty:.2f}x local"),
         ]
     )
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

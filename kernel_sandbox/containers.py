@@ -18,10 +18,12 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.models.containers import Container
 
 from .errors import ConfigError, EngineUnavailable, ImageMissing
 from .kernelside import source
+from .kernelside.boot import KEY_ENV
 from .privdir import abandoned_dirs
 from .settings import DEFAULT_IMAGE, HOME_DIR, WORK_DIR, DockerSettings
 
@@ -39,7 +41,6 @@ OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
 API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
-KERNEL_KEY_ENV = "KERNEL_SANDBOX_KEY"
 
 
 def docker_client(timeout: float = API_TIMEOUT) -> docker.DockerClient:
@@ -47,7 +48,7 @@ def docker_client(timeout: float = API_TIMEOUT) -> docker.DockerClient:
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineUnavailable(
             f"Cannot reach the Docker engine at {engine_address()} ({exc}). Start it "
             "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "
@@ -96,26 +97,18 @@ def owner_labels(kernel_id: str, *, owner_pid: int, private_dir: Path | None = N
 # -- who the kernel runs as ----------------------------------------------------------------
 
 
+def _fields(path: Path) -> list[list[str]]:
+    try:
+        return [line.split(":") for line in path.read_text().splitlines()]
+    except OSError:
+        return []
+
+
 def _ids_in_use(etc: Path) -> tuple[set[int], list[range]]:
-    ids: set[int] = set()
-    for name, columns in (("passwd", (2, 3)), ("group", (2,))):
-        try:
-            lines = (etc / name).read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split(":")
-            ids.update(int(parts[i]) for i in columns if len(parts) > i and parts[i].isdigit())
-    ranges = []
-    for name in ("subuid", "subgid"):
-        try:
-            lines = (etc / name).read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split(":")
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                ranges.append(range(int(parts[1]), int(parts[1]) + int(parts[2])))
+    ids = {int(row[i]) for name, columns in (("passwd", (2, 3)), ("group", (2,)))
+           for row in _fields(etc / name) for i in columns if len(row) > i and row[i].isdigit()}
+    ranges = [range(int(row[1]), int(row[1]) + int(row[2])) for name in ("subuid", "subgid")
+              for row in _fields(etc / name) if len(row) == 3 and row[1].isdigit() and row[2].isdigit()]
     return ids, ranges
 
 
@@ -194,7 +187,7 @@ def container_spec(
         "PYTHONUNBUFFERED": "1",
         "JPY_PARENT_PID": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        KERNEL_KEY_ENV: kernel_key,
+        KEY_ENV: kernel_key,
     }
     spec: dict[str, Any] = {
         "command": ["python", "-c", source("boot"), *settings.kernel_cmd],

@@ -15,6 +15,9 @@ from .containers import (
     require_image,
 )
 from .kernelspecs import DOCKER_SPEC, installed
+from .privdir import abandoned_dirs
+
+RUNSC_ARGS = ["--network=none"]
 
 
 @dataclass
@@ -63,14 +66,17 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             checks.append(Check("kernel image", True, f"{image} is present"))
         ours = client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
         orphans = [c.name for c in ours if is_orphan(c)]
+        dirs = abandoned_dirs()
         checks.append(
             Check(
-                "leftover containers",
-                not orphans,
-                f"{len(ours)} kernel containers, {len(orphans)} left by dead kernels",
+                "leftovers",
+                not orphans and not dirs,
+                f"{len(ours)} kernel containers, {len(orphans)} left by dead launchers; "
+                f"{len(dirs)} abandoned private directories",
                 "kernel-sandbox gc",
             )
         )
+        checks.append(runsc_check(client.info().get("Runtimes") or {}))
     specs = installed()
     checks.append(
         Check(
@@ -81,6 +87,20 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
         )
     )
     return checks
+
+
+def runsc_check(runtimes: dict) -> Check:
+    """gVisor's runsc, when registered, must run ``--network none`` containers (Debian's needs a flag)."""
+    if "runsc" not in runtimes:
+        return Check("gVisor (runsc)", True, "not registered (optional: `runtime: runsc` needs it)")
+    args = runtimes["runsc"].get("runtimeArgs") or []
+    return Check(
+        "gVisor (runsc)",
+        all(arg in args for arg in RUNSC_ARGS),
+        f"registered as {runtimes['runsc'].get('path')} with runtimeArgs {args}",
+        'add "runtimeArgs": ["--network=none"] to the runsc entry of /etc/docker/daemon.json, '
+        "then `kill -HUP $(pidof dockerd)`",
+    )
 
 
 ENGINE_FIX = (

@@ -323,13 +323,14 @@ OPTIONS: dict[str, dataclasses.Field[Any]] = {option.name: option for option in 
 """Every option of the Docker backend, by name; ``metadata`` holds its ``help``, ``default`` and ``parse``."""
 
 
-def check_names(config: Mapping[str, Any]) -> None:
-    """Refuse names in ``config`` that are not options, suggesting the closest one."""
-    unknown = sorted(set(config) - set(OPTIONS), key=str)
+def check_names(
+    config: Mapping[str, Any], options: Mapping[str, Any] | None = None, backend: str = "the Docker backend"
+) -> None:
+    """Refuse names in ``config`` that are not ``options`` (default: Docker's), suggesting the closest one."""
+    options = OPTIONS if options is None else options
+    unknown = sorted(set(config) - set(options), key=str)
     if unknown:
         name = unknown[0]
-        close = difflib.get_close_matches(str(name), OPTIONS, n=1)
+        close = difflib.get_close_matches(str(name), options, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(
-            f"the Docker backend has no option {name!r}{hint}; its options are {', '.join(OPTIONS)}"
-        )
+        raise ConfigError(f"{backend} has no option {name!r}{hint}; its options are {', '.join(options)}")

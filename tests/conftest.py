@@ -23,7 +23,7 @@ from kernel_sandbox.kernelspecs import install
 
 IN_CI = bool(os.environ.get("CI"))
 
-pytest_plugins = ["security_figures"]
+pytest_plugins = ["security_figures", "ci_strict", "pytester"]
 
 
 def _unavailable(reason: str) -> None:
@@ -53,6 +53,7 @@ def jupyter_prefix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     install("sandboxed-python", prefix=str(prefix))
     install("sandboxed-python", prefix=str(prefix), install_as="sandboxed-python-small",
             config={"memory": "128m", "pids_limit": 64})
+    install("sandboxed-python-opensandbox", prefix=str(prefix))
     old = os.environ.get("JUPYTER_PATH")
     data_dir = prefix / "share" / "jupyter"
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data_dir), old]))

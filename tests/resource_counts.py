@@ -121,13 +121,16 @@ def _read_stat(pid: str) -> tuple[int, str, str] | None:
 
 
 def descendants(root: int | None = None) -> dict[int, str]:
-    """``{pid: "comm (state)"}`` of every descendant of ``root`` (default: this process)."""
+    """``{pid: command}`` of every descendant of ``root`` (default: this process).
+
+    A zombie (exited, not yet reaped) is ``"command <defunct>"``, so it shows as a new entry.
+    """
     root = os.getpid() if root is None else root
     children: dict[int, list[tuple[int, str]]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (stat := _read_stat(entry)) is not None:
             ppid, comm, state = stat
-            children.setdefault(ppid, []).append((int(entry), f"{comm} ({state})"))
+            children.setdefault(ppid, []).append((int(entry), f"{comm} <defunct>" if state == "Z" else comm))
     found: dict[int, str] = {}
     todo = [root]
     while todo:

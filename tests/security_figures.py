@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,22 +83,65 @@ UNMARKED: dict[str, tuple[str, str]] = {
                      f"{_DK}kernel_is_removed_when_its_owner_dies",
                      "tests/docker_kernel/test_cli.py::test_gc_removes_stopped_kernel_containers"], ("fault", "sessions")),
     f"{_DK}ten_concurrent_kernels_leave_nothing": ("load", "sessions"),
+    **dict.fromkeys([f"tests/docker_kernel/test_isolation.py::test_{name}" for name in (
+        "every_security_claim_holds_inside_the_kernel", "filling_every_writable_place_stops_at_its_own_limit",
+        "mount_cwd_mounts_the_notebook_folder_read_only")], ("attack", "container")),
+    **dict.fromkeys([f"tests/docker_kernel/test_isolation.py::test_{name}" for name in (
+        "planted_links_fifos_and_sockets_are_never_touched", "two_kernels_cannot_reach_each_other",
+        "another_host_account_finds_no_key_and_reaches_no_kernel",
+        "nothing_listens_for_the_kernel_on_the_host_network")], ("attack", "channel")),
+    "tests/docker_kernel/test_faults.py": ("fault", "sessions"),
+    "tests/docker_kernel/test_channel_units.py::test_zmtp_frames_survive_any_split_of_the_stream": ("fuzz", "channel"),
+    **dict.fromkeys([f"tests/docker_kernel/test_channel_units.py::test_{name}" for name in (
+        "boot_refuses_to_run_without_a_key", "zmtp_refuses_a_peer_that_is_not_zmtp3",
+        "zmtp_refuses_a_message_over_the_cap_before_buffering_it", "signatures_are_checked_and_made_per_key",
+        "a_root_made_by_someone_else_is_refused", "private_dirs_hold_0600_files_and_exclusive_locks")],
+        ("attack", "channel")),
+    **dict.fromkeys([f"tests/docker_kernel/test_settings.py::test_{name}" for name in (
+        "any_config_is_accepted_whole_or_refused", "sizes_read_as_docker_reads_them")], ("fuzz", "options")),
+    **dict.fromkeys([f"tests/docker_kernel/test_settings.py::test_{name}" for name in (
+        "tmpfs_sizes_fit_in_memory", "bad_settings_are_refused_with_the_option_named",
+        "limits_are_lifted_only_in_so_many_words", "the_provisioner_refuses_unknown_kernelspec_config",
+        "shipped_kernelspecs_cannot_start_anything_before_install")], ("fault", "options")),
+    "tests/docker_kernel/test_settings.py::test_the_kernels_uid_is_unused_by_any_host_account": ("attack", "container"),
+    **dict.fromkeys([f"tests/docker_kernel/test_launcher.py::test_{name}" for name in (
+        "sigterm_removes_the_container", "a_shutdown_request_removes_the_container",
+        "sigkill_of_the_launcher_leaves_no_container", "the_launcher_follows_its_client_out",
+        "without_an_engine_the_argv_fails_closed", "without_the_image_the_argv_names_the_build_command",
+        "the_opensandbox_kernelspec_refuses_clients_that_ignore_provisioners",
+        "no_installed_kernelspec_can_start_a_kernel_outside_a_sandbox")], ("fault", "sessions")),
     "tests/execution/test_exec_unpickler.py": ("attack", "results"),
-    **dict.fromkeys([f"tests/execution/test_exec_framing.py::test_{name}" for name in (
-        "tampered_frame_fails_its_digest", "printed_frames_are_ignored_and_two_frames_are_refused",
-        "channel_frames_check_marker_count_length_and_digest", "confine_refuses_paths_outside")], ("attack", "results")),
+    "tests/execution/test_exec_decode.py::test_fuzz_": ("fuzz", "results"),
+    **dict.fromkeys([f"tests/execution/test_exec_decode.py::test_{name}" for name in (
+        "instances_of_other_classes_are_refused", "pickles_are_refused_unless_the_caller_opted_in",
+        "every_limit_refuses_with_an_error_naming_it", "out_of_band_buffers_count_against_the_limits",
+        "hostile_documents_are_refused_and_change_nothing", "allowed_standard_classes_are_rebuilt_without_changing",
+        "decode_bombs_are_refused_with_bounded_memory", "items_are_counted_before_anything_is_built")],
+        ("attack", "results")),
+    **dict.fromkeys([f"tests/execution/test_exec_hostile.py::test_{name}" for name in (
+        "a_tool_that_ignores_interrupts_ends_within_its_timeout", "a_session_survives_what_a_tool_breaks",
+        "a_session_survives_what_a_cell_breaks")], ("fault", "sessions")),
+    "tests/execution/test_exec_hostile.py": ("attack", "results"),
+    **dict.fromkeys([f"tests/execution/test_exec_channel.py::test_{name}" for name in (
+        "text_frame_round_trip_and_tampering", "answer_parts_must_match_their_declared_lengths",
+        "an_answer_over_the_size_limit_is_refused", "confine_refuses_paths_outside")], ("attack", "results")),
     **dict.fromkeys([f"{_ET}{name}" for name in (
-        "agent_state_of_an_unlisted_class_is_refused", "pickle_reaching_for_os_system",
-        "printed_fake_marker_does_not_replace_the_result", "forged_frame_with_the_real_marker_is_detected",
-        "text_frame_with_the_real_marker", "payload_that_fails_its_digest_is_not_unpickled",
-        "tool_printing_100_mb_is_capped")], ("attack", "results")),
+        "agent_state_of_an_unlisted_class_is_refused", "object_with_a_reduce_hook_comes_back_as_data",
+        "printed_fake_marker_does_not_replace_the_result", "forged_answer_with_the_real_marker_is_detected",
+        "forged_answer_then_raise_is_detected", "text_frame_with_the_real_marker",
+        "payload_that_does_not_arrive_whole_is_not_unpickled", "tool_printing_100_mb_is_capped")],
+        ("attack", "results")),
     **dict.fromkeys([f"{_ES}{name}" for name in (
         "output_cap_keeps_host_memory_bounded", "paths_outside_the_work_dir_are_refused_on_the_host",
-        "symlink_escapes_are_refused_in_the_kernel")], ("attack", "results")),
+        "symlink_escapes_are_refused_in_the_kernel", "secrets_in_env_stay_out_of",
+        "a_fifo_planted_at_the_target_does_not_hang")], ("attack", "results")),
     **dict.fromkeys([f"{_ET}tool_that_never_returns_hits_the_timeout",
                      f"{_ES}timeout_restarts_a_kernel_that_ignores_interrupts",
                      f"{_ES}kernel_death_is_reported_and_recovered",
-                     f"{_ES}nothing_is_left_behind_by_failures"], ("fault", "sessions")),
+                     f"{_ES}nothing_is_left_behind_by_failures",
+                     f"{_ES}every_call_has_a_deadline_by_default",
+                     f"{_ES}a_kernel_that_stalls_a_transfer_hits_its_deadline"], ("fault", "sessions")),
+    f"{_ES}a_gigabyte_moves_in_chunks_with_the_default_limits": ("load", "sessions"),
     "tests/execution/test_exec_skills_pool.py::test_pool_gives_20_concurrent_callers_clean_kernels": ("load", "sessions"),
     "tests/policy/test_policy_hostile.py::test_generated_": ("fuzz", "policy"),
     "tests/policy/test_policy_hostile.py": ("attack", "policy"),
@@ -128,7 +172,7 @@ UNMARKED: dict[str, tuple[str, str]] = {
     "tests/opensandbox/test_opensandbox_translate.py::test_fuzz_": ("fuzz", "opensandbox"),
     **dict.fromkeys([f"tests/opensandbox/test_opensandbox_translate.py::test_{name}" for name in (
         "a_flood_of_tiny_events_becomes_few_messages", "every_failure_still_gives_exactly_one_reply",
-        "abort_from_another_thread_ends_a_cell_that_never_stops", "the_reply_traceback_is_capped")],
+        "abort_from_another_thread_ends_a_cell_that_never_stops")],
         ("attack", "opensandbox")),
     **dict.fromkeys([f"tests/notebooks/test_lab_command.py::test_{name}" for name in (
         "locked_down_lab_offers_and_starts_only_sandboxed_kernels", "locked_down_lab_refuses_to_serve_its_own",
@@ -154,31 +198,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "security(kind, layer): a test SECURITY.md counts; kind in "
         f"{sorted(KINDS)}, layer in {sorted(LAYERS)} (see tests/security_figures.py)",
     )
-    if config.getoption("full_size"):
+    if full_size(config):
         from hypothesis import settings
 
         settings.register_profile("full-size", max_examples=FULL_SIZE_EXAMPLES, deadline=None)
         settings.load_profile("full-size")
-    global _run
-    _run = _Run(config)
+    config.pluginmanager.register(Recorder(config), "security-figures-recorder")
 
 
 def full_size(config: pytest.Config) -> bool:
     """True when the run asked for the full size of the load and fuzz tests."""
     return bool(config.getoption("full_size"))
-
-
-class _Run:
-    """The entries of this run, by test id."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.path = Path(config.getoption("security_figures"))
-        self.full = full_size(config)
-        self.meta: dict[str, dict[str, Any]] = {}
-        self.entries: dict[str, dict[str, Any]] = {}
-
-
-_run: _Run | None = None
 
 
 def _kind_layer(kind: str | None = None, layer: str | None = None) -> tuple[str | None, str | None]:
@@ -204,82 +234,98 @@ def _what(item: pytest.Item) -> str:
     return line or item.name.split("[")[0].removeprefix("test_").replace("_", " ")
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    assert _run is not None
-    for item in items:
-        found = _classify(item)
-        if found is not None:
-            if item.get_closest_marker("security") is None:
-                item.add_marker(pytest.mark.security(*found))
-            _run.meta[item.nodeid] = {"kind": found[0], "layer": found[1], "what": _what(item),
-                                     "test": item.nodeid.split("[")[0]}
+class Recorder:
+    """The hooks that record this run's marked tests and merge them into the figures file."""
 
+    def __init__(self, config: pytest.Config) -> None:
+        self.path = Path(config.getoption("security_figures"))
+        self.full = full_size(config)
+        self.root = config.rootpath
+        self.meta: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
 
-@pytest.hookimpl(wrapper=True, trylast=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
-    """Count the inputs a hypothesis test ran (valid or failing), from hypothesis's statistics."""
-    meta = _run.meta.get(item.nodeid) if _run is not None else None
-    if meta is None or meta["kind"] != "fuzz" or not hasattr(getattr(item, "obj", None), "hypothesis"):
-        return (yield)
-    from hypothesis.statistics import collector
+    @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``pytest -m security`` runs every counted test
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            found = _classify(item)
+            if found is not None:
+                if item.get_closest_marker("security") is None:
+                    item.add_marker(pytest.mark.security(*found))
+                self.meta[item.nodeid] = {"kind": found[0], "layer": found[1], "what": _what(item),
+                                          "test": item.nodeid.split("[")[0]}
 
-    previous = collector.value
-    seen = [0]
-
-    def note(stats: dict[str, Any]) -> None:
-        for phase in stats.values():
-            if isinstance(phase, dict):
-                seen[0] += sum(case.get("status") in ("valid", "interesting") for case in phase.get("test-cases", []))
-        if previous is not None:
-            previous(stats)
-
-    with collector.with_value(note):
-        try:
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """Count the inputs a hypothesis test ran (valid or failing), from hypothesis's statistics."""
+        meta = self.meta.get(item.nodeid)
+        if meta is None or meta["kind"] != "fuzz" or not hasattr(getattr(item, "obj", None), "hypothesis"):
             return (yield)
-        finally:
-            if seen[0]:
-                item.user_properties.append(("cases", seen[0]))
+        from hypothesis.statistics import collector
+
+        previous = collector.value
+        seen = [0]
+
+        def note(stats: dict[str, Any]) -> None:
+            for phase in stats.values():
+                if isinstance(phase, dict):
+                    seen[0] += sum(case.get("status") in ("valid", "interesting")
+                                   for case in phase.get("test-cases", []))
+            if previous is not None:
+                previous(stats)
+
+        with collector.with_value(note):
+            try:
+                return (yield)
+            finally:
+                if seen[0] and not any(name == "cases" for name, _ in item.user_properties):
+                    item.user_properties.append(("cases", seen[0]))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid not in self.meta:
+            return
+        entry = self.entries.setdefault(report.nodeid, {**self.meta[report.nodeid], "outcome": "passed",
+                                                         "duration": 0.0, "properties": {}})
+        entry["duration"] = round(entry["duration"] + report.duration, 3)
+        for name, value in report.user_properties:
+            entry["properties"][name] = value
+        if report.when == "call":
+            if hasattr(report, "wasxfail"):
+                entry["outcome"] = "xfailed" if report.skipped else "xpassed"
+            else:
+                entry["outcome"] = report.outcome
+        elif report.failed:
+            entry["outcome"] = "error"
+        elif report.skipped:
+            entry["outcome"] = "skipped"
+        if report.skipped and isinstance(report.longrepr, tuple):
+            entry["reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
+
+    def pytest_sessionfinish(self) -> None:
+        if not self.entries:
+            return
+        stamp = {
+            "commit": _commit(),
+            "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "size": "full" if self.full else "reduced",
+        }
+        try:
+            old = json.loads(self.path.read_text())["tests"]
+        except (OSError, ValueError, KeyError):
+            old = {}
+        kept = {nodeid: entry for nodeid, entry in old.items() if self._still_there(nodeid)}
+        merged = {**kept, **{nodeid: {**entry, **stamp} for nodeid, entry in self.entries.items()}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"tests": dict(sorted(merged.items()))}, indent=1) + "\n")
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    run = _run
-    if run is None or report.nodeid not in run.meta:
-        return
-    entry = run.entries.setdefault(report.nodeid, {**run.meta[report.nodeid], "outcome": "passed",
-                                                   "duration": 0.0, "properties": {}})
-    entry["duration"] = round(entry["duration"] + report.duration, 3)
-    for name, value in report.user_properties:
-        entry["properties"][name] = value
-    if report.when == "call":
-        if hasattr(report, "wasxfail"):
-            entry["outcome"] = "xfailed" if report.skipped else "xpassed"
-        else:
-            entry["outcome"] = report.outcome
-    elif report.failed:
-        entry["outcome"] = "error"
-    elif report.skipped:
-        entry["outcome"] = "skipped"
-    if report.skipped and isinstance(report.longrepr, tuple):
-        entry["reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    run = _run
-    if run is None or not run.entries:
-        return
-    stamp = {
-        "commit": _commit(),
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "size": "full" if run.full else "reduced",
-    }
-    try:
-        old = json.loads(run.path.read_text())["tests"]
-    except (OSError, ValueError, KeyError):
-        old = {}
-    merged = {**old, **{nodeid: {**entry, **stamp} for nodeid, entry in run.entries.items()}}
-    run.path.parent.mkdir(parents=True, exist_ok=True)
-    run.path.write_text(json.dumps({"tests": dict(sorted(merged.items()))}, indent=1) + "\n")
+    def _still_there(self, nodeid: str) -> bool:
+        """An earlier entry stays while its file exists and still defines its test function."""
+        path, _, name = nodeid.split("[")[0].partition("::")
+        try:
+            source = (self.root / path).read_text()
+        except OSError:
+            return False
+        return re.search(rf"def {re.escape(name.rpartition('::')[2])}\(", source) is not None
 
 
 def _commit() -> str:
@@ -350,7 +396,7 @@ def render(figures: dict[str, Any]) -> str:
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for t in loads:
             props = t["properties"]
-            before, after, bound = props["before"], props["after"], props.get("bounds", {})
+            before, after, bound = props["before"], props.get("after", {}), props.get("bounds", {})
             def cell(name: str, bound_name: str | None = None) -> str:
                 text = f"{before.get(name, '?')} → {after.get(name, '?')}"
                 limit = bound.get(bound_name or name)

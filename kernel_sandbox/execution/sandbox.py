@@ -360,8 +360,8 @@ class AsyncSandbox:
                 process.kill()
         except Exception:
             pass
-        socket_dir = getattr(provisioner, "socket_dir", None)
-        for path in (socket_dir, self._tmp):
+        private = getattr(provisioner, "private", None)
+        for path in (getattr(private, "path", None), self._tmp):
             if path:
                 shutil.rmtree(path, ignore_errors=True)
 

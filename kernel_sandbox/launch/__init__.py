@@ -6,9 +6,14 @@ client's five channels by relaying them to it. Clients that launch a kernelspec'
 themselves (VS Code, PyCharm) run it with ``--kernelspec``; the Docker provisioner runs it with
 ``--config``, a 0600 file in the kernel's private directory holding its effective settings.
 
+The kernelspec's provisioner picks the backend: ``kernel-sandbox-docker`` runs the kernel in a
+Docker container (:mod:`.docker_link`), ``kernel-sandbox-opensandbox`` in an OpenSandbox sandbox
+(:mod:`.opensandbox_link`); the OpenSandbox provisioner runs the launcher the same way.
+
 Lifecycle: SIGINT interrupts the running cell; SIGTERM, a ``shutdown_request`` or the end of
-the launcher ends the kernel and removes its container (a SIGKILLed launcher's container ends
-through its lifeline). When the process that started the launcher goes away, the kernel is
+the launcher ends the kernel and removes its container or sandbox (a SIGKILLed launcher's
+container ends through its lifeline; its sandbox expires ``timeout`` seconds after the last
+renewal). When the process that started the launcher goes away, the kernel is
 shut down: at once for a client that ran ``argv``, after ``orphan_timeout`` for a provisioner
 (whose successor may re-attach meanwhile). Exit status 0 is a clean shutdown; a kernel that
 could not be sandboxed exits 1 with one message on stderr saying why and how to fix it.
@@ -25,18 +30,25 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
-from .front import Connection, ExitStatus, Front, OutputPolicy
+from .front import Connection, ExitStatus, Front, KernelLink, OutputPolicy
+
+if TYPE_CHECKING:
+    from ..opensandbox.settings import OpenSandboxSettings
+
+Settings = Union[DockerSettings, "OpenSandboxSettings"]
 
 DOCKER_PROVISIONER = "kernel-sandbox-docker"
 OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
+"""Besides the kernelspec's own ``env``, the one variable of the client's passed into the container."""
 OWNER_CHECK_INTERVAL = 1.0
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -47,12 +59,15 @@ class LaunchRequest:
     """Everything a launch needs: the client's connection, the settings and where they came from."""
 
     connection: Connection
-    settings: DockerSettings
+    settings: Settings
     kernel_id: str
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    client_pid: int = field(default_factory=os.getppid)
+    """The process that started the launcher, as it was when the launcher started."""
     private: PrivateDir | None = None
-    """The provisioner's private directory (``--config``); None when the launcher makes its own."""
+    """The provisioner's private directory (``--config``); None for a client that ran argv, whose
+    launcher keeps nothing on disk (its container carries its pid, for ``gc``)."""
 
 
 def _read_json(path: str, what: str) -> Any:
@@ -62,28 +77,39 @@ def _read_json(path: str, what: str) -> Any:
         raise KernelLaunchError(f"cannot read the {what} {path}: {exc}") from exc
 
 
+def passed_env(spec_env: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """What of the client's environment the kernel gets: the kernelspec's ``env`` names and
+    :data:`FORWARDED_ENV`, never the rest of the host's environment."""
+    return {name: environ[name] for name in [*spec_env, *FORWARDED_ENV] if name in environ}
+
+
 def request_from_kernelspec(connection: Connection, connection_file: str, spec_dir: str) -> LaunchRequest:
     """A launch by a client that ran the kernelspec's argv: the settings are kernel.json's own."""
     spec = _read_json(str(Path(spec_dir) / "kernel.json"), "kernelspec")
     provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
-    name = provisioner.get("provisioner_name")
-    if name == OPENSANDBOX_PROVISIONER:
-        raise KernelLaunchError(
-            "this OpenSandbox kernelspec needs a provisioner-aware client (JupyterLab, jupyter_server, "
-            "nbclient, papermill) until the launcher can start OpenSandbox sandboxes itself; it never "
-            "runs a kernel outside a sandbox. Use the Docker kernelspec (Sandboxed Python) in this client."
-        )
-    if name != DOCKER_PROVISIONER:
-        raise KernelLaunchError(f"{spec_dir}/kernel.json does not select the {DOCKER_PROVISIONER} provisioner")
-    env_names = [*spec.get("env", {}), *FORWARDED_ENV]
+    settings = settings_from_config(provisioner.get("provisioner_name"), provisioner.get("config", {}))
     stem = Path(connection_file).stem
     kernel_id = stem[len("kernel-"):] if stem.startswith("kernel-") else uuid.uuid4().hex
     return LaunchRequest(
         connection=connection,
-        settings=DockerSettings.from_config(provisioner.get("config", {})),
+        settings=settings,
         kernel_id=kernel_id,
-        env={name: os.environ[name] for name in env_names if name in os.environ},
+        env=passed_env(spec.get("env", {}), os.environ),
         cwd=os.getcwd(),
+    )
+
+
+def settings_from_config(provisioner_name: Any, config: Any) -> Settings:
+    """The checked settings of ``provisioner_name``'s kernel (OpenSandbox's with the API base resolved)."""
+    if provisioner_name == DOCKER_PROVISIONER:
+        return DockerSettings.from_config(config)
+    if provisioner_name == OPENSANDBOX_PROVISIONER:
+        from ..opensandbox.settings import OpenSandboxSettings
+
+        return OpenSandboxSettings.from_config(config).resolved()
+    raise KernelLaunchError(
+        f"the kernelspec selects the provisioner {provisioner_name!r}, which the launcher does not know; "
+        f"use {DOCKER_PROVISIONER} or {OPENSANDBOX_PROVISIONER}"
     )
 
 
@@ -95,7 +121,7 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
         raise ConfigError(f"{config_file} holds no 'settings' mapping")
     return LaunchRequest(
         connection=connection,
-        settings=DockerSettings.from_config(config["settings"]),
+        settings=settings_from_config(config.get("provisioner", DOCKER_PROVISIONER), config["settings"]),
         kernel_id=str(config.get("kernel_id") or uuid.uuid4().hex),
         env=dict(config.get("env") or {}),
         cwd=config.get("cwd"),
@@ -104,7 +130,7 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
 
 
 def read_request(args: argparse.Namespace) -> LaunchRequest:
-    """Build the launch request from the command line."""
+    """Build the launch request from the command line (first thing: the client is the parent now)."""
     connection = Connection.from_info(_read_json(args.connection_file, "connection file"))
     if args.config:
         return request_from_config(connection, args.config)
@@ -113,16 +139,34 @@ def read_request(args: argparse.Namespace) -> LaunchRequest:
     raise KernelLaunchError("the launcher needs --kernelspec DIR or --config FILE")
 
 
-def output_policy(settings: DockerSettings) -> OutputPolicy:
+def make_link(request: LaunchRequest, private: PrivateDir | None) -> KernelLink:
+    """The kernel link for the request's backend (imported on demand: each pulls in its SDK)."""
+    if isinstance(request.settings, DockerSettings):
+        from .docker_link import DockerLink  # the docker SDK takes a while to import
+
+        return DockerLink(
+            request.settings,
+            private,
+            kernel_id=request.kernel_id,
+            owner_pid=request.client_pid,
+            env=request.env,
+            cwd=request.cwd,
+        )
+    from .opensandbox_link import OpenSandboxLink
+
+    return OpenSandboxLink(request.settings, private, kernel_id=request.kernel_id, env=request.env)
+
+
+def output_policy(settings: Settings) -> OutputPolicy:
     """The output policy for a kernel with these settings (everything passes, for now)."""
     return OutputPolicy()
 
 
-async def _watch_owner(request: LaunchRequest, private: PrivateDir, gone: asyncio.Future[str]) -> None:
+async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> None:
     """Resolve ``gone`` when the process that started the launcher is no longer there."""
-    if request.private is None:
-        parent = os.getppid()
-        while os.getppid() == parent:
+    private = request.private
+    if private is None:
+        while os.getppid() == request.client_pid:
             await asyncio.sleep(OWNER_CHECK_INTERVAL)
         gone.set_result("the client that started the kernel is gone")
         return
@@ -141,21 +185,19 @@ async def _watch_owner(request: LaunchRequest, private: PrivateDir, gone: asynci
 
 async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit code."""
-    from .docker_link import DockerLink
-
     loop = asyncio.get_running_loop()
-    private = request.private or PrivateDir.create()
-    private.hold(LAUNCHER_LOCK)
+    private = request.private
+    if private is not None:
+        private.hold(LAUNCHER_LOCK)
     stop: asyncio.Future[str] = loop.create_future()
     front = Front(request.connection, output_policy(request.settings))
-    link = DockerLink(
-        request.settings,
-        private,
-        kernel_id=request.kernel_id,
-        owner_pid=os.getppid(),
-        env=request.env,
-        cwd=request.cwd,
-    )
+    try:
+        front.bind()  # first, so that a client's first heartbeat is answered at once
+    except KernelSandboxError as exc:
+        print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
+        _finish(private, ExitStatus(1, str(exc), type(exc).__name__))
+        return 1
+    link = make_link(request, private)
 
     def stop_with(reason: str) -> None:
         if not stop.done():
@@ -164,9 +206,8 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop_with, "stopped by SIGTERM")
     loop.add_signal_handler(signal.SIGHUP, stop_with, "stopped by SIGHUP")
     loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(link.interrupt()))
-    owner = asyncio.ensure_future(_watch_owner(request, private, stop))
+    owner = asyncio.ensure_future(_watch_owner(request, stop))
     try:
-        front.bind()
         front.attach(link)
         started = asyncio.ensure_future(link.start(front))
         await asyncio.wait([started, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -181,7 +222,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
             started.cancel()
             status = ExitStatus(0, stop.result())
     except KernelSandboxError as exc:
-        status = ExitStatus(1, str(exc))
+        status = ExitStatus(1, str(exc), type(exc).__name__)
         print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
     except Exception as exc:
         log.exception("the launcher failed")
@@ -193,12 +234,19 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
         _close(status_fd)
     if status.code:
         log.error("kernel %s ended: %s", request.kernel_id, status.reason)
-    if request.private is not None and private.held(OWNER_LOCK):
-        private.write_json(EXIT, {"code": status.code, "reason": status.reason})
+    _finish(private, status)
+    return status.code
+
+
+def _finish(private: PrivateDir | None, status: ExitStatus) -> None:
+    """Leave the exit status for the provisioner that owns the directory, or remove the directory."""
+    if private is None:
+        return
+    if private.held(OWNER_LOCK):
+        private.write_json(EXIT, {"code": status.code, "reason": status.reason, "error": status.error})
         private.release(LAUNCHER_LOCK)
     else:
         private.remove()  # nobody is left to read why the kernel ended
-    return status.code
 
 
 def _report_ready(status_fd: int | None) -> None:
@@ -233,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the launcher; the exit code is the kernel's fate (0: a clean shutdown)."""
     args = build_parser().parse_args(argv)
     level = os.environ.get("KERNEL_SANDBOX_LOG_LEVEL", "WARNING").upper()
-    logging.basicConfig(level=level, format="[kernel-sandbox %(levelname)s] %(message)s")
+    logging.basicConfig(level=level, format="[kernel-sandbox %(levelname)s %(asctime)s] %(message)s")
     try:
         request = read_request(args)
     except KernelSandboxError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
 import os
 import secrets
@@ -48,9 +49,10 @@ from ..containers import (
 from ..errors import EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
+from ..kernelside.connector import RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB, DockerSettings
-from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, split
+from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
 from .zmtp import SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -71,6 +73,9 @@ EXIT_REPORT_WAIT = 5.0
 OUTPUT_CAP = 1 * MiB
 """Bytes of the container's own stdout/stderr passed to the launcher's stderr; the rest is dropped."""
 OUTPUT_TAIL_LINES = 40
+CLONE_NEWNET = 0x40000000
+LIFELINE_CHANNEL = "hb"
+"""The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
 CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
 _HEADER = struct.Struct(">BxxxL")
 
@@ -116,14 +121,14 @@ class Demux:
 
 
 class _Channel(asyncio.Protocol):
-    """One kernel channel: an exec stream running the connector, with ZMTP spoken through it."""
+    """One kernel channel with ZMTP spoken through it: an exec stream (demultiplexed) or a socket."""
 
-    def __init__(self, link: DockerLink, name: str) -> None:
+    def __init__(self, link: DockerLink, name: str, *, multiplexed: bool = True) -> None:
         self.link = link
         self.name = name
         self.transport: asyncio.Transport | None = None
         self.peer: ZmtpPeer | None = None
-        self._demux = Demux(self._from_kernel, self._stderr)
+        self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -144,9 +149,9 @@ class _Channel(asyncio.Protocol):
         try:
             self.peer.feed(data)
         except ProtocolError as exc:
-            log.error("the kernel's %s channel broke ZMTP: %s", self.name, exc)
+            self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
-                self.transport.abort()
+                self.transport.abort()  # the connector's stdin closes: it ends the kernel
 
     def _message(self, frames: list[bytes]) -> None:
         self.link._from_kernel(self.name, frames)
@@ -155,7 +160,10 @@ class _Channel(asyncio.Protocol):
         log.debug("%s connector: %s", self.name, data[:500].decode(errors="replace").strip())
 
     def data_received(self, data: bytes) -> None:
-        self._demux.feed(data)
+        if self._demux is not None:
+            self._demux.feed(data)
+        else:
+            self._from_kernel(data)
 
     def eof_received(self) -> bool:
         return False
@@ -170,40 +178,47 @@ class _Channel(asyncio.Protocol):
         self.link._throttle(self.name, False)
 
 
-class _Watched(asyncio.Protocol):
-    """A stream whose (demultiplexed) bytes go to a callback and whose end is reported."""
+class _OutputStream(asyncio.Protocol):
+    """The container's attached stdout and stderr, demultiplexed into a :class:`KernelOutput`."""
 
-    def __init__(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
-        self._demux = Demux(on_data, on_data)
-        self._on_end = on_end
-        self.transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+    def __init__(self, output: KernelOutput) -> None:
+        self._demux = Demux(output.write, output.write)
 
     def data_received(self, data: bytes) -> None:
         self._demux.feed(data)
 
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._on_end()
-
 
 class KernelOutput:
-    """The container's own stdout and stderr: passed to our stderr up to a cap, the tail kept for errors."""
+    """The container's own stdout and stderr, passed to our stderr up to a cap, the tail kept for errors.
+
+    Until :meth:`release` (the kernel answered) output is only kept: a launch that fails reports
+    it once, inside its error message.
+    """
 
     def __init__(self, cap: int = OUTPUT_CAP) -> None:
         self._left = cap
         self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._partial = ""
+        self._held: list[bytes] | None = []
+
+    def release(self) -> None:
+        """Pass on what was held during start-up, and everything from now on."""
+        held, self._held = self._held or [], None
+        for chunk in held:
+            self._pass_on(chunk)
 
     def write(self, data: bytes) -> None:
         """Record and pass on one chunk of the container's output."""
         text = self._partial + data.decode(errors="replace")
         *lines, self._partial = text.split("\n")
         self.tail.extend(lines)
+        if self._held is not None:
+            if sum(map(len, self._held)) < self._left:
+                self._held.append(data)
+            return
+        self._pass_on(data)
+
+    def _pass_on(self, data: bytes) -> None:
         if self._left > 0:
             chunk = data[: self._left]
             self._left -= len(chunk)
@@ -217,13 +232,87 @@ class KernelOutput:
         return "\n".join([*self.tail, self._partial]).strip()
 
 
+def _may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
+    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack)."""
+    runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
+    return os.geteuid() == 0 and runtime == "runc" and engine_address().startswith("unix://")
+
+
+def _container_netns(container: Any) -> int | None:
+    """An open handle on the container's network namespace, or None when it cannot be had safely.
+
+    The namespace is found through the container's init pid; the engine is asked again after
+    opening it, so a pid that was reused meanwhile is never taken for the container's.
+    """
+    container.reload()
+    pid = container.attrs["State"]["Pid"]
+    try:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # not in the engine's pid namespace (say, a launcher inside a container)
+    container.reload()
+    if container.attrs["State"]["Pid"] != pid or not container.attrs["State"]["Running"]:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _connect_in_netns(
+    netns: int, port: int, wait_seconds: float, cancel: threading.Event
+) -> asyncio.Future[socket.socket]:
+    """A TCP connection to ``port`` on the container's own loopback, made from inside its namespace.
+
+    A fresh thread enters the namespace (setns changes only the calling thread) and connects,
+    retrying while the kernel starts, until ``wait_seconds`` pass or ``cancel`` is set; the
+    socket stays in that namespace wherever it is used afterwards.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[socket.socket] = loop.create_future()
+
+    def settle(sock: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled: the launcher stopped meanwhile
+            if sock is not None:
+                sock.close()
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            ours = socket.socket(fileno=sock.detach())
+            ours.setblocking(False)
+            future.set_result(ours)
+
+    def enter_and_connect() -> None:
+        deadline = time.monotonic() + wait_seconds
+        try:
+            if _libc().setns(netns, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+            while True:
+                try:
+                    sock = connect(port, 0)
+                    break
+                except OSError:
+                    if cancel.is_set() or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(RETRY_SECONDS)
+        except OSError as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, sock, None)
+
+    threading.Thread(target=enter_and_connect, name="netns-connect", daemon=True).start()
+    return future
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 class DockerLink:
     """The kernel in a locked-down container on the Docker engine (see the module docstring)."""
 
     def __init__(
         self,
         settings: DockerSettings,
-        private: PrivateDir,
+        private: PrivateDir | None,
         *,
         kernel_id: str,
         owner_pid: int,
@@ -253,6 +342,8 @@ class DockerLink:
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._welcomed: asyncio.Future[None] = self._loop.create_future()
         self._creating: asyncio.Future[Any] | None = None
+        self._netns: int | None = None
+        self._cancel = threading.Event()
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -261,7 +352,8 @@ class DockerLink:
         self._front = front
         settings = self.settings
         client = self._client = await asyncio.to_thread(docker_client)
-        check_engine(await asyncio.to_thread(client.info), settings)
+        info = await asyncio.to_thread(client.info)
+        check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
         spec = container_spec(
             settings,
@@ -270,7 +362,9 @@ class DockerLink:
             user=run_as(settings),
             env=self.env,
             mounts=resolve_mounts(settings, self.cwd),
-            labels=owner_labels(self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path),
+            labels=owner_labels(
+                self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path if self.private else None
+            ),
         )
         self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
         try:
@@ -279,7 +373,8 @@ class DockerLink:
             reason = exc.explanation or exc
             raise KernelLaunchError(f"Docker refused to create the kernel's container: {reason}") from exc
         self.container_id = container.id
-        self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
+        if self.private is not None:
+            self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
         await asyncio.to_thread(self._watch_events)
         await self._attach_output()
         try:
@@ -289,16 +384,28 @@ class DockerLink:
             if settings.runtime == "runsc":
                 hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
             raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
-        try:
-            await asyncio.gather(*(self._open_channel(name) for name in CHANNEL_PORTS))
-        except docker.errors.APIError as exc:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._ended), EXIT_REPORT_WAIT)
-            except asyncio.TimeoutError:
-                raise KernelLaunchError(f"Could not reach the kernel's channels: {exc.explanation or exc}") from exc
-            raise self._start_failure() from exc
+        if _may_enter_netns(settings, info):
+            self._netns = await asyncio.to_thread(_container_netns, container)
+        opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
-        await self._wait_until_ready(container, spec)
+        try:
+            await self._wait_until_ready(container, spec, opening)
+        finally:
+            for task in opening:
+                task.cancel()
+        self.output.release()
+
+    async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
+        """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
+        for task in opening:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._ended), EXIT_REPORT_WAIT)
+                except asyncio.TimeoutError:
+                    reason = getattr(exc, "explanation", None) or exc
+                    raise KernelLaunchError(f"Could not reach the kernel's channels: {reason}") from exc
+                raise self._start_failure() from exc
 
     def _start_failure(self) -> KernelLaunchError:
         status = self._ended.result()
@@ -310,28 +417,36 @@ class DockerLink:
         return _own_socket(self._client.api.exec_start(exec_id, socket=True))
 
     async def _open_channel(self, name: str) -> None:
-        port, wait = str(CHANNEL_PORTS[name]), str(self.settings.launch_timeout)
-        cmd = ["python", "-I", "-S", "-c", source("connector"), port, wait]
-        sock = await asyncio.to_thread(self._exec_socket, cmd)
+        port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
+        direct = self._netns is not None and name != LIFELINE_CHANNEL
+        if direct:
+            # past the launch deadline, so that a kernel that never listens is reported as such
+            sock = await _connect_in_netns(self._netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
+        else:
+            cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
+            sock = await asyncio.to_thread(self._exec_socket, cmd)
         if self._stopping:
             sock.close()
             return
-        await self._loop.connect_accepted_socket(lambda: _Channel(self, name), sock)
+        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=not direct), sock)
 
     async def _attach_output(self) -> None:
         assert self._client is not None
         params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
         sdk_socket = await asyncio.to_thread(self._client.api.attach_socket, self.container_id, params)
         transport, _ = await self._loop.connect_accepted_socket(
-            lambda: _Watched(self.output.write, lambda: None), _own_socket(sdk_socket)
+            lambda: _OutputStream(self.output), _own_socket(sdk_socket)
         )
         self._streams.append(transport)
 
-    async def _wait_until_ready(self, container: Any, spec: dict[str, Any]) -> None:
+    async def _wait_until_ready(
+        self, container: Any, spec: dict[str, Any], opening: list[asyncio.Future[None]]
+    ) -> None:
         limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
         deadline = time.monotonic() + self.settings.launch_timeout
         try:
-            while not self._ready.done():
+            while not self._ready.done() or not all(task.done() for task in opening):
+                await self._channels_failed(opening)
                 if self._ended.done():
                     raise self._start_failure()
                 if time.monotonic() >= deadline:
@@ -341,11 +456,13 @@ class DockerLink:
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
                 await asyncio.wait(
-                    [self._ready, self._ended], timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+                    [self._ready, self._ended, *opening], timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
+            log.debug("the kernel answers; waiting for its IOPub welcome")
             await asyncio.wait([self._welcomed], timeout=WELCOME_WAIT)
+            log.debug("IOPub %s", "welcomed" if self._welcomed.done() else "not welcomed: starting without")
             await limits
         finally:
             limits.cancel()
@@ -402,13 +519,10 @@ class DockerLink:
             elif self._front is not None:
                 self._front.heartbeat_reply(frames)
             return
-        message = split(frames)
+        message = unpack(frames, self._signer, f"kernel on {channel}")
         if message is None or self._front is None:
             return
-        idents, signature, parts = message
-        if not self._signer.verify(signature, parts):
-            log.warning("dropped a %s message with a bad signature from the kernel", channel)
-            return
+        idents, parts = message
         if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
             self._welcomed.set_result(None)
         self._front.from_kernel(channel, idents, parts)
@@ -493,6 +607,7 @@ class DockerLink:
         if self._stopping:
             return
         self._stopping = True
+        self._cancel.set()
         for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
             if transport is not None:
                 transport.close()
@@ -511,3 +626,6 @@ class DockerLink:
                 log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
         if self._events is not None:
             self._events.close()
+        if self._netns is not None:
+            os.close(self._netns)
+            self._netns = None

@@ -31,8 +31,8 @@ DELIM = b"<IDS|MSG>"
 REQUEST_CHANNELS = ("shell", "control", "stdin")
 CHANNELS = (*REQUEST_CHANNELS, "iopub", "hb")
 PROTOCOL_VERSION = "5.4"
-Frames = Sequence[Any]
-"""A multipart message: ``zmq.Frame`` objects or bytes."""
+Frames = Sequence[bytes]
+"""A multipart message, one bytes object per frame."""
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -58,6 +58,18 @@ class Signer:
     def verify(self, signature: Any, parts: Frames) -> bool:
         """True when ``signature`` is this key's signature of ``parts``."""
         return self._hmac is None or hmac.compare_digest(bytes(signature), self.sign(parts))
+
+
+def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], list[bytes]] | None:
+    """Routing identities and parts of a message signed by ``signer``; None (logged) for anything else."""
+    message = split(frames)
+    if message is None:
+        return None
+    idents, signature, parts = message
+    if not signer.verify(signature, parts):
+        log.warning("dropped a message with a bad signature from the %s", sender)
+        return None
+    return idents, parts
 
 
 def split(frames: Frames) -> tuple[list[bytes], bytes, list[bytes]] | None:
@@ -88,10 +100,11 @@ class OutputPolicy:
 
 @dataclass(frozen=True)
 class ExitStatus:
-    """How a kernel ended: the launcher's exit code and the reason in words."""
+    """How a kernel ended: the launcher's exit code, the reason in words, and the error's class name."""
 
     code: int
     reason: str
+    error: str = ""
 
 
 class KernelLink(Protocol):
@@ -248,14 +261,9 @@ class Front:
 
     def _request_handler(self, channel: str) -> Callable[[list[Any]], None]:
         def handle(frames: list[Any]) -> None:
-            message = split(frames)
-            if message is None or self._link is None:
-                return
-            idents, signature, parts = message
-            if not self._signer.verify(signature, parts):
-                log.warning("dropped a %s message with a bad signature from the client", channel)
-                return
-            self._link.send(channel, idents, parts)
+            message = unpack(frames, self._signer, f"client on {channel}")
+            if message is not None and self._link is not None:
+                self._link.send(channel, *message)
 
         return handle
 

@@ -17,6 +17,8 @@ SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
 GREETING = SIGNATURE + bytes([3, 0]) + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
 GREETING_SIZE = len(GREETING)
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
+MAX_MESSAGE_BYTES = 512 * 2**20
+"""The largest message taken from a kernel: past it the connection is refused, not buffered."""
 SUBSCRIBE_ALL = b"\x01"
 """A ZMTP 3.0 subscription to every topic, sent as a message by a SUB peer."""
 
@@ -77,7 +79,10 @@ class ZmtpPeer:
         *,
         identity: bytes = b"",
         on_ready: Callable[[], None] | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
+        self._max = max_message_bytes
+        self._message_bytes = 0
         self._write = write
         self._on_message = on_message
         self._on_ready = on_ready
@@ -121,6 +126,8 @@ class ZmtpPeer:
             else:
                 size = buffer[offset + 1]
                 start = offset + 2
+            if self._message_bytes + size > self._max:
+                raise ProtocolError(f"a message over {self._max // 2**20} MiB")
             end = start + size
             if len(buffer) < end:
                 break
@@ -132,8 +139,9 @@ class ZmtpPeer:
                 raise ProtocolError("the peer sent a message before READY")
             else:
                 self._frames.append(body)
+                self._message_bytes += size
                 if not flags & MORE:
-                    frames, self._frames = self._frames, []
+                    frames, self._frames, self._message_bytes = self._frames, [], 0
                     self._on_message(frames)
         del buffer[:offset]
 

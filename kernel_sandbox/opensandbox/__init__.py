@@ -1,5 +1,6 @@
 """OpenSandbox backend: lifecycle and execd clients, the execd event parser, the execd-to-Jupyter
-translation and the relay kernel."""
+translation, the sandbox's Jupyter server client and the backend's settings. The kernel itself is
+run by the launcher (:mod:`kernel_sandbox.launch.opensandbox_link`)."""
 
 from ..errors import (
     CallDeadlineExceeded,

@@ -760,10 +760,13 @@ class OpenSandboxClient:
         allow_internet: bool = False,
         network_policy: Mapping[str, Any] | None = None,
         secure_access: bool = False,
+        created: Callable[[str], None] | None = None,
     ) -> Sandbox:
         """Create a sandbox, wait until it is Running, resolve its execd endpoint and wait for execd.
 
-        The sandbox is deleted again when any later step fails.
+        ``created(sandbox_id)`` is called as soon as the server has answered the create, so a
+        caller can delete the sandbox even while the rest is still waiting. The sandbox is deleted
+        again when any later step fails (or is cancelled).
         """
         body = build_create_body(
             image=image,
@@ -782,6 +785,8 @@ class OpenSandboxClient:
         sandbox_id = info["id"]
         url_segment(sandbox_id, f"{what}: the sandbox id")
         try:
+            if created is not None:
+                created(sandbox_id)
             info = await self.wait_running(sandbox_id, info)
             endpoint = await self.endpoint(sandbox_id)
             await self.execd(endpoint).wait_ready(self.ready_timeout, min(self.poll_interval, 0.1) or 0.1)

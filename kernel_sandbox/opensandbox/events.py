@@ -24,6 +24,9 @@ _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 TERMINAL_TYPES = frozenset({"execution_complete", "error"})
 MAX_TRACEBACK_CHARS = 64 * 1024
 """Cap on one traceback (all its lines together); past it the oldest lines are dropped."""
+REPLY_TRACEBACK_CHARS = 2 * 1024
+"""Cap on the traceback an ``execute_reply`` repeats (its tail): the whole one is in the IOPub ``error``."""
+_CUT_NOTE_CHARS = 120
 MAX_ERROR_FIELD_CHARS = 8 * 1024
 """Cap on an error's name and value."""
 MAX_JSON_DEPTH = 32
@@ -264,19 +267,45 @@ def _pick(obj: dict[str, Any], *keys: str) -> Any:
 
 
 def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[str]:
-    """Keep the last lines of a traceback that fit in ``limit`` characters, noting what was cut."""
+    """Keep the last lines of a traceback within ``limit`` characters in all, with a note of what was cut."""
+    if sum(map(len, lines)) <= limit:
+        return list(lines)
+    budget = max(limit - _CUT_NOTE_CHARS, 0)
     kept: list[str] = []
     size = 0
     for line in reversed(lines):
-        if size + len(line) > limit:
+        if size + len(line) > budget:
             if not kept:
-                kept.append(line[-limit:])
-            cut = len(lines) - len(kept)
-            kept.append(f"[... {cut} earlier traceback line(s) cut: the traceback exceeded {limit} characters]")
+                kept.append(line[len(line) - budget :] if budget else "")
             break
         kept.append(line)
         size += len(line)
-    return kept[::-1]
+    cut = len(lines) - len(kept)
+    note = f"[... {cut} earlier traceback line(s) cut: the traceback exceeded {limit} characters]"
+    return [note[:limit], *kept[::-1]]
+
+
+def capped_error(content: dict[str, Any], traceback_limit: int = MAX_TRACEBACK_CHARS) -> dict[str, Any]:
+    """An ``error`` / error ``execute_reply`` content within the caps: ``ename`` and ``evalue`` at
+    :data:`MAX_ERROR_FIELD_CHARS`, the traceback's last lines within ``traceback_limit``.
+
+    Returns ``content`` itself when it is within them already (then nothing needs re-serialising).
+    """
+    name, value, traceback = content.get("ename"), content.get("evalue"), content.get("traceback")
+    fits = (
+        (not isinstance(name, str) or len(name) <= MAX_ERROR_FIELD_CHARS)
+        and (not isinstance(value, str) or len(value) <= MAX_ERROR_FIELD_CHARS)
+        and (not isinstance(traceback, list) or sum(len(str(line)) for line in traceback) <= traceback_limit)
+    )
+    if fits:
+        return content
+    capped = dict(content)
+    for key in ("ename", "evalue"):
+        if isinstance(capped.get(key), str):
+            capped[key] = _clip(capped[key], MAX_ERROR_FIELD_CHARS)
+    if isinstance(traceback, list):
+        capped["traceback"] = cap_traceback([str(line) for line in traceback], traceback_limit)
+    return capped
 
 
 def _error(obj: dict[str, Any]) -> ExecdError:

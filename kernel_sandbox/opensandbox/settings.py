@@ -1,92 +1,217 @@
-"""What the provisioner tells the relay kernel, passed through the relay's environment."""
+"""The OpenSandbox backend's options: one model for the provisioner, the launcher, ``install`` and programs.
+
+:meth:`OpenSandboxSettings.from_config` checks every value before any sandbox exists, as
+:class:`~kernel_sandbox.settings.DockerSettings` does for Docker: a wrong type, an out-of-range
+value or an unknown name raises :class:`~kernel_sandbox.errors.ConfigError` naming the option.
+``api_base`` and ``api_key`` fall back to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``
+when the kernel starts (:meth:`OpenSandboxSettings.resolved`).
+"""
 
 from __future__ import annotations
 
-import json
-import os
+import dataclasses
+import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
+from ..errors import ConfigError
+from ..policy import MODES as POLICY_MODES
+from ..settings import _env, _flag, _option, _orphan_seconds, _refuse, _seconds, _text, check_names
 from .client import (
+    DEFAULT_ENTRYPOINT,
+    DEFAULT_IMAGE,
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_READY_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
-    ENV_API_BASE,
-    ENV_API_KEY,
+    DEFAULT_RESOURCE_LIMITS,
+    DEFAULT_TIMEOUT,
+    resolve_api_base,
+    resolve_api_key,
 )
 
-ENV_SANDBOX_ID = "KERNEL_SANDBOX_OPENSANDBOX_ID"
-ENV_EXECD_URL = "KERNEL_SANDBOX_EXECD_URL"
-ENV_EXECD_HEADERS = "KERNEL_SANDBOX_EXECD_HEADERS"
-ENV_CONTEXT_ID = "KERNEL_SANDBOX_EXECD_CONTEXT"
-ENV_LANGUAGE = "KERNEL_SANDBOX_LANGUAGE"
-ENV_RENEW_SECONDS = "KERNEL_SANDBOX_RENEW_SECONDS"
-ENV_RENEW_INTERVAL = "KERNEL_SANDBOX_RENEW_INTERVAL"
-ENV_MAX_OUTPUT_BYTES = "KERNEL_SANDBOX_MAX_OUTPUT_BYTES"
-ENV_REQUEST_TIMEOUT = "KERNEL_SANDBOX_REQUEST_TIMEOUT"
-ENV_MAX_RESPONSE_BYTES = "KERNEL_SANDBOX_MAX_RESPONSE_BYTES"
-ENV_INTERRUPT_GRACE = "KERNEL_SANDBOX_INTERRUPT_GRACE"
-DEFAULT_INTERRUPT_GRACE = 10.0
+MODES = ("auto", "websocket", "execd")
+"""How the launcher reaches the kernel: the sandbox's Jupyter server (``websocket``), execd's
+``/code`` (``execd``), or the first when the sandbox serves Jupyter, else the second (``auto``)."""
+JUPYTER_PORT = 44771
+MIN_TIMEOUT = 60
+"""The published server refuses a sandbox ``timeout`` under 60 s."""
+_LABEL = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def _api_base(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _refuse(name, value, "must be the lifecycle API's URL, e.g. http://localhost:8080/v1, or ''")
+    value = value.strip().rstrip("/")
+    if value and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
+        raise _refuse(name, value, "must be an http:// or https:// URL, e.g. http://localhost:8080/v1")
+    return value
+
+
+def _api_key(name: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _refuse(name, "***", "must be a string, or null to read $OPEN_SANDBOX_API_KEY")
+    return value
+
+
+def _words(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise _refuse(name, value, "must be a non-empty list of strings")
+    if not all(isinstance(part, str) and part and "\0" not in part for part in value):
+        raise _refuse(name, value, "every part must be a non-empty string")
+    return tuple(value)
+
+
+def _whole(low: int, high: int) -> Any:
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _refuse(name, value, f"must be a whole number from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _strings(name: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise _refuse(name, value, "must be a mapping of strings to strings")
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or not isinstance(item, str):
+            raise _refuse(name, value, f"{key!r}: keys and values must be non-empty strings")
+    return dict(value)
+
+
+def _labels(name: str, value: Any) -> dict[str, str]:
+    labels = _strings(name, value)
+    for key, item in labels.items():
+        if not _LABEL_KEY.fullmatch(key) or key.startswith("opensandbox.io/"):
+            raise _refuse(name, value, f"{key!r} is not a label name the server accepts (opensandbox.io/ is reserved)")
+        if not _LABEL.fullmatch(item):
+            raise _refuse(name, value, f"the value of {key!r} must be a label value: up to 63 of A-Z a-z 0-9 - _ .")
+    return labels
+
+
+def _policy(name: str, value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _refuse(name, value, "must be a networkPolicy object, or null")
+    return dict(value)
+
+
+def _choice(choices: tuple[str, ...]) -> Any:
+    def parse(name: str, value: Any) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise _refuse(name, value, f"must be one of {', '.join(choices)}")
+        return value.strip().lower()
+
+    return parse
+
+
+def _non_negative(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _refuse(name, value, "must be a number of seconds")
+    if not 0 <= value <= 86400:
+        raise _refuse(name, value, "must be from 0 to 86400 seconds")
+    return float(value)
 
 
 @dataclass(frozen=True)
-class RelaySettings:
-    """Where the relay kernel finds its sandbox, and how it keeps the sandbox alive.
+class OpenSandboxSettings:
+    """The settings of one OpenSandbox kernel, checked; build with :meth:`from_config`."""
 
-    ``renew_seconds`` > 0 makes the relay push the sandbox's expiration that far ahead every
-    ``renew_interval`` seconds (0: a third of ``renew_seconds``) for as long as it runs; when the
-    relay (or its parent) dies the renewals stop and the sandbox ends itself. ``interrupt_grace``:
-    seconds a cell may go on after an interrupt before the relay ends it with an error itself.
-    """
-
-    execd_url: str
-    context_id: str
-    execd_headers: Mapping[str, str] = field(default_factory=dict)
-    language: str = "python"
-    sandbox_id: str = ""
-    api_base: str = ""
-    api_key: str = ""
-    renew_seconds: int = 0
-    renew_interval: float = 0.0
-    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-    interrupt_grace: float = DEFAULT_INTERRUPT_GRACE
-
-    def to_env(self) -> dict[str, str]:
-        """Return the environment variables that carry these settings."""
-        return {
-            ENV_EXECD_URL: self.execd_url,
-            ENV_CONTEXT_ID: self.context_id,
-            ENV_EXECD_HEADERS: json.dumps(dict(self.execd_headers)),
-            ENV_LANGUAGE: self.language,
-            ENV_SANDBOX_ID: self.sandbox_id,
-            ENV_API_BASE: self.api_base,
-            ENV_API_KEY: self.api_key,
-            ENV_RENEW_SECONDS: str(self.renew_seconds),
-            ENV_RENEW_INTERVAL: str(self.renew_interval),
-            ENV_MAX_OUTPUT_BYTES: str(self.max_output_bytes),
-            ENV_REQUEST_TIMEOUT: str(self.request_timeout),
-            ENV_MAX_RESPONSE_BYTES: str(self.max_response_bytes),
-            ENV_INTERRUPT_GRACE: str(self.interrupt_grace),
-        }
+    api_base: str = _option("", _api_base, "Lifecycle API base URL, e.g. http://host:8080/v1; '': $OPEN_SANDBOX_API_BASE.")
+    api_key: str | None = _option(None, _api_key, "Lifecycle API key; null: $OPEN_SANDBOX_API_KEY; '': no key.")
+    image: str = _option(DEFAULT_IMAGE, _text, "Sandbox image: execd, and a Jupyter server for the websocket mode.")
+    entrypoint: tuple[str, ...] = _option(list(DEFAULT_ENTRYPOINT), _words, "The sandbox's entry process.")
+    mode: str = _option(
+        "auto", _choice(MODES), "'websocket': the sandbox's Jupyter server; 'execd': execd's /code; 'auto': probe."
+    )
+    jupyter_port: int = _option(JUPYTER_PORT, _whole(1, 65535), "Port of the sandbox's Jupyter server ($JUPYTER_PORT).")
+    jupyter_wait: float = _option(
+        30.0, _seconds, "In 'auto' mode: seconds to wait for the Jupyter server before falling back to execd."
+    )
+    kernel_name: str = _option("python3", _text, "Kernelspec the sandbox's Jupyter server starts (websocket mode).")
+    language: str = _option("python", _text, "execd context language (execd mode).")
+    timeout: int = _option(
+        DEFAULT_TIMEOUT, _whole(MIN_TIMEOUT, 86400), "Sandbox lifetime in s (>= 60), renewed while the kernel lives."
+    )
+    renew_interval: float = _option(0.0, _non_negative, "Seconds between renewals; 0: timeout / 3.")
+    resource_limits: dict[str, str] = _option(
+        dict(DEFAULT_RESOURCE_LIMITS), _strings, "resourceLimits, e.g. {'cpu': '1', 'memory': '2Gi'}."
+    )
+    resource_requests: dict[str, str] = _option({}, _strings, "resourceRequests (left out when empty).")
+    env: dict[str, str] = _option({}, _env, "Environment variables inside the sandbox.")
+    metadata: dict[str, str] = _option({}, _labels, "Extra sandbox metadata (labels).")
+    allow_internet: bool = _option(False, _flag, "Send no networkPolicy (open egress); default: deny all egress.")
+    network_policy: dict[str, Any] | None = _option(
+        None, _policy, "A networkPolicy sent as given (wins over allow_internet)."
+    )
+    secure_access: bool = _option(False, _flag, "Ask the server to protect the sandbox's endpoints (secureAccess).")
+    use_server_proxy: bool = _option(False, _flag, "Reach the sandbox through the lifecycle server's proxy.")
+    ready_timeout: float = _option(
+        DEFAULT_READY_TIMEOUT, _seconds, "Seconds to wait for Running, each endpoint, execd and the kernel."
+    )
+    poll_interval: float = _option(DEFAULT_POLL_INTERVAL, _seconds, "Seconds between polls while waiting.")
+    request_timeout: float = _option(
+        DEFAULT_REQUEST_TIMEOUT, _seconds, "Overall deadline of each HTTP call (connect, send, whole answer)."
+    )
+    max_output_bytes: int = _option(
+        DEFAULT_MAX_OUTPUT_BYTES, _whole(1024, 2**40), "Byte cap on one execd run's stream and on one kernel message."
+    )
+    max_response_bytes: int = _option(
+        DEFAULT_MAX_RESPONSE_BYTES, _whole(1024, 2**40), "Byte cap on every other answer from the sandbox or server."
+    )
+    interrupt_grace: float = _option(
+        10.0, _non_negative, "Seconds a cell may go on after an interrupt before the relay ends it (execd mode)."
+    )
+    state_check_interval: float = _option(5.0, _seconds, "Seconds between checks that the sandbox still exists.")
+    orphan_timeout: float | None = _option(
+        30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
+    )
+    output_policy: str = _option(
+        "strict", _choice(POLICY_MODES), "What outputs may do in the browser: 'strict' (default) or 'trusted'."
+    )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RelaySettings:
-        """Read the settings written by :meth:`to_env`; a missing execd URL or context raises KeyError."""
-        env = os.environ if environ is None else environ
-        return cls(
-            execd_url=env[ENV_EXECD_URL],
-            context_id=env[ENV_CONTEXT_ID],
-            execd_headers=json.loads(env.get(ENV_EXECD_HEADERS) or "{}"),
-            language=env.get(ENV_LANGUAGE) or "python",
-            sandbox_id=env.get(ENV_SANDBOX_ID, ""),
-            api_base=env.get(ENV_API_BASE, ""),
-            api_key=env.get(ENV_API_KEY, ""),
-            renew_seconds=int(env.get(ENV_RENEW_SECONDS) or 0),
-            renew_interval=float(env.get(ENV_RENEW_INTERVAL) or 0),
-            max_output_bytes=int(env.get(ENV_MAX_OUTPUT_BYTES) or DEFAULT_MAX_OUTPUT_BYTES),
-            request_timeout=float(env.get(ENV_REQUEST_TIMEOUT) or DEFAULT_REQUEST_TIMEOUT),
-            max_response_bytes=int(env.get(ENV_MAX_RESPONSE_BYTES) or DEFAULT_MAX_RESPONSE_BYTES),
-            interrupt_grace=float(env.get(ENV_INTERRUPT_GRACE) or DEFAULT_INTERRUPT_GRACE),
+    def from_config(cls, config: Mapping[str, Any]) -> OpenSandboxSettings:
+        """Check ``config`` (option name → value) and return the settings; unset options keep their defaults."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"the OpenSandbox provisioner's config must be a mapping, not {type(config).__name__}")
+        check_names(config, OPTIONS, "the OpenSandbox backend")
+        return cls(**{name: OPTIONS[name].metadata["parse"](name, value) for name, value in config.items()})
+
+    def resolved(self) -> OpenSandboxSettings:
+        """These settings with ``api_base`` and ``api_key`` taken from the environment where unset.
+
+        Raises :class:`~kernel_sandbox.errors.OpenSandboxConfigError` naming ``OPEN_SANDBOX_API_BASE`` when there is no API base.
+        """
+        return dataclasses.replace(
+            self, api_base=resolve_api_base(self.api_base or None), api_key=resolve_api_key(self.api_key)
         )
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between renewals of the sandbox's expiration."""
+        return self.renew_interval or self.timeout / 3
+
+    def to_config(self) -> dict[str, Any]:
+        """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
+        config = dataclasses.asdict(self)
+        config["entrypoint"] = list(self.entrypoint)
+        return config
+
+    def __repr__(self) -> str:
+        shown = {name: value for name, value in dataclasses.asdict(self).items() if name != "api_key"}
+        key = "None" if self.api_key is None else "'***'"
+        return f"OpenSandboxSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())}, api_key={key})"
+
+
+OPTIONS: dict[str, dataclasses.Field[Any]] = {option.name: option for option in dataclasses.fields(OpenSandboxSettings)}
+"""Every option of the OpenSandbox backend, by name; ``metadata`` holds its ``help``, ``default`` and ``parse``."""
+
+__all__ = ["JUPYTER_PORT", "MODES", "OPTIONS", "OpenSandboxSettings"]

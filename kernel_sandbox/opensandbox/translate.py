@@ -5,6 +5,8 @@
 cell's one ``execute_reply``. stdout/stderr text is coalesced: held until ``flush_bytes`` are
 buffered, another kind of output arrives, or ``flush_interval`` (50 ms) has passed since the
 first held byte, so a flood of tiny events costs a few messages while output still streams.
+An error's traceback (capped at 64 KiB) is published once, in the IOPub ``error``; the reply
+repeats its name and value and only the traceback's last 2 KiB (what nbclient shows).
 
 :func:`relay_cell` drives a translator from an event stream and returns exactly one reply
 whatever the stream does: ends early, raises anything, breaks its cap, or never stops after an
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import KernelSandboxError
-from .events import Event, ExecdError, cap_traceback, clean_text
+from .events import REPLY_TRACEBACK_CHARS, Event, ExecdError, cap_traceback, clean_text
 
 DEFAULT_FLUSH_BYTES = 64 * 1024
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -127,9 +129,15 @@ class CellTranslator:
             return self._reply
         if error.name in _STDIN_ERRORS:
             error = ExecdError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
-        content = {"ename": error.name, "evalue": error.value, "traceback": cap_traceback(list(error.traceback))}
-        self._send("error", content)
-        self._reply = {"status": "error", "execution_count": self.execution_count, **content}
+        traceback = cap_traceback(list(error.traceback))
+        self._send("error", {"ename": error.name, "evalue": error.value, "traceback": traceback})
+        self._reply = {
+            "status": "error",
+            "execution_count": self.execution_count,
+            "ename": error.name,
+            "evalue": error.value,
+            "traceback": cap_traceback(traceback, REPLY_TRACEBACK_CHARS),
+        }
         return self._reply
 
 

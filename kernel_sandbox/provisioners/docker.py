@@ -1,44 +1,26 @@
 """Kernel provisioner that runs each kernel in a fresh, locked-down Docker container.
 
 The container is started by the launcher (:mod:`kernel_sandbox.launch`), the one code path that
-sandboxes; this provisioner runs it as a local process, as ``LocalProvisioner`` runs a kernel, and
-adds what a provisioner-aware client can use: the client's channels as IPC sockets in a private
-0700 directory, the effective settings (traitlets config and kernel.json) checked before anything
-starts, the reason a kernel ended (out of memory, limit N MiB), interrupt as SIGINT to the launcher,
-and re-attach after a server restart while the launcher waits ``orphan_timeout`` for its owner.
+sandboxes; this provisioner runs it as a local process (:class:`~.launched.LaunchedProvisioner`,
+shared with the OpenSandbox provisioner) and adds the Docker side: the options, the mounts
+checked before the launch, and the removal of a container whose launcher was killed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import sys
-from pathlib import Path
 from typing import Any
 
 import docker.errors
-from jupyter_client.connect import KernelConnectionInfo
-from jupyter_client.launcher import launch_kernel
-from jupyter_client.provisioning import LocalProvisioner
-from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from traitlets import Any as AnyTrait
 
 from ..containers import docker_client, remove_container, resolve_mounts
-from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
-from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
-from ..settings import OPTIONS, DockerSettings, check_names
-
-FORWARDED_ENV = ("JPY_SESSION_NAME",)
-_BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
+from ..errors import KernelSandboxError
+from ..launch import DOCKER_PROVISIONER
+from ..settings import OPTIONS, DockerSettings
+from .launched import LaunchedProvisioner, option_trait
 
 
-def _option(name: str) -> Any:
-    metadata = OPTIONS[name].metadata
-    return AnyTrait(metadata["default"], allow_none=True, config=True, help=metadata["help"])
-
-
-class DockerProvisioner(LocalProvisioner):  # type: ignore[misc]
+class DockerProvisioner(LaunchedProvisioner):
     """Launch the kernel of a kernelspec in a new container on the local Docker engine.
 
     Every option of :class:`~kernel_sandbox.settings.DockerSettings` is a traitlet here
@@ -46,205 +28,50 @@ class DockerProvisioner(LocalProvisioner):  # type: ignore[misc]
     they are checked together, and an unknown or bad one stops the launch with its name.
     """
 
-    image = _option("image")
-    network = _option("network")
-    memory = _option("memory")
-    cpus = _option("cpus")
-    pids_limit = _option("pids_limit")
-    user = _option("user")
-    uid_range = _option("uid_range")
-    read_only = _option("read_only")
-    tmp_size = _option("tmp_size")
-    home_size = _option("home_size")
-    work_size = _option("work_size")
-    mounts = _option("mounts")
-    mount_cwd = _option("mount_cwd")
-    env = _option("env")
-    runtime = _option("runtime")
-    launch_timeout = _option("launch_timeout")
-    orphan_timeout = _option("orphan_timeout")
-    kernel_cmd = _option("kernel_cmd")
+    backend = DOCKER_PROVISIONER
+    backend_title = "the Docker backend"
+    options = OPTIONS
 
-    private: PrivateDir | None = None
-    exit_reason: str | None = None
-    _exit_code: int | None = None
-    _status_fd: int | None = None
-    _stopping = False
-
-    def __init__(self, **kwargs: Any) -> None:
-        check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
-        super().__init__(**kwargs)
-        check_names(self.config.get(type(self).__name__, {}))
+    image = option_trait(OPTIONS["image"])
+    network = option_trait(OPTIONS["network"])
+    memory = option_trait(OPTIONS["memory"])
+    cpus = option_trait(OPTIONS["cpus"])
+    pids_limit = option_trait(OPTIONS["pids_limit"])
+    user = option_trait(OPTIONS["user"])
+    uid_range = option_trait(OPTIONS["uid_range"])
+    read_only = option_trait(OPTIONS["read_only"])
+    tmp_size = option_trait(OPTIONS["tmp_size"])
+    home_size = option_trait(OPTIONS["home_size"])
+    work_size = option_trait(OPTIONS["work_size"])
+    mounts = option_trait(OPTIONS["mounts"])
+    mount_cwd = option_trait(OPTIONS["mount_cwd"])
+    env = option_trait(OPTIONS["env"])
+    runtime = option_trait(OPTIONS["runtime"])
+    launch_timeout = option_trait(OPTIONS["launch_timeout"])
+    orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
+    kernel_cmd = option_trait(OPTIONS["kernel_cmd"])
 
     def settings(self) -> DockerSettings:
         """The effective settings: traitlets configuration and kernel.json, checked."""
         return DockerSettings.from_config({name: getattr(self, name) for name in OPTIONS})
 
-    @property
-    def has_process(self) -> bool:
-        """True while a launcher runs this kernel (started here, or found again by re-attach)."""
-        return self.process is not None or (self.pid is not None and self.private is not None)
+    def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
+        """The mounts' host paths must exist before the launcher starts."""
+        resolve_mounts(settings, cwd)
 
     @property
     def container_id(self) -> str | None:
         """The id of the kernel's container, once the launcher has made it."""
-        state = self.private.read_json(LAUNCHER_STATE) if self.private else None
-        return state.get("container_id") if isinstance(state, dict) else None
+        return self.launcher_state.get("container_id")
 
-    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Check the settings, prepare the private directory, and build the launcher's command."""
-        if kwargs.pop("transport_encryption", "disabled") == "required":
-            raise KernelLaunchError("kernel-sandbox does not offer CurveZMQ transport encryption")
-        settings = self.settings()
-        kwargs.pop("extra_arguments", None)
-        env = kwargs.get("env", {})
-        cwd = kwargs.pop("cwd", None)
-        resolve_mounts(settings, cwd)
-        km = self.parent
-        if self.private is None:
-            self.private = PrivateDir.create()
-            self.private.hold(OWNER_LOCK)
-            km.cleanup_connection_file()
-        self.exit_reason = self._exit_code = None
-        self._stopping = False
-        (self.private / EXIT).unlink(missing_ok=True)
-        km.transport = "ipc"
-        km.ip = str(self.private / "k")
-        km.write_connection_file(jupyter_session=env.get("JPY_SESSION_NAME", ""))
-        self.connection_info = km.get_connection_info()
-        names = [*self.kernel_spec.env, *FORWARDED_ENV]
-        config_file = self.private.write_json(
-            CONFIG,
-            {
-                "settings": settings.to_config(),
-                "kernel_id": self.kernel_id,
-                "env": {name: env[name] for name in names if name in env},
-                "cwd": str(cwd) if cwd else None,
-            },
-        )
-        read_end, self._status_fd = os.pipe()
-        self._status_reader = read_end
-        cmd = [
-            sys.executable, "-m", "kernel_sandbox.launch", "-f", km.connection_file,
-            "--config", str(config_file), "--status-fd", str(self._status_fd),
-        ]
-        kwargs["cwd"] = str(self.private.path)
-        return await KernelProvisionerBase.pre_launch(self, cmd=cmd, **kwargs)
-
-    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Run the launcher and wait until its kernel answers, or raise with the launcher's reason."""
-        assert self._status_fd is not None
-        kwargs = self._scrub_kwargs(kwargs)
-        try:
-            self.process = launch_kernel(cmd, pass_fds=(self._status_fd,), **kwargs)
-        finally:
-            os.close(self._status_fd)
-            self._status_fd = None
-        self.pid = self.process.pid
-        self.pgid = os.getpgid(self.pid)
-        self.cwd = kwargs.get("cwd")
-        ready = await asyncio.to_thread(_read_status, self._status_reader)
-        if not ready:
-            code = await asyncio.to_thread(self.process.wait)
-            reason = self._read_exit(code)
-            await self._forget()
-            raise KernelLaunchError(reason)
-        return self.connection_info
-
-    def _read_exit(self, code: int) -> str:
-        recorded = self.private.read_json(EXIT) if self.private else None
-        if isinstance(recorded, dict) and "reason" in recorded:
-            return str(recorded["reason"])
-        if code < 0:
-            return f"the launcher was killed by {signal.Signals(-code).name}"
-        return f"the launcher exited with code {code} (its messages are in this server's log)"
-
-    async def poll(self) -> int | None:
-        """None while the launcher runs, else its exit code (0: a clean shutdown)."""
-        if self._exit_code is not None:
-            return self._exit_code
-        if self.process is not None:
-            code = self.process.poll()
-        elif self.pid is not None and self.private is not None:
-            self.private.hold(OWNER_LOCK)
-            recorded = self.private.read_json(EXIT)
-            code = None if self.private.held(LAUNCHER_LOCK) else int((recorded or {}).get("code", 1))
-        else:
-            return 0
-        if code is not None:
-            self._exit_code = code
-            self.exit_reason = self._read_exit(code)
-            if code and not self._stopping:
-                self.log.error("Kernel %s ended: %s", self.kernel_id, self.exit_reason)
-        return code
-
-    async def wait(self) -> int | None:
-        """Wait until the launcher has ended."""
-        while (code := await self.poll()) is None:
-            await asyncio.sleep(0.1)
-        if self.process is not None:
-            self.process.wait()
-            self.process = None
-        return code
-
-    async def send_signal(self, signum: int) -> None:
-        """Signal the launcher: SIGINT interrupts the cell, SIGTERM ends the kernel cleanly."""
-        if signum in (signal.SIGTERM, signal.SIGKILL):
-            self._stopping = True
-        if self.process is None and self.pid is not None and self.private is not None:
-            if self.private.held(LAUNCHER_LOCK):
-                os.kill(self.pid, signum)
-            return
-        await super().send_signal(signum)
-
-    async def cleanup(self, restart: bool = False) -> None:
-        """Make sure the container is gone; unless restarting, remove the private directory too."""
-        container_id = self.container_id
-        if container_id and (self.private is None or not self.private.held(LAUNCHER_LOCK)):
-            await asyncio.to_thread(_remove_quietly, container_id, self.log)
-        self.pid = self.pgid = None
-        if not restart:
-            await self._forget()
-
-    async def _forget(self) -> None:
-        if self.private is not None:
-            self.private.remove()
-            self.private = None
-        self.pid = self.pgid = None
-        self.process = None
-
-    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
-        """Containers need a moment longer than processes to stop."""
-        return max(recommended, 5.0)
+    async def remove_leftover(self, state: dict[str, Any]) -> None:
+        """Remove the container of a launcher that could not (it was killed)."""
+        if state.get("container_id"):
+            await asyncio.to_thread(_remove_quietly, state["container_id"], self.log)
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """The launch already waits for the kernel; allow for the container's start."""
         return max(recommended, float(self.launch_timeout))
-
-    async def get_provisioner_info(self) -> dict[str, Any]:
-        """What a restarted server needs to re-attach: the private directory and the launcher's pid."""
-        info = await super().get_provisioner_info()
-        info.update(private_dir=str(self.private.path) if self.private else None)
-        return info
-
-    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
-        """Re-attach to the launcher recorded by :meth:`get_provisioner_info` and become its owner.
-
-        The previous owner may still hold the owner lock (a server that is shutting down): the lock
-        is taken again at each :meth:`poll` until it is free.
-        """
-        await super().load_provisioner_info(provisioner_info)
-        private_dir = provisioner_info.get("private_dir")
-        if not private_dir:
-            raise ConfigError("provisioner info without a private_dir: nothing to re-attach to")
-        self.private = PrivateDir(Path(private_dir))
-        self.private.hold(OWNER_LOCK)
-
-
-def _read_status(fd: int) -> bool:
-    """Block until the launcher reports ``ready`` on the pipe, or closes it (False)."""
-    with os.fdopen(fd, "rb") as pipe:
-        return pipe.readline().strip() == b"ready"
 
 
 def _remove_quietly(container_id: str, log: Any) -> None:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID, OURS, resolve_mounts
+from kernel_sandbox.containers import (
+    LABEL_KERNEL_ID,
+    LABEL_LAUNCHER_PID,
+    LABEL_OWNER_HOST,
+    OURS,
+    resolve_mounts,
+)
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.settings import WORK_DIR, DockerSettings
 
@@ -40,7 +47,7 @@ def test_install_writes_the_options_into_kernel_json(tmp_path: Path) -> None:
 def test_install_refuses_an_option_the_provisioner_lacks(tmp_path: Path) -> None:
     result = cli("install", "--prefix", str(tmp_path), "--kernel", "sandboxed-python-opensandbox", "--memory", "1g")
     assert result.returncode == 1
-    assert "kernel-sandbox-opensandbox has no option memory" in result.stderr
+    assert "the OpenSandbox backend has no option 'memory'" in result.stderr
     assert "resource_limits" in result.stderr
 
 
@@ -67,20 +74,41 @@ def test_mount_specs_are_checked(tmp_path: Path) -> None:
         mounts("nocolon")
 
 
-def test_gc_removes_stopped_kernel_containers_and_spares_live_ones(docker_engine) -> None:
-    labels = {"kernel-sandbox": "true", LABEL_KERNEL_ID: "gc-test"}
-    stopped = docker_engine.containers.run(
-        "kernel-sandbox-python:latest", ["true"], labels=labels, network_mode="none", detach=True
-    )
-    stopped.wait(timeout=60)
-    live = docker_engine.containers.run(
-        "kernel-sandbox-python:latest", ["sleep", "300"], labels=labels, network_mode="none", detach=True
-    )
+def test_gc_removes_only_what_a_dead_owner_left(docker_engine) -> None:
+    """gc removes containers whose launcher is dead on this host, never one whose launcher lives."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+
+    def make(command: list[str], **owner: str):
+        labels = {"kernel-sandbox": "true", LABEL_KERNEL_ID: "gc-test", **owner}
+        return docker_engine.containers.run(
+            "kernel-sandbox-python:latest", command, labels=labels, network_mode="none", detach=True
+        )
+
+    unowned_stopped = make(["true"])
+    dead_owner = make(["sleep", "300"], **{LABEL_OWNER_HOST: host, LABEL_LAUNCHER_PID: str(gone.pid)})
+    live_owner_stopped = make(["true"], **{LABEL_OWNER_HOST: host, LABEL_LAUNCHER_PID: str(os.getpid())})
+    unowned_live = make(["sleep", "300"])
+    other_host = make(["true"], **{LABEL_OWNER_HOST: "another-host", LABEL_LAUNCHER_PID: str(gone.pid)})
+    for container in (unowned_stopped, live_owner_stopped, other_host):
+        container.wait(timeout=60)
     try:
         result = cli("gc")
         assert result.returncode == 0, result.stderr
-        assert f"removed container {stopped.name}" in result.stdout
-        names = [c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)]
-        assert stopped.name not in names and live.name in names
+        names = {c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)}
+        assert unowned_stopped.name not in names and dead_owner.name not in names
+        assert {live_owner_stopped.name, unowned_live.name, other_host.name} <= names
+        assert f"removed container {dead_owner.name}" in result.stdout
     finally:
-        live.remove(force=True)
+        for container in (live_owner_stopped, unowned_live, other_host):
+            container.remove(force=True)
+
+
+def test_doctor_checks_the_gvisor_registration() -> None:
+    from kernel_sandbox.doctor import runsc_check
+
+    assert runsc_check({}).ok
+    assert runsc_check({"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}).ok
+    missing = runsc_check({"runsc": {"path": "/usr/bin/runsc"}})
+    assert not missing.ok and "--network=none" in missing.fix

@@ -15,7 +15,7 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
 from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID
-from kernel_sandbox.errors import ConfigError, KernelLaunchError
+from kernel_sandbox.errors import ConfigError, ImageMissing, KernelLaunchError
 from kernel_sandbox.privdir import CONFIG, user_root
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
@@ -286,7 +286,7 @@ async def test_missing_image_names_the_build_command() -> None:
         kernel_name="sandboxed-python",
         config=Config({"DockerProvisioner": {"image": "kernel-sandbox-python:no-such-tag"}}),
     )
-    with pytest.raises(KernelLaunchError, match="kernel-sandbox image build"):
+    with pytest.raises(ImageMissing, match="kernel-sandbox image build"):
         await manager.start_kernel()
     assert_no_private_dir_of(manager)
 

@@ -49,7 +49,7 @@ def test_zombie_children_count_until_reaped() -> None:
     with ResourceWatch() as watch:
         before = watch.snapshot()
         child = subprocess.Popen([sys.executable, "-c", "pass"])
-        wait_for(lambda: any(c.startswith(f"{child.pid} ") and "(Z)" in c for c in watch.snapshot().children),
+        wait_for(lambda: any(c.startswith(f"{child.pid} ") and c.endswith(" <defunct>") for c in watch.snapshot().children),
                  "the exited child shows as a zombie")
         assert any("children" in p for p in growth(before, watch.snapshot(), Bounds(fds=99)))
         child.wait()

@@ -42,24 +42,50 @@ class Deployment:
     image: str
     entrypoint: list[str]
     metadata: dict[str, str]
+    jupyter_image: str = DEFAULT_IMAGE
+    jupyter_entrypoint: list[str] = field(default_factory=lambda: list(DEFAULT_ENTRYPOINT))
     local: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def options(self, **overrides: Any) -> dict[str, Any]:
-        """Provisioner / Sandbox options for a test sandbox on this deployment."""
+    def options(self, kind: str = "execd", **overrides: Any) -> dict[str, Any]:
+        """Provisioner / Sandbox options for a test kernel of ``kind`` on this deployment.
+
+        ``execd``: the sandbox image with execd only (the code-interpreter image on a real
+        deployment), mode execd; ``websocket``: the code-interpreter image, mode auto, so the
+        launcher's probe must find its Jupyter server.
+        """
         options: dict[str, Any] = {
             "api_base": self.api_base,
             "api_key": self.api_key,
             "image": self.image,
             "entrypoint": list(self.entrypoint),
+            "mode": "execd",
             "metadata": dict(self.metadata),
             "resource_limits": {"cpu": "1", "memory": "1Gi"},
             "poll_interval": 0.2,
             "ready_timeout": 180.0,
+            "state_check_interval": 1.0,
             **self.extra,
         }
+        if kind == "websocket":
+            options.update(image=self.jupyter_image, entrypoint=list(self.jupyter_entrypoint), mode="auto")
+            options["jupyter_wait"] = 180.0
         options.update(overrides)
         return options
+
+    def kernelspec(self, directory: Path, kind: str = "execd", **overrides: Any) -> Path:
+        """The shipped OpenSandbox kernelspec under ``directory/kernels``, configured for this deployment.
+
+        The API key stays out of kernel.json: the tests pass it as ``OPEN_SANDBOX_API_KEY``.
+        """
+        target = directory / "kernels" / KERNEL_NAME
+        shutil.copytree(SPEC_DIR, target, dirs_exist_ok=True)
+        spec = json.loads((target / "kernel.json").read_text())
+        config = self.options(kind, **overrides)
+        config.pop("api_key")
+        spec["metadata"]["kernel_provisioner"]["config"] = config
+        (target / "kernel.json").write_text(json.dumps(spec))
+        return target
 
     def client(self) -> OpenSandboxClient:
         return OpenSandboxClient(self.api_base, self.api_key, poll_interval=0.2, ready_timeout=180)
@@ -113,6 +139,8 @@ def opensandbox_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         image=prepared.sandbox_image,
         entrypoint=["sleep", "infinity"],
         metadata=run_label,
+        jupyter_image=prepared.code_interpreter_image,
+        jupyter_entrypoint=["/opt/code-interpreter/code-interpreter.sh"],
         local=server,
     )
     try:
@@ -133,19 +161,14 @@ def deployment(opensandbox_deployment: Deployment) -> Iterator[Deployment]:
 
 
 @pytest.fixture
-def deployment_kernelspec(deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The shipped OpenSandbox kernelspec in a temporary JUPYTER_PATH, configured for the deployment."""
+def deployment_jupyter_path(deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary JUPYTER_PATH for kernelspecs configured by ``deployment.kernelspec``, the key in the env."""
     data_dir = tmp_path / "jupyter"
-    target = data_dir / "kernels" / KERNEL_NAME
-    shutil.copytree(SPEC_DIR, target)
-    spec = json.loads((target / "kernel.json").read_text())
-    config = deployment.options()
-    config.pop("api_key")
-    spec["metadata"]["kernel_provisioner"]["config"] = config
-    (target / "kernel.json").write_text(json.dumps(spec))
+    data_dir.mkdir()
     monkeypatch.setenv("JUPYTER_PATH", str(data_dir))
     monkeypatch.setenv("OPEN_SANDBOX_API_KEY", deployment.api_key)
-    return KERNEL_NAME
+    monkeypatch.delenv("OPEN_SANDBOX_API_BASE", raising=False)
+    return data_dir
 
 
 @pytest.fixture(scope="session")

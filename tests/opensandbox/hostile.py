@@ -1,4 +1,4 @@
-"""A HOSTILE execd and a HOSTILE lifecycle server on 127.0.0.1 (tornado), for issue 18's attacks.
+"""A HOSTILE execd, lifecycle server and kernel websocket on 127.0.0.1 (tornado), for issue 18's attacks.
 
 They stand for what code inside a sandbox can do (kill execd and serve port 44772 itself) and
 for a misbehaving or compromised lifecycle server: answers of any size, trickled a byte at a
@@ -20,9 +20,12 @@ import tornado.ioloop
 import tornado.iostream
 import tornado.netutil
 import tornado.web
+import tornado.websocket
 
 Behaviour = Callable[["HostileHandler"], Awaitable[None]]
+KernelBehaviour = Callable[["HostileKernelSocket", str, list[bytes]], Awaitable[None]]
 MiB = 1024 * 1024
+V1 = "v1.kernel.websocket.jupyter.org"
 
 
 class HostileHandler(tornado.web.RequestHandler):
@@ -82,11 +85,71 @@ class HostileHandler(tornado.web.RequestHandler):
             self.finish()
 
 
+def v1_frame(channel: str, parts: list[bytes]) -> bytes:
+    """A message in the v1 kernel websocket format (jupyter_server's ``serialize_msg_to_ws_v1``)."""
+    name = channel.encode()
+    offsets = [8 * (len(parts) + 3), 8 * (len(parts) + 3) + len(name)]
+    for part in parts:
+        offsets.append(offsets[-1] + len(part))
+    return b"".join([len(offsets).to_bytes(8, "little"), *(o.to_bytes(8, "little") for o in offsets), name, *parts])
+
+
+def kernel_message(msg_type: str, parent: dict[str, Any], content: dict[str, Any]) -> list[bytes]:
+    header = {"msg_id": f"k-{msg_type}-{id(content)}", "msg_type": msg_type, "session": "hostile", "username": "k",
+              "date": "", "version": "5.4"}
+    return [json.dumps(header).encode(), json.dumps(parent).encode(), b"{}", json.dumps(content).encode()]
+
+
+class HostileKernelSocket(tornado.websocket.WebSocketHandler):
+    """A HOSTILE kernel websocket (``/jupyter/api/kernels/ID/channels``): answers kernel_info like a
+    kernel, then whatever ``server.kernel_behaviour(socket, channel, parts)`` sends for other requests."""
+
+    def initialize(self, server: HostileServer) -> None:
+        self.server = server
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return V1 if V1 in subprotocols else None
+
+    async def open(self, *args: Any) -> None:
+        self.server.kernel_connections += 1
+        if self.server.kernel_on_open is not None:
+            await self.server.kernel_on_open(self)
+
+    async def on_message(self, message: str | bytes) -> None:
+        assert isinstance(message, bytes)
+        count = int.from_bytes(message[:8], "little")
+        offsets = [int.from_bytes(message[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
+        channel = message[offsets[0] : offsets[1]].decode()
+        parts = [message[offsets[i] : offsets[i + 1]] for i in range(1, count - 1)]
+        header = json.loads(parts[0])
+        self.server.kernel_requests.append((channel, header["msg_type"]))
+        if header["msg_type"] == "kernel_info_request" and self.server.kernel_behaviour is None:
+            info = {"status": "ok", "implementation": "hostile", "protocol_version": "5.4"}
+            reply = kernel_message("kernel_info_reply", header, info)
+            await self.send("shell", reply)
+            return
+        if self.server.kernel_behaviour is not None:
+            await self.server.kernel_behaviour(self, channel, parts)
+
+    async def send(self, channel: str, parts: list[bytes]) -> None:
+        await self.raw(v1_frame(channel, parts))
+
+    async def raw(self, frame: str | bytes) -> None:
+        try:
+            await self.write_message(frame, binary=isinstance(frame, bytes))
+        except tornado.websocket.WebSocketClosedError:
+            pass
+
+
 class HostileServer:
     """One tornado server on 127.0.0.1 in a daemon thread, answering per ``behaviour``."""
 
     def __init__(self) -> None:
         self.behaviour: dict[str, Behaviour] = {}
+        self.kernel_behaviour: KernelBehaviour | None = None
+        self.kernel_on_open: Callable[[HostileKernelSocket], Awaitable[None]] | None = None
+        self.kernel_requests: list[tuple[str, str]] = []
+        self.kernel_connections = 0
         self.requests: list[tuple[str, str]] = []
         self.headers: list[dict[str, str]] = []
         self.sent_bytes: list[int] = []
@@ -102,7 +165,13 @@ class HostileServer:
     def _run(self) -> None:
         asyncio.set_event_loop(asyncio.new_event_loop())
         self._loop = tornado.ioloop.IOLoop.current()
-        app = tornado.web.Application([(r"/.*", HostileHandler, {"server": self})])
+        app = tornado.web.Application(
+            [
+                (r"/jupyter/api/kernels/[^/]+/channels", HostileKernelSocket, {"server": self}),
+                (r"/.*", HostileHandler, {"server": self}),
+            ],
+            websocket_max_message_size=1024 * MiB,
+        )
         sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
         tornado.httpserver.HTTPServer(app).add_sockets(sockets)
         self.port = int(sockets[0].getsockname()[1])
@@ -116,6 +185,10 @@ class HostileServer:
 
     def reset(self) -> None:
         self.behaviour.clear()
+        self.kernel_behaviour = None
+        self.kernel_on_open = None
+        self.kernel_requests.clear()
+        self.kernel_connections = 0
         self.requests.clear()
         self.headers.clear()
         self.sent_bytes.clear()

@@ -16,6 +16,9 @@ on a sub-second schedule. They follow the server's measured behaviour
   secure access does (the Docker runtime sends none).
 * The execd is the execd STAND-IN (server/execd_standin.py, the same file the harness puts into
   sandboxes as ``/execd``): bare-JSON events, ``error`` terminal, real ipykernels.
+* With ``jupyter=True``, a sandbox created with ``JUPYTER_TOKEN`` in its env gets a real
+  ``jupyter server`` on 127.0.0.1 with that token (as the code-interpreter image runs one), whose
+  endpoint for ``JUPYTER_PORT`` is execd's proxy to it: the websocket mode without Docker.
 
 Both run on one tornado IOLoop in a background thread, so sync and async tests can use them.
 """
@@ -26,8 +29,12 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import queue
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,14 +62,33 @@ class FakeSandbox:
     state: str = "Running"
     polls_until_running: int = 0
     renewals: list[str] = field(default_factory=list)
+    jupyter: subprocess.Popen[bytes] | None = None
+    jupyter_ports: tuple[int, int] = (0, 0)
+    """(the port the sandbox asked for, the port its Jupyter server really listens on)"""
+
+
+def start_jupyter(token: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A real jupyter_server on a free 127.0.0.1 port with ``token`` (local kernels: a fake sandbox)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    root = tempfile.mkdtemp(prefix="fake-sandbox-jupyter-")
+    command = [
+        sys.executable, "-m", "jupyter_server", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0", "--ServerApp.open_browser=False", f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN", "--allow-root",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_TOKEN", "JPY_"))}
+    return subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
 
 
 class FakeLifecycle:
     """State of the fake lifecycle server."""
 
-    def __init__(self, execd: Execd, api_key: str = "test-key") -> None:
+    def __init__(self, execd: Execd, api_key: str = "test-key", jupyter: bool = False) -> None:
         self.execd = execd
         self.api_key = api_key
+        self.jupyter = jupyter
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
         self.requests: list[tuple[str, str]] = []
@@ -134,6 +160,10 @@ class SandboxesHandler(_LifecycleHandler):
         )
         if sandbox.polls_until_running > 0:
             sandbox.state = "Pending"
+        env = body.get("env") or {}
+        if self.lifecycle.jupyter and env.get("JUPYTER_TOKEN"):
+            sandbox.jupyter, port = start_jupyter(env["JUPYTER_TOKEN"])
+            sandbox.jupyter_ports = (int(env.get("JUPYTER_PORT", 44771)), port)
         self.lifecycle.sandboxes[sandbox.id] = sandbox
         self.set_status(202)
         self.finish(self.describe(sandbox, image_labels=False))
@@ -161,21 +191,37 @@ class SandboxHandler(_LifecycleHandler):
         self.finish(self.describe(sandbox))
 
     def delete(self, sandbox_id: str) -> None:
-        if self.sandbox(sandbox_id) is None:
+        sandbox = self.sandbox(sandbox_id)
+        if sandbox is None:
             return
+        stop_jupyter(sandbox)
         del self.lifecycle.sandboxes[sandbox_id]
         self.lifecycle.deleted.append(sandbox_id)
         self.set_status(204)
         self.finish()
 
 
+def stop_jupyter(sandbox: FakeSandbox) -> None:
+    if sandbox.jupyter is not None:
+        sandbox.jupyter.terminate()
+        try:
+            sandbox.jupyter.wait(10)
+        except subprocess.TimeoutExpired:
+            sandbox.jupyter.kill()
+            sandbox.jupyter.wait(10)
+        sandbox.jupyter = None
+
+
 class EndpointHandler(_LifecycleHandler):
     def get(self, sandbox_id: str, port: str) -> None:
-        if self.sandbox(sandbox_id) is None:
+        sandbox = self.sandbox(sandbox_id)
+        if sandbox is None:
             return
         if int(port) == 0:
             self.fail(400, "SANDBOX::INVALID_PORT", "port must be between 1 and 65535")
             return
+        if sandbox.jupyter is not None and int(port) == sandbox.jupyter_ports[0]:
+            port = str(sandbox.jupyter_ports[1])
         token = self.lifecycle.advertised_token or self.lifecycle.execd.token
         self.finish(
             {"endpoint": f"127.0.0.1:{self.lifecycle.execd.port}/proxy/{port}", "headers": {TOKEN_HEADER: token}}
@@ -195,9 +241,9 @@ class RenewHandler(_LifecycleHandler):
 class FakeOpenSandbox:
     """Both fakes on one IOLoop in a daemon thread; ``api_base`` is the lifecycle URL."""
 
-    def __init__(self, api_key: str = "test-key", ping_interval: float = 0.5) -> None:
+    def __init__(self, api_key: str = "test-key", ping_interval: float = 0.5, jupyter: bool = False) -> None:
         self.execd = Execd(token="execd-token", ping_interval=ping_interval)
-        self.lifecycle = FakeLifecycle(self.execd, api_key=api_key)
+        self.lifecycle = FakeLifecycle(self.execd, api_key=api_key, jupyter=jupyter)
         self._loop: tornado.ioloop.IOLoop | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-opensandbox", daemon=True)
@@ -261,6 +307,8 @@ class FakeOpenSandbox:
         """Shut down every context kernel and stop the loop."""
         if self._loop is None:
             return
+        for sandbox in self.lifecycle.sandboxes.values():
+            stop_jupyter(sandbox)
         self.call(self.execd.close)
         self._loop.add_callback(self._loop.stop)
         self._thread.join(10)

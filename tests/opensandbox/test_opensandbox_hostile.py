@@ -1,4 +1,4 @@
-"""Issue 18's attacks, replayed against the clients and the relay kernel over real sockets.
+"""Issue 18's attacks, replayed against the clients and the launcher's execd relay over real sockets.
 
 A hostile execd and a hostile lifecycle server (tests/opensandbox/hostile.py, tornado on
 127.0.0.1) answer with huge bodies, trickles, deep nesting, lone surrogates, late events and
@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileHandler, HostileServer, MiB, RssPeak
+from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, RssPeak, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs
 from kernel_sandbox.opensandbox import (
     CallDeadlineExceeded,
     ExecdClient,
@@ -32,7 +33,6 @@ from kernel_sandbox.opensandbox import (
     SandboxTimeoutError,
     run_once,
 )
-from kernel_sandbox.opensandbox.settings import RelaySettings
 
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}
@@ -113,9 +113,8 @@ async def within(awaitable: Any, seconds: float, what: str) -> Any:
 async def test_huge_execd_answers_are_capped(hostile: HostileServer, route: str, call: Any, status: int) -> None:
     hostile.behaviour[route] = huge(400 * MiB, status)
     execd = ExecdClient(hostile.url)
-    with RssPeak() as rss:
-        with pytest.raises((ResponseTooLarge, SandboxTimeoutError, OutputLimitExceeded)) as info:
-            await within(call(execd), 60, route)
+    with RssPeak() as rss, pytest.raises((ResponseTooLarge, SandboxTimeoutError, OutputLimitExceeded)) as info:
+        await within(call(execd), 60, route)
     await execd.aclose()
     if route == "POST /code" and status == 200:
         assert "exceeded 16777216 bytes (max_output_bytes)" in str(info.value)
@@ -128,9 +127,8 @@ async def test_huge_execd_answers_are_capped(hostile: HostileServer, route: str,
 async def test_huge_lifecycle_answer_is_capped(hostile: HostileServer) -> None:
     hostile.behaviour["GET /v1/sandboxes/sbx"] = huge(100 * MiB)
     client = OpenSandboxClient(f"{hostile.url}/v1", "key")
-    with RssPeak() as rss:
-        with pytest.raises(ResponseTooLarge, match="cap of 4194304 bytes"):
-            await within(client.get("sbx"), 60, "GET")
+    with RssPeak() as rss, pytest.raises(ResponseTooLarge, match="cap of 4194304 bytes"):
+        await within(client.get("sbx"), 60, "GET")
     await client.aclose()
     assert rss.growth < MEMORY_BOUND
 
@@ -249,40 +247,71 @@ async def test_run_once_keeps_the_result_when_delete_fails_and_never_sends_the_k
         execd.stop()
 
 
-# ---- 5. the relay kernel: one reply for every cell, bounded memory and messages -------------------
+# ---- 5. the launcher's execd relay: one reply for every cell, bounded memory and messages -------------
+
+
+def sandbox_behaviours(hostile: HostileServer) -> dict[str, Any]:
+    """A lifecycle server with one Running sandbox whose execd endpoint is the hostile server itself,
+    and whose Jupyter server (port 44771) is the hostile server under /jupyter."""
+    running = {"id": "sbx", "status": {"state": "Running"}}
+    return {
+        "GET /v1/sandboxes/sbx/endpoints/44771": answer(200, {"endpoint": f"127.0.0.1:{hostile.port}/jupyter"}),
+        "GET /jupyter/api/status": answer(200, {}),
+        "POST /jupyter/api/kernels": answer(201, {"id": "k1", "name": "python3"}),
+        "POST /jupyter/api/kernels/k1/interrupt": answer(204),
+        "POST /v1/sandboxes": answer(202, running),
+        "GET /v1/sandboxes/sbx": answer(200, running),
+        "GET /v1/sandboxes/sbx/endpoints/44772": answer(200, {"endpoint": f"127.0.0.1:{hostile.port}"}),
+        "POST /v1/sandboxes/sbx/renew-expiration": answer(200, {"expiresAt": "2030-01-01T00:00:00Z"}),
+        "DELETE /v1/sandboxes/sbx": answer(204),
+        "GET /ping": answer(200),
+        "POST /code/context": answer(200, {"id": "ctx", "language": "python"}),
+        "DELETE /code": answer(200),
+    }
+
+
+async def launched(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any
+) -> tuple[AsyncKernelManager, Any]:
+    """The OpenSandbox kernelspec's launcher as a real process, its sandbox the hostile server."""
+    hostile.behaviour.update(sandbox_behaviours(hostile))
+    spec_dir = tmp_path / "jupyter" / "kernels" / OPENSANDBOX_SPEC
+    shutil.copytree(shipped_kernelspecs()[OPENSANDBOX_SPEC], spec_dir, dirs_exist_ok=True)
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    spec["metadata"]["kernel_provisioner"]["config"] = {
+        "api_base": f"{hostile.url}/v1",
+        "api_key": "secret-key",
+        "interrupt_grace": 1.0,
+        "poll_interval": 0.05,
+        **config,
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    km = AsyncKernelManager(kernel_name=OPENSANDBOX_SPEC)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    return km, kc
 
 
 @pytest.fixture
 async def relay(
     hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
-    """The relay kernel as a real process, pointed at the hostile execd (no sandbox, no provisioner)."""
-    spec_dir = tmp_path / "jupyter" / "kernels" / "relay-under-attack"
-    spec_dir.mkdir(parents=True)
-    settings = RelaySettings(execd_url=hostile.url, context_id="ctx", interrupt_grace=1.0)
-    (spec_dir / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [
-                    shutil.which("python") or "python",
-                    "-m",
-                    "kernel_sandbox.opensandbox.relay",
-                    "-f",
-                    "{connection_file}",
-                ],
-                "display_name": "relay under attack",
-                "language": "python",
-                "interrupt_mode": "message",
-                "env": settings.to_env(),
-            }
-        )
-    )
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    km = AsyncKernelManager(kernel_name="relay-under-attack")
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=60)
+    """The launcher in execd mode, its sandbox's execd the hostile server."""
+    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd")
+    yield km, kc
+    kc.stop_channels()
+    await km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+async def bridge(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """The launcher in websocket mode, its sandbox's Jupyter server and kernel websocket hostile."""
+    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="websocket", max_output_bytes=4 * MiB)
     yield km, kc
     kc.stop_channels()
     await km.shutdown_kernel(now=True)
@@ -305,7 +334,7 @@ async def execute(kc: Any, code: str = "cell") -> tuple[dict[str, Any], list[dic
         if reply["parent_header"].get("msg_id") == msg_id:
             replies.append(reply["content"])
             break
-    with pytest.raises(Exception):  # noqa: B017,PT011 (queue.Empty: no second reply may follow)
+    with pytest.raises(Exception):  # noqa: B017 (queue.Empty: no second reply may follow)
         await kc.get_shell_msg(timeout=0.5)
     return replies[0], iopub
 
@@ -325,7 +354,7 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(
     hostile: HostileServer, relay: tuple[AsyncKernelManager, Any]
 ) -> None:
     km, kc = relay
-    pid = km.provisioner.process.pid
+    pid = km.provisioner.pid
     deep = b'{"type": "stdout", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n\n"
     traceback = {"type": "error", "error": {"ename": "Boom", "evalue": "v", "traceback": ["t" * 1000] * 15_000}}
     cells = [
@@ -360,8 +389,9 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(
             if name == "a stream that stops without an end":
                 assert "dropped before the run ended" in reply["evalue"]
             if name == "a 15 MB traceback":
-                assert sum(map(len, reply["traceback"])) <= 64 * 1024 + 200
-                assert len(of_type(iopub, "error")) == 1
+                (error,) = of_type(iopub, "error")
+                assert sum(map(len, error["traceback"])) <= 64 * 1024
+                assert sum(map(len, reply["traceback"])) <= 2 * 1024
             if name == "non-string MIME values":
                 assert of_type(iopub, "execute_result")[0]["data"] == {"application/json": {"a": 1}}
     assert rss.growth < 2 * MEMORY_BOUND, f"relay RSS grew by {rss.growth / MiB:.0f} MiB"
@@ -375,7 +405,7 @@ async def test_relay_coalesces_a_flood_of_one_character_events(
     event = json.dumps({"type": "stdout", "text": "x"}).encode() + b"\n\n"
     hostile.behaviour["POST /code"] = stream(event * (17 * MiB // len(event)))
     hostile.behaviour["DELETE /code"] = answer(200)
-    with RssPeak(km.provisioner.process.pid) as rss:
+    with RssPeak(km.provisioner.pid) as rss:
         reply, iopub = await within(execute(kc), 300, "the flood")
     assert reply["ename"] == "OutputLimitExceeded" and "16777216 bytes" in reply["evalue"]
     streams = of_type(iopub, "stream")
@@ -403,19 +433,88 @@ async def test_relay_survives_an_execd_that_ignores_interrupts_and_floods_the_an
         msg = await kc.get_iopub_msg(timeout=60)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             break
-    with RssPeak(km.provisioner.process.pid) as rss:
+    with RssPeak(km.provisioner.pid) as rss:
         request = kc.session.msg("interrupt_request", {})
         kc.control_channel.send(request)
-        interrupt_reply = await kc.control_channel.get_msg(timeout=60)
-        reply = await kc.get_shell_msg(timeout=60)
+        interrupt_reply = await reply_to(kc.control_channel, request["header"]["msg_id"])
+        reply = await reply_to(kc.shell_channel, msg_id)
     assert interrupt_reply["content"]["status"] == "error"
     assert interrupt_reply["content"]["ename"] == "ResponseTooLarge"
-    assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "error"
+    assert reply["content"]["status"] == "error"
     assert "did not end the cell within 1 s of the interrupt" in reply["content"]["evalue"]
     assert rss.growth < MEMORY_BOUND, f"relay RSS grew by {rss.growth / MiB:.0f} MiB"
     hostile.behaviour["POST /code"] = stream(COMPLETE)
     reply, _ = await execute(kc)
     assert reply["status"] == "ok"
+
+
+async def test_the_websocket_bridge_survives_a_hostile_kernel(
+    hostile: HostileServer, bridge: tuple[AsyncKernelManager, Any]
+) -> None:
+    """Garbage frames, wrong channels, short messages, unreadable headers and a 3 MB traceback, then a reply."""
+    km, kc = bridge
+    traceback = ["t" * 1000] * 3000
+
+    async def attack(ws: HostileKernelSocket, channel: str, parts: list[bytes]) -> None:
+        request = json.loads(parts[0])
+        if request["msg_type"] != "execute_request":
+            return
+        await ws.raw(b"\x00\x01\x02")
+        await ws.raw((2**62).to_bytes(8, "little") + b"x" * 64)
+        await ws.raw("a text frame in the v1 format")
+        await ws.send("elsewhere", kernel_message("stream", request, {"name": "stdout", "text": "nowhere"}))
+        await ws.send("iopub", kernel_message("stream", request, {"name": "stdout", "text": "short"})[:2])
+        await ws.send("shell", [json.dumps({"msg_type": "execute_reply"}).encode(), b"{", b"{}", b"{}"])
+        await ws.send("shell", [b"[" * 100_000, b"{}", b"{}", b"{}"])
+        error = {"ename": "Boom", "evalue": "v" * 100_000, "traceback": traceback}
+        await ws.send("iopub", kernel_message("error", request, error))
+        await ws.send("iopub", kernel_message("stream", request, {"name": "stdout", "text": "survived\n"}))
+        await ws.send("shell", kernel_message("execute_reply", request, {"status": "error", "execution_count": 1, **error}))
+        await ws.send("iopub", kernel_message("status", request, {"execution_state": "idle"}))
+
+    hostile.kernel_behaviour = attack
+    with RssPeak(km.provisioner.pid) as rss:
+        reply, iopub = await within(execute(kc, "attack"), 120, "the hostile kernel's cell")
+    assert of_type(iopub, "stream") == [{"name": "stdout", "text": "survived\n"}]
+    (error,) = of_type(iopub, "error")
+    assert sum(map(len, error["traceback"])) <= 64 * 1024 and len(error["evalue"]) < 9 * 1024
+    assert reply["status"] == "error" and sum(map(len, reply["traceback"])) <= 2 * 1024
+    assert len(reply["evalue"]) < 9 * 1024
+    assert rss.growth < MEMORY_BOUND, f"launcher RSS grew by {rss.growth / MiB:.0f} MiB"
+    assert await km.is_alive()
+
+
+async def test_a_kernel_that_keeps_sending_over_the_cap_is_ended(
+    hostile: HostileServer, bridge: tuple[AsyncKernelManager, Any]
+) -> None:
+    """Each message over max_output_bytes closes the websocket; the launcher reopens it, a few times only."""
+    km, kc = bridge
+
+    async def flood(ws: HostileKernelSocket) -> None:
+        await ws.raw(b"x" * (5 * MiB))
+
+    async def over_the_cap(ws: HostileKernelSocket, channel: str, parts: list[bytes]) -> None:
+        await flood(ws)
+
+    hostile.kernel_on_open = flood
+    hostile.kernel_behaviour = over_the_cap
+    kc.execute("a request the kernel answers with too much")
+    for _ in range(600):
+        if not await km.is_alive():
+            break
+        await asyncio.sleep(0.1)
+    assert not await km.is_alive(), "the launcher kept reopening a websocket the kernel keeps flooding"
+    assert "times within 60 s" in (km.provisioner.exit_reason or "")
+    assert 2 <= hostile.kernel_connections <= 7
+    assert ("DELETE", "/v1/sandboxes/sbx") in hostile.requests, "the sandbox is deleted"
+
+
+async def reply_to(channel: Any, msg_id: str) -> dict[str, Any]:
+    """The reply to ``msg_id`` on ``channel`` (late replies to earlier requests, e.g. kernel_info, are skipped)."""
+    while True:
+        reply = await channel.get_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
 
 
 async def test_connection_errors_reach_the_user_with_a_message(hostile: HostileServer) -> None:

@@ -15,6 +15,11 @@ Against your own deployment, with its real execd::
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,10 +27,14 @@ from typing import Any
 
 import httpx
 import pytest
+from jupyter_client import AsyncKernelClient, BlockingKernelClient
+from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
-from traitlets.config import Config
+from jupyter_client.session import Session
 
 from kernel_sandbox.execution import Sandbox
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
+from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.opensandbox import (
     ExecdClient,
     OpenSandboxAPIError,
@@ -134,21 +143,26 @@ async def test_run_once(deployment: Any) -> None:
     assert seen[0] == "init" and seen[-1] == "execution_complete"
 
 
-# ---- the kernelspec through jupyter_client ---------------------------------------------------------
+# ---- the kernelspec through jupyter_client (provisioner -> launcher -> sandbox), both modes -------------
+
+MODES = ["execd", "websocket"]
 
 
-def manager(kernel_name: str, **options: Any) -> AsyncKernelManager:
-    config = Config({"OpenSandboxProvisioner": {"state_check_interval": 0.0, **options}})
-    return AsyncKernelManager(kernel_name=kernel_name, config=config)
+def manager(kernel_name: str = KERNEL_NAME) -> AsyncKernelManager:
+    return AsyncKernelManager(kernel_name=kernel_name)
 
 
 @pytest.fixture
-async def kernel(deployment_kernelspec: str) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
-    km = manager(deployment_kernelspec)
+async def kernel(
+    deployment: Any, deployment_jupyter_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """A kernel of the OpenSandbox kernelspec in the mode the test is parametrised with."""
+    deployment.kernelspec(deployment_jupyter_path, getattr(request, "param", "execd"))
+    km = manager()
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
-    await kc.wait_for_ready(timeout=180)
+    await kc.wait_for_ready(timeout=300)
     yield km, kc
     kc.stop_channels()
     await km.shutdown_kernel(now=True)
@@ -172,8 +186,8 @@ async def shell_reply(kc: Any, msg_id: str) -> dict[str, Any]:
             return reply["content"]
 
 
-async def execute(kc: Any, code: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    msg_id = kc.execute(code)
+async def execute(kc: Any, code: str, **options: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    msg_id = kc.execute(code, **options)
     messages = await collect(kc, msg_id)
     return messages, await shell_reply(kc, msg_id)
 
@@ -189,9 +203,10 @@ async def until_stream(kc: Any, msg_id: str) -> dict[str, Any]:
             return msg["content"]
 
 
-async def in_sandbox(km: AsyncKernelManager, code: str) -> None:
-    """Run ``code`` in a second execd context of the kernel's sandbox (not through the kernel)."""
-    endpoint = km.provisioner.endpoint
+async def in_sandbox(deployment: Any, sandbox_id: str, code: str) -> None:
+    """Run ``code`` in a second execd context of the sandbox (beside the kernel, not through it)."""
+    async with deployment.client() as client:
+        endpoint = await client.endpoint(sandbox_id)
     async with ExecdClient(endpoint.url, endpoint.headers) as execd:
         context = await execd.create_context()
         try:
@@ -201,18 +216,27 @@ async def in_sandbox(km: AsyncKernelManager, code: str) -> None:
             await execd.delete_context(context)
 
 
+async def gone(deployment: Any, sandbox_id: str) -> bool:
+    async with deployment.client() as client:
+        try:
+            await client.get(sandbox_id)
+        except SandboxNotFound:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("kernel", MODES, indirect=True)
 async def test_kernel_executes_streams_fails_interrupts_restarts_and_shuts_down(
     kernel: tuple[AsyncKernelManager, Any], deployment: Any
 ) -> None:
     km, kc = kernel
     sandbox_id = km.provisioner.sandbox_id
-    info = await kc.kernel_info(reply=True, timeout=60)
-    assert info["content"]["implementation"] == "kernel-sandbox-opensandbox"
+    assert sandbox_id
 
     messages, reply = await execute(kc, "import sys\nprint('hello')\nprint('oops', file=sys.stderr)\n6 * 7")
     assert {"name": "stdout", "text": "hello\n"} in of_type(messages, "stream")
     assert {"name": "stderr", "text": "oops\n"} in of_type(messages, "stream")
-    assert of_type(messages, "execute_result")[0]["data"] == {"text/plain": "42"}
+    assert of_type(messages, "execute_result")[0]["data"]["text/plain"] == "42"
     assert reply["status"] == "ok"
 
     # streaming: the cell blocks until a file appears that the test creates only after seeing output
@@ -222,44 +246,170 @@ async def test_kernel_executes_streams_fails_interrupts_restarts_and_shuts_down(
         f"while not os.path.exists({go!r}):\n    time.sleep(0.05)\nprint('released')"
     )
     assert (await until_stream(kc, msg_id))["text"] == "first\n"
-    await in_sandbox(km, f"open({go!r}, 'w').close()")
+    await in_sandbox(deployment, sandbox_id, f"open({go!r}, 'w').close()")
     rest = await collect(kc, msg_id)
-    assert "released\n" in [s["text"] for s in of_type(rest, "stream")]
+    assert "released\n" in "".join(s["text"] for s in of_type(rest, "stream"))
     assert (await shell_reply(kc, msg_id))["status"] == "ok"
 
-    # an error is terminal upstream: no execution_complete follows it, the reply still comes
-    messages, reply = await execute(kc, "print('before')\n1 / 0")
+    # an error: the whole traceback once on IOPub, the reply with its name, value and a short tail
+    messages, reply = await execute(kc, "def deep(n):\n    return deep(n - 1) if n else 1 / 0\ndeep(400)")
     assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
-    assert of_type(messages, "error")[0]["traceback"]
+    (error,) = of_type(messages, "error")
+    assert "ZeroDivisionError" in error["traceback"][-1] and sum(map(len, error["traceback"])) > 2048
+    assert sum(map(len, reply["traceback"])) <= 2048 and "ZeroDivisionError" in reply["traceback"][-1]
     _, reply = await execute(kc, "'still alive'")
     assert reply["status"] == "ok"
 
-    # interrupt (control channel) -> DELETE /code?id=CONTEXT
+    # interrupt: SIGINT to the launcher (interrupt_mode signal), which interrupts the sandbox's kernel
     msg_id = kc.execute("import time\nfor i in range(100000):\n    print(i, flush=True)\n    time.sleep(0.05)")
     await until_stream(kc, msg_id)
     await km.interrupt_kernel()
     reply = await shell_reply(kc, msg_id)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
 
-    # restart: a fresh context in the same sandbox
+    # restart: a fresh sandbox, as a restart of a Docker kernel is a fresh container
     await execute(kc, "x = 1")
-    old_context = km.provisioner.context_id
     await km.restart_kernel()
-    await kc.wait_for_ready(timeout=180)
-    assert km.provisioner.sandbox_id == sandbox_id and km.provisioner.context_id != old_context
+    await kc.wait_for_ready(timeout=300)
+    assert km.provisioner.sandbox_id not in (None, sandbox_id)
+    assert await gone(deployment, sandbox_id)
     _, reply = await execute(kc, "x")
     assert reply["status"] == "error" and reply["ename"] == "NameError"
 
     # shutdown deletes the sandbox
+    sandbox_id = km.provisioner.sandbox_id
     kc.stop_channels()
     await km.shutdown_kernel()
-    async with deployment.client() as client:
-        with pytest.raises(SandboxNotFound):
-            await client.get(sandbox_id)
+    assert await gone(deployment, sandbox_id)
 
 
-async def test_output_over_the_cap_is_cut_and_the_code_interrupted(deployment_kernelspec: str) -> None:
-    km = manager(deployment_kernelspec, max_output_bytes=4000)
+@pytest.mark.parametrize("kernel", ["execd"], indirect=True)
+async def test_execd_mode_says_what_it_cannot_do(kernel: tuple[AsyncKernelManager, Any]) -> None:
+    _, kc = kernel
+    info = (await kc.kernel_info(reply=True, timeout=60))["content"]
+    assert info["implementation"] == "kernel-sandbox-opensandbox"
+    messages, reply = await execute(kc, "from IPython.display import display\ndisplay('shown?')\n'result'")
+    assert of_type(messages, "display_data") == [], "execd drops display_data"
+    assert of_type(messages, "execute_result")[0]["data"]["text/plain"] == "'result'"
+    _, reply = await execute(kc, "input('name? ')", allow_stdin=True)
+    assert reply["status"] == "error" and "input is not supported" in reply["evalue"]
+    assert (await kc.complete("impo", reply=True, timeout=60))["content"]["matches"] == []
+
+
+@pytest.mark.parametrize("kernel", ["websocket"], indirect=True)
+async def test_websocket_mode_is_a_full_jupyter_kernel(kernel: tuple[AsyncKernelManager, Any]) -> None:
+    """Figures, display(), input(), completion, inspection and a widget's comm, as on a Docker kernel."""
+    km, kc = kernel
+    info = (await kc.kernel_info(reply=True, timeout=60))["content"]
+    assert info["implementation"] == "ipython" and info["status"] == "ok"
+
+    messages, reply = await execute(
+        kc,
+        "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\n"
+        "from IPython.display import display, Markdown\ndisplay(Markdown('**bold**'))",
+    )
+    assert reply["status"] == "ok"
+    bundles = of_type(messages, "display_data")
+    assert any(b["data"].get("image/png", "").startswith("iVBOR") for b in bundles), "the figure arrives as PNG"
+    assert any(b["data"].get("text/markdown") == "**bold**" for b in bundles)
+
+    # input(): the input_request reaches this client (routed by request), the answer reaches the kernel
+    msg_id = kc.execute("answer = input('name? ')\nprint('hello', answer)", allow_stdin=True)
+    request = await kc.get_stdin_msg(timeout=120)
+    assert request["msg_type"] == "input_request" and request["content"]["prompt"] == "name? "
+    kc.input("sandbox")
+    rest = await collect(kc, msg_id)
+    assert "hello sandbox\n" in "".join(s["text"] for s in of_type(rest, "stream"))
+    assert (await shell_reply(kc, msg_id))["status"] == "ok"
+
+    # a second client (its own session, so its own ZMQ identity) gets its own input_request
+    other = AsyncKernelClient()
+    other.load_connection_info(km.get_connection_info(session=True))
+    other.session = Session(key=km.session.key, signature_scheme=km.session.signature_scheme)
+    other.start_channels()
+    try:
+        await other.wait_for_ready(timeout=60)
+        other_id = other.execute("second = input('other? ')", allow_stdin=True)
+        request = await other.get_stdin_msg(timeout=120)
+        assert request["parent_header"]["msg_id"] == other_id
+        with pytest.raises(Exception):  # noqa: B017 (queue.Empty: the first client is not asked)
+            await kc.get_stdin_msg(timeout=1)
+        other.input("two")
+        while (await other.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != other_id:
+            pass
+    finally:
+        other.stop_channels()
+
+    # an error far over the caps reaches the client cut: value 8 KiB, traceback 64 KiB, the reply's 2 KiB
+    messages, reply = await execute(kc, "raise ValueError('v' * 100_000 + '\\n' * 50_000)")
+    (error,) = of_type(messages, "error")
+    assert len(error["evalue"]) < 9 * 1024 and sum(map(len, error["traceback"])) <= 64 * 1024
+    assert len(reply["evalue"]) < 9 * 1024 and sum(map(len, reply["traceback"])) <= 2 * 1024
+
+    # a message over max_output_bytes (16 MiB) closes the websocket; the launcher reopens it and goes on
+    # (what the kernel sent right after the big message, on the closing connection, is lost)
+    kc.execute("from IPython.display import display\ndisplay({'text/plain': 'x' * 17_000_000}, raw=True)")
+    await asyncio.sleep(5)
+    messages, reply = await execute(kc, "'after the big one'")
+    assert reply["status"] == "ok"
+    while True:
+        try:
+            messages.append(await kc.get_iopub_msg(timeout=1))
+        except Exception:  # noqa: BLE001 (queue.Empty: nothing more)
+            break
+    assert not [m for m in messages if m["msg_type"] == "display_data"], "the over-cap message reached the client"
+
+    completion = (await kc.complete("import matpl", reply=True, timeout=60))["content"]
+    assert "matplotlib" in completion["matches"]
+    inspection = (await kc.inspect("print", reply=True, timeout=60))["content"]
+    assert inspection["found"] is True and "text/plain" in inspection["data"]
+
+    # a widget: its comm opens on IOPub, and a value the client sends reaches the kernel
+    messages, reply = await execute(kc, "import ipywidgets\nslider = ipywidgets.IntSlider(3)\ndisplay(slider)")
+    assert reply["status"] == "ok"
+    opens = [m for m in of_type(messages, "comm_open") if m["data"]["state"].get("_model_name") == "IntSliderModel"]
+    assert len(opens) == 1
+    comm_id = opens[0]["comm_id"]
+    update = {"method": "update", "state": {"value": 7}, "buffer_paths": []}
+    kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": comm_id, "data": update}))
+    for _ in range(50):
+        _, reply = await execute(kc, "slider.value")
+        if reply["status"] == "ok":
+            messages, _ = await execute(kc, "slider.value")
+            if of_type(messages, "execute_result")[0]["data"]["text/plain"] == "7":
+                break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail("the slider's new value did not reach the kernel")
+
+
+async def test_auto_mode_falls_back_to_execd_without_a_jupyter_server(
+    deployment: Any, deployment_jupyter_path: Path
+) -> None:
+    if deployment.local is None:
+        pytest.skip("needs an image without a Jupyter server: only the local harness has one")
+    deployment.kernelspec(deployment_jupyter_path, "execd", mode="auto", jupyter_wait=2.0)
+    km = manager()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=300)
+        info = (await kc.kernel_info(reply=True, timeout=60))["content"]
+        assert info["implementation"] == "kernel-sandbox-opensandbox"
+        _, reply = await execute(kc, "6 * 7")
+        assert reply["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+
+async def test_output_over_the_cap_is_cut_and_the_code_interrupted(
+    deployment: Any, deployment_jupyter_path: Path
+) -> None:
+    deployment.kernelspec(deployment_jupyter_path, "execd", max_output_bytes=4000)
+    km = manager()
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
@@ -274,31 +424,13 @@ async def test_output_over_the_cap_is_cut_and_the_code_interrupted(deployment_ke
         await km.shutdown_kernel(now=True)
 
 
-async def test_restart_into_a_fresh_sandbox_and_renewals(deployment_kernelspec: str, deployment: Any) -> None:
-    km = manager(deployment_kernelspec, fresh_sandbox_on_restart=True, renew_interval=0.5, timeout=120)
-    await km.start_kernel()
-    try:
-        first = km.provisioner.sandbox_id
-        async with deployment.client() as client:
-            expires = (await client.get(first)).get("expiresAt")
-            for _ in range(200):
-                await asyncio.sleep(0.1)
-                if (await client.get(first)).get("expiresAt") != expires:
-                    break
-            assert (await client.get(first)).get("expiresAt") != expires, "the relay renewed the expiration"
-            await km.restart_kernel(now=True)
-            assert km.provisioner.sandbox_id not in (None, first)
-            with pytest.raises(SandboxNotFound):
-                await client.get(first)
-    finally:
-        await km.shutdown_kernel(now=True)
-
-
-async def test_an_expired_sandbox_makes_the_kernel_dead(deployment_kernelspec: str, deployment: Any) -> None:
-    """The published server removes an expired sandbox (404, never Terminated); poll() must notice."""
+@pytest.mark.security("fault", "sessions")
+async def test_an_expired_sandbox_makes_the_kernel_dead(deployment: Any, deployment_jupyter_path: Path) -> None:
+    """The published server removes an expired sandbox (404, never Terminated); the launcher must notice."""
     from datetime import datetime, timedelta, timezone
 
-    km = manager(deployment_kernelspec)
+    deployment.kernelspec(deployment_jupyter_path, "execd", state_check_interval=0.5)
+    km = manager()
     await km.start_kernel()
     try:
         assert await km.is_alive()
@@ -310,7 +442,8 @@ async def test_an_expired_sandbox_makes_the_kernel_dead(deployment_kernelspec: s
             if not await km.is_alive():
                 break
             await asyncio.sleep(0.1)
-        assert not await km.is_alive(), "poll() still reports the kernel alive 60 s after its sandbox expired"
+        assert not await km.is_alive(), "the kernel still counts as alive 60 s after its sandbox expired"
+        assert "is gone (404" in (km.provisioner.exit_reason or "")
     finally:
         await km.shutdown_kernel(now=True)
 
@@ -327,6 +460,7 @@ async def test_a_paused_sandbox_is_not_dead_and_runs_again_after_resume(
                 break
             await asyncio.sleep(0.1)
         assert (await client.get(sandbox_id))["status"]["state"] == "Paused"
+        await asyncio.sleep(2)  # two state checks of the launcher
         assert await km.is_alive(), "a paused sandbox is not a dead kernel"
         assert (await client._call("POST", f"/sandboxes/{sandbox_id}/resume")).status_code == 202
         await client.wait_running(sandbox_id)
@@ -334,14 +468,149 @@ async def test_a_paused_sandbox_is_not_dead_and_runs_again_after_resume(
     assert reply["status"] == "ok"
 
 
-# ---- the execution API --------------------------------------------------------------------------------
+# ---- the kernelspec's argv, run as a client that ignores provisioners runs it (VS Code) ----------------
 
 
-def test_sandbox_run_files_tools_timeout(deployment: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class ArgvKernel:
+    """The installed kernelspec's argv started by hand, with a client on the ports it was given."""
+
+    def __init__(self, spec_dir: Path, tmp_path: Path, env: dict[str, str]) -> None:
+        self.kernel_id = uuid.uuid4().hex
+        self.connection_file, _ = write_connection_file(str(tmp_path / f"kernel-{self.kernel_id}.json"))
+        argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
+        cmd = [part.replace("{connection_file}", self.connection_file) for part in argv]
+        self.process = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+        self.client = BlockingKernelClient(connection_file=self.connection_file)
+        self.client.load_connection_file()
+        self.client.start_channels()
+
+    def run(self, code: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        return "".join(out), reply["content"]
+
+    def sandboxes(self, deployment: Any) -> list[dict[str, Any]]:
+        async def listing() -> list[dict[str, Any]]:
+            async with deployment.client() as client:
+                return await client.list_sandboxes(metadata={"kernel-sandbox-kernel-id": self.kernel_id})
+
+        return asyncio.run(listing())
+
+    def close(self) -> str:
+        self.client.stop_channels()
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(60)
+        assert self.process.stderr is not None
+        return self.process.stderr.read().decode(errors="replace")
+
+
+@pytest.fixture
+def argv_spec(deployment: Any, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The OpenSandbox kernelspec installed as `kernel-sandbox install` does; API base and key in the env."""
+    config = deployment.options("websocket", renew_interval=1.0, timeout=60)
+    for name in ("api_base", "api_key"):
+        config.pop(name)
+    spec_dir = Path(install(KERNEL_NAME, prefix=str(tmp_path / "prefix"), config=config))
+    env = {**os.environ, "OPEN_SANDBOX_API_BASE": deployment.api_base, "OPEN_SANDBOX_API_KEY": deployment.api_key}
+    return spec_dir, env
+
+
+@pytest.mark.security("fault", "sessions")
+def test_the_argv_kernel_runs_in_the_sandbox_streams_interrupts_and_sigterm_leaves_no_sandbox(
+    argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
+) -> None:
+    spec_dir, env = argv_spec
+    kernel = ArgvKernel(spec_dir, tmp_path, env)
+    try:
+        kernel.client.wait_for_ready(timeout=300)
+        (sandbox,) = kernel.sandboxes(deployment)
+        out, reply = kernel.run("import os, socket\nprint(os.path.exists('/opt/opensandbox/execd'), socket.gethostname())")
+        assert reply["status"] == "ok"
+        in_sandbox_flag, hostname = out.split()
+        assert in_sandbox_flag == "True" and hostname != __import__("socket").gethostname()
+
+        go = f"/tmp/go-{uuid.uuid4().hex}"
+        msg_id = kernel.client.execute(
+            f"import os, time\nprint('first', flush=True)\nwhile not os.path.exists({go!r}):\n    time.sleep(0.05)"
+        )
+        while True:
+            msg = kernel.client.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                break
+        assert msg["content"]["text"] == "first\n", "output streams while the cell runs"
+        asyncio.run(in_sandbox(deployment, sandbox["id"], f"open({go!r}, 'w').close()"))
+        assert kernel.client.get_shell_msg(timeout=120)["content"]["status"] == "ok"
+
+        msg_id = kernel.client.execute("while True: pass")
+        time.sleep(1)
+        kernel.process.send_signal(signal.SIGINT)
+        reply = kernel.client.get_shell_msg(timeout=120)
+        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert kernel.run("'alive'")[1]["status"] == "ok"
+
+        kernel.process.send_signal(signal.SIGTERM)
+        assert kernel.process.wait(60) == 0
+        assert kernel.sandboxes(deployment) == [], "SIGTERM deletes the sandbox before the launcher exits"
+    finally:
+        kernel.close()
+
+
+@pytest.mark.security("fault", "sessions")
+def test_sigkill_of_the_argv_launcher_stops_renewals_and_the_server_expires_the_sandbox(
+    argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
+) -> None:
+    """The one slow test (~60 s): timeout is 60 s, the server's minimum; renewals every second until the kill."""
+    spec_dir, env = argv_spec
+    kernel = ArgvKernel(spec_dir, tmp_path, env)
+    try:
+        kernel.client.wait_for_ready(timeout=300)
+        (sandbox,) = kernel.sandboxes(deployment)
+        first = sandbox["expiresAt"]
+        deadline = time.monotonic() + 30
+        while kernel.sandboxes(deployment)[0]["expiresAt"] == first:
+            assert time.monotonic() < deadline, "the launcher does not renew the sandbox"
+            time.sleep(0.5)
+        kernel.process.kill()
+        kernel.process.wait(30)
+        killed = time.time()
+        expires = kernel.sandboxes(deployment)[0]["expiresAt"]
+        time.sleep(3)
+        assert kernel.sandboxes(deployment)[0]["expiresAt"] == expires, "renewals stop with the launcher"
+        from datetime import datetime
+
+        assert datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() <= killed + 62
+        deadline = time.monotonic() + 120
+        while kernel.sandboxes(deployment):
+            assert time.monotonic() < deadline, "the orphaned sandbox did not expire"
+            time.sleep(1)
+    finally:
+        kernel.close()
+        for left in kernel.sandboxes(deployment):
+            asyncio.run(_delete(deployment, left["id"]))
+
+
+async def _delete(deployment: Any, sandbox_id: str) -> None:
+    async with deployment.client() as client:
+        await client.delete(sandbox_id)
+
+
+# ---- the execution API ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sandbox_run_files_tools_timeout(
+    deployment: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
     monkeypatch.chdir(tmp_path)
-    options = deployment.options()
+    options = deployment.options(mode)
     options.pop("resource_limits")
-    with Sandbox("opensandbox", memory="1g", cpus=1, state_check_interval=0.0, **options) as sb:
+    with Sandbox("opensandbox", memory="1g", cpus=1, **options) as sb:
         assert sb.run("print('hi'); 6 * 7").text == "42"
         assert sb.upload({"in/a.txt": b"data"}) == ["in/a.txt"]
         assert sb.download("in/a.txt") == b"data"
@@ -355,71 +624,3 @@ def test_sandbox_run_files_tools_timeout(deployment: Any, tmp_path: Path, monkey
         timed_out = sb.run("import time\ntime.sleep(30)", timeout=1)
         assert timed_out.error is not None and timed_out.error.name == "TimeoutError"
         assert sb.run("1 + 2").text == "3"
-
-
-# ---- the code-interpreter stand-in: a Jupyter server behind execd's /proxy/<port>/ (for issue 11.5) --
-
-
-async def test_code_interpreter_standin_serves_jupyter_through_the_execd_proxy(deployment: Any) -> None:
-    """The later websocket relay mode needs this path: endpoint of 44771 -> execd proxy -> jupyter_server."""
-    import json as jsonlib
-
-    import tornado.httpclient
-    import tornado.websocket
-
-    if deployment.local is None:
-        pytest.skip("the code-interpreter stand-in image exists only with the local server harness")
-    token = uuid.uuid4().hex
-    options = deployment.options()
-    async with deployment.client() as client:
-        sandbox = await client.create(
-            image=deployment.local.prepared.code_interpreter_image,
-            entrypoint=["/opt/code-interpreter/code-interpreter.sh"],
-            env={"JUPYTER_TOKEN": token},
-            metadata=options["metadata"],
-            resource_limits=options["resource_limits"],
-        )
-        try:
-            jupyter = await client.endpoint(sandbox.id, 44771)
-            assert jupyter.url.endswith("/proxy/44771")
-            headers = {"Authorization": f"token {token}"}
-            async with httpx.AsyncClient(timeout=10) as http:
-                for _ in range(600):
-                    try:
-                        if (await http.get(f"{jupyter.url}/api/status", headers=headers)).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.1)
-            async with httpx.AsyncClient(timeout=10) as anonymous:  # no cookie from the authenticated client
-                assert (await anonymous.get(f"{jupyter.url}/api/kernels")).status_code == 403, "the token is required"
-            async with httpx.AsyncClient(timeout=10) as http:
-                kernel = (
-                    await http.post(f"{jupyter.url}/api/kernels", headers=headers, json={"name": "python3"})
-                ).json()
-            ws_url = jupyter.url.replace("http://", "ws://") + f"/api/kernels/{kernel['id']}/channels"
-            connection = await tornado.websocket.websocket_connect(
-                tornado.httpclient.HTTPRequest(ws_url, headers=headers)
-            )
-            msg_id = uuid.uuid4().hex
-            header = {
-                "msg_id": msg_id,
-                "msg_type": "kernel_info_request",
-                "username": "t",
-                "session": "s",
-                "version": "5.3",
-                "date": "",
-            }
-            connection.write_message(
-                jsonlib.dumps(
-                    {"header": header, "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell"}
-                )
-            )
-            for _ in range(100):
-                message = jsonlib.loads(await asyncio.wait_for(connection.read_message(), 60))
-                if message["msg_type"] == "kernel_info_reply" and message["parent_header"].get("msg_id") == msg_id:
-                    break
-            assert message["content"]["status"] == "ok"
-            connection.close()
-        finally:
-            await client.delete(sandbox.id)

@@ -159,10 +159,17 @@ async def test_abort_from_another_thread_ends_a_cell_that_never_stops() -> None:
     assert reply["status"] == "error" and reply["evalue"] == "execd did not end the cell"
 
 
-async def test_the_reply_traceback_is_capped() -> None:
-    error = Event(type="error", error=ExecdError("E", "v", ["x" * 1000] * 10_000))
-    reply = await relay_cell(feed(error), CellTranslator(Published(), execution_count=1))
-    assert sum(map(len, reply["traceback"])) <= 64 * 1024 + 200
+@pytest.mark.security("attack", "opensandbox")
+async def test_the_traceback_is_published_once_capped_and_the_reply_keeps_a_short_tail() -> None:
+    lines = [f"frame {i} " + "x" * 1000 for i in range(10_000)]
+    published = Published()
+    reply = await relay_cell(feed(Event(type="error", error=ExecdError("E", "v", lines))), CellTranslator(published, execution_count=1))
+    (error,) = published.of("error")
+    assert 60 * 1024 < sum(map(len, error["traceback"])) <= 64 * 1024
+    assert error["traceback"][-1] == lines[-1] and "cut" in error["traceback"][0]
+    assert (reply["ename"], reply["evalue"]) == ("E", "v")
+    assert sum(map(len, reply["traceback"])) <= 2 * 1024
+    assert "cut" in reply["traceback"][0] and reply["traceback"][-1].endswith("x" * 500)
 
 
 raw_events = st.lists(

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_OWNER_PID, remove_container
-from kernel_sandbox.kernelspecs import install, shipped_kernelspecs
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
 from browser_output_policy import ARTIFACTS, KERNELSPECS
 from ipykernel.kernelspec import get_kernel_dict
@@ -128,6 +128,28 @@ def widget_image(docker_engine) -> str:
     return WIDGET_IMAGE
 
 
+@pytest.fixture(scope="module")
+def opensandbox_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The published opensandbox-server on 127.0.0.1 (tests/opensandbox/server), for the OpenSandbox kernelspec."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "opensandbox" / "server"))
+    from local_server import LocalServer
+    from prepare import prepare
+
+    server = LocalServer(prepare(), tmp_path_factory.mktemp("policy-opensandbox")).start()
+    try:
+        yield server
+    finally:
+        leftovers = server.stop()
+    assert not leftovers, f"sandboxes of the browser test were left behind: {leftovers}"
+
+
+def _opensandbox_config(server: Any) -> dict[str, Any]:
+    """The OpenSandbox kernelspec on the harness: the code-interpreter stand-in, websocket mode."""
+    return {"api_base": server.api_base, "image": server.prepared.code_interpreter_image,
+            "entrypoint": ["/opt/code-interpreter/code-interpreter.sh"], "mode": "websocket",
+            "metadata": dict(server.run_label), "resource_limits": {"cpu": "1", "memory": "1Gi"}}
+
+
 @pytest.fixture(scope="module", params=["relay"])
 def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """JupyterLab on 127.0.0.1 with the kernelspecs under test (using the widget image) and nothing else.
@@ -138,10 +160,16 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
     base = tmp_path_factory.mktemp("policy-lab")
     prefix = base / "prefix"
     shipped = shipped_kernelspecs()
+    extra_env: dict[str, str] = {}
     for name in KERNELSPECS:
         spec = json.loads((Path(shipped[name]) / "kernel.json").read_text()) if name in shipped else None
         if spec is None:
             pytest.fail(f"kernelspec {name!r} is not shipped with kernel-sandbox (shipped: {', '.join(shipped)})")
+        if name == OPENSANDBOX_SPEC:
+            server = request.getfixturevalue("opensandbox_harness")
+            install(name, prefix=str(prefix), config=_opensandbox_config(server))
+            extra_env["OPEN_SANDBOX_API_KEY"] = server.api_key
+            continue
         provisioned = "kernel_provisioner" in spec.get("metadata", {})
         install(name, prefix=str(prefix), config={"image": widget_image} if provisioned and widget_image != DEFAULT_IMAGE else None)
     settings = base / "settings" / "@jupyterlab" / "apputils-extension"
@@ -152,7 +180,8 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
            "JUPYTER_PATH": str(prefix / "share" / "jupyter"), "JUPYTER_CONFIG_DIR": str(base / "config"),
            "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-           "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces")}
+           "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+           **extra_env}
     port, token = _free_port(), secrets.token_hex(16)
     log = base / "server.log"
     with open(log, "wb") as out:

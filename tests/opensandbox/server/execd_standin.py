@@ -45,6 +45,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 TOKEN_HEADER = "X-EXECD-ACCESS-TOKEN"
 EXECD_PORT = 44772
+PROXY_MAX_MESSAGE = 256 * 2**20
+"""The real proxy copies websocket bytes without looking; this one has to pick a message cap."""
 
 
 def _now_ms() -> int:
@@ -107,7 +109,7 @@ class Execd:
                 (prefix + r"/code/contexts/([^/]+)", CodeContextItemHandler, e),
             ]
         routes.append((r"/proxy/(\d+)(/.*)?", ProxyHandler, e))
-        return tornado.web.Application(routes)
+        return tornado.web.Application(routes, websocket_max_message_size=PROXY_MAX_MESSAGE)
 
 
 class _Handler(tornado.web.RequestHandler):
@@ -261,11 +263,17 @@ _HOP_HEADERS = frozenset(
 
 
 class ProxyHandler(tornado.websocket.WebSocketHandler):
-    """execd's ``/proxy/<port>/<path>``: HTTP (streamed) and websocket to 127.0.0.1:<port>."""
+    """execd's ``/proxy/<port>/<path>``: HTTP (streamed) and websocket to 127.0.0.1:<port>.
+
+    Like Go's ``httputil.ReverseProxy`` upstream, a websocket upgrade is passed on with its
+    offered subprotocols, and the upstream's choice is answered to the client.
+    """
 
     def initialize(self, execd: Execd) -> None:
         self.execd = execd
         self.upstream: tornado.websocket.WebSocketClientConnection | None = None
+        self._opened = False
+        self._early: list[str | bytes | None] = []
 
     def check_origin(self, origin: str) -> bool:
         return True
@@ -279,9 +287,33 @@ class ProxyHandler(tornado.websocket.WebSocketHandler):
 
     async def get(self, *args: Any) -> None:
         if self.request.headers.get("Upgrade", "").lower() == "websocket":
+            offered = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+            headers = {
+                k: v
+                for k, v in self.request.headers.get_all()
+                if k.lower() not in _HOP_HEADERS and not k.lower().startswith("sec-websocket")
+            }
+            try:
+                self.upstream = await tornado.websocket.websocket_connect(
+                    tornado.httpclient.HTTPRequest(self._target("ws"), headers=headers),
+                    on_message_callback=self._from_upstream,
+                    subprotocols=offered or None,
+                    max_message_size=PROXY_MAX_MESSAGE,
+                )
+            except tornado.httpclient.HTTPClientError as exc:
+                self.set_status(exc.code)
+                self.finish()
+                return
+            except OSError:
+                self.set_status(502)
+                self.finish()
+                return
             await super().get(*args)
             return
         await self._forward()
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return self.upstream.selected_subprotocol if self.upstream is not None else None
 
     async def _forward(self, *args: Any) -> None:
         headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in _HOP_HEADERS}
@@ -320,20 +352,22 @@ class ProxyHandler(tornado.websocket.WebSocketHandler):
 
     post = put = patch = delete = head = options = _forward  # type: ignore[assignment]
 
-    async def open(self, *args: Any) -> None:
-        headers = {
-            k: v
-            for k, v in self.request.headers.get_all()
-            if k.lower() not in _HOP_HEADERS and not k.lower().startswith("sec-websocket")
-        }
-        request = tornado.httpclient.HTTPRequest(self._target("ws"), headers=headers)
-        self.upstream = await tornado.websocket.websocket_connect(request, on_message_callback=self._from_upstream)
+    def open(self, *args: Any) -> None:
+        self._opened = True
+        early, self._early = self._early, []
+        for message in early:
+            self._from_upstream(message)
 
     def _from_upstream(self, message: str | bytes | None) -> None:
-        if message is None:
+        if not self._opened:
+            self._early.append(message)
+        elif message is None:
             self.close()
         else:
-            self.write_message(message, binary=isinstance(message, bytes))
+            try:
+                self.write_message(message, binary=isinstance(message, bytes))
+            except tornado.websocket.WebSocketClosedError:
+                pass
 
     async def on_message(self, message: str | bytes) -> None:
         if self.upstream is not None:

@@ -7,17 +7,18 @@ works alone)::
 
 Everything is cached and reused when present: the server's virtualenv (never the project's) under
 ``~/.cache/kernel-sandbox/``, and each image, rebuilt only when its inputs changed (a hash of the
-stand-in files and of the kernel image it is built from, kept as an image label). No image is
+stand-in files and of the kernel image it is built from, which is also the image's tag:
+``NAME:h-<hash>``, so checkouts with different stand-ins share an engine without clashing). No image is
 pulled: each is built FROM the local kernel image ``kernel-sandbox-python:latest``.
 
 Images (all local, all STAND-INS where named so):
 
-* ``kernel-sandbox-osb-execd-standin:test``: the server's ``execd_image``: ``/execd`` (the execd
+* ``kernel-sandbox-osb-execd-standin``: the server's ``execd_image``: ``/execd`` (the execd
   stand-in, a Python execd-protocol server over real ipykernels) and ``/bootstrap.sh``.
 * ``kernel-sandbox-python:latest``: the sandbox image, our kernel image as it is.
-* ``kernel-sandbox-osb-egress-standin:test``: answers ``/healthz`` and ``/policy`` on 18080 so the
+* ``kernel-sandbox-osb-egress-standin``: answers ``/healthz`` and ``/policy`` on 18080 so the
   server accepts a ``networkPolicy``; it enforces nothing.
-* ``kernel-sandbox-osb-code-interpreter-standin:test``: our kernel image plus jupyter_server, with
+* ``kernel-sandbox-osb-code-interpreter-standin``: our kernel image plus jupyter_server, ipywidgets and tqdm, with
   ``/opt/code-interpreter/code-interpreter.sh`` starting it on 127.0.0.1:44771 with a token (the
   layout of upstream's code-interpreter image).
 """
@@ -73,12 +74,12 @@ LABEL kernel-sandbox.osb-standin=code-interpreter {hash_label}={hash}
 USER root
 COPY wheelhouse/ /tmp/wheelhouse/
 COPY code_interpreter_standin.sh /opt/code-interpreter/code-interpreter.sh
-RUN pip install --no-index --find-links /tmp/wheelhouse jupyter_server && rm -rf /tmp/wheelhouse
+RUN pip install --no-index --find-links /tmp/wheelhouse jupyter_server ipywidgets tqdm && rm -rf /tmp/wheelhouse
 USER sandbox
 """,
     ),
 }
-WHEELHOUSE_REQUIREMENTS = {CODE_INTERPRETER_IMAGE: "jupyter_server>=2\n"}
+WHEELHOUSE_REQUIREMENTS = {CODE_INTERPRETER_IMAGE: "jupyter_server>=2\nipywidgets>=8\ntqdm>=4.66\n"}
 
 
 @dataclass(frozen=True)
@@ -122,32 +123,38 @@ def _inputs_hash(client: docker.DockerClient, base: str, files: list[str], docke
     return digest.hexdigest()[:16]
 
 
-def build_image(client: docker.DockerClient, tag: str, force: bool = False) -> None:
-    """Build one stand-in image FROM the kernel image unless an image with the same inputs exists."""
-    files, template = DOCKERFILES[tag]
-    wanted = _inputs_hash(client, SANDBOX_IMAGE, files, template + WHEELHOUSE_REQUIREMENTS.get(tag, ""))
+def build_image(client: docker.DockerClient, name: str, force: bool = False) -> str:
+    """Build one stand-in image FROM the kernel image unless an image with the same inputs exists.
+
+    The tag is the hash of the inputs (``name:h-<hash>``), so checkouts with different stand-ins
+    on one engine each keep their own image instead of rebuilding each other's. Returns the tag.
+    """
+    files, template = DOCKERFILES[name]
+    wanted = _inputs_hash(client, SANDBOX_IMAGE, files, template + WHEELHOUSE_REQUIREMENTS.get(name, ""))
+    tag = f"{name.partition(':')[0]}:h-{wanted}"
     try:
         existing = client.images.get(tag).labels.get(HASH_LABEL)
     except docker.errors.ImageNotFound:
         existing = None
     if existing == wanted and not force:
         log(f"{tag}: up to date")
-        return
+        return tag
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ksbx-osb-build-") as tmp:
         context = Path(tmp)
-        for name in files:
-            shutil.copy2(HERE / name, context / name)
+        for file in files:
+            shutil.copy2(HERE / file, context / file)
         (context / "Dockerfile").write_text(template.format(base=SANDBOX_IMAGE, hash_label=HASH_LABEL, hash=wanted))
-        if tag in WHEELHOUSE_REQUIREMENTS:
+        if name in WHEELHOUSE_REQUIREMENTS:
             requirements = context / "requirements.txt"
-            requirements.write_text(WHEELHOUSE_REQUIREMENTS[tag])
+            requirements.write_text(WHEELHOUSE_REQUIREMENTS[name])
             target = _probe_python(client, SANDBOX_IMAGE)
             _fill_wheelhouse(context / "wheelhouse", requirements, target, log)
         for chunk in client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True):
             if "error" in chunk:
                 raise RuntimeError(f"building {tag} failed: {chunk['error'].strip()}")
     log(f"{tag}: built in {time.monotonic() - started:.1f} s")
+    return tag
 
 
 def prepare(force: bool = False) -> Prepared:
@@ -160,10 +167,14 @@ def prepare(force: bool = False) -> Prepared:
         missing = f"the kernel image {SANDBOX_IMAGE} is missing: run `kernel-sandbox image build` first"
         raise RuntimeError(missing) from None
     server_bin = install_server(force)
-    for tag in DOCKERFILES:
-        build_image(client, tag, force)
+    tags = {name: build_image(client, name, force) for name in DOCKERFILES}
     log(f"ready in {time.monotonic() - started:.1f} s")
-    return Prepared(server_bin=server_bin)
+    return Prepared(
+        server_bin=server_bin,
+        execd_image=tags[EXECD_IMAGE],
+        egress_image=tags[EGRESS_IMAGE],
+        code_interpreter_image=tags[CODE_INTERPRETER_IMAGE],
+    )
 
 
 def main() -> None:

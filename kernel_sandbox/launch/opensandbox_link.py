@@ -1,0 +1,499 @@
+"""The OpenSandbox link: a kernel in an OpenSandbox sandbox, reached through the sandbox's endpoints.
+
+The link creates the sandbox (labelled ``kernel-sandbox``, egress denied unless configured,
+a fresh ``JUPYTER_TOKEN`` in its environment), renews its expiration while the launcher lives,
+checks every ``state_check_interval`` that it still exists, and deletes it on every way out;
+a SIGKILLed launcher's sandbox expires ``timeout`` seconds after its last renewal.
+
+Two modes carry the kernel's messages (``mode``):
+
+* **websocket** (:class:`WebsocketBridge`): a kernel of the sandbox's own Jupyter server, its
+  channels websocket reached through execd's ``/proxy/<port>/`` and bridged message for message
+  (the v1 wire format passes the client's parts through unparsed), so display data, comms and
+  widgets, ``input()``, completion and inspection work as on a Docker kernel. Routing identities
+  are kept by request id, so replies and ``input_request`` reach the client that asked.
+* **execd** (:class:`~kernel_sandbox.launch.execd_relay.ExecdRelay`): execd's ``/code`` only.
+
+``auto`` (the default) uses the websocket when the sandbox's Jupyter server answers within
+``jupyter_wait`` seconds, else execd. Whatever the mode, what the sandbox sends is capped
+(``max_output_bytes`` per message or execd run, ``max_response_bytes`` per answer) and every call
+has a deadline; the front applies the output policy and signs for the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import secrets
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
+from ..opensandbox.client import TERMINAL_STATES, ExecdClient, OpenSandboxClient, keep_alive, sandbox_state
+from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
+from ..opensandbox.jupyter import JupyterServer, KernelSocket
+from ..opensandbox.settings import OpenSandboxSettings
+from ..privdir import LAUNCHER_STATE, PrivateDir
+from .execd_relay import ExecdRelay
+from .front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
+
+log = logging.getLogger("kernel_sandbox.launch")
+
+LABEL_KERNEL_ID = "kernel-sandbox-kernel-id"
+WAITING_LIMIT = 1000
+"""Client messages kept while the kernel is not connected yet (ZMQ's own default queue size)."""
+ROUTES_LIMIT = 4096
+"""Requests remembered for routing their replies; the oldest are forgotten first."""
+NO_REPLY = frozenset({"comm_open", "comm_msg", "comm_close", "input_reply"})
+"""Client messages that get no reply: not remembered for routing."""
+RECONNECT_ATTEMPTS = 5
+RECONNECT_WINDOW = 60.0
+"""More than RECONNECT_ATTEMPTS losses of the websocket within this many seconds end the kernel."""
+STOP_WAIT = 30.0
+"""Seconds :meth:`OpenSandboxLink.stop` waits for a create in flight to name its sandbox."""
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class WebsocketBridge:
+    """Bridge the client's channels to a kernel of the sandbox's Jupyter server, over its websocket."""
+
+    def __init__(
+        self, front: Front, jupyter: JupyterServer, settings: OpenSandboxSettings, end: Callable[[ExitStatus], None]
+    ) -> None:
+        self.front = front
+        self.jupyter = jupyter
+        self.settings = settings
+        self._end = end
+        self.kernel_id: str | None = None
+        self.session_id = uuid.uuid4().hex
+        self.socket: KernelSocket | None = None
+        self._routes: collections.OrderedDict[str, list[Any]] = collections.OrderedDict()
+        self._last: dict[str, list[Any]] = {}
+        self._probes: set[str] = set()
+        """Ids of the launcher's own kernel_info requests: their replies are not the clients'."""
+        self._probed: asyncio.Future[None] | None = None
+        self._shutdown_ids: set[str] = set()
+        self._closing = False
+        self._reconnecting: asyncio.Future[None] | None = None
+        self._losses: list[float] = []
+        self._held: list[tuple[str, list[Any]]] = []
+
+    @property
+    def alive(self) -> bool:
+        return self.socket is not None and not self.socket.closed
+
+    async def start(self) -> None:
+        """Start a kernel in the sandbox's Jupyter server, connect, and return once it answers."""
+        self.kernel_id = await self.jupyter.start_kernel(self.settings.kernel_name)
+        await self._connect()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.ready_timeout
+        while True:
+            self._probed = loop.create_future()
+            self._probe()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._probed), min(2.0, max(0.1, deadline - loop.time())))
+                return
+            except asyncio.TimeoutError:
+                if loop.time() >= deadline:
+                    raise SandboxTimeoutError(
+                        f"the kernel of the sandbox's Jupyter server did not answer kernel_info within "
+                        f"{self.settings.ready_timeout:g} s (ready_timeout)"
+                    ) from None
+
+    async def _connect(self) -> None:
+        assert self.kernel_id is not None
+        self.socket = await self.jupyter.connect(
+            self.kernel_id,
+            self.session_id,
+            self._from_kernel,
+            self._lost,
+            max_message_size=self.settings.max_output_bytes,
+        )
+        log.debug("kernel websocket open (%s wire format)", self.socket.protocol)
+
+    def _probe(self) -> None:
+        assert self.socket is not None
+        probe_id = uuid.uuid4().hex
+        self._probes.add(probe_id)
+        header = {
+            "msg_id": probe_id,
+            "msg_type": "kernel_info_request",
+            "username": "kernel-sandbox",
+            "session": self.session_id,
+            "date": "",
+            "version": PROTOCOL_VERSION,
+        }
+        self.socket.send("shell", [_dumps(header), b"{}", b"{}", b"{}"])
+
+    # -- client to kernel ------------------------------------------------------------------------
+
+    def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
+        """Remember where the request came from and pass it to the kernel unchanged."""
+        if channel in REQUEST_CHANNELS:
+            try:
+                header = json.loads(parts[0])
+                msg_id, msg_type = str(header["msg_id"]), str(header["msg_type"])
+            except (ValueError, KeyError, TypeError, RecursionError):
+                log.warning("dropped a %s message without a readable header", channel)
+                return
+            self._last[channel] = idents
+            if msg_type not in NO_REPLY:
+                self._routes[msg_id] = idents
+                if len(self._routes) > ROUTES_LIMIT:
+                    self._routes.popitem(last=False)
+            if msg_type == "shutdown_request":
+                self._shutdown_ids.add(msg_id)
+        if self.socket is None or self.socket.closed:
+            if self._reconnecting is not None and len(self._held) < WAITING_LIMIT:
+                self._held.append((channel, parts))  # sent once the websocket is open again
+            else:
+                log.warning("dropped a %s message: the kernel websocket is closed", channel)
+            return
+        self.send_parts(channel, parts)
+
+    def send_parts(self, channel: str, parts: list[Any]) -> None:
+        """Write one message to the open websocket (logged and dropped when it closed meanwhile)."""
+        assert self.socket is not None
+        try:
+            self.socket.send(channel, parts)
+        except OpenSandboxError as exc:
+            log.warning("dropped a %s message: %s", channel, exc)
+
+    # -- kernel to client ------------------------------------------------------------------------
+
+    def _from_kernel(self, channel: str, parts: list[bytes]) -> None:
+        if channel == "iopub":
+            if b'"error"' in parts[0]:
+                parts = self._capped_error(parts)
+            self.front.from_kernel("iopub", [], parts)
+            return
+        try:
+            header = json.loads(parts[0])
+            parent = json.loads(parts[1])
+            msg_type = str(header.get("msg_type"))
+            parent_id = str(parent.get("msg_id"))
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            log.warning("dropped a %s message from the kernel without a readable header", channel)
+            return
+        if parent_id in self._probes:
+            if self._probed is not None and not self._probed.done():
+                self._probed.set_result(None)
+            return
+        if channel == "stdin":
+            idents = self._routes.get(parent_id) or self._last.get("stdin") or self._last.get("shell", [])
+        else:
+            idents = self._routes.pop(parent_id, None) or self._last.get(channel, [])
+        if msg_type == "execute_reply" and b'"error"' in parts[3]:
+            parts = self._short_reply(parts)
+        self.front.from_kernel(channel, idents, parts)
+        if msg_type == "shutdown_reply" and parent_id in self._shutdown_ids:
+            self._end(ExitStatus(0, "the kernel shut down"))
+
+    @staticmethod
+    def _capped_error(parts: list[bytes]) -> list[bytes]:
+        """An IOPub ``error`` within the caps (traceback 64 KiB, its last lines; name and value 8 KiB)."""
+        try:
+            if json.loads(parts[0]).get("msg_type") != "error":
+                return parts
+            content = json.loads(parts[3])
+            capped = capped_error(content)
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            return parts
+        return parts if capped is content else [*parts[:3], _dumps(capped), *parts[4:]]
+
+    @staticmethod
+    def _short_reply(parts: list[bytes]) -> list[bytes]:
+        """An error ``execute_reply`` with only the traceback's last 2 KiB (IOPub has the whole)."""
+        try:
+            content = json.loads(parts[3])
+            capped = capped_error(content, REPLY_TRACEBACK_CHARS)
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            return parts
+        return parts if capped is content else [*parts[:3], _dumps(capped), *parts[4:]]
+
+    # -- life ------------------------------------------------------------------------------------
+
+    def _lost(self, reason: str) -> None:
+        if self._closing or self._reconnecting is not None:
+            return  # a reconnect in progress sees the new socket closed itself
+        if self._too_many_losses(reason):
+            return
+        self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
+
+    def _too_many_losses(self, reason: str) -> bool:
+        """Count one loss of the websocket; past RECONNECT_ATTEMPTS within RECONNECT_WINDOW, end the kernel."""
+        now = asyncio.get_running_loop().time()
+        self._losses = [when for when in self._losses if now - when < RECONNECT_WINDOW] + [now]
+        if len(self._losses) <= RECONNECT_ATTEMPTS:
+            return False
+        self._end(ExitStatus(1, f"{reason} {len(self._losses)} times within {RECONNECT_WINDOW:g} s"))
+        return True
+
+    async def _reconnect(self, reason: str) -> None:
+        """Open the websocket again with the same session id, so the sandbox's Jupyter server replays
+        what the kernel sent meanwhile; end the link if it cannot be opened or keeps closing."""
+        delay = 0.2
+        try:
+            for attempt in range(1, RECONNECT_ATTEMPTS + 1):
+                await asyncio.sleep(delay)
+                if self._closing:
+                    return
+                try:
+                    await self._connect()
+                except OpenSandboxError as exc:
+                    log.warning("%s; reconnecting failed (attempt %d): %s", reason, attempt, exc)
+                    delay *= 2
+                    continue
+                assert self.socket is not None
+                if not self.socket.closed:
+                    log.warning("%s; reconnected (attempt %d)", reason, attempt)
+                    held, self._held = self._held, []
+                    for channel, parts in held:
+                        self.send_parts(channel, parts)
+                    return
+                if self._too_many_losses(reason):
+                    return
+            self._end(ExitStatus(1, f"{reason}, and it could not be reopened"))
+        finally:
+            self._reconnecting = None
+
+    async def interrupt(self) -> None:
+        """Interrupt the kernel through the Jupyter server."""
+        if self.kernel_id is not None:
+            await self.jupyter.interrupt_kernel(self.kernel_id)
+
+    def close(self) -> None:
+        """Close the websocket."""
+        self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        if self.socket is not None:
+            self.socket.close()
+
+
+class OpenSandboxLink:
+    """The kernel in a fresh OpenSandbox sandbox (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: OpenSandboxSettings,
+        private: PrivateDir | None,
+        *,
+        kernel_id: str,
+        env: dict[str, str],
+    ) -> None:
+        self.settings = settings
+        self.private = private
+        self.kernel_id = kernel_id
+        self.env = env
+        self.sandbox_id: str | None = None
+        self.mode: str | None = None
+        self._token = secrets.token_hex(32)
+        self._front: Front | None = None
+        self._client: OpenSandboxClient | None = None
+        self._execd: ExecdClient | None = None
+        self._jupyter: JupyterServer | None = None
+        self._bridge: WebsocketBridge | ExecdRelay | None = None
+        self._waiting: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
+        self._tasks: list[asyncio.Future[Any]] = []
+        self._creating: asyncio.Future[Any] | None = None
+        self._named = asyncio.Event()
+        self._stopping = False
+        self._ended: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
+
+    # -- starting --------------------------------------------------------------------------------
+
+    async def start(self, front: Front) -> None:
+        """Create the sandbox, connect in the configured mode, and return once the kernel answers."""
+        self._front = front
+        settings = self.settings
+        client = self._client = OpenSandboxClient(
+            settings.api_base,
+            settings.api_key,
+            use_server_proxy=settings.use_server_proxy,
+            poll_interval=settings.poll_interval,
+            ready_timeout=settings.ready_timeout,
+            request_timeout=settings.request_timeout,
+            max_output_bytes=settings.max_output_bytes,
+            max_response_bytes=settings.max_response_bytes,
+        )
+        env = {
+            **self.env,
+            **settings.env,
+            "JUPYTER_TOKEN": self._token,
+            "JUPYTER_PORT": str(settings.jupyter_port),
+        }
+        self._creating = asyncio.ensure_future(
+            client.create(
+                image=settings.image,
+                entrypoint=list(settings.entrypoint),
+                timeout=settings.timeout,
+                resource_limits=settings.resource_limits,
+                resource_requests=settings.resource_requests,
+                env=env,
+                metadata={**settings.metadata, LABEL_KERNEL_ID: self.kernel_id},
+                allow_internet=settings.allow_internet,
+                network_policy=settings.network_policy,
+                secure_access=settings.secure_access,
+                created=self._created,
+            )
+        )
+        try:
+            sandbox = await asyncio.shield(self._creating)
+        except OpenSandboxError as exc:
+            raise KernelLaunchError(f"OpenSandbox could not start the kernel's sandbox: {exc}") from exc
+        assert sandbox.endpoint is not None
+        self._tasks.append(asyncio.ensure_future(self._renew()))
+        self._tasks.append(asyncio.ensure_future(self._watch()))
+        self._execd = client.execd(sandbox.endpoint)
+        try:
+            self._bridge = await self._connect(client, sandbox.id)
+        except OpenSandboxError as exc:
+            raise KernelLaunchError(f"the kernel in sandbox {sandbox.id} did not come up: {exc}") from exc
+        log.info("kernel %s runs in OpenSandbox sandbox %s (%s mode)", self.kernel_id, sandbox.id, self.mode)
+        while self._waiting:
+            self._bridge.send(*self._waiting.popleft())
+
+    def _created(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        self._named.set()
+        self._record(sandbox_id)
+
+    def _record(self, sandbox_id: str | None) -> None:
+        """Tell the provisioner (its private directory) which sandbox to delete should the launcher be killed."""
+        if self.private is not None:
+            self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
+
+    async def _connect(self, client: OpenSandboxClient, sandbox_id: str) -> WebsocketBridge | ExecdRelay:
+        settings = self.settings
+        assert self._front is not None and self._execd is not None
+        if settings.mode in ("auto", "websocket"):
+            endpoint = await client.endpoint(sandbox_id, settings.jupyter_port)
+            self._jupyter = JupyterServer(
+                endpoint.url,
+                self._token,
+                endpoint.headers,
+                request_timeout=settings.request_timeout,
+                max_response_bytes=settings.max_response_bytes,
+            )
+            wait = settings.jupyter_wait if settings.mode == "auto" else settings.ready_timeout
+            try:
+                await self._jupyter.wait_ready(wait, min(settings.poll_interval, 0.2))
+            except SandboxTimeoutError as exc:
+                if settings.mode == "websocket":
+                    raise
+                log.warning("%s; using execd's /code instead (mode 'execd': no display data, comms, stdin)", exc)
+            else:
+                self.mode = "websocket"
+                bridge = WebsocketBridge(self._front, self._jupyter, settings, self._end)
+                await bridge.start()
+                return bridge
+        self.mode = "execd"
+        context_id = await self._execd.create_context(settings.language)
+        return ExecdRelay(
+            self._front,
+            self._execd,
+            context_id,
+            language=settings.language,
+            interrupt_grace=settings.interrupt_grace,
+            end=self._end,
+        )
+
+    # -- the sandbox's life ----------------------------------------------------------------------
+
+    async def _renew(self) -> None:
+        assert self._client is not None and self.sandbox_id is not None
+        await keep_alive(
+            self._client,
+            self.sandbox_id,
+            self.settings.timeout,
+            interval=self.settings.renew_every,
+            on_lost=lambda reason: self._end(ExitStatus(1, reason)),
+        )
+
+    async def _watch(self) -> None:
+        """End the link when the sandbox is gone (404) or in a terminal state; Paused is not gone."""
+        assert self._client is not None and self.sandbox_id is not None
+        while True:
+            await asyncio.sleep(self.settings.state_check_interval)
+            try:
+                state = sandbox_state(await self._client.get(self.sandbox_id))
+            except SandboxNotFound:
+                self._end(ExitStatus(1, f"sandbox {self.sandbox_id} is gone (404: it expired or was deleted)"))
+                return
+            except OpenSandboxError as exc:
+                log.warning("checking sandbox %s failed: %s", self.sandbox_id, exc)
+                continue
+            if state in TERMINAL_STATES:
+                self._end(ExitStatus(1, f"sandbox {self.sandbox_id} is {state}"))
+                return
+
+    def _end(self, status: ExitStatus) -> None:
+        if not self._ended.done():
+            self._ended.set_result(status)
+
+    async def ended(self) -> ExitStatus:
+        """Wait until the kernel has ended, and say how."""
+        return await asyncio.shield(self._ended)
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
+        """Pass a client message on (kept until the kernel is connected)."""
+        if self._bridge is not None:
+            self._bridge.send(channel, idents, parts)
+        elif len(self._waiting) < WAITING_LIMIT:
+            self._waiting.append((channel, idents, parts))
+        else:
+            log.warning("dropped a %s message: the kernel is not connected yet", channel)
+
+    def heartbeat(self, frames: list[Any]) -> None:
+        """Echo a ping while the kernel is reachable (its Jupyter server restarts a dead kernel itself)."""
+        bridge = self._bridge
+        if self._front is not None and (isinstance(bridge, ExecdRelay) or (bridge is not None and bridge.alive)):
+            self._front.heartbeat_reply(frames)
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell."""
+        if self._bridge is None:
+            return
+        try:
+            await self._bridge.interrupt()
+        except OpenSandboxError as exc:
+            log.warning("could not interrupt the kernel: %s", exc)
+
+    async def stop(self) -> None:
+        """Close the connection and delete the sandbox; safe at any time, twice too."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._bridge is not None:
+            self._bridge.close()
+        for task in self._tasks:
+            task.cancel()
+        creating = self._creating
+        if creating is not None and not creating.done():
+            if self.sandbox_id is None:  # the create is in flight: wait until it names the sandbox
+                named = asyncio.ensure_future(self._named.wait())
+                await asyncio.wait([creating, named], timeout=STOP_WAIT, return_when=asyncio.FIRST_COMPLETED)
+                named.cancel()
+            creating.cancel()
+            await asyncio.gather(creating, return_exceptions=True)
+        if self.sandbox_id is not None and self._client is not None:
+            try:
+                await self._client.delete(self.sandbox_id)
+            except (KernelSandboxError, OSError) as exc:
+                log.error("could not delete the kernel's sandbox %s: %s", self.sandbox_id, exc)
+            else:  # nothing left for the provisioner to remove
+                self._record(None)
+        for closer in (self._jupyter, self._client):
+            if closer is not None:
+                await closer.aclose()

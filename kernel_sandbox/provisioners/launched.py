@@ -1,0 +1,269 @@
+"""What both provisioners share: they run the launcher (:mod:`kernel_sandbox.launch`) as a local process.
+
+The launcher is the one code path that sandboxes. :class:`LaunchedProvisioner` runs it as
+``LocalProvisioner`` runs a kernel, and adds what a provisioner-aware client can use: the
+client's channels as IPC sockets in a private 0700 directory, the effective settings (traitlets
+config and kernel.json) checked before anything starts and handed over in a 0600 file, the
+reason a kernel ended, interrupt as SIGINT to the launcher, and re-attach after a server restart
+while the launcher waits ``orphan_timeout`` for its owner. A subclass names its backend and its
+options, and removes what a killed launcher left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.launcher import launch_kernel
+from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from traitlets import Any as AnyTrait
+from traitlets import Undefined
+
+from .. import errors
+from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..launch import passed_env
+from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
+from ..settings import check_names
+
+_BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
+
+
+class _Option(AnyTrait):  # type: ignore[misc]
+    """A trait of any value whose default is a fresh copy for every provisioner (dicts, lists)."""
+
+    default_value = Undefined
+
+    def __init__(self, default: Any, help: str) -> None:
+        self._initial = default
+        super().__init__(allow_none=True, config=True, help=help)
+
+    def make_dynamic_default(self) -> Any:
+        return copy.deepcopy(self._initial)
+
+    def default_value_repr(self) -> str:
+        return repr(self._initial)
+
+
+def option_trait(option: dataclasses.Field[Any]) -> Any:
+    """A configurable trait for one option of a settings model (checked by the model, not the trait)."""
+    return _Option(option.metadata["default"], option.metadata["help"])
+
+
+class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """Run the launcher for a kernelspec of ``backend`` (see the module docstring)."""
+
+    backend: ClassVar[str]
+    """The provisioner name the launcher knows the settings by."""
+    options: ClassVar[Mapping[str, dataclasses.Field[Any]]]
+    """The backend's options; each is also a trait of the subclass."""
+    backend_title: ClassVar[str]
+
+    private: PrivateDir | None = None
+    exit_reason: str | None = None
+    _exit_code: int | None = None
+    _status_fd: int | None = None
+    _stopping = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
+        super().__init__(**kwargs)
+        self._check_names(self.config.get(type(self).__name__, {}))
+
+    def _check_names(self, config: Mapping[str, Any]) -> None:
+        check_names(config, self.options, self.backend_title)
+
+    def settings(self) -> Any:
+        """The effective settings: traitlets configuration and kernel.json, checked."""
+        raise NotImplementedError
+
+    def prepare(self, settings: Any, cwd: str | None) -> None:
+        """Check what only the host can tell before the launcher starts (mounts exist...)."""
+
+    async def remove_leftover(self, state: dict[str, Any]) -> None:
+        """Remove what a launcher that could not clean up left (its ``launcher.json`` state)."""
+        raise NotImplementedError
+
+    @property
+    def has_process(self) -> bool:
+        """True while a launcher runs this kernel (started here, or found again by re-attach)."""
+        return self.process is not None or (self.pid is not None and self.private is not None)
+
+    @property
+    def launcher_state(self) -> dict[str, Any]:
+        """What the launcher recorded about its kernel (its pid, the container or sandbox id)."""
+        state = self.private.read_json(LAUNCHER_STATE) if self.private else None
+        return state if isinstance(state, dict) else {}
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Check the settings, prepare the private directory, and build the launcher's command."""
+        if kwargs.pop("transport_encryption", "disabled") == "required":
+            raise KernelLaunchError("kernel-sandbox does not offer CurveZMQ transport encryption")
+        settings = self.settings()
+        kwargs.pop("extra_arguments", None)
+        env = kwargs.get("env", {})
+        cwd = kwargs.pop("cwd", None)
+        self.prepare(settings, cwd)
+        km = self.parent
+        if self.private is None:
+            self.private = PrivateDir.create()
+            self.private.hold(OWNER_LOCK)
+            km.cleanup_connection_file()
+        self.exit_reason = self._exit_code = None
+        self._stopping = False
+        (self.private / EXIT).unlink(missing_ok=True)
+        (self.private / LAUNCHER_STATE).unlink(missing_ok=True)
+        km.transport = "ipc"
+        km.ip = str(self.private / "k")
+        km.write_connection_file(jupyter_session=env.get("JPY_SESSION_NAME", ""))
+        self.connection_info = km.get_connection_info()
+        config_file = self.private.write_json(
+            CONFIG,
+            {
+                "provisioner": self.backend,
+                "settings": settings.to_config(),
+                "kernel_id": self.kernel_id,
+                "env": passed_env(self.kernel_spec.env, env),
+                "cwd": str(cwd) if cwd else None,
+            },
+        )
+        read_end, self._status_fd = os.pipe()
+        self._status_reader = read_end
+        cmd = [
+            sys.executable, "-m", "kernel_sandbox.launch", "-f", os.path.realpath(km.connection_file),
+            "--config", str(config_file), "--status-fd", str(self._status_fd),
+        ]
+        kwargs["cwd"] = str(self.private.path)
+        return await KernelProvisionerBase.pre_launch(self, cmd=cmd, **kwargs)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        """Run the launcher and wait until its kernel answers, or raise with the launcher's reason."""
+        assert self._status_fd is not None
+        kwargs = self._scrub_kwargs(kwargs)
+        try:
+            self.process = launch_kernel(cmd, pass_fds=(self._status_fd,), **kwargs)
+        finally:
+            os.close(self._status_fd)
+            self._status_fd = None
+        self.pid = self.process.pid
+        self.pgid = os.getpgid(self.pid)
+        self.cwd = kwargs.get("cwd")
+        ready = await asyncio.to_thread(_read_status, self._status_reader)
+        if not ready:
+            code = await asyncio.to_thread(self.process.wait)
+            reason = self._read_exit(code)
+            recorded = self.private.read_json(EXIT) if self.private else None
+            await self._forget()
+            raise _launch_error(recorded, reason)
+        return self.connection_info
+
+    def _read_exit(self, code: int) -> str:
+        recorded = self.private.read_json(EXIT) if self.private else None
+        if isinstance(recorded, dict) and "reason" in recorded:
+            return str(recorded["reason"])
+        if code < 0:
+            return f"the launcher was killed by {signal.Signals(-code).name}"
+        return f"the launcher exited with code {code} (its messages are in this server's log)"
+
+    async def poll(self) -> int | None:
+        """None while the launcher runs, else its exit code (0: a clean shutdown)."""
+        if self._exit_code is not None:
+            return self._exit_code
+        if self.process is not None:
+            code = self.process.poll()
+        elif self.pid is not None and self.private is not None:
+            self.private.hold(OWNER_LOCK)
+            recorded = self.private.read_json(EXIT)
+            code = None if self.private.held(LAUNCHER_LOCK) else int((recorded or {}).get("code", 1))
+        else:
+            return 0
+        if code is not None:
+            self._exit_code = code
+            self.exit_reason = self._read_exit(code)
+            if code and not self._stopping:
+                self.log.error("Kernel %s ended: %s", self.kernel_id, self.exit_reason)
+        return code
+
+    async def wait(self) -> int | None:
+        """Wait until the launcher has ended."""
+        while (code := await self.poll()) is None:
+            await asyncio.sleep(0.1)
+        if self.process is not None:
+            self.process.wait()
+            self.process = None
+        return code
+
+    async def send_signal(self, signum: int) -> None:
+        """Signal the launcher: SIGINT interrupts the cell, SIGTERM ends the kernel cleanly."""
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            self._stopping = True
+        if self.process is None and self.pid is not None and self.private is not None:
+            if self.private.held(LAUNCHER_LOCK):
+                os.kill(self.pid, signum)
+            return
+        await super().send_signal(signum)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Make sure the container or sandbox is gone; unless restarting, remove the private directory too."""
+        state = self.launcher_state
+        if state and (self.private is None or not self.private.held(LAUNCHER_LOCK)):
+            await self.remove_leftover(state)
+        self.pid = self.pgid = None
+        if not restart:
+            await self._forget()
+
+    async def _forget(self) -> None:
+        if self.private is not None:
+            self.private.remove()
+            self.private = None
+        self.pid = self.pgid = None
+        self.process = None
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        """Containers and sandboxes need a moment longer than processes to stop."""
+        return max(recommended, 5.0)
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        """What a restarted server needs to re-attach: the private directory and the launcher's pid."""
+        info = await super().get_provisioner_info()
+        info.update(private_dir=str(self.private.path) if self.private else None)
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Re-attach to the launcher recorded by :meth:`get_provisioner_info` and become its owner.
+
+        The previous owner may still hold the owner lock (a server that is shutting down): the lock
+        is taken again at each :meth:`poll` until it is free.
+        """
+        await super().load_provisioner_info(provisioner_info)
+        private_dir = provisioner_info.get("private_dir")
+        if not private_dir:
+            raise ConfigError("provisioner info without a private_dir: nothing to re-attach to")
+        self.private = PrivateDir(Path(private_dir))
+        self.private.hold(OWNER_LOCK)
+
+
+def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:
+    """The error the launcher reported (same class: ImageMissing, ConfigError...), or a launch error."""
+    name = recorded.get("error", "") if isinstance(recorded, dict) else ""
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, KernelSandboxError):
+        try:
+            return kind(reason)
+        except TypeError:  # a class that needs more than a message
+            pass
+    return KernelLaunchError(reason)
+
+
+def _read_status(fd: int) -> bool:
+    """Block until the launcher reports ``ready`` on the pipe, or closes it (False)."""
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.readline().strip() == b"ready"

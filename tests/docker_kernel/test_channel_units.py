@@ -1,0 +1,228 @@
+"""The channel's parts as code, without an engine: kernel-side modules, ZMTP, signatures, private dirs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_sandbox.errors import KernelLaunchError
+from kernel_sandbox.kernelside import boot, connector, source
+from kernel_sandbox.launch.docker_link import Demux
+from kernel_sandbox.launch.front import DELIM, Connection, Signer, split
+from kernel_sandbox.launch.zmtp import GREETING, ProtocolError, ZmtpPeer, encode, ready
+from kernel_sandbox.privdir import OWNER_LOCK, PrivateDir, require_private, user_root
+
+
+# -- kernel-side modules ------------------------------------------------------------------------
+
+
+def test_kernelside_sources_are_the_modules_themselves() -> None:
+    for module in (boot, connector):
+        assert source(module.__name__.rsplit(".", 1)[1]) == Path(module.__file__).read_text()
+        compile(source(module.__name__.rsplit(".", 1)[1]), "<kernelside>", "exec")
+
+
+def test_boot_writes_a_private_connection_file_once(tmp_path: Path) -> None:
+    path = tmp_path / "connection.json"
+    boot.write_connection_file(str(path), boot.connection_info("k3y"))
+    info = json.loads(path.read_text())
+    assert info["key"] == "k3y" and info["ip"] == "127.0.0.1" and info["shell_port"] == boot.PORTS["shell_port"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        boot.write_connection_file(str(path), boot.connection_info("other"))
+    assert boot.kernel_argv(["python", "-f", "{connection_file}"], "/tmp/c.json") == ["python", "-f", "/tmp/c.json"]
+    assert all(port < 32768 for port in boot.PORTS.values())  # below the ephemeral range
+
+
+def test_boot_drops_only_the_loopback_tcp_warning() -> None:
+    import logging
+
+    quiet = boot.DropLoopbackWarning()
+    record = logging.LogRecord("IPKernelApp", logging.WARNING, "", 0, boot.LOOPBACK_WARNING + ". All...", (), None)
+    assert not quiet.filter(record)
+    other = logging.LogRecord("IPKernelApp", logging.WARNING, "", 0, "something else", (), None)
+    assert quiet.filter(other)
+
+
+def test_boot_refuses_to_run_without_a_key(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv(boot.KEY_ENV, raising=False)
+    assert boot.main(["python", "-m", "ipykernel_launcher"]) == 2
+    assert boot.KEY_ENV in capsys.readouterr().err
+
+
+def test_connector_pumps_both_ways_and_tells_who_ended() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+
+    def echo_once() -> None:
+        peer, _ = server.accept()
+        peer.sendall(peer.recv(100).upper())
+        peer.close()
+
+    threading.Thread(target=echo_once, daemon=True).start()
+    sock = connector.connect(port, 5)
+    os.write(in_write, b"hello")
+    assert connector.pump(sock, in_read, out_write) is False  # the kernel's side closed
+    assert os.read(out_read, 100) == b"HELLO"
+    sock.close()
+    threading.Thread(target=lambda: server.accept()[0].recv(1), daemon=True).start()
+    sock = connector.connect(port, 5)
+    os.close(in_write)
+    assert connector.pump(sock, in_read, out_write) is True  # stdin ended: the launcher is gone
+    for fd in (in_read, out_read, out_write):
+        os.close(fd)
+    server.close()
+
+
+def test_connector_gives_up_after_its_wait() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(OSError):
+        connector.connect(port, 0.05)
+
+
+# -- the launcher's wire ------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.binary(max_size=300), min_size=1, max_size=5), min_size=1, max_size=5), st.integers(1, 64))
+def test_zmtp_frames_survive_any_split_of_the_stream(messages: list[list[bytes]], chunk: int) -> None:
+    received: list[list[bytes]] = []
+    peer = ZmtpPeer(b"DEALER", lambda data: None, received.append)
+    wire = GREETING + ready(b"ROUTER")
+    wire += b"".join(b"".join(bytes(part) for part in encode(message)) for message in messages)
+    for start in range(0, len(wire), chunk):
+        peer.feed(wire[start : start + chunk])
+    assert received == messages
+
+
+def test_zmtp_refuses_a_peer_that_is_not_zmtp3() -> None:
+    peer = ZmtpPeer(b"SUB", lambda data: None, lambda frames: None)
+    with pytest.raises(ProtocolError):
+        peer.feed(b"GET / HTTP/1.1\r\n" + b"x" * 64)
+
+
+def test_zmtp_refuses_a_message_over_the_cap_before_buffering_it() -> None:
+    peer = ZmtpPeer(b"SUB", lambda data: None, lambda frames: None, max_message_bytes=1000)
+    peer.feed(GREETING + ready(b"XPUB"))
+    peer.feed(b"\x01\xff" + b"x" * 255)  # 255 bytes, more to come
+    with pytest.raises(ProtocolError, match="over"):
+        peer.feed(b"\x02" + (2**40).to_bytes(8, "big"))  # a frame claiming a terabyte
+
+
+async def test_zmtp_talks_to_libzmq_and_waits_for_the_handshake() -> None:
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    got: asyncio.Queue[list[bytes]] = asyncio.Queue()
+
+    class Side(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.WriteTransport)
+            self.peer = ZmtpPeer(b"DEALER", transport.write, got.put_nowait, identity=b"me")
+            self.peer.send([b"sent", b"before the handshake"])  # held until the peer's READY
+
+        def data_received(self, data: bytes) -> None:
+            self.peer.feed(data)
+
+    transport, _ = await asyncio.get_running_loop().create_connection(Side, "127.0.0.1", port)
+    frames = await asyncio.to_thread(router.recv_multipart)
+    assert frames == [b"me", b"sent", b"before the handshake"]
+    router.send_multipart([b"me", b"x" * 70000])
+    assert await asyncio.wait_for(got.get(), 10) == [b"x" * 70000]
+    transport.close()
+    router.close(linger=0)
+    context.term()
+
+
+def test_demux_splits_docker_streams_at_any_boundary() -> None:
+    out, err = [], []
+    demux = Demux(out.append, err.append)
+    stream = b"\x01\x00\x00\x00\x00\x00\x00\x03abc" + b"\x02\x00\x00\x00\x00\x00\x00\x02no" + b"\x01\x00\x00\x00\x00\x00\x00\x01d"
+    for byte in stream:
+        demux.feed(bytes([byte]))
+    assert b"".join(out) == b"abcd" and err == [b"no"]
+
+
+def test_signatures_are_checked_and_made_per_key() -> None:
+    parts = [b'{"msg_type": "x"}', b"{}", b"{}", b"{}", b"buffer"]
+    client, kernel = Signer(b"client"), Signer(b"kernel")
+    assert client.verify(client.sign(parts), parts)
+    assert not kernel.verify(client.sign(parts), parts)
+    assert client.sign(parts) == client.sign(parts[:4])  # buffers are not signed, as in Jupyter
+    assert Signer(b"").verify(b"", parts)
+    with pytest.raises(KernelLaunchError, match="signature_scheme"):
+        Signer(b"k", "md5")
+    assert split([b"id", DELIM, b"sig", *parts]) == ([b"id"], b"sig", parts)
+    assert split([b"id", b"no delimiter"]) is None
+
+
+def test_connection_files_are_read_as_clients_write_them() -> None:
+    info = {f"{name}_port": 9000 + i for i, name in enumerate(("shell", "control", "stdin", "iopub", "hb"))}
+    tcp = Connection.from_info({**info, "ip": "127.0.0.1", "transport": "tcp", "key": "abc"})
+    assert tcp.address("iopub") == "tcp://127.0.0.1:9003" and tcp.key == b"abc"
+    ipc = Connection.from_info({**info, "ip": "/run/k", "transport": "ipc", "key": "abc"})
+    assert ipc.address("hb") == "ipc:///run/k-9004"
+    with pytest.raises(KernelLaunchError, match="transport"):
+        Connection.from_info({**info, "transport": "udp"})
+    with pytest.raises(KernelLaunchError, match="port"):
+        Connection.from_info({"transport": "tcp"})
+
+
+# -- private directories ------------------------------------------------------------------------
+
+
+def test_a_root_made_by_someone_else_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    root = user_root()
+    assert root == runtime / "kernel-sandbox" and stat.S_IMODE(root.stat().st_mode) == 0o700
+    root.chmod(0o755)
+    with pytest.raises(KernelLaunchError, match="not a private directory"):
+        user_root()
+    root.rmdir()
+    root.symlink_to(tmp_path)
+    with pytest.raises(KernelLaunchError, match="not a private directory"):
+        user_root()
+    root.unlink()
+    root.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(root, 4242, 4242)  # another account made it first
+        with pytest.raises(KernelLaunchError, match="owner uid 4242"):
+            user_root()
+
+
+def test_private_dirs_hold_0600_files_and_exclusive_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    private = PrivateDir.create()
+    written = private.write_json("config.json", {"a": 1})
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600 and private.read_json("config.json") == {"a": 1}
+    assert stat.S_IMODE(private.path.stat().st_mode) == 0o700
+    assert private.hold(OWNER_LOCK) and private.held(OWNER_LOCK)
+    other = PrivateDir(private.path)
+    assert not other.hold(OWNER_LOCK) and other.held(OWNER_LOCK)
+    private.release(OWNER_LOCK)
+    assert other.hold(OWNER_LOCK)
+    private.remove()
+    assert not private.path.exists()
+    with pytest.raises(KernelLaunchError):
+        require_private(private.path)

@@ -1,0 +1,191 @@
+"""Faults: the engine going away mid-session, and a failure at each step of a launch.
+
+The engine is made unreachable to one launcher only, by pointing its DOCKER_HOST at a proxy
+this test owns and then cutting the proxy: dockerd itself, shared with others, is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import docker.errors
+import pytest
+from jupyter_client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+
+from kernel_sandbox.containers import LABEL_KERNEL_ID
+from kernel_sandbox.errors import KernelLaunchError
+from kernel_sandbox.kernelspecs import install
+from kernel_sandbox.launch import docker_link
+from kernel_sandbox.launch import serve, request_from_kernelspec
+from kernel_sandbox.launch.front import Connection
+
+pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+ENGINE = "/var/run/docker.sock"
+
+
+class EngineProxy:
+    """A Unix-socket proxy to the Docker engine that the test can cut at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(64)
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(ENGINE)
+            with self.lock:
+                self.sockets += [client, upstream]
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._copy, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _copy(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+            target.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        """The engine is gone: no new connection, every open one closed."""
+        self.listener.close()
+        with self.lock:
+            for sock in self.sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+
+def test_an_engine_that_goes_away_ends_the_kernel_in_bounded_time(tmp_path: Path, docker_engine) -> None:
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    spec_dir = Path(install("sandboxed-python", prefix=str(tmp_path), install_as="faults"))
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-faults.json"))
+    argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
+    launcher = subprocess.Popen(
+        [part.replace("{connection_file}", connection_file) for part in argv],
+        env={**os.environ, "DOCKER_HOST": f"unix://{proxy.path}"}, stderr=subprocess.PIPE, cwd=tmp_path,
+    )
+    client = BlockingKernelClient(connection_file=connection_file)
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=90)
+        assert client.execute_interactive("x = 1", timeout=60)["content"]["status"] == "ok"
+        assert docker_engine.containers.list(filters={"label": f"{LABEL_KERNEL_ID}=faults"})
+        started = time.monotonic()
+        proxy.cut()
+        assert launcher.wait(60) == 1, "the launcher did not notice that the engine was gone"
+        took = time.monotonic() - started
+        assert "the Docker engine became unreachable" in launcher.stderr.read().decode()
+        assert took < 60
+        deadline = time.monotonic() + 30
+        while docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}=faults"}):
+            assert time.monotonic() < deadline, "the kernel's container outlived its cut streams"
+            time.sleep(0.2)
+    finally:
+        client.stop_channels()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        launcher.stderr.close()
+
+
+async def test_the_next_kernel_after_the_engine_is_back_works() -> None:
+    km = AsyncKernelManager(kernel_name="sandboxed-python")
+    await km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=60)
+        assert (await kc.execute_interactive("1", timeout=60))["content"]["status"] == "ok"
+        kc.stop_channels()
+    finally:
+        await km.shutdown_kernel(now=True)
+
+
+def _request(tmp_path: Path, **config: object):
+    (tmp_path / "kernel.json").write_text(json.dumps({
+        "argv": [], "display_name": "x", "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "kernel-sandbox-docker", "config": config}},
+    }))
+    _, info = write_connection_file(str(tmp_path / "kernel-injected.json"))
+    return request_from_kernelspec(Connection.from_info(info), str(tmp_path / "kernel-injected.json"), str(tmp_path))
+
+
+def _fail(exc: Exception):
+    def raising(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    return raising
+
+
+@pytest.mark.parametrize(
+    "step",
+    ["create", "start", "open the channels", "heartbeat timeout", "kernel exits at once", "limits check"],
+)
+async def test_a_launch_failing_at_any_step_leaves_nothing(
+    step: str, tmp_path: Path, docker_engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    config: dict[str, object] = {"launch_timeout": 15}
+    api_error = docker.errors.APIError("injected: OCI runtime create failed")
+    if step == "create":
+        monkeypatch.setattr("docker.models.containers.ContainerCollection.create", _fail(api_error))
+    elif step == "start":
+        monkeypatch.setattr("docker.models.containers.Container.start", _fail(api_error))
+    elif step == "open the channels":
+        monkeypatch.setattr(docker_link.DockerLink, "_exec_socket", _fail(api_error))
+    elif step == "heartbeat timeout":
+        config.update(launch_timeout=3, kernel_cmd=["sleep", "60"])
+    elif step == "kernel exits at once":
+        config.update(kernel_cmd=["python", "-c", "raise SystemExit('kernel refuses to start')"])
+    elif step == "limits check":
+        monkeypatch.setattr("kernel_sandbox.launch.docker_link.applied_limits", lambda *args: ["Memory is 0"])
+    request = _request(tmp_path, **config)
+    code = await serve(request)
+    assert code == 1
+    message = capsys.readouterr().err
+    assert message.startswith("kernel-sandbox: "), message  # one message, the kernel's own output inside it
+    assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}=injected"})
+    if step == "kernel exits at once":
+        assert "kernel refuses to start" in message
+    if step == "heartbeat timeout":
+        assert "did not answer within 3 s" in message
+
+
+async def test_the_provisioner_reports_a_dead_launcher(docker_engine) -> None:
+    km = AsyncKernelManager(kernel_name="sandboxed-python")
+    km.autorestart = False
+    await km.start_kernel()
+    try:
+        os.kill(km.provisioner.pid, 9)
+        deadline = time.monotonic() + 30
+        while await km.provisioner.poll() is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert km.provisioner.exit_reason == "the launcher was killed by SIGKILL"
+    finally:
+        await km.shutdown_kernel(now=True)
+    assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={km.kernel_id}"})

@@ -1,0 +1,187 @@
+"""The Docker backend's settings and the container spec built from them: fast, no engine needed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_sandbox.containers import container_spec, run_as, unused_id
+from kernel_sandbox.errors import ConfigError
+from kernel_sandbox.kernelspecs import shipped_kernelspecs
+from kernel_sandbox.provisioners.docker import DockerProvisioner
+from kernel_sandbox.settings import HOME_DIR, MiB, OPTIONS, WORK_DIR, DockerSettings
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def spec(**config: object) -> dict:
+    return container_spec(
+        DockerSettings.from_config(config),
+        kernel_id="0123456789abcdef",
+        kernel_key="kernel-key",
+        user=(123456, 123456),
+        env={"FROM_SPEC": "1"},
+        mounts=[("/data", f"{WORK_DIR}/data", "ro")],
+        labels={"kernel-sandbox": "true"},
+    )
+
+
+def test_defaults_make_a_locked_down_container() -> None:
+    made = spec()
+    assert made["read_only"] is True
+    assert made["cap_drop"] == ["ALL"]
+    assert made["security_opt"] == ["no-new-privileges"]
+    assert made["network_mode"] == "none"
+    assert made["ipc_mode"] == "private"
+    assert made["mem_limit"] == made["memswap_limit"] == 1024 * MiB
+    assert made["nano_cpus"] == 1_000_000_000 and made["pids_limit"] == 256
+    assert made["user"] == "123456:123456" and made["init"] is True
+    assert made["auto_remove"] is True and made["log_config"]["type"] == "none"
+    assert made["volumes"] == {"/data": {"bind": f"{WORK_DIR}/data", "mode": "ro"}}
+    assert "ports" not in made and "privileged" not in made
+
+
+def test_tmpfs_sizes_fit_in_memory_and_belong_to_the_kernel_user() -> None:
+    tmpfs = spec(memory="512m")["tmpfs"]
+    assert tmpfs["/tmp"] == f"rw,nosuid,nodev,size={64 * MiB},mode=1777"
+    assert tmpfs[HOME_DIR] == f"rw,nosuid,nodev,size={128 * MiB},uid=123456,gid=123456,mode=0755"
+    assert tmpfs[WORK_DIR] == f"rw,nosuid,nodev,size={192 * MiB},uid=123456,gid=123456,mode=0755"
+
+
+def test_environment_holds_only_what_is_given_and_the_kernel_key() -> None:
+    env = spec(env={"GREETING": "hi"})["environment"]
+    assert env == {
+        "FROM_SPEC": "1",
+        "GREETING": "hi",
+        "HOME": HOME_DIR,
+        "PYTHONUNBUFFERED": "1",
+        "JPY_PARENT_PID": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "KERNEL_SANDBOX_KEY": "kernel-key",
+    }
+
+
+def test_the_command_boots_the_configured_kernel() -> None:
+    command = spec(kernel_cmd=["python", "-m", "mykernel", "-f", "{connection_file}"])["command"]
+    assert command[:2] == ["python", "-c"] and "def main(cmd)" in command[2]
+    assert command[3:] == ["python", "-m", "mykernel", "-f", "{connection_file}"]
+
+
+def test_network_runtime_and_unlimited_values() -> None:
+    made = spec(network=True, runtime="runsc", memory="unlimited", cpus=None, pids_limit="unlimited")
+    assert made["network_mode"] == "bridge" and made["runtime"] == "runsc"
+    assert not {"mem_limit", "memswap_limit", "nano_cpus", "pids_limit"} & set(made)
+    assert "size=134217728" in made["tmpfs"]["/tmp"]  # a tmpfs is never unlimited
+
+
+def test_a_mounted_work_directory_has_no_tmpfs() -> None:
+    assert WORK_DIR not in spec(mount_cwd="ro")["tmpfs"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"pid_limit": 16}, "no option 'pid_limit' (did you mean 'pids_limit'?)"),
+        ({"bogus_option": 1}, "no option 'bogus_option'"),
+        ({"pids_limit": 0}, "pids_limit=0"),
+        ({"pids_limit": -1}, "pids_limit=-1"),
+        ({"pids_limit": "16"}, "pids_limit='16'"),
+        ({"memory": "0"}, "memory='0'"),
+        ({"memory": ""}, "memory=''"),
+        ({"memory": "lots"}, "memory='lots'"),
+        ({"cpus": 0}, "cpus=0"),
+        ({"cpus": True}, "cpus=True"),
+        ({"tmp_size": "lots"}, "tmp_size='lots'"),
+        ({"tmp_size": "unlimited"}, "tmp_size='unlimited'"),
+        ({"memory": "512m", "work_size": "1g"}, "must fit in 3/4 of memory=512m"),
+        ({"user": "0:0"}, "never runs as root"),
+        ({"user": "1000"}, "numeric UID:GID"),
+        ({"mounts": "/a:/b"}, "must be a list"),
+        ({"mounts": ["/a:b:rx"]}, "mode must be 'ro' or 'rw'"),
+        ({"mount_cwd": "rw", "mounts": [f"/a:{WORK_DIR}"]}, "both mount the work directory"),
+        ({"env": {"KERNEL_SANDBOX_KEY": "x"}}, "kernel-sandbox's own"),
+        ({"env": {"A B": "x"}}, "not a valid variable name"),
+        ({"launch_timeout": 0}, "launch_timeout=0"),
+        ({"orphan_timeout": -5}, "orphan_timeout=-5"),
+        ({"kernel_cmd": []}, "kernel_cmd=[]"),
+        ({"kernel_cmd": "python -m ipykernel"}, "kernel_cmd="),
+        ({"uid_range": "10-20"}, "uid_range='10-20'"),
+        ({"network": "yes"}, "network='yes'"),
+        ({"runtime": "run sc"}, "runtime='run sc'"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_option_named(config: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        DockerSettings.from_config(config)
+
+
+def test_limits_are_lifted_only_in_so_many_words() -> None:
+    lifted = DockerSettings.from_config({"memory": "unlimited", "cpus": None, "pids_limit": "UNLIMITED"})
+    assert lifted.memory is None and lifted.cpus is None and lifted.pids_limit is None
+    assert DockerSettings.from_config({"orphan_timeout": None}).orphan_timeout is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from([*OPTIONS, "pid_limit", "bogus"]), JSON, max_size=4))
+def test_any_config_is_accepted_whole_or_refused_with_a_config_error(config: dict) -> None:
+    try:
+        checked = DockerSettings.from_config(config)
+    except ConfigError as exc:
+        assert any(name in str(exc) for name in config) or "3/4 of memory" in str(exc)
+        return
+    assert DockerSettings.from_config(json.loads(json.dumps(checked.to_config()))) == checked
+    if checked.memory is not None:
+        assert sum(checked.tmpfs_sizes().values()) <= checked.memory * 3 / 4
+    assert all(value is None or value > 0 for value in (checked.memory, checked.cpus, checked.pids_limit))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8192), st.sampled_from(["k", "m", "g"]))
+def test_sizes_read_as_docker_reads_them(number: int, unit: str) -> None:
+    from docker.utils import parse_bytes
+
+    text = f"{number}{unit}"
+    memory = DockerSettings.from_config({"memory": "unlimited", "tmp_size": text}).tmp_size
+    assert memory == parse_bytes(text)
+
+
+def test_every_option_is_a_provisioner_trait_and_in_the_readme() -> None:
+    traits = set(DockerProvisioner.class_trait_names(config=True))
+    assert set(OPTIONS) <= traits
+    readme = README.read_text()
+    missing = [name for name in OPTIONS if f"| `{name}` |" not in readme]
+    assert not missing, f"options missing from the README's table: {missing}"
+
+
+def test_the_provisioner_refuses_unknown_kernelspec_config() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'pids_limit'"):
+        DockerProvisioner(kernel_id="k", kernel_spec=None, pid_limit=16)
+
+
+def test_the_kernels_uid_is_unused_by_any_host_account(tmp_path: Path) -> None:
+    (tmp_path / "passwd").write_text("root:x:0:0::/root:/bin/sh\nalice:x:100000:100001::/home/a:/bin/sh\n")
+    (tmp_path / "group").write_text("root:x:0:\nstaff:x:100002:\n")
+    (tmp_path / "subuid").write_text("alice:100003:5\n")
+    (tmp_path / "subgid").write_text("")
+    assert unused_id(100000, 100008, tmp_path) == 100008
+    with pytest.raises(ConfigError, match="uid_range=100000-100002"):
+        unused_id(100000, 100002, tmp_path)
+    assert run_as(DockerSettings.from_config({"user": "4242:4343"})) == (4242, 4343)
+
+
+def test_shipped_kernelspecs_cannot_start_anything_before_install() -> None:
+    for path in shipped_kernelspecs().values():
+        argv = json.loads((path / "kernel.json").read_text())["argv"]
+        assert argv[0] == "{kernel_sandbox_python}" and argv[1:4] == ["-I", "-m", "kernel_sandbox.launch"]
