@@ -158,3 +158,26 @@ def test_a_description_switched_to_html_in_a_later_update_is_cleaned() -> None:
     policy.filter("comm_open", _comm_open(state, "s1"))
     out = policy.filter("comm_msg", {"comm_id": "s1", "data": {"method": "update", "state": {"description_allow_html": True}}})
     assert out is not None and html_problems(out["data"]["state"].get("description", "")) == [], out
+
+
+@pytest.mark.security("attack", "policy")
+@pytest.mark.parametrize("backend", ["docker", "opensandbox"])
+def test_the_launcher_applies_the_strict_policy_to_every_kernel(backend) -> None:
+    """The policy the launcher's front uses for a kernel with default settings: it must drop JavaScript."""
+    from kernel_sandbox.launch import front, output_policy
+
+    if backend == "docker":
+        from kernel_sandbox.settings import DockerSettings as settings_class
+    else:
+        from kernel_sandbox.opensandbox.settings import OpenSandboxSettings as settings_class
+    policy = output_policy(settings_class.from_config({}))
+    content = {"data": {"application/javascript": "alert(document.cookie)", "text/html": HANDLER}, "metadata": {}}
+    if isinstance(policy, front.OutputPolicy):  # the front's own hook: filter(channel, msg_type, header, content)
+        wanted = "display_data" in policy.message_types
+        shown = policy.filter("iopub", "display_data", {"msg_type": "display_data"}, content) if wanted else content
+    else:
+        shown = policy.filter("display_data", content) if policy.inspects("display_data") else content
+    assert shown is None or "application/javascript" not in shown["data"], (
+        f"the launcher's {type(policy).__module__}.{type(policy).__name__} passes JavaScript to the client "
+        "(kernel_sandbox/launch/__init__.py output_policy() returns the front's stub, not kernel_sandbox.policy)"
+    )

@@ -197,3 +197,18 @@ async def test_a_sparse_file_cannot_fill_the_hosts_disk(docker_engine, tmp_path,
         f"{type(refused).__name__ if refused else 'nothing'} stopped it: it has no size limit (files.NO_LIMIT)"
     )
     assert not os.path.exists(destination) or written == 0
+
+
+@pytest.mark.docker
+@pytest.mark.security("attack", "policy")
+async def test_execution_results_on_docker_pass_the_output_policy(docker_engine) -> None:
+    """Execution.results a program may render in a web page: strict by default on Docker too (issue 16.1)."""
+    async with AsyncSandbox(timeout=60) as sandbox:
+        execution = await sandbox.run(
+            "from IPython.display import display, Javascript, HTML\n"
+            "display(Javascript('alert(document.cookie)'))\n"
+            "display(HTML('<img src=x onerror=alert(1)>'))"
+        )
+    kinds = [sorted(bundle) for bundle in execution.results]
+    assert not any("application/javascript" in bundle for bundle in execution.results), kinds
+    assert not any("onerror" in str(bundle.get("text/html", "")) for bundle in execution.results), execution.results
