@@ -62,6 +62,11 @@ ROUTING_ID = b"kernel-sandbox-launcher"
 PROBE = b"kernel-sandbox-probe"
 PROBE_INTERVAL = 0.5
 REOPEN_DELAY = 0.2
+"""Seconds before a kernel stream that ended is opened again; doubled after each loss, up to :data:`REOPEN_MAX_DELAY`."""
+REOPEN_MAX_DELAY = 5.0
+REOPEN_LIMIT = 10
+"""Losses of one channel in a row (none of them open for :data:`REOPEN_STABLE` s) that end the kernel."""
+REOPEN_STABLE = 10.0
 WAITING_LIMIT = 1000
 """Client messages kept per channel while its stream is not open yet (ZMQ's own default queue size)."""
 ENGINE_CHECK_TIMEOUT = 10
@@ -142,12 +147,14 @@ class _Channel(asyncio.BufferedProtocol):
         self.name = name
         self.transport: asyncio.Transport | None = None
         self.peer: ZmtpPeer | None = None
+        self.opened = 0.0
         self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
         self._scratch = memoryview(bytearray(READ_SIZE)) if multiplexed else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.opened = time.monotonic()
         kind = b"SUB" if self.name == "iopub" else b"DEALER"
         identity = ROUTING_ID if self.name in REQUEST_CHANNELS else b""
         self.peer = ZmtpPeer(kind, transport.write, self._message, identity=identity)
@@ -182,7 +189,10 @@ class _Channel(asyncio.BufferedProtocol):
         self.peer.feed(data)
 
     def _message(self, frames: list[Any]) -> None:
-        self.link._from_kernel(self.name, frames)
+        try:
+            self.link._from_kernel(self.name, frames)
+        except Exception:  # whatever the kernel sent: one message is lost, never the channel
+            log.exception("dropped a message from the kernel's %s channel: relaying it failed", self.name)
 
     def _stderr(self, data: memoryview) -> None:
         log.debug("%s connector: %s", self.name, bytes(data[:500]).decode(errors="replace").strip())
@@ -370,6 +380,8 @@ class DockerLink:
         self._creating: asyncio.Future[Any] | None = None
         self._netns: int | None = None
         self._cancel = threading.Event()
+        self._losses = dict.fromkeys(CHANNEL_PORTS, 0)
+        self._paused: set[str] = set()
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -503,6 +515,8 @@ class DockerLink:
 
     def _channel_open(self, channel: _Channel) -> None:
         self._channels[channel.name] = channel
+        if channel.name in self._paused and channel.transport is not None:
+            channel.transport.pause_reading()
         waiting = self._waiting[channel.name]
         while waiting:
             channel.send(waiting.popleft())
@@ -512,15 +526,22 @@ class DockerLink:
             del self._channels[channel.name]
         if self._stopping or self._ended.done():
             return
-        log.debug("the kernel's %s stream ended; opening another", channel.name)
+        name = channel.name
+        stable = time.monotonic() - channel.opened >= REOPEN_STABLE
+        losses = self._losses[name] = 1 if stable else self._losses[name] + 1
+        if losses > REOPEN_LIMIT:
+            self._end(ExitStatus(1, f"the kernel's {name} stream ended {REOPEN_LIMIT} times in a row; it was stopped"))
+            return
+        delay = min(REOPEN_DELAY * 2 ** (losses - 1), REOPEN_MAX_DELAY)
+        log.debug("the kernel's %s stream ended; opening another in %.1f s", name, delay)
 
         async def reopen() -> None:
-            await asyncio.sleep(REOPEN_DELAY)
+            await asyncio.sleep(delay)
             if not (self._stopping or self._ended.done()):
                 try:
-                    await self._open_channel(channel.name)
+                    await self._open_channel(name)
                 except Exception as exc:
-                    log.warning("could not reopen the kernel's %s stream: %s", channel.name, exc)
+                    log.warning("could not reopen the kernel's %s stream: %s", name, exc)
 
         asyncio.ensure_future(reopen())
 
@@ -560,6 +581,20 @@ class DockerLink:
     def heartbeat(self, frames: list[Any]) -> None:
         """Forward a ping to the kernel's heartbeat."""
         self._send("hb", list(frames))
+
+    def pause_reading(self, channel: str, paused: bool) -> None:
+        """Stop (resume) reading ``channel``'s stream: the kernel's own socket then holds or drops its messages."""
+        if paused:
+            self._paused.add(channel)
+        else:
+            self._paused.discard(channel)
+        open_channel = self._channels.get(channel)
+        transport = open_channel.transport if open_channel is not None else None
+        if transport is not None and not transport.is_closing():
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     # -- life and death ------------------------------------------------------------------------
 
