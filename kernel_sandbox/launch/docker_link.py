@@ -8,7 +8,9 @@ mounted into the container for this, and no host path is involved: the streams a
 
 Each connector is also a lifeline: when the launcher ends, by any signal, the engine closes the
 connectors' stdin and they kill every process of the container; the container removes itself
-(auto-remove).
+(auto-remove). The kernel can stop those processes (they run as its uid), and a container that
+is not started yet has none, so a host process the kernel cannot reach stands behind them: the
+launcher's :mod:`~kernel_sandbox.watchdog`, which removes the container once the launcher is gone.
 How the kernel ended (out of memory included) is read from the engine's events, since an
 auto-removed container cannot be inspected afterwards.
 """
@@ -34,6 +36,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from .. import watchdog
 from ..containers import (
     applied_limits,
     check_engine,
@@ -382,6 +385,7 @@ class DockerLink:
         self._cancel = threading.Event()
         self._losses = dict.fromkeys(CHANNEL_PORTS, 0)
         self._paused: set[str] = set()
+        self._watchdog: Any = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -404,6 +408,7 @@ class DockerLink:
                 self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path if self.private else None
             ),
         )
+        self._watchdog = watchdog.start(self.kernel_id)  # before the container exists
         self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
         try:
             container = await asyncio.shield(self._creating)
@@ -677,6 +682,7 @@ class DockerLink:
                 self.container_id = (await self._creating).id
             except Exception:
                 pass
+        removed = True
         if self._client is not None and self.container_id is not None:
             try:
                 container = await asyncio.to_thread(self._client.containers.get, self.container_id)
@@ -684,7 +690,9 @@ class DockerLink:
             except docker.errors.NotFound:
                 pass
             except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                removed = False
                 log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
+        watchdog.release(self._watchdog, done=removed)
         if self._events is not None:
             self._events.close()
         if self._netns is not None:
