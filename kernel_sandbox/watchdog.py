@@ -6,7 +6,8 @@ it creates the container, and holds the write end of the pipe that is the watchd
 When the launcher ends, the pipe closes. After a clean end the launcher has written :data:`DONE`
 first (its container is gone) and the watchdog just exits; otherwise (SIGKILL, the OOM killer, a
 crash) it removes every container labelled with the launcher's pid and the kernel id, and looks
-once more :data:`LATE_CREATE` seconds later for a create the engine was still handling.
+once more :data:`LATE_CREATE` seconds later for a create the engine was still handling. While
+the engine fails it tries again every :data:`RETRY` s for :data:`PATIENCE` s.
 
 This holds whatever the kernel does inside its container (it may stop the connector processes
 that are its in-container lifeline) and for a container that never started (a created container
@@ -26,6 +27,9 @@ DONE = b"done"
 """What the launcher writes before it closes the pipe when its container is already removed."""
 LATE_CREATE = 2.0
 """Seconds after which the watchdog looks again, for a container whose create was in flight."""
+PATIENCE = 600.0
+"""Seconds the watchdog keeps trying while the engine fails (a hung engine may come back)."""
+RETRY = 10.0
 
 
 def start(kernel_id: str) -> subprocess.Popen[bytes]:
@@ -70,15 +74,21 @@ def main(argv: list[str]) -> int:
         said = (said + chunk)[: len(DONE) + 1]
     if said == DONE:
         return 0
-    try:
-        removed = _remove(launcher_pid, kernel_id)
-        time.sleep(LATE_CREATE)
-        removed += _remove(launcher_pid, kernel_id)
-    except Exception as exc:  # the engine is gone or failing: `kernel-sandbox gc` is what is left
-        print(f"kernel-sandbox watchdog: could not remove the containers of kernel {kernel_id}: {exc}", file=sys.stderr)
-        return 1
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            removed = _remove(launcher_pid, kernel_id)
+            time.sleep(LATE_CREATE)
+            removed += _remove(launcher_pid, kernel_id)
+            break
+        except Exception as exc:  # the engine is gone, hung or failing: try again, then leave it to gc
+            if time.monotonic() + RETRY > deadline:
+                print(f"kernel-sandbox watchdog: could not remove the containers of kernel {kernel_id}: {exc}; "
+                      "`kernel-sandbox gc` removes them once the engine answers", file=sys.stderr)
+                return 1
+            time.sleep(RETRY)
     if removed:
-        print(f"kernel-sandbox watchdog: its launcher died; removed the container of kernel {kernel_id}", file=sys.stderr)
+        print(f"kernel-sandbox watchdog: removed the container its launcher left (kernel {kernel_id})", file=sys.stderr)
     return 0
 
 

@@ -12,7 +12,8 @@ connectors' stdin and they kill every process of the container; the container re
 is not started yet has none, so a host process the kernel cannot reach stands behind them: the
 launcher's :mod:`~kernel_sandbox.watchdog`, which removes the container once the launcher is gone.
 How the kernel ended (out of memory included) is read from the engine's events, since an
-auto-removed container cannot be inspected afterwards.
+auto-removed container cannot be inspected afterwards; an engine that stops answering (its
+connections open, nothing moving) is noticed by a ping every :data:`ENGINE_PROBE_INTERVAL` s.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ REOPEN_STABLE = 10.0
 WAITING_LIMIT = 1000
 """Client messages kept per channel while its stream is not open yet (ZMQ's own default queue size)."""
 ENGINE_CHECK_TIMEOUT = 10
+ENGINE_PROBE_INTERVAL = 10.0
+"""Seconds between two pings of the engine while the kernel runs: a hung engine (connections
+open, nothing answered) reports no event, so it is asked; no answer within
+:data:`ENGINE_CHECK_TIMEOUT` s ends the kernel."""
 WELCOME_WAIT = 1.0
 """Seconds to wait, once the heartbeat answers, for ipykernel 7's ``iopub_welcome`` (JEP 65) to
 confirm the launcher's IOPub subscription; kernels without it start after this pause."""
@@ -386,6 +391,8 @@ class DockerLink:
         self._losses = dict.fromkeys(CHANNEL_PORTS, 0)
         self._paused: set[str] = set()
         self._watchdog: Any = None
+        self._engine_hung = False
+        self._probing: asyncio.Future[None] | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -437,6 +444,7 @@ class DockerLink:
             for task in opening:
                 task.cancel()
         self.output.release()
+        self._probing = asyncio.ensure_future(self._probe_engine())
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
@@ -651,6 +659,36 @@ class DockerLink:
         else:
             self._end(ExitStatus(1, f"the Docker engine stopped reporting on the kernel ({exc})"))
 
+    async def _probe_engine(self) -> None:
+        """Ping the engine now and then; end the kernel when it stops answering.
+
+        The ping runs in a daemon thread with its own client and timeout: a hung engine leaves
+        nothing for the launcher's exit to wait for.
+        """
+        assert self._client is not None
+        client = docker.from_env(timeout=ENGINE_CHECK_TIMEOUT, version=self._client.api.api_version)  # no engine call
+        while not (self._stopping or self._ended.done()):
+            await asyncio.sleep(ENGINE_PROBE_INTERVAL)
+            answered: asyncio.Future[bool] = self._loop.create_future()
+
+            def ping() -> None:
+                try:
+                    client.ping()
+                    ok = True
+                except Exception:  # any failure is the engine's: reported below as no answer
+                    ok = False
+                self._loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(ok))
+
+            threading.Thread(target=ping, name="docker-ping", daemon=True).start()
+            try:
+                ok = await asyncio.wait_for(asyncio.shield(answered), ENGINE_CHECK_TIMEOUT + 1)
+            except asyncio.TimeoutError:
+                ok = False
+            if not ok and not (self._stopping or self._ended.done()):
+                self._engine_hung = True
+                self._end(ExitStatus(1, f"the Docker engine at {engine_address()} stopped answering "
+                                        f"(no reply to a ping within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped"))
+
     def _end(self, status: ExitStatus) -> None:
         if not self._ended.done():
             self._ended.set_result(status)
@@ -674,6 +712,8 @@ class DockerLink:
             return
         self._stopping = True
         self._cancel.set()
+        if self._probing is not None:
+            self._probing.cancel()
         for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
             if transport is not None:
                 transport.close()
@@ -683,7 +723,9 @@ class DockerLink:
             except Exception:
                 pass
         removed = True
-        if self._client is not None and self.container_id is not None:
+        if self._engine_hung:
+            removed = False  # no call to a hung engine here: the watchdog removes the container when it answers
+        elif self._client is not None and self.container_id is not None:
             try:
                 container = await asyncio.to_thread(self._client.containers.get, self.container_id)
                 await asyncio.to_thread(remove_container, container)
