@@ -34,6 +34,8 @@ import zmq
 
 from ..errors import KernelLaunchError
 from ..policy import OutputPolicy
+from ..privdir import LAUNCHER_LOCK, PrivateDir
+from .gate import TcpGate
 from .zmtp import LARGE_FRAME, MAX_MESSAGE_BYTES
 
 DELIM = b"<IDS|MSG>"
@@ -260,6 +262,8 @@ class Front:
         self._readers: dict[str, Reader] = {}
         self._link: KernelLink | None = None
         self._kernel_ready = False
+        self._gates: list[TcpGate] = []
+        self._gate_dir: PrivateDir | None = None
 
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
@@ -268,8 +272,12 @@ class Front:
         :data:`CLIENT_QUEUE` messages per client; a full queue holds the kernel's channel back
         (IOPub included: a client that stops reading slows the kernel's output, whose own socket
         then drops messages, inside the container's memory limit), so the launcher never holds
-        more than a few messages per channel.
+        more than a few messages per channel. On TCP the ports admit this user's own processes
+        only (:mod:`.gate`); the ZMQ sockets then sit in a private directory.
         """
+        if self.connection.transport == "tcp":
+            self._gate_dir = PrivateDir.create()
+            self._gate_dir.hold(LAUNCHER_LOCK)  # not abandoned while the launcher runs
         kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.XPUB, "hb": zmq.ROUTER}
         handlers = {"iopub": self._subscribed, "hb": self._ping}
         for channel, kind in kinds.items():
@@ -285,10 +293,18 @@ class Front:
                 sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             address = self.connection.address(channel)
             try:
-                sock.bind(address)
-            except zmq.ZMQError as exc:
+                if self._gate_dir is None:
+                    sock.bind(address)
+                else:
+                    sock.bind(self._gate_dir.ipc(channel))
+                    self._gates.append(
+                        TcpGate(channel, self.connection.ip, self.connection.ports[channel], self._gate_dir / channel)
+                    )
+            except (zmq.ZMQError, KernelLaunchError) as exc:
                 sock.close(linger=0)
                 self.close()
+                if isinstance(exc, KernelLaunchError):
+                    raise
                 raise KernelLaunchError(f"cannot listen on {address} for the {channel} channel: {exc}") from exc
             handler = handlers.get(channel) or self._request_handler(channel)
             self._readers[channel] = Reader(f"client {channel}", sock, handler)
@@ -446,10 +462,16 @@ class Front:
 
     def close(self) -> None:
         """Close every channel."""
+        for gate in self._gates:
+            gate.close()
+        self._gates.clear()
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
         self._context.term()
+        if self._gate_dir is not None:
+            self._gate_dir.remove()
+            self._gate_dir = None
 
 
 def _dumps(value: Any) -> bytes:
