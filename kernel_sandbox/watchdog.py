@@ -12,7 +12,8 @@ the engine fails it tries again every :data:`RETRY` s for :data:`PATIENCE` s.
 This holds whatever the kernel does inside its container (it may stop the connector processes
 that are its in-container lifeline) and for a container that never started (a created container
 never reaches auto-remove). Until the launcher is gone the watchdog has imported only the
-standard library and waits in one ``read``.
+standard library and waits in one ``read``. It writes nothing (it holds none of the launcher's
+output pipes, which it may outlive); its exit code says whether it removed what was left.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def start(kernel_id: str) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "kernel_sandbox.watchdog", str(os.getpid()), kernel_id],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # it may outlive the launcher: it holds none of the launcher's pipes
         start_new_session=True,
     )
 
@@ -54,14 +56,13 @@ def release(watchdog: subprocess.Popen[bytes] | None, done: bool) -> None:
         pass
 
 
-def _remove(launcher_pid: str, kernel_id: str) -> int:
+def _remove(launcher_pid: str, kernel_id: str) -> None:
     from .containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container
 
     labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
     found = docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True)
     for container in found:
         remove_container(container)
-    return len(found)
 
 
 def main(argv: list[str]) -> int:
@@ -77,18 +78,14 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
-            removed = _remove(launcher_pid, kernel_id)
+            _remove(launcher_pid, kernel_id)
             time.sleep(LATE_CREATE)
-            removed += _remove(launcher_pid, kernel_id)
+            _remove(launcher_pid, kernel_id)
             break
-        except Exception as exc:  # the engine is gone, hung or failing: try again, then leave it to gc
+        except Exception:  # the engine is gone, hung or failing: try again, then leave it to gc
             if time.monotonic() + RETRY > deadline:
-                print(f"kernel-sandbox watchdog: could not remove the containers of kernel {kernel_id}: {exc}; "
-                      "`kernel-sandbox gc` removes them once the engine answers", file=sys.stderr)
-                return 1
+                return 1  # `kernel-sandbox gc` removes them once the engine answers
             time.sleep(RETRY)
-    if removed:
-        print(f"kernel-sandbox watchdog: removed the container its launcher left (kernel {kernel_id})", file=sys.stderr)
     return 0
 
 
