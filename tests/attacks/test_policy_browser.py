@@ -2,8 +2,7 @@
 
 Each cell, if its payload runs, marks the page (``data-pwned-NAME`` on <body>) and writes
 ``pwned-NAME.txt`` on the host through the contents API with the page's ``_xsrf`` cookie.
-Nothing but the launcher's relay stands between kernel and page (the JupyterLab fixture of
-tests/policy/test_policy_jupyterlab.py).
+Nothing but the launcher's relay, which applies the policy, stands between kernel and page.
 """
 
 from __future__ import annotations
@@ -81,7 +80,9 @@ def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: 
     page = context.new_page()
     page.set_default_timeout(120_000)
     try:
-        page.goto(f"{lab['url']}/lab/workspaces/{name}/tree/{path}?reset&token={lab['token']}")  # no other notebook reopens
+        # A workspace of its own: JupyterLab would otherwise reopen earlier notebooks and "Run All" might
+        # run in one of their tabs.
+        page.goto(f"{lab['url']}/lab/workspaces/{name}/tree/{path}?reset&token={lab['token']}")
         panel = page.locator(".jp-NotebookPanel:visible")
         page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
@@ -101,6 +102,10 @@ def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: 
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"attack-{name}.png"), full_page=True)
         return markers, written
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"attack-{name}-failed.png"), full_page=True)
+        raise
     finally:
         context.close()
 
@@ -117,7 +122,4 @@ def test_widget_tricks_run_no_script_in_jupyterlab(browser, lab, trick) -> None:
 def test_hostile_outputs_through_the_launcher_run_no_script(browser, lab) -> None:
     """The hostile cells of issue 16 (and the widget tricks) with nothing but the launcher between kernel and page."""
     markers, written = run_cells(browser, lab, "sandboxed-python", {**HOSTILE_CELLS, **CELLS}, "hostile-relay")
-    assert markers == [] and written == [], (
-        f"script ran in the page: markers {markers}, files written on the host {written} (the launcher's relay "
-        "lets it through)"
-    )
+    assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"
