@@ -67,8 +67,10 @@ class LocalKernel:
             run.iopub.append(msg)
             if msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
-        run.reply = self.client.get_shell_msg(timeout=timeout)
-        assert run.reply["parent_header"]["msg_id"] == msg_id
+        # wait_for_ready may have sent kernel_info more than once (under load): skip late replies to it
+        while (reply := self.client.get_shell_msg(timeout=timeout))["parent_header"].get("msg_id") != msg_id:
+            assert reply["header"]["msg_type"] == "kernel_info_reply", reply["header"]
+        run.reply = reply
         return run
 
     def request(self, send: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
