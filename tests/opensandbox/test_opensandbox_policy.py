@@ -216,3 +216,24 @@ async def test_the_client_receives_what_the_output_policy_makes_of_each_message(
         assert problems == {} and text_problems(stdout) == []
     else:
         assert received == [(t, json.loads(json.dumps(c))) for t, c in sent(mode)]
+
+
+@pytest.mark.parametrize("policy", [None, "trusted"])
+@pytest.mark.parametrize("mode", ["websocket", "execd"])
+def test_execution_results_on_opensandbox_pass_the_output_policy(
+    deployment: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, policy: str | None
+) -> None:
+    """Execution.results, which a program may render in a web page: strict unless asked for trusted."""
+    from kernel_sandbox.execution import Sandbox
+
+    monkeypatch.chdir(tmp_path)
+    options = deployment.options(mode)
+    options.pop("resource_limits")
+    hostile = {"application/javascript": "alert(document.cookie)", "text/html": '<img src=x onerror="alert(1)">',
+               "text/plain": "hostile"}
+    with Sandbox("opensandbox", memory="1g", cpus=1, output_policy=policy, **options) as sandbox:
+        execution = sandbox.run(SETUP + f"Raw({hostile!r})")
+    want = OutputPolicy.from_name(policy).filter("execute_result", {"data": hostile, "metadata": {}})
+    assert want is not None
+    assert [bundle for bundle in execution.results if "text/plain" in bundle] == [want["data"]]
+    assert ("application/javascript" in want["data"]) is (policy == "trusted")
