@@ -18,8 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from .errors import ConfigError
-from .policy import MODES as POLICY_MODES
-from .policy import OutputPolicy, output_policy_trait
+from .policy import MODES as POLICY_MODES, OutputPolicy, output_policy_trait
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
