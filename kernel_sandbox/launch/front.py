@@ -47,7 +47,9 @@ INLINE_BYTES = 32 * 1024
 """Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a thread."""
 HELD_BYTES = 64 * 2**20
 """Bytes of a channel's messages held while one ahead of them waits; past it, newer messages are
-dropped (as a ZMQ queue at its high-water mark drops them), with a warning."""
+dropped (as a ZMQ queue at its high-water mark drops them), with a warning. Each message counts
+:data:`HELD_OVERHEAD` bytes besides its parts, so a flood of tiny messages is bounded too."""
+HELD_OVERHEAD = 1024
 CLIENT_QUEUE = 16
 """Messages ZMQ queues per client and channel, each way (its default is 1000, of any size)."""
 CLIENT_MAX_BYTES = MAX_MESSAGE_BYTES
@@ -256,6 +258,7 @@ class Front:
             channel: collections.deque() for channel in (*REQUEST_CHANNELS, "iopub")
         }
         self._held_bytes = dict.fromkeys(self._held, 0)
+        self._dropping = dict.fromkeys(self._held, False)
         self._signer = Signer(connection.key, connection.signature_scheme)
         self._session = uuid.uuid4().hex
         self._context = zmq.Context()
@@ -269,10 +272,9 @@ class Front:
         """Bind the five channels where the connection file says; raise naming the one that failed.
 
         Every socket refuses messages over :data:`CLIENT_MAX_BYTES` and queues at most
-        :data:`CLIENT_QUEUE` messages per client; a full queue holds the kernel's channel back
-        (IOPub included: a client that stops reading slows the kernel's output, whose own socket
-        then drops messages, inside the container's memory limit), so the launcher never holds
-        more than a few messages per channel. On TCP the ports admit this user's own processes
+        :data:`CLIENT_QUEUE` messages per client; past that the channel's messages are held up to
+        :data:`HELD_BYTES` (see :meth:`from_kernel`), so the launcher holds a bounded amount per
+        channel whatever the kernel sends and however slowly clients read. On TCP the ports admit this user's own processes
         only (:mod:`.gate`); the ZMQ sockets then sit in a private directory.
         """
         if self.connection.transport == "tcp":
@@ -367,20 +369,26 @@ class Front:
 
         Messages of a channel keep their order. While one of them waits (filtered in a thread, or
         for room in a client's queue), the channel's later messages are held, up to
-        :data:`HELD_BYTES`, and the link stops reading that channel from the kernel. A message the
-        relay fails on is dropped and logged; the session goes on.
+        :data:`HELD_BYTES`; past that they are dropped. The link stops reading a waiting request
+        channel from the kernel; IOPub is read on (ipykernel queues output it cannot send in its
+        own memory, without limit), so a client that stops reading loses output past the held
+        bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
+        dropped and logged; the session goes on.
         """
         held = self._held.get(channel)
         if held is None:
             log.warning("dropped a kernel message on the unknown channel %r", channel)
         elif channel in self._waiting:
-            size = sum(map(len, parts))
+            size = sum(map(len, parts)) + HELD_OVERHEAD
             if self._held_bytes[channel] + size > HELD_BYTES:
-                log.warning("dropped a %s message: the kernel sends faster than its clients take it", channel)
+                if not self._dropping.get(channel):
+                    log.warning("dropping %s messages: the kernel sends faster than its clients take them", channel)
+                self._dropping[channel] = True
                 return
             held.append((idents, parts))
             self._held_bytes[channel] += size
         else:
+            self._dropping[channel] = False
             self._relay(channel, idents, parts)
 
     def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
@@ -445,9 +453,9 @@ class Front:
         self._release(channel)
 
     def _wait(self, channel: str) -> None:
-        """The channel's next message waits: hold the later ones and stop reading the kernel's."""
+        """The channel's next message waits: hold the later ones (and stop reading a request channel)."""
         self._waiting.add(channel)
-        if self._link is not None:
+        if self._link is not None and channel != "iopub":
             self._link.pause_reading(channel, True)
 
     def _release(self, channel: str) -> None:
@@ -455,9 +463,9 @@ class Front:
         held = self._held[channel]
         while held and channel not in self._waiting:
             idents, parts = held.popleft()
-            self._held_bytes[channel] -= sum(map(len, parts))
+            self._held_bytes[channel] -= sum(map(len, parts)) + HELD_OVERHEAD
             self._relay(channel, idents, parts)
-        if channel not in self._waiting and self._link is not None:
+        if channel not in self._waiting and self._link is not None and channel != "iopub":
             self._link.pause_reading(channel, False)
 
     def close(self) -> None:
