@@ -9,9 +9,12 @@ checked before the launch, and the removal of a container whose launcher was kil
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import docker.errors
+import requests.exceptions
 
 from ..containers import docker_client, remove_container, resolve_mounts
 from ..errors import KernelSandboxError
@@ -50,6 +53,7 @@ class DockerProvisioner(LaunchedProvisioner):
     launch_timeout = option_trait(OPTIONS["launch_timeout"])
     orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
     kernel_cmd = option_trait(OPTIONS["kernel_cmd"])
+    standby = option_trait(OPTIONS["standby"])
 
     def settings(self) -> DockerSettings:
         """The effective settings: traitlets configuration and kernel.json, checked."""
@@ -58,6 +62,17 @@ class DockerProvisioner(LaunchedProvisioner):
     def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
         """The mounts' host paths must exist before the launcher starts."""
         resolve_mounts(settings, cwd)
+
+    async def standby_image(self, settings: DockerSettings, launcher_env: Mapping[str, str]) -> str | None:
+        """The id of the image standbys run now: a rebuilt image replaces them. None when it cannot be read."""
+        try:
+            return await asyncio.to_thread(_image_id, settings.image, _engine_env(launcher_env))
+        except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
+            return None  # the cold start reports what is wrong
+
+    def standby_context(self, settings: DockerSettings, cwd: str | None) -> Any:
+        """The bind mounts, resolved: a standby serves every working directory that mounts the same."""
+        return resolve_mounts(settings, cwd)
 
     @property
     def container_id(self) -> str | None:
@@ -72,6 +87,19 @@ class DockerProvisioner(LaunchedProvisioner):
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """The launch already waits for the kernel; allow for the container's start."""
         return max(recommended, float(self.launch_timeout))
+
+
+def _engine_env(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((name, value) for name, value in environ.items() if name.startswith("DOCKER_")))
+
+
+@functools.lru_cache(maxsize=4)
+def _engine(environment: tuple[tuple[str, str], ...]) -> docker.DockerClient:
+    return docker_client(environment=dict(environment))
+
+
+def _image_id(image: str, environment: tuple[tuple[str, str], ...]) -> str:
+    return str(_engine(environment).images.get(image).id)
 
 
 def _remove_quietly(container_id: str, log: Any) -> None:
