@@ -18,7 +18,8 @@ What makes a standby safe to hand out:
 * The pool holds each standby's owner lock (``privdir.OWNER_LOCK``) exactly as a provisioner
   does, and passes the held lock to the provisioner that adopts it. So when this process dies,
   the launcher removes its idle container after ``orphan_timeout``; when it exits cleanly,
-  :meth:`StandbyPool.close` (registered with :mod:`atexit`) stops every standby at once.
+  :meth:`StandbyPool.close` (registered with :mod:`atexit`) stops every standby and waits (up to
+  :data:`CLOSE_WAIT`) until their containers are gone.
 * A standby that cannot be started never breaks a launch: the launch starts cold, and the
   reason is logged once per configuration.
 
@@ -39,6 +40,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -55,6 +57,8 @@ from ..privdir import ADOPTED, EXIT, OWNER_LOCK, PrivateDir
 
 MAX_CONFIGURATIONS = 4
 """Configurations the pool keeps standbys for; the least recently launched one's are stopped first."""
+CLOSE_WAIT = 30.0
+"""Seconds the process waits at exit for its standbys' containers to be removed (then their launchers finish alone)."""
 STANDBY_ID_PREFIX = "standby-"
 """The kernel id a standby's launcher gets (its container's ``kernel-sandbox.kernel-id`` label)."""
 CONNECTION_FILE = "connection.json"
@@ -172,8 +176,16 @@ class Standby:
         """True while its launcher runs (it ends when its kernel does)."""
         return self.process is not None and self.process.poll() is None
 
-    def stop(self) -> None:
-        """Stop the launcher, which removes the container and, since nobody owns it any more, its directory."""
+    def stop(self, wait: float = 0.0) -> None:
+        """Stop the launcher, which removes the container; wait up to ``wait`` seconds for that.
+
+        Past the wait the owner lock is let go, so the launcher removes the directory itself when done.
+        """
+        self.terminate()
+        self.release(wait)
+
+    def terminate(self) -> None:
+        """Ask the launcher to stop (SIGTERM: it removes the container); a starting one stops starting."""
         with self._lock:
             self._stopped = True
             process = self.process
@@ -182,9 +194,16 @@ class Standby:
                 process.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            if self.private is not None:
-                self.private.release(OWNER_LOCK)
-            return
+
+    def release(self, wait: float) -> None:
+        """Remove the directory once the launcher has ended within ``wait`` seconds, else let go of it."""
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                if self.private is not None:
+                    self.private.release(OWNER_LOCK)
+                return
         self.discard()
 
     def discard(self) -> None:
@@ -285,19 +304,25 @@ class StandbyPool:
                 )
         standby.started.set_result(standby.error is None)
 
-    def clear(self) -> None:
-        """Stop every standby; the pool refills on the next launch."""
+    def clear(self, wait: float = 0.0) -> None:
+        """Stop every standby, waiting up to ``wait`` seconds in all for their containers to go.
+
+        The pool refills on the next launch (unless closed).
+        """
         with self._lock:
             standbys = [standby for standbys in self._families.values() for standby in standbys]
             self._families.clear()
         for standby in standbys:
-            standby.stop()
+            standby.terminate()
+        deadline = time.monotonic() + wait
+        for standby in standbys:
+            standby.release(max(deadline - time.monotonic(), 0))
 
-    def close(self) -> None:
-        """Stop every standby and start no more (at interpreter exit)."""
+    def close(self, wait: float = CLOSE_WAIT) -> None:
+        """Stop every standby, start no more, and wait for their containers to go (at interpreter exit)."""
         with self._lock:
             self._closed = True
-        self.clear()
+        self.clear(wait)
 
 
 def kernel_of(labels: Mapping[str, str]) -> str | None:
