@@ -9,10 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import pickle
 import statistics
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -20,6 +17,8 @@ from typing import Any
 
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
+from peer_per_call import per_call_interpreter
+from report import Row
 
 ROUNDS = 100
 
@@ -30,24 +29,9 @@ def agent_tool(agent_state: dict) -> int:
     return len(agent_state["blob"])
 
 
-FRESH_INTERPRETER = """
-import pickle, sys
-call = pickle.loads(sys.stdin.buffer.read())
-state = call["state"]
-state["calls"] = state.get("calls", 0) + 1
-result = {"func_return": len(state["blob"]), "agent_state": state}
-sys.stdout.buffer.write(b"BEGIN-RESULT" + pickle.dumps(result) + b"END-RESULT")
-"""
-
-
 async def fresh_interpreter(state: dict) -> Any:
     """A tool call the way Letta's local sandbox makes it: a new interpreter, pickles in and out."""
-    payload = pickle.dumps({"state": state})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FRESH_INTERPRETER, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    out, _ = await proc.communicate(payload)
-    return pickle.loads(out[len(b"BEGIN-RESULT") : -len(b"END-RESULT")])
+    return await per_call_interpreter(agent_tool, state)
 
 
 async def samples(rounds: int, *actions: Callable[[], Awaitable[Any]]) -> list[list[float]]:
@@ -103,6 +87,21 @@ async def pool_acquire(rounds: int) -> float:
                 times.append((time.perf_counter() - started) * 1000)
                 await sb.run("1")
     return statistics.median(times)
+
+
+async def rows(rounds: int) -> list[Row]:
+    """This script's measures that bench/run.py does not take side by side elsewhere, as report rows."""
+    started = time.perf_counter()
+    sandbox = await AsyncSandbox().start()
+    sandbox_start = (time.perf_counter() - started) * 1000
+    await sandbox.close()
+    acquire_rounds = max(5, rounds // 10)
+    acquire = await pool_acquire(acquire_rounds)
+    return [
+        Row("cold_start", "AsyncSandbox start (ours, execution API)", "ours", sandbox_start, stat="one start", n=1,
+            reference="local ipykernel (floor)", note="not interleaved with the rows above; includes the work-dir probe"),
+        Row("pool", "warm pool acquire() (ours, execution API)", "ours", acquire, n=acquire_rounds, goal_max=20.0, goal="p50 ≤ 20 ms"),
+    ]
 
 
 def print_table(rows: list[tuple[str, str, str, str]]) -> None:

@@ -12,10 +12,12 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 from jupyter_client.manager import KernelManager
 
 from kernel_sandbox.policy import OutputPolicy
+from report import Row
 
 CELLS = {
     "stream line": "print('step 42 of 100: loss=0.1234')",
@@ -73,13 +75,10 @@ def median_us(fn, rounds: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300)
-    args = parser.parse_args()
+def measure(rounds: int) -> dict[str, Any]:
+    """Per cell: (iopub messages, µs per message for the policy alone, with JSON); plus the stdout figures."""
     captured = capture()
-    print("| messages of one cell | iopub messages | policy alone, µs per message | with JSON parse/serialize, µs per message |")
-    print("|---|---:|---:|---:|")
+    cells = {}
     for name, messages in captured.items():
         contents = [(t, json.loads(raw)) for t, raw in messages]
 
@@ -95,7 +94,7 @@ def main() -> None:
                 relay_cost(policy, t, raw)
 
         n = len(messages)
-        print(f"| {name} | {n} | {median_us(policy_only, args.rounds) / n:.1f} | {median_us(with_json, args.rounds) / n:.1f} |")
+        cells[name] = (n, median_us(policy_only, rounds) / n, median_us(with_json, rounds) / n)
 
     policy = OutputPolicy()
     chunk = json.dumps({"name": "stdout", "text": ("epoch 12 batch 345 loss 0.98765 acc 0.54321\n" * 190)[:8192]}).encode()
@@ -104,11 +103,39 @@ def main() -> None:
     for _ in range(count):
         relay_cost(policy, "stream", chunk)
     elapsed = time.perf_counter() - start
+    linked = json.dumps({"name": "stdout", "text": ("see https://example.org/a/b " * 300)[:8192]}).encode()
+    linked_us = median_us(lambda: relay_cost(policy, "stream", linked), rounds * 10)
+    return {"cells": cells, "stdout_count": count, "stdout_seconds": elapsed, "linked_us": linked_us, "rounds": rounds}
+
+
+def rows(found: dict[str, Any]) -> list[Row]:
+    """The policy measure as report rows (for bench/run.py): µs per message, JSON parse/serialize included."""
+    out = [
+        Row("policy", f"{name} ({n} iopub messages)", "ours", with_json, n=found["rounds"], stat="p50 per message",
+            note=f"policy alone {alone:.1f} µs")
+        for name, (n, alone, with_json) in found["cells"].items()
+    ]
+    per = found["stdout_seconds"] / found["stdout_count"] * 1e6
+    out.append(Row("policy", "8 KB stream message, plain text (50 MB of stdout)", "ours", per, stat="mean per message",
+                   n=found["stdout_count"], note=f"{50 / found['stdout_seconds']:.0f} MB/s, no copy of the text"))
+    out.append(Row("policy", "8 KB stream message with links (parsed and scanned)", "ours", found["linked_us"],
+                   n=found["rounds"] * 10))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    args = parser.parse_args()
+    found = measure(args.rounds)
+    print("| messages of one cell | iopub messages | policy alone, µs per message | with JSON parse/serialize, µs per message |")
+    print("|---|---:|---:|---:|")
+    for name, (n, alone, with_json) in found["cells"].items():
+        print(f"| {name} | {n} | {alone:.1f} | {with_json:.1f} |")
+    count, elapsed = found["stdout_count"], found["stdout_seconds"]
     print(f"\n50 MB of stdout in {count} stream messages of 8 KB: {elapsed * 1e3:.1f} ms in the policy "
           f"({elapsed / count * 1e6:.2f} µs per message, {50 / elapsed:.0f} MB/s), no copy of the text")
-    linked = json.dumps({"name": "stdout", "text": ("see https://example.org/a/b " * 300)[:8192]}).encode()
-    per = median_us(lambda: relay_cost(policy, "stream", linked), args.rounds * 10)
-    print(f"an 8 KB stream message with links in it (parsed and scanned): {per:.1f} µs")
+    print(f"an 8 KB stream message with links in it (parsed and scanned): {found['linked_us']:.1f} µs")
 
 
 if __name__ == "__main__":

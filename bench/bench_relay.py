@@ -34,6 +34,7 @@ from typing import Any
 
 from bench_execution import print_table
 from bench_scale import ShippedSpecs
+from report import Row
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 from traitlets.config import Config
@@ -195,6 +196,26 @@ async def measure(rounds: int) -> dict[str, float]:
         await asyncio.gather(*(km.shutdown_kernel(now=True) for km in managers if km.has_kernel))
         fakes.stop()
     return medians
+
+
+def rows(medians: dict[str, float], rounds: int) -> list[Row]:
+    """The relay measure as report rows (for bench/run.py)."""
+    m, n, local, execd = "relay", rounds, "local ipykernel (floor)", "(b) execd called directly (ExecdClient.run)"
+    direct = "(d) Jupyter server websocket called directly"
+    return [
+        Row(m, local, "floor", medians["local"], n=n),
+        Row(m, execd, "ours", medians["execd"], n=n, reference=local),
+        Row(m, "(a) launcher, execd mode -> execd", "ours", medians["relay"], n=n, reference=execd),
+        Row(m, "execd relay overhead (a) - (b)", "ours", medians["relay"] - medians["execd"], stat="difference of p50s",
+            goal_max=2.0, goal="≤ 2 ms"),
+        Row(m, direct, "ours", medians["websocket direct"], n=n, reference=local),
+        Row(m, "(w) launcher, websocket mode -> Jupyter server", "ours", medians["websocket"], n=n, reference=direct),
+        Row(m, "websocket bridge overhead (w) - (d)", "ours", medians["websocket"] - medians["websocket direct"],
+            stat="difference of p50s", goal_max=2.0, goal="≤ 2 ms"),
+        Row(m, "empty execute, local ipykernel", "floor", medians["local empty"], n=n),
+        Row(m, "empty execute, execd relay (skips execd)", "ours", medians["relay empty"], n=n,
+            reference="empty execute, local ipykernel"),
+    ]
 
 
 async def main(rounds: int) -> None:

@@ -1,36 +1,145 @@
-"""Run every benchmark in one go and print each table: ``python bench/run.py [--quick]``.
+"""Run every benchmark in one go and write the report: ``python bench/run.py [--quick]``.
 
-Needs the Docker engine and the kernel image (bench_execution and bench_scale); ``--quick``
-lowers rounds and kernels for a smoke run whose numbers are not worth quoting.
+Ours beside the floor (a local ipykernel) and the peers (plain ``docker run``, llm-sandbox, a fresh
+interpreter per tool call), each measure timed in interleaved rounds. Writes bench/results/
+bench.md, bench.json and bench.png and prints the table. Needs the Docker engine and the kernel
+image; llm-sandbox goes into bench/.venv-peers on first use. ``--quick`` lowers rounds and
+kernels for a smoke run whose numbers are not worth quoting. Nothing asserts on time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import os
+import platform
+import signal
+import subprocess
 import sys
+import time
+import traceback
 import warnings
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import bench_execution
-import bench_launcher
+import bench_output
+import bench_peers
+import bench_policy
 import bench_relay
 import bench_scale
+from report import Measure, Row, markdown, unavailable, write
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROUNDS = {  # quick, full
+    "cold": (2, 10), "execute": (20, 200), "tools": (5, 50), "api": (10, 100),
+    "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
+}
+MEASURES = [
+    *bench_peers.MEASURES,
+    Measure("pool", "Kernel from a warm pool", "ms", "`AsyncSandboxPool.acquire()` when a kernel is ready."),
+    *bench_output.MEASURES,
+    Measure("relay", "OpenSandbox through the launcher vs the sandbox's endpoints called directly (execute `1`)", "ms",
+            "Protocol-faithful fake lifecycle server and execd on 127.0.0.1 in a process of their own, a real "
+            "ipykernel behind execd and a real Jupyter server behind its proxy; see bench_relay.py. The relay's "
+            "cost is (a) − (b) in execd mode and (w) − (d) in websocket mode."),
+    Measure("scale_count", "Many Docker kernels at once: how many", "kernels", lower_is_better=False),
+    Measure("scale_time", "Many Docker kernels at once: time", "s"),
+    Measure("scale_memory", "Many Docker kernels at once: memory", "MiB"),
+    Measure("policy", "Strict output policy: cost per kernel→client message", "µs",
+            "What the relay pays per message because of the policy (JSON parse/serialize included when it "
+            "inspects); real messages of a local ipykernel.", log=True),
+]
+
+
+def load() -> str:
+    """The load averages and how many containers run, as one line."""
+    one, five, fifteen = os.getloadavg()
+    running = subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True, check=False).stdout.split()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}, {len(running)} containers running"
+
+
+def engine() -> str:
+    out = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip() or out.stderr.strip()[:200]
+
+
+async def section(name: str, keys: list[str], produce: Callable[[], Awaitable[list[Row]]]) -> list[Row]:
+    """Run one benchmark; if it fails, rows for its measures say so instead."""
+    print(f"== {name}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        rows = await produce()
+    except Exception as exc:
+        traceback.print_exc()
+        why = f"{name} failed: {type(exc).__name__}: {str(exc)[:300]}"
+        rows = [unavailable(key, name, "ours", why) for key in keys]
+    print(f"   {name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
+    """Every benchmark in turn; their rows in report order."""
+    pick = {name: rounds[0 if quick else 1] for name, rounds in ROUNDS.items()}
+    plan: list[tuple[str, list[str], Callable[[], Awaitable[list[Row]]]]] = [
+        ("peers", ["cold_start", "execute", "tool_1kb", "tool_1mb"],
+         lambda: bench_peers.measure(pick["cold"], pick["execute"], pick["tools"])),
+        ("api", ["pool"], lambda: bench_execution.rows(pick["api"])),
+        ("output", ["stdout_memory", "stdout_throughput"], lambda: bench_output.rows(pick["output"])),
+        ("relay", ["relay"], lambda: _relay(pick["relay"])),
+        ("scale", ["scale_count", "scale_time", "scale_memory"], lambda: _scale(pick["scale"])),
+        ("policy", ["policy"], lambda: asyncio.to_thread(lambda: bench_policy.rows(bench_policy.measure(pick["policy"])))),
+    ]
+    rows: list[Row] = []
+    for name, keys, produce in plan:
+        if only is None or name in only:
+            rows += await section(name, keys, produce)
+    return rows
+
+
+async def _relay(rounds: int) -> list[Row]:
+    return bench_relay.rows(await bench_relay.measure(rounds), rounds)
+
+
+async def _scale(kernels: int) -> list[Row]:
+    return bench_scale.rows(await bench_scale.measure(kernels))
 
 
 def main() -> int:
-    """Run bench_execution, bench_launcher, bench_relay and bench_scale in turn; the exit code is bench_scale's."""
+    """Measure everything, write bench/results/bench.{md,json,png}, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
-    quick = parser.parse_args().quick
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
+    parser.add_argument("--only", nargs="+", choices=["peers", "api", "output", "relay", "scale", "policy"],
+                        help="run only these parts (the report then holds only their rows)")
+    args = parser.parse_args()
     warnings.simplefilter("ignore")
-    print("== bench_execution: execution API on Docker vs a local ipykernel ==", flush=True)
-    asyncio.run(bench_execution.main(10 if quick else bench_execution.ROUNDS))
-    print("\n== bench_launcher: the launcher's argv and provisioner paths vs a local ipykernel ==", flush=True)
-    asyncio.run(bench_launcher.main(20 if quick else bench_launcher.ROUNDS))
-    print("\n== bench_relay: OpenSandbox relay vs direct execd (fakes on 127.0.0.1) ==", flush=True)
-    asyncio.run(bench_relay.main(20 if quick else bench_relay.ROUNDS))
-    print("\n== bench_scale: many Docker kernels at once ==", flush=True)
-    return asyncio.run(bench_scale.main(4 if quick else bench_scale.KERNELS))
+    atexit.register(bench_peers.remove_leftovers)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    meta: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "mode": "quick (smoke run, not worth quoting)" if args.quick else "full",
+        "machine": f"{os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}, Docker {engine()}",
+        "before": load(),
+    }
+    print(f"{meta['date']}: {meta['before']}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        rows = asyncio.run(measure_all(args.quick, set(args.only) if args.only else None))
+    finally:
+        left = bench_peers.remove_leftovers()
+        if left:
+            print(f"removed {left} leftover peer container(s) of this run", file=sys.stderr)
+    meta["after"] = load()
+    meta["duration"] = f"{time.perf_counter() - started:.0f} s"
+    paths = write(MEASURES, rows, args.out, meta)
+    print(markdown(MEASURES, rows, "\n".join(f"- {key}: {value}" for key, value in meta.items())))
+    print("\n".join(f"wrote {path}" for path in paths.values()), file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import sys
 from typing import Any
 
 from . import __version__
 from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
-from .errors import KernelSandboxError
+from .errors import EngineUnavailable, KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
 
@@ -124,14 +126,34 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """Remove containers and private directories left by dead kernels."""
-    report = gc(docker_client(), everything=args.all)
-    for name in report.containers:
-        print(f"removed container {name}")
-    for path in report.private_dirs:
-        print(f"removed private directory {path}")
-    print(f"{len(report.containers)} container(s), {len(report.private_dirs)} private directory(ies) removed")
+    """Remove containers, OpenSandbox sandboxes and private directories left by dead kernels."""
+    api_base = args.api_base or os.environ.get("OPEN_SANDBOX_API_BASE")
+    try:
+        report = gc(docker_client(), everything=args.all)
+    except EngineUnavailable as exc:
+        if not api_base:
+            raise
+        print(f"no containers checked: {exc}")
+    else:
+        for name in report.containers:
+            print(f"removed container {name}")
+        for path in report.private_dirs:
+            print(f"removed private directory {path}")
+        print(f"{len(report.containers)} container(s), {len(report.private_dirs)} private directory(ies) removed")
+    if api_base:
+        deleted = asyncio.run(_gc_sandboxes(api_base, args.all))
+        for sandbox_id in deleted:
+            print(f"removed sandbox {sandbox_id}")
+        print(f"{len(deleted)} OpenSandbox sandbox(es) of this host removed at {api_base}")
     return 0
+
+
+async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
+    from .opensandbox.client import OpenSandboxClient
+    from .opensandbox.gc import collect_garbage
+
+    async with OpenSandboxClient(api_base) as client:
+        return await collect_garbage(client, everything=everything)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -266,7 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=cmd_doctor)
 
     collect = sub.add_parser("gc", help=cmd_gc.__doc__, description=cmd_gc.__doc__)
-    collect.add_argument("--all", action="store_true", help="remove every kernel container, live ones too")
+    collect.add_argument(
+        "--all", action="store_true", help="remove every kernel container and this host's sandboxes, live ones too"
+    )
+    collect.add_argument(
+        "--api-base", metavar="URL",
+        help="also remove this host's OpenSandbox sandboxes whose launcher is dead, at this lifecycle API "
+        "(default $OPEN_SANDBOX_API_BASE; the key is $OPEN_SANDBOX_API_KEY)",
+    )
     collect.set_defaults(func=cmd_gc)
 
     ps = sub.add_parser("ps", help=cmd_ps.__doc__, description=cmd_ps.__doc__)

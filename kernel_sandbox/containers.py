@@ -284,7 +284,8 @@ def remove_container(container: Container) -> None:
 # -- leftovers -------------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (also one of another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -305,7 +306,7 @@ def is_orphan(container: Container) -> bool:
         return False
     owner = labels.get(LABEL_LAUNCHER_PID) or labels.get(LABEL_OWNER_PID) or ""
     if owner.isdigit():
-        return not _pid_alive(int(owner))
+        return not pid_alive(int(owner))
     return container.status not in ("running", "created", "restarting", "paused")
 
 

@@ -63,6 +63,11 @@ _INSPECTED = frozenset({
 _WIDGET_TARGETS = frozenset({"jupyter.widget", "jupyter.widget.control"})
 _NAME_KEYS = frozenset({"_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name"})
 _HTML_WIDGETS = frozenset({"HTMLModel", "HTMLMathModel", "HTMLView", "HTMLMathView"})
+# Links copy a field of one widget into another in the browser (jslink/jsdlink), past the policy.
+_LINKS = {"LinkModel": ("source", "target"), "DirectionalLinkModel": ("target",)}
+_MODEL_REFERENCE = "IPY_MODEL_"
+# A widget module version as widgets write it ("2.0.0", "^1.5.0", "~0.9.*", "" for any): never a path or URL.
+_MODULE_VERSION = re.compile(r"(?:[\^~]?\d+(?:\.(?:\d+|\*|x)){0,2}(?:-[0-9A-Za-z.]+)?|\*)?")
 _MAX_WIDGET_COMMS = 100_000
 
 
@@ -253,7 +258,7 @@ def _same_if_equal(original: str, cleaned: str) -> str:
 class _Comm:
     """What the policy remembers about one widget comm."""
 
-    __slots__ = ("widget", "refused", "html_value", "output", "allow_html", "description")
+    __slots__ = ("widget", "refused", "html_value", "output", "allow_html", "description", "link_ends")
 
     def __init__(self, widget: bool = True) -> None:
         self.widget = widget
@@ -262,6 +267,16 @@ class _Comm:
         self.output = False
         self.allow_html = False
         self.description: str | None = None
+        self.link_ends: tuple[str, ...] = ()  # for a link: the fields naming the ends it writes to
+
+    def checked_fields(self) -> set[str]:
+        """The fields of this widget the policy checks: nothing may write to them behind its back."""
+        fields = {"description", "description_allow_html", *_NAME_KEYS}
+        if self.html_value:
+            fields.add("value")
+        if self.output:
+            fields.add("outputs")
+        return fields
 
 
 class OutputPolicy:
@@ -450,10 +465,15 @@ class OutputPolicy:
     def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
         comm_id = content.get("comm_id")
         data = content.get("data")
+        if not isinstance(comm_id, str):
+            return None  # the protocol's ids are strings; anything else would escape the records below
         if msg_type == "comm_close":
-            self._comms.pop(comm_id, None)  # type: ignore[arg-type]
+            self._comms.pop(comm_id, None)
             return content
         if msg_type == "comm_open":
+            if content.get("target_module") is not None:
+                # A frontend with require.js (the classic Notebook) would load and run that module.
+                content = {**content, "target_module": None}
             if content.get("target_name") != "jupyter.widget" or not isinstance(data, dict):
                 if isinstance(comm_id, str) and content.get("target_name") not in _WIDGET_TARGETS:
                     self._remember(comm_id, _Comm(widget=False))  # e.g. a tool-call channel: never touched
@@ -473,6 +493,9 @@ class OutputPolicy:
         if record is None:  # a widget comm we never saw open: police its state blind
             record = _Comm()
             record.html_value = record.output = record.allow_html = True
+            record.link_ends = ("source", "target")
+        if self._link_refusal(record.link_ends, data["state"]) is not None:
+            return None  # a link pointed (anew) at a field the policy checks
         state = self._widget_state(record, data["state"], update=True)
         if state is None or _touches_policed_buffers(data.get("buffer_paths"), record):
             return None
@@ -538,14 +561,39 @@ class OutputPolicy:
             module = state.get(key)
             if module is not None and module not in self.widget_modules:
                 return f"its module {str(module)[:100]!r} is not one of the allowed widget modules"
+        for key in ("_model_module_version", "_view_module_version"):
+            version = state.get(key)
+            if version is not None and not (isinstance(version, str) and _MODULE_VERSION.fullmatch(version)):
+                return f"its {key} {str(version)[:60]!r} is not a version"
         code = sorted(k for k in state if _is_code_key(k))
         if code:
             return f"it carries code for the browser ({', '.join(code)})"
         names = {state.get("_model_name"), state.get("_view_name")}
         record.html_value = bool(names & _HTML_WIDGETS)
         record.output = "OutputModel" in names
+        record.link_ends = _LINKS.get(state.get("_model_name"), ())  # type: ignore[arg-type]
         if _touches_policed_buffers(buffer_paths, record):
             return "a binary buffer replaces one of its checked fields"
+        return self._link_refusal(record.link_ends, state)
+
+    def _link_refusal(self, ends: tuple[str, ...], state: dict[str, Any]) -> str | None:
+        """Why a link may not write where ``state`` points its ``ends``, or None.
+
+        A link copies values between widgets in the browser, where the policy cannot see them:
+        it may write only to widgets the policy has seen, and never to a field it checks.
+        """
+        for end in ends:
+            if end not in state:
+                continue
+            target = state[end]
+            if not (isinstance(target, list) and len(target) == 2 and all(isinstance(part, str) for part in target)):
+                return f"its {end} is not [widget, field]"
+            reference, name = target
+            record = self._comms.get(reference[len(_MODEL_REFERENCE):] if reference.startswith(_MODEL_REFERENCE) else reference)
+            if record is None or not record.widget or record.refused:
+                return f"its {end} is a widget the policy has not let through"
+            if name in record.checked_fields() or _is_code_key(name):
+                return f"it would write the {name!r} of another widget in the browser, past the policy"
         return None
 
     def _widget_state(self, record: _Comm, state: dict[str, Any], *, update: bool) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from .errors import ConfigError
+from .policy import OutputPolicy, output_policy_trait
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
@@ -184,6 +185,18 @@ def _standby(name: str, value: Any) -> int:
     return value
 
 
+def _output_policy(name: str, value: Any) -> str:
+    return OutputPolicy.from_name(value).mode
+
+
+def _names(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise _refuse(name, value, "must be a list of names")
+    if not all(isinstance(part, str) and part.strip() and len(part) <= 200 for part in value):
+        raise _refuse(name, value, "every name must be a non-empty string of at most 200 characters")
+    return tuple(part.strip() for part in value)
+
+
 def _kernel_cmd(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise _refuse(name, value, "must be a non-empty list of strings")
@@ -280,6 +293,13 @@ class DockerSettings:
         1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "
         "whole to one launch (then replaced); 0: off."
     )
+    output_policy: str = _option("strict", _output_policy, output_policy_trait().help)
+    allow_mime_types: tuple[str, ...] = _option(
+        (), _names, "MIME types the strict output policy passes unchanged besides its own list (renderers you trust)."
+    )
+    allow_widget_modules: tuple[str, ...] = _option(
+        (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
+    )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DockerSettings:
@@ -325,6 +345,8 @@ class DockerSettings:
         config = dataclasses.asdict(self)
         config["mounts"] = [str(mount) for mount in self.mounts]
         config["kernel_cmd"] = list(self.kernel_cmd)
+        config["allow_mime_types"] = list(self.allow_mime_types)
+        config["allow_widget_modules"] = list(self.allow_widget_modules)
         config["uid_range"] = "{}-{}".format(*self.uid_range)
         for name in ("tmp_size", "home_size", "work_size"):
             if config[name] is None:

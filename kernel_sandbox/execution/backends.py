@@ -53,35 +53,45 @@ def _docker_config(options: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def check_options(options: dict[str, Any]) -> None:
-    """Refuse Docker options that are unknown or out of range (ConfigError naming the option)."""
-    from ..settings import DockerSettings
+def check_options(backend: str, options: dict[str, Any]) -> None:
+    """Refuse options of ``backend`` that are unknown or out of range (ConfigError naming the option)."""
+    if backend == "docker":
+        from ..settings import DockerSettings
 
-    DockerSettings.from_config(_docker_config(options))
+        DockerSettings.from_config(_docker_config(options))
+    elif backend == "opensandbox":
+        from ..opensandbox.settings import OpenSandboxSettings
+
+        OpenSandboxSettings.from_config(_opensandbox_config(options))
+
+
+def _opensandbox_config(options: dict[str, Any]) -> dict[str, Any]:
+    """The Sandbox options as the OpenSandbox provisioner's config (limits as Kubernetes quantities)."""
+    config = {key: value for key, value in options.items() if value is not None}
+    if config.pop("mounts", None):
+        raise ValueError("The opensandbox backend does not take mounts; upload files instead")
+    limits = {}
+    if "memory" in config:
+        limits["memory"] = _k8s_memory(str(config.pop("memory")))
+    if "cpus" in config:
+        limits["cpu"] = str(config.pop("cpus"))
+    config.pop("pids_limit", None)
+    if limits:
+        config["resource_limits"] = limits
+    if "network" in config:
+        config["allow_internet"] = bool(config.pop("network"))
+    if "launch_timeout" in config:
+        config["ready_timeout"] = config.pop("launch_timeout")
+    return config
 
 
 def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
     """Build the kernelspec for ``backend`` with the sandbox ``options`` mapped onto its provisioner."""
     if backend == "docker":
         return _shipped(DOCKER_SPEC, _docker_config(options))
-    options = {key: value for key, value in options.items() if value is not None}
     if backend == "opensandbox":
-        config = dict(options)
-        if config.pop("mounts", None):
-            raise ValueError("The opensandbox backend does not take mounts; upload files instead")
-        limits = {}
-        if "memory" in config:
-            limits["memory"] = _k8s_memory(str(config.pop("memory")))
-        if "cpus" in config:
-            limits["cpu"] = str(config.pop("cpus"))
-        config.pop("pids_limit", None)
-        if limits:
-            config["resource_limits"] = limits
-        if "network" in config:
-            config["allow_internet"] = bool(config.pop("network"))
-        if "launch_timeout" in config:
-            config["ready_timeout"] = config.pop("launch_timeout")
-        return _shipped(OPENSANDBOX_SPEC, config)
+        return _shipped(OPENSANDBOX_SPEC, _opensandbox_config(options))
+    options = {key: value for key, value in options.items() if value is not None}
     if backend == "local":
         return KernelSpec(
             argv=[sys.executable, *IPYKERNEL_ARGV],

@@ -4,8 +4,9 @@ How an answer travels, and why a tool cannot pass a fake one off as the real one
 
 * Every request carries a marker made fresh for it (``secrets.token_hex``). The kernel answers
   with exactly one message carrying that marker: a comm message on the channel (``docker``,
-  ``local``), or, where the relay carries no comms (``opensandbox``), the value of the
-  request's cell, a text frame ``BEGIN-marker length sha256 body END-marker``.
+  ``local``, ``opensandbox`` in websocket mode), or, where the kernel has no comms (the
+  ``opensandbox`` launcher's execd relay), the value of the request's cell, a text frame
+  ``BEGIN-marker length sha256 body END-marker``.
 * The host takes an answer only from where an answer goes (the channel's comm id, or the
   cell's own ``execute_result``); what the tool prints or displays is output and never parsed.
   A second message with the marker (a tool that found the marker by introspection and forged

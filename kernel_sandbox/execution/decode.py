@@ -171,10 +171,10 @@ def decode(
     hooked = "$" in text or "\\u0024" in text
     try:
         return json.loads(text, object_hook=hook if hooked else None, parse_constant=_no_constant)
-    except (UnsafePayloadError, ResultLimitError):
+    except (UnsafePayloadError, ResultLimitError, MemoryError):
         raise
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-        raise _malformed(f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # the parser's own errors, and those of allowed classes' __hash__/__eq__ on the data
+        raise _malformed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _no_constant(name: str) -> None:
@@ -193,7 +193,7 @@ def _distinct_hashes(keys: Iterable[Any]) -> None:
     for key in keys:
         try:
             digest = hash(key)
-        except TypeError:
+        except Exception:  # unhashable, or an allowed class's __hash__ failing on the data
             raise _malformed(f"an unhashable {type(key).__name__} is used as a key or set item") from None
         seen = counts.get(digest, 0) + 1
         if seen > MAX_SAME_HASH:
@@ -305,8 +305,11 @@ class _Tags:
         return collections.OrderedDict(self.pairs(obj))
 
     def counter(self, obj: dict[str, Any]) -> collections.Counter[Any]:
+        pairs = self.pairs(obj)
+        if not all(type(count) in (int, float) for _, count in pairs):
+            raise _malformed("a Counter's counts are not numbers")
         counter: collections.Counter[Any] = collections.Counter()
-        dict.update(counter, self.pairs(obj))
+        dict.update(counter, pairs)
         return counter
 
     def defaultdict(self, obj: dict[str, Any]) -> collections.defaultdict[Any, Any]:
@@ -452,6 +455,25 @@ def _slot_descriptors(cls: type) -> dict[str, Any]:
 _MISSING = object()
 
 
+def _declared_fields(cls: type) -> dict[str, bool] | None:
+    """``{field: has a class-level default}`` for a dataclass or attrs class; None for other classes.
+
+    A field without a class-level default (none at all, or a ``default_factory``) must come with
+    the data: an instance made without it would lack the attribute.
+    """
+    if dataclasses.is_dataclass(cls):
+        return {f.name: _class_attribute(cls, f.name) is not _MISSING and not _is_slot(cls, f.name)
+                for f in dataclasses.fields(cls)}
+    attributes = cls.__dict__.get("__attrs_attrs__")
+    if attributes is not None:
+        return {a.name: False for a in attributes}
+    return None
+
+
+def _is_slot(cls: type, name: str) -> bool:
+    return isinstance(_class_attribute(cls, name), types.MemberDescriptorType)
+
+
 def _class_attribute(cls: type, name: str) -> Any:
     """``name`` as the class (or a base) defines it, read from the class dicts: nothing runs."""
     for klass in cls.__mro__:
@@ -476,6 +498,16 @@ def rebuild(cls: type, fields: dict[str, Any]) -> Any:
             raise _malformed(f"{class_name(cls)} refused the data: {str(exc)[:500]}") from None
     if any(name.startswith("__") and name.endswith("__") for name in fields):
         raise _malformed(f"a {class_name(cls)} with a field named like a special attribute")
+    if _is_enum(cls):
+        raise _malformed(f"a {class_name(cls)} built field by field is not one of its members")
+    declared = _declared_fields(cls)
+    if declared is not None:
+        unknown = sorted(set(fields) - set(declared))
+        missing = sorted(name for name, has_default in declared.items() if name not in fields and not has_default)
+        if unknown or missing:
+            what = (f"fields it does not declare ({', '.join(n[:40] for n in unknown[:5])})" if unknown
+                    else f"no value for its fields {', '.join(missing[:5])}")
+            raise _malformed(f"a {class_name(cls)} with {what}")
     try:
         instance = object.__new__(cls)
     except TypeError:

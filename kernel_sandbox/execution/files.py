@@ -15,6 +15,9 @@ from typing import IO, Union
 from .models import PathError
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
+"""The largest file ``download`` reads into memory."""
+MAX_STREAM_BYTES = 2 * 1024 * 1024 * 1024
+"""The largest file ``download_to`` writes by default (the kernel decides how big a file claims to be)."""
 NO_LIMIT = 2**62
 
 Content = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", IO[bytes]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
+import contextlib
 import hashlib
 import inspect
 import json
@@ -31,7 +32,7 @@ from ..policy import OutputPolicy
 from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
 from .channel import CHUNK, TARGET, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
-from .files import MAX_FILE_BYTES, NO_LIMIT, Content, chunks, confine
+from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
 from .models import (
     Execution,
     ExecutionError,
@@ -200,7 +201,7 @@ class AsyncSandbox:
     hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
     (decode values the data format cannot carry from pickles: off, see the README),
     ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
-    backend's provisioner config. Docker options are checked here, before anything starts.
+    backend's provisioner config. Docker and OpenSandbox options are checked here, before anything starts.
     """
 
     def __init__(
@@ -250,9 +251,8 @@ class AsyncSandbox:
             "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
-        if backend == "docker":
-            check_options(self._options)
-        self._comms = backend != "opensandbox"
+        check_options(backend, self._options)
+        self._comms = backend != "opensandbox"  # tool calls on a comm; on OpenSandbox decided in _connect
         self._km: Any = None
         self._kc: Any = None
         self._context: zmq.asyncio.Context | None = None
@@ -262,6 +262,7 @@ class AsyncSandbox:
         self._installed = False
         self._restarts = 0
         self._kept_state: str | None = None
+        self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
         self.work_dir: str = ""
         if backend == "local":
             warnings.warn(
@@ -306,7 +307,7 @@ class AsyncSandbox:
         return self
 
     async def _connect(self) -> None:
-        self._channel, self._installed, self._kept_state = None, False, None
+        self._channel, self._installed, self._kept_state, self._env_set = None, False, None, False
         self._context = zmq.asyncio.Context()
         self._context.setsockopt(zmq.RCVHWM, IOPUB_HWM)
         self._kc = self._km.client(context=self._context)
@@ -315,6 +316,11 @@ class AsyncSandbox:
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
+        if self.backend == "opensandbox":  # the launcher's execd relay has no comms; the websocket mode has
+            from ..launch.execd_relay import IMPLEMENTATION
+
+            info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
+            self._comms = info["content"].get("implementation") != IMPLEMENTATION
 
     def _disconnect(self) -> None:
         kc, context, self._kc, self._context = self._kc, self._context, None, None
@@ -596,6 +602,8 @@ class AsyncSandbox:
         provably never reached the helper (its channel was gone) is sent once more.
         """
         deadline = time.monotonic() + seconds if deadline is None else deadline
+        if self._env_set and request["op"] != "env":
+            await self._restore_env(Execution())
         limits = limits or DecodeLimits()
         restarts = self._restarts
         for attempt in range(2):
@@ -695,7 +703,10 @@ class AsyncSandbox:
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
         async with self._lock:
+            if self._env_set:
+                await self._restore_env(Execution())
             if values:
+                self._env_set = True  # until it is taken away again, even if this call is cancelled
                 await self._op({"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline)
             collector = _Collector(self.max_output_bytes, callbacks, policy=self._policy)
             execution = await self._exchange(
@@ -710,6 +721,7 @@ class AsyncSandbox:
         grace = max(self.interrupt_grace, RESTORE_GRACE)
         try:
             await self._op({"op": "env", "action": "restore"}, (), grace, time.monotonic() + grace)
+            self._env_set = False
         except SandboxError:
             execution.state_lost = True
             await self.restart()
@@ -769,13 +781,27 @@ class AsyncSandbox:
         return b"".join(parts)
 
     async def download_to(
-        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None
+        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
+        max_bytes: int | None = MAX_STREAM_BYTES,
     ) -> int:
-        """Stream a file of the work directory to a host path or binary file; returns its size."""
-        if isinstance(destination, (str, os.PathLike)):
+        """Stream a file of the work directory to a host path or binary file; returns its size.
+
+        A file over ``max_bytes`` (2 GiB by default; None for no limit) is refused before anything
+        is written: the kernel decides how big its files claim to be (a sparse file costs it nothing).
+        A destination path is removed again if the download fails.
+        """
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+            raise ConfigError(f"max_bytes must be a number of bytes or None, not {max_bytes!r}")
+        limit = NO_LIMIT if max_bytes is None else max_bytes
+        if not isinstance(destination, (str, os.PathLike)):
+            return await self._read(path, destination.write, limit, timeout)
+        try:
             with open(destination, "wb") as handle:
-                return await self._read(path, handle.write, NO_LIMIT, timeout)
-        return await self._read(path, destination.write, NO_LIMIT, timeout)
+                return await self._read(path, handle.write, limit, timeout)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(destination)
+            raise
 
     async def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
         """List a directory of the work directory (symlinks are listed, not followed)."""
@@ -1035,10 +1061,11 @@ class Sandbox:
         return _LoopThread.run(self._async.download(path, timeout=timeout))
 
     def download_to(
-        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None
+        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
+        max_bytes: int | None = MAX_STREAM_BYTES,
     ) -> int:
         """See :meth:`AsyncSandbox.download_to`."""
-        return _LoopThread.run(self._async.download_to(path, destination, timeout=timeout))
+        return _LoopThread.run(self._async.download_to(path, destination, timeout=timeout, max_bytes=max_bytes))
 
     def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
         """See :meth:`AsyncSandbox.list_files`."""

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..policy import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
-from .front import Connection, ExitStatus, Front, KernelLink, OutputPolicy
+from .front import Connection, ExitStatus, Front, KernelLink
 
 if TYPE_CHECKING:
     from ..opensandbox.settings import OpenSandboxSettings
@@ -158,8 +159,12 @@ def make_link(request: LaunchRequest, private: PrivateDir | None) -> KernelLink:
 
 
 def output_policy(settings: Settings) -> OutputPolicy:
-    """The output policy for a kernel with these settings (everything passes, for now)."""
-    return OutputPolicy()
+    """A new output policy for one kernel connection with these settings (it tracks widget comms)."""
+    return OutputPolicy.from_name(
+        settings.output_policy,
+        allow_mime_types=getattr(settings, "allow_mime_types", ()),
+        allow_widget_modules=getattr(settings, "allow_widget_modules", ()),
+    )
 
 
 async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> None:

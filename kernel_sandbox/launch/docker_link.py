@@ -53,7 +53,7 @@ from ..kernelside.connector import RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB, DockerSettings
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
-from .zmtp import SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
+from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -97,31 +97,45 @@ def _own_socket(sdk_socket: Any) -> socket.socket:
 
 
 class Demux:
-    """Split Docker's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian length) by stream."""
+    """Split Docker's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian length) by stream.
 
-    def __init__(self, stdout: Callable[[bytes], None], stderr: Callable[[bytes], None]) -> None:
+    Payloads are passed on as they arrive, as views of the bytes given to :meth:`feed` (valid
+    during the call), so a large frame is not gathered here first.
+    """
+
+    def __init__(self, stdout: Callable[[memoryview], None], stderr: Callable[[memoryview], None]) -> None:
         self._out = {1: stdout, 2: stderr}
-        self._buffer = bytearray()
+        self._header = bytearray()
+        self._kind = 0
+        self._left = 0
 
-    def feed(self, data: bytes) -> None:
-        """Take the next bytes of the stream and hand on every complete payload."""
-        buffer = self._buffer
-        buffer += data
-        offset = 0
-        while len(buffer) - offset >= _HEADER.size:
-            kind, length = _HEADER.unpack_from(buffer, offset)
-            end = offset + _HEADER.size + length
-            if len(buffer) < end:
-                break
-            handler = self._out.get(kind)
-            if handler is not None and length:
-                handler(bytes(buffer[offset + _HEADER.size : end]))
-            offset = end
-        del buffer[:offset]
+    def feed(self, data: Any) -> None:
+        """Take the next bytes of the stream and hand on the payload bytes among them."""
+        view = memoryview(data).cast("B")
+        while view:
+            if not self._left:
+                need = _HEADER.size - len(self._header)
+                self._header += view[:need]
+                view = view[need:]
+                if len(self._header) < _HEADER.size:
+                    return
+                self._kind, self._left = _HEADER.unpack(self._header)
+                self._header.clear()
+                continue
+            count = min(self._left, len(view))
+            self._left -= count
+            handler = self._out.get(self._kind)
+            if handler is not None:
+                handler(view[:count])
+            view = view[count:]
 
 
-class _Channel(asyncio.Protocol):
-    """One kernel channel with ZMTP spoken through it: an exec stream (demultiplexed) or a socket."""
+class _Channel(asyncio.BufferedProtocol):
+    """One kernel channel with ZMTP spoken through it: an exec stream (demultiplexed) or a socket.
+
+    A socket is read straight into the ZMTP peer's buffers; an exec stream into a scratch
+    buffer whose payloads the demultiplexer passes on.
+    """
 
     def __init__(self, link: DockerLink, name: str, *, multiplexed: bool = True) -> None:
         self.link = link
@@ -129,6 +143,7 @@ class _Channel(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: ZmtpPeer | None = None
         self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
+        self._scratch = memoryview(bytearray(READ_SIZE)) if multiplexed else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -140,30 +155,37 @@ class _Channel(asyncio.Protocol):
             self.peer.send([SUBSCRIBE_ALL])
         self.link._channel_open(self)
 
-    def send(self, frames: list[bytes]) -> None:
+    def send(self, frames: list[Any]) -> None:
         assert self.peer is not None
         self.peer.send(frames)
 
-    def _from_kernel(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._scratch is not None:
+            return self._scratch
+        assert self.peer is not None
+        return self.peer.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         assert self.peer is not None
         try:
-            self.peer.feed(data)
+            if self._demux is not None:
+                self._demux.feed(self._scratch[:nbytes])
+            else:
+                self.peer.buffer_updated(nbytes)
         except ProtocolError as exc:
             self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
                 self.transport.abort()  # the connector's stdin closes: it ends the kernel
 
-    def _message(self, frames: list[bytes]) -> None:
+    def _from_kernel(self, data: memoryview) -> None:
+        assert self.peer is not None
+        self.peer.feed(data)
+
+    def _message(self, frames: list[Any]) -> None:
         self.link._from_kernel(self.name, frames)
 
-    def _stderr(self, data: bytes) -> None:
-        log.debug("%s connector: %s", self.name, data[:500].decode(errors="replace").strip())
-
-    def data_received(self, data: bytes) -> None:
-        if self._demux is not None:
-            self._demux.feed(data)
-        else:
-            self._from_kernel(data)
+    def _stderr(self, data: memoryview) -> None:
+        log.debug("%s connector: %s", self.name, bytes(data[:500]).decode(errors="replace").strip())
 
     def eof_received(self) -> bool:
         return False
@@ -172,9 +194,13 @@ class _Channel(asyncio.Protocol):
         self.link._channel_lost(self)
 
     def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.paused = True
         self.link._throttle(self.name, True)
 
     def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.paused = False
         self.link._throttle(self.name, False)
 
 
@@ -182,7 +208,7 @@ class _OutputStream(asyncio.Protocol):
     """The container's attached stdout and stderr, demultiplexed into a :class:`KernelOutput`."""
 
     def __init__(self, output: KernelOutput) -> None:
-        self._demux = Demux(output.write, output.write)
+        self._demux = Demux(lambda data: output.write(bytes(data)), lambda data: output.write(bytes(data)))
 
     def data_received(self, data: bytes) -> None:
         self._demux.feed(data)

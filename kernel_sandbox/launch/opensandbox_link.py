@@ -35,6 +35,7 @@ from typing import Any
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
 from ..opensandbox.client import TERMINAL_STATES, ExecdClient, OpenSandboxClient, keep_alive, sandbox_state
 from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
+from ..opensandbox.gc import owner_metadata
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
 from ..opensandbox.settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, PrivateDir
@@ -43,7 +44,6 @@ from .front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
 
 log = logging.getLogger("kernel_sandbox.launch")
 
-LABEL_KERNEL_ID = "kernel-sandbox-kernel-id"
 WAITING_LIMIT = 1000
 """Client messages kept while the kernel is not connected yet (ZMQ's own default queue size)."""
 ROUTES_LIMIT = 4096
@@ -339,7 +339,7 @@ class OpenSandboxLink:
                 resource_limits=settings.resource_limits,
                 resource_requests=settings.resource_requests,
                 env=env,
-                metadata={**settings.metadata, LABEL_KERNEL_ID: self.kernel_id},
+                metadata={**settings.metadata, **owner_metadata(self.kernel_id)},
                 allow_internet=settings.allow_internet,
                 network_policy=settings.network_policy,
                 secure_access=settings.secure_access,

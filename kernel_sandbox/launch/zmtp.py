@@ -1,10 +1,17 @@
 """A minimal ZMTP 3.0 peer (NULL mechanism) for the launcher's side of a kernel channel.
 
 The launcher speaks to the kernel's ZMQ sockets over byte streams that the Docker engine carries
-(exec streams), so the messages are framed here rather than by a second libzmq socket and a
-local pipe: one event-loop wake per message instead of three. Only what a DEALER or SUB peer of
-ipykernel needs is implemented (RFC 23/ZMTP 3.0: greeting, READY, frames, PING/PONG); anything
-else from the peer ends the connection.
+(exec streams) or over a TCP socket made inside the container's network namespace, so the
+messages are framed here rather than by a second libzmq socket and a local pipe: one event-loop
+wake per read instead of three. Only what a DEALER or SUB peer of ipykernel needs is implemented
+(RFC 23/ZMTP 3.0: greeting, READY, frames, PING/PONG); anything else from the peer ends the
+connection.
+
+Reading is zero-copy for large frames: :meth:`ZmtpPeer.get_buffer` hands the transport the very
+buffer a large frame ends up in (asyncio's ``BufferedProtocol``), so a megabyte of tool state is
+copied once, by the kernel's ``recv_into``. Everything read is bounded before it is allocated:
+frame and message sizes, frames per message, command sizes (:data:`MAX_MESSAGE_BYTES`,
+:data:`MAX_FRAMES`, :data:`MAX_COMMAND_BYTES`); past a bound the connection is refused.
 """
 
 from __future__ import annotations
@@ -17,10 +24,30 @@ SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
 GREETING = SIGNATURE + bytes([3, 0]) + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
 GREETING_SIZE = len(GREETING)
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
-MAX_MESSAGE_BYTES = 512 * 2**20
-"""The largest message taken from a kernel: past it the connection is refused, not buffered."""
+MAX_MESSAGE_BYTES = 64 * 2**20
+"""The largest message taken from a kernel (frames and their overhead): past it the connection is refused.
+
+Well above what Jupyter clients receive in one message in practice (the execution API's file
+chunks are 4 MiB, streams are flushed every 64 KiB, a figure is a few MB), and what a hostile
+kernel can make the launcher hold per message."""
+MAX_FRAMES = 1024
+"""Frames per message: a Jupyter message has its routing ids, six parts and its buffers."""
+MAX_COMMAND_BYTES = 64 * 1024
+"""READY, PING and ERROR are a few bytes; nothing legitimate comes near this."""
+MAX_PING_CONTEXT = 16
+"""A PING's context is echoed in the PONG up to this many bytes (ZMTP 3.1's limit)."""
+FRAME_OVERHEAD = 64
+"""Bytes each frame counts against :data:`MAX_MESSAGE_BYTES` besides its body (so empty frames count too)."""
+LARGE_FRAME = 64 * 1024
+"""Frames from this size on are read straight into a buffer of their own."""
+GROW_FROM = 2**20
+"""A large frame's buffer starts at this size (or the frame's) and doubles as bytes arrive: a
+frame header claiming many megabytes costs nothing until they are sent."""
+READ_SIZE = 256 * 1024
+"""The scratch buffer headers and small frames are read into (more than a large frame's threshold)."""
 SUBSCRIBE_ALL = b"\x01"
 """A ZMTP 3.0 subscription to every topic, sent as a message by a SUB peer."""
+_LONG_SIZE = struct.Struct(">Q")
 
 
 class ProtocolError(Exception):
@@ -64,18 +91,21 @@ def encode(frames: Sequence[Any]) -> list[Any]:
 
 
 class ZmtpPeer:
-    """ZMTP framing for one connection: :meth:`feed` it bytes, it calls back with whole messages.
+    """ZMTP framing for one connection: give it the peer's bytes, it calls back with whole messages.
 
-    ``write`` sends bytes to the peer. The greeting and READY are written at construction; messages
-    passed to :meth:`send` before the peer's READY has arrived wait for it (libzmq drops a peer
-    whose first message arrives while its own side of the handshake is unfinished).
+    Bytes arrive either by :meth:`get_buffer` / :meth:`buffer_updated` (a ``BufferedProtocol``
+    reads into the peer's own buffers) or by :meth:`feed`. ``write`` sends bytes to the peer. The
+    greeting and READY are written at construction; messages passed to :meth:`send` before the
+    peer's READY has arrived wait for it (libzmq drops a peer whose first message arrives while
+    its own side of the handshake is unfinished). Frames of a delivered message are ``bytes``,
+    or ``bytearray`` for large ones.
     """
 
     def __init__(
         self,
         socket_type: bytes,
-        write: Callable[[bytes], None],
-        on_message: Callable[[list[bytes]], None],
+        write: Callable[[Any], None],
+        on_message: Callable[[list[Any]], None],
         *,
         identity: bytes = b"",
         on_ready: Callable[[], None] | None = None,
@@ -86,64 +116,142 @@ class ZmtpPeer:
         self._write = write
         self._on_message = on_message
         self._on_ready = on_ready
-        self._buffer = bytearray()
-        self._frames: list[bytes] = []
+        self._scratch = bytearray(READ_SIZE)
+        self._view = memoryview(self._scratch)
+        self._start = self._end = 0
+        self._large: bytearray | None = None
+        self._large_size = self._large_filled = 0
+        self._large_more = False
+        self._frames: list[Any] = []
         self._greeted = False
         self._pending: list[bytes] = []
         self.ready = False
+        self.paused = False
+        """Set while the transport's write buffer is full: PINGs are then not answered."""
         write(GREETING + ready(socket_type, identity))
 
-    def send(self, frames: Iterable[Any]) -> None:
-        """Send one multipart message (after the handshake: until then it waits)."""
-        data = b"".join(encode(list(frames)))
-        if self.ready:
-            self._write(data)
-        else:
-            self._pending.append(data)
+    # -- sending -----------------------------------------------------------------------------
 
-    def feed(self, data: bytes) -> None:
-        """Take bytes from the peer; raise :class:`ProtocolError` when they break ZMTP."""
-        buffer = self._buffer
-        buffer += data
-        offset = 0
-        if not self._greeted:
-            if len(buffer) < GREETING_SIZE:
+    def send(self, frames: Iterable[Any]) -> None:
+        """Send one multipart message (after the handshake: until then it waits).
+
+        Small frames go out joined in one write; a large frame's buffer is written as it is.
+        """
+        chunks = encode(list(frames))
+        if not self.ready:
+            self._pending.append(b"".join(chunks))
+            return
+        small: list[Any] = []
+        for chunk in chunks:
+            if memoryview(chunk).nbytes < LARGE_FRAME:
+                small.append(chunk)
+                continue
+            if small:
+                self._write(b"".join(small))
+                small = []
+            self._write(chunk)
+        if small:
+            self._write(b"".join(small))
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next bytes from the peer go: a large frame's own buffer, or the scratch buffer."""
+        if self._large is not None:
+            if self._large_filled == len(self._large):  # grow (no view of it is held between reads)
+                self._large.extend(bytes(min(len(self._large), self._large_size - len(self._large))))
+            return memoryview(self._large)[self._large_filled :]
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end > READ_SIZE - LARGE_FRAME:  # keep room: move the unparsed tail to the front
+            tail = self._end - self._start
+            self._scratch[:tail] = bytes(self._view[self._start : self._end])  # copied first: the ranges overlap
+            self._start, self._end = 0, tail
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` more bytes are in the buffer :meth:`get_buffer` gave; raise :class:`ProtocolError` when they break ZMTP."""
+        if self._large is not None:
+            self._large_filled += nbytes
+            if self._large_filled < self._large_size:
                 return
-            if buffer[0] != 0xFF or buffer[9] != 0x7F or buffer[10] < 3 or bytes(buffer[12:16]) != b"NULL":
-                raise ProtocolError("the peer did not greet as a ZMTP 3 NULL-mechanism socket")
-            self._greeted = True
-            offset = GREETING_SIZE
-        while True:
-            available = len(buffer) - offset
+            frame, self._large = self._large, None
+            self._take(frame, self._large_more)
+        else:
+            self._end += nbytes
+        self._parse()
+
+    def feed(self, data: Any) -> None:
+        """Take bytes from the peer (any buffer); raise :class:`ProtocolError` when they break ZMTP."""
+        view = memoryview(data).cast("B")
+        while view:
+            with self.get_buffer(len(view)) as target:
+                count = min(len(target), len(view))
+                target[:count] = view[:count]
+            self.buffer_updated(count)
+            view = view[count:]
+
+    def _parse(self) -> None:
+        view = self._view
+        while self._large is None:
+            start, available = self._start, self._end - self._start
+            if not self._greeted:
+                if available < GREETING_SIZE:
+                    return
+                greeting = view[start : start + GREETING_SIZE]
+                if greeting[0] != 0xFF or greeting[9] != 0x7F or greeting[10] < 3 or greeting[12:16] != b"NULL":
+                    raise ProtocolError("the peer did not greet as a ZMTP 3 NULL-mechanism socket")
+                self._greeted = True
+                self._start += GREETING_SIZE
+                continue
             if available < 2:
-                break
-            flags = buffer[offset]
+                return
+            flags = view[start]
             if flags & LONG:
                 if available < 9:
-                    break
-                size = struct.unpack_from(">Q", buffer, offset + 1)[0]
-                start = offset + 9
+                    return
+                size = _LONG_SIZE.unpack_from(view, start + 1)[0]
+                body = start + 9
             else:
-                size = buffer[offset + 1]
-                start = offset + 2
-            if self._message_bytes + size > self._max:
-                raise ProtocolError(f"a message over {self._max // 2**20} MiB")
-            end = start + size
-            if len(buffer) < end:
-                break
-            body = bytes(buffer[start:end])
-            offset = end
+                size = view[start + 1]
+                body = start + 2
             if flags & COMMAND:
-                self._command(body)
-            elif not self.ready:
+                if size > MAX_COMMAND_BYTES:
+                    raise ProtocolError(f"a command of {size} bytes")
+                if self._end < body + size:
+                    return
+                self._start = body + size
+                self._command(bytes(view[body : body + size]))
+                continue
+            if not self.ready:
                 raise ProtocolError("the peer sent a message before READY")
-            else:
-                self._frames.append(body)
-                self._message_bytes += size
-                if not flags & MORE:
-                    frames, self._frames, self._message_bytes = self._frames, [], 0
-                    self._on_message(frames)
-        del buffer[:offset]
+            if len(self._frames) >= MAX_FRAMES:
+                raise ProtocolError(f"a message of more than {MAX_FRAMES} frames")
+            self._message_bytes += size + FRAME_OVERHEAD
+            if self._message_bytes > self._max:
+                raise ProtocolError(f"a message over {self._max // 2**20} MiB")
+            more = bool(flags & MORE)
+            if size >= LARGE_FRAME:
+                have = min(self._end - body, size)
+                frame = bytearray(max(have, min(size, GROW_FROM)))
+                frame[:have] = view[body : body + have]
+                self._start = body + have
+                if have < size:
+                    self._large, self._large_size, self._large_filled, self._large_more = frame, size, have, more
+                    return
+                self._take(frame, more)
+                continue
+            if self._end < body + size:
+                self._message_bytes -= size + FRAME_OVERHEAD  # counted again once the frame is whole
+                return
+            self._start = body + size
+            self._take(bytes(view[body : body + size]), more)
+
+    def _take(self, frame: Any, more: bool) -> None:
+        self._frames.append(frame)
+        if not more:
+            frames, self._frames, self._message_bytes = self._frames, [], 0
+            self._on_message(frames)
 
     def _command(self, body: bytes) -> None:
         name = body[1 : 1 + body[0]] if body else b""
@@ -154,8 +262,8 @@ class ZmtpPeer:
                 self._write(b"".join(pending))
             if self._on_ready is not None:
                 self._on_ready()
-        elif name == b"PING":
-            context = body[1 + body[0] + 2 :]
+        elif name == b"PING" and not self.paused:  # a peer that does not read gets no PONGs
+            context = body[1 + body[0] + 2 :][:MAX_PING_CONTEXT]
             self._write(command(b"PONG", context))
         elif name == b"ERROR":
             reason = body[1 + body[0] + 1 :].decode(errors="replace")

@@ -19,6 +19,7 @@ import requests.exceptions
 from ..containers import docker_client, remove_container, resolve_mounts
 from ..errors import KernelSandboxError
 from ..launch import DOCKER_PROVISIONER
+from ..policy import output_policy_trait
 from ..settings import OPTIONS, DockerSettings
 from .launched import LaunchedProvisioner, option_trait
 
@@ -54,6 +55,9 @@ class DockerProvisioner(LaunchedProvisioner):
     orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
     kernel_cmd = option_trait(OPTIONS["kernel_cmd"])
     standby = option_trait(OPTIONS["standby"])
+    output_policy = output_policy_trait()
+    allow_mime_types = option_trait(OPTIONS["allow_mime_types"])
+    allow_widget_modules = option_trait(OPTIONS["allow_widget_modules"])
 
     def settings(self) -> DockerSettings:
         """The effective settings: traitlets configuration and kernel.json, checked."""

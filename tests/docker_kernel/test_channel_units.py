@@ -19,7 +19,17 @@ from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source
 from kernel_sandbox.launch.docker_link import Demux
 from kernel_sandbox.launch.front import DELIM, Connection, Signer, split
-from kernel_sandbox.launch.zmtp import GREETING, ProtocolError, ZmtpPeer, encode, ready
+from kernel_sandbox.launch.zmtp import (
+    GREETING,
+    GROW_FROM,
+    LARGE_FRAME,
+    MAX_COMMAND_BYTES,
+    MAX_FRAMES,
+    ProtocolError,
+    ZmtpPeer,
+    encode,
+    ready,
+)
 from kernel_sandbox.privdir import OWNER_LOCK, PrivateDir, require_private, user_root
 
 
@@ -112,6 +122,55 @@ def test_zmtp_frames_survive_any_split_of_the_stream(messages: list[list[bytes]]
     assert received == messages
 
 
+def _wire(messages: list[list[bytes]]) -> bytes:
+    return GREETING + ready(b"ROUTER") + b"".join(b"".join(bytes(part) for part in encode(m)) for m in messages)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 3 * GROW_FROM), min_size=1, max_size=4), st.lists(st.integers(1, 300_000), min_size=1, max_size=8))
+def test_zmtp_large_frames_read_into_their_own_buffers_at_any_split(sizes: list[int], reads: list[int]) -> None:
+    """As a BufferedProtocol transport reads: into whatever get_buffer gives, in reads of any size."""
+    messages = [[b"head", bytes([index % 251]) * size] for index, size in enumerate(sizes)]
+    wire = memoryview(_wire(messages))
+    received: list[list[bytes]] = []
+    peer = ZmtpPeer(b"DEALER", lambda data: None, lambda frames: received.append([bytes(f) for f in frames]))
+    turn = 0
+    while wire:
+        with peer.get_buffer(-1) as target:
+            count = min(len(target), len(wire), reads[turn % len(reads)])
+            target[:count] = wire[:count]
+        peer.buffer_updated(count)
+        wire, turn = wire[count:], turn + 1
+    assert received == messages
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000), st.integers(1, 64))
+def test_zmtp_any_bytes_after_the_handshake_are_messages_or_a_protocol_error(garbage: bytes, chunk: int) -> None:
+    peer = ZmtpPeer(b"DEALER", lambda data: None, lambda frames: None, max_message_bytes=1_000_000)
+    peer.feed(GREETING + ready(b"ROUTER"))
+    try:
+        for start in range(0, len(garbage), chunk):
+            peer.feed(garbage[start : start + chunk])
+    except ProtocolError:
+        pass
+
+
+def test_zmtp_bounds_frames_commands_and_claimed_sizes() -> None:
+    def peer() -> ZmtpPeer:
+        p = ZmtpPeer(b"SUB", lambda data: None, lambda frames: None)
+        p.feed(GREETING + ready(b"XPUB"))
+        return p
+
+    with pytest.raises(ProtocolError, match="frames"):
+        peer().feed(b"\x01\x00" * (MAX_FRAMES + 1))  # empty frames, each still counted
+    with pytest.raises(ProtocolError, match="command"):
+        peer().feed(bytes([0x06]) + (MAX_COMMAND_BYTES + 1).to_bytes(8, "big"))
+    claimed = peer()
+    claimed.feed(b"\x02" + (60 * 2**20).to_bytes(8, "big") + b"x" * LARGE_FRAME)  # 60 MiB claimed
+    assert len(claimed.get_buffer()) + LARGE_FRAME == GROW_FROM  # what is held grows with what arrives
+
+
 def test_zmtp_refuses_a_peer_that_is_not_zmtp3() -> None:
     peer = ZmtpPeer(b"SUB", lambda data: None, lambda frames: None)
     with pytest.raises(ProtocolError):
@@ -153,11 +212,11 @@ async def test_zmtp_talks_to_libzmq_and_waits_for_the_handshake() -> None:
 
 def test_demux_splits_docker_streams_at_any_boundary() -> None:
     out, err = [], []
-    demux = Demux(out.append, err.append)
+    demux = Demux(lambda view: out.append(bytes(view)), lambda view: err.append(bytes(view)))
     stream = b"\x01\x00\x00\x00\x00\x00\x00\x03abc" + b"\x02\x00\x00\x00\x00\x00\x00\x02no" + b"\x01\x00\x00\x00\x00\x00\x00\x01d"
     for byte in stream:
         demux.feed(bytes([byte]))
-    assert b"".join(out) == b"abcd" and err == [b"no"]
+    assert b"".join(out) == b"abcd" and b"".join(err) == b"no"  # payloads pass on as they arrive
 
 
 def test_signatures_are_checked_and_made_per_key() -> None:

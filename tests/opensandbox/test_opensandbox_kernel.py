@@ -27,6 +27,7 @@ from traitlets.config import Config
 from kernel_sandbox.errors import ConfigError, KernelLaunchError, OpenSandboxConfigError
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install
 from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
+from kernel_sandbox.opensandbox.gc import host_label
 from kernel_sandbox.provisioners.opensandbox import OpenSandboxProvisioner
 
 FAST = {"poll_interval": 0.05, "state_check_interval": 0.2, "mode": "execd"}
@@ -132,6 +133,8 @@ async def test_renewals_run_while_the_launcher_lives_and_its_sandbox_is_deleted_
     assert sandbox.body["timeout"] == 60 and sandbox.body["networkPolicy"] == {"defaultAction": "deny", "egress": []}
     assert sandbox.body["metadata"]["kernel-sandbox"] == "true"
     assert sandbox.body["metadata"]["kernel-sandbox-kernel-id"] == km.kernel_id
+    assert sandbox.body["metadata"]["kernel-sandbox-launcher-pid"] == str(km.provisioner.pid)
+    assert sandbox.body["metadata"]["kernel-sandbox-owner-host"] == host_label()
     assert len(sandbox.body["env"]["JUPYTER_TOKEN"]) == 64
     await until(lambda: _renewed(sandbox, 3), "three renewals")
     os.kill(km.provisioner.pid, signal.SIGKILL)  # no clean-up by the launcher itself

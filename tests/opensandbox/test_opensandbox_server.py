@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -611,7 +612,9 @@ def test_sandbox_run_files_tools_timeout(
     options = deployment.options(mode)
     options.pop("resource_limits")
     with Sandbox("opensandbox", memory="1g", cpus=1, **options) as sb:
+        assert sb._async._comms is (mode == "websocket"), "comm tool calls exactly where the kernel has comms"
         assert sb.run("print('hi'); 6 * 7").text == "42"
+        assert sb.run("import os; print(os.environ['TOOL_KEY'])", env={"TOOL_KEY": "k-1"}).stdout == "k-1\n"
         assert sb.upload({"in/a.txt": b"data"}) == ["in/a.txt"]
         assert sb.download("in/a.txt") == b"data"
 
@@ -624,3 +627,44 @@ def test_sandbox_run_files_tools_timeout(
         timed_out = sb.run("import time\ntime.sleep(30)", timeout=1)
         assert timed_out.error is not None and timed_out.error.name == "TimeoutError"
         assert sb.run("1 + 2").text == "3"
+
+
+# ---- kernel-sandbox gc ------------------------------------------------------------------------------------
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_gc_deletes_this_hosts_sandboxes_whose_launcher_is_dead(deployment: Any) -> None:
+    """Only sandboxes of this host whose launcher is gone; a live launcher's and another host's stay."""
+    from kernel_sandbox.opensandbox.gc import LABEL_LAUNCHER_PID, LABEL_OWNER_HOST, host_label
+
+    gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await gone.wait()
+    options = deployment.options()
+    owners = {
+        "dead": {LABEL_OWNER_HOST: host_label(), LABEL_LAUNCHER_PID: str(gone.pid)},
+        "live": {LABEL_OWNER_HOST: host_label(), LABEL_LAUNCHER_PID: str(os.getpid())},
+        "other host": {LABEL_OWNER_HOST: "another-host", LABEL_LAUNCHER_PID: str(gone.pid)},
+    }
+    async with deployment.client() as client:
+        made = {}
+        try:
+            for name, owner in owners.items():
+                sandbox = await client.create(
+                    image=options["image"], entrypoint=options["entrypoint"], timeout=120,
+                    metadata={**options["metadata"], **owner}, resource_limits=options["resource_limits"],
+                )
+                made[name] = sandbox.id
+            env = {**os.environ, "OPEN_SANDBOX_API_KEY": deployment.api_key, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+            result = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "kernel_sandbox.cli", "gc", "--api-base", deployment.api_base],
+                env=env, capture_output=True, text=True, timeout=120,
+            )
+            assert result.returncode == 0, result.stderr
+            assert f"removed sandbox {made['dead']}" in result.stdout and "no containers checked" in result.stdout
+            with pytest.raises(SandboxNotFound):
+                await client.get(made["dead"])
+            for name in ("live", "other host"):
+                assert (await client.get(made[name]))["status"]["state"] == "Running", name
+        finally:
+            for sandbox_id in made.values():
+                await client.delete(sandbox_id)

@@ -23,7 +23,7 @@ import pytest
 from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
-from browser_output_policy import ARTIFACTS, KERNELSPECS
+from test_policy_jupyterlab import ARGV_SUFFIX, ARTIFACTS, KERNELSPECS
 from ipykernel.kernelspec import get_kernel_dict
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -93,12 +93,11 @@ def kernel() -> Iterator[LocalKernel]:
         k.close()
 
 
-# ---- JupyterLab in Chromium (test_policy_jupyterlab.py, browser_output_policy.py) ----------------
+# ---- JupyterLab in Chromium (test_policy_jupyterlab.py) -------------------------------------------
 
 CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-WIDGET_IMAGE = "kernel-sandbox-policytest:latest"  # our tag: the kernel image plus ipywidgets and tqdm
 
 
 def _free_port() -> int:
@@ -109,23 +108,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def widget_image(docker_engine) -> str:
-    """The kernel image if it has ipywidgets and tqdm, else our own tag of it with them added."""
-    probe = "import ipywidgets, tqdm"
+    """The kernel image, which must have ipywidgets and tqdm (issue 16 item 2: they work in the sandbox)."""
     try:
-        docker_engine.containers.run(DEFAULT_IMAGE, ["python", "-c", probe], remove=True, network_mode="none")
-        return DEFAULT_IMAGE
-    except Exception:
-        pass
-    with tempfile.TemporaryDirectory() as tmp:
-        wheels = Path(tmp) / "wheelhouse"
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
-                        "ipywidgets>=8.1", "widgetsnbextension>=4", "jupyterlab_widgets>=3", "tqdm>=4.66"], check=True)
-        (Path(tmp) / "Dockerfile").write_text(
-            f"FROM {DEFAULT_IMAGE}\nCOPY wheelhouse /tmp/wheelhouse\nUSER root\n"
-            "RUN pip install --no-index --no-deps /tmp/wheelhouse/*.whl && rm -rf /tmp/wheelhouse\nUSER 1000:1000\n"
-        )
-        docker_engine.images.build(path=tmp, tag=WIDGET_IMAGE, rm=True, labels={"kernel-sandbox": "true"})
-    return WIDGET_IMAGE
+        docker_engine.containers.run(DEFAULT_IMAGE, ["python", "-c", "import ipywidgets, tqdm"], remove=True, network_mode="none")
+    except Exception as exc:
+        pytest.fail(f"{DEFAULT_IMAGE} lacks ipywidgets or tqdm ({exc}): rebuild it with `kernel-sandbox image build`")
+    return DEFAULT_IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -150,35 +138,48 @@ def _opensandbox_config(server: Any) -> dict[str, Any]:
             "metadata": dict(server.run_label), "resource_limits": {"cpu": "1", "memory": "1Gi"}}
 
 
-@pytest.fixture(scope="module", params=["relay"])
-def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """JupyterLab on 127.0.0.1 with the kernelspecs under test (using the widget image) and nothing else.
+def _install_argv_only(name: str, prefix: Path, staging: Path) -> None:
+    """Install ``NAME-argv``: the shipped kernelspec NAME's argv with no provisioner in its metadata.
 
-    ``relay``: the server forwards kernel messages as they come (the policy must be in the relay);
-    ``server-shim``: the server itself applies the policy (policy_server_shim.py, a test stand-in).
+    JupyterLab then runs the argv itself (jupyter_client's local provisioner), exactly as VS Code
+    or PyCharm run the shipped kernelspec: the launcher reads its settings from NAME's kernel.json.
     """
+    source = Path(install(name[: -len(ARGV_SUFFIX)], prefix=str(staging), install_as=f"{name}-settings"))
+    spec = json.loads((source / "kernel.json").read_text())
+    staged = staging / name
+    staged.mkdir()
+    (staged / "kernel.json").write_text(json.dumps({
+        "argv": spec["argv"], "display_name": f"{spec['display_name']} (argv)", "language": spec["language"],
+        "interrupt_mode": spec["interrupt_mode"], "metadata": {"debugger": False},
+    }))
+    KernelSpecManager().install_kernel_spec(str(staged), name, prefix=str(prefix))
+
+
+@pytest.fixture(scope="module")
+def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """JupyterLab on 127.0.0.1 with the kernelspecs under test and nothing else; the policy is the relay's."""
     base = tmp_path_factory.mktemp("policy-lab")
     prefix = base / "prefix"
     shipped = shipped_kernelspecs()
     extra_env: dict[str, str] = {}
     for name in KERNELSPECS:
-        spec = json.loads((Path(shipped[name]) / "kernel.json").read_text()) if name in shipped else None
-        if spec is None:
+        if name.endswith(ARGV_SUFFIX) and name[: -len(ARGV_SUFFIX)] in shipped:
+            _install_argv_only(name, prefix, base / "argv-settings")
+            continue
+        if name not in shipped:
             pytest.fail(f"kernelspec {name!r} is not shipped with kernel-sandbox (shipped: {', '.join(shipped)})")
         if name == OPENSANDBOX_SPEC:
             server = request.getfixturevalue("opensandbox_harness")
             install(name, prefix=str(prefix), config=_opensandbox_config(server))
             extra_env["OPEN_SANDBOX_API_KEY"] = server.api_key
             continue
-        provisioned = "kernel_provisioner" in spec.get("metadata", {})
-        install(name, prefix=str(prefix), config={"image": widget_image} if provisioned and widget_image != DEFAULT_IMAGE else None)
+        install(name, prefix=str(prefix))
     settings = base / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     root = base / "root"
     root.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
-           "JUPYTER_PATH": str(prefix / "share" / "jupyter"), "JUPYTER_CONFIG_DIR": str(base / "config"),
+    env = {**os.environ, "JUPYTER_PATH": str(prefix / "share" / "jupyter"), "JUPYTER_CONFIG_DIR": str(base / "config"),
            "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
            **extra_env}
@@ -189,8 +190,7 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
              f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             "--LabApp.news_url=", "--KernelSpecManager.ensure_native_kernel=False",
-             *(["--ServerApp.kernel_websocket_connection_class=policy_server_shim.PolicyConnection"] if request.param == "server-shim" else [])],
+             "--LabApp.news_url=", "--KernelSpecManager.ensure_native_kernel=False"],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )
     url = f"http://127.0.0.1:{port}"
@@ -207,7 +207,7 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
             pytest.fail(f"JupyterLab did not answer:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
     try:
-        yield {"url": url, "token": token, "headers": headers, "root": root, "mode": request.param}
+        yield {"url": url, "token": token, "headers": headers, "root": root}
     finally:
         process.terminate()
         try:
@@ -216,7 +216,7 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
             process.kill()
             process.wait()
         ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / f"policy-jupyterlab-{request.param}.log").write_bytes(log.read_bytes())
+        (ARTIFACTS / "policy-jupyterlab.log").write_bytes(log.read_bytes())
         for container in docker_engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]}):
             remove_container(container)
 
@@ -225,8 +225,9 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"chromium not found at {CHROMIUM} (apt-get install -y chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as pw:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             yield browser

@@ -1,20 +1,160 @@
-"""The strict policy in real JupyterLab (headless Chromium), applied by a test stand-in for the relay.
+"""No escape through the browser (issue 16): hostile outputs in JupyterLab run no script; benign ones render.
 
-browser_output_policy.py holds the scenario: hostile cells that would mark the page and write a
-file on the host, and the benign outputs users rely on. Here the Jupyter server applies the policy
-(policy_server_shim.py), which shows what strict stops and keeps in the browser before the
-launcher's relay applies it; browser_output_policy.py runs the same scenario through the relay.
+Real JupyterLab in headless Chromium, real Docker kernels, the policy applied by the launcher's
+relay and nothing else. Each kernelspec of ``KERNEL_SANDBOX_POLICY_KERNELSPECS`` is tested
+(default: ``sandboxed-python`` through its provisioner, and ``sandboxed-python-argv``: the same
+kernelspec's argv, which JupyterLab runs itself as a client that ignores provisioners does)::
+
+    KERNEL_SANDBOX_POLICY_KERNELSPECS=sandboxed-python,OTHER python -m pytest tests/policy/test_policy_jupyterlab.py
+
+Each payload, if it runs, sets ``data-pwned-NAME`` on the page's <body> and PUTs
+``pwned-NAME.txt`` through the Jupyter contents API with the page's ``_xsrf`` cookie, as the
+attack in the issue did. Debian's chromium through Playwright's ``executable_path``; only 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
+import os
+import time
+from pathlib import Path
+
+import httpx
 import pytest
 
-from browser_output_policy import check_notebook
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARGV_SUFFIX = "-argv"
+"""``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""
+KERNELSPECS = [
+    s for s in os.environ.get("KERNEL_SANDBOX_POLICY_KERNELSPECS", f"sandboxed-python,sandboxed-python{ARGV_SUFFIX}").split(",") if s
+]
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("lab", ["server-shim"], indirect=True)
-def test_strict_policy_in_jupyterlab_stops_the_payloads_and_keeps_the_outputs(browser, lab) -> None:
-    check_notebook(browser, lab, "sandboxed-python")
+def _attack(name: str) -> str:
+    """JavaScript that marks the page and writes a file on the host through the contents API."""
+    return (
+        f"document.body.setAttribute('data-pwned-{name}','1');"
+        "var x=(document.cookie.match(/_xsrf=([^;]+)/)||[])[1]||'';"
+        f"fetch('/api/contents/pwned-{name}.txt',{{method:'PUT',credentials:'same-origin',"
+        "headers:{'Content-Type':'application/json','X-XSRFToken':decodeURIComponent(x)},"
+        "body:JSON.stringify({type:'file',format:'text',content:'escaped'})})"
+    )
+
+
+def _display(kind: str, payload: str) -> str:
+    return f"from IPython.display import {kind}\n{kind}({payload!r})"
+
+
+_SRCDOC = html.escape("<script>" + _attack("iframe").replace("document.", "parent.document.").replace("fetch(", "parent.fetch(") + "</script>")
+HOSTILE_CELLS = {
+    "js": _display("Javascript", _attack("js")),
+    "html": _display("HTML", f'<img src=x onerror="{_attack("html")}">'),
+    "svg": _display("SVG", f'<svg xmlns="http://www.w3.org/2000/svg" onload="{_attack("svg")}"><script>{_attack("svgscript")}</script></svg>'),
+    "md": _display("Markdown", f'<script>{_attack("md")}</script>\n\n<img src=x onerror="{_attack("mdimg")}">\n\n'
+                               f'[click-md-link](<javascript:{_attack("mdlink")}>)'),
+    "iframe": _display("HTML", f'<iframe srcdoc="{_SRCDOC}"></iframe>'),
+    "link": _display("HTML", f'<a href="javascript:{_attack("link")}">click-html-link</a>'),
+    "widget": (
+        "import ipywidgets as w, traitlets as t\n"
+        "class Evil(w.DOMWidget):\n"
+        "    _model_name = t.Unicode('AnyModel').tag(sync=True)\n"
+        "    _model_module = t.Unicode('anywidget').tag(sync=True)\n"
+        "    _view_name = t.Unicode('AnyView').tag(sync=True)\n"
+        "    _view_module = t.Unicode('anywidget').tag(sync=True)\n"
+        + "    _esm = t.Unicode(%r).tag(sync=True)\n" % ("export default {render() {" + _attack("esm") + "}}")
+        + "Evil()"
+    ),
+    "swap": (
+        "from IPython.display import HTML, display\n"
+        "h = display(HTML('<b>harmless</b>'), display_id=True)\n"
+        + "h.update(HTML(%r))" % ('<img src=x onerror="%s">' % _attack("swap"))
+    ),
+    "htmlwidget": "import ipywidgets as w\nw.HTML(%r)" % ('<img src=x onerror="%s">' % _attack("hw")),
+}
+BENIGN_CELLS = {
+    "pandas": "import pandas as pd\npd.DataFrame({'city': ['Paris', 'Lyon'], 'n': [1, 2]})",
+    "matplotlib": "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.show()",
+    "svg": ("%config InlineBackend.figure_formats = ['svg']\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 3, 2]); plt.title('benign-svg'); plt.show()\n%config InlineBackend.figure_formats = ['png']"),
+    "markdown": "from IPython.display import Markdown\nMarkdown('**benign-bold** and `a < b`')",
+    "latex": "from IPython.display import Math\nMath(r'\\alpha^2 + \\beta')",
+    "html": "from IPython.display import HTML\nHTML('<b>benign-html</b>')",
+    "slider": "import ipywidgets as w\nw.IntSlider(value=7, description='benign-slider')",
+    "tqdm": "from tqdm.notebook import tqdm\nfor i in tqdm(range(3), desc='benign-tqdm'): pass",
+}
+
+
+def _notebook(kernelspec: str) -> dict:
+    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+             for src in [*HOSTILE_CELLS.values(), *BENIGN_CELLS.values()]]
+    return {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
+            "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
+
+
+@pytest.mark.parametrize("kernelspec", KERNELSPECS)
+def test_hostile_outputs_run_no_script_and_benign_ones_render(browser, lab, kernelspec: str) -> None:
+    check_notebook(browser, lab, kernelspec)
+
+
+def check_notebook(browser, lab: dict, kernelspec: str) -> None:
+    """Run the hostile and benign cells in JupyterLab on ``kernelspec``; fail on any sign of script."""
+    name = f"policy-{kernelspec}.ipynb"
+    put = httpx.put(f"{lab['url']}/api/contents/{name}", headers=lab["headers"],
+                    json={"type": "notebook", "format": "json", "content": _notebook(kernelspec)})
+    assert put.status_code in (200, 201), put.text
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(120_000)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    try:
+        page.goto(f"{lab['url']}/lab/workspaces/{kernelspec}/tree/{name}?reset&token={lab['token']}")  # a workspace of its own: no other notebook reopens
+        panel = page.locator(".jp-NotebookPanel:visible")
+        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()  # the kernel is up
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        # The benign outputs render (the last cell's progress bar completes last).
+        panel.locator(".widget-hprogress, .widget-progress").first.wait_for()
+        panel.locator(".widget-html-content", has_text="3/3").first.wait_for()
+        panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+        assert panel.locator("table.dataframe td", has_text="Lyon").count() == 1
+        assert panel.locator(".jp-RenderedImage img[src^='data:image/png']").count() >= 1
+        svg = panel.locator(".jp-RenderedSVG img").last
+        svg.scroll_into_view_if_needed()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=svg.element_handle())  # the cleaned SVG still draws
+        assert panel.locator("strong", has_text="benign-bold").count() == 1
+        assert panel.locator("b", has_text="benign-html").count() == 1
+        assert panel.locator(".jp-RenderedLatex mjx-container, .jp-RenderedLatex .MathJax").count() >= 1
+        assert panel.locator(".widget-slider, .widget-hslider").count() >= 1
+        assert panel.locator(".widget-label", has_text="benign-slider").count() == 1
+        # The links would run script when clicked.
+        for text in ("click-html-link", "click-md-link"):
+            link = panel.locator("a", has_text=text)
+            if link.count():
+                with contextlib.suppress(Exception):
+                    link.first.click(timeout=5_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}.png"), full_page=True)
+        panel.locator(".jp-Cell").last.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}-benign.png"), full_page=True)
+        # Bounded look for what a payload that ran would have left: the page marker or the file.
+        deadline = time.monotonic() + 5
+        while True:
+            markers = page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))")
+            listing = httpx.get(f"{lab['url']}/api/contents", headers=lab["headers"]).json()["content"]
+            written = sorted(item["name"] for item in listing if item["name"].startswith("pwned"))
+            if markers or written or time.monotonic() > deadline:
+                break
+            page.wait_for_timeout(250)
+        assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}-failure.png"), full_page=True)
+        raise
+    finally:
+        context.close()
+    outside = [u for u in requests if not u.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:"))]
+    assert outside == []

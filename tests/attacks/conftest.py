@@ -1,0 +1,72 @@
+"""Fixtures of the attacker's tests: a kernel to attack, another host account, the browser and JupyterLab.
+
+Everything an attack does runs as code in the kernel (the attacker's position) or, for the
+host-user tests, as a second account made with ``useradd`` for the test and removed after it.
+
+The browser fixtures (JupyterLab with Docker kernels in Chromium) are the policy tests' own,
+loaded from tests/policy/conftest.py so that both suites drive the same server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+
+from attack_kit import HOST_PYTHON, OtherUser
+
+_POLICY = Path(__file__).resolve().parent.parent / "policy"
+if str(_POLICY) not in sys.path:
+    sys.path.insert(0, str(_POLICY))
+_spec = importlib.util.spec_from_file_location("policy_fixtures", _POLICY / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+policy_fixtures = sys.modules.setdefault("policy_fixtures", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(policy_fixtures)
+browser = policy_fixtures.browser
+lab = policy_fixtures.lab
+widget_image = policy_fixtures.widget_image
+
+
+@pytest.fixture
+async def kernel(docker_engine, jupyter_prefix) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """A Sandboxed Python kernel (the provisioner's path, launcher included) and a client of it."""
+    km = AsyncKernelManager(kernel_name="sandboxed-python")
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=90)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            await km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def other_user() -> Iterator[OtherUser]:
+    """A fresh unprivileged host account (``useradd``), removed with its files after the test."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("the host-account attacks need root in CI (.ci/run runs as root)")
+        pytest.skip("making a second host account needs root")
+    if not Path(HOST_PYTHON).exists():
+        pytest.fail(f"{HOST_PYTHON} is needed to run code as another account")
+    name = f"ksattack{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield OtherUser(name, pwd.getpwnam(name).pw_uid)
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+local_kernel = policy_fixtures.kernel
+"""A real local ipykernel (module scope), to make real widget messages for the policy tests."""
