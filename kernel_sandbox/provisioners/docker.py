@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,10 @@ class DockerProvisioner(LaunchedProvisioner):
         """The bind mounts, resolved: a standby serves every working directory that mounts the same."""
         return resolve_mounts(settings, cwd)
 
+    def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool]:
+        """Removes the container a standby's launcher left, on the launcher's engine."""
+        return functools.partial(_remove_left, _engine_env(launcher_env))
+
     @property
     def container_id(self) -> str | None:
         """The id of the kernel's container, once the launcher has made it."""
@@ -137,6 +141,20 @@ def _engine(environment: tuple[tuple[str, str], ...]) -> docker.DockerClient:
 
 def _image_id(image: str, environment: tuple[tuple[str, str], ...]) -> str:
     return str(_engine(environment).images.get(image).id)
+
+
+def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]) -> bool:
+    """Remove the container named in a launcher's state; False when the engine cannot be asked now."""
+    if not state.get("container_id"):
+        return True
+    try:
+        client = docker_client(timeout=10, environment=dict(environment))
+        remove_container(client.containers.get(state["container_id"]))
+    except docker.errors.NotFound:
+        return True
+    except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
+        return False
+    return True
 
 
 def _remove_quietly(container_id: str, log: Any) -> None:

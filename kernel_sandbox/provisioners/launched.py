@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -129,6 +129,10 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         """What else a kernel of ``settings`` started in ``cwd`` is made of (Docker: its mounts)."""
         return cwd
 
+    def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool] | None:
+        """What removes the container or sandbox a standby's launcher left (given its state); None: nothing."""
+        return None
+
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Check the settings; take a standby of this configuration, or prepare a cold start."""
         if kwargs.pop("transport_encryption", "disabled") == "required":
@@ -177,7 +181,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         return Recipe.make(
             backend=self.backend, settings=settings.to_config(), image=image,
             context=self.standby_context(settings, cwd), kernel_env=kernel_env, launcher_env=launcher_env,
-            cwd=cwd, count=count, log=self.log,
+            cwd=cwd, count=count, log=self.log, cleanup=self.standby_cleanup(launcher_env),
         )
 
     async def _take_standby(self, recipe: Recipe, session_name: str | None) -> Standby | None:
@@ -188,7 +192,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
                 await _name_session(standby.connection_info, session_name, self.get_stable_start_time())
             except KernelSandboxError as exc:
                 self.log.warning("kernel-sandbox: starting cold instead of a standby that %s", exc)
-                standby.stop()
+                POOL.retire(standby)
                 return None
         return standby
 

@@ -21,7 +21,9 @@ What makes a standby safe to hand out:
   :meth:`StandbyPool.close` (registered with :mod:`atexit`) stops every standby and waits (up to
   :data:`CLOSE_WAIT`) until their containers are gone.
 * A standby that cannot be started never breaks a launch: the launch starts cold, and the
-  reason is logged once per configuration.
+  reason is logged once per configuration. What a standby's launcher left when it ended badly
+  (a container it could not remove: the engine went away meanwhile) is removed by the pool,
+  retried for up to :data:`LEFTOVER_RETRY` seconds; after that ``kernel-sandbox gc`` removes it.
 
 The pool keeps standbys for at most :data:`MAX_CONFIGURATIONS` configurations, the most recently
 launched ones. It is this process's own: another process, and so another host account, can never
@@ -43,7 +45,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,12 +55,16 @@ from jupyter_client.session import new_id_bytes
 
 from ..containers import LABEL_KERNEL_ID, LABEL_PRIVATE_DIR
 from ..errors import KernelSandboxError
-from ..privdir import ADOPTED, EXIT, OWNER_LOCK, PrivateDir
+from ..privdir import ADOPTED, EXIT, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
 
 MAX_CONFIGURATIONS = 4
 """Configurations the pool keeps standbys for; the least recently launched one's are stopped first."""
 CLOSE_WAIT = 30.0
 """Seconds the process waits at exit for its standbys' containers to be removed (then their launchers finish alone)."""
+STOP_WAIT = 60.0
+"""Seconds a stopped standby's launcher has to end before the pool lets it finish alone (in the background)."""
+LEFTOVER_RETRY = 300.0
+"""Seconds the pool retries removing what a standby's launcher left (then ``kernel-sandbox gc`` does)."""
 STANDBY_ID_PREFIX = "standby-"
 """The kernel id a standby's launcher gets (its container's ``kernel-sandbox.kernel-id`` label)."""
 CONNECTION_FILE = "connection.json"
@@ -87,6 +93,8 @@ class Recipe:
     cwd: str | None
     count: int
     log: Any = field(default=log, compare=False, repr=False)
+    cleanup: Callable[[dict[str, Any]], bool] | None = field(default=None, compare=False, repr=False)
+    """Removes what an ended launcher left (given its ``launcher.json`` state); False: not now (engine away)."""
 
     @property
     def family(self) -> str:
@@ -127,7 +135,10 @@ class Standby:
         return f"<Standby {self.kernel_id} {state} launcher pid {pid}>"
 
     def start(self) -> None:
-        """Start the launcher and block until its kernel answers (or it gives up); never raises."""
+        """Start the launcher and block until its kernel answers, or set :attr:`error`; never raises.
+
+        After an error the pool retires it (:meth:`StandbyPool.retire`).
+        """
         from .launched import (
             launcher_command,
             read_status,
@@ -165,24 +176,15 @@ class Standby:
             self.error = str(reason or f"the launcher exited with code {code}")
         except (OSError, RuntimeError, KernelSandboxError) as exc:  # costs a cold start, nothing more
             self.error = str(exc)
-        self.discard()
 
     @property
     def stopped(self) -> bool:
-        """True once :meth:`stop` was called (the pool let go of it)."""
+        """True once :meth:`terminate` was called (the pool let go of it)."""
         return self._stopped
 
     def alive(self) -> bool:
         """True while its launcher runs (it ends when its kernel does)."""
         return self.process is not None and self.process.poll() is None
-
-    def stop(self, wait: float = 0.0) -> None:
-        """Stop the launcher, which removes the container; wait up to ``wait`` seconds for that.
-
-        Past the wait the owner lock is let go, so the launcher removes the directory itself when done.
-        """
-        self.terminate()
-        self.release(wait)
 
     def terminate(self) -> None:
         """Ask the launcher to stop (SIGTERM: it removes the container); a starting one stops starting."""
@@ -195,8 +197,13 @@ class Standby:
             except ProcessLookupError:
                 pass
 
-    def release(self, wait: float) -> None:
-        """Remove the directory once the launcher has ended within ``wait`` seconds, else let go of it."""
+    def release(self, wait: float, retry: float | None = None) -> None:
+        """:meth:`discard` the standby once its launcher has ended within ``wait`` seconds, else let go of it.
+
+        Let go: the owner lock is released, so the launcher removes its directory itself when done.
+        ``retry``: how long :meth:`discard` retries (default: what is left of ``wait``).
+        """
+        deadline = time.monotonic() + wait
         if self.process is not None:
             try:
                 self.process.wait(timeout=wait)
@@ -204,12 +211,29 @@ class Standby:
                 if self.private is not None:
                     self.private.release(OWNER_LOCK)
                 return
-        self.discard()
+        self.discard(max(deadline - time.monotonic(), 0) if retry is None else retry)
 
-    def discard(self) -> None:
-        """Forget a standby whose launcher has ended: remove its directory."""
-        if self.private is not None:
-            self.private.remove()
+    def discard(self, retry: float = LEFTOVER_RETRY) -> None:
+        """Forget a standby whose launcher has ended: remove what it left and its directory.
+
+        Removing the leftover is retried for ``retry`` seconds (the engine may be back by then).
+        """
+        if self.private is None:
+            return
+        state = self.private.read_json(LAUNCHER_STATE)
+        cleanup = self.recipe.cleanup
+        if isinstance(state, dict) and state and cleanup is not None:
+            deadline, pause = time.monotonic() + retry, 0.5
+            while not cleanup(state):
+                if time.monotonic() + pause > deadline:
+                    self.recipe.log.warning(
+                        "kernel-sandbox: could not remove what standby %s left (%s); `kernel-sandbox gc` removes it",
+                        self.kernel_id, state,
+                    )
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 8.0)
+        self.private.remove()
 
 
 class StandbyPool:
@@ -220,6 +244,7 @@ class StandbyPool:
         self._families: OrderedDict[str, list[Standby]] = OrderedDict()
         self._logged: set[tuple[str, str]] = set()
         self._closed = False
+        self._retiring: set[threading.Thread] = set()
 
     def __repr__(self) -> str:
         with self._lock:
@@ -247,12 +272,12 @@ class StandbyPool:
             try:
                 ready = await asyncio.shield(asyncio.wrap_future(standby.started))
             except asyncio.CancelledError:
-                standby.stop()
+                self.retire(standby)
                 raise
             if ready and standby.alive():
                 recipe.log.debug("kernel-sandbox: adopting standby %s", standby.kernel_id)
                 return standby
-            standby.stop()
+            self.retire(standby)
 
     def refill(self, recipe: Recipe) -> None:
         """Start standbys in the background until ``recipe.count`` are kept for its configuration.
@@ -274,7 +299,7 @@ class StandbyPool:
             new = [Standby(recipe) for _ in range(recipe.count - len(kept))]
             kept.extend(new)
         for standby in stale:
-            standby.stop()
+            self.retire(standby)
         for standby in new:
             threading.Thread(target=self._start, args=(standby,), name="kernel-sandbox-standby", daemon=True).start()
 
@@ -284,10 +309,11 @@ class StandbyPool:
             standby.start()
         except BaseException as exc:
             standby.error = f"{type(exc).__name__}: {exc}"
-            standby.stop()
             raise
         finally:
-            self._started(standby)
+            self._started(standby)  # before the clean-up: a launch waiting for it starts cold now
+            if standby.error is not None:
+                self.retire(standby)
 
     def _started(self, standby: Standby) -> None:
         if standby.error is not None and not standby.stopped:
@@ -304,8 +330,28 @@ class StandbyPool:
                 )
         standby.started.set_result(standby.error is None)
 
+    def retire(self, standby: Standby) -> None:
+        """Stop a standby that left the pool (its launcher removes the container) and forget it in a thread.
+
+        Never blocks (it is called on the event loop): the thread waits up to :data:`STOP_WAIT` for the
+        launcher, then removes what it left; :meth:`clear` waits for these threads too.
+        """
+        standby.terminate()
+        thread = threading.Thread(target=self._release, args=(standby,), name="kernel-sandbox-standby-stop", daemon=True)
+        with self._lock:
+            self._retiring.add(thread)
+        thread.start()
+
+    def _release(self, standby: Standby) -> None:
+        try:
+            standby.release(STOP_WAIT, LEFTOVER_RETRY)
+        finally:
+            with self._lock:
+                self._retiring.discard(threading.current_thread())
+
     def clear(self, wait: float = 0.0) -> None:
-        """Stop every standby, waiting up to ``wait`` seconds in all for their containers to go.
+        """Stop every standby, waiting up to ``wait`` seconds in all for their containers to go (and for
+        those of standbys stopped earlier).
 
         The pool refills on the next launch (unless closed).
         """
@@ -317,6 +363,10 @@ class StandbyPool:
         deadline = time.monotonic() + wait
         for standby in standbys:
             standby.release(max(deadline - time.monotonic(), 0))
+        with self._lock:
+            retiring = list(self._retiring)
+        for thread in retiring:  # standbys stopped earlier, still being removed
+            thread.join(max(deadline - time.monotonic(), 0))
 
     def close(self, wait: float = CLOSE_WAIT) -> None:
         """Stop every standby, start no more, and wait for their containers to go (at interpreter exit)."""

@@ -11,22 +11,28 @@ import os
 import signal
 import subprocess
 import sys
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import docker.errors
+import httpx
 import pytest
+from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID
+from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandboxPool
+from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.privdir import LAUNCHER_STATE, OWNER_LOCK, PrivateDir
 from kernel_sandbox.provisioners import standby as standby_module
 from kernel_sandbox.provisioners.standby import (
+    CONNECTION_FILE,
     POOL,
     STANDBY_ID_PREFIX,
     Standby,
@@ -395,6 +401,106 @@ def test_the_orphan_guard_removes_the_standby_of_a_killed_process(docker_engine)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def start_jupyter_server(base: Path, orphan: float) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    """A Jupyter server (its own process) whose sandboxed-python kernelspec has ``orphan_timeout``."""
+    prefix, root = base / "prefix", base / "root"
+    root.mkdir()
+    install("sandboxed-python", prefix=str(prefix), config={"orphan_timeout": orphan})
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "JPY_"))}
+    env.update({"JUPYTER_PATH": str(prefix / "share" / "jupyter"), "JUPYTER_CONFIG_DIR": str(base / "config"),
+                "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime")})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    token = secrets.token_hex(16)
+    with open(base / "server.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+             f"--ServerApp.root_dir={root}", "--KernelSpecManager.ensure_native_kernel=False"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
+    deadline = time.monotonic() + READY_WAIT
+    while True:
+        assert process.poll() is None, (base / "server.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/api/status", headers=headers, timeout=2).status_code == 200:
+                return process, url, headers
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"the Jupyter server did not answer:\n{(base / 'server.log').read_text()[-3000:]}"
+        time.sleep(0.3)
+
+
+def ready_standby_of(client: Any, owner: int) -> Any:
+    """The container of ``owner``'s idle standby once its kernel answers (through its own connection file)."""
+    deadline = time.monotonic() + READY_WAIT
+    while True:
+        mine = client.containers.list(filters={"label": [*OURS, f"{LABEL_OWNER_PID}={owner}"]}, ignore_removed=True)
+        idle = [c for c in mine if kernel_of(c.labels) is None]
+        if idle:
+            kc = BlockingKernelClient()
+            try:
+                kc.load_connection_file(str(Path(idle[0].labels[LABEL_PRIVATE_DIR]) / CONNECTION_FILE))
+                kc.start_channels()
+                kc.wait_for_ready(timeout=max(deadline - time.monotonic(), 1))  # kernel_info only: no state
+                return idle[0]
+            except (OSError, ValueError, RuntimeError):
+                pass
+            finally:
+                kc.stop_channels()
+        assert time.monotonic() < deadline, f"no standby of process {owner} answered within {READY_WAIT} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.security("fault", "sessions")
+def test_a_killed_jupyter_server_leaves_no_standby(docker_engine, tmp_path: Path) -> None:
+    """SIGKILL of the Jupyter server: its kernel's and its idle standby's containers and directories go."""
+    orphan = 3
+    process, url, headers = start_jupyter_server(tmp_path, orphan)
+    try:
+        started = httpx.post(f"{url}/api/kernels", json={"name": "sandboxed-python"}, headers=headers, timeout=READY_WAIT)
+        assert started.status_code == 201, started.text
+        standby = ready_standby_of(docker_engine, process.pid)
+        [kernel] = [c for c in docker_engine.containers.list(filters={"label": f"{LABEL_OWNER_PID}={process.pid}"})
+                    if kernel_of(c.labels) == started.json()["id"]]
+        private = Path(standby.labels[LABEL_PRIVATE_DIR])
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        wait_gone(docker_engine, standby.id, orphan + 60, "the killed server's standby")
+        wait_gone(docker_engine, kernel.id, orphan + 60, "the killed server's kernel")
+        deadline = time.monotonic() + 30
+        while private.exists():
+            assert time.monotonic() < deadline, "the standby's private directory is left"
+            time.sleep(0.2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_gc_leaves_a_live_standby_and_a_dead_one_is_never_handed_out(
+    kernels: list[AsyncKernelManager], docker_engine
+) -> None:
+    """``kernel-sandbox gc`` keeps a standby whose process lives; one whose launcher died is gone and skipped."""
+    kernels.append(await start(provisioner_config()))
+    waiting = await ready_standby()
+    idle = container_of(waiting)
+    cli = Path(sys.executable).with_name("kernel-sandbox")
+    swept = await asyncio.to_thread(subprocess.run, [str(cli), "gc"], capture_output=True, text=True, timeout=120)
+    assert swept.returncode == 0, swept.stderr
+    assert docker_engine.containers.get(idle).status == "running" and waiting.alive()
+    assert waiting.process is not None
+    waiting.process.kill()  # the launcher dies: its lifeline ends the kernel, auto-remove the container
+    await asyncio.to_thread(waiting.process.wait, 30)
+    await asyncio.to_thread(wait_gone, docker_engine, idle, 60, "the dead launcher's standby")
+    kernels.append(km := await start(provisioner_config()))
+    assert km.provisioner.container_id != idle and waiting not in POOL.standbys()
+    assert (await run(km, "print('cold')"))["stdout"] == "cold\n"
 
 
 async def test_ps_lists_standbys_and_the_kernels_they_became(kernels: list[AsyncKernelManager], docker_engine) -> None:
