@@ -5,7 +5,8 @@ started and idle in the process that runs it (the Jupyter server, a program usin
 execution API). The next :meth:`~.launched.LaunchedProvisioner.pre_launch` of that configuration
 takes one out of the pool (:meth:`StandbyPool.take`) and adopts it: the provisioner returns the
 standby's connection info, which jupyter_client takes as the truth (``_reconcile_connection_info``
-rewrites the client's connection file with it), and the pool starts a replacement in a thread.
+rewrites the client's connection file with it), and the pool starts a replacement in a thread
+:data:`REFILL_DELAY` later.
 
 What makes a standby safe to hand out:
 
@@ -63,6 +64,10 @@ CLOSE_WAIT = 30.0
 """Seconds the process waits at exit for its standbys' containers to be removed (then their launchers finish alone)."""
 STOP_WAIT = 60.0
 """Seconds a stopped standby's launcher has to end before the pool lets it finish alone (in the background)."""
+REFILL_DELAY = 1.0
+"""Seconds a refill waits before it starts, so that the kernel just launched answers its first messages
+without competing with the next standby's start for the CPU and the engine. A launch that needs the
+standby meanwhile starts it at once."""
 LEFTOVER_RETRY = 300.0
 """Seconds the pool retries removing what a standby's launcher left (then ``kernel-sandbox gc`` does)."""
 STANDBY_ID_PREFIX = "standby-"
@@ -126,6 +131,8 @@ class Standby:
         self.error: str | None = None
         self.started: concurrent.futures.Future[bool] = concurrent.futures.Future()
         """True once the kernel answers; False when it could not start (``error`` says why)."""
+        self.begin = threading.Event()
+        """Set when the launcher should start now rather than after :data:`REFILL_DELAY`."""
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -191,6 +198,7 @@ class Standby:
         with self._lock:
             self._stopped = True
             process = self.process
+        self.begin.set()
         if process is not None and process.poll() is None:
             try:
                 process.send_signal(signal.SIGTERM)
@@ -269,6 +277,7 @@ class StandbyPool:
                 if standby is None:
                     return None
                 standbys.remove(standby)
+            standby.begin.set()
             try:
                 ready = await asyncio.shield(asyncio.wrap_future(standby.started))
             except asyncio.CancelledError:
@@ -306,6 +315,7 @@ class StandbyPool:
     def _start(self, standby: Standby) -> None:
         standby.started.set_running_or_notify_cancel()
         try:
+            standby.begin.wait(REFILL_DELAY)
             standby.start()
         except BaseException as exc:
             standby.error = f"{type(exc).__name__}: {exc}"
@@ -340,7 +350,12 @@ class StandbyPool:
         thread = threading.Thread(target=self._release, args=(standby,), name="kernel-sandbox-standby-stop", daemon=True)
         with self._lock:
             self._retiring.add(thread)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # no new threads at interpreter exit: the launcher finishes alone
+            with self._lock:
+                self._retiring.discard(thread)
+            standby.release(0)
 
     def _release(self, standby: Standby) -> None:
         try:
@@ -366,7 +381,8 @@ class StandbyPool:
         with self._lock:
             retiring = list(self._retiring)
         for thread in retiring:  # standbys stopped earlier, still being removed
-            thread.join(max(deadline - time.monotonic(), 0))
+            if thread.ident is not None:  # started
+                thread.join(max(deadline - time.monotonic(), 0))
 
     def close(self, wait: float = CLOSE_WAIT) -> None:
         """Stop every standby, start no more, and wait for their containers to go (at interpreter exit)."""
