@@ -20,7 +20,7 @@ from kernel_sandbox.containers import (
     require_image,
 )
 from kernel_sandbox.kernelspecs import install
-from kernel_sandbox.provisioners.standby import POOL, kernel_of
+from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL, kernel_of
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -97,10 +97,11 @@ def nothing_leaks(engine_if_any):
 def no_standby_outlives_the_run(engine_if_any):
     """At the end of the run, this process's standby kernels (``standby`` defaults to 1) go as at its exit.
 
-    ``POOL.close()`` is what :mod:`atexit` runs: it stops every standby and waits for its container.
+    ``POOL.clear(CLOSE_WAIT)`` is what :mod:`atexit` runs (``close()``, which also starts no more):
+    it stops every standby and waits for its container.
     """
     yield
-    POOL.close()
+    POOL.clear(CLOSE_WAIT)
     if engine_if_any is None:
         return
     mine = {"label": [*OURS, f"{LABEL_OWNER_PID}={os.getpid()}"]}
@@ -108,4 +109,4 @@ def no_standby_outlives_the_run(engine_if_any):
     idle = [c for c in containers if kernel_of(c.labels) is None]
     for container in idle:
         remove_container(container)
-    assert not idle, f"standby kernels left behind after the pool closed: {[c.name for c in idle]}"
+    assert not idle, f"standby kernels left behind after the pool was cleared: {[c.name for c in idle]}"
