@@ -162,8 +162,8 @@ def output_policy(settings: Settings) -> OutputPolicy:
     """A new output policy for one kernel connection with these settings (it tracks widget comms)."""
     return OutputPolicy.from_name(
         settings.output_policy,
-        allow_mime_types=getattr(settings, "allow_mime_types", ()),
-        allow_widget_modules=getattr(settings, "allow_widget_modules", ()),
+        allow_mime_types=settings.allow_mime_types,
+        allow_widget_modules=settings.allow_widget_modules,
     )
 
 
