@@ -188,12 +188,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         """A standby of ``recipe`` ready to be adopted, named after the client's session; None: start cold."""
         standby = await POOL.take(recipe)
         if standby is not None and session_name:
-            try:
-                await _name_session(standby.connection_info, session_name, self.get_stable_start_time())
-            except KernelSandboxError as exc:
-                self.log.warning("kernel-sandbox: starting cold instead of a standby that %s", exc)
-                POOL.retire(standby)
-                return None
+            _name_session(standby.connection_info, session_name, self.get_stable_start_time(), self.log)
         return standby
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
@@ -365,25 +360,40 @@ def read_status(fd: int) -> bool:
         return pipe.readline().strip() == b"ready"
 
 
-async def _name_session(info: dict[str, Any], name: str, timeout: float) -> None:
+_NAMINGS: set[asyncio.Task[None]] = set()
+"""Session namings waiting for their reply (the reference keeps each task alive)."""
+
+
+def _name_session(info: dict[str, Any], name: str, timeout: float, log: Any) -> None:
     """Give an adopted kernel the client's ``JPY_SESSION_NAME`` (a cold one has it from its environment).
 
     One silent execute that stores no history: ``__session__`` as ipykernel sets it, and the variable.
+    It is sent before the launch returns, and not waited for (that would cost the start one more
+    round trip): the kernel handles shell requests in the order they reach it, so the client's
+    requests, sent later, run after it. A refusal or no reply within ``timeout`` is logged.
     """
     code = f"__session__ = {name!r}; __import__('os').environ['JPY_SESSION_NAME'] = __session__"
     client = AsyncKernelClient(context=zmq.asyncio.Context.instance())
     client.load_connection_info(info)
     client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+    msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
+    task = asyncio.ensure_future(_named(client, msg_id, timeout, log))
+    _NAMINGS.add(task)
+    task.add_done_callback(_NAMINGS.discard)
+
+
+async def _named(client: AsyncKernelClient, msg_id: str, timeout: float, log: Any) -> None:
+    """Wait for the reply to a session naming; log what went wrong."""
+    deadline = time.monotonic() + timeout
     try:
-        msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
-        deadline = time.monotonic() + timeout
         while True:
             reply = await client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
     except queue.Empty:
-        raise KernelLaunchError(f"did not answer within {timeout:g} s") from None
+        log.warning("kernel-sandbox: an adopted standby did not confirm its session name within %g s", timeout)
+        return
     finally:
         client.stop_channels()
     if reply["content"].get("status") != "ok":
-        raise KernelLaunchError(f"refused its session name ({reply['content'].get('evalue')})")
+        log.warning("kernel-sandbox: an adopted standby refused its session name (%s)", reply["content"].get("evalue"))
