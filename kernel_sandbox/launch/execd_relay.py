@@ -8,7 +8,9 @@ It answers the requests a client needs on its own, without ipykernel's ``Kernel`
 inspection and history are answered empty, a ``comm_open`` is closed again. Cells run one at a
 time in arrival order; after an error, queued cells are aborted as ipykernel does
 (``stop_on_error``). Messages are built here and signed by the front; the request's header
-bytes are reused as the parent header, unparsed.
+bytes are reused as the parent header, unparsed. A cell's ``busy`` and ``execute_input`` are
+published once its request to execd is written, so they travel while execd runs the code
+(still before any of its output).
 """
 
 from __future__ import annotations
@@ -234,25 +236,36 @@ class ExecdRelay:
         code = content.get("code")
         code = code if isinstance(code, str) else ""
         silent = bool(content.get("silent", False))
-        self._status(parent, "busy")
         if not silent:
             self.execution_count += 1
-            self.publish("execute_input", parent, {"code": code, "execution_count": self.execution_count})
-        translator = CellTranslator(
-            lambda msg_type, body: self.publish(msg_type, parent, body),
-            execution_count=self.execution_count,
-            silent=silent,
-        )
+        count = self.execution_count
+        announced = False
+
+        def announce() -> None:
+            nonlocal announced
+            if not announced:
+                announced = True
+                self._status(parent, "busy")
+                if not silent:
+                    self.publish("execute_input", parent, {"code": code, "execution_count": count})
+
+        def publish(msg_type: str, content: dict[str, Any]) -> None:
+            announce()
+            self.publish(msg_type, parent, content)
+
+        translator = CellTranslator(publish, execution_count=count, silent=silent)
         if code.strip():
             self._cell = cell = CellRelay(translator)
-            try:
-                reply = await cell.run(self.execd.stream(code, context_id=self.context_id, language=self.language))
+            try:  # busy and execute_input go out once the request is on its way to execd
+                stream = self.execd.stream(code, context_id=self.context_id, language=self.language, on_sent=announce)
+                reply = await cell.run(stream)
             finally:
                 self._cell = None
             if isinstance(translator.failure, (OutputLimitExceeded, CallDeadlineExceeded)):
                 await self._interrupt_quietly()
         else:
             reply = translator.reply()
+        announce()
         self._reply("shell", idents, parent, "execute_reply", reply)
         self._status(parent, "idle")
         return reply["status"] == "error" and not silent and content.get("stop_on_error", True) is not False

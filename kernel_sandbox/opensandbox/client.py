@@ -408,6 +408,16 @@ async def _emit(callback: Callable[[Any], Awaitable[None] | None] | None, value:
         await result
 
 
+def _on_event(suffix: str, callback: Callable[[], None]) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` extension that calls ``callback`` on each event whose name ends with ``suffix``."""
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name.endswith(suffix):
+            callback()
+
+    return trace
+
+
 class ExecdClient:
     """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
 
@@ -484,11 +494,17 @@ class ExecdClient:
             await asyncio.sleep(min(poll_interval, max(0.0, ready_timeout - elapsed)))
 
     async def stream(
-        self, code: str, *, context_id: str | None = None, language: str = "python"
+        self,
+        code: str,
+        *,
+        context_id: str | None = None,
+        language: str = "python",
+        on_sent: Callable[[], None] | None = None,
     ) -> AsyncIterator[Event]:
         """Run ``code`` and yield its events as they arrive, up to and including the terminal one.
 
-        Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
+        ``on_sent`` is called when the request has been written (before execd answers), so a
+        caller can do its own work while execd runs the code. Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
         :class:`OpenSandboxConnectionError` when the stream ends (or breaks) before a terminal
         event, :class:`CallDeadlineExceeded` when no event arrives for ``stream_idle_timeout``.
         """
@@ -502,6 +518,7 @@ class ExecdClient:
             json={"code": code, "context": context},
             headers={**self.headers, "Accept-Encoding": "identity"},
             timeout=httpx.Timeout(self.request_timeout, read=None),
+            extensions={"trace": _on_event("send_request_body.complete", on_sent)} if on_sent else None,
         )
         what = _where(request)
         busy_until = time.monotonic() + self.busy_wait
