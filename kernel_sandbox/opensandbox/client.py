@@ -503,6 +503,9 @@ class ExecdClient:
     ) -> AsyncIterator[Event]:
         """Run ``code`` and yield its events as they arrive, up to and including the terminal one.
 
+        After the terminal event the generator reads the rest of execd's answer (execd frees the
+        context only then) before it ends: iterate it to its end before the next run.
+
         ``on_sent`` is called when the request has been written (before execd answers), so a
         caller can do its own work while execd runs the code. Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
         :class:`OpenSandboxConnectionError` when the stream ends (or breaks) before a terminal
@@ -534,10 +537,12 @@ class ExecdClient:
                 raise failure
             await asyncio.sleep(0.1)  # the previous run (e.g. just interrupted) is still ending
         try:
+            ended = False
             async for event in self._events(response, what):
-                yield event
-                if event.terminal:
-                    return
+                ended = ended or event.terminal
+                yield event  # the terminal one too, before the rest of the stream is drained
+            if ended:
+                return
             raise OpenSandboxConnectionError(
                 f"{what}: the connection to execd dropped before the run ended (the stream closed without an "
                 "execution_complete or error event); the code may still be running in the sandbox"
@@ -609,8 +614,8 @@ class ExecdClient:
                     continue
                 last_event = time.monotonic()
                 if event.terminal:
-                    await self._drain(chunks, self.max_output_bytes - received)
                     yield event
+                    await self._drain(chunks, self.max_output_bytes - received)
                     return
                 yield event
         event = parse_event(lines.rest())

@@ -113,7 +113,8 @@ async def test_a_cell_is_announced_before_its_output_whatever_execd_answers(
         assert reply["parent_header"]["msg_id"] == msg_id
         expected = [("status", "busy"), ("execute_input", reply["content"]["execution_count"])]
         expected += [output] if output else []
-        assert await _iopub_of(kc, msg_id) == [*expected, ("status", "idle")], code
+        seen = await _iopub_of(kc, msg_id)
+        assert seen == [*expected, ("status", "idle")], (code, seen)
     silent = kc.execute("6 * 7", silent=True)
     assert await _iopub_of(kc, silent) == [("status", "busy"), ("status", "idle")]
 
