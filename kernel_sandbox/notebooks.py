@@ -21,6 +21,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKerne
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from traitlets.config import Config
 
 from .kernelspecs import DOCKER_SPEC, shipped_kernelspecs
 
@@ -53,8 +54,14 @@ class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
             return KernelSpec.from_resource_dir(str(shipped))
 
 
-def kernel_manager(kernel_name: str = DOCKER_SPEC, **kwargs: Any) -> AsyncKernelManager:
-    """An AsyncKernelManager for ``kernel_name`` that falls back to the shipped kernelspecs."""
+def kernel_manager(kernel_name: str = DOCKER_SPEC, *, standby: int | None = None, **kwargs: Any) -> AsyncKernelManager:
+    """An AsyncKernelManager for ``kernel_name`` that falls back to the shipped kernelspecs.
+
+    ``standby``: the Docker provisioner's option, where the kernelspec does not set it (0 for a
+    process that starts one kernel).
+    """
+    if standby is not None:
+        kwargs["config"] = Config({"DockerProvisioner": {"standby": standby}})
     return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(), **kwargs)
 
 
@@ -214,6 +221,7 @@ async def async_run_notebook(
     startup_timeout: float = 120,
     progress: bool = True,
     cwd: str | Path | None = None,
+    standby: int | None = None,
 ) -> NotebookRun:
     """Execute a notebook on a sandboxed kernel and write the executed copy.
 
@@ -221,6 +229,7 @@ async def async_run_notebook(
     in place). ``kernel_name`` defaults to ``sandboxed-python``, not the kernel named in the
     notebook's metadata, so that a notebook made with a local kernel still runs in the sandbox.
     The executed notebook is written even when a cell fails, with the error in that cell.
+    ``standby`` overrides the provisioner's option (``kernel-sandbox run`` passes 0).
     """
     path = Path(path)
     nb = nbformat.read(str(path), as_version=4)
@@ -236,7 +245,7 @@ async def async_run_notebook(
         if cell.source.strip():
             bar.step()
 
-    km = kernel_manager(name)
+    km = kernel_manager(name, standby=standby)
     client = NotebookClient(
         nb,
         km=km,
@@ -304,12 +313,14 @@ async def async_exec_code(
     stderr: IO[str] | None = None,
     colour: bool = False,
     startup_timeout: float = 120,
+    standby: int | None = None,
 ) -> ExecResult:
     """Run ``code`` in a throwaway sandboxed kernel, streaming its output as it comes.
 
     Stdout and results (their ``text/plain``) go to ``stdout``; stderr and the traceback of an
     error go to ``stderr``. On ``timeout`` the kernel is interrupted and the result says so.
-    The kernel (and its container) is shut down in every case.
+    The kernel (and its container) is shut down in every case. ``standby`` overrides the
+    provisioner's option (``kernel-sandbox exec`` passes 0).
     """
     out_stream = stdout or sys.stdout
     err_stream = stderr or sys.stderr
@@ -336,7 +347,7 @@ async def async_exec_code(
             tb = "\n".join(content.get("traceback") or [f"{content['ename']}: {content['evalue']}"])
             emit(err_stream, (tb if colour else strip_ansi(tb)) + "\n", "stderr")
 
-    km = kernel_manager(kernel_name or DOCKER_SPEC)
+    km = kernel_manager(kernel_name or DOCKER_SPEC, standby=standby)
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()

@@ -32,6 +32,7 @@ TMPFS_FALLBACK = {"tmp_size": 128 * MiB, "home_size": 256 * MiB, "work_size": 38
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
 MIN_MEMORY = 32 * MiB
 MIN_PIDS = 16
+MAX_STANDBY = 8
 RESERVED_ENV_PREFIX = "KERNEL_SANDBOX_"
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
@@ -176,6 +177,14 @@ def _env(name: str, value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _standby(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refuse(name, value, "must be a whole number of kernels; 0 turns standbys off")
+    if not 0 <= value <= MAX_STANDBY:
+        raise _refuse(name, value, f"must be between 0 (off) and {MAX_STANDBY}")
+    return value
+
+
 def _output_policy(name: str, value: Any) -> str:
     try:
         return OutputPolicy.from_name(value).mode
@@ -298,6 +307,10 @@ class DockerSettings:
     )
     kernel_cmd: tuple[str, ...] = _option(
         DEFAULT_KERNEL_CMD, _kernel_cmd, "The kernel's command inside the container; {connection_file} is replaced."
+    )
+    standby: int = _option(
+        1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "
+        "whole to one launch (then replaced); 0: off."
     )
     output_policy: str = policy_option("output_policy")
     allow_mime_types: tuple[str, ...] = policy_option("allow_mime_types")

@@ -220,6 +220,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
             started.result()
             front.kernel_ready()
             _report_ready(status_fd)
+            status_fd = None  # closed: its number may be reused by now
             ended = asyncio.ensure_future(link.ended())
             await asyncio.wait([ended, stop], return_when=asyncio.FIRST_COMPLETED)
             status = ended.result() if ended.done() else ExitStatus(0, stop.result())
