@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -219,8 +220,10 @@ def rows(medians: dict[str, float], rounds: int) -> list[Row]:
 
 
 async def main(rounds: int) -> None:
-    """Measure the execute paths side by side and print the table."""
+    """Measure the execute paths side by side and print the table, with the load average around the run."""
+    before = os.getloadavg()
     medians = await measure(rounds)
+    after = os.getloadavg()
     relay, direct, local = medians["relay"], medians["execd"], medians["local"]
     ws, ws_direct = medians["websocket"], medians["websocket direct"]
     relay_empty, local_empty = medians["relay empty"], medians["local empty"]
@@ -240,6 +243,8 @@ async def main(rounds: int) -> None:
              f"{relay_empty:.2f} ms relay", f"{relay_empty / local_empty:.2f}x local"),
         ]
     )
+    print(f"{rounds} rounds; load average before {' '.join(f'{x:.2f}' for x in before)}, "
+          f"after {' '.join(f'{x:.2f}' for x in after)}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ It answers the requests a client needs on its own, without ipykernel's ``Kernel`
 inspection and history are answered empty, a ``comm_open`` is closed again. Cells run one at a
 time in arrival order; after an error, queued cells are aborted as ipykernel does
 (``stop_on_error``). Messages are built here and signed by the front; the request's header
-bytes are reused as the parent header, unparsed.
+bytes are reused as the parent header, unparsed. A cell's ``busy`` and ``execute_input`` are
+published once its request to execd is written, so they travel while execd runs the code
+(still before any of its output); the reply and ``idle`` go out at execd's terminal event, while
+the rest of its answer is read (the next cell waits for that).
 """
 
 from __future__ import annotations
@@ -220,42 +223,64 @@ class ExecdRelay:
             while self._queue:
                 idents, parent, content = self._queue.popleft()
                 try:
-                    failed = await self._execute(idents, parent, content)
+                    await self._execute(idents, parent, content)
                 except Exception:
                     log.exception("the relay failed on a cell")
-                    failed = False
-                if failed:
-                    while self._queue:
-                        queued_idents, queued_parent, _ = self._queue.popleft()
-                        self._aborted(queued_idents, queued_parent)
 
-    async def _execute(self, idents: list[Any], parent: bytes, content: dict[str, Any]) -> bool:
-        """Run one cell; True when it failed and queued cells are to be aborted."""
+    def _abort_queued(self) -> None:
+        """Abort the cells queued when a cell failed (those sent after its reply run)."""
+        while self._queue:
+            queued_idents, queued_parent, _ = self._queue.popleft()
+            self._aborted(queued_idents, queued_parent)
+
+    async def _execute(self, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+        """Run one cell; when it fails, abort the cells queued behind it (``stop_on_error``)."""
         code = content.get("code")
         code = code if isinstance(code, str) else ""
         silent = bool(content.get("silent", False))
-        self._status(parent, "busy")
         if not silent:
             self.execution_count += 1
-            self.publish("execute_input", parent, {"code": code, "execution_count": self.execution_count})
-        translator = CellTranslator(
-            lambda msg_type, body: self.publish(msg_type, parent, body),
-            execution_count=self.execution_count,
-            silent=silent,
-        )
+        count = self.execution_count
+        announced = False
+
+        def announce() -> None:
+            nonlocal announced
+            if not announced:
+                announced = True
+                self._status(parent, "busy")
+                if not silent:
+                    self.publish("execute_input", parent, {"code": code, "execution_count": count})
+
+        def publish(msg_type: str, body: dict[str, Any]) -> None:
+            announce()
+            self.publish(msg_type, parent, body)
+
+        replied = False
+
+        def finish(reply: dict[str, Any]) -> None:
+            nonlocal replied
+            self._cell = None  # the cell is over for the client (an interrupt from now on finds nothing to stop)
+            announce()
+            self._reply("shell", idents, parent, "execute_reply", reply)
+            self._status(parent, "idle")
+            replied = True
+            if reply["status"] == "error" and not silent and content.get("stop_on_error", True) is not False:
+                self._abort_queued()
+
+        translator = CellTranslator(publish, execution_count=count, silent=silent)
         if code.strip():
             self._cell = cell = CellRelay(translator)
-            try:
-                reply = await cell.run(self.execd.stream(code, context_id=self.context_id, language=self.language))
+            try:  # busy and execute_input go out once the request is on its way to execd, the reply at its last event
+                stream = self.execd.stream(code, context_id=self.context_id, language=self.language, on_sent=announce)
+                reply = await cell.run(stream, on_reply=finish)
             finally:
                 self._cell = None
             if isinstance(translator.failure, (OutputLimitExceeded, CallDeadlineExceeded)):
                 await self._interrupt_quietly()
         else:
             reply = translator.reply()
-        self._reply("shell", idents, parent, "execute_reply", reply)
-        self._status(parent, "idle")
-        return reply["status"] == "error" and not silent and content.get("stop_on_error", True) is not False
+        if not replied:
+            finish(reply)
 
     async def interrupt(self) -> None:
         """Interrupt the running cell, if any: execd ``DELETE /code``, and end it ourselves after the grace."""

@@ -408,6 +408,16 @@ async def _emit(callback: Callable[[Any], Awaitable[None] | None] | None, value:
         await result
 
 
+def _on_event(suffix: str, callback: Callable[[], None]) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` extension that calls ``callback`` on each event whose name ends with ``suffix``."""
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name.endswith(suffix):
+            callback()
+
+    return trace
+
+
 class ExecdClient:
     """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
 
@@ -484,11 +494,20 @@ class ExecdClient:
             await asyncio.sleep(min(poll_interval, max(0.0, ready_timeout - elapsed)))
 
     async def stream(
-        self, code: str, *, context_id: str | None = None, language: str = "python"
+        self,
+        code: str,
+        *,
+        context_id: str | None = None,
+        language: str = "python",
+        on_sent: Callable[[], None] | None = None,
     ) -> AsyncIterator[Event]:
         """Run ``code`` and yield its events as they arrive, up to and including the terminal one.
 
-        Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
+        After the terminal event the generator reads the rest of execd's answer (execd frees the
+        context only then) before it ends: iterate it to its end before the next run.
+
+        ``on_sent`` is called when the request has been written (before execd answers), so a
+        caller can do its own work while execd runs the code. Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
         :class:`OpenSandboxConnectionError` when the stream ends (or breaks) before a terminal
         event, :class:`CallDeadlineExceeded` when no event arrives for ``stream_idle_timeout``.
         """
@@ -502,6 +521,7 @@ class ExecdClient:
             json={"code": code, "context": context},
             headers={**self.headers, "Accept-Encoding": "identity"},
             timeout=httpx.Timeout(self.request_timeout, read=None),
+            extensions={"trace": _on_event("send_request_body.complete", on_sent)} if on_sent else None,
         )
         what = _where(request)
         busy_until = time.monotonic() + self.busy_wait
@@ -517,10 +537,12 @@ class ExecdClient:
                 raise failure
             await asyncio.sleep(0.1)  # the previous run (e.g. just interrupted) is still ending
         try:
+            ended = False
             async for event in self._events(response, what):
-                yield event
-                if event.terminal:
-                    return
+                ended = ended or event.terminal
+                yield event  # the terminal one too, before the rest of the stream is drained
+            if ended:
+                return
             raise OpenSandboxConnectionError(
                 f"{what}: the connection to execd dropped before the run ended (the stream closed without an "
                 "execution_complete or error event); the code may still be running in the sandbox"
@@ -592,8 +614,8 @@ class ExecdClient:
                     continue
                 last_event = time.monotonic()
                 if event.terminal:
-                    await self._drain(chunks, self.max_output_bytes - received)
                     yield event
+                    await self._drain(chunks, self.max_output_bytes - received)
                     return
                 yield event
         event = parse_event(lines.rest())

@@ -191,12 +191,19 @@ class CellRelay:
             return True, exc
         return item.terminal, None
 
-    async def run(self, events: AsyncIterator[Event]) -> dict[str, Any]:
-        """Relay ``events`` and return the ``execute_reply`` content."""
+    async def run(
+        self, events: AsyncIterator[Event], on_reply: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
+        """Relay ``events`` and return the ``execute_reply`` content.
+
+        ``on_reply`` gets the reply as soon as the terminal event is taken, while the stream still
+        ends (what follows the terminal event is read to the end, as execd needs, before this returns).
+        """
         translator = self.translator
         pump = asyncio.ensure_future(self._pump(events))
         failure: BaseException | None = None
         getter: asyncio.Future[Any] | None = None
+        replied = False
         try:
             while True:
                 # one pending get() survives a flush timeout, so no item is ever lost to a cancellation
@@ -213,10 +220,22 @@ class CellRelay:
                 item, getter = getter.result(), None
                 ended, failure = self._take(item)
                 while not ended and not self._queue.empty():  # a burst is handled without a wait per event
-                    ended, failure = self._take(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
+                    ended, failure = self._take(item)
                 if ended:
+                    if on_reply is not None and failure is None and isinstance(item, Event):
+                        on_reply(translator.reply())
+                        replied = True
                     break
         finally:
+            if replied:  # the pump reads the rest of the stream and ends on its own (bounded by the client)
+                if getter is not None:
+                    getter.cancel()
+                try:
+                    await asyncio.wait({pump})
+                except asyncio.CancelledError:
+                    pump.cancel()
+                    raise
             tasks = [task for task in (pump, getter) if task is not None]
             for task in tasks:
                 task.cancel()

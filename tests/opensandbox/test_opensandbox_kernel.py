@@ -88,6 +88,37 @@ async def test_cells_after_an_error_are_aborted_as_ipykernel_does(kernel: tuple[
     assert (await kc.execute_interactive("print('after')", timeout=60))["content"]["status"] == "ok"
 
 
+async def _iopub_of(kc: Any, msg_id: str) -> list[tuple[str, Any]]:
+    """The IOPub messages of one request, up to its idle status: (msg_type, state or execution_count or name)."""
+    seen: list[tuple[str, Any]] = []
+    while True:
+        msg = await kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        content = msg["content"]
+        seen.append((msg["msg_type"], content.get("execution_state", content.get("execution_count", content.get("ename")))))
+        if msg["msg_type"] == "status" and content["execution_state"] == "idle":
+            return seen
+
+
+async def test_a_cell_is_announced_before_its_output_whatever_execd_answers(
+    kernel: tuple[AsyncKernelManager, Any],
+) -> None:
+    """busy and execute_input go out while execd runs the cell: still before any output, the reply and idle."""
+    _, kc = kernel
+    count = (await kc.execute_interactive("0", timeout=60))["content"]["execution_count"]
+    for code, output in (("6 * 7", ("execute_result", count + 1)), ("1 / 0", ("error", "ZeroDivisionError")), ("", None)):
+        msg_id = kc.execute(code)
+        reply = await kc.get_shell_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        expected = [("status", "busy"), ("execute_input", reply["content"]["execution_count"])]
+        expected += [output] if output else []
+        seen = await _iopub_of(kc, msg_id)
+        assert seen == [*expected, ("status", "idle")], (code, seen)
+    silent = kc.execute("6 * 7", silent=True)
+    assert await _iopub_of(kc, silent) == [("status", "busy"), ("status", "idle")]
+
+
 @pytest.mark.security("fault", "sessions")
 @pytest.mark.parametrize("state", ["Failed", "Terminated"])
 async def test_a_sandbox_that_ends_ends_the_kernel(

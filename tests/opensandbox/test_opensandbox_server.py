@@ -444,7 +444,9 @@ async def test_an_expired_sandbox_makes_the_kernel_dead(deployment: Any, deploym
                 break
             await asyncio.sleep(0.1)
         assert not await km.is_alive(), "the kernel still counts as alive 60 s after its sandbox expired"
-        assert "is gone (404" in (km.provisioner.exit_reason or "")
+        reason = km.provisioner.exit_reason or ""
+        # mostly a 404; under load the server was once seen reporting the expiring sandbox Failed first
+        assert "is gone (404" in reason or reason.endswith(" is Failed"), reason
     finally:
         await km.shutdown_kernel(now=True)
 

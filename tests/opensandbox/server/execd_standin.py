@@ -117,6 +117,11 @@ class _Handler(tornado.web.RequestHandler):
         self.execd = execd
 
     def prepare(self) -> None:
+        # Go's net package (execd) sets TCP_NODELAY on every connection; tornado turns Nagle's algorithm
+        # back on between requests, and with it each streamed event could wait for a delayed ACK (40 ms).
+        stream = getattr(self.request.connection, "stream", None)
+        if stream is not None:
+            stream.set_nodelay(True)
         self.execd.requests.append((self.request.method or "", self.request.uri or ""))
         if self.execd.token is not None and self.request.headers.get(TOKEN_HEADER) != self.execd.token:
             self.fail(401, "UNAUTHORIZED", "missing or wrong access token")
@@ -353,6 +358,9 @@ class ProxyHandler(tornado.websocket.WebSocketHandler):
     post = put = patch = delete = head = options = _forward  # type: ignore[assignment]
 
     def open(self, *args: Any) -> None:
+        self.set_nodelay(True)  # as Go's proxy: no Nagle delay on either side of it
+        if self.upstream is not None:
+            self.upstream.protocol.set_nodelay(True)
         self._opened = True
         early, self._early = self._early, []
         for message in early:
