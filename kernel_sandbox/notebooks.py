@@ -17,45 +17,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import nbformat
-from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
-from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-from .kernelspecs import DOCKER_SPEC, shipped_kernelspecs
+from .kernelspecs import DOCKER_SPEC, kernel_manager, started_client
 
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
-    """A KernelSpecManager that also knows the kernelspecs shipped with kernel-sandbox.
-
-    Installed kernelspecs win (they carry the user's limits and mounts); a shipped one is used
-    only when no kernelspec of that name is installed.
-    """
-
-    def find_kernel_specs(self) -> dict[str, str]:
-        """Installed kernelspecs plus the shipped ones that are not installed."""
-        found = {name: str(path) for name, path in shipped_kernelspecs().items()}
-        found.update(super().find_kernel_specs())
-        return found
-
-    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        """The installed kernelspec ``kernel_name``, else the shipped one of that name."""
-        try:
-            return super().get_kernel_spec(kernel_name)
-        except NoSuchKernel:
-            shipped = shipped_kernelspecs().get(kernel_name)
-            if shipped is None:
-                raise
-            return KernelSpec.from_resource_dir(str(shipped))
-
-
-def kernel_manager(kernel_name: str = DOCKER_SPEC, **kwargs: Any) -> AsyncKernelManager:
-    """An AsyncKernelManager for ``kernel_name`` that falls back to the shipped kernelspecs."""
-    return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(), **kwargs)
 
 
 def strip_ansi(text: str) -> str:
@@ -337,20 +306,13 @@ async def async_exec_code(
             emit(err_stream, (tb if colour else strip_ansi(tb)) + "\n", "stderr")
 
     km = kernel_manager(kernel_name or DOCKER_SPEC)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=startup_timeout)
+    async with started_client(km, timeout=startup_timeout) as kc:
         try:
             await kc.execute_interactive(code, timeout=timeout, output_hook=hook, allow_stdin=False)
         except TimeoutError:
             result.timed_out = True
             await km.interrupt_kernel()
             emit(err_stream, f"kernel-sandbox: the code did not finish within {timeout:g} s and was interrupted\n", "stderr")
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
     return result
 
 

@@ -6,30 +6,14 @@ import re
 import sys
 from typing import Any
 
-from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from ..kernelspecs import DOCKER_SPEC, OPENSANDBOX_SPEC, shipped_kernelspecs
+from ..kernelspecs import DOCKER_SPEC, OPENSANDBOX_SPEC, kernel_manager as spec_manager, shipped_spec
 
 BACKENDS = ("docker", "opensandbox", "local")
 KERNEL_NAME = "kernel-sandbox-execution"
 IPYKERNEL_ARGV = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
-
-
-class _OneSpecManager(KernelSpecManager):  # type: ignore[misc]
-    """A kernelspec manager that knows exactly one (in-memory) kernelspec."""
-
-    def __init__(self, spec: KernelSpec, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._spec = spec
-
-    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        """Return the one spec, whatever the name."""
-        return self._spec
-
-    def find_kernel_specs(self) -> dict[str, str]:
-        """The one spec has no directory on disk."""
-        return {KERNEL_NAME: ""}
 
 
 def _k8s_memory(size: str) -> str:
@@ -38,12 +22,6 @@ def _k8s_memory(size: str) -> str:
         raise ValueError(f"memory={size!r}: use a size such as 512m or 2g")
     number, unit = match.groups()
     return f"{number}{unit.upper()}i" if unit else number
-
-
-def _shipped(name: str, config: dict[str, Any]) -> KernelSpec:
-    spec = KernelSpec.from_resource_dir(str(shipped_kernelspecs()[name]))
-    spec.metadata["kernel_provisioner"]["config"] = config
-    return spec
 
 
 def _docker_config(options: dict[str, Any]) -> dict[str, Any]:
@@ -88,9 +66,9 @@ def _opensandbox_config(options: dict[str, Any]) -> dict[str, Any]:
 def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
     """Build the kernelspec for ``backend`` with the sandbox ``options`` mapped onto its provisioner."""
     if backend == "docker":
-        return _shipped(DOCKER_SPEC, _docker_config(options))
+        return shipped_spec(DOCKER_SPEC, _docker_config(options))
     if backend == "opensandbox":
-        return _shipped(OPENSANDBOX_SPEC, _opensandbox_config(options))
+        return shipped_spec(OPENSANDBOX_SPEC, _opensandbox_config(options))
     options = {key: value for key, value in options.items() if value is not None}
     if backend == "local":
         return KernelSpec(
@@ -105,4 +83,4 @@ def kernel_spec(backend: str, options: dict[str, Any]) -> KernelSpec:
 
 def kernel_manager(spec: KernelSpec) -> AsyncKernelManager:
     """An AsyncKernelManager that launches ``spec``."""
-    return AsyncKernelManager(kernel_spec_manager=_OneSpecManager(spec), kernel_name=KERNEL_NAME)
+    return spec_manager(KERNEL_NAME, spec=spec)

@@ -15,7 +15,7 @@ import docker.errors
 
 from ..containers import docker_client, remove_container, resolve_mounts
 from ..errors import KernelSandboxError
-from ..launch import DOCKER_PROVISIONER
+from ..kernelspecs import DOCKER_PROVISIONER
 from ..policy import output_policy_trait
 from ..settings import OPTIONS, DockerSettings
 from .launched import LaunchedProvisioner, option_trait
