@@ -183,8 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         progress=not args.no_progress,
     )
-    if run.failure is not None:
-        print(run.failure.report(colour=sys.stderr.isatty()), file=sys.stderr, end="")
+    if run.error is not None:
+        print(run.report(colour=sys.stderr.isatty()), file=sys.stderr, end="")
         print(f"kernel-sandbox: {source} failed; the executed notebook is in {run.output_path}", file=sys.stderr)
         return 1
     print(f"Wrote {run.output_path}", file=sys.stderr)
@@ -204,7 +204,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     else:
         code = args.code
     result = exec_code(code, kernel_name=args.kernel, timeout=args.timeout, colour=sys.stderr.isatty())
-    return 0 if result.ok else 1
+    return 0 if result.error is None else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .models import SandboxError
+from ..errors import SandboxError
 from .sandbox import AsyncSandbox, Sandbox, _LoopThread
 
 

@@ -27,22 +27,21 @@ from typing import IO, Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from ..errors import CallTimeoutError, ConfigError, FramingError
-from ..policy import OutputPolicy
-from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
-from .channel import CHUNK, TARGET, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
-from .decode import DecodeLimits, allowed_map, decode
-from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
-from .models import (
-    Execution,
-    ExecutionError,
-    FileInfo,
+from ..errors import (
+    CallTimeoutError,
+    ConfigError,
+    FramingError,
     NetworkDisabledError,
     PathError,
     SandboxError,
     SandboxFileError,
-    ToolResult,
 )
+from ..policy import OutputPolicy
+from ..results import Execution, ExecutionError, FileInfo, ToolResult
+from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
+from .channel import CHUNK, TARGET, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
+from .decode import DecodeLimits, allowed_map, decode
+from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
 from .tools import body_error, check_env, tool_payload
 
 DEFAULT_TIMEOUT = 300.0

@@ -40,7 +40,7 @@ from .client import (
     run_once,
     run_once_sync,
 )
-from .events import Event, ExecdError, ExecdRun, parse_event, parse_line, parse_lines
+from .events import Event, ExecdRun, RunCollector, parse_event, parse_line, parse_lines
 from .translate import CellRelay, CellTranslator, relay_cell
 
 __all__ = [
@@ -62,8 +62,8 @@ __all__ = [
     "Endpoint",
     "Event",
     "ExecdClient",
-    "ExecdError",
     "ExecdRun",
+    "RunCollector",
     "OpenSandboxAPIError",
     "OpenSandboxClient",
     "OpenSandboxConfigError",

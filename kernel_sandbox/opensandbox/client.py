@@ -42,7 +42,7 @@ from ..errors import (
     SandboxStateError,
     SandboxTimeoutError,
 )
-from .events import Event, ExecdRun, LineSplitter, parse_event
+from .events import Event, ExecdRun, LineSplitter, RunCollector, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -626,11 +626,11 @@ class ExecdClient:
         on_event: EventCallback | None = None,
     ) -> ExecdRun:
         """Run ``code`` to completion and return the collected :class:`ExecdRun`."""
-        execution = ExecdRun(context_id=context_id)
+        collector = RunCollector(context_id)
         async for event in self.stream(code, context_id=context_id, language=language):
-            execution.add(event)
+            collector.add(event)
             await _emit(on_event, event)
-        return execution
+        return collector.result()
 
     async def create_context(self, language: str = "python") -> str:
         """Create a fresh code context and return its id."""
