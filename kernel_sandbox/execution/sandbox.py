@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..policy import OutputPolicy
 from ..results import Execution, ExecutionError, FileInfo, ToolResult
-from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
+from .backends import backend as backend_named, kernel_manager
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
 from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
@@ -93,8 +93,7 @@ class AsyncSandbox:
         output_policy: str | None = None,
         **backend_options: Any,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self._backend = backend_named(backend)
         for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
@@ -110,7 +109,7 @@ class AsyncSandbox:
         self._allowed = allowed_map(self.allowed_classes)
         self.decode_limits = decode_limits or DecodeLimits()
         self.unsafe_pickle = bool(unsafe_pickle)
-        self._policy = OutputPolicy.from_name(output_policy) if backend == "local" else None
+        self._policy = None if self._backend.sandboxed else OutputPolicy.from_name(output_policy)
         if output_policy is not None:
             OutputPolicy.from_name(output_policy)
             backend_options["output_policy"] = output_policy
@@ -119,8 +118,8 @@ class AsyncSandbox:
             "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
-        check_options(backend, self._options)
-        self._comms = backend != "opensandbox"  # tool calls on a comm; on OpenSandbox decided in _connect
+        self._backend.check(self._options)
+        self._comms = self._backend.comms_known  # tool calls on a comm; else decided in _connect
         self._km: Any = None
         self._kc: Any = None
         self._context: zmq.asyncio.Context | None = None
@@ -132,9 +131,9 @@ class AsyncSandbox:
         self._kept_state: str | None = None
         self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
         self.work_dir: str = ""
-        if backend == "local":
+        if not self._backend.sandboxed:
             warnings.warn(
-                "kernel-sandbox backend 'local' runs an ordinary local kernel: it is NOT a sandbox "
+                f"kernel-sandbox backend {backend!r} runs an ordinary local kernel: it is NOT a sandbox "
                 "(no isolation, no limits). Use it for development only.",
                 stacklevel=2,
             )
@@ -152,13 +151,13 @@ class AsyncSandbox:
         self._lock = asyncio.Lock()
         options = dict(self._options)
         cwd = None
-        if self.backend == "local":
+        if not self._backend.sandboxed:
             options.pop("launch_timeout")
             self._tmp = tempfile.mkdtemp(prefix="kernel-sandbox-local-")
             cwd = posixpath.join(self._tmp, "work")
             os.mkdir(cwd)
             options["env"] = {"HOME": self._tmp, **options["env"]}
-        spec = kernel_spec(self.backend, options)
+        spec = self._backend.kernel_spec(options)
         self._km = kernel_manager(spec)
         if self._tmp:
             self._km.transport, self._km.ip = "ipc", posixpath.join(self._tmp, "k")
@@ -184,7 +183,7 @@ class AsyncSandbox:
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
-        if self.backend == "opensandbox":  # the launcher's execd relay has no comms; the websocket mode has
+        if not self._backend.comms_known:  # the launcher's execd relay has no comms; the websocket mode has
             from ..launch.execd_relay import IMPLEMENTATION
 
             info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
@@ -220,22 +219,10 @@ class AsyncSandbox:
     def _kill_now(self) -> None:
         """Last resort without an event loop (garbage collection, interpreter exit)."""
         km, self._km = self._km, None
-        provisioner = getattr(km, "provisioner", None)
-        try:
-            if getattr(provisioner, "container_id", None):
-                from ..containers import docker_client, remove_container
-
-                client = docker_client()
-                remove_container(client.containers.get(provisioner.container_id))
-            process = getattr(provisioner, "process", None)
-            if process is not None and process.poll() is None:
-                process.kill()
-        except Exception:
-            pass
-        private = getattr(provisioner, "private", None)
-        for path in (getattr(private, "path", None), self._tmp):
-            if path:
-                shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            self._backend.kill_now(getattr(km, "provisioner", None))
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __del__(self) -> None:
         if getattr(self, "_km", None) is not None:
@@ -697,7 +684,7 @@ class AsyncSandbox:
         outcome is returned: pip's output in stdout/stderr, ``error`` set when pip failed. With the
         network off this raises :class:`NetworkDisabledError` at once, without running pip.
         """
-        if not self.network and self.backend != "local":
+        if not self.network and self._backend.sandboxed:
             raise NetworkDisabledError(
                 "Cannot install packages: this sandbox's network is off. Create it with "
                 "network=True (e.g. Sandbox(network=True)) to let pip reach a package index."
