@@ -1,7 +1,7 @@
 """Benchmark the execution API side by side with a local ipykernel, in one run, as ratios.
 
 Run: ``python bench/bench_execution.py [--rounds N]`` (needs the Docker engine and the kernel
-image). Targets are those of DESIGN.md §7.
+image). Targets are those of issue 13.
 """
 
 from __future__ import annotations

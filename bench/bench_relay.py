@@ -15,7 +15,7 @@ image is). Side by side, interleaved round by round:
 * (c) a local ipykernel as the floor, and an empty execute, which the execd relay answers
   without calling execd (the cost of one Jupyter message cycle through the launcher).
 
-DESIGN.md §7 asks for at most 2 ms over the direct call.
+Issue 13 asks for at most 2 ms over the direct call.
 """
 
 from __future__ import annotations
