@@ -40,8 +40,10 @@ from .collector import Callback, Collector
 from .skills import failed_skill, figure_files, file_entry, skill_result
 from .tools import body_error, check_env, tool_payload
 
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_CALL_TIMEOUT = 300.0
+"""The deadline of every call of a session unless one is given."""
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+"""Bytes of output one call keeps in memory; the rest is dropped as it arrives."""
 PIP_OUTPUT_TAIL = 64 * 1024
 LIVENESS_INTERVAL = 1.0
 IOPUB_HWM = 32
@@ -83,7 +85,7 @@ class AsyncSandbox:
         network: bool = False,
         env: Mapping[str, str] | None = None,
         mounts: Iterable[str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
         start_timeout: float = 60.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         interrupt_grace: float = 3.0,
@@ -443,7 +445,7 @@ class AsyncSandbox:
         self,
         request: dict[str, Any],
         buffers: Sequence[Any] = (),
-        seconds: float = DEFAULT_TIMEOUT,
+        seconds: float = DEFAULT_CALL_TIMEOUT,
         deadline: float | None = None,
         *,
         callbacks: Mapping[str, Callback] | None = None,

@@ -49,15 +49,18 @@ log = logging.getLogger(__name__)
 ENV_API_BASE = "OPEN_SANDBOX_API_BASE"
 ENV_API_KEY = "OPEN_SANDBOX_API_KEY"
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
-DEFAULT_IMAGE = "opensandbox/code-interpreter:v1.1.0"
+DEFAULT_SANDBOX_IMAGE = "opensandbox/code-interpreter:v1.1.0"
+"""The OpenSandbox sandbox image (the Docker backend's kernel image is ``settings.DEFAULT_IMAGE``)."""
 DEFAULT_ENTRYPOINT: tuple[str, ...] = ("/opt/code-interpreter/code-interpreter.sh",)
-DEFAULT_TIMEOUT = 300
+DEFAULT_SANDBOX_TIMEOUT = 300
+"""A sandbox's lifetime in seconds (renewed while used); not a per-call deadline."""
 DEFAULT_RESOURCE_LIMITS: Mapping[str, str] = MappingProxyType({"cpu": "1", "memory": "2Gi"})
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_STREAM_IDLE_TIMEOUT = 60.0
-DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_STREAM_BYTES = 16 * 1024 * 1024
+"""Byte cap on one execd event stream (JSON-encoded output, base64 images, pings), not on kept output."""
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 DEFAULT_DELETE_ATTEMPTS = 4
 DRAIN_TIMEOUT = 5.0
@@ -188,9 +191,9 @@ def build_create_body(
     ``allow_internet`` is true (then the policy is omitted and the sandbox has open egress).
     """
     body: dict[str, Any] = {
-        "image": {"uri": image or DEFAULT_IMAGE},
+        "image": {"uri": image or DEFAULT_SANDBOX_IMAGE},
         "entrypoint": list(entrypoint or DEFAULT_ENTRYPOINT),
-        "timeout": int(DEFAULT_TIMEOUT if timeout is None else timeout),
+        "timeout": int(DEFAULT_SANDBOX_TIMEOUT if timeout is None else timeout),
         "resourceLimits": as_str_dict(resource_limits or DEFAULT_RESOURCE_LIMITS),
         "metadata": {**LABELS, **as_str_dict(metadata)},
     }
@@ -424,7 +427,7 @@ class ExecdClient:
         *,
         http: httpx.AsyncClient | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
         busy_wait: float = DEFAULT_BUSY_WAIT,
@@ -698,7 +701,7 @@ class OpenSandboxClient:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
         delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
