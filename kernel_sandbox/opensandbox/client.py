@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
@@ -71,7 +71,8 @@ TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
 WAITING_STATES = frozenset({"Pending", "Unknown", "Resuming", "Pausing"})
 """States worth waiting through after create (``Unknown``: the runtime could not tell, for now)."""
 PAUSED_STATES = frozenset({"Paused"})
-_RETRY_STATUSES = frozenset({404, 502, 503, 504})
+RETRY_STATUSES = frozenset({404, 502, 503, 504})
+"""Answers a starting sandbox (or a proxy in front of it) gives before it is ready: retried."""
 _ID_MAX = 256
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
@@ -321,7 +322,7 @@ async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes
     return bytes(body)
 
 
-class _HTTP:
+class CappedHTTP:
     """Capped, deadline-bound HTTP calls shared by both clients."""
 
     def __init__(self, http: httpx.AsyncClient | None, request_timeout: float, max_response_bytes: int) -> None:
@@ -392,7 +393,7 @@ def _json(response: httpx.Response, what: str) -> Any:
         ) from None
 
 
-def _object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
+def json_object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
     """The answer as a JSON object having ``required`` keys, or OpenSandboxProtocolError naming the call."""
     answer = _json(response, what)
     if not isinstance(answer, dict):
@@ -411,7 +412,65 @@ async def _emit(callback: Callable[[Any], Awaitable[None] | None] | None, value:
         await result
 
 
-class ExecdClient:
+_C = TypeVar("_C", bound="HTTPClientBase")
+
+
+class HTTPClientBase:
+    """What the execd, lifecycle and Jupyter server clients share: capped, deadline-bound calls to one
+    base URL, polling for readiness, closing, ``async with``."""
+
+    _http: CappedHTTP
+    headers: Mapping[str, str]
+
+    def _base_url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def request_timeout(self) -> float:
+        """The deadline of one call, in seconds."""
+        return self._http.request_timeout
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it."""
+        await self._http.aclose()
+
+    async def __aenter__(self: _C) -> _C:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self._http.call(method, f"{self._base_url()}{path}", headers=self.headers, **kwargs)
+
+    async def _poll_ready(self, path: str, wait: float, poll_interval: float, failure: str, limit: str = "") -> int:
+        """Poll ``GET path`` until it answers 200 and return the number of attempts; connection
+        errors, per-call deadlines and 404/502/503/504 are retried for ``wait`` seconds, then
+        :class:`SandboxTimeoutError` starts with ``failure``; any other status raises at once."""
+        started = time.monotonic()
+        attempts, last = 0, "no attempt"
+        while True:
+            attempts += 1
+            remaining = wait - (time.monotonic() - started)
+            try:
+                response = await self._call("GET", path, timeout=max(0.1, min(self.request_timeout, remaining)))
+            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
+                last = str(exc)
+            else:
+                if response.is_success:
+                    return attempts
+                if response.status_code not in RETRY_STATUSES:
+                    raise_for_status(response)
+                last = f"GET {self._base_url()}{path} answered {response.status_code}"
+            elapsed = time.monotonic() - started
+            if elapsed >= wait:
+                raise SandboxTimeoutError(
+                    f"{failure}: GET {path} tried {attempts} times over {elapsed:.1f} s{limit}; last: {last}"
+                )
+            await asyncio.sleep(min(poll_interval, max(0.0, wait - elapsed)))
+
+
+class ExecdClient(HTTPClientBase):
     """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
 
     ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
@@ -437,24 +496,10 @@ class ExecdClient:
         self.headers = as_str_dict(headers)
         self.max_output_bytes = max_output_bytes
         self.stream_idle_timeout = stream_idle_timeout
-        self._http = _HTTP(http, request_timeout, max_response_bytes)
+        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
 
-    @property
-    def request_timeout(self) -> float:
-        return self._http.request_timeout
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> ExecdClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
+    def _base_url(self) -> str:
+        return self.url
 
     async def wait_ready(self, ready_timeout: float, poll_interval: float = 0.1) -> int:
         """Poll ``GET /ping`` until it answers 200; return the number of attempts.
@@ -463,28 +508,10 @@ class ExecdClient:
         (proxies in front of a starting execd) are retried until ``ready_timeout``; any other
         status fails at once. The timeout error says what was tried, how often and for how long.
         """
-        started = time.monotonic()
-        attempts, last = 0, "no attempt"
-        while True:
-            attempts += 1
-            remaining = ready_timeout - (time.monotonic() - started)
-            try:
-                response = await self._call("GET", "/ping", timeout=max(0.1, min(self.request_timeout, remaining)))
-            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
-                last = str(exc)
-            else:
-                if response.is_success:
-                    return attempts
-                if response.status_code not in _RETRY_STATUSES:
-                    raise_for_status(response)
-                last = f"GET {self.url}/ping answered {response.status_code}"
-            elapsed = time.monotonic() - started
-            if elapsed >= ready_timeout:
-                raise SandboxTimeoutError(
-                    f"execd at {self.url} did not become ready: GET /ping tried {attempts} times over "
-                    f"{elapsed:.1f} s (ready_timeout {ready_timeout:g} s); last: {last}"
-                )
-            await asyncio.sleep(min(poll_interval, max(0.0, ready_timeout - elapsed)))
+        return await self._poll_ready(
+            "/ping", ready_timeout, poll_interval,
+            f"execd at {self.url} did not become ready", f" (ready_timeout {ready_timeout:g} s)",
+        )
 
     async def stream(
         self, code: str, *, context_id: str | None = None, language: str = "python"
@@ -640,7 +667,7 @@ class ExecdClient:
         what = f"POST {self.url}/code/context"
         response = await self._call("POST", "/code/context", json={"language": language})
         raise_for_status(response)
-        context_id = _object(response, what, "id")["id"]
+        context_id = json_object(response, what, "id")["id"]
         url_segment(context_id, f"{what}: the context id")
         return str(context_id)
 
@@ -684,7 +711,7 @@ def _error_kwargs(error: OpenSandboxError) -> dict[str, Any]:
     return {}
 
 
-class OpenSandboxClient:
+class OpenSandboxClient(HTTPClientBase):
     """Async client for the OpenSandbox lifecycle API (create, wait, endpoint, delete...).
 
     ``api_base`` and ``api_key`` default to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``;
@@ -714,33 +741,19 @@ class OpenSandboxClient:
         self.max_output_bytes = max_output_bytes
         self.stream_idle_timeout = stream_idle_timeout
         self.delete_attempts = max(1, delete_attempts)
-        self._http = _HTTP(http, request_timeout, max_response_bytes)
-
-    @property
-    def request_timeout(self) -> float:
-        return self._http.request_timeout
+        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
 
     @property
     def max_response_bytes(self) -> int:
         return self._http.max_response_bytes
 
     @property
-    def headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:  # type: ignore[override]
         """Headers for lifecycle calls (the API key header only when a key is set)."""
         return {API_KEY_HEADER: self.api_key} if self.api_key else {}
 
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> OpenSandboxClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self._http.call(method, f"{self.api_base}{path}", headers=self.headers, **kwargs)
+    def _base_url(self) -> str:
+        return self.api_base
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._call(method, path, **kwargs)
@@ -784,7 +797,7 @@ class OpenSandboxClient:
             secure_access=secure_access,
         )
         what = f"POST {self.api_base}/sandboxes"
-        info = _object(await self._request("POST", "/sandboxes", json=body), what, "id")
+        info = json_object(await self._request("POST", "/sandboxes", json=body), what, "id")
         sandbox_id = info["id"]
         url_segment(sandbox_id, f"{what}: the sandbox id")
         try:
@@ -807,7 +820,7 @@ class OpenSandboxClient:
     async def get(self, sandbox_id: str) -> dict[str, Any]:
         """Return the server's description of a sandbox (404 raises :class:`SandboxNotFound`)."""
         path = self._path(sandbox_id)
-        return _object(await self._request("GET", path), f"GET {self.api_base}{path}")
+        return json_object(await self._request("GET", path), f"GET {self.api_base}{path}")
 
     async def list_sandboxes(
         self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None, max_pages: int = 1000
@@ -820,7 +833,7 @@ class OpenSandboxClient:
             if metadata:
                 params.append(("metadata", urlencode(as_str_dict(metadata))))
             params.extend(("state", state) for state in states or [])
-            answer = _object(await self._request("GET", "/sandboxes", params=params), what)
+            answer = json_object(await self._request("GET", "/sandboxes", params=params), what)
             page_items = answer.get("items") or []
             pagination = answer.get("pagination") or {}
             if not isinstance(page_items, list) or not isinstance(pagination, dict):
@@ -882,7 +895,7 @@ class OpenSandboxClient:
                 last = str(exc)
             else:
                 if response.is_success:
-                    answer = _object(response, what)
+                    answer = json_object(response, what)
                     if answer.get("endpoint"):
                         if not isinstance(answer["endpoint"], str):
                             raise OpenSandboxProtocolError(f"{what} answered with an endpoint that is not a string")
@@ -893,7 +906,7 @@ class OpenSandboxClient:
                             url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers)
                         )
                     last = f"{what} answered without an endpoint"
-                elif response.status_code in _RETRY_STATUSES:
+                elif response.status_code in RETRY_STATUSES:
                     last = f"{what} answered {response.status_code}"
                 else:
                     raise_for_status(response)
@@ -913,7 +926,7 @@ class OpenSandboxClient:
         response = await self._request("POST", path, json=body)
         if not response.content.strip():
             return body["expiresAt"]
-        answer = _object(response, f"POST {self.api_base}{path}")
+        answer = json_object(response, f"POST {self.api_base}{path}")
         return str(answer.get("expiresAt", body["expiresAt"]))[:64]
 
     async def delete(self, sandbox_id: str) -> bool:
