@@ -763,39 +763,15 @@ class OpenSandboxClient(HTTPClientBase):
     def _path(self, sandbox_id: str, *rest: str) -> str:
         return "/".join(["/sandboxes", url_segment(sandbox_id, "sandbox id"), *rest])
 
-    async def create(
-        self,
-        *,
-        image: str | None = None,
-        entrypoint: list[str] | None = None,
-        timeout: int | None = None,
-        resource_limits: Mapping[str, str] | None = None,
-        resource_requests: Mapping[str, str] | None = None,
-        env: Mapping[str, str] | None = None,
-        metadata: Mapping[str, str] | None = None,
-        allow_internet: bool = False,
-        network_policy: Mapping[str, Any] | None = None,
-        secure_access: bool = False,
-        created: Callable[[str], None] | None = None,
-    ) -> Sandbox:
+    async def create(self, *, created: Callable[[str], None] | None = None, **options: Any) -> Sandbox:
         """Create a sandbox, wait until it is Running, resolve its execd endpoint and wait for execd.
 
-        ``created(sandbox_id)`` is called as soon as the server has answered the create, so a
-        caller can delete the sandbox even while the rest is still waiting. The sandbox is deleted
-        again when any later step fails (or is cancelled).
+        ``options`` are :func:`build_create_body`'s (image, entrypoint, timeout, resource limits,
+        env, metadata, network...). ``created(sandbox_id)`` is called as soon as the server has
+        answered the create, so a caller can delete the sandbox even while the rest is still
+        waiting. The sandbox is deleted again when any later step fails (or is cancelled).
         """
-        body = build_create_body(
-            image=image,
-            entrypoint=entrypoint,
-            timeout=timeout,
-            resource_limits=resource_limits,
-            resource_requests=resource_requests,
-            env=env,
-            metadata=metadata,
-            allow_internet=allow_internet,
-            network_policy=network_policy,
-            secure_access=secure_access,
-        )
+        body = build_create_body(**options)
         what = f"POST {self.api_base}/sandboxes"
         info = json_object(await self._request("POST", "/sandboxes", json=body), what, "id")
         sandbox_id = info["id"]
