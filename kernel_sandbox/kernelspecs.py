@@ -46,10 +46,11 @@ def shipped_kernelspecs() -> dict[str, Path]:
     return {path.name: path for path in sorted(root.iterdir()) if (path / "kernel.json").is_file()}
 
 
-def shipped_spec(name: str, config: dict[str, Any]) -> KernelSpec:
-    """The shipped kernelspec ``name`` (in memory) with ``config`` as its provisioner config."""
+def shipped_spec(name: str, config: dict[str, Any] | None = None) -> KernelSpec:
+    """The shipped kernelspec ``name`` (in memory), with ``config`` as its provisioner config when given."""
     spec = KernelSpec.from_resource_dir(str(shipped_kernelspecs()[name]))
-    spec.metadata["kernel_provisioner"]["config"] = config
+    if config is not None:
+        spec.metadata["kernel_provisioner"]["config"] = config
     return spec
 
 
