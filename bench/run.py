@@ -88,17 +88,24 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
     plan: list[tuple[str, list[str], Callable[[], Awaitable[list[Row]]]]] = [
         ("peers", ["cold_start", "execute", "tool_1kb", "tool_1mb"],
          lambda: bench_peers.measure(pick["cold"], pick["execute"], pick["tools"])),
+        ("start", ["cold_start"], lambda: _start(pick["cold"])),
         ("api", ["pool"], lambda: bench_execution.rows(pick["api"])),
         ("output", ["stdout_memory", "stdout_throughput"], lambda: bench_output.rows(pick["output"])),
         ("relay", ["relay"], lambda: _relay(pick["relay"])),
         ("scale", ["scale_count", "scale_time", "scale_memory"], lambda: _scale(pick["scale"])),
         ("policy", ["policy"], lambda: asyncio.to_thread(lambda: bench_policy.rows(bench_policy.measure(pick["policy"])))),
     ]
+    selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
     for name, keys, produce in plan:
-        if only is None or name in only:
+        if name in selected:
             rows += await section(name, keys, produce)
     return rows
+
+
+async def _start(rounds: int) -> list[Row]:
+    launcher, why = bench_peers.Launcher.find()
+    return await bench_peers.cold_start_rows(rounds, launcher, why)
 
 
 async def _relay(rounds: int) -> list[Row]:
@@ -114,8 +121,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
-    parser.add_argument("--only", nargs="+", choices=["peers", "api", "output", "relay", "scale", "policy"],
-                        help="run only these parts (the report then holds only their rows)")
+    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy"],
+                        help="run only these parts (the report then holds only their rows); `start`: the cold "
+                             "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     atexit.register(bench_peers.remove_leftovers)

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from . import __version__
-from .containers import DEFAULT_IMAGE, LABEL_KERNEL_ID, OURS, docker_client, gc
+from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
 from .errors import EngineUnavailable, KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
@@ -157,10 +157,12 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    """List kernel containers."""
+    """List kernel containers (a standby kernel, started ahead of need, shows as standby)."""
+    from .provisioners.standby import kernel_of
+
     for container in docker_client().containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
-        kernel_id = container.labels.get(LABEL_KERNEL_ID, "?")
-        print(f"{container.name}\t{container.status}\tkernel {kernel_id}")
+        kernel_id = kernel_of(container.labels)
+        print(f"{container.name}\t{container.status}\t{f'kernel {kernel_id}' if kernel_id else 'standby'}")
     return 0
 
 
@@ -182,6 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         parameters=parameters,
         timeout=args.timeout,
         progress=not args.no_progress,
+        standby=0,  # one kernel in this process: a standby would only be started to be removed
     )
     if run.error is not None:
         print(run.report(colour=sys.stderr.isatty()), file=sys.stderr, end="")
@@ -203,7 +206,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         code = Path(args.code).read_text()
     else:
         code = args.code
-    result = exec_code(code, kernel_name=args.kernel, timeout=args.timeout, colour=sys.stderr.isatty())
+    result = exec_code(code, kernel_name=args.kernel, timeout=args.timeout, colour=sys.stderr.isatty(), standby=0)
     return 0 if result.error is None else 1
 
 

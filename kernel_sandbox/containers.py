@@ -43,10 +43,10 @@ API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
 
 
-def docker_client(timeout: float = API_TIMEOUT) -> docker.DockerClient:
-    """Connect to the Docker engine named by the environment (``DOCKER_HOST``) or the local socket."""
+def docker_client(timeout: float = API_TIMEOUT, environment: Mapping[str, str] | None = None) -> docker.DockerClient:
+    """Connect to the Docker engine named by ``environment`` (default: this process's; ``DOCKER_HOST``)."""
     try:
-        client = docker.from_env(timeout=timeout)
+        client = docker.from_env(timeout=timeout, environment=environment)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineUnavailable(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
 
 from .errors import KernelLaunchError
 from .resources import data_path
@@ -107,8 +108,16 @@ class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
             return KernelSpec.from_resource_dir(str(shipped))
 
 
-def kernel_manager(kernel_name: str = DOCKER_SPEC, *, spec: KernelSpec | None = None, **kwargs: Any) -> AsyncKernelManager:
-    """An AsyncKernelManager for ``kernel_name`` (``spec`` when given, else installed, else shipped)."""
+def kernel_manager(
+    kernel_name: str = DOCKER_SPEC, *, spec: KernelSpec | None = None, standby: int | None = None, **kwargs: Any
+) -> AsyncKernelManager:
+    """An AsyncKernelManager for ``kernel_name`` (``spec`` when given, else installed, else shipped).
+
+    ``standby``: the Docker provisioner's option, where the kernelspec does not set it (0 for a
+    process that starts one kernel).
+    """
+    if standby is not None:
+        kwargs["config"] = Config({"DockerProvisioner": {"standby": standby}})
     specs = {kernel_name: spec} if spec is not None else {}
     return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(specs), **kwargs)
 

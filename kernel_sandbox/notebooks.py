@@ -182,6 +182,7 @@ async def async_run_notebook(
     startup_timeout: float = 120,
     progress: bool = True,
     cwd: str | Path | None = None,
+    standby: int | None = None,
 ) -> NotebookRun:
     """Execute a notebook on a sandboxed kernel and write the executed copy.
 
@@ -189,6 +190,7 @@ async def async_run_notebook(
     in place). ``kernel_name`` defaults to ``sandboxed-python``, not the kernel named in the
     notebook's metadata, so that a notebook made with a local kernel still runs in the sandbox.
     The executed notebook is written even when a cell fails, with the error in that cell.
+    ``standby`` overrides the provisioner's option (``kernel-sandbox run`` passes 0).
     """
     path = Path(path)
     nb = nbformat.read(str(path), as_version=4)
@@ -204,7 +206,7 @@ async def async_run_notebook(
         if cell.source.strip():
             bar.step()
 
-    km = kernel_manager(name)
+    km = kernel_manager(name, standby=standby)
     client = NotebookClient(
         nb,
         km=km,
@@ -256,12 +258,14 @@ async def async_exec_code(
     stderr: IO[str] | None = None,
     colour: bool = False,
     startup_timeout: float = 120,
+    standby: int | None = None,
 ) -> Execution:
     """Run ``code`` in a throwaway sandboxed kernel, streaming its output as it comes.
 
     Stdout and results (their ``text/plain``) go to ``stdout``; stderr and the traceback of an
     error go to ``stderr``. On ``timeout`` the kernel is interrupted and the result's error is a
-    ``TimeoutError``. The kernel (and its container) is shut down in every case.
+    ``TimeoutError``. The kernel (and its container) is shut down in every case. ``standby``
+    overrides the provisioner's option (``kernel-sandbox exec`` passes 0).
     """
     out_stream = stdout or sys.stdout
     err_stream = stderr or sys.stderr
@@ -289,7 +293,7 @@ async def async_exec_code(
             result.error = ExecutionError(content["ename"], content["evalue"], tb)
             emit(err_stream, (tb if colour else strip_ansi(tb)) + "\n", "stderr")
 
-    km = kernel_manager(kernel_name or DOCKER_SPEC)
+    km = kernel_manager(kernel_name or DOCKER_SPEC, standby=standby)
     async with started_client(km, timeout=startup_timeout) as kc:
         try:
             await kc.execute_interactive(code, timeout=timeout, output_hook=hook, allow_stdin=False)

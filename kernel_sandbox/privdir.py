@@ -12,7 +12,9 @@ What one kernel's directory holds (:class:`PrivateDir` names them):
   lead to the kernel's channels;
 * ``config.json``, the effective settings the provisioner hands to the launcher (0600);
 * ``owner.lock``, held by the provisioner; ``launcher.lock``, held by the launcher while it lives;
-* ``launcher.json`` (the launcher's pid and container id) and ``exit.json`` (why the kernel ended).
+* ``launcher.json`` (the launcher's pid and container id) and ``exit.json`` (why the kernel ended);
+* for a kernel that was a standby (:mod:`kernel_sandbox.provisioners.standby`): ``connection.json``,
+  the connection file the pool wrote for it, and ``adopted.json``, the id of the kernel it became.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ OWNER_LOCK = "owner.lock"
 LAUNCHER_LOCK = "launcher.lock"
 LAUNCHER_STATE = "launcher.json"
 EXIT = "exit.json"
+ADOPTED = "adopted.json"
 NEW_DIR_GRACE_SECONDS = 60
 
 

@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from .errors import ConfigError
-from .policy import OutputPolicy, output_policy_trait
+from .policy import MODES as POLICY_MODES, OutputPolicy, output_policy_trait
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
@@ -32,6 +32,7 @@ TMPFS_FALLBACK = {"tmp_size": 128 * MiB, "home_size": 256 * MiB, "work_size": 38
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
 MIN_MEMORY = 32 * MiB
 MIN_PIDS = 16
+MAX_STANDBY = 8
 RESERVED_ENV_PREFIX = "KERNEL_SANDBOX_"
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
@@ -176,8 +177,19 @@ def _env(name: str, value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _standby(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refuse(name, value, "must be a whole number of kernels; 0 turns standbys off")
+    if not 0 <= value <= MAX_STANDBY:
+        raise _refuse(name, value, f"must be between 0 (off) and {MAX_STANDBY}")
+    return value
+
+
 def _output_policy(name: str, value: Any) -> str:
-    return OutputPolicy.from_name(value).mode
+    try:
+        return OutputPolicy.from_name(value).mode
+    except ConfigError:
+        raise _refuse(name, value, f"must be one of {', '.join(POLICY_MODES)}") from None
 
 
 def _names(name: str, value: Any) -> tuple[str, ...]:
@@ -248,6 +260,22 @@ def _option(default: Any, parse: Callable[[str, Any], Any], help: str) -> Any:
     return field(default=parse("default", default), metadata=metadata)
 
 
+_POLICY_OPTIONS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
+    "output_policy": ("strict", _output_policy, output_policy_trait().help),
+    "allow_mime_types": (
+        (), _names, "MIME types the strict output policy passes unchanged besides its own list (renderers you trust)."
+    ),
+    "allow_widget_modules": (
+        (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
+    ),
+}
+
+
+def policy_option(name: str) -> Any:
+    """A settings field for one of the output policy's options; every backend has all three."""
+    return _option(*_POLICY_OPTIONS[name])
+
+
 @dataclass(frozen=True)
 class DockerSettings:
     """The settings of one Docker kernel, checked; build with :meth:`from_config`."""
@@ -280,13 +308,13 @@ class DockerSettings:
     kernel_cmd: tuple[str, ...] = _option(
         DEFAULT_KERNEL_CMD, _kernel_cmd, "The kernel's command inside the container; {connection_file} is replaced."
     )
-    output_policy: str = _option("strict", _output_policy, output_policy_trait().help)
-    allow_mime_types: tuple[str, ...] = _option(
-        (), _names, "MIME types the strict output policy passes unchanged besides its own list (renderers you trust)."
+    standby: int = _option(
+        1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "
+        "whole to one launch (then replaced); 0: off."
     )
-    allow_widget_modules: tuple[str, ...] = _option(
-        (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
-    )
+    output_policy: str = policy_option("output_policy")
+    allow_mime_types: tuple[str, ...] = policy_option("allow_mime_types")
+    allow_widget_modules: tuple[str, ...] = policy_option("allow_widget_modules")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DockerSettings:

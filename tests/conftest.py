@@ -20,6 +20,7 @@ from kernel_sandbox.containers import (
     require_image,
 )
 from kernel_sandbox.kernelspecs import install
+from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL, kernel_of
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -90,3 +91,22 @@ def nothing_leaks(engine_if_any):
         if container.name in leaked:
             remove_container(container)
     assert not leaked, f"containers of this test process left behind stopped: {leaked}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_standby_outlives_the_run(engine_if_any):
+    """At the end of the run, this process's standby kernels (``standby`` defaults to 1) go as at its exit.
+
+    ``POOL.clear(CLOSE_WAIT)`` is what :mod:`atexit` runs (``close()``, which also starts no more):
+    it stops every standby and waits for its container.
+    """
+    yield
+    POOL.clear(CLOSE_WAIT)
+    if engine_if_any is None:
+        return
+    mine = {"label": [*OURS, f"{LABEL_OWNER_PID}={os.getpid()}"]}
+    containers = engine_if_any.containers.list(all=True, filters=mine, ignore_removed=True)
+    idle = [c for c in containers if kernel_of(c.labels) is None]
+    for container in idle:
+        remove_container(container)
+    assert not idle, f"standby kernels left behind after the pool was cleared: {[c.name for c in idle]}"

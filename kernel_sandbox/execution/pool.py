@@ -29,7 +29,8 @@ class AsyncSandboxPool:
     acquisitions (default 1) it is closed and a fresh one is started in the background; below
     that it is restarted and its work directory emptied first. A ready kernel idle for longer
     than ``idle_timeout`` seconds is replaced by a fresh one. Other keywords are
-    :class:`AsyncSandbox` options.
+    :class:`AsyncSandbox` options; the Docker provisioner's ``standby`` is 0 unless given (the
+    pool keeps its own ready kernels).
     """
 
     def __init__(
@@ -40,6 +41,8 @@ class AsyncSandboxPool:
         self.size = size
         self.max_uses = max_uses
         self.idle_timeout = idle_timeout
+        if sandbox_options.get("backend", "docker") == "docker":
+            sandbox_options.setdefault("standby", 0)
         self._options = sandbox_options
         self._ready: deque[_Entry] = deque()
         self._failures: deque[BaseException] = deque()

@@ -153,8 +153,8 @@ def output_policy(settings: Settings) -> OutputPolicy:
     """A new output policy for one kernel connection with these settings (it tracks widget comms)."""
     return OutputPolicy.from_name(
         settings.output_policy,
-        allow_mime_types=getattr(settings, "allow_mime_types", ()),
-        allow_widget_modules=getattr(settings, "allow_widget_modules", ()),
+        allow_mime_types=settings.allow_mime_types,
+        allow_widget_modules=settings.allow_widget_modules,
     )
 
 
@@ -211,6 +211,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
             started.result()
             front.kernel_ready()
             _report_ready(status_fd)
+            status_fd = None  # closed: its number may be reused by now
             ended = asyncio.ensure_future(link.ended())
             await asyncio.wait([ended, stop], return_when=asyncio.FIRST_COMPLETED)
             status = ended.result() if ended.done() else ExitStatus(0, stop.result())

@@ -18,8 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..policy import MODES as POLICY_MODES
-from ..settings import _env, _flag, _option, _orphan_seconds, _refuse, _seconds, _text, check_names
+from ..settings import _env, _flag, _option, _orphan_seconds, _refuse, _seconds, _text, check_names, policy_option
 from .client import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -173,9 +172,9 @@ class OpenSandboxSettings:
     orphan_timeout: float | None = _option(
         30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
     )
-    output_policy: str = _option(
-        "strict", _choice(POLICY_MODES), "What outputs may do in the browser: 'strict' (default) or 'trusted'."
-    )
+    output_policy: str = policy_option("output_policy")
+    allow_mime_types: tuple[str, ...] = policy_option("allow_mime_types")
+    allow_widget_modules: tuple[str, ...] = policy_option("allow_widget_modules")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> OpenSandboxSettings:
@@ -202,7 +201,8 @@ class OpenSandboxSettings:
     def to_config(self) -> dict[str, Any]:
         """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
         config = dataclasses.asdict(self)
-        config["entrypoint"] = list(self.entrypoint)
+        for name in ("entrypoint", "allow_mime_types", "allow_widget_modules"):
+            config[name] = list(getattr(self, name))
         return config
 
     def __repr__(self) -> str:

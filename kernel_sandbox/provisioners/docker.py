@@ -9,12 +9,18 @@ checked before the launch, and the removal of a container whose launcher was kil
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import docker.errors
+import requests.exceptions
+from jupyter_core.paths import is_hidden
 
 from ..containers import docker_client, remove_container, resolve_mounts
-from ..errors import KernelSandboxError
+from ..errors import ConfigError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..policy import output_policy_trait
 from ..settings import OPTIONS, DockerSettings
@@ -51,6 +57,7 @@ class DockerProvisioner(LaunchedProvisioner):
     launch_timeout = option_trait(OPTIONS["launch_timeout"])
     orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
     kernel_cmd = option_trait(OPTIONS["kernel_cmd"])
+    standby = option_trait(OPTIONS["standby"])
     output_policy = output_policy_trait()
     allow_mime_types = option_trait(OPTIONS["allow_mime_types"])
     allow_widget_modules = option_trait(OPTIONS["allow_widget_modules"])
@@ -60,8 +67,25 @@ class DockerProvisioner(LaunchedProvisioner):
         return DockerSettings.from_config({name: getattr(self, name) for name in OPTIONS})
 
     def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
-        """The mounts' host paths must exist before the launcher starts."""
+        """The mounts' host paths must exist, and ``mount_cwd`` mount only a folder the server serves."""
+        if settings.mount_cwd != "off" and cwd:
+            check_served_cwd(settings.mount_cwd, cwd, getattr(self.parent, "parent", None))
         resolve_mounts(settings, cwd)
+
+    async def standby_image(self, settings: DockerSettings, launcher_env: Mapping[str, str]) -> str | None:
+        """The id of the image standbys run now: a rebuilt image replaces them. None when it cannot be read."""
+        try:
+            return await asyncio.to_thread(_image_id, settings.image, _engine_env(launcher_env))
+        except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
+            return None  # the cold start reports what is wrong
+
+    def standby_context(self, settings: DockerSettings, cwd: str | None) -> Any:
+        """The bind mounts, resolved: a standby serves every working directory that mounts the same."""
+        return resolve_mounts(settings, cwd)
+
+    def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool]:
+        """Removes the container a standby's launcher left, on the launcher's engine."""
+        return functools.partial(_remove_left, _engine_env(launcher_env))
 
     @property
     def container_id(self) -> str | None:
@@ -76,6 +100,61 @@ class DockerProvisioner(LaunchedProvisioner):
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """The launch already waits for the kernel; allow for the container's start."""
         return max(recommended, float(self.launch_timeout))
+
+
+def check_served_cwd(mode: str, cwd: str, kernel_managers: Any) -> None:
+    """Raise ConfigError when a Jupyter server's kernel would mount (``mount_cwd``) a folder it does not serve.
+
+    A page of the server chooses the kernel's working directory (``path`` of ``POST /api/kernels``),
+    and jupyter_server keeps it neither inside its ``root_dir`` nor out of hidden folders. So a
+    working directory outside the root (symlinks followed) or hidden in it (unless the server's
+    contents manager has ``allow_hidden``) is refused. Without a server (``kernel_managers`` has no
+    ``root_dir``: nbclient, your program) the caller chose the directory itself, and it is mounted.
+    """
+    root = getattr(kernel_managers, "root_dir", None)
+    if not isinstance(root, str) or not root:
+        return
+    literal, real = Path(os.path.normpath(os.path.abspath(cwd))), Path(cwd).resolve()
+    root_literal, root_real = Path(os.path.normpath(os.path.abspath(root))), Path(root).resolve()
+    refuse = f"mount_cwd={mode!r}: the kernel's working directory {literal}"
+    fix = f"open the notebook from a visible folder inside {root_literal}, or set mount_cwd to 'off'"
+    if not (literal.is_relative_to(root_literal) and real.is_relative_to(root_real)):
+        raise ConfigError(f"{refuse} is outside the Jupyter server's root {root_literal}, so it is not mounted: {fix}")
+    contents = getattr(getattr(kernel_managers, "parent", None), "contents_manager", None)
+    if not getattr(contents, "allow_hidden", False) and (
+        is_hidden(str(literal), str(root_literal)) or is_hidden(str(real), str(root_real))
+    ):
+        raise ConfigError(
+            f"{refuse} is hidden (a name starting with '.') in the Jupyter server's root, which the server "
+            f"does not serve (ContentsManager.allow_hidden), so it is not mounted: {fix}"
+        )
+
+
+def _engine_env(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((name, value) for name, value in environ.items() if name.startswith("DOCKER_")))
+
+
+@functools.lru_cache(maxsize=4)
+def _engine(environment: tuple[tuple[str, str], ...]) -> docker.DockerClient:
+    return docker_client(environment=dict(environment))
+
+
+def _image_id(image: str, environment: tuple[tuple[str, str], ...]) -> str:
+    return str(_engine(environment).images.get(image).id)
+
+
+def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]) -> bool:
+    """Remove the container named in a launcher's state; False when the engine cannot be asked now."""
+    if not state.get("container_id"):
+        return True
+    try:
+        client = docker_client(timeout=10, environment=dict(environment))
+        remove_container(client.containers.get(state["container_id"]))
+    except docker.errors.NotFound:
+        return True
+    except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
+        return False
+    return True
 
 
 def _remove_quietly(container_id: str, log: Any) -> None:

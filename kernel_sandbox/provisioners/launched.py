@@ -4,9 +4,11 @@ The launcher is the one code path that sandboxes. :class:`LaunchedProvisioner` r
 ``LocalProvisioner`` runs a kernel, and adds what a provisioner-aware client can use: the
 client's channels as IPC sockets in a private 0700 directory, the effective settings (traitlets
 config and kernel.json) checked before anything starts and handed over in a 0600 file, the
-reason a kernel ended, interrupt as SIGINT to the launcher, and re-attach after a server restart
-while the launcher waits ``orphan_timeout`` for its owner. A subclass names its backend and its
-options, and removes what a killed launcher left behind.
+reason a kernel ended, interrupt as SIGINT to the launcher, re-attach after a server restart
+while the launcher waits ``orphan_timeout`` for its owner, and standby kernels: a first start adopts
+a launcher of the same configuration that was started ahead of need (:mod:`.standby`), a restart
+starts a fresh one at the kernel's same addresses. A subclass names its backend and its options,
+says what its standbys are made of, and removes what a killed launcher left behind.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ import asyncio
 import copy
 import dataclasses
 import os
+import queue
 import signal
+import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import zmq.asyncio
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
@@ -31,8 +38,17 @@ from traitlets import Undefined
 from .. import errors
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..launch import passed_env
-from ..privdir import CONFIG, EXIT, LAUNCHER_LOCK, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
+from ..privdir import (
+    ADOPTED,
+    CONFIG,
+    EXIT,
+    LAUNCHER_LOCK,
+    LAUNCHER_STATE,
+    OWNER_LOCK,
+    PrivateDir,
+)
 from ..settings import check_names
+from .standby import POOL, Recipe, Standby
 
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
 
@@ -72,6 +88,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
     _exit_code: int | None = None
     _status_fd: int | None = None
     _stopping = False
+    _recipe: Recipe | None = None
+    _adopting: Standby | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         self._check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
@@ -103,67 +121,114 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         state = self.private.read_json(LAUNCHER_STATE) if self.private else None
         return state if isinstance(state, dict) else {}
 
+    async def standby_image(self, settings: Any, launcher_env: Mapping[str, str]) -> str | None:
+        """What the settings' image stands for now, for standbys (Docker: its id); None: no standby."""
+        return None
+
+    def standby_context(self, settings: Any, cwd: str | None) -> Any:
+        """What else a kernel of ``settings`` started in ``cwd`` is made of (Docker: its mounts)."""
+        return cwd
+
+    def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool] | None:
+        """What removes the container or sandbox a standby's launcher left (given its state); None: nothing."""
+        return None
+
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Check the settings, prepare the private directory, and build the launcher's command."""
+        """Check the settings; take a standby of this configuration, or prepare a cold start."""
         if kwargs.pop("transport_encryption", "disabled") == "required":
             raise KernelLaunchError("kernel-sandbox does not offer CurveZMQ transport encryption")
         settings = self.settings()
         kwargs.pop("extra_arguments", None)
-        env = kwargs.get("env", {})
+        kernel_env = passed_env(self.kernel_spec.env, kwargs.get("env", {}))
         cwd = kwargs.pop("cwd", None)
         self.prepare(settings, cwd)
+        kwargs = await KernelProvisionerBase.pre_launch(self, **kwargs)
         km = self.parent
+        self.exit_reason = self._exit_code = None
+        self._stopping = False
+        self._recipe = await self._standby_recipe(settings, kernel_env, kwargs["env"], cwd)
+        if self.private is None and self._recipe is not None:  # a restart keeps its addresses: cold
+            self._adopting = await self._take_standby(self._recipe, kernel_env.get("JPY_SESSION_NAME"))
+            if self._adopting is not None:
+                km.cleanup_connection_file()
+                return {**kwargs, "cmd": self._adopting.process.args}
         if self.private is None:
             self.private = PrivateDir.create()
             self.private.hold(OWNER_LOCK)
             km.cleanup_connection_file()
-        self.exit_reason = self._exit_code = None
-        self._stopping = False
         (self.private / EXIT).unlink(missing_ok=True)
         (self.private / LAUNCHER_STATE).unlink(missing_ok=True)
         km.transport = "ipc"
         km.ip = str(self.private / "k")
-        km.write_connection_file(jupyter_session=env.get("JPY_SESSION_NAME", ""))
+        km.write_connection_file(jupyter_session=kernel_env.get("JPY_SESSION_NAME", ""))
         self.connection_info = km.get_connection_info()
-        config_file = self.private.write_json(
-            CONFIG,
-            {
-                "provisioner": self.backend,
-                "settings": settings.to_config(),
-                "kernel_id": self.kernel_id,
-                "env": passed_env(self.kernel_spec.env, env),
-                "cwd": str(cwd) if cwd else None,
-            },
+        config_file = write_launcher_config(
+            self.private, self.backend, settings.to_config(), self.kernel_id, kernel_env, cwd
         )
-        read_end, self._status_fd = os.pipe()
-        self._status_reader = read_end
-        cmd = [
-            sys.executable, "-m", "kernel_sandbox.launch", "-f", os.path.realpath(km.connection_file),
-            "--config", str(config_file), "--status-fd", str(self._status_fd),
-        ]
-        kwargs["cwd"] = str(self.private.path)
-        return await KernelProvisionerBase.pre_launch(self, cmd=cmd, **kwargs)
+        self._status_reader, self._status_fd = os.pipe()
+        cmd = launcher_command(os.path.realpath(km.connection_file), config_file, self._status_fd)
+        return {**kwargs, "cmd": cmd, "cwd": str(self.private.path)}
+
+    async def _standby_recipe(
+        self, settings: Any, kernel_env: dict[str, str], launcher_env: dict[str, str], cwd: str | None
+    ) -> Recipe | None:
+        count = getattr(settings, "standby", 0)
+        if not count:
+            return None
+        image = await self.standby_image(settings, launcher_env)
+        if image is None:
+            return None
+        return Recipe.make(
+            backend=self.backend, settings=settings.to_config(), image=image,
+            context=self.standby_context(settings, cwd), kernel_env=kernel_env, launcher_env=launcher_env,
+            cwd=cwd, count=count, log=self.log, cleanup=self.standby_cleanup(launcher_env),
+        )
+
+    async def _take_standby(self, recipe: Recipe, session_name: str | None) -> Standby | None:
+        """A standby of ``recipe`` ready to be adopted, named after the client's session; None: start cold."""
+        standby = await POOL.take(recipe)
+        if standby is not None and session_name:
+            _name_session(standby.connection_info, session_name, self.get_stable_start_time(), self.log)
+        return standby
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Run the launcher and wait until its kernel answers, or raise with the launcher's reason."""
+        """Adopt the standby, or run the launcher and wait until its kernel answers (else raise its reason)."""
+        if self._adopting is not None:
+            return await self._adopt(self._adopting)
         assert self._status_fd is not None
         kwargs = self._scrub_kwargs(kwargs)
         try:
-            self.process = launch_kernel(cmd, pass_fds=(self._status_fd,), **kwargs)
+            self.process = start_launcher(cmd, self._status_fd, **kwargs)
         finally:
-            os.close(self._status_fd)
             self._status_fd = None
         self.pid = self.process.pid
         self.pgid = os.getpgid(self.pid)
         self.cwd = kwargs.get("cwd")
-        ready = await asyncio.to_thread(_read_status, self._status_reader)
+        ready = await asyncio.to_thread(read_status, self._status_reader)
         if not ready:
             code = await asyncio.to_thread(self.process.wait)
             reason = self._read_exit(code)
             recorded = self.private.read_json(EXIT) if self.private else None
             await self._forget()
             raise _launch_error(recorded, reason)
+        self._refill()
         return self.connection_info
+
+    async def _adopt(self, standby: Standby) -> KernelConnectionInfo:
+        """Make a standby this provisioner's kernel: its directory (owner lock held), launcher and addresses."""
+        self._adopting = None
+        assert standby.private is not None and standby.process is not None
+        self.private, self.process = standby.private, standby.process
+        self.pid = self.pgid = self.process.pid  # the launcher leads its own session
+        self.cwd = str(self.private.path)
+        self.private.write_json(ADOPTED, {"kernel_id": self.kernel_id})
+        self.connection_info = standby.connection_info
+        self._refill()
+        return self.connection_info
+
+    def _refill(self) -> None:
+        if self._recipe is not None:
+            POOL.refill(self._recipe)
 
     def _read_exit(self, code: int) -> str:
         recorded = self.private.read_json(EXIT) if self.private else None
@@ -263,7 +328,72 @@ def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:
     return KernelLaunchError(reason)
 
 
-def _read_status(fd: int) -> bool:
+def write_launcher_config(
+    private: PrivateDir, backend: str, settings: dict[str, Any], kernel_id: str, env: dict[str, str], cwd: str | None
+) -> Path:
+    """The launcher's 0600 config file in ``private``: the settings, the kernel's id, environment and cwd."""
+    config = {"provisioner": backend, "settings": settings, "kernel_id": kernel_id, "env": env,
+              "cwd": str(cwd) if cwd else None}
+    return private.write_json(CONFIG, config)
+
+
+def launcher_command(connection_file: str, config_file: Path, status_fd: int) -> list[str]:
+    """The command that runs the launcher for a provisioner (``status_fd``: where it reports ``ready``)."""
+    return [
+        sys.executable, "-m", "kernel_sandbox.launch", "-f", connection_file,
+        "--config", str(config_file), "--status-fd", str(status_fd),
+    ]
+
+
+def start_launcher(cmd: list[str], status_fd: int, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Run the launcher as jupyter_client runs a local kernel (its own session), passing it ``status_fd``."""
+    try:
+        process: subprocess.Popen[bytes] = launch_kernel(cmd, pass_fds=(status_fd,), **kwargs)
+    finally:
+        os.close(status_fd)
+    return process
+
+
+def read_status(fd: int) -> bool:
     """Block until the launcher reports ``ready`` on the pipe, or closes it (False)."""
     with os.fdopen(fd, "rb") as pipe:
         return pipe.readline().strip() == b"ready"
+
+
+_NAMINGS: set[asyncio.Task[None]] = set()
+"""Session namings waiting for their reply (the reference keeps each task alive)."""
+
+
+def _name_session(info: dict[str, Any], name: str, timeout: float, log: Any) -> None:
+    """Give an adopted kernel the client's ``JPY_SESSION_NAME`` (a cold one has it from its environment).
+
+    One silent execute that stores no history: ``__session__`` as ipykernel sets it, and the variable.
+    It is sent before the launch returns, and not waited for (that would cost the start one more
+    round trip): the kernel handles shell requests in the order they reach it, so the client's
+    requests, sent later, run after it. A refusal or no reply within ``timeout`` is logged.
+    """
+    code = f"__session__ = {name!r}; __import__('os').environ['JPY_SESSION_NAME'] = __session__"
+    client = AsyncKernelClient(context=zmq.asyncio.Context.instance())
+    client.load_connection_info(info)
+    client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+    msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
+    task = asyncio.ensure_future(_named(client, msg_id, timeout, log))
+    _NAMINGS.add(task)
+    task.add_done_callback(_NAMINGS.discard)
+
+
+async def _named(client: AsyncKernelClient, msg_id: str, timeout: float, log: Any) -> None:
+    """Wait for the reply to a session naming; log what went wrong."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            reply = await client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+    except queue.Empty:
+        log.warning("kernel-sandbox: an adopted standby did not confirm its session name within %g s", timeout)
+        return
+    finally:
+        client.stop_channels()
+    if reply["content"].get("status") != "ok":
+        log.warning("kernel-sandbox: an adopted standby refused its session name (%s)", reply["content"].get("evalue"))

@@ -15,6 +15,7 @@ from ..errors import OpenSandboxError
 from ..kernelspecs import OPENSANDBOX_PROVISIONER
 from ..opensandbox.client import OpenSandboxClient
 from ..opensandbox.settings import OPTIONS, OpenSandboxSettings
+from ..policy import output_policy_trait
 from .launched import LaunchedProvisioner, option_trait
 
 
@@ -57,7 +58,9 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
     interrupt_grace = option_trait(OPTIONS["interrupt_grace"])
     state_check_interval = option_trait(OPTIONS["state_check_interval"])
     orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
-    output_policy = option_trait(OPTIONS["output_policy"])
+    output_policy = output_policy_trait()
+    allow_mime_types = option_trait(OPTIONS["allow_mime_types"])
+    allow_widget_modules = option_trait(OPTIONS["allow_widget_modules"])
 
     def settings(self) -> OpenSandboxSettings:
         """The effective settings, checked, with the API base and key resolved (error: no API base)."""

@@ -182,6 +182,23 @@ async def test_a_page_cannot_have_a_kernel_mount_a_folder_of_its_choosing(page, 
     )
 
 
+@pytest.mark.security("attack", "lab")
+async def test_mount_cwd_mounts_a_visible_folder_of_the_root_and_names_itself_when_it_refuses(page) -> None:
+    """Only what the server does not serve is refused (the server's log names the option); the notebook's folder is mounted."""
+    started = page.send("POST", "/api/kernels", {"name": SPEC, "path": "notes.ipynb"})
+    assert started.status_code < 400, started.text
+    kernel_id = started.json()["id"]
+    try:
+        text = await _run_in_kernel(page, kernel_id, "import os; print(sorted(os.listdir('.')))")
+    finally:
+        page.send("DELETE", f"/api/kernels/{kernel_id}")
+    assert "'notes.ipynb'" in text and ".secret" in text, text  # the root, read-only, as mount_cwd says
+    refused = page.send("POST", "/api/kernels", {"name": SPEC, "path": ".secret/x.ipynb"})
+    assert refused.status_code >= 400, refused.text  # jupyter_server tells a page only "Unhandled error"
+    log = (page.root.parent / "lab.err").read_text()
+    assert f"mount_cwd='ro': the kernel's working directory {page.root / '.secret'} is hidden" in log, log[-3000:]
+
+
 HIDDEN_READS = [
     "/api/contents/.env", "/api/contents/.secret/token.txt", "/api/contents/.secret", "/files/.env",
     "/files/.secret/token.txt", "/api/contents/%2Eenv", "/api/contents/.secret%2Ftoken.txt", "/view/.env",

@@ -36,6 +36,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.privdir import user_root
+from kernel_sandbox.provisioners.standby import POOL
 
 from attack_kit import request
 from resource_counts import Bounds, ResourceWatch, private_host_dirs
@@ -262,6 +263,8 @@ def engine_proxy(monkeypatch) -> Iterator[EngineProxy]:
     try:
         yield proxy
     finally:
+        proxy.set("pass")
+        POOL.clear(wait=60)  # the standbys started through the proxy go while it still forwards
         proxy.close()
 
 

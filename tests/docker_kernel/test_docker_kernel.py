@@ -14,10 +14,11 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID
+from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, OURS
 from kernel_sandbox.errors import ConfigError, ImageMissing, KernelLaunchError
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import CONFIG, user_root
+from kernel_sandbox.provisioners.standby import kernel_of
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
@@ -49,7 +50,14 @@ async def run(km: AsyncKernelManager, code: str, timeout: float = 60) -> dict:
 
 
 def containers_of(client, km: AsyncKernelManager) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={km.kernel_id}"})
+    """The containers serving ``km``'s kernel (one that started as a standby carries the standby's id label)."""
+    ours = client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
+    return [container for container in ours if kernel_of(container.labels) == km.kernel_id]
+
+
+def existing(client, container_ids: list[str]) -> list[str]:
+    """Those of ``container_ids`` the engine still has (running or not)."""
+    return [cid for cid in container_ids if client.containers.list(all=True, filters={"id": cid})]
 
 
 def assert_no_private_dir_of(km: AsyncKernelManager) -> None:
@@ -195,9 +203,10 @@ async def test_shutdown_leaves_nothing(docker_engine) -> None:
     manager = AsyncKernelManager(kernel_name="sandboxed-python")
     await manager.start_kernel()
     private_dir = manager.provisioner.private.path
-    assert private_dir.is_dir() and containers_of(docker_engine, manager)
+    [container] = containers_of(docker_engine, manager)
+    assert private_dir.is_dir() and container.id == manager.provisioner.container_id
     await manager.shutdown_kernel()
-    assert not containers_of(docker_engine, manager)
+    assert not existing(docker_engine, [container.id])
     assert not private_dir.exists()
 
 
@@ -208,9 +217,9 @@ async def test_ten_concurrent_kernels_leave_nothing(docker_engine) -> None:
     assert all(o["results"][0]["data"]["text/plain"] == "'sandbox'" for o in outs)
     assert len({m.provisioner.container_id for m in managers}) == 10
     dirs = [m.provisioner.private.path for m in managers]
+    containers = [m.provisioner.container_id for m in managers]
     await asyncio.gather(*(m.shutdown_kernel() for m in managers))
-    for m in managers:
-        assert not containers_of(docker_engine, m)
+    assert not existing(docker_engine, containers)
     assert not any(d.exists() for d in dirs)
 
 
@@ -261,6 +270,7 @@ async def test_reattach_after_server_restart(docker_engine) -> None:
     await first.start_kernel()
     await run(first, "kept = 'state survives'")
     info = await first.provisioner.get_provisioner_info()
+    container = first.provisioner.container_id
 
     second = AsyncKernelManager(kernel_name="sandboxed-python", kernel_id=first.kernel_id)
     second.provisioner = KernelProvisionerFactory.instance().create_provisioner_instance(
@@ -271,7 +281,7 @@ async def test_reattach_after_server_restart(docker_engine) -> None:
     out = await run(second, "kept")
     assert out["results"][0]["data"]["text/plain"] == "'state survives'"
     await second.shutdown_kernel()
-    assert not containers_of(docker_engine, first)
+    assert not existing(docker_engine, [container])
     await asyncio.wait_for(first.provisioner.wait(), 30)
 
 

@@ -171,6 +171,7 @@ async def test_the_provisioner_reports_a_dead_launcher(docker_engine) -> None:
     km = AsyncKernelManager(kernel_name="sandboxed-python")
     km.autorestart = False
     await km.start_kernel()
+    container = km.provisioner.container_id
     try:
         os.kill(km.provisioner.pid, 9)
         deadline = time.monotonic() + 30
@@ -180,4 +181,4 @@ async def test_the_provisioner_reports_a_dead_launcher(docker_engine) -> None:
         assert km.provisioner.exit_reason == "the launcher was killed by SIGKILL"
     finally:
         await km.shutdown_kernel(now=True)
-    assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={km.kernel_id}"})
+    assert not docker_engine.containers.list(all=True, filters={"id": container})

@@ -22,8 +22,9 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
+from kernel_sandbox.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
 from kernel_sandbox.privdir import user_root
+from kernel_sandbox.provisioners.standby import kernel_of
 from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
@@ -135,7 +136,7 @@ async def test_every_security_claim_holds_inside_the_kernel(km: AsyncKernelManag
     container = docker_engine.containers.get(km.provisioner.container_id)
     assert container.attrs["Mounts"] == []  # no host path at all: the channel is the engine's streams
     labels = container.labels
-    assert labels[LABEL] == "true" and labels[LABEL_KERNEL_ID] == km.kernel_id
+    assert labels[LABEL] == "true" and kernel_of(labels) == km.kernel_id  # the label, or a standby's adoption
     assert labels[LABEL_OWNER_PID] == str(os.getpid()) and labels[LABEL_LAUNCHER_PID] == str(km.provisioner.pid)
     host = container.attrs["HostConfig"]
     assert host["Memory"] == host["MemorySwap"] == 1024 * MiB

@@ -17,7 +17,8 @@ import httpx
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID
+from kernel_sandbox.containers import OURS
+from kernel_sandbox.provisioners.standby import kernel_of
 
 
 class KernelChannels:
@@ -77,7 +78,9 @@ class KernelChannels:
 
 
 def containers(docker_engine, kernel_id: str) -> list:
-    return docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"})
+    """The containers serving ``kernel_id`` (one that started as a standby carries the standby's id label)."""
+    ours = docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
+    return [container for container in ours if kernel_of(container.labels) == kernel_id]
 
 
 async def test_kernel_lifecycle_over_rest_and_websocket(lab_server, docker_engine) -> None:
@@ -128,6 +131,7 @@ async def test_kernel_lifecycle_over_rest_and_websocket(lab_server, docker_engin
         assert deleted.status_code == 204
         assert (await http.get(f"/api/kernels/{kernel_id}")).status_code == 404
     deadline = time.monotonic() + 30
-    while containers(docker_engine, kernel_id) and time.monotonic() < deadline:
+    left = [first.id, second.id]
+    while (left := [c for c in left if docker_engine.containers.list(all=True, filters={"id": c})]) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    assert containers(docker_engine, kernel_id) == []
+    assert left == []

@@ -33,6 +33,8 @@ from kernel_sandbox.opensandbox import (
     SandboxTimeoutError,
     run_once,
 )
+from kernel_sandbox.opensandbox.jupyter import JupyterServer
+from kernel_sandbox.policy import OutputPolicy
 
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}
@@ -133,6 +135,28 @@ async def test_huge_lifecycle_answer_is_capped(hostile: HostileServer) -> None:
     assert rss.growth < MEMORY_BOUND
 
 
+JUPYTER_CALLS = [
+    ("GET /jupyter/api/status", lambda j: j.wait_ready(30)),
+    ("POST /jupyter/api/kernels", lambda j: j.start_kernel("python3")),
+    ("POST /jupyter/api/kernels/k1/interrupt", lambda j: j.interrupt_kernel("k1")),
+]
+
+
+@pytest.mark.parametrize(("route", "call"), JUPYTER_CALLS)
+@pytest.mark.parametrize("status", [200, 500])
+async def test_huge_answers_of_the_sandboxs_jupyter_server_are_capped(
+    hostile: HostileServer, route: str, call: Any, status: int
+) -> None:
+    """Websocket mode: the sandbox's Jupyter server (code in the sandbox can replace it) is read capped too."""
+    hostile.behaviour[route] = huge(400 * MiB, status)
+    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token")
+    with RssPeak() as rss, pytest.raises(ResponseTooLarge, match=r"cap of 4194304 bytes \(max_response_bytes\)"):
+        await within(call(jupyter), 60, route)
+    await jupyter.aclose()
+    assert rss.growth < MEMORY_BOUND, f"client RSS grew by {rss.growth / MiB:.0f} MiB"
+    assert sum(hostile.sent_bytes) < 64 * MiB
+
+
 # ---- 2. deadlines per call, not per read ---------------------------------------------------------
 
 
@@ -178,6 +202,25 @@ async def test_a_trickling_lifecycle_server_cannot_hold_a_call(hostile: HostileS
     await client.aclose()
 
 
+@pytest.mark.parametrize(("route", "call"), JUPYTER_CALLS[1:])
+async def test_a_trickling_jupyter_server_cannot_hold_a_call_past_its_deadline(
+    hostile: HostileServer, route: str, call: Any
+) -> None:
+    hostile.behaviour[route] = trickle()
+    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token", request_timeout=1)
+    with pytest.raises(CallDeadlineExceeded, match="within 1 s"):
+        await within(call(jupyter), 30, route)
+    await jupyter.aclose()
+
+
+async def test_a_trickling_jupyter_status_cannot_defeat_the_wait(hostile: HostileServer) -> None:
+    hostile.behaviour["GET /jupyter/api/status"] = trickle()
+    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token", request_timeout=3)
+    with pytest.raises(SandboxTimeoutError, match=r"GET /api/status tried \d+ times over"):
+        await within(jupyter.wait_ready(1.5), 30, "wait_ready")
+    await jupyter.aclose()
+
+
 # ---- 3. cost per byte: linear accumulation --------------------------------------------------------
 
 
@@ -216,6 +259,27 @@ async def test_a_json_array_from_create_is_the_clients_own_error(hostile: Hostil
         with pytest.raises(OpenSandboxProtocolError, match=r"POST .*/v1/sandboxes answered with a JSON list"):
             await client.create(image="img")
     assert hostile.requests == [("POST", "/v1/sandboxes")]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"id": "../../api/terminals"}, "kernel id that cannot be used in a URL"),
+        ({"id": "k1?x=1#"}, "kernel id that cannot be used in a URL"),
+        ([{"id": "k1"}], "JSON list"),
+        ({"name": "python3"}, "id"),
+    ],
+)
+async def test_a_kernel_id_from_the_jupyter_server_cannot_change_the_path(
+    hostile: HostileServer, body: Any, named: str
+) -> None:
+    hostile.behaviour["POST /jupyter/api/kernels"] = answer(201, body)
+    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token")
+    with pytest.raises(OpenSandboxProtocolError, match=r"POST .*/jupyter/api/kernels") as info:
+        await jupyter.start_kernel("python3")
+    await jupyter.aclose()
+    assert named in str(info.value)
+    assert hostile.requests == [("POST", "/jupyter/api/kernels")]
 
 
 async def test_run_once_keeps_the_result_when_delete_fails_and_never_sends_the_key_to_execd(
@@ -385,7 +449,9 @@ async def test_relay_gives_one_reply_for_every_hostile_cell(
                 assert of_type(iopub, "stream") == [{"name": "stdout", "text": "after\n"}]
             if name == "lone surrogates and NULs":
                 assert of_type(iopub, "stream") == [{"name": "stdout", "text": "a\ufffdb\ufffdc"}]
-                assert of_type(iopub, "execute_result")[0]["data"] == {"text/x\ufffd": "v", "text/plain": "\ufffd"}
+                relayed = {"data": {"text/x\ufffd": "v", "text/plain": "\ufffd"}, "metadata": {}, "execution_count": 1}
+                shown = OutputPolicy().filter("execute_result", relayed)  # the launcher's strict policy after the relay
+                assert shown is not None and of_type(iopub, "execute_result")[0]["data"] == shown["data"]
             if name == "a stream that stops without an end":
                 assert "dropped before the run ended" in reply["evalue"]
             if name == "a 15 MB traceback":
@@ -507,6 +573,52 @@ async def test_a_kernel_that_keeps_sending_over_the_cap_is_ended(
     assert "times within 60 s" in (km.provisioner.exit_reason or "")
     assert 2 <= hostile.kernel_connections <= 7
     assert ("DELETE", "/v1/sandboxes/sbx") in hostile.requests, "the sandbox is deleted"
+
+
+async def test_the_launcher_retries_a_failed_delete_at_shutdown(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 to the launcher's DELETE at shutdown is retried: the sandbox does not outlive the kernel."""
+    answers = [answer(503, {"code": "BUSY", "message": "try again"}), answer(204)]
+
+    async def flaky(h: HostileHandler) -> None:
+        await (answers.pop(0) if len(answers) > 1 else answers[0])(h)
+
+    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd")
+    hostile.behaviour["DELETE /v1/sandboxes/sbx"] = flaky
+    kc.stop_channels()
+    await km.shutdown_kernel()
+    assert hostile.requests.count(("DELETE", "/v1/sandboxes/sbx")) == 2
+
+
+async def test_the_launchers_renewals_survive_answers_of_the_wrong_shape(
+    hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Non-JSON, a JSON list and a 500 to renew-expiration: the launcher renews on, the kernel lives."""
+    answers = [answer(200, raw=b"<html>not json"), answer(200, [1]), answer(500, raw=b"oops"),
+               answer(200, {"expiresAt": "2030-01-01T00:00:00Z"})]
+
+    async def wrong_then_right(h: HostileHandler) -> None:
+        await (answers.pop(0) if len(answers) > 1 else answers[0])(h)
+
+    renew = ("POST", "/v1/sandboxes/sbx/renew-expiration")
+    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd", renew_interval=0.2)
+    try:
+        hostile.behaviour["POST /v1/sandboxes/sbx/renew-expiration"] = wrong_then_right
+        before = hostile.requests.count(renew)
+        for _ in range(600):
+            if not answers[:-1] and hostile.requests.count(renew) >= before + 6:
+                break
+            await asyncio.sleep(0.1)
+        assert not answers[:-1], "the launcher stopped renewing after an answer of the wrong shape"
+        assert hostile.requests.count(renew) >= before + 6, "no renewals after the wrong answers"
+        assert await km.is_alive()
+        hostile.behaviour["POST /code"] = stream(COMPLETE)
+        reply, _ = await execute(kc)
+        assert reply["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
 
 
 async def reply_to(channel: Any, msg_id: str) -> dict[str, Any]:

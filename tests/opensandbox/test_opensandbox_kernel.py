@@ -22,6 +22,7 @@ import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
 from opensandbox_fakes import FakeOpenSandbox
+from traitlets import TraitError
 from traitlets.config import Config
 
 from kernel_sandbox.errors import ConfigError, KernelLaunchError, OpenSandboxConfigError
@@ -170,6 +171,13 @@ def test_options_come_from_kernelspec_config_and_traitlets() -> None:
         OpenSandboxProvisioner(config=Config({"OpenSandboxProvisioner": {"timout": 900}}))
     with pytest.raises(ConfigError, match="timeout=5"):
         OpenSandboxProvisioner(api_base="http://127.0.0.1:1/v1", timeout=5).settings()
+    policy = {"output_policy": "Trusted", "allow_mime_types": ["application/x-mine"], "allow_widget_modules": ["w"]}
+    chosen = OpenSandboxProvisioner(api_base="http://127.0.0.1:1/v1", **policy).settings()
+    assert (chosen.output_policy, chosen.allow_mime_types, chosen.allow_widget_modules) == (
+        "trusted", ("application/x-mine",), ("w",)
+    )
+    with pytest.raises(TraitError, match="output_policy"):
+        OpenSandboxProvisioner(output_policy="lax")
 
 
 @pytest.mark.security("fault", "options")

@@ -44,7 +44,9 @@ def test_defaults_round_trip_and_the_key_is_never_shown() -> None:
         ({"network_policy": ["deny"]}, "network_policy="),
         ({"jupyter_port": 0}, "jupyter_port=0"),
         ({"max_output_bytes": 10}, "max_output_bytes=10"),
-        ({"output_policy": "lax"}, "output_policy='lax'"),
+        ({"output_policy": "lax"}, "output_policy='lax': must be one of strict, trusted"),
+        ({"allow_mime_types": "text/x-mine"}, "allow_mime_types='text/x-mine': must be a list of names"),
+        ({"allow_widget_modules": [""]}, "allow_widget_modules=['']: every name must be a non-empty string"),
         ({"ready_timeout": -1}, "ready_timeout=-1"),
         ({"api_key": 12}, "api_key='***'"),
     ],
@@ -54,6 +56,21 @@ def test_a_bad_option_is_refused_naming_it(config: dict[str, Any], named: str) -
     with pytest.raises(ConfigError) as info:
         OpenSandboxSettings.from_config(config)
     assert named in str(info.value)
+
+
+def test_the_output_policy_options_are_the_docker_backends_and_reach_the_launchers_policy() -> None:
+    from kernel_sandbox.launch import output_policy
+    from kernel_sandbox.settings import OPTIONS as DOCKER_OPTIONS
+
+    for name in ("output_policy", "allow_mime_types", "allow_widget_modules"):
+        assert OPTIONS[name].metadata == DOCKER_OPTIONS[name].metadata, name
+    config = {"output_policy": "Strict", "allow_mime_types": ["application/x-mine"], "allow_widget_modules": ["my-widgets"]}
+    settings = OpenSandboxSettings.from_config(config)
+    assert OpenSandboxSettings.from_config(settings.to_config()) == settings
+    policy = output_policy(settings)
+    assert policy.mode == "strict" and "application/x-mine" in policy.passed_mime_types
+    assert "my-widgets" in policy.widget_modules
+    assert output_policy(OpenSandboxSettings.from_config({"output_policy": "trusted"})).mode == "trusted"
 
 
 def test_every_option_has_help_and_a_default_that_parses() -> None:

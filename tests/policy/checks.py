@@ -114,3 +114,12 @@ def text_problems(text: str) -> list[str]:
     """Links JupyterLab's auto-linker would make from text output that run script when clicked."""
     text = ANSI.sub("", text)  # JupyterLab turns escape codes into spans, then links the text
     return [m.group(0) for m in WEB_LINK.finditer(text) if SCRIPT_SCHEME.match(browser_url(m.group(0)))]
+
+
+def bundle_problems(data: dict) -> list[str]:
+    """Everything script-capable in a MIME bundle: script types, HTML, Markdown, SVG and linked text."""
+    problems = [f"script type {mime}" for mime in data if "javascript" in mime]
+    problems += html_problems(data.get("text/html", ""))
+    problems += markdown_problems(data.get("text/markdown", ""))
+    problems += html_problems(data.get("image/svg+xml", ""), svg_ids=True)
+    return problems + text_problems(data.get("text/plain", ""))

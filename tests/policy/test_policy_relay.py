@@ -26,7 +26,7 @@ from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.launch.front import Connection, Front
 from kernel_sandbox.policy import OutputPolicy
 
-from checks import html_problems, markdown_problems, text_problems
+from checks import bundle_problems, html_problems, text_problems
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300), pytest.mark.security("attack", "policy")]
 
@@ -132,19 +132,11 @@ def strict_kernel(request: pytest.FixtureRequest, specs, tmp_path_factory) -> It
     kernel.stop()
 
 
-def _bundle_problems(data: dict[str, Any]) -> list[str]:
-    problems = [f"script type {mime}" for mime in data if "javascript" in mime]
-    problems += html_problems(data.get("text/html", ""))
-    problems += markdown_problems(data.get("text/markdown", ""))
-    problems += html_problems(data.get("image/svg+xml", ""), svg_ids=True)
-    return problems + text_problems(data.get("text/plain", ""))
-
-
 def test_no_hostile_output_reaches_the_client(strict_kernel: Kernel) -> None:
     messages, reply = strict_kernel.run(HOSTILE)
     assert reply["content"]["status"] == "ok", reply["content"]
     shown = [m for m in messages if m["msg_type"] in ("display_data", "update_display_data", "execute_result")]
-    problems = {i: p for i, m in enumerate(shown) if (p := _bundle_problems(m["content"]["data"]))}
+    problems = {i: p for i, m in enumerate(shown) if (p := bundle_problems(m["content"]["data"]))}
     assert problems == {}
     streams = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
     assert text_problems(streams) == [] and streams.count("\n") >= len(CORPUS["text"])
