@@ -8,9 +8,12 @@ mounted into the container for this, and no host path is involved: the streams a
 
 Each connector is also a lifeline: when the launcher ends, by any signal, the engine closes the
 connectors' stdin and they kill every process of the container; the container removes itself
-(auto-remove).
+(auto-remove). The kernel can stop those processes (they run as its uid), and a container that
+is not started yet has none, so a host process the kernel cannot reach stands behind them: the
+launcher's :mod:`~kernel_sandbox.watchdog`, which removes the container once the launcher is gone.
 How the kernel ended (out of memory included) is read from the engine's events, since an
-auto-removed container cannot be inspected afterwards.
+auto-removed container cannot be inspected afterwards; an engine that stops answering (its
+connections open, nothing moving) is noticed by a ping every :data:`ENGINE_PROBE_INTERVAL` s.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from .. import watchdog
 from ..containers import (
     applied_limits,
     check_engine,
@@ -62,9 +66,18 @@ ROUTING_ID = b"kernel-sandbox-launcher"
 PROBE = b"kernel-sandbox-probe"
 PROBE_INTERVAL = 0.5
 REOPEN_DELAY = 0.2
+"""Seconds before a kernel stream that ended is opened again; doubled after each loss, up to :data:`REOPEN_MAX_DELAY`."""
+REOPEN_MAX_DELAY = 5.0
+REOPEN_LIMIT = 10
+"""Losses of one channel in a row (none of them open for :data:`REOPEN_STABLE` s) that end the kernel."""
+REOPEN_STABLE = 10.0
 WAITING_LIMIT = 1000
 """Client messages kept per channel while its stream is not open yet (ZMQ's own default queue size)."""
 ENGINE_CHECK_TIMEOUT = 10
+ENGINE_PROBE_INTERVAL = 10.0
+"""Seconds between two pings of the engine while the kernel runs: a hung engine (connections
+open, nothing answered) reports no event, so it is asked; no answer within
+:data:`ENGINE_CHECK_TIMEOUT` s ends the kernel."""
 WELCOME_WAIT = 1.0
 """Seconds to wait, once the heartbeat answers, for ipykernel 7's ``iopub_welcome`` (JEP 65) to
 confirm the launcher's IOPub subscription; kernels without it start after this pause."""
@@ -142,12 +155,14 @@ class _Channel(asyncio.BufferedProtocol):
         self.name = name
         self.transport: asyncio.Transport | None = None
         self.peer: ZmtpPeer | None = None
+        self.opened = 0.0
         self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
         self._scratch = memoryview(bytearray(READ_SIZE)) if multiplexed else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.opened = time.monotonic()
         kind = b"SUB" if self.name == "iopub" else b"DEALER"
         identity = ROUTING_ID if self.name in REQUEST_CHANNELS else b""
         self.peer = ZmtpPeer(kind, transport.write, self._message, identity=identity)
@@ -182,7 +197,10 @@ class _Channel(asyncio.BufferedProtocol):
         self.peer.feed(data)
 
     def _message(self, frames: list[Any]) -> None:
-        self.link._from_kernel(self.name, frames)
+        try:
+            self.link._from_kernel(self.name, frames)
+        except Exception:  # whatever the kernel sent: one message is lost, never the channel
+            log.exception("dropped a message from the kernel's %s channel: relaying it failed", self.name)
 
     def _stderr(self, data: memoryview) -> None:
         log.debug("%s connector: %s", self.name, bytes(data[:500]).decode(errors="replace").strip())
@@ -370,6 +388,11 @@ class DockerLink:
         self._creating: asyncio.Future[Any] | None = None
         self._netns: int | None = None
         self._cancel = threading.Event()
+        self._losses = dict.fromkeys(CHANNEL_PORTS, 0)
+        self._paused: set[str] = set()
+        self._watchdog: Any = None
+        self._engine_hung = False
+        self._probing: asyncio.Future[None] | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -392,6 +415,7 @@ class DockerLink:
                 self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path if self.private else None
             ),
         )
+        self._watchdog = watchdog.start(self.kernel_id)  # before the container exists
         self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
         try:
             container = await asyncio.shield(self._creating)
@@ -420,6 +444,7 @@ class DockerLink:
             for task in opening:
                 task.cancel()
         self.output.release()
+        self._probing = asyncio.ensure_future(self._probe_engine())
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
@@ -503,6 +528,8 @@ class DockerLink:
 
     def _channel_open(self, channel: _Channel) -> None:
         self._channels[channel.name] = channel
+        if channel.name in self._paused and channel.transport is not None:
+            channel.transport.pause_reading()
         waiting = self._waiting[channel.name]
         while waiting:
             channel.send(waiting.popleft())
@@ -512,15 +539,22 @@ class DockerLink:
             del self._channels[channel.name]
         if self._stopping or self._ended.done():
             return
-        log.debug("the kernel's %s stream ended; opening another", channel.name)
+        name = channel.name
+        stable = time.monotonic() - channel.opened >= REOPEN_STABLE
+        losses = self._losses[name] = 1 if stable else self._losses[name] + 1
+        if losses > REOPEN_LIMIT:
+            self._end(ExitStatus(1, f"the kernel's {name} stream ended {REOPEN_LIMIT} times in a row; it was stopped"))
+            return
+        delay = min(REOPEN_DELAY * 2 ** (losses - 1), REOPEN_MAX_DELAY)
+        log.debug("the kernel's %s stream ended; opening another in %.1f s", name, delay)
 
         async def reopen() -> None:
-            await asyncio.sleep(REOPEN_DELAY)
+            await asyncio.sleep(delay)
             if not (self._stopping or self._ended.done()):
                 try:
-                    await self._open_channel(channel.name)
+                    await self._open_channel(name)
                 except Exception as exc:
-                    log.warning("could not reopen the kernel's %s stream: %s", channel.name, exc)
+                    log.warning("could not reopen the kernel's %s stream: %s", name, exc)
 
         asyncio.ensure_future(reopen())
 
@@ -560,6 +594,20 @@ class DockerLink:
     def heartbeat(self, frames: list[Any]) -> None:
         """Forward a ping to the kernel's heartbeat."""
         self._send("hb", list(frames))
+
+    def pause_reading(self, channel: str, paused: bool) -> None:
+        """Stop (resume) reading ``channel``'s stream: the kernel's own socket then holds or drops its messages."""
+        if paused:
+            self._paused.add(channel)
+        else:
+            self._paused.discard(channel)
+        open_channel = self._channels.get(channel)
+        transport = open_channel.transport if open_channel is not None else None
+        if transport is not None and not transport.is_closing():
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     # -- life and death ------------------------------------------------------------------------
 
@@ -611,6 +659,36 @@ class DockerLink:
         else:
             self._end(ExitStatus(1, f"the Docker engine stopped reporting on the kernel ({exc})"))
 
+    async def _probe_engine(self) -> None:
+        """Ping the engine now and then; end the kernel when it stops answering.
+
+        The ping runs in a daemon thread with its own client and timeout: a hung engine leaves
+        nothing for the launcher's exit to wait for.
+        """
+        assert self._client is not None
+        client = docker.from_env(timeout=ENGINE_CHECK_TIMEOUT, version=self._client.api.api_version)  # no engine call
+        while not (self._stopping or self._ended.done()):
+            await asyncio.sleep(ENGINE_PROBE_INTERVAL)
+            answered: asyncio.Future[bool] = self._loop.create_future()
+
+            def ping() -> None:
+                try:
+                    client.ping()
+                    ok = True
+                except Exception:  # any failure is the engine's: reported below as no answer
+                    ok = False
+                self._loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(ok))
+
+            threading.Thread(target=ping, name="docker-ping", daemon=True).start()
+            try:
+                ok = await asyncio.wait_for(asyncio.shield(answered), ENGINE_CHECK_TIMEOUT + 1)
+            except asyncio.TimeoutError:
+                ok = False
+            if not ok and not (self._stopping or self._ended.done()):
+                self._engine_hung = True
+                self._end(ExitStatus(1, f"the Docker engine at {engine_address()} stopped answering "
+                                        f"(no reply to a ping within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped"))
+
     def _end(self, status: ExitStatus) -> None:
         if not self._ended.done():
             self._ended.set_result(status)
@@ -634,6 +712,8 @@ class DockerLink:
             return
         self._stopping = True
         self._cancel.set()
+        if self._probing is not None:
+            self._probing.cancel()
         for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
             if transport is not None:
                 transport.close()
@@ -642,14 +722,19 @@ class DockerLink:
                 self.container_id = (await self._creating).id
             except Exception:
                 pass
-        if self._client is not None and self.container_id is not None:
+        removed = True
+        if self._engine_hung:
+            removed = False  # no call to a hung engine here: the watchdog removes the container when it answers
+        elif self._client is not None and self.container_id is not None:
             try:
                 container = await asyncio.to_thread(self._client.containers.get, self.container_id)
                 await asyncio.to_thread(remove_container, container)
             except docker.errors.NotFound:
                 pass
             except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                removed = False
                 log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
+        watchdog.release(self._watchdog, done=removed)
         if self._events is not None:
             self._events.close()
         if self._netns is not None:

@@ -34,7 +34,9 @@ import zmq
 
 from ..errors import KernelLaunchError
 from ..policy import OutputPolicy
-from .zmtp import LARGE_FRAME
+from ..privdir import LAUNCHER_LOCK, PrivateDir
+from .gate import TcpGate
+from .zmtp import LARGE_FRAME, MAX_MESSAGE_BYTES
 
 DELIM = b"<IDS|MSG>"
 REQUEST_CHANNELS = ("shell", "control", "stdin")
@@ -44,8 +46,18 @@ COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 INLINE_BYTES = 32 * 1024
 """Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a thread."""
 HELD_BYTES = 64 * 2**20
-"""Bytes of a channel's messages held while a large one ahead of them is filtered; past it, newer
-messages are dropped (as a ZMQ queue at its high-water mark drops them), with a warning."""
+"""Bytes of a channel's messages held while one ahead of them waits; past it, newer messages are
+dropped (as a ZMQ queue at its high-water mark drops them), with a warning. Each message counts
+:data:`HELD_OVERHEAD` bytes besides its parts, so a flood of tiny messages is bounded too."""
+HELD_OVERHEAD = 1024
+CLIENT_QUEUE = 16
+"""Messages ZMQ queues per client and channel, each way (its default is 1000, of any size)."""
+CLIENT_MAX_BYTES = MAX_MESSAGE_BYTES
+"""The largest message a client may send (``ZMQ_MAXMSGSIZE``): libzmq drops the connection of a
+client that announces more, before reading it (it would otherwise assemble it, unsigned, in memory)."""
+RETRY_SECONDS = 0.005
+MAX_RETRY_SECONDS = 0.1
+"""A message for a full client queue is offered again after these delays (doubling)."""
 Frames = Sequence[bytes]
 """A multipart message, one bytes object per frame."""
 
@@ -122,6 +134,9 @@ class KernelLink(Protocol):
     def heartbeat(self, frames: list[Any]) -> None:
         """Pass a heartbeat ping to the kernel; its echo comes back through ``heartbeat_reply``."""
 
+    def pause_reading(self, channel: str, paused: bool) -> None:
+        """Stop (and resume) taking the kernel's messages on ``channel``: its clients cannot take more."""
+
     async def interrupt(self) -> None:
         """Interrupt the running cell (SIGINT to the kernel)."""
 
@@ -153,16 +168,22 @@ class Reader:
             self._scheduled = True
             self._loop.call_soon(self._drain)
 
-    def send(self, frames: list[Any]) -> None:
-        """Send ``frames`` without blocking (a full queue drops them, as ZMQ's own relays do).
+    def send(self, frames: list[Any]) -> bool:
+        """Send ``frames`` without blocking; False when the queue to the client is full (nothing sent).
 
-        Large frames are not copied: ZMQ keeps a reference until they are sent.
+        A message for a client that is gone is dropped (True). Large frames are not copied: ZMQ
+        keeps a reference until they are sent.
         """
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            log.warning("dropped a message: the %s queue is full", self.name)
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            log.debug("dropped a message for a client that is gone from %s", self.name)
         self.kick()
+        return True
 
     def pause(self, paused: bool) -> None:
         """Stop taking messages while ``paused`` (they wait in ZMQ's bounded queues), resume after."""
@@ -232,33 +253,60 @@ class Front:
         self.connection = connection
         self.policy = policy
         self._loop = asyncio.get_running_loop()
-        self._filtering: set[str] = set()
+        self._waiting: set[str] = set()
         self._held: dict[str, collections.deque[tuple[list[bytes], list[bytes]]]] = {
             channel: collections.deque() for channel in (*REQUEST_CHANNELS, "iopub")
         }
         self._held_bytes = dict.fromkeys(self._held, 0)
+        self._dropping = dict.fromkeys(self._held, False)
         self._signer = Signer(connection.key, connection.signature_scheme)
         self._session = uuid.uuid4().hex
         self._context = zmq.Context()
         self._readers: dict[str, Reader] = {}
         self._link: KernelLink | None = None
         self._kernel_ready = False
+        self._gates: list[TcpGate] = []
+        self._gate_dir: PrivateDir | None = None
 
     def bind(self) -> None:
-        """Bind the five channels where the connection file says; raise naming the one that failed."""
+        """Bind the five channels where the connection file says; raise naming the one that failed.
+
+        Every socket refuses messages over :data:`CLIENT_MAX_BYTES` and queues at most
+        :data:`CLIENT_QUEUE` messages per client; past that the channel's messages are held up to
+        :data:`HELD_BYTES` (see :meth:`from_kernel`), so the launcher holds a bounded amount per
+        channel whatever the kernel sends and however slowly clients read. On TCP the ports admit this user's own processes
+        only (:mod:`.gate`); the ZMQ sockets then sit in a private directory.
+        """
+        if self.connection.transport == "tcp":
+            self._gate_dir = PrivateDir.create()
+            self._gate_dir.hold(LAUNCHER_LOCK)  # not abandoned while the launcher runs
         kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.XPUB, "hb": zmq.ROUTER}
         handlers = {"iopub": self._subscribed, "hb": self._ping}
         for channel, kind in kinds.items():
             sock = self._context.socket(kind)
             sock.linger = 1000
+            sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_MAX_BYTES)
+            sock.setsockopt(zmq.SNDHWM, CLIENT_QUEUE)
+            sock.setsockopt(zmq.RCVHWM, CLIENT_QUEUE)
             if kind == zmq.XPUB:
                 sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+                sock.setsockopt(zmq.XPUB_NODROP, 1)
+            else:
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             address = self.connection.address(channel)
             try:
-                sock.bind(address)
-            except zmq.ZMQError as exc:
+                if self._gate_dir is None:
+                    sock.bind(address)
+                else:
+                    sock.bind(self._gate_dir.ipc(channel))
+                    self._gates.append(
+                        TcpGate(channel, self.connection.ip, self.connection.ports[channel], self._gate_dir / channel)
+                    )
+            except (zmq.ZMQError, KernelLaunchError) as exc:
                 sock.close(linger=0)
                 self.close()
+                if isinstance(exc, KernelLaunchError):
+                    raise
                 raise KernelLaunchError(f"cannot listen on {address} for the {channel} channel: {exc}") from exc
             handler = handlers.get(channel) or self._request_handler(channel)
             self._readers[channel] = Reader(f"client {channel}", sock, handler)
@@ -296,7 +344,7 @@ class Front:
             reader.pause(paused)
 
     def heartbeat_reply(self, frames: list[Any]) -> None:
-        """Send the kernel's heartbeat echo back to the client that pinged."""
+        """Send the kernel's heartbeat echo back to the client that pinged (dropped if its queue is full)."""
         self._readers["hb"].send(frames)
 
     def _subscribed(self, frames: list[Any]) -> None:
@@ -319,70 +367,119 @@ class Front:
     def from_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
         """Pass a kernel message (verified by the link) through the output policy to the clients.
 
-        Messages of a channel keep their order: while a large one is filtered in a thread, the
-        channel's later messages wait for it (up to :data:`HELD_BYTES`).
+        Messages of a channel keep their order. While one of them waits (filtered in a thread, or
+        for room in a client's queue), the channel's later messages are held, up to
+        :data:`HELD_BYTES`; past that they are dropped. The link stops reading a waiting request
+        channel from the kernel; IOPub is read on (ipykernel queues output it cannot send in its
+        own memory, without limit), so a client that stops reading loses output past the held
+        bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
+        dropped and logged; the session goes on.
         """
         held = self._held.get(channel)
         if held is None:
             log.warning("dropped a kernel message on the unknown channel %r", channel)
-        elif channel in self._filtering:
-            size = sum(map(len, parts))
+        elif channel in self._waiting:
+            size = sum(map(len, parts)) + HELD_OVERHEAD
             if self._held_bytes[channel] + size > HELD_BYTES:
-                log.warning("dropped a %s message: the kernel sends faster than its output can be checked", channel)
+                if not self._dropping.get(channel):
+                    log.warning("dropping %s messages: the kernel sends faster than its clients take them", channel)
+                self._dropping[channel] = True
                 return
             held.append((idents, parts))
             self._held_bytes[channel] += size
-        elif not self._relay(channel, idents, parts):
-            self._filtering.add(channel)
-
-    def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> bool:
-        """Filter and send one message; False when a thread filters it (the channel then waits)."""
-        msg_type = _msg_type(parts[0])
-        if msg_type is None:
-            log.warning("dropped a %s message from the kernel: its header has no msg_type", channel)
-            return True
-        if channel == "iopub" and msg_type == "iopub_welcome":
-            return True  # the front welcomes its own subscribers
-        if channel != "iopub" and msg_type in COMM_TYPES:
-            log.warning("dropped a %s on %s: kernels send comm messages on IOPub only", msg_type, channel)
-            return True
-        content = parts[3]
-        if not self.policy.inspects(msg_type, content):
-            self._send(channel, idents, parts, content)
-        elif len(content) <= INLINE_BYTES:
-            self._send(channel, idents, parts, filter_content(self.policy, msg_type, content))
         else:
-            work = self._loop.run_in_executor(None, filter_content, self.policy, msg_type, content)
-            work.add_done_callback(lambda done: self._filtered(channel, idents, parts, done))
-            return False
-        return True
+            self._dropping[channel] = False
+            self._relay(channel, idents, parts)
+
+    def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
+        """Filter and send one message (the channel may be left waiting for it); never raises."""
+        try:
+            msg_type = _msg_type(parts[0])
+            if msg_type is None:
+                log.warning("dropped a %s message from the kernel: its header has no msg_type", channel)
+                return
+            if channel == "iopub" and msg_type == "iopub_welcome":
+                return  # the front welcomes its own subscribers
+            if channel != "iopub" and msg_type in COMM_TYPES:
+                log.warning("dropped a %s on %s: kernels send comm messages on IOPub only", msg_type, channel)
+                return
+            content = parts[3]
+            if not self.policy.inspects(msg_type, content):
+                self._send(channel, idents, parts, content)
+            elif len(content) <= INLINE_BYTES:
+                self._send(channel, idents, parts, filter_content(self.policy, msg_type, content))
+            else:
+                self._wait(channel)
+                work = self._loop.run_in_executor(None, filter_content, self.policy, msg_type, content)
+                work.add_done_callback(lambda done: self._filtered(channel, idents, parts, done))
+        except Exception:  # whatever the kernel sent: one message is lost, never the session
+            log.exception("dropped a %s message from the kernel: relaying it failed", channel)
 
     def _filtered(self, channel: str, idents: list[bytes], parts: list[bytes], done: asyncio.Future[bytes | None]) -> None:
         """A thread has filtered a large message: send it, then what the channel held meanwhile."""
-        self._send(channel, idents, parts, None if done.cancelled() else done.result())
-        held = self._held[channel]
-        while held:
-            idents, parts = held.popleft()
-            self._held_bytes[channel] -= sum(map(len, parts))
-            if not self._relay(channel, idents, parts):
-                return
-        self._filtering.discard(channel)
+        self._waiting.discard(channel)
+        try:
+            content = None if done.cancelled() else done.result()
+        except Exception:
+            log.exception("dropped a %s message from the kernel: filtering it failed", channel)
+            content = None
+        self._send(channel, idents, parts, content)
+        self._release(channel)
 
     def _send(self, channel: str, idents: list[bytes], parts: list[bytes], content: bytes | None) -> None:
-        """Sign ``parts`` with ``content`` in place of theirs for the client; None drops the message."""
+        """Sign ``parts`` with ``content`` in place of theirs for the client; None drops the message.
+
+        When the client's queue is full the message waits, and the channel with it.
+        """
         reader = self._readers.get(channel)
         if content is None or reader is None:
             return
         if content is not parts[3]:
             parts = [*parts[:3], content, *parts[4:]]
-        reader.send([*idents, DELIM, self._signer.sign(parts), *parts])
+        frames = [*idents, DELIM, self._signer.sign(parts), *parts]
+        if not reader.send(frames):
+            self._wait(channel)
+            self._loop.call_later(RETRY_SECONDS, self._retry, channel, frames, RETRY_SECONDS)
+
+    def _retry(self, channel: str, frames: list[Any], delay: float) -> None:
+        reader = self._readers.get(channel)
+        if reader is None:
+            return
+        if not reader.send(frames):
+            delay = min(delay * 2, MAX_RETRY_SECONDS)
+            self._loop.call_later(delay, self._retry, channel, frames, delay)
+            return
+        self._waiting.discard(channel)
+        self._release(channel)
+
+    def _wait(self, channel: str) -> None:
+        """The channel's next message waits: hold the later ones (and stop reading a request channel)."""
+        self._waiting.add(channel)
+        if self._link is not None and channel != "iopub":
+            self._link.pause_reading(channel, True)
+
+    def _release(self, channel: str) -> None:
+        """Relay what the channel held, until one of its messages has to wait again; then read on."""
+        held = self._held[channel]
+        while held and channel not in self._waiting:
+            idents, parts = held.popleft()
+            self._held_bytes[channel] -= sum(map(len, parts)) + HELD_OVERHEAD
+            self._relay(channel, idents, parts)
+        if channel not in self._waiting and self._link is not None and channel != "iopub":
+            self._link.pause_reading(channel, False)
 
     def close(self) -> None:
         """Close every channel."""
+        for gate in self._gates:
+            gate.close()
+        self._gates.clear()
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
         self._context.term()
+        if self._gate_dir is not None:
+            self._gate_dir.remove()
+            self._gate_dir = None
 
 
 def _dumps(value: Any) -> bytes:

@@ -461,6 +461,10 @@ class OpenSandboxLink:
         if self._front is not None and (isinstance(bridge, ExecdRelay) or (bridge is not None and bridge.alive)):
             self._front.heartbeat_reply(frames)
 
+    def pause_reading(self, channel: str, paused: bool) -> None:
+        """Not paused per channel (the channels share one websocket, or execd's HTTP streams): while
+        a client takes nothing, the front holds up to its ``HELD_BYTES`` per channel and drops the rest."""
+
     async def interrupt(self) -> None:
         """Interrupt the running cell."""
         if self._bridge is None:

@@ -19,7 +19,7 @@ import docker.errors
 import requests.exceptions
 from jupyter_core.paths import is_hidden
 
-from ..containers import docker_client, remove_container, resolve_mounts
+from ..containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container, resolve_mounts
 from ..errors import ConfigError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..policy import output_policy_trait
@@ -93,9 +93,11 @@ class DockerProvisioner(LaunchedProvisioner):
         return self.launcher_state.get("container_id")
 
     async def remove_leftover(self, state: dict[str, Any]) -> None:
-        """Remove the container of a launcher that could not (it was killed)."""
+        """Remove the container of a launcher that could not (it was killed), by its id or its labels."""
         if state.get("container_id"):
             await asyncio.to_thread(_remove_quietly, state["container_id"], self.log)
+        if state.get("pid"):
+            await asyncio.to_thread(_remove_launchers, self.kernel_id, int(state["pid"]), self.log)
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """The launch already waits for the kernel; allow for the container's start."""
@@ -155,6 +157,16 @@ def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]
     except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
         return False
     return True
+
+
+def _remove_launchers(kernel_id: str, launcher_pid: int, log: Any) -> None:
+    """Remove the containers a launcher made for ``kernel_id`` (it may have been killed before it recorded one)."""
+    labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
+    try:
+        for container in docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True):
+            remove_container(container)
+    except (KernelSandboxError, docker.errors.DockerException) as exc:
+        log.warning("could not remove the containers of kernel %s: %s", kernel_id, exc)
 
 
 def _remove_quietly(container_id: str, log: Any) -> None:

@@ -107,7 +107,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Check what only the host can tell before the launcher starts (mounts exist...)."""
 
     async def remove_leftover(self, state: dict[str, Any]) -> None:
-        """Remove what a launcher that could not clean up left (its ``launcher.json`` state)."""
+        """Remove what a launcher that could not clean up left (its ``launcher.json`` state; ``pid``
+        is the launcher's, also when it was killed before it wrote the state)."""
         raise NotImplementedError
 
     @property
@@ -209,7 +210,10 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             code = await asyncio.to_thread(self.process.wait)
             reason = self._read_exit(code)
             recorded = self.private.read_json(EXIT) if self.private else None
+            if code < 0:  # killed: it could not remove its container or sandbox itself
+                await self.remove_leftover({**self.launcher_state, "pid": self.pid})
             await self._forget()
+            self.parent.cleanup_connection_file()
             raise _launch_error(recorded, reason)
         self._refill()
         return self.connection_info

@@ -113,6 +113,42 @@ def test_an_engine_that_goes_away_ends_the_kernel_in_bounded_time(tmp_path: Path
         launcher.stderr.close()
 
 
+KILL_STREAMS = r"""
+import os, signal, threading, time
+def kill_connectors():
+    end = time.time() + 300
+    while time.time() < end:
+        for pid in os.listdir('/proc'):
+            try:
+                if pid.isdigit() and open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\0')[1:3] == [b'-I', b'-S']:
+                    os.kill(int(pid), signal.SIGKILL)
+            except (OSError, IndexError):
+                pass
+        time.sleep(0.05)
+threading.Thread(target=kill_connectors, daemon=True).start()
+"""
+
+
+async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_forever() -> None:
+    """Each loss of a kernel stream is reopened later than the one before; after a limit the kernel ends."""
+    km = AsyncKernelManager(kernel_name="sandboxed-python")
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=90)
+        kc.execute(KILL_STREAMS)
+        deadline = time.monotonic() + 240
+        while await km.is_alive():
+            assert time.monotonic() < deadline, "the launcher kept reopening the streams the kernel kills"
+            await asyncio.sleep(1)
+        reason = km.provisioner.exit_reason or ""
+        assert f"ended {docker_link.REOPEN_LIMIT} times in a row" in reason, reason
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+
 async def test_the_next_kernel_after_the_engine_is_back_works() -> None:
     async with started_client("sandboxed-python", timeout=60) as kc:
         assert (await kc.execute_interactive("1", timeout=60))["content"]["status"] == "ok"

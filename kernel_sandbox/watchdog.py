@@ -1,0 +1,93 @@
+"""The launcher's watchdog: it removes the kernel's container when the launcher dies, whatever kills it.
+
+The Docker link starts it (``python -m kernel_sandbox.watchdog LAUNCHER_PID KERNEL_ID``, in a
+session of its own, so that a signal to the launcher's process group does not reach it) before
+it creates the container, and holds the write end of the pipe that is the watchdog's stdin.
+When the launcher ends, the pipe closes. After a clean end the launcher has written :data:`DONE`
+first (its container is gone) and the watchdog just exits; otherwise (SIGKILL, the OOM killer, a
+crash) it removes every container labelled with the launcher's pid and the kernel id, and looks
+once more :data:`LATE_CREATE` seconds later for a create the engine was still handling. While
+the engine fails it tries again every :data:`RETRY` s for :data:`PATIENCE` s.
+
+This holds whatever the kernel does inside its container (it may stop the connector processes
+that are its in-container lifeline) and for a container that never started (a created container
+never reaches auto-remove). Until the launcher is gone the watchdog has imported only the
+standard library and waits in one ``read``. It writes nothing (it holds none of the launcher's
+output pipes, which it may outlive); its exit code says whether it removed what was left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+DONE = b"done"
+"""What the launcher writes before it closes the pipe when its container is already removed."""
+LATE_CREATE = 2.0
+"""Seconds after which the watchdog looks again, for a container whose create was in flight."""
+PATIENCE = 600.0
+"""Seconds the watchdog keeps trying while the engine fails (a hung engine may come back)."""
+RETRY = 10.0
+
+
+def start(kernel_id: str) -> subprocess.Popen[bytes]:
+    """Start the watchdog of this launcher's containers for ``kernel_id``; write :data:`DONE` to its stdin at a clean end."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kernel_sandbox.watchdog", str(os.getpid()), kernel_id],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # it may outlive the launcher: it holds none of the launcher's pipes
+        start_new_session=True,
+    )
+
+
+def release(watchdog: subprocess.Popen[bytes] | None, done: bool) -> None:
+    """Let the watchdog go: with ``done`` it exits at once, else it removes what is left."""
+    if watchdog is None or watchdog.stdin is None or watchdog.stdin.closed:
+        return
+    try:
+        if done:
+            watchdog.stdin.write(DONE)
+        watchdog.stdin.close()
+    except OSError:
+        pass
+
+
+def _remove(launcher_pid: str, kernel_id: str) -> None:
+    from .containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container
+
+    labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
+    found = docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True)
+    for container in found:
+        remove_container(container)
+
+
+def main(argv: list[str]) -> int:
+    """Wait for the launcher's end on stdin; remove its containers unless it said it was done."""
+    launcher_pid, kernel_id = argv
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)  # it ends with the launcher, never before
+    said = b""
+    while chunk := os.read(0, 64):
+        said = (said + chunk)[: len(DONE) + 1]
+    if said == DONE:
+        return 0
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            _remove(launcher_pid, kernel_id)
+            time.sleep(LATE_CREATE)
+            _remove(launcher_pid, kernel_id)
+            break
+        except Exception:  # the engine is gone, hung or failing: try again, then leave it to gc
+            if time.monotonic() + RETRY > deadline:
+                return 1  # `kernel-sandbox gc` removes them once the engine answers
+            time.sleep(RETRY)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
