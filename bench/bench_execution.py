@@ -1,7 +1,7 @@
 """Benchmark the execution API side by side with a local ipykernel, in one run, as ratios.
 
 Run: ``python bench/bench_execution.py [--rounds N]`` (needs the Docker engine and the kernel
-image). Targets are those of DESIGN.md §7.
+image). Targets are those of issue 13.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
+from kernel_sandbox.kernelspecs import started_client
 from peer_per_call import per_call_interpreter
 from report import Row
 
@@ -64,15 +65,8 @@ def p90(measured: list[float]) -> float:
 async def cold_start(backend: str) -> None:
     """From nothing to a kernel_info reply, for a bare kernel manager; then shut it down."""
     options = {"env": {}} if backend == "local" else {}
-    km = kernel_manager(kernel_spec(backend, options))
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=60)
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
+    async with started_client(kernel_manager(kernel_spec(backend, options)), timeout=60):
+        pass
 
 
 async def pool_acquire(rounds: int) -> float:

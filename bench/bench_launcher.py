@@ -5,7 +5,7 @@ and the kernel image). Three kernels answer the same trivial execute in turn in 
 (a) the installed kernelspec's argv started by hand, as VS Code starts it (launcher, TCP),
 (b) the same kernelspec through jupyter_client's provisioner path (launcher, IPC in a private
 directory), (c) a local ipykernel. Cold start is timed the same way, a few times each.
-Goals (DESIGN §7, issues 8 and 10): (b) ÷ (c) ≤ 1.05, (a) ÷ (b) ≤ 1.1, cold start ≤ 1.3× the
+Goals (issues 8 and 10): (b) ÷ (c) ≤ 1.05, (a) ÷ (b) ≤ 1.1, cold start ≤ 1.3× the
 bind-mount channel this replaced (≈1.1 s here).
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -24,45 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from bench_execution import medians, print_table
+from bench_peers import Launcher
 from jupyter_client import AsyncKernelClient
-from jupyter_client.connect import write_connection_file
-from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
-from kernel_sandbox.kernelspecs import install
+from kernel_sandbox.kernelspecs import install, started_client
 
 ROUNDS = 200
 COLD_STARTS = 3
-
-
-class ArgvKernel:
-    """A kernelspec's argv started by hand with a connection file, as a provisioner-unaware client does."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.argv = argv
-
-    async def start(self) -> AsyncKernelClient:
-        self.connection_file, _ = write_connection_file()
-        cmd = [part.replace("{connection_file}", self.connection_file) for part in self.argv]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = AsyncKernelClient(connection_file=self.connection_file)
-        client.load_connection_file()
-        client.start_channels()
-        await client.wait_for_ready(timeout=120)
-        return client
-
-    def stop(self, client: AsyncKernelClient) -> None:
-        client.stop_channels()
-        self.process.terminate()
-        self.process.wait(60)
-
-
-async def started_manager(km: AsyncKernelManager) -> AsyncKernelClient:
-    await km.start_kernel()
-    client = km.client()
-    client.start_channels()
-    await client.wait_for_ready(timeout=120)
-    return client
 
 
 def execute(client: AsyncKernelClient):
@@ -73,22 +41,19 @@ def execute(client: AsyncKernelClient):
     return action
 
 
-async def cold_starts(argv: list[str], options: dict[str, Any]) -> dict[str, float]:
+async def cold_starts(argv: list[str], spec_dir: str, options: dict[str, Any]) -> dict[str, float]:
     """Median seconds from nothing to a kernel_info reply, each path in turn."""
     times: dict[str, list[float]] = {"argv": [], "provisioner": [], "local": []}
     for _ in range(COLD_STARTS):
-        started = time.perf_counter()
-        kernel = ArgvKernel(argv)
-        client = await kernel.start()
-        times["argv"].append(time.perf_counter() - started)
-        kernel.stop(client)
+        kernel = Launcher(spec_dir, argv)
+        try:
+            times["argv"].append(await kernel.start() / 1000)
+        finally:
+            await kernel.stop()
         for name, backend in (("provisioner", "docker"), ("local", "local")):
-            km = kernel_manager(kernel_spec(backend, options if backend == "docker" else {"env": {}}))
             started = time.perf_counter()
-            client = await started_manager(km)
-            times[name].append(time.perf_counter() - started)
-            client.stop_channels()
-            await km.shutdown_kernel(now=True)
+            async with started_client(kernel_manager(kernel_spec(backend, options if backend == "docker" else {"env": {}}))):
+                times[name].append(time.perf_counter() - started)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -96,21 +61,19 @@ async def main(rounds: int = ROUNDS, runtime: str = "") -> None:
     """Print the round-trip and cold-start tables."""
     options = {"runtime": runtime} if runtime else {}
     with tempfile.TemporaryDirectory() as prefix:
-        spec_dir = Path(install("sandboxed-python", prefix=prefix, install_as="bench-launcher", config=options))
-        argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
-        argv_kernel = ArgvKernel(argv)
-        argv_client = await argv_kernel.start()
-        sandboxed = kernel_manager(kernel_spec("docker", options))
-        local = kernel_manager(kernel_spec("local", {"env": {}}))
-        clients = [argv_client, await started_manager(sandboxed), await started_manager(local)]
-        try:
+        spec_dir = install("sandboxed-python", prefix=prefix, install_as="bench-launcher", config=options)
+        argv = json.loads((Path(spec_dir) / "kernel.json").read_text())["argv"]
+        argv_kernel = Launcher(spec_dir, argv)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(argv_kernel.stop)
+            await argv_kernel.start()
+            assert argv_kernel.kc is not None
+            clients = [argv_kernel.kc]
+            for backend, backend_options in (("docker", options), ("local", {"env": {}})):
+                km = kernel_manager(kernel_spec(backend, backend_options))
+                clients.append(await stack.enter_async_context(started_client(km)))
             argv_ms, provisioner_ms, local_ms = await medians(rounds, *(execute(client) for client in clients))
-        finally:
-            argv_kernel.stop(clients[0])
-            for client in clients[1:]:
-                client.stop_channels()
-            await asyncio.gather(sandboxed.shutdown_kernel(now=True), local.shutdown_kernel(now=True))
-        cold = await cold_starts(argv, options)
+        cold = await cold_starts(argv, spec_dir, options)
     label = f" ({runtime})" if runtime else ""
     print_table([
         (f"execute round trip, provisioner path{label}", "local ipykernel, ≤ 1.05×",

@@ -26,6 +26,7 @@ import psutil
 from report import Measure, Row, judge, markdown
 from kernel_sandbox.execution import AsyncSandbox
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
+from kernel_sandbox.kernelspecs import started_client
 
 TOTAL = 50 * 1024 * 1024
 CHUNK = 8192
@@ -113,18 +114,11 @@ async def rows(rounds: int) -> list[Row]:
     samples: dict[str, list[tuple[float, float, float]]] = {"local": [], "docker": [], "client": []}
     km = kernel_manager(kernel_spec("docker", {}))
     async with AsyncSandbox("local") as local, AsyncSandbox() as docker:
-        await km.start_kernel()
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=120)
+        async with started_client(km) as kc:
             runs = {"local": lambda: session_run(local), "docker": lambda: session_run(docker), "client": lambda: client_run(kc)}
             for _ in range(rounds):
                 for name, run in runs.items():
                     samples[name].append(await through(run))
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
     out: list[Row] = []
     labels = {
         "local": ("local kernel, same API (floor)", "floor", "the local kernel itself"),

@@ -1,4 +1,4 @@
-"""Ours beside the floor and the peers, measured side by side in one run (DESIGN.md §7, issue 13).
+"""Ours beside the floor and the peers, measured side by side in one run (issue 13).
 
 Run: ``python bench/bench_peers.py [--quick]`` (``bench/run.py`` runs it with everything else and
 writes the report). Three measures, each timed in interleaved rounds so that drift in the

@@ -13,19 +13,11 @@ import time
 from typing import Any
 
 import psutil
-from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.containers import docker_client
-from kernel_sandbox.kernelspecs import DOCKER_SPEC, shipped_kernelspecs
+from kernel_sandbox.kernelspecs import DOCKER_SPEC, kernel_manager, shipped_spec
 from report import Row
-
-
-class ShippedSpecs(KernelSpecManager):
-    """Serve the kernelspecs shipped with kernel-sandbox without installing them."""
-
-    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        return KernelSpec.from_resource_dir(str(shipped_kernelspecs()[kernel_name]))
 
 
 KERNELS = 32
@@ -87,7 +79,7 @@ def memory_mib(container_ids: list[str]) -> list[float]:
 
 async def measure(n: int) -> dict[str, Any]:
     """Start ``n`` kernels at once, probe isolation and memory; return what was found."""
-    managers = [AsyncKernelManager(kernel_name=DOCKER_SPEC, kernel_spec_manager=ShippedSpecs()) for _ in range(n)]
+    managers = [kernel_manager(DOCKER_SPEC, spec=shipped_spec(DOCKER_SPEC)) for _ in range(n)]
     began = time.perf_counter()
     results = await asyncio.gather(*(start(km) for km in managers), return_exceptions=True)
     wall = time.perf_counter() - began

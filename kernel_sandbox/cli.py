@@ -186,8 +186,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         standby=0,  # one kernel in this process: a standby would only be started to be removed
     )
-    if run.failure is not None:
-        print(run.failure.report(colour=sys.stderr.isatty()), file=sys.stderr, end="")
+    if run.error is not None:
+        print(run.report(colour=sys.stderr.isatty()), file=sys.stderr, end="")
         print(f"kernel-sandbox: {source} failed; the executed notebook is in {run.output_path}", file=sys.stderr)
         return 1
     print(f"Wrote {run.output_path}", file=sys.stderr)
@@ -207,7 +207,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     else:
         code = args.code
     result = exec_code(code, kernel_name=args.kernel, timeout=args.timeout, colour=sys.stderr.isatty(), standby=0)
-    return 0 if result.ok else 1
+    return 0 if result.error is None else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ from .containers import (
     is_orphan,
     require_image,
 )
-from .kernelspecs import DOCKER_SPEC, installed
+from .kernelspecs import DOCKER_SPEC, SANDBOX_PROVISIONERS, installed
 from .privdir import abandoned_dirs
 
 RUNSC_ARGS = ["--network=none"]
@@ -38,7 +38,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     """Check the provisioners, the Docker engine, the kernel image, leftovers and kernelspecs."""
     checks = []
     names = {ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")}
-    missing = {"kernel-sandbox-docker", "kernel-sandbox-opensandbox"} - names
+    missing = SANDBOX_PROVISIONERS - names
     checks.append(
         Check(
             "provisioners",

@@ -1,4 +1,8 @@
-"""Install the shipped kernelspecs into Jupyter's data directories, with per-install settings."""
+"""Kernelspecs: the shipped ones, installing them, finding them, and starting a kernel from one.
+
+The one home of the provisioner names, of the kernelspec manager that falls back to the
+shipped kernelspecs, and of :func:`started_client` (start, wait until ready, stop).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,29 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
-from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
 
 from .errors import KernelLaunchError
 from .resources import data_path
 from .settings import DockerSettings
 
+if TYPE_CHECKING:
+    from .opensandbox.settings import OpenSandboxSettings
+
 DOCKER_SPEC = "sandboxed-python"
 OPENSANDBOX_SPEC = "sandboxed-python-opensandbox"
+DOCKER_PROVISIONER = "kernel-sandbox-docker"
+OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
+SANDBOX_PROVISIONERS = frozenset({DOCKER_PROVISIONER, OPENSANDBOX_PROVISIONER})
+"""The provisioners (entry points) that make a kernelspec sandboxed."""
 PYTHON_PLACEHOLDER = "{kernel_sandbox_python}"
 SPEC_DIR_PLACEHOLDER = "{kernel_sandbox_spec_dir}"
 """The shipped kernel.json files name the launcher with these; ``install`` writes absolute paths.
@@ -29,6 +45,102 @@ def shipped_kernelspecs() -> dict[str, Path]:
     """Map each kernelspec shipped with kernel-sandbox to its source directory."""
     root = data_path("kernelspecs")
     return {path.name: path for path in sorted(root.iterdir()) if (path / "kernel.json").is_file()}
+
+
+def shipped_spec(name: str, config: dict[str, Any] | None = None) -> KernelSpec:
+    """The shipped kernelspec ``name`` (in memory), with ``config`` as its provisioner config when given."""
+    spec = KernelSpec.from_resource_dir(str(shipped_kernelspecs()[name]))
+    if config is not None:
+        spec.metadata["kernel_provisioner"]["config"] = config
+    return spec
+
+
+def is_sandboxed(spec: KernelSpec) -> bool:
+    """True when the kernelspec starts its kernels through a kernel-sandbox provisioner."""
+    provisioner = spec.metadata.get("kernel_provisioner", {})
+    return isinstance(provisioner, dict) and provisioner.get("provisioner_name") in SANDBOX_PROVISIONERS
+
+
+def provisioner_settings(
+    provisioner_name: Any, config: Any
+) -> Union[DockerSettings, "OpenSandboxSettings"]:
+    """The checked settings of a kernelspec's provisioner config (ConfigError naming a bad option)."""
+    if provisioner_name == DOCKER_PROVISIONER:
+        return DockerSettings.from_config(config)
+    if provisioner_name == OPENSANDBOX_PROVISIONER:
+        from .opensandbox.settings import OpenSandboxSettings
+
+        return OpenSandboxSettings.from_config(config)
+    raise KernelLaunchError(
+        f"the kernelspec selects the provisioner {provisioner_name!r}, which kernel-sandbox does not know; "
+        f"use {DOCKER_PROVISIONER} or {OPENSANDBOX_PROVISIONER}"
+    )
+
+
+class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
+    """A KernelSpecManager that also knows the kernelspecs shipped with kernel-sandbox.
+
+    In-memory ``specs`` (the execution API's, built per sandbox) come first, then installed
+    kernelspecs (they carry the user's limits and mounts), then the shipped one of that name.
+    """
+
+    def __init__(self, specs: Mapping[str, KernelSpec] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._specs = dict(specs or {})
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        """The shipped kernelspecs, overridden by installed ones, and the in-memory ones (no directory)."""
+        found = {name: str(path) for name, path in shipped_kernelspecs().items()}
+        found.update(super().find_kernel_specs())
+        found.update({name: "" for name in self._specs})
+        return found
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        """The in-memory kernelspec ``kernel_name``, else the installed one, else the shipped one."""
+        if kernel_name in self._specs:
+            return self._specs[kernel_name]
+        try:
+            return super().get_kernel_spec(kernel_name)
+        except NoSuchKernel:
+            shipped = shipped_kernelspecs().get(kernel_name)
+            if shipped is None:
+                raise
+            return KernelSpec.from_resource_dir(str(shipped))
+
+
+def kernel_manager(
+    kernel_name: str = DOCKER_SPEC, *, spec: KernelSpec | None = None, standby: int | None = None, **kwargs: Any
+) -> AsyncKernelManager:
+    """An AsyncKernelManager for ``kernel_name`` (``spec`` when given, else installed, else shipped).
+
+    ``standby``: the Docker provisioner's option, where the kernelspec does not set it (0 for a
+    process that starts one kernel).
+    """
+    if standby is not None:
+        kwargs["config"] = Config({"DockerProvisioner": {"standby": standby}})
+    specs = {kernel_name: spec} if spec is not None else {}
+    return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(specs), **kwargs)
+
+
+@asynccontextmanager
+async def started_client(
+    kernel: AsyncKernelManager | str = DOCKER_SPEC, *, timeout: float = 120, **kwargs: Any
+) -> AsyncIterator[AsyncKernelClient]:
+    """Start a kernel, wait until it answers, and yield its client; on the way out stop the
+    client's channels and shut the kernel down (at once).
+
+    ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with ``kwargs``).
+    """
+    km = kernel if isinstance(kernel, AsyncKernelManager) else kernel_manager(kernel, **kwargs)
+    await km.start_kernel()
+    kc = km.client()
+    try:
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=timeout)
+        yield kc
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
 
 
 def install(
@@ -60,7 +172,7 @@ def install(
             spec["display_name"] = display_name
         provisioner = spec["metadata"]["kernel_provisioner"]
         provisioner["config"].update(config or {})
-        _check_options(provisioner["provisioner_name"], provisioner["config"])
+        provisioner_settings(provisioner["provisioner_name"], provisioner["config"])
         (staged / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
         destination = KernelSpecManager().install_kernel_spec(
             str(staged), install_as or name, user=user, prefix=prefix
@@ -89,15 +201,6 @@ def _require_isolated_import() -> None:
         )
 
 
-def _check_options(provisioner_name: str, config: dict[str, Any]) -> None:
-    if provisioner_name == "kernel-sandbox-opensandbox":
-        from .opensandbox.settings import OpenSandboxSettings
-
-        OpenSandboxSettings.from_config(config)
-        return
-    DockerSettings.from_config(config)
-
-
 def installed() -> dict[str, str]:
     """Installed kernelspecs that select a kernel-sandbox provisioner, by name."""
     found = {}
@@ -109,6 +212,6 @@ def installed() -> dict[str, str]:
         except (OSError, ValueError):
             continue
         provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
-        if str(provisioner.get("provisioner_name", "")).startswith("kernel-sandbox-"):
+        if isinstance(provisioner, dict) and provisioner.get("provisioner_name") in SANDBOX_PROVISIONERS:
             found[spec_name] = resource_dir
     return found

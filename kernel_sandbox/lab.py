@@ -29,9 +29,8 @@ from traitlets import default
 from .containers import DEFAULT_IMAGE, has_image
 from .doctor import Check, engine_fix, image_fix
 from .errors import EngineUnavailable, SetupError
-from .kernelspecs import DOCKER_SPEC, install
+from .kernelspecs import DOCKER_SPEC, install, is_sandboxed
 
-SANDBOX_PROVISIONERS = frozenset({"kernel-sandbox-docker", "kernel-sandbox-opensandbox"})
 LAB_INSTALL_FIX = "pip install 'kernel-sandbox[lab]'"
 
 Progress = Callable[[str], None]
@@ -162,12 +161,6 @@ def _installed_config(spec_dir: Path) -> dict[str, Any]:
         return dict(spec["metadata"]["kernel_provisioner"]["config"])
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-
-
-def is_sandboxed(spec: KernelSpec) -> bool:
-    """True when the kernelspec starts its kernels through a kernel-sandbox provisioner."""
-    provisioner = spec.metadata.get("kernel_provisioner", {})
-    return isinstance(provisioner, dict) and provisioner.get("provisioner_name") in SANDBOX_PROVISIONERS
 
 
 class SandboxedKernelSpecManager(KernelSpecManager):

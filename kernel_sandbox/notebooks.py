@@ -17,52 +17,15 @@ from pathlib import Path
 from typing import IO, Any
 
 import nbformat
-from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
-from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-from traitlets.config import Config
 
-from .kernelspecs import DOCKER_SPEC, shipped_kernelspecs
+from .kernelspecs import DOCKER_SPEC, kernel_manager, started_client
+from .results import Execution, ExecutionError
 
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
-    """A KernelSpecManager that also knows the kernelspecs shipped with kernel-sandbox.
-
-    Installed kernelspecs win (they carry the user's limits and mounts); a shipped one is used
-    only when no kernelspec of that name is installed.
-    """
-
-    def find_kernel_specs(self) -> dict[str, str]:
-        """Installed kernelspecs plus the shipped ones that are not installed."""
-        found = {name: str(path) for name, path in shipped_kernelspecs().items()}
-        found.update(super().find_kernel_specs())
-        return found
-
-    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        """The installed kernelspec ``kernel_name``, else the shipped one of that name."""
-        try:
-            return super().get_kernel_spec(kernel_name)
-        except NoSuchKernel:
-            shipped = shipped_kernelspecs().get(kernel_name)
-            if shipped is None:
-                raise
-            return KernelSpec.from_resource_dir(str(shipped))
-
-
-def kernel_manager(kernel_name: str = DOCKER_SPEC, *, standby: int | None = None, **kwargs: Any) -> AsyncKernelManager:
-    """An AsyncKernelManager for ``kernel_name`` that falls back to the shipped kernelspecs.
-
-    ``standby``: the Docker provisioner's option, where the kernelspec does not set it (0 for a
-    process that starts one kernel).
-    """
-    if standby is not None:
-        kwargs["config"] = Config({"DockerProvisioner": {"standby": standby}})
-    return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(), **kwargs)
 
 
 def strip_ansi(text: str) -> str:
@@ -165,33 +128,28 @@ class Progress:
 
 
 @dataclass
-class CellFailure:
-    """Where and why a notebook stopped."""
-
-    index: int
-    source: str
-    ename: str
-    evalue: str
-    traceback: list[str] = field(default_factory=list)
-
-    def report(self, colour: bool = False) -> str:
-        """The failing cell's source and its traceback, as shown by ``kernel-sandbox run``."""
-        tb = "\n".join(self.traceback) or f"{self.ename}: {self.evalue}"
-        text = f"Cell {self.index} failed:\n" + "-" * 60 + f"\n{self.source}\n" + "-" * 60 + f"\n{tb}\n"
-        return text if colour else strip_ansi(text)
-
-
-@dataclass
 class NotebookRun:
     """The outcome of :func:`run_notebook`."""
 
-    notebook: nbformat.NotebookNode
+    notebook: nbformat.NotebookNode = field(repr=False)
     output_path: Path | None
-    failure: CellFailure | None = None
+    error: ExecutionError | None = None
+    """Why the notebook stopped, if it did."""
+    failed_cell: int = -1
+    """The index of the cell that failed (-1 when no cell's output holds the error)."""
 
     @property
     def ok(self) -> bool:
-        return self.failure is None
+        return self.error is None
+
+    def report(self, colour: bool = False) -> str:
+        """The failing cell's source and its traceback, as shown by ``kernel-sandbox run``."""
+        if self.error is None:
+            return ""
+        source = self.notebook.cells[self.failed_cell].source if self.failed_cell >= 0 else ""
+        tb = self.error.traceback or str(self.error)
+        text = f"Cell {self.failed_cell} failed:\n" + "-" * 60 + f"\n{source}\n" + "-" * 60 + f"\n{tb}\n"
+        return text if colour else strip_ansi(text)
 
 
 def default_output_path(path: Path) -> Path:
@@ -199,16 +157,19 @@ def default_output_path(path: Path) -> Path:
     return path.with_name(path.name[: -len(".ipynb")] + ".out.ipynb" if path.name.endswith(".ipynb") else path.name + ".out.ipynb")
 
 
-def _failure(nb: nbformat.NotebookNode, exc: BaseException) -> CellFailure:
+def _failure(nb: nbformat.NotebookNode, exc: BaseException) -> tuple[int, ExecutionError]:
+    """The failed cell's index and its error (-1 and one made of ``exc`` when no output holds one)."""
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                return CellFailure(index, cell.source, output.ename, output.evalue, list(output.traceback))
+                return index, ExecutionError(output.ename, output.evalue, "\n".join(output.traceback))
+    if isinstance(exc, CellTimeoutError | DeadKernelError):
+        return -1, ExecutionError(type(exc).__name__, str(exc), str(exc))
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = getattr(exc, "evalue", str(exc))
-    return CellFailure(-1, "", ename, evalue, [strip_ansi(str(exc))])
+    return -1, ExecutionError(ename, evalue, strip_ansi(str(exc)))
 
 
 async def async_run_notebook(
@@ -255,13 +216,11 @@ async def async_run_notebook(
         resources={"metadata": {"path": str(Path(cwd or path.parent).resolve())}},
         on_cell_executed=on_cell_executed,
     )
-    failure = None
+    failed_cell, error = -1, None
     try:
         await client.async_execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        failure = _failure(nb, exc)
-        if isinstance(exc, CellTimeoutError | DeadKernelError) and failure.index < 0:
-            failure = CellFailure(-1, "", type(exc).__name__, str(exc), [str(exc)])
+        failed_cell, error = _failure(nb, exc)
     finally:
         bar.close()
         if km.has_kernel:
@@ -270,7 +229,7 @@ async def async_run_notebook(
     nb.metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
     out = Path(output) if output is not None else default_output_path(path)
     nbformat.write(nb, str(out))
-    return NotebookRun(nb, out, failure)
+    return NotebookRun(nb, out, error, failed_cell)
 
 
 def run_notebook(path: str | Path, output: str | Path | None = None, **kwargs: Any) -> NotebookRun:
@@ -279,20 +238,6 @@ def run_notebook(path: str | Path, output: str | Path | None = None, **kwargs: A
 
 
 # --------------------------------------------------------------------------- exec
-
-
-@dataclass
-class ExecResult:
-    """What :func:`exec_code` saw."""
-
-    stdout: str = ""
-    stderr: str = ""
-    error: dict[str, Any] | None = None
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and not self.timed_out
 
 
 def _text_of(data: Mapping[str, Any]) -> str | None:
@@ -314,17 +259,17 @@ async def async_exec_code(
     colour: bool = False,
     startup_timeout: float = 120,
     standby: int | None = None,
-) -> ExecResult:
+) -> Execution:
     """Run ``code`` in a throwaway sandboxed kernel, streaming its output as it comes.
 
     Stdout and results (their ``text/plain``) go to ``stdout``; stderr and the traceback of an
-    error go to ``stderr``. On ``timeout`` the kernel is interrupted and the result says so.
-    The kernel (and its container) is shut down in every case. ``standby`` overrides the
-    provisioner's option (``kernel-sandbox exec`` passes 0).
+    error go to ``stderr``. On ``timeout`` the kernel is interrupted and the result's error is a
+    ``TimeoutError``. The kernel (and its container) is shut down in every case. ``standby``
+    overrides the provisioner's option (``kernel-sandbox exec`` passes 0).
     """
     out_stream = stdout or sys.stdout
     err_stream = stderr or sys.stderr
-    result = ExecResult()
+    result = Execution()
 
     def emit(stream: IO[str], text: str, attr: str) -> None:
         stream.write(text)
@@ -339,32 +284,27 @@ async def async_exec_code(
             else:
                 emit(err_stream, content["text"], "stderr")
         elif kind in ("execute_result", "display_data"):
+            result.results.append(content.get("data", {}))
             text = _text_of(content.get("data", {}))
             if text is not None:
                 emit(out_stream, text + "\n", "stdout")
         elif kind == "error":
-            result.error = content
             tb = "\n".join(content.get("traceback") or [f"{content['ename']}: {content['evalue']}"])
+            result.error = ExecutionError(content["ename"], content["evalue"], tb)
             emit(err_stream, (tb if colour else strip_ansi(tb)) + "\n", "stderr")
 
     km = kernel_manager(kernel_name or DOCKER_SPEC, standby=standby)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=startup_timeout)
+    async with started_client(km, timeout=startup_timeout) as kc:
         try:
             await kc.execute_interactive(code, timeout=timeout, output_hook=hook, allow_stdin=False)
         except TimeoutError:
-            result.timed_out = True
             await km.interrupt_kernel()
-            emit(err_stream, f"kernel-sandbox: the code did not finish within {timeout:g} s and was interrupted\n", "stderr")
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
+            message = f"the code did not finish within {timeout:g} s and was interrupted"
+            result.error = ExecutionError("TimeoutError", message)
+            emit(err_stream, f"kernel-sandbox: {message}\n", "stderr")
     return result
 
 
-def exec_code(code: str, **kwargs: Any) -> ExecResult:
+def exec_code(code: str, **kwargs: Any) -> Execution:
     """Synchronous :func:`async_exec_code`."""
     return asyncio.run(async_exec_code(code, **kwargs))

@@ -1,39 +1,20 @@
 """The execution API for programs: sessions, tool calls, files, skills and a warm pool."""
 
-from .decode import DecodeLimits
-from .models import (
+from .. import _EXECUTION_API
+from ..errors import (  # noqa: F401 (re-exported: the names in __all__)
     CallTimeoutError,
-    Execution,
-    ExecutionError,
-    FileInfo,
     FramingError,
     NetworkDisabledError,
     PathError,
     ResultLimitError,
     SandboxError,
     SandboxFileError,
-    ToolResult,
     UnsafePayloadError,
 )
-from .pool import AsyncSandboxPool, SandboxPool
-from .sandbox import AsyncSandbox, Sandbox
+from ..results import Execution, ExecutionError, FileInfo, ToolResult  # noqa: F401
+from .decode import DecodeLimits  # noqa: F401
+from .pool import AsyncSandboxPool, SandboxPool  # noqa: F401
+from .sandbox import AsyncSandbox  # noqa: F401
+from .sync import Sandbox  # noqa: F401
 
-__all__ = [
-    "AsyncSandbox",
-    "AsyncSandboxPool",
-    "CallTimeoutError",
-    "DecodeLimits",
-    "Execution",
-    "ExecutionError",
-    "FileInfo",
-    "FramingError",
-    "NetworkDisabledError",
-    "PathError",
-    "ResultLimitError",
-    "Sandbox",
-    "SandboxError",
-    "SandboxFileError",
-    "SandboxPool",
-    "ToolResult",
-    "UnsafePayloadError",
-]
+__all__ = list(_EXECUTION_API)

@@ -12,7 +12,7 @@ import posixpath
 from collections.abc import Iterator
 from typing import IO, Union
 
-from .models import PathError
+from ..errors import PathError
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 """The largest file ``download`` reads into memory."""

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .models import SandboxError
-from .sandbox import AsyncSandbox, Sandbox, _LoopThread
+from ..errors import SandboxError
+from .sandbox import AsyncSandbox
+from .sync import LoopThread, Sandbox
 
 
 @dataclass
@@ -100,7 +101,7 @@ class AsyncSandboxPool:
 
     async def _recycle(self, entry: _Entry) -> None:
         try:
-            await entry.sandbox._reset()
+            await entry.sandbox.reset()
         except Exception:
             await entry.sandbox.close()
             await self._fresh()
@@ -191,21 +192,21 @@ class SandboxPool:
 
     def start(self) -> SandboxPool:
         """Fill the pool and wait until every kernel is ready."""
-        _LoopThread.run(self._async.start())
+        LoopThread.run(self._async.start())
         return self
 
     @contextlib.contextmanager
     def acquire(self) -> Iterator[Sandbox]:
         """``with pool.acquire() as sandbox``: a ready kernel, replaced after use."""
-        entry = _LoopThread.run(self._async._take())
+        entry = LoopThread.run(self._async._take())
         try:
-            yield Sandbox._wrap(entry.sandbox)
+            yield Sandbox.wrapping(entry.sandbox)
         finally:
-            _LoopThread.call(self._async._give_back, entry)
+            LoopThread.call(self._async._give_back, entry)
 
     def close(self) -> None:
         """Close every kernel of the pool."""
-        _LoopThread.run(self._async.close())
+        LoopThread.run(self._async.close())
 
     def __enter__(self) -> SandboxPool:
         return self.start()

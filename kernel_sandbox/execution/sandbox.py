@@ -4,49 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
 import contextlib
 import hashlib
-import inspect
 import json
-import mimetypes
 import os
 import posixpath
 import queue
 import shutil
 import tempfile
-import threading
 import time
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
-from types import TracebackType
-from typing import IO, Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, Any
 
 import zmq
 import zmq.asyncio
 
-from ..errors import CallTimeoutError, ConfigError, FramingError
-from ..policy import OutputPolicy
-from .backends import BACKENDS, check_options, kernel_manager, kernel_spec
-from .channel import CHUNK, TARGET, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
-from .decode import DecodeLimits, allowed_map, decode
-from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
-from .models import (
-    Execution,
-    ExecutionError,
-    FileInfo,
+from ..errors import (
+    CallTimeoutError,
+    ConfigError,
+    FramingError,
     NetworkDisabledError,
     PathError,
     SandboxError,
     SandboxFileError,
-    ToolResult,
 )
+from ..policy import OutputPolicy
+from ..results import Execution, ExecutionError, FileInfo, ToolResult
+from .backends import backend as backend_named, kernel_manager
+from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
+from .decode import DecodeLimits, allowed_map, decode
+from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
+from .collector import Callback, Collector
+from .skills import failed_skill, figure_files, file_entry, skill_result
 from .tools import body_error, check_env, tool_payload
 
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_CALL_TIMEOUT = 300.0
+"""The deadline of every call of a session unless one is given."""
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+"""Bytes of output one call keeps in memory; the rest is dropped as it arrives."""
 PIP_OUTPUT_TAIL = 64 * 1024
 LIVENESS_INTERVAL = 1.0
 IOPUB_HWM = 32
@@ -54,137 +51,10 @@ TEXT_CHUNK = 1024 * 1024
 RESTORE_GRACE = 10.0
 KEEP_STATE_BYTES = 64 * 1024
 REPLY_GRACE = 2.0
-T = TypeVar("T")
-Callback = Callable[[Any], Any] | None
-IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/svg+xml": "svg"}
 TAMPERED = (
     "More than one answer carried this call's marker: the tool tampered with the result channel; "
     "its output is not trusted."
 )
-
-
-async def _call(callback: Callback, value: Any) -> None:
-    if callback is not None:
-        outcome = callback(value)
-        if inspect.isawaitable(outcome):
-            await outcome
-
-
-class _Collector:
-    """Gather the messages one request causes, keeping at most ``cap`` bytes of output in memory.
-
-    With a ``marker``, the messages that carry it are answers (a comm message on ``channel``,
-    a comm opened by the helper, or a text frame), kept apart from the output and counted.
-    """
-
-    def __init__(
-        self, cap: int, callbacks: Mapping[str, Callback] | None = None, marker: str | None = None,
-        channel: str | None = None, policy: OutputPolicy | None = None,
-    ) -> None:
-        self.execution = Execution()
-        self.policy = policy
-        self.cap = cap
-        self.used = 0
-        self.callbacks = dict(callbacks or {})
-        self.marker = marker
-        self.frame_prefix = None if marker is None else f"BEGIN-{marker} "
-        self.channel = channel
-        self.answers = 0
-        self.answer: tuple[dict[str, Any], list[Any]] | None = None
-        self.text_answer: str | None = None
-        self.opened: tuple[str, dict[str, Any]] | None = None
-        self.finished = False
-        self._stdout: list[str] = []
-        self._stderr: list[str] = []
-
-    def _admit(self, size: int) -> bool:
-        if self.used + size > self.cap:
-            self.execution.truncated_bytes += size
-            return False
-        self.used += size
-        return True
-
-    def _fit(self, text: str) -> str:
-        """Keep the part of ``text`` that fits under the cap; count the rest as dropped."""
-        room = self.cap - self.used
-        if text.isascii():
-            kept = text[: max(room, 0)]
-            self.used += len(kept)
-            self.execution.truncated_bytes += len(text) - len(kept)
-            return kept
-        size = len(text.encode("utf-8", "replace"))
-        if size <= room:
-            self.used += size
-            return text
-        kept = text.encode("utf-8", "replace")[: max(room, 0)].decode("utf-8", "ignore")
-        kept_size = len(kept.encode("utf-8"))
-        self.used += kept_size
-        self.execution.truncated_bytes += size - kept_size
-        return kept
-
-    def _count_answer(self) -> bool:
-        self.answers += 1
-        return self.answers == 1
-
-    async def handle(self, msg: dict[str, Any]) -> None:
-        kind, content = msg["msg_type"], msg["content"]
-        if not isinstance(content, dict):
-            return
-        if kind == "stream":
-            text = content.get("text", "")
-            text = self._fit(text if isinstance(text, str) else str(text))
-            if text:
-                is_err = content.get("name") == "stderr"
-                (self._stderr if is_err else self._stdout).append(text)
-                await _call(self.callbacks.get("on_stderr" if is_err else "on_stdout"), text)
-        elif kind in ("execute_result", "display_data"):
-            bundle = content.get("data")
-            if not isinstance(bundle, dict):
-                return
-            text = bundle.get("text/plain")
-            if self.frame_prefix is not None and isinstance(text, str) and text.startswith(self.frame_prefix):
-                if self._count_answer() and kind == "execute_result":
-                    self.text_answer = text
-                return
-            size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
-            if self._admit(size):
-                bundle = dict(bundle if self.policy is None else self.policy.filter_bundle(bundle)[0])
-                self.execution.results.append(bundle)
-                if kind == "execute_result":
-                    self.execution.main_result = bundle
-                await _call(self.callbacks.get("on_result"), bundle)
-        elif kind == "error":
-            error = ExecutionError(
-                str(content.get("ename", ""))[:1000], str(content.get("evalue", ""))[:10000],
-                "\n".join(str(line) for line in content.get("traceback", []))[-65536:],
-            )
-            if self._admit(len(error.value) + len(error.traceback)):
-                self.execution.error = error
-                await _call(self.callbacks.get("on_error"), error)
-        elif kind == "execute_input":
-            self.execution.execution_count = content.get("execution_count")
-        elif kind == "comm_msg" and self.channel is not None and content.get("comm_id") == self.channel:
-            data = content.get("data")
-            if isinstance(data, dict) and data.get("marker") == self.marker and self._count_answer():
-                buffers = msg.get("buffers") or []
-                self.answer = (data, buffers if sum(map(len, buffers)) <= 2 * CHUNK else [])
-        elif kind == "comm_open" and content.get("target_name") == TARGET:
-            data = content.get("data")
-            if isinstance(data, dict) and data.get("marker") == self.marker and self._count_answer():
-                self.opened = (str(content.get("comm_id")), data)
-
-    async def finish(self) -> Execution:
-        execution = self.execution
-        if execution.truncated_bytes:
-            note = (
-                f"\n[output truncated: {execution.truncated_bytes} bytes over the cap of "
-                f"{self.cap} bytes (max_output_bytes)]\n"
-            )
-            self._stdout.append(note)
-            await _call(self.callbacks.get("on_stdout"), note)
-        execution.stdout = "".join(self._stdout)
-        execution.stderr = "".join(self._stderr)
-        return execution
 
 
 _LIVE: weakref.WeakSet[AsyncSandbox] = weakref.WeakSet()
@@ -215,7 +85,7 @@ class AsyncSandbox:
         network: bool = False,
         env: Mapping[str, str] | None = None,
         mounts: Iterable[str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
         start_timeout: float = 60.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         interrupt_grace: float = 3.0,
@@ -225,8 +95,7 @@ class AsyncSandbox:
         output_policy: str | None = None,
         **backend_options: Any,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self._backend = backend_named(backend)
         for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
@@ -242,7 +111,7 @@ class AsyncSandbox:
         self._allowed = allowed_map(self.allowed_classes)
         self.decode_limits = decode_limits or DecodeLimits()
         self.unsafe_pickle = bool(unsafe_pickle)
-        self._policy = OutputPolicy.from_name(output_policy) if backend == "local" else None
+        self._policy = None if self._backend.sandboxed else OutputPolicy.from_name(output_policy)
         if output_policy is not None:
             OutputPolicy.from_name(output_policy)
             backend_options["output_policy"] = output_policy
@@ -251,8 +120,8 @@ class AsyncSandbox:
             "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
-        check_options(backend, self._options)
-        self._comms = backend != "opensandbox"  # tool calls on a comm; on OpenSandbox decided in _connect
+        self._backend.check(self._options)
+        self._comms = self._backend.comms_known  # tool calls on a comm; else decided in _connect
         self._km: Any = None
         self._kc: Any = None
         self._context: zmq.asyncio.Context | None = None
@@ -264,9 +133,9 @@ class AsyncSandbox:
         self._kept_state: str | None = None
         self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
         self.work_dir: str = ""
-        if backend == "local":
+        if not self._backend.sandboxed:
             warnings.warn(
-                "kernel-sandbox backend 'local' runs an ordinary local kernel: it is NOT a sandbox "
+                f"kernel-sandbox backend {backend!r} runs an ordinary local kernel: it is NOT a sandbox "
                 "(no isolation, no limits). Use it for development only.",
                 stacklevel=2,
             )
@@ -284,13 +153,13 @@ class AsyncSandbox:
         self._lock = asyncio.Lock()
         options = dict(self._options)
         cwd = None
-        if self.backend == "local":
+        if not self._backend.sandboxed:
             options.pop("launch_timeout")
             self._tmp = tempfile.mkdtemp(prefix="kernel-sandbox-local-")
             cwd = posixpath.join(self._tmp, "work")
             os.mkdir(cwd)
             options["env"] = {"HOME": self._tmp, **options["env"]}
-        spec = kernel_spec(self.backend, options)
+        spec = self._backend.kernel_spec(options)
         self._km = kernel_manager(spec)
         if self._tmp:
             self._km.transport, self._km.ip = "ipc", posixpath.join(self._tmp, "k")
@@ -316,7 +185,7 @@ class AsyncSandbox:
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
-        if self.backend == "opensandbox":  # the launcher's execd relay has no comms; the websocket mode has
+        if not self._backend.comms_known:  # the launcher's execd relay has no comms; the websocket mode has
             from ..launch.execd_relay import IMPLEMENTATION
 
             info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
@@ -352,22 +221,10 @@ class AsyncSandbox:
     def _kill_now(self) -> None:
         """Last resort without an event loop (garbage collection, interpreter exit)."""
         km, self._km = self._km, None
-        provisioner = getattr(km, "provisioner", None)
-        try:
-            if getattr(provisioner, "container_id", None):
-                from ..containers import docker_client, remove_container
-
-                client = docker_client()
-                remove_container(client.containers.get(provisioner.container_id))
-            process = getattr(provisioner, "process", None)
-            if process is not None and process.poll() is None:
-                process.kill()
-        except Exception:
-            pass
-        private = getattr(provisioner, "private", None)
-        for path in (getattr(private, "path", None), self._tmp):
-            if path:
-                shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            self._backend.kill_now(getattr(km, "provisioner", None))
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __del__(self) -> None:
         if getattr(self, "_km", None) is not None:
@@ -403,7 +260,7 @@ class AsyncSandbox:
         return msg_id
 
     async def _exchange(
-        self, send: Callable[[], str], collector: _Collector, seconds: float, deadline: float, *, reply: bool
+        self, send: Callable[[], str], collector: Collector, seconds: float, deadline: float, *, reply: bool
     ) -> Execution:
         """Send one shell message and gather what it causes until the kernel is idle again.
 
@@ -441,7 +298,7 @@ class AsyncSandbox:
             await self._drain_reply(msg_id, execution)
         return await collector.finish()
 
-    async def _collect(self, msg_id: str, collector: _Collector, deadline: float) -> str:
+    async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
         """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel death."""
         next_check = time.monotonic() + LIVENESS_INTERVAL
         while True:
@@ -503,7 +360,7 @@ class AsyncSandbox:
             marker = new_marker()
             install = not self._installed
             code = bootstrap_cell(marker, self.work_dir or None, probe, self._comms, install)
-            collector = _Collector(self.max_output_bytes, marker=marker)
+            collector = Collector(self.max_output_bytes, marker=marker)
             seconds = max(deadline - time.monotonic(), 0.001)
             execution = await self._exchange(
                 lambda: self._send_execute(code, silent=self._comms), collector, seconds, deadline, reply=True
@@ -530,12 +387,12 @@ class AsyncSandbox:
 
     async def _settle(self, deadline: float) -> None:
         """One empty request on the new channel, outside any cell, so the helper can finish setting up."""
-        collector = _Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
+        collector = Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
         request = {"op": "ready", "marker": collector.marker}
         seconds = max(deadline - time.monotonic(), 0.001)
         await self._exchange(lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False)
 
-    def _opening(self, collector: _Collector) -> dict[str, Any]:
+    def _opening(self, collector: Collector) -> dict[str, Any]:
         if collector.answers > 1:
             raise FramingError(TAMPERED)
         if self._comms:
@@ -554,13 +411,13 @@ class AsyncSandbox:
     async def _send_request(
         self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float,
         callbacks: Mapping[str, Callback] | None = None,
-    ) -> _Collector:
+    ) -> Collector:
         """Send one request (its marker is made here) and gather until the kernel is idle."""
         if not self._installed or (self._comms and self._channel is None):
             await self._open(deadline)
         marker = new_marker()
         request = {**request, "marker": marker}
-        collector = _Collector(self.max_output_bytes, callbacks, marker, self._channel)
+        collector = Collector(self.max_output_bytes, callbacks, marker, self._channel)
         if self._comms:
             await self._exchange(lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False)
         else:
@@ -568,7 +425,7 @@ class AsyncSandbox:
             await self._exchange(lambda: self._send_execute(code), collector, seconds, deadline, reply=True)
         return collector
 
-    def _first(self, collector: _Collector) -> tuple[dict[str, Any], list[Any]] | None:
+    def _first(self, collector: Collector) -> tuple[dict[str, Any], list[Any]] | None:
         """The answer's first message (meta, buffers); FramingError if forged.
 
         None if no answer came, or if the kernel never finished handling the request (it died or
@@ -588,7 +445,7 @@ class AsyncSandbox:
         self,
         request: dict[str, Any],
         buffers: Sequence[Any] = (),
-        seconds: float = DEFAULT_TIMEOUT,
+        seconds: float = DEFAULT_CALL_TIMEOUT,
         deadline: float | None = None,
         *,
         callbacks: Mapping[str, Callback] | None = None,
@@ -708,7 +565,7 @@ class AsyncSandbox:
             if values:
                 self._env_set = True  # until it is taken away again, even if this call is cancelled
                 await self._op({"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline)
-            collector = _Collector(self.max_output_bytes, callbacks, policy=self._policy)
+            collector = Collector(self.max_output_bytes, callbacks, policy=self._policy)
             execution = await self._exchange(
                 lambda: self._send_execute(code, store_history=True), collector, seconds, deadline, reply=True
             )
@@ -829,7 +686,7 @@ class AsyncSandbox:
         outcome is returned: pip's output in stdout/stderr, ``error`` set when pip failed. With the
         network off this raises :class:`NetworkDisabledError` at once, without running pip.
         """
-        if not self.network and self.backend != "local":
+        if not self.network and self._backend.sandboxed:
             raise NetworkDisabledError(
                 "Cannot install packages: this sandbox's network is off. Create it with "
                 "network=True (e.g. Sandbox(network=True)) to let pip reach a package index."
@@ -926,7 +783,7 @@ class AsyncSandbox:
             if requirements:
                 installed = await self.install(requirements, timeout=timeout)
                 if installed.error is not None:
-                    return {"success": False, "output": installed.stdout, "error": installed.stderr, "files": []}
+                    return failed_skill(installed.stdout, installed.stderr)
             before = await self._simple("snapshot", timeout)
             await self._simple("prepare", timeout)
             execution = await self.run(code, timeout=timeout)
@@ -935,173 +792,19 @@ class AsyncSandbox:
             for path in sorted(after):
                 if before.get(path) != after[path]:
                     content = await self.download(path, timeout=timeout)
-                    files.append(_file_entry(posixpath.basename(path), path, content))
-            figure = 0
-            for bundle in execution.results:
-                for mime, ext in IMAGE_TYPES.items():
-                    if mime in bundle:
-                        figure += 1
-                        data = bundle[mime]
-                        encoded = base64.b64encode(data.encode()).decode() if ext == "svg" else data.strip()
-                        files.append({"name": f"figure_{figure}.{ext}", "path": f"figure_{figure}.{ext}",
-                                      "content_base64": encoded, "mime_type": mime})
-                        break
+                    files.append(file_entry(path, content))
+            files += figure_files(execution.results)
         except SandboxError as exc:
-            return {"success": False, "output": "", "error": str(exc), "files": []}
-        error = execution.stderr
-        if execution.error is not None:
-            error += execution.error.traceback or str(execution.error)
-        return {"success": execution.error is None, "output": execution.stdout, "error": error, "files": files}
+            return failed_skill("", str(exc))
+        return skill_result(execution, files)
 
-    async def _reset(self) -> None:
+    async def reset(self) -> None:
         """Fresh interpreter and an empty work directory, for a pool's next user."""
         await self.restart()
         await self._simple("wipe", None)
-
-
-def _file_entry(name: str, path: str, content: bytes) -> dict[str, str]:
-    return {
-        "name": name,
-        "path": path,
-        "content_base64": base64.b64encode(content).decode("ascii"),
-        "mime_type": mimetypes.guess_type(name)[0] or "application/octet-stream",
-    }
 
 
 @atexit.register
 def _kill_leftovers() -> None:
     for sandbox in list(_LIVE):
         sandbox._kill_now()
-
-
-class _LoopThread:
-    """One background event loop shared by the sync wrappers."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _guard = threading.Lock()
-
-    @classmethod
-    def run(cls, coro: Awaitable[T]) -> T:
-        with cls._guard:
-            if cls._loop is None or cls._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="kernel-sandbox-loop", daemon=True).start()
-                cls._loop = loop
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, cls._loop)  # type: ignore[arg-type]
-        return future.result()
-
-    @classmethod
-    def call(cls, func: Callable[..., Any], *args: Any) -> None:
-        """Schedule a plain call on the loop (it may create tasks there)."""
-        assert cls._loop is not None
-        cls._loop.call_soon_threadsafe(func, *args)
-
-
-class Sandbox:
-    """The synchronous face of :class:`AsyncSandbox` (same options), used with ``with``.
-
-    Calls run on a shared background event loop; callbacks are called from that thread.
-    """
-
-    def __init__(self, backend: str = "docker", **options: Any) -> None:
-        self._async = AsyncSandbox(backend, **options)
-
-    @classmethod
-    def _wrap(cls, sandbox: AsyncSandbox) -> Sandbox:
-        wrapper = cls.__new__(cls)
-        wrapper._async = sandbox
-        return wrapper
-
-    @property
-    def work_dir(self) -> str:
-        """The kernel's work directory (inside the sandbox)."""
-        return self._async.work_dir
-
-    def start(self) -> Sandbox:
-        """Start the kernel (``with Sandbox() as sb`` does it for you)."""
-        _LoopThread.run(self._async.start())
-        return self
-
-    def close(self) -> None:
-        """Shut the kernel down and remove its container."""
-        _LoopThread.run(self._async.close())
-
-    def __enter__(self) -> Sandbox:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def run(
-        self,
-        code: str,
-        timeout: float | None = None,
-        on_stdout: Callback = None,
-        on_stderr: Callback = None,
-        on_result: Callback = None,
-        on_error: Callback = None,
-        *,
-        env: Mapping[str, str] | None = None,
-    ) -> Execution:
-        """See :meth:`AsyncSandbox.run`."""
-        return _LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env))
-
-    def restart(self) -> None:
-        """See :meth:`AsyncSandbox.restart`."""
-        _LoopThread.run(self._async.restart())
-
-    def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
-        """See :meth:`AsyncSandbox.upload`."""
-        return _LoopThread.run(self._async.upload(files, timeout=timeout))
-
-    def download(self, path: str, *, timeout: float | None = None) -> bytes:
-        """See :meth:`AsyncSandbox.download`."""
-        return _LoopThread.run(self._async.download(path, timeout=timeout))
-
-    def download_to(
-        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
-        max_bytes: int | None = MAX_STREAM_BYTES,
-    ) -> int:
-        """See :meth:`AsyncSandbox.download_to`."""
-        return _LoopThread.run(self._async.download_to(path, destination, timeout=timeout, max_bytes=max_bytes))
-
-    def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
-        """See :meth:`AsyncSandbox.list_files`."""
-        return _LoopThread.run(self._async.list_files(path, timeout=timeout))
-
-    def install(
-        self, requirements: str | Iterable[str], *, pip_args: Iterable[str] = (), timeout: float | None = None
-    ) -> Execution:
-        """See :meth:`AsyncSandbox.install`."""
-        return _LoopThread.run(self._async.install(requirements, pip_args=pip_args, timeout=timeout))
-
-    def run_tool(
-        self,
-        tool: Callable[..., Any] | str,
-        args: Mapping[str, Any] | None = None,
-        agent_state: Any = None,
-        name: str | None = None,
-        *,
-        timeout: float | None = None,
-        allowed_classes: Iterable[type] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> ToolResult:
-        """See :meth:`AsyncSandbox.run_tool`."""
-        return _LoopThread.run(
-            self._async.run_tool(
-                tool, args, agent_state, name, timeout=timeout, allowed_classes=allowed_classes, env=env
-            )
-        )
-
-    def run_skill(
-        self,
-        code: str,
-        skill_files: Mapping[str, bytes | str] | None = None,
-        requirements: str | Iterable[str] | None = None,
-        *,
-        timeout: float | None = None,
-    ) -> dict[str, Any]:
-        """See :meth:`AsyncSandbox.run_skill`."""
-        return _LoopThread.run(self._async.run_skill(code, skill_files, requirements, timeout=timeout))

@@ -17,7 +17,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import ConfigError
-from .models import ExecutionError
+from ..results import ExecutionError
 
 _pickle_lock = threading.Lock()
 

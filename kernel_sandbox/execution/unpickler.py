@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from .models import UnsafePayloadError
+from ..errors import UnsafePayloadError
 
 SAFE_GLOBALS: dict[tuple[str, str], Any] = {
     ("builtins", obj.__name__): obj

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
+from ..kernelspecs import DOCKER_PROVISIONER, provisioner_settings
 from ..policy import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 
 Settings = Union[DockerSettings, "OpenSandboxSettings"]
 
-DOCKER_PROVISIONER = "kernel-sandbox-docker"
-OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
 """Besides the kernelspec's own ``env``, the one variable of the client's passed into the container."""
 OWNER_CHECK_INTERVAL = 1.0
@@ -102,16 +101,8 @@ def request_from_kernelspec(connection: Connection, connection_file: str, spec_d
 
 def settings_from_config(provisioner_name: Any, config: Any) -> Settings:
     """The checked settings of ``provisioner_name``'s kernel (OpenSandbox's with the API base resolved)."""
-    if provisioner_name == DOCKER_PROVISIONER:
-        return DockerSettings.from_config(config)
-    if provisioner_name == OPENSANDBOX_PROVISIONER:
-        from ..opensandbox.settings import OpenSandboxSettings
-
-        return OpenSandboxSettings.from_config(config).resolved()
-    raise KernelLaunchError(
-        f"the kernelspec selects the provisioner {provisioner_name!r}, which the launcher does not know; "
-        f"use {DOCKER_PROVISIONER} or {OPENSANDBOX_PROVISIONER}"
-    )
+    settings = provisioner_settings(provisioner_name, config)
+    return settings if provisioner_name == DOCKER_PROVISIONER else settings.resolved()
 
 
 def request_from_config(connection: Connection, config_file: str) -> LaunchRequest:

@@ -18,11 +18,11 @@ from ..errors import (
 from .client import (
     API_KEY_HEADER,
     DEFAULT_ENTRYPOINT,
-    DEFAULT_IMAGE,
-    DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_STREAM_BYTES,
     DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_TIMEOUT,
+    DEFAULT_SANDBOX_IMAGE,
+    DEFAULT_SANDBOX_TIMEOUT,
     ENV_API_BASE,
     ENV_API_KEY,
     EXECD_PORT,
@@ -40,17 +40,17 @@ from .client import (
     run_once,
     run_once_sync,
 )
-from .events import Event, ExecdError, ExecdRun, parse_event, parse_line, parse_lines
+from .events import Event, ExecdRun, RunCollector, parse_event, parse_line, parse_lines
 from .translate import CellRelay, CellTranslator, relay_cell
 
 __all__ = [
     "API_KEY_HEADER",
     "DEFAULT_ENTRYPOINT",
-    "DEFAULT_IMAGE",
-    "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_MAX_STREAM_BYTES",
     "DEFAULT_RESOURCE_LIMITS",
-    "DEFAULT_TIMEOUT",
+    "DEFAULT_SANDBOX_IMAGE",
+    "DEFAULT_SANDBOX_TIMEOUT",
     "ENV_API_BASE",
     "ENV_API_KEY",
     "EXECD_PORT",
@@ -62,8 +62,8 @@ __all__ = [
     "Endpoint",
     "Event",
     "ExecdClient",
-    "ExecdError",
     "ExecdRun",
+    "RunCollector",
     "OpenSandboxAPIError",
     "OpenSandboxClient",
     "OpenSandboxConfigError",

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
@@ -42,22 +42,25 @@ from ..errors import (
     SandboxStateError,
     SandboxTimeoutError,
 )
-from .events import Event, ExecdRun, LineSplitter, parse_event
+from .events import Event, ExecdRun, LineSplitter, RunCollector, parse_event
 
 log = logging.getLogger(__name__)
 
 ENV_API_BASE = "OPEN_SANDBOX_API_BASE"
 ENV_API_KEY = "OPEN_SANDBOX_API_KEY"
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
-DEFAULT_IMAGE = "opensandbox/code-interpreter:v1.1.0"
+DEFAULT_SANDBOX_IMAGE = "opensandbox/code-interpreter:v1.1.0"
+"""The OpenSandbox sandbox image (the Docker backend's kernel image is ``settings.DEFAULT_IMAGE``)."""
 DEFAULT_ENTRYPOINT: tuple[str, ...] = ("/opt/code-interpreter/code-interpreter.sh",)
-DEFAULT_TIMEOUT = 300
+DEFAULT_SANDBOX_TIMEOUT = 300
+"""A sandbox's lifetime in seconds (renewed while used); not a per-call deadline."""
 DEFAULT_RESOURCE_LIMITS: Mapping[str, str] = MappingProxyType({"cpu": "1", "memory": "2Gi"})
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_STREAM_IDLE_TIMEOUT = 60.0
-DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_STREAM_BYTES = 16 * 1024 * 1024
+"""Byte cap on one execd event stream (JSON-encoded output, base64 images, pings), not on kept output."""
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 DEFAULT_DELETE_ATTEMPTS = 4
 DRAIN_TIMEOUT = 5.0
@@ -68,7 +71,8 @@ TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
 WAITING_STATES = frozenset({"Pending", "Unknown", "Resuming", "Pausing"})
 """States worth waiting through after create (``Unknown``: the runtime could not tell, for now)."""
 PAUSED_STATES = frozenset({"Paused"})
-_RETRY_STATUSES = frozenset({404, 502, 503, 504})
+RETRY_STATUSES = frozenset({404, 502, 503, 504})
+"""Answers a starting sandbox (or a proxy in front of it) gives before it is ready: retried."""
 _ID_MAX = 256
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
@@ -188,9 +192,9 @@ def build_create_body(
     ``allow_internet`` is true (then the policy is omitted and the sandbox has open egress).
     """
     body: dict[str, Any] = {
-        "image": {"uri": image or DEFAULT_IMAGE},
+        "image": {"uri": image or DEFAULT_SANDBOX_IMAGE},
         "entrypoint": list(entrypoint or DEFAULT_ENTRYPOINT),
-        "timeout": int(DEFAULT_TIMEOUT if timeout is None else timeout),
+        "timeout": int(DEFAULT_SANDBOX_TIMEOUT if timeout is None else timeout),
         "resourceLimits": as_str_dict(resource_limits or DEFAULT_RESOURCE_LIMITS),
         "metadata": {**LABELS, **as_str_dict(metadata)},
     }
@@ -318,7 +322,7 @@ async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes
     return bytes(body)
 
 
-class _HTTP:
+class CappedHTTP:
     """Capped, deadline-bound HTTP calls shared by both clients."""
 
     def __init__(self, http: httpx.AsyncClient | None, request_timeout: float, max_response_bytes: int) -> None:
@@ -389,7 +393,7 @@ def _json(response: httpx.Response, what: str) -> Any:
         ) from None
 
 
-def _object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
+def json_object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
     """The answer as a JSON object having ``required`` keys, or OpenSandboxProtocolError naming the call."""
     answer = _json(response, what)
     if not isinstance(answer, dict):
@@ -418,7 +422,65 @@ def _on_event(suffix: str, callback: Callable[[], None]) -> Callable[[str, dict[
     return trace
 
 
-class ExecdClient:
+_C = TypeVar("_C", bound="HTTPClientBase")
+
+
+class HTTPClientBase:
+    """What the execd, lifecycle and Jupyter server clients share: capped, deadline-bound calls to one
+    base URL, polling for readiness, closing, ``async with``."""
+
+    _http: CappedHTTP
+    headers: Mapping[str, str]
+
+    def _base_url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def request_timeout(self) -> float:
+        """The deadline of one call, in seconds."""
+        return self._http.request_timeout
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it."""
+        await self._http.aclose()
+
+    async def __aenter__(self: _C) -> _C:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self._http.call(method, f"{self._base_url()}{path}", headers=self.headers, **kwargs)
+
+    async def _poll_ready(self, path: str, wait: float, poll_interval: float, failure: str, limit: str = "") -> int:
+        """Poll ``GET path`` until it answers 200 and return the number of attempts; connection
+        errors, per-call deadlines and 404/502/503/504 are retried for ``wait`` seconds, then
+        :class:`SandboxTimeoutError` starts with ``failure``; any other status raises at once."""
+        started = time.monotonic()
+        attempts, last = 0, "no attempt"
+        while True:
+            attempts += 1
+            remaining = wait - (time.monotonic() - started)
+            try:
+                response = await self._call("GET", path, timeout=max(0.1, min(self.request_timeout, remaining)))
+            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
+                last = str(exc)
+            else:
+                if response.is_success:
+                    return attempts
+                if response.status_code not in RETRY_STATUSES:
+                    raise_for_status(response)
+                last = f"GET {self._base_url()}{path} answered {response.status_code}"
+            elapsed = time.monotonic() - started
+            if elapsed >= wait:
+                raise SandboxTimeoutError(
+                    f"{failure}: GET {path} tried {attempts} times over {elapsed:.1f} s{limit}; last: {last}"
+                )
+            await asyncio.sleep(min(poll_interval, max(0.0, wait - elapsed)))
+
+
+class ExecdClient(HTTPClientBase):
     """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
 
     ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
@@ -434,7 +496,7 @@ class ExecdClient:
         *,
         http: httpx.AsyncClient | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
         busy_wait: float = DEFAULT_BUSY_WAIT,
@@ -444,24 +506,10 @@ class ExecdClient:
         self.headers = as_str_dict(headers)
         self.max_output_bytes = max_output_bytes
         self.stream_idle_timeout = stream_idle_timeout
-        self._http = _HTTP(http, request_timeout, max_response_bytes)
+        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
 
-    @property
-    def request_timeout(self) -> float:
-        return self._http.request_timeout
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> ExecdClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
+    def _base_url(self) -> str:
+        return self.url
 
     async def wait_ready(self, ready_timeout: float, poll_interval: float = 0.1) -> int:
         """Poll ``GET /ping`` until it answers 200; return the number of attempts.
@@ -470,28 +518,10 @@ class ExecdClient:
         (proxies in front of a starting execd) are retried until ``ready_timeout``; any other
         status fails at once. The timeout error says what was tried, how often and for how long.
         """
-        started = time.monotonic()
-        attempts, last = 0, "no attempt"
-        while True:
-            attempts += 1
-            remaining = ready_timeout - (time.monotonic() - started)
-            try:
-                response = await self._call("GET", "/ping", timeout=max(0.1, min(self.request_timeout, remaining)))
-            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
-                last = str(exc)
-            else:
-                if response.is_success:
-                    return attempts
-                if response.status_code not in _RETRY_STATUSES:
-                    raise_for_status(response)
-                last = f"GET {self.url}/ping answered {response.status_code}"
-            elapsed = time.monotonic() - started
-            if elapsed >= ready_timeout:
-                raise SandboxTimeoutError(
-                    f"execd at {self.url} did not become ready: GET /ping tried {attempts} times over "
-                    f"{elapsed:.1f} s (ready_timeout {ready_timeout:g} s); last: {last}"
-                )
-            await asyncio.sleep(min(poll_interval, max(0.0, ready_timeout - elapsed)))
+        return await self._poll_ready(
+            "/ping", ready_timeout, poll_interval,
+            f"execd at {self.url} did not become ready", f" (ready_timeout {ready_timeout:g} s)",
+        )
 
     async def stream(
         self,
@@ -648,18 +678,18 @@ class ExecdClient:
         on_event: EventCallback | None = None,
     ) -> ExecdRun:
         """Run ``code`` to completion and return the collected :class:`ExecdRun`."""
-        execution = ExecdRun(context_id=context_id)
+        collector = RunCollector(context_id)
         async for event in self.stream(code, context_id=context_id, language=language):
-            execution.add(event)
+            collector.add(event)
             await _emit(on_event, event)
-        return execution
+        return collector.result()
 
     async def create_context(self, language: str = "python") -> str:
         """Create a fresh code context and return its id."""
         what = f"POST {self.url}/code/context"
         response = await self._call("POST", "/code/context", json={"language": language})
         raise_for_status(response)
-        context_id = _object(response, what, "id")["id"]
+        context_id = json_object(response, what, "id")["id"]
         url_segment(context_id, f"{what}: the context id")
         return str(context_id)
 
@@ -703,7 +733,7 @@ def _error_kwargs(error: OpenSandboxError) -> dict[str, Any]:
     return {}
 
 
-class OpenSandboxClient:
+class OpenSandboxClient(HTTPClientBase):
     """Async client for the OpenSandbox lifecycle API (create, wait, endpoint, delete...).
 
     ``api_base`` and ``api_key`` default to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``;
@@ -720,7 +750,7 @@ class OpenSandboxClient:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
         delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
@@ -733,33 +763,19 @@ class OpenSandboxClient:
         self.max_output_bytes = max_output_bytes
         self.stream_idle_timeout = stream_idle_timeout
         self.delete_attempts = max(1, delete_attempts)
-        self._http = _HTTP(http, request_timeout, max_response_bytes)
-
-    @property
-    def request_timeout(self) -> float:
-        return self._http.request_timeout
+        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
 
     @property
     def max_response_bytes(self) -> int:
         return self._http.max_response_bytes
 
     @property
-    def headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:  # type: ignore[override]
         """Headers for lifecycle calls (the API key header only when a key is set)."""
         return {API_KEY_HEADER: self.api_key} if self.api_key else {}
 
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> OpenSandboxClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self._http.call(method, f"{self.api_base}{path}", headers=self.headers, **kwargs)
+    def _base_url(self) -> str:
+        return self.api_base
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._call(method, path, **kwargs)
@@ -769,41 +785,17 @@ class OpenSandboxClient:
     def _path(self, sandbox_id: str, *rest: str) -> str:
         return "/".join(["/sandboxes", url_segment(sandbox_id, "sandbox id"), *rest])
 
-    async def create(
-        self,
-        *,
-        image: str | None = None,
-        entrypoint: list[str] | None = None,
-        timeout: int | None = None,
-        resource_limits: Mapping[str, str] | None = None,
-        resource_requests: Mapping[str, str] | None = None,
-        env: Mapping[str, str] | None = None,
-        metadata: Mapping[str, str] | None = None,
-        allow_internet: bool = False,
-        network_policy: Mapping[str, Any] | None = None,
-        secure_access: bool = False,
-        created: Callable[[str], None] | None = None,
-    ) -> Sandbox:
+    async def create(self, *, created: Callable[[str], None] | None = None, **options: Any) -> Sandbox:
         """Create a sandbox, wait until it is Running, resolve its execd endpoint and wait for execd.
 
-        ``created(sandbox_id)`` is called as soon as the server has answered the create, so a
-        caller can delete the sandbox even while the rest is still waiting. The sandbox is deleted
-        again when any later step fails (or is cancelled).
+        ``options`` are :func:`build_create_body`'s (image, entrypoint, timeout, resource limits,
+        env, metadata, network...). ``created(sandbox_id)`` is called as soon as the server has
+        answered the create, so a caller can delete the sandbox even while the rest is still
+        waiting. The sandbox is deleted again when any later step fails (or is cancelled).
         """
-        body = build_create_body(
-            image=image,
-            entrypoint=entrypoint,
-            timeout=timeout,
-            resource_limits=resource_limits,
-            resource_requests=resource_requests,
-            env=env,
-            metadata=metadata,
-            allow_internet=allow_internet,
-            network_policy=network_policy,
-            secure_access=secure_access,
-        )
+        body = build_create_body(**options)
         what = f"POST {self.api_base}/sandboxes"
-        info = _object(await self._request("POST", "/sandboxes", json=body), what, "id")
+        info = json_object(await self._request("POST", "/sandboxes", json=body), what, "id")
         sandbox_id = info["id"]
         url_segment(sandbox_id, f"{what}: the sandbox id")
         try:
@@ -826,7 +818,7 @@ class OpenSandboxClient:
     async def get(self, sandbox_id: str) -> dict[str, Any]:
         """Return the server's description of a sandbox (404 raises :class:`SandboxNotFound`)."""
         path = self._path(sandbox_id)
-        return _object(await self._request("GET", path), f"GET {self.api_base}{path}")
+        return json_object(await self._request("GET", path), f"GET {self.api_base}{path}")
 
     async def list_sandboxes(
         self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None, max_pages: int = 1000
@@ -839,7 +831,7 @@ class OpenSandboxClient:
             if metadata:
                 params.append(("metadata", urlencode(as_str_dict(metadata))))
             params.extend(("state", state) for state in states or [])
-            answer = _object(await self._request("GET", "/sandboxes", params=params), what)
+            answer = json_object(await self._request("GET", "/sandboxes", params=params), what)
             page_items = answer.get("items") or []
             pagination = answer.get("pagination") or {}
             if not isinstance(page_items, list) or not isinstance(pagination, dict):
@@ -901,7 +893,7 @@ class OpenSandboxClient:
                 last = str(exc)
             else:
                 if response.is_success:
-                    answer = _object(response, what)
+                    answer = json_object(response, what)
                     if answer.get("endpoint"):
                         if not isinstance(answer["endpoint"], str):
                             raise OpenSandboxProtocolError(f"{what} answered with an endpoint that is not a string")
@@ -912,7 +904,7 @@ class OpenSandboxClient:
                             url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers)
                         )
                     last = f"{what} answered without an endpoint"
-                elif response.status_code in _RETRY_STATUSES:
+                elif response.status_code in RETRY_STATUSES:
                     last = f"{what} answered {response.status_code}"
                 else:
                     raise_for_status(response)
@@ -932,7 +924,7 @@ class OpenSandboxClient:
         response = await self._request("POST", path, json=body)
         if not response.content.strip():
             return body["expiresAt"]
-        answer = _object(response, f"POST {self.api_base}{path}")
+        answer = json_object(response, f"POST {self.api_base}{path}")
         return str(answer.get("expiresAt", body["expiresAt"]))[:64]
 
     async def delete(self, sandbox_id: str) -> bool:

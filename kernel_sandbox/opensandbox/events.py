@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..results import Execution, ExecutionError
+
 _CONTROL_PREFIXES = ("event:", "id:", "retry:", ":")
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 TERMINAL_TYPES = frozenset({"execution_complete", "error"})
@@ -48,19 +50,6 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"[... {len(text) - limit} characters cut]"
 
 
-@dataclass(frozen=True)
-class ExecdError:
-    """An error raised by the code, as execd reports it (cleaned and capped)."""
-
-    name: str
-    value: str
-    traceback: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Return the error as ``{"name", "value", "traceback"}``."""
-        return {"name": self.name, "value": self.value, "traceback": list(self.traceback)}
-
-
 @dataclass(frozen=True, slots=True)
 class Event:
     """One normalised execd event.
@@ -74,7 +63,7 @@ class Event:
     text: str | None = None
     data: dict[str, Any] | None = None
     execution_count: int | None = None
-    error: ExecdError | None = None
+    error: ExecutionError | None = None
 
     @property
     def terminal(self) -> bool:
@@ -82,78 +71,60 @@ class Event:
         return self.type in TERMINAL_TYPES
 
 
-class ExecdRun:
-    """The collected outcome of one run: output text, result bundles, count and error.
+@dataclass(repr=False)
+class ExecdRun(Execution):
+    """An :class:`~kernel_sandbox.results.Execution` from execd, with the code context it ran in.
 
-    Output is gathered in chunks and joined once, so collecting costs linear time in its size.
-    ``complete`` is True once a terminal event arrived; events after it are ignored.
+    ``complete`` is True when the run's terminal event arrived; ``cleanup_error`` is set by
+    :func:`~kernel_sandbox.opensandbox.client.run_once` when deleting the sandbox failed.
     """
 
-    def __init__(
-        self,
-        stdout: str = "",
-        stderr: str = "",
-        results: list[dict[str, Any]] | None = None,
-        execution_count: int | None = None,
-        error: ExecdError | None = None,
-        context_id: str | None = None,
-    ) -> None:
-        self._out: list[str] = [stdout] if stdout else []
-        self._err: list[str] = [stderr] if stderr else []
-        self.results: list[dict[str, Any]] = list(results or [])
-        self.execution_count = execution_count
-        self.error = error
-        self.context_id = context_id
-        self.complete = False
-        self.cleanup_error: BaseException | None = None
-        """Set by :func:`~kernel_sandbox.opensandbox.client.run_once` when deleting the sandbox failed."""
+    context_id: str | None = None
+    complete: bool = field(default=False, compare=False)
+    cleanup_error: BaseException | None = field(default=None, compare=False)
 
-    @staticmethod
-    def _joined(parts: list[str]) -> str:
-        if len(parts) > 1:
-            parts[:] = ["".join(parts)]
-        return parts[0] if parts else ""
+
+class RunCollector:
+    """Folds events into an :class:`ExecdRun`, in linear time (output is joined once, at the end).
+
+    After a terminal event nothing changes any more.
+    """
+
+    def __init__(self, context_id: str | None = None) -> None:
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._run = ExecdRun(context_id=context_id)
 
     @property
-    def stdout(self) -> str:
-        """Everything the code wrote to stdout."""
-        return self._joined(self._out)
-
-    @property
-    def stderr(self) -> str:
-        """Everything the code wrote to stderr."""
-        return self._joined(self._err)
+    def complete(self) -> bool:
+        """True once a terminal event arrived."""
+        return self._run.complete
 
     def add(self, event: Event) -> None:
-        """Fold one event into the run; after a terminal event nothing changes any more."""
-        if self.complete:
+        """Fold one event into the run."""
+        run = self._run
+        if run.complete:
             return
         if event.type == "stdout":
             self._out.append(event.text or "")
         elif event.type == "stderr":
             self._err.append(event.text or "")
         elif event.type in ("result", "display_data") and event.data is not None:
-            self.results.append(event.data)
+            run.results.append(event.data)
         elif event.type == "execution_count" and event.execution_count is not None:
-            self.execution_count = event.execution_count
+            run.execution_count = event.execution_count
         elif event.type == "error" and event.error is not None:
-            self.error = event.error
+            run.error = event.error
         elif event.type == "init" and event.text:
-            self.context_id = event.text
-        self.complete = event.terminal
+            run.context_id = event.text
+        run.complete = event.terminal
 
-    def _key(self) -> tuple[Any, ...]:
-        return (self.stdout, self.stderr, self.results, self.execution_count, self.error, self.context_id)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ExecdRun) and self._key() == other._key()
-
-    def __repr__(self) -> str:
-        error = f", error={self.error.name}" if self.error else ""
-        return (
-            f"ExecdRun(stdout={len(self.stdout)} chars, stderr={len(self.stderr)} chars, "
-            f"results={len(self.results)}, execution_count={self.execution_count}{error}, complete={self.complete})"
-        )
+    def result(self) -> ExecdRun:
+        """The run so far, its output joined."""
+        self._out[:] = ["".join(self._out)]
+        self._err[:] = ["".join(self._err)]
+        self._run.stdout, self._run.stderr = self._out[0], self._err[0]
+        return self._run
 
 
 class LineSplitter:
@@ -308,7 +279,7 @@ def capped_error(content: dict[str, Any], traceback_limit: int = MAX_TRACEBACK_C
     return capped
 
 
-def _error(obj: dict[str, Any]) -> ExecdError:
+def _error(obj: dict[str, Any]) -> ExecutionError:
     nested = obj.get("error")
     source = nested if isinstance(nested, dict) else obj
     name = _pick(source, "ename", "name", "code")
@@ -325,10 +296,10 @@ def _error(obj: dict[str, Any]) -> ExecdError:
         for line in traceback
         if isinstance(line, (str, int, float))
     ]
-    return ExecdError(
+    return ExecutionError(
         name=_clip(clean_text("Error" if name is None else str(name)), MAX_ERROR_FIELD_CHARS),
         value=_clip(clean_text("" if value is None else str(value)), MAX_ERROR_FIELD_CHARS),
-        traceback=cap_traceback(lines),
+        traceback="\n".join(cap_traceback(lines)),
     )
 
 
@@ -366,11 +337,11 @@ def parse_event(line: str | bytes) -> Event | None:
 
 def parse_lines(lines: Iterable[str | bytes]) -> ExecdRun:
     """Collect a whole stream, given as lines, into an :class:`ExecdRun` (up to its terminal event)."""
-    execution = ExecdRun()
+    collector = RunCollector()
     for line in lines:
         event = parse_event(line)
         if event is not None:
-            execution.add(event)
-            if execution.complete:
+            collector.add(event)
+            if collector.complete:
                 break
-    return execution
+    return collector.result()

@@ -25,7 +25,6 @@ import itertools
 import json
 import logging
 import struct
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -33,8 +32,16 @@ from urllib.parse import quote
 import tornado.httpclient
 import tornado.websocket
 
-from ..errors import CallDeadlineExceeded, OpenSandboxConnectionError, OpenSandboxProtocolError, SandboxTimeoutError
-from .client import _HTTP, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REQUEST_TIMEOUT, _object, as_str_dict, raise_for_status
+from ..errors import CallDeadlineExceeded, OpenSandboxConnectionError, OpenSandboxProtocolError
+from .client import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_REQUEST_TIMEOUT,
+    CappedHTTP,
+    HTTPClientBase,
+    as_str_dict,
+    json_object,
+    raise_for_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +49,6 @@ V1 = "v1.kernel.websocket.jupyter.org"
 CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
 MAX_PARTS = 4 + 256
 """Most parts in one message: header, parent, metadata, content and up to 256 buffers."""
-_RETRY_STATUSES = frozenset({404, 502, 503, 504})
 
 OnMessage = Callable[[str, list[bytes]], None]
 
@@ -139,7 +145,7 @@ def decode_legacy(data: str | bytes) -> tuple[str, list[bytes]]:
 # ---- the server --------------------------------------------------------------------------------
 
 
-class JupyterServer:
+class JupyterServer(HTTPClientBase):
     """The Jupyter server of one sandbox at ``url`` (execd's proxy for its port), with its token."""
 
     def __init__(
@@ -153,18 +159,10 @@ class JupyterServer:
     ) -> None:
         self.url = url.rstrip("/")
         self.headers = {**as_str_dict(headers), "Authorization": f"token {token}"}
-        self._http = _HTTP(None, request_timeout, max_response_bytes)
+        self._http = CappedHTTP(None, request_timeout, max_response_bytes)
 
-    @property
-    def request_timeout(self) -> float:
-        return self._http.request_timeout
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        await self._http.aclose()
-
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
+    def _base_url(self) -> str:
+        return self.url
 
     async def wait_ready(self, wait: float, poll_interval: float = 0.1) -> None:
         """Poll ``GET /api/status`` until it answers 200 (404/502/503/504 and connection errors retried).
@@ -172,35 +170,14 @@ class JupyterServer:
         Raises :class:`SandboxTimeoutError` after ``wait`` seconds, saying what was tried, and
         :class:`OpenSandboxAPIError` at once for any other answer (403: the token was refused).
         """
-        started = time.monotonic()
-        attempts, last = 0, "no attempt"
-        while True:
-            attempts += 1
-            remaining = wait - (time.monotonic() - started)
-            try:
-                response = await self._call("GET", "/api/status", timeout=max(0.1, min(self.request_timeout, remaining)))
-            except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
-                last = str(exc)
-            else:
-                if response.is_success:
-                    return
-                if response.status_code not in _RETRY_STATUSES:
-                    raise_for_status(response)
-                last = f"GET {self.url}/api/status answered {response.status_code}"
-            elapsed = time.monotonic() - started
-            if elapsed >= wait:
-                raise SandboxTimeoutError(
-                    f"the sandbox's Jupyter server at {self.url} did not answer: GET /api/status tried "
-                    f"{attempts} times over {elapsed:.1f} s; last: {last}"
-                )
-            await asyncio.sleep(min(poll_interval, max(0.0, wait - elapsed)))
+        await self._poll_ready("/api/status", wait, poll_interval, f"the sandbox's Jupyter server at {self.url} did not answer")
 
     async def start_kernel(self, name: str) -> str:
         """Start a kernel of kernelspec ``name``; return its id."""
         what = f"POST {self.url}/api/kernels"
         response = await self._call("POST", "/api/kernels", json={"name": name})
         raise_for_status(response)
-        kernel_id = str(_object(response, what, "id")["id"])
+        kernel_id = str(json_object(response, what, "id")["id"])
         if len(kernel_id) > 256 or quote(kernel_id, safe="-") != kernel_id:
             raise OpenSandboxProtocolError(f"{what} answered with a kernel id that cannot be used in a URL")
         return kernel_id

@@ -21,14 +21,14 @@ from ..errors import ConfigError
 from ..settings import _env, _flag, _option, _orphan_seconds, _refuse, _seconds, _text, check_names, policy_option
 from .client import (
     DEFAULT_ENTRYPOINT,
-    DEFAULT_IMAGE,
-    DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_STREAM_BYTES,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_READY_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_TIMEOUT,
+    DEFAULT_SANDBOX_IMAGE,
+    DEFAULT_SANDBOX_TIMEOUT,
     resolve_api_base,
     resolve_api_key,
 )
@@ -125,7 +125,7 @@ class OpenSandboxSettings:
 
     api_base: str = _option("", _api_base, "Lifecycle API base URL, e.g. http://host:8080/v1; '': $OPEN_SANDBOX_API_BASE.")
     api_key: str | None = _option(None, _api_key, "Lifecycle API key; null: $OPEN_SANDBOX_API_KEY; '': no key.")
-    image: str = _option(DEFAULT_IMAGE, _text, "Sandbox image: execd, and a Jupyter server for the websocket mode.")
+    image: str = _option(DEFAULT_SANDBOX_IMAGE, _text, "Sandbox image: execd, and a Jupyter server for the websocket mode.")
     entrypoint: tuple[str, ...] = _option(list(DEFAULT_ENTRYPOINT), _words, "The sandbox's entry process.")
     mode: str = _option(
         "auto", _choice(MODES), "'websocket': the sandbox's Jupyter server; 'execd': execd's /code; 'auto': probe."
@@ -137,7 +137,7 @@ class OpenSandboxSettings:
     kernel_name: str = _option("python3", _text, "Kernelspec the sandbox's Jupyter server starts (websocket mode).")
     language: str = _option("python", _text, "execd context language (execd mode).")
     timeout: int = _option(
-        DEFAULT_TIMEOUT, _whole(MIN_TIMEOUT, 86400), "Sandbox lifetime in s (>= 60), renewed while the kernel lives."
+        DEFAULT_SANDBOX_TIMEOUT, _whole(MIN_TIMEOUT, 86400), "Sandbox lifetime in s (>= 60), renewed while the kernel lives."
     )
     renew_interval: float = _option(0.0, _non_negative, "Seconds between renewals; 0: timeout / 3.")
     resource_limits: dict[str, str] = _option(
@@ -160,7 +160,7 @@ class OpenSandboxSettings:
         DEFAULT_REQUEST_TIMEOUT, _seconds, "Overall deadline of each HTTP call (connect, send, whole answer)."
     )
     max_output_bytes: int = _option(
-        DEFAULT_MAX_OUTPUT_BYTES, _whole(1024, 2**40), "Byte cap on one execd run's stream and on one kernel message."
+        DEFAULT_MAX_STREAM_BYTES, _whole(1024, 2**40), "Byte cap on one execd run's stream and on one kernel message."
     )
     max_response_bytes: int = _option(
         DEFAULT_MAX_RESPONSE_BYTES, _whole(1024, 2**40), "Byte cap on every other answer from the sandbox or server."

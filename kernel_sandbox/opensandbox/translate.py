@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import KernelSandboxError
-from .events import REPLY_TRACEBACK_CHARS, Event, ExecdError, cap_traceback, clean_text
+from ..results import ExecutionError
+from .events import REPLY_TRACEBACK_CHARS, Event, cap_traceback, clean_text
 
 DEFAULT_FLUSH_BYTES = 64 * 1024
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -32,7 +33,7 @@ _STDIN_ERRORS = frozenset({"StdinNotImplementedError"})
 Publish = Callable[[str, dict[str, Any]], None]
 
 
-def failure_error(failure: BaseException) -> ExecdError:
+def failure_error(failure: BaseException) -> ExecutionError:
     """The cell error for a failure of the relay itself (connection, cap, protocol, anything)."""
     if isinstance(failure, KernelSandboxError):
         name = type(failure).__name__
@@ -41,7 +42,7 @@ def failure_error(failure: BaseException) -> ExecdError:
         name = "SandboxError"
         value = f"the relay failed while reading execd's answer: {type(failure).__name__}: {failure}"
     value = clean_text(value[:8192])
-    return ExecdError(name, value, [f"{name}: {value}"])
+    return ExecutionError(name, value, f"{name}: {value}")
 
 
 class CellTranslator:
@@ -61,7 +62,7 @@ class CellTranslator:
         self.silent = silent
         self.flush_bytes = flush_bytes
         self.flush_interval = flush_interval
-        self.error: ExecdError | None = None
+        self.error: ExecutionError | None = None
         self.failure: BaseException | None = None
         self._name: str | None = None
         self._parts: list[str] = []
@@ -128,8 +129,8 @@ class CellTranslator:
             }
             return self._reply
         if error.name in _STDIN_ERRORS:
-            error = ExecdError(error.name, STDIN_MESSAGE, [f"{error.name}: {STDIN_MESSAGE}"])
-        traceback = cap_traceback(list(error.traceback))
+            error = ExecutionError(error.name, STDIN_MESSAGE, f"{error.name}: {STDIN_MESSAGE}")
+        traceback = cap_traceback(error.traceback.split("\n") if error.traceback else [])
         self._send("error", {"ename": error.name, "evalue": error.value, "traceback": traceback})
         self._reply = {
             "status": "error",

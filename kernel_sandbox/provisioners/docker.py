@@ -21,7 +21,7 @@ from jupyter_core.paths import is_hidden
 
 from ..containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container, resolve_mounts
 from ..errors import ConfigError, KernelSandboxError
-from ..launch import DOCKER_PROVISIONER
+from ..kernelspecs import DOCKER_PROVISIONER
 from ..policy import output_policy_trait
 from ..settings import OPTIONS, DockerSettings
 from .launched import LaunchedProvisioner, option_trait

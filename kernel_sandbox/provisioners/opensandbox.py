@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OpenSandboxError
-from ..launch import OPENSANDBOX_PROVISIONER
+from ..kernelspecs import OPENSANDBOX_PROVISIONER
 from ..opensandbox.client import OpenSandboxClient
 from ..opensandbox.settings import OPTIONS, OpenSandboxSettings
 from ..policy import output_policy_trait

@@ -16,6 +16,7 @@ from traitlets.config import Config
 
 from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, OURS
 from kernel_sandbox.errors import ConfigError, ImageMissing, KernelLaunchError
+from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import CONFIG, user_root
 from kernel_sandbox.provisioners.standby import kernel_of
 
@@ -191,20 +192,13 @@ finally:
 async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFixture) -> None:
     manager = AsyncKernelManager(kernel_name="sandboxed-python-small")
     manager.autorestart = False
-    await manager.start_kernel()
-    kc = manager.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=60)
+    async with started_client(manager, timeout=60) as kc:
         kc.execute("hog = 'x' * (1024 ** 3)")
         deadline = time.monotonic() + 60
         while await manager.provisioner.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         assert manager.provisioner.exit_reason == "out of memory, limit 128 MiB"
         assert "out of memory, limit 128 MiB" in caplog.text
-    finally:
-        kc.stop_channels()
-        await manager.shutdown_kernel(now=True)
 
 
 async def test_shutdown_leaves_nothing(docker_engine) -> None:

@@ -24,7 +24,7 @@ from traitlets.config import Config
 
 from kernel_sandbox.containers import LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
-from kernel_sandbox.kernelspecs import install
+from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.launch import docker_link
 from kernel_sandbox.launch import serve, request_from_kernelspec
 from kernel_sandbox.launch.front import Connection
@@ -150,16 +150,8 @@ async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_for
 
 
 async def test_the_next_kernel_after_the_engine_is_back_works() -> None:
-    km = AsyncKernelManager(kernel_name="sandboxed-python")
-    await km.start_kernel()
-    try:
-        kc = km.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=60)
+    async with started_client("sandboxed-python", timeout=60) as kc:
         assert (await kc.execute_interactive("1", timeout=60))["content"]["status"] == "ok"
-        kc.stop_channels()
-    finally:
-        await km.shutdown_kernel(now=True)
 
 
 def _request(tmp_path: Path, **config: object):

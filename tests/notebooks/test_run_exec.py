@@ -9,10 +9,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from kernel_sandbox.kernelspecs import shipped_kernelspecs
+from kernel_sandbox.kernelspecs import SandboxKernelSpecManager, shipped_kernelspecs
 from kernel_sandbox.notebooks import (
     INJECTED_TAG,
-    SandboxKernelSpecManager,
     default_output_path,
     inject_parameters,
     parse_parameter,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from opensandbox_fakes import FakeOpenSandbox
 
-from kernel_sandbox.opensandbox import DEFAULT_ENTRYPOINT, DEFAULT_IMAGE, OpenSandboxClient
+from kernel_sandbox.opensandbox import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, OpenSandboxClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
 
@@ -42,7 +42,7 @@ class Deployment:
     image: str
     entrypoint: list[str]
     metadata: dict[str, str]
-    jupyter_image: str = DEFAULT_IMAGE
+    jupyter_image: str = DEFAULT_SANDBOX_IMAGE
     jupyter_entrypoint: list[str] = field(default_factory=lambda: list(DEFAULT_ENTRYPOINT))
     local: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -116,7 +116,7 @@ def opensandbox_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         deployment = Deployment(
             api_base=api_base,
             api_key=os.environ.get("OPEN_SANDBOX_API_KEY", ""),
-            image=os.environ.get("KERNEL_SANDBOX_OSB_IMAGE", DEFAULT_IMAGE),
+            image=os.environ.get("KERNEL_SANDBOX_OSB_IMAGE", DEFAULT_SANDBOX_IMAGE),
             entrypoint=json.loads(entrypoint) if entrypoint else list(DEFAULT_ENTRYPOINT),
             metadata=run_label,
         )

@@ -21,7 +21,7 @@ import pytest
 from kernel_sandbox.errors import KernelSandboxError
 from kernel_sandbox.opensandbox import (
     DEFAULT_ENTRYPOINT,
-    DEFAULT_IMAGE,
+    DEFAULT_SANDBOX_IMAGE,
     CallDeadlineExceeded,
     ExecdClient,
     OpenSandboxAPIError,
@@ -143,7 +143,7 @@ async def test_create_posts_defaults_labels_and_omits_empty_key() -> None:
     assert request.url == f"{API}/sandboxes"
     assert "OPEN-SANDBOX-API-KEY" not in request.headers
     assert router.body(0) == {
-        "image": {"uri": DEFAULT_IMAGE},
+        "image": {"uri": DEFAULT_SANDBOX_IMAGE},
         "entrypoint": list(DEFAULT_ENTRYPOINT),
         "timeout": 300,
         "resourceLimits": {"cpu": "1", "memory": "2Gi"},

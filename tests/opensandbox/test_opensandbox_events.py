@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from kernel_sandbox.opensandbox import ExecdError, ExecdRun, parse_event, parse_line, parse_lines
+from kernel_sandbox.opensandbox import ExecdRun, RunCollector, parse_event, parse_line, parse_lines
+from kernel_sandbox.results import ExecutionError
 
 
 def bare(event: object) -> list[str]:
@@ -58,11 +59,11 @@ def test_output_results_count_and_error_are_mapped() -> None:
         stderr="warn\n",
         results=[{"text/plain": "4", "text/html": "<b>4</b>"}],
         execution_count=7,
-        error=ExecdError("ValueError", "bad", ["Traceback"]),
+        error=ExecutionError("ValueError", "bad", "Traceback"),
         context_id="ctx-1",
     )
     assert execution.error is not None
-    assert execution.error.as_dict() == {"name": "ValueError", "value": "bad", "traceback": ["Traceback"]}
+    assert execution.complete and repr(execution).startswith("ExecdRun(stdout='hello\\n', stderr='warn\\n'")
 
 
 def test_text_plain_is_kept_when_present_and_flat_bundles_are_read() -> None:
@@ -84,9 +85,9 @@ def test_execution_count_as_string_and_bad_values() -> None:
 
 
 def test_error_fallback_shapes() -> None:
-    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecdError("BadRequest", "nope", [])
-    assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecdError(
-        "RuntimeError", "boom", []
+    assert parse_lines([sse({"code": "BadRequest", "message": "nope"})]).error == ExecutionError("BadRequest", "nope", "")
+    assert parse_lines([sse({"type": "error", "name": "RuntimeError", "text": "boom"})]).error == ExecutionError(
+        "RuntimeError", "boom", ""
     )
 
 
@@ -95,7 +96,7 @@ def test_error_empty_strings_are_kept_not_replaced() -> None:
         "type": "error",
         "error": {"ename": "", "name": "Fallback", "evalue": "", "value": "fallback", "traceback": []},
     }
-    assert parse_lines([sse(event)]).error == ExecdError("", "", [])
+    assert parse_lines([sse(event)]).error == ExecutionError("", "", "")
 
 
 def test_first_error_wins() -> None:
@@ -103,7 +104,7 @@ def test_first_error_wins() -> None:
         sse({"code": "BadRequest", "message": "nope"}),
         sse({"type": "error", "name": "RuntimeError", "text": "boom"}),
     ]
-    assert parse_lines(lines).error == ExecdError("BadRequest", "nope", [])
+    assert parse_lines(lines).error == ExecutionError("BadRequest", "nope", "")
 
 
 def test_events_without_a_type_or_payload_are_ignored() -> None:
@@ -155,8 +156,8 @@ def test_lone_surrogates_and_nuls_are_replaced_in_text_keys_and_errors() -> None
     error = parse_event(
         json.dumps({"type": "error", "error": {"ename": "E\ud800", "evalue": "\x00", "traceback": ["\udfff"]}})
     )
-    assert error is not None and error.error == ExecdError("E\ufffd", "\ufffd", ["\ufffd"])
-    for item in (event.text, result.data, error.error.as_dict()):
+    assert error is not None and error.error == ExecutionError("E\ufffd", "\ufffd", "\ufffd")
+    for item in (event.text, result.data, vars(error.error)):
         serialisable(item)
 
 
@@ -179,7 +180,7 @@ def test_tracebacks_are_capped_keeping_the_end() -> None:
         json.dumps({"type": "error", "error": {"ename": "E", "evalue": "v" * 100_000, "traceback": lines}})
     )
     assert event is not None and event.error is not None
-    kept = event.error.traceback
+    kept = event.error.traceback.split("\n")
     assert sum(map(len, kept)) <= MAX_TRACEBACK_CHARS
     assert kept[-1] == lines[-1] and "earlier traceback line(s) cut" in kept[0]
     assert len(event.error.value) < 9000 and event.error.value.endswith("characters cut]")
@@ -198,13 +199,13 @@ def test_events_after_the_terminal_one_change_nothing() -> None:
 
 def test_accumulation_is_linear() -> None:
     """80 000 one-character events used to take 40 s (string concatenation per event)."""
-    run = ExecdRun()
+    collector = RunCollector()
     event = Event(type="stdout", text="x")
     for _ in range(200_000):
-        run.add(event)
-    assert len(run._out) == 200_000, "every event must be kept as a chunk, not concatenated"
-    assert run.stdout == "x" * 200_000
-    assert len(run._out) == 1, "the chunks are joined once, when read"
+        collector.add(event)
+    assert len(collector._out) == 200_000, "every event must be kept as a chunk, not concatenated"
+    assert collector.result().stdout == "x" * 200_000
+    assert len(collector._out) == 1, "the chunks are joined once, at the end"
 
 
 def test_line_splitter_handles_any_chunking() -> None:
@@ -256,17 +257,18 @@ def test_fuzz_the_stream_parser(items: list[dict], junk: list[bytes], chunk: int
     """Any mix of events and junk, cut anywhere: parsing never raises, output is serialisable."""
     raw = b"".join(json.dumps(item).encode() + b"\n\n" for item in items) + b"\n".join(junk)
     splitter = LineSplitter()
-    run = ExecdRun()
+    collector = RunCollector()
     parsed: list[Event] = []
     for start in range(0, len(raw), chunk):
         for line in splitter.feed(raw[start : start + chunk]):
             event = parse_event(line)
             if event is not None:
                 parsed.append(event)
-                run.add(event)
+                collector.add(event)
     tail = parse_event(splitter.rest())
     if tail is not None:
-        run.add(tail)
+        collector.add(tail)
+    run = collector.result()
     for event in parsed:
         serialisable(
             {
@@ -274,7 +276,7 @@ def test_fuzz_the_stream_parser(items: list[dict], junk: list[bytes], chunk: int
                 "text": event.text,
                 "data": event.data,
                 "count": event.execution_count,
-                "error": event.error.as_dict() if event.error else None,
+                "error": vars(event.error) if event.error else None,
             }
         )
     serialisable({"out": run.stdout, "err": run.stderr, "results": run.results})

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_sandbox.errors import OpenSandboxConnectionError, OpenSandboxError, OutputLimitExceeded
-from kernel_sandbox.opensandbox.events import Event, ExecdError, parse_event
+from kernel_sandbox.opensandbox.events import Event, parse_event
+from kernel_sandbox.results import ExecutionError
 from kernel_sandbox.opensandbox.translate import CellRelay, CellTranslator, relay_cell
 
 
@@ -89,7 +90,7 @@ async def test_kinds_keep_their_order() -> None:
 
 async def test_error_event_is_published_once_and_is_the_reply() -> None:
     published = Published()
-    error = Event(type="error", error=ExecdError("ZeroDivisionError", "division by zero", ["tb1", "tb2"]))
+    error = Event(type="error", error=ExecutionError("ZeroDivisionError", "division by zero", "tb1\ntb2"))
     reply = await relay_cell(
         feed(out("before"), error, out("late"), COMPLETE), CellTranslator(published, execution_count=2)
     )
@@ -121,14 +122,14 @@ async def test_every_failure_still_gives_exactly_one_reply(failure: BaseExceptio
 
 
 async def test_stdin_errors_say_input_is_unsupported() -> None:
-    error = Event(type="error", error=ExecdError("StdinNotImplementedError", "raw_input was called", []))
+    error = Event(type="error", error=ExecutionError("StdinNotImplementedError", "raw_input was called", ""))
     reply = await relay_cell(feed(error), CellTranslator(Published(), execution_count=1))
     assert reply["evalue"] == "input is not supported in this sandbox"
 
 
 async def test_silent_cells_publish_nothing() -> None:
     published = Published()
-    error = Event(type="error", error=ExecdError("E", "v", []))
+    error = Event(type="error", error=ExecutionError("E", "v", ""))
     reply = await relay_cell(
         feed(out("x"), Event(type="result", data={"text/plain": "1"}), error),
         CellTranslator(published, execution_count=1, silent=True),
@@ -163,7 +164,7 @@ async def test_abort_from_another_thread_ends_a_cell_that_never_stops() -> None:
 async def test_the_traceback_is_published_once_capped_and_the_reply_keeps_a_short_tail() -> None:
     lines = [f"frame {i} " + "x" * 1000 for i in range(10_000)]
     published = Published()
-    reply = await relay_cell(feed(Event(type="error", error=ExecdError("E", "v", lines))), CellTranslator(published, execution_count=1))
+    reply = await relay_cell(feed(Event(type="error", error=ExecutionError("E", "v", "\n".join(lines)))), CellTranslator(published, execution_count=1))
     (error,) = published.of("error")
     assert 60 * 1024 < sum(map(len, error["traceback"])) <= 64 * 1024
     assert error["traceback"][-1] == lines[-1] and "cut" in error["traceback"][0]

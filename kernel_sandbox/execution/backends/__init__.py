@@ -1,0 +1,81 @@
+"""Sandbox backends as objects: everything in which ``docker``, ``opensandbox`` and ``local`` differ.
+
+Each backend is one module here holding one :class:`Backend`; adding a backend is adding a
+module and adding it to :data:`BACKENDS`. The session (:mod:`..sandbox`) asks its backend and
+never compares backend names.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import AsyncKernelManager
+
+from ...kernelspecs import kernel_manager as spec_kernel_manager
+
+KERNEL_NAME = "kernel-sandbox-execution"
+
+
+class Backend:
+    """How one backend builds its kernel and where it differs from a sandbox's defaults."""
+
+    name = ""
+    sandboxed = True
+    """False for a kernel that is not isolated at all (warned about; the output policy runs on the host)."""
+    comms_known = True
+    """False when only the running kernel can say whether it speaks comms (asked after start)."""
+
+    def check(self, options: dict[str, Any]) -> None:
+        """Refuse options that are unknown or out of range (ConfigError naming the option)."""
+
+    def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
+        """The in-memory kernelspec with the sandbox ``options`` mapped onto its provisioner."""
+        raise NotImplementedError
+
+    def kill_now(self, provisioner: Any) -> None:
+        """Stop the kernel without an event loop (garbage collection, interpreter exit): kill its
+        process and remove its private directory; a backend with more to remove adds that."""
+        process = getattr(provisioner, "process", None)
+        if process is not None and process.poll() is None:
+            process.kill()
+        private = getattr(provisioner, "private", None)
+        if private is not None:
+            shutil.rmtree(private.path, ignore_errors=True)
+
+
+def given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that were given (not None)."""
+    return {key: value for key, value in options.items() if value is not None}
+
+
+from .docker import DockerBackend  # noqa: E402 (the backends build on Backend, defined above)
+from .local import LocalBackend  # noqa: E402
+from .opensandbox import OpenSandboxBackend  # noqa: E402
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (DockerBackend(), OpenSandboxBackend(), LocalBackend())}
+"""Every backend by name."""
+
+
+def backend(name: str) -> Backend:
+    """The backend called ``name`` (ValueError listing the known ones otherwise)."""
+    found = BACKENDS.get(name)
+    if found is None:
+        raise ValueError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return found
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse options of backend ``name`` that are unknown or out of range."""
+    backend(name).check(options)
+
+
+def kernel_spec(name: str, options: dict[str, Any]) -> KernelSpec:
+    """Build the kernelspec for backend ``name`` with the sandbox ``options`` mapped onto its provisioner."""
+    return backend(name).kernel_spec(options)
+
+
+def kernel_manager(spec: KernelSpec) -> AsyncKernelManager:
+    """An AsyncKernelManager that launches ``spec``."""
+    return spec_kernel_manager(KERNEL_NAME, spec=spec)

@@ -1,0 +1,43 @@
+"""The ``docker`` backend: the Docker provisioner's kernelspec (the launcher runs the container)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec
+
+from ...kernelspecs import DOCKER_SPEC, shipped_spec
+from . import Backend, given
+
+
+def docker_config(options: dict[str, Any]) -> dict[str, Any]:
+    """The Sandbox options as the Docker provisioner's config."""
+    config = given(options)
+    if "mounts" in config:
+        config["mounts"] = list(config["mounts"])
+    return config
+
+
+class DockerBackend(Backend):
+    """A kernel in a locked-down Docker container."""
+
+    name = "docker"
+
+    def check(self, options: dict[str, Any]) -> None:
+        from ...settings import DockerSettings
+
+        DockerSettings.from_config(docker_config(options))
+
+    def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
+        return shipped_spec(DOCKER_SPEC, docker_config(options))
+
+    def kill_now(self, provisioner: Any) -> None:
+        """Remove the container first (the launcher may be too slow to), then the rest."""
+        with contextlib.suppress(Exception):
+            container_id = getattr(provisioner, "container_id", None)
+            if container_id:
+                from ...containers import docker_client, remove_container
+
+                remove_container(docker_client().containers.get(container_id))
+        super().kill_now(provisioner)

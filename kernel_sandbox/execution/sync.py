@@ -1,0 +1,154 @@
+"""The synchronous API: :class:`Sandbox`, a thin wrapper that runs :class:`AsyncSandbox` calls
+on one shared background event loop (:class:`LoopThread`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import Future
+from types import TracebackType
+from typing import IO, Any, TypeVar
+
+from ..results import Execution, FileInfo, ToolResult
+from .collector import Callback
+from .files import MAX_STREAM_BYTES, Content
+from .sandbox import AsyncSandbox
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """One background event loop shared by the sync wrappers."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _guard = threading.Lock()
+
+    @classmethod
+    def run(cls, coro: Awaitable[T]) -> T:
+        """Run ``coro`` on the loop (started on first use) and wait for its result."""
+        with cls._guard:
+            if cls._loop is None or cls._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="kernel-sandbox-loop", daemon=True).start()
+                cls._loop = loop
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, cls._loop)  # type: ignore[arg-type]
+        return future.result()
+
+    @classmethod
+    def call(cls, func: Callable[..., Any], *args: Any) -> None:
+        """Schedule a plain call on the loop (it may create tasks there)."""
+        assert cls._loop is not None
+        cls._loop.call_soon_threadsafe(func, *args)
+
+
+class Sandbox:
+    """The synchronous face of :class:`AsyncSandbox` (same options), used with ``with``.
+
+    Calls run on a shared background event loop; callbacks are called from that thread.
+    """
+
+    def __init__(self, backend: str = "docker", **options: Any) -> None:
+        self._async = AsyncSandbox(backend, **options)
+
+    @classmethod
+    def wrapping(cls, sandbox: AsyncSandbox) -> Sandbox:
+        """The synchronous face of a started :class:`AsyncSandbox` (as a pool hands them out)."""
+        wrapper = cls.__new__(cls)
+        wrapper._async = sandbox
+        return wrapper
+
+    @property
+    def work_dir(self) -> str:
+        """The kernel's work directory (inside the sandbox)."""
+        return self._async.work_dir
+
+    def start(self) -> Sandbox:
+        """Start the kernel (``with Sandbox() as sb`` does it for you)."""
+        LoopThread.run(self._async.start())
+        return self
+
+    def close(self) -> None:
+        """Shut the kernel down and remove its container."""
+        LoopThread.run(self._async.close())
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        on_stdout: Callback = None,
+        on_stderr: Callback = None,
+        on_result: Callback = None,
+        on_error: Callback = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> Execution:
+        """See :meth:`AsyncSandbox.run`."""
+        return LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env))
+
+    def restart(self) -> None:
+        """See :meth:`AsyncSandbox.restart`."""
+        LoopThread.run(self._async.restart())
+
+    def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
+        """See :meth:`AsyncSandbox.upload`."""
+        return LoopThread.run(self._async.upload(files, timeout=timeout))
+
+    def download(self, path: str, *, timeout: float | None = None) -> bytes:
+        """See :meth:`AsyncSandbox.download`."""
+        return LoopThread.run(self._async.download(path, timeout=timeout))
+
+    def download_to(
+        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
+        max_bytes: int | None = MAX_STREAM_BYTES,
+    ) -> int:
+        """See :meth:`AsyncSandbox.download_to`."""
+        return LoopThread.run(self._async.download_to(path, destination, timeout=timeout, max_bytes=max_bytes))
+
+    def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
+        """See :meth:`AsyncSandbox.list_files`."""
+        return LoopThread.run(self._async.list_files(path, timeout=timeout))
+
+    def install(
+        self, requirements: str | Iterable[str], *, pip_args: Iterable[str] = (), timeout: float | None = None
+    ) -> Execution:
+        """See :meth:`AsyncSandbox.install`."""
+        return LoopThread.run(self._async.install(requirements, pip_args=pip_args, timeout=timeout))
+
+    def run_tool(
+        self,
+        tool: Callable[..., Any] | str,
+        args: Mapping[str, Any] | None = None,
+        agent_state: Any = None,
+        name: str | None = None,
+        *,
+        timeout: float | None = None,
+        allowed_classes: Iterable[type] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> ToolResult:
+        """See :meth:`AsyncSandbox.run_tool`."""
+        return LoopThread.run(
+            self._async.run_tool(
+                tool, args, agent_state, name, timeout=timeout, allowed_classes=allowed_classes, env=env
+            )
+        )
+
+    def run_skill(
+        self,
+        code: str,
+        skill_files: Mapping[str, bytes | str] | None = None,
+        requirements: str | Iterable[str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`AsyncSandbox.run_skill`."""
+        return LoopThread.run(self._async.run_skill(code, skill_files, requirements, timeout=timeout))
