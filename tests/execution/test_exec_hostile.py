@@ -86,8 +86,10 @@ def test_forged_documents_cannot_change_host_classes(sandbox: Sandbox) -> None:
     for doc in attacks:
         with pytest.raises(UnsafePayloadError):
             sandbox.run_tool(answering_with(doc), allowed_classes=[AgentState, fractions.Fraction])
-    counter = sandbox.run_tool(answering_with(b'{"r":{"$":"counter","v":[["most_common","x"]]}}')).func_return
-    assert counter == collections.Counter({"most_common": "x"})
+    with pytest.raises(UnsafePayloadError):  # a count that is not a number
+        sandbox.run_tool(answering_with(b'{"r":{"$":"counter","v":[["most_common","x"]]}}'))
+    counter = sandbox.run_tool(answering_with(b'{"r":{"$":"counter","v":[["most_common",3]]}}')).func_return
+    assert counter == collections.Counter({"most_common": 3})
     assert {cls: dict(vars(cls)) for cls in WATCHED} == before
     assert AgentState().is_admin() is False
     assert fractions.Fraction(1) != fractions.Fraction(2)
