@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL
+
 MiB = 1024 * 1024
 LABEL = "kernel-sandbox"
 LABEL_OWNER_PID = "kernel-sandbox.owner-pid"
@@ -285,7 +287,13 @@ class ResourceWatch:
         return frozenset(mine), frozenset(networks), frozenset(volumes), foreign
 
     def settle(self, before: Counts, bounds: Bounds, timeout: float = 60.0) -> Counts:
-        """Wait until the counts are back within ``bounds`` of ``before``; fail naming what is not."""
+        """Wait until the counts are back within ``bounds`` of ``before``; fail naming what is not.
+
+        The standby pool's idle kernels (``standby`` defaults to 1: at most one per configuration,
+        what a Jupyter server keeps warm) are stopped first, as at the process's exit: they are
+        bounded by design, and what is checked is that nothing else remains.
+        """
+        POOL.clear(CLOSE_WAIT)
         deadline = time.monotonic() + timeout
         while (after := self._check(before, bounds, deadline, timeout)) is None:
             time.sleep(0.5)
@@ -293,6 +301,7 @@ class ResourceWatch:
 
     async def settle_async(self, before: Counts, bounds: Bounds, timeout: float = 60.0) -> Counts:
         """:meth:`settle` for a test on an event loop (the loop keeps running while it waits)."""
+        await asyncio.to_thread(POOL.clear, CLOSE_WAIT)
         deadline = time.monotonic() + timeout
         while (after := self._check(before, bounds, deadline, timeout)) is None:
             await asyncio.sleep(0.5)
