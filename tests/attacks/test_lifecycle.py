@@ -32,6 +32,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
+from traitlets.config import Config
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
@@ -149,7 +150,8 @@ async def test_a_launcher_killed_during_start_fails_the_start_and_leaves_nothing
     with private_host_dirs() as dirs, ResourceWatch(docker_engine, private=dirs) as watch:
         user_root()  # the per-user root of private directories stays by design: made before counting
         before = watch.snapshot()
-        km = AsyncKernelManager(kernel_name="sandboxed-python")
+        # No standby: a start that adopted one would create no container, and the killer would hit the refill.
+        km = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"standby": 0}}))
         events = docker_engine.events(filters={"type": "container", "label": [LABEL, f"{LABEL_OWNER_PID}={os.getpid()}"]},
                                       decode=True, since=int(time.time()) - 1)
         wanted = "create" if moment == "created" else "start"
