@@ -24,11 +24,14 @@ import time
 
 CHUNK = 256 * 1024
 RETRY_SECONDS = 0.005
+MAX_RETRY_SECONDS = 0.05
+"""Refused connections are retried after 5 ms, doubling up to 50 ms (a slow start is not spun on)."""
 
 
 def connect(port, wait_seconds):
     """Connect to 127.0.0.1:``port``, retrying refused connections for ``wait_seconds``."""
     deadline = time.monotonic() + wait_seconds
+    delay = RETRY_SECONDS
     while True:
         sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
         try:
@@ -39,7 +42,8 @@ def connect(port, wait_seconds):
             sock.close()
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(RETRY_SECONDS)
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_SECONDS)
         else:
             sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             return sock

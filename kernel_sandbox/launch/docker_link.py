@@ -53,7 +53,7 @@ from ..containers import (
 from ..errors import EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
-from ..kernelside.connector import RETRY_SECONDS, connect
+from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB, DockerSettings
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
@@ -329,6 +329,7 @@ def _connect_in_netns(
         try:
             if _libc().setns(netns, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+            delay = RETRY_SECONDS
             while True:
                 try:
                     sock = connect(port, 0)
@@ -336,7 +337,8 @@ def _connect_in_netns(
                 except OSError:
                     if cancel.is_set() or time.monotonic() >= deadline:
                         raise
-                    time.sleep(RETRY_SECONDS)
+                    time.sleep(delay)
+                    delay = min(delay * 2, MAX_RETRY_SECONDS)
         except OSError as exc:
             loop.call_soon_threadsafe(settle, None, exc)
         else:
@@ -506,9 +508,9 @@ class DockerLink:
                         f"{self.settings.launch_timeout:g} s. Check that the image runs ipykernel "
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
-                await asyncio.wait(
-                    [self._ready, self._ended, *opening], timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
-                )
+                # Only what is still pending: a finished future would end every wait at once (a busy loop).
+                pending = [f for f in (self._ready, self._ended, *opening) if not f.done()]
+                await asyncio.wait(pending, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
             log.debug("the kernel answers; waiting for its IOPub welcome")
