@@ -112,8 +112,8 @@ print(json.dumps(found))
 '''
 
 
-def _listening_ports(pid: int) -> list[int]:
-    """TCP ports ``pid`` listens on (its socket inodes matched in /proc/net/tcp)."""
+def _socket_inodes(pid: int) -> set[str]:
+    """Inode numbers of the sockets ``pid`` holds open (its /proc/PID/fd links ``socket:[N]``)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -122,6 +122,12 @@ def _listening_ports(pid: int) -> list[int]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
+    return inodes
+
+
+def _listening_ports(pid: int) -> list[int]:
+    """TCP ports ``pid`` listens on (its socket inodes matched in /proc/net/tcp)."""
+    inodes = _socket_inodes(pid)
     ports = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as rows:
@@ -134,14 +140,7 @@ def _listening_ports(pid: int) -> list[int]:
 
 def _unix_sockets_of(pid: int) -> list[str]:
     """Paths of the Unix sockets ``pid`` has bound (/proc/net/unix)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = _socket_inodes(pid)
     paths = []
     with open("/proc/net/unix") as rows:
         for row in list(rows)[1:]:
