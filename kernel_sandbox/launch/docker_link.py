@@ -50,14 +50,14 @@ from ..containers import (
     resolve_mounts,
     run_as,
 )
-from ..errors import EngineUnavailable, KernelLaunchError, KernelSandboxError
+from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB, DockerSettings
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
-from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
+from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -187,7 +187,7 @@ class _Channel(asyncio.BufferedProtocol):
                 self._demux.feed(self._scratch[:nbytes])
             else:
                 self.peer.buffer_updated(nbytes)
-        except ProtocolError as exc:
+        except ChannelProtocolError as exc:
             self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
                 self.transport.abort()  # the connector's stdin closes: it ends the kernel
