@@ -20,10 +20,8 @@ import pytest
 from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
-from traitlets.config import Config
 
 from kernel_sandbox.containers import LABEL_KERNEL_ID
-from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.launch import docker_link
 from kernel_sandbox.launch import serve, request_from_kernelspec
@@ -132,11 +130,7 @@ threading.Thread(target=kill_connectors, daemon=True).start()
 async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_forever() -> None:
     """Each loss of a kernel stream is reopened later than the one before; after a limit the kernel ends."""
     km = AsyncKernelManager(kernel_name="sandboxed-python")
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=90)
+    async with started_client(km, timeout=90) as kc:
         kc.execute(KILL_STREAMS)
         deadline = time.monotonic() + 240
         while await km.is_alive():
@@ -144,9 +138,6 @@ async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_for
             await asyncio.sleep(1)
         reason = km.provisioner.exit_reason or ""
         assert f"ended {docker_link.REOPEN_LIMIT} times in a row" in reason, reason
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def test_the_next_kernel_after_the_engine_is_back_works() -> None:
