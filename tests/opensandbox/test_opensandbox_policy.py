@@ -27,6 +27,7 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
+from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
 from kernel_sandbox.policy import OutputPolicy
 
@@ -158,20 +159,12 @@ async def kernel(request: pytest.FixtureRequest, deployment: Any, deployment_jup
     """A kernel of the OpenSandbox kernelspec in (mode, output_policy) of the test's parameters."""
     mode, policy = request.param
     deployment.kernelspec(deployment_jupyter_path, mode, output_policy=policy)
-    km = AsyncKernelManager(kernel_name=KERNEL_NAME)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=300)
+    async with started_client(AsyncKernelManager(kernel_name=KERNEL_NAME), timeout=300) as kc:
         msg_id = kc.kernel_info()
         while (info := await kc.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != msg_id:
             pass
         assert (info["content"]["implementation"] == IMPLEMENTATION) is (mode == "execd"), info["content"]
         yield mode, policy, kc
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def run(kc: Any, code: str) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from jupyter_client.session import Session
 
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
-from kernel_sandbox.kernelspecs import install
+from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.opensandbox import (
     ExecdClient,
     OpenSandboxAPIError,
@@ -160,13 +160,8 @@ async def kernel(
     """A kernel of the OpenSandbox kernelspec in the mode the test is parametrised with."""
     deployment.kernelspec(deployment_jupyter_path, getattr(request, "param", "execd"))
     km = manager()
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=300)
-    yield km, kc
-    kc.stop_channels()
-    await km.shutdown_kernel(now=True)
+    async with started_client(km, timeout=300) as kc:
+        yield km, kc
 
 
 async def collect(kc: Any, msg_id: str) -> list[dict[str, Any]]:
