@@ -6,35 +6,18 @@ Playwright's own browser downloads are never used. Everything stays on 127.0.0.1
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
-from nb_helpers import ARTIFACTS, IN_CI
+from lab_kit import ARTIFACTS, chromium
 
-CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 CODE = "import os, socket\nprint('hostname:', socket.gethostname())\nprint('interfaces:', sorted(os.listdir('/sys/class/net')))"
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        if IN_CI:
-            pytest.fail(f"chromium not found at {CHROMIUM} (CI installs Debian's chromium package)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium() as browser:
+        yield browser
 
 
 def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_server, docker_engine) -> None:
