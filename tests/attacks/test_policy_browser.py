@@ -7,12 +7,10 @@ Nothing but the launcher's relay, which applies the policy, stands between kerne
 
 from __future__ import annotations
 
-import time
-
-import httpx
 import pytest
 
-from test_policy_jupyterlab import ARTIFACTS, HOSTILE_CELLS, _attack
+from lab_kit import ARTIFACTS
+from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -63,19 +61,10 @@ CELLS = {
 }
 
 
-def _notebook(kernelspec: str, cells: dict[str, str]) -> dict:
-    return {"nbformat": 4, "nbformat_minor": 5,
-            "cells": [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-                      for src in cells.values()],
-            "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
-
-
 def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: str) -> tuple[list[str], list[str]]:
     """Run ``cells`` in JupyterLab; return the page markers set and the pwned files written."""
     path = f"{name}.ipynb"
-    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
-                    json={"type": "notebook", "format": "json", "content": _notebook(kernelspec, cells)})
-    assert put.status_code in (200, 201), put.text
+    put_notebook(lab, path, kernelspec, cells.values())
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(120_000)
@@ -91,14 +80,7 @@ def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: 
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
             ".every(p => /\\[\\d+\\]/.test(p.textContent))")
-        deadline = time.monotonic() + 8
-        while True:
-            markers = page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))")
-            listing = httpx.get(f"{lab['url']}/api/contents", headers=lab["headers"]).json()["content"]
-            written = sorted(item["name"] for item in listing if item["name"].startswith("pwned"))
-            if time.monotonic() > deadline:
-                break
-            page.wait_for_timeout(250)
+        markers, written = script_traces(page, lab, 8)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"attack-{name}.png"), full_page=True)
         return markers, written
