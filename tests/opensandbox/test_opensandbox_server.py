@@ -15,21 +15,19 @@ Against your own deployment, with its real execd::
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from jupyter_client import AsyncKernelClient, BlockingKernelClient
-from jupyter_client.connect import write_connection_file
+from jupyter_client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 
@@ -43,6 +41,8 @@ from kernel_sandbox.opensandbox import (
     SandboxNotFound,
     run_once,
 )
+
+from argv_kernel import ArgvKernel
 
 pytestmark = pytest.mark.opensandbox_server
 
@@ -469,128 +469,93 @@ async def test_a_paused_sandbox_is_not_dead_and_runs_again_after_resume(
 # ---- the kernelspec's argv, run as a client that ignores provisioners runs it (VS Code) ----------------
 
 
-class ArgvKernel:
-    """The installed kernelspec's argv started by hand, with a client on the ports it was given."""
+def sandboxes_of(kernel: ArgvKernel, deployment: Any) -> list[dict[str, Any]]:
+    """The sandboxes the server knows for ``kernel``."""
 
-    def __init__(self, spec_dir: Path, tmp_path: Path, env: dict[str, str]) -> None:
-        self.kernel_id = uuid.uuid4().hex
-        self.connection_file, _ = write_connection_file(str(tmp_path / f"kernel-{self.kernel_id}.json"))
-        argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
-        cmd = [part.replace("{connection_file}", self.connection_file) for part in argv]
-        self.process = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-        self.client = BlockingKernelClient(connection_file=self.connection_file)
-        self.client.load_connection_file()
-        self.client.start_channels()
+    async def listing() -> list[dict[str, Any]]:
+        async with deployment.client() as client:
+            return await client.list_sandboxes(metadata={"kernel-sandbox-kernel-id": kernel.kernel_id})
 
-    def run(self, code: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
-        out: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return "".join(out), reply["content"]
-
-    def sandboxes(self, deployment: Any) -> list[dict[str, Any]]:
-        async def listing() -> list[dict[str, Any]]:
-            async with deployment.client() as client:
-                return await client.list_sandboxes(metadata={"kernel-sandbox-kernel-id": self.kernel_id})
-
-        return asyncio.run(listing())
-
-    def close(self) -> str:
-        self.client.stop_channels()
-        if self.process.poll() is None:
-            self.process.terminate()
-        self.process.wait(60)
-        assert self.process.stderr is not None
-        return self.process.stderr.read().decode(errors="replace")
+    return asyncio.run(listing())
 
 
 @pytest.fixture
-def argv_spec(deployment: Any, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """The OpenSandbox kernelspec installed as `kernel-sandbox install` does; API base and key in the env."""
+def argv_kernel(deployment: Any, tmp_path: Path) -> Iterator[ArgvKernel]:
+    """The argv of the OpenSandbox kernelspec installed as `kernel-sandbox install` does (API base and key in
+    the env), started and ready; at the end stopped, and any sandbox of it left deleted."""
     config = deployment.options("websocket", renew_interval=1.0, timeout=60)
     for name in ("api_base", "api_key"):
         config.pop(name)
     spec_dir = Path(install(KERNEL_NAME, prefix=str(tmp_path / "prefix"), config=config))
     env = {**os.environ, "OPEN_SANDBOX_API_BASE": deployment.api_base, "OPEN_SANDBOX_API_KEY": deployment.api_key}
-    return spec_dir, env
+    kernel = ArgvKernel(spec_dir, tmp_path, env, kernel_id=uuid.uuid4().hex)
+    try:
+        kernel.client.wait_for_ready(timeout=300)
+        yield kernel
+    finally:
+        kernel.stop(60)
+        for left in sandboxes_of(kernel, deployment):
+            asyncio.run(_delete(deployment, left["id"]))
 
 
 @pytest.mark.security("fault", "sessions")
 def test_the_argv_kernel_runs_in_the_sandbox_streams_interrupts_and_sigterm_leaves_no_sandbox(
-    argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
+    argv_kernel: ArgvKernel, deployment: Any
 ) -> None:
-    spec_dir, env = argv_spec
-    kernel = ArgvKernel(spec_dir, tmp_path, env)
-    try:
-        kernel.client.wait_for_ready(timeout=300)
-        (sandbox,) = kernel.sandboxes(deployment)
-        out, reply = kernel.run("import os, socket\nprint(os.path.exists('/opt/opensandbox/execd'), socket.gethostname())")
-        assert reply["status"] == "ok"
-        in_sandbox_flag, hostname = out.split()
-        assert in_sandbox_flag == "True" and hostname != __import__("socket").gethostname()
+    (sandbox,) = sandboxes_of(argv_kernel, deployment)
+    out, reply = argv_kernel.run("import os, socket\nprint(os.path.exists('/opt/opensandbox/execd'), socket.gethostname())", timeout=120)
+    assert reply["status"] == "ok"
+    in_sandbox_flag, hostname = out.split()
+    assert in_sandbox_flag == "True" and hostname != __import__("socket").gethostname()
 
-        go = f"/tmp/go-{uuid.uuid4().hex}"
-        msg_id = kernel.client.execute(
-            f"import os, time\nprint('first', flush=True)\nwhile not os.path.exists({go!r}):\n    time.sleep(0.05)"
-        )
-        while True:
-            msg = kernel.client.get_iopub_msg(timeout=120)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                break
-        assert msg["content"]["text"] == "first\n", "output streams while the cell runs"
-        asyncio.run(in_sandbox(deployment, sandbox["id"], f"open({go!r}, 'w').close()"))
-        assert kernel.client.get_shell_msg(timeout=120)["content"]["status"] == "ok"
+    go = f"/tmp/go-{uuid.uuid4().hex}"
+    msg_id = argv_kernel.client.execute(
+        f"import os, time\nprint('first', flush=True)\nwhile not os.path.exists({go!r}):\n    time.sleep(0.05)"
+    )
+    while True:
+        msg = argv_kernel.client.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            break
+    assert msg["content"]["text"] == "first\n", "output streams while the cell runs"
+    asyncio.run(in_sandbox(deployment, sandbox["id"], f"open({go!r}, 'w').close()"))
+    assert argv_kernel.client.get_shell_msg(timeout=120)["content"]["status"] == "ok"
 
-        msg_id = kernel.client.execute("while True: pass")
-        time.sleep(1)
-        kernel.process.send_signal(signal.SIGINT)
-        reply = kernel.client.get_shell_msg(timeout=120)
-        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
-        assert kernel.run("'alive'")[1]["status"] == "ok"
+    msg_id = argv_kernel.client.execute("while True: pass")
+    time.sleep(1)
+    argv_kernel.process.send_signal(signal.SIGINT)
+    reply = argv_kernel.client.get_shell_msg(timeout=120)
+    assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert argv_kernel.run("'alive'", timeout=120)[1]["status"] == "ok"
 
-        kernel.process.send_signal(signal.SIGTERM)
-        assert kernel.process.wait(60) == 0
-        assert kernel.sandboxes(deployment) == [], "SIGTERM deletes the sandbox before the launcher exits"
-    finally:
-        kernel.close()
+    argv_kernel.process.send_signal(signal.SIGTERM)
+    assert argv_kernel.process.wait(60) == 0
+    assert sandboxes_of(argv_kernel, deployment) == [], "SIGTERM deletes the sandbox before the launcher exits"
 
 
 @pytest.mark.security("fault", "sessions")
 def test_sigkill_of_the_argv_launcher_stops_renewals_and_the_server_expires_the_sandbox(
-    argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
+    argv_kernel: ArgvKernel, deployment: Any
 ) -> None:
     """The one slow test (~60 s): timeout is 60 s, the server's minimum; renewals every second until the kill."""
-    spec_dir, env = argv_spec
-    kernel = ArgvKernel(spec_dir, tmp_path, env)
-    try:
-        kernel.client.wait_for_ready(timeout=300)
-        (sandbox,) = kernel.sandboxes(deployment)
-        first = sandbox["expiresAt"]
-        deadline = time.monotonic() + 30
-        while kernel.sandboxes(deployment)[0]["expiresAt"] == first:
-            assert time.monotonic() < deadline, "the launcher does not renew the sandbox"
-            time.sleep(0.5)
-        kernel.process.kill()
-        kernel.process.wait(30)
-        killed = time.time()
-        expires = kernel.sandboxes(deployment)[0]["expiresAt"]
-        time.sleep(3)
-        assert kernel.sandboxes(deployment)[0]["expiresAt"] == expires, "renewals stop with the launcher"
-        from datetime import datetime
+    (sandbox,) = sandboxes_of(argv_kernel, deployment)
+    first = sandbox["expiresAt"]
+    deadline = time.monotonic() + 30
+    while sandboxes_of(argv_kernel, deployment)[0]["expiresAt"] == first:
+        assert time.monotonic() < deadline, "the launcher does not renew the sandbox"
+        time.sleep(0.5)
+    argv_kernel.process.kill()
+    argv_kernel.process.wait(30)
+    killed = time.time()
+    expires = sandboxes_of(argv_kernel, deployment)[0]["expiresAt"]
+    time.sleep(3)
+    assert sandboxes_of(argv_kernel, deployment)[0]["expiresAt"] == expires, "renewals stop with the launcher"
+    from datetime import datetime
 
-        assert datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() <= killed + 62
-        deadline = time.monotonic() + 120
-        while kernel.sandboxes(deployment):
-            assert time.monotonic() < deadline, "the orphaned sandbox did not expire"
-            time.sleep(1)
-    finally:
-        kernel.close()
-        for left in kernel.sandboxes(deployment):
-            asyncio.run(_delete(deployment, left["id"]))
+    assert datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() <= killed + 62
+    deadline = time.monotonic() + 120
+    while sandboxes_of(argv_kernel, deployment):
+        assert time.monotonic() < deadline, "the orphaned sandbox did not expire"
+        time.sleep(1)
 
 
 async def _delete(deployment: Any, sandbox_id: str) -> None:
