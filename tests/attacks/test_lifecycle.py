@@ -36,6 +36,7 @@ from traitlets.config import Config
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import POOL
 
@@ -311,12 +312,5 @@ async def test_an_engine_that_goes_away_mid_session_is_noticed(docker_engine, ju
         if container_id and _exists(docker_engine, container_id):
             remove_container(docker_engine.containers.get(container_id))
     again = AsyncKernelManager(kernel_name="sandboxed-python")
-    await again.start_kernel()
-    try:
-        kc = again.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=90)
+    async with started_client(again, timeout=90) as kc:
         assert (await request(again, kc, "1", timeout=60)).status == "ok", "no kernel once the engine was back"
-        kc.stop_channels()
-    finally:
-        await again.shutdown_kernel(now=True)
