@@ -23,7 +23,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from kernel_sandbox.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install
 
-from argv_kernel import ArgvKernel
+from kernel_kit import ArgvKernel
 
 pytestmark = pytest.mark.usefixtures("docker_engine")
 

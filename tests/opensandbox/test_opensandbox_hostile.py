@@ -37,6 +37,8 @@ from kernel_sandbox.opensandbox import (
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
 from kernel_sandbox.policy import OutputPolicy
 
+from kernel_kit import reply_to, until_idle
+
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}
 
@@ -379,23 +381,11 @@ async def bridge(
 async def execute(kc: Any, code: str = "cell") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Send one execute; return its one reply and the IOPub messages up to idle (fails on a second reply)."""
     msg_id = kc.execute(code)
-    iopub: list[dict[str, Any]] = []
-    while True:
-        msg = await kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        iopub.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    replies = []
-    while True:
-        reply = await kc.get_shell_msg(timeout=120)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            replies.append(reply["content"])
-            break
+    iopub = await until_idle(kc, msg_id)
+    reply = await reply_to(kc.shell_channel, msg_id)
     with pytest.raises(Exception):  # noqa: B017 (queue.Empty: no second reply may follow)
         await kc.get_shell_msg(timeout=0.5)
-    return replies[0], iopub
+    return reply["content"], iopub
 
 
 def of_type(messages: list[dict[str, Any]], msg_type: str) -> list[dict[str, Any]]:
@@ -497,8 +487,8 @@ async def test_relay_survives_an_execd_that_ignores_interrupts_and_floods_the_an
     with RssPeak(km.provisioner.pid) as rss:
         request = kc.session.msg("interrupt_request", {})
         kc.control_channel.send(request)
-        interrupt_reply = await reply_to(kc.control_channel, request["header"]["msg_id"])
-        reply = await reply_to(kc.shell_channel, msg_id)
+        interrupt_reply = await reply_to(kc.control_channel, request["header"]["msg_id"], timeout=60)
+        reply = await reply_to(kc.shell_channel, msg_id, timeout=60)
     assert interrupt_reply["content"]["status"] == "error"
     assert interrupt_reply["content"]["ename"] == "ResponseTooLarge"
     assert reply["content"]["status"] == "error"
@@ -610,14 +600,6 @@ async def test_the_launchers_renewals_survive_answers_of_the_wrong_shape(
         hostile.behaviour["POST /code"] = stream(COMPLETE)
         reply, _ = await execute(kc)
         assert reply["status"] == "ok"
-
-
-async def reply_to(channel: Any, msg_id: str) -> dict[str, Any]:
-    """The reply to ``msg_id`` on ``channel`` (late replies to earlier requests, e.g. kernel_info, are skipped)."""
-    while True:
-        reply = await channel.get_msg(timeout=60)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
 
 
 async def test_connection_errors_reach_the_user_with_a_message(hostile: HostileServer) -> None:

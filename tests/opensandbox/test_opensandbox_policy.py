@@ -34,6 +34,7 @@ from kernel_sandbox.policy import OutputPolicy
 POLICY_TESTS = Path(__file__).resolve().parents[1] / "policy"
 sys.path.insert(0, str(POLICY_TESTS))
 from checks import bundle_problems, text_problems  # noqa: E402
+from kernel_kit import reply_to, until_idle  # noqa: E402
 
 pytestmark = [pytest.mark.opensandbox_server, pytest.mark.timeout(600), pytest.mark.security("attack", "policy")]
 
@@ -160,9 +161,7 @@ async def kernel(request: pytest.FixtureRequest, deployment: Any, deployment_jup
     mode, policy = request.param
     deployment.kernelspec(deployment_jupyter_path, mode, output_policy=policy)
     async with started_client(AsyncKernelManager(kernel_name=KERNEL_NAME), timeout=300) as kc:
-        msg_id = kc.kernel_info()
-        while (info := await kc.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != msg_id:
-            pass
+        info = await reply_to(kc.shell_channel, kc.kernel_info())
         assert (info["content"]["implementation"] == IMPLEMENTATION) is (mode == "execd"), info["content"]
         yield mode, policy, kc
 
@@ -170,16 +169,8 @@ async def kernel(request: pytest.FixtureRequest, deployment: Any, deployment_jup
 async def run(kc: Any, code: str) -> list[dict[str, Any]]:
     """Every IOPub message of one execution up to idle; the cell must succeed."""
     msg_id = kc.execute(code)
-    messages = []
-    while True:
-        msg = await kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    while (reply := await kc.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != msg_id:
-        pass
+    messages = await until_idle(kc, msg_id)
+    reply = await reply_to(kc.shell_channel, msg_id)
     assert reply["content"]["status"] == "ok", reply["content"]
     return messages
 

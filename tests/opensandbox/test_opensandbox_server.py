@@ -42,7 +42,7 @@ from kernel_sandbox.opensandbox import (
     run_once,
 )
 
-from argv_kernel import ArgvKernel
+from kernel_kit import ArgvKernel, reply_to, until_idle
 
 pytestmark = pytest.mark.opensandbox_server
 
@@ -164,27 +164,13 @@ async def kernel(
         yield km, kc
 
 
-async def collect(kc: Any, msg_id: str) -> list[dict[str, Any]]:
-    messages = []
-    while True:
-        msg = await kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return messages
-
-
 async def shell_reply(kc: Any, msg_id: str) -> dict[str, Any]:
-    while True:
-        reply = await kc.get_shell_msg(timeout=120)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply["content"]
+    return (await reply_to(kc.shell_channel, msg_id))["content"]
 
 
 async def execute(kc: Any, code: str, **options: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     msg_id = kc.execute(code, **options)
-    messages = await collect(kc, msg_id)
+    messages = await until_idle(kc, msg_id)
     return messages, await shell_reply(kc, msg_id)
 
 
@@ -243,7 +229,7 @@ async def test_kernel_executes_streams_fails_interrupts_restarts_and_shuts_down(
     )
     assert (await until_stream(kc, msg_id))["text"] == "first\n"
     await in_sandbox(deployment, sandbox_id, f"open({go!r}, 'w').close()")
-    rest = await collect(kc, msg_id)
+    rest = await until_idle(kc, msg_id)
     assert "released\n" in "".join(s["text"] for s in of_type(rest, "stream"))
     assert (await shell_reply(kc, msg_id))["status"] == "ok"
 
@@ -315,7 +301,7 @@ async def test_websocket_mode_is_a_full_jupyter_kernel(kernel: tuple[AsyncKernel
     request = await kc.get_stdin_msg(timeout=120)
     assert request["msg_type"] == "input_request" and request["content"]["prompt"] == "name? "
     kc.input("sandbox")
-    rest = await collect(kc, msg_id)
+    rest = await until_idle(kc, msg_id)
     assert "hello sandbox\n" in "".join(s["text"] for s in of_type(rest, "stream"))
     assert (await shell_reply(kc, msg_id))["status"] == "ok"
 
@@ -386,38 +372,22 @@ async def test_auto_mode_falls_back_to_execd_without_a_jupyter_server(
     if deployment.local is None:
         pytest.skip("needs an image without a Jupyter server: only the local harness has one")
     deployment.kernelspec(deployment_jupyter_path, "execd", mode="auto", jupyter_wait=2.0)
-    km = manager()
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=300)
+    async with started_client(manager(), timeout=300) as kc:
         info = (await kc.kernel_info(reply=True, timeout=60))["content"]
         assert info["implementation"] == "kernel-sandbox-opensandbox"
         _, reply = await execute(kc, "6 * 7")
         assert reply["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def test_output_over_the_cap_is_cut_and_the_code_interrupted(
     deployment: Any, deployment_jupyter_path: Path
 ) -> None:
     deployment.kernelspec(deployment_jupyter_path, "execd", max_output_bytes=4000)
-    km = manager()
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=180)
+    async with started_client(manager(), timeout=180) as kc:
         _, reply = await execute(kc, "import time\nwhile True:\n    print('x' * 100, flush=True)\n    time.sleep(0.01)")
         assert reply["status"] == "error" and reply["ename"] == "OutputLimitExceeded"
         _, reply = await execute(kc, "'usable after the cap'")
         assert reply["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 @pytest.mark.security("fault", "sessions")

@@ -1,4 +1,5 @@
-"""A kernelspec's argv started by hand, as clients that ignore kernel provisioners (VS Code, PyCharm) start it.
+"""What tests that talk to kernels share: a kernelspec's argv started by hand (as VS Code starts it), and the
+messages of one request.
 
 Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
 """
@@ -71,3 +72,23 @@ class ArgvKernel:
         assert self.process.stderr is not None
         with self.process.stderr:
             return self.process.stderr.read().decode(errors="replace")
+
+
+async def until_idle(kc: Any, msg_id: str, timeout: float = 120) -> list[dict[str, Any]]:
+    """Every IOPub message of request ``msg_id`` up to its idle status (other requests' messages are skipped)."""
+    messages = []
+    while True:
+        msg = await kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+async def reply_to(channel: Any, msg_id: str, timeout: float = 120) -> dict[str, Any]:
+    """The reply to ``msg_id`` on ``channel`` (late replies to earlier requests, e.g. kernel_info, are skipped)."""
+    while True:
+        reply = await channel.get_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
