@@ -156,6 +156,27 @@ def kernel_sandbox_lab(
 
 
 @contextlib.contextmanager
+def recording_page(browser: Any, failure_png: str, *, height: int = 800, timeout_ms: float = 90_000) -> Iterator[tuple[Any, list[str]]]:
+    """A page of a new context of ``browser`` and the list of every URL it requests.
+
+    When the block fails, a screenshot goes to ``test-artifacts/FAILURE_PNG``; the context is closed on the way out.
+    """
+    context = browser.new_context(viewport={"width": 1280, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(timeout_ms)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    try:
+        yield page, requests
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / failure_png), full_page=True)
+        raise
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
 def chromium() -> Iterator[Any]:
     """Debian's headless chromium through Playwright (never Playwright's own download), closed on the way out."""
     if not Path(CHROMIUM).exists():

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab_kit import ARTIFACTS
-from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, script_traces
+from lab_kit import ARTIFACTS, recording_page
+from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -65,17 +65,8 @@ def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: 
     """Run ``cells`` in JupyterLab; return the page markers set and the pwned files written."""
     path = f"{name}.ipynb"
     put_notebook(lab, path, kernelspec, cells.values())
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    try:
-        # A workspace of its own: JupyterLab would otherwise reopen earlier notebooks and "Run All" might
-        # run in one of their tabs.
-        page.goto(f"{lab['url']}/lab/workspaces/{name}/tree/{path}?reset&token={lab['token']}")
-        panel = page.locator(".jp-NotebookPanel:visible")
-        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    with recording_page(browser, f"attack-{name}-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, name, path)
         panel.locator(".jp-Cell").last.locator(".jp-InputArea-prompt", has_text="[").first.wait_for()
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
@@ -84,12 +75,6 @@ def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: 
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"attack-{name}.png"), full_page=True)
         return markers, written
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"attack-{name}-failed.png"), full_page=True)
-        raise
-    finally:
-        context.close()
 
 
 @pytest.mark.security("attack", "policy")

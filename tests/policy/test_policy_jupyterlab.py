@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS
+from lab_kit import ARTIFACTS, recording_page
 
 ARGV_SUFFIX = "-argv"
 """``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""
@@ -104,6 +104,17 @@ def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) 
     assert put.status_code in (200, 201), put.text
 
 
+def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
+    """Open the notebook at ``path`` in a JupyterLab workspace of its own (no other notebook reopens, so "Run All"
+    cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
+    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()  # the kernel is up
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    return panel
+
+
 def script_traces(page: Any, lab: dict, seconds: float) -> tuple[list[str], list[str]]:
     """What a payload that ran left, looked for during ``seconds``: the page's pwned markers and the pwned files written."""
     deadline = time.monotonic() + seconds
@@ -127,17 +138,8 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
     """Run the hostile and benign cells in JupyterLab on ``kernelspec``; fail on any sign of script."""
     name = f"policy-{kernelspec}.ipynb"
     put_notebook(lab, name, kernelspec, [*HOSTILE_CELLS.values(), *BENIGN_CELLS.values()])
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    requests: list[str] = []
-    page.on("request", lambda request: requests.append(request.url))
-    try:
-        page.goto(f"{lab['url']}/lab/workspaces/{kernelspec}/tree/{name}?reset&token={lab['token']}")  # a workspace of its own: no other notebook reopens
-        panel = page.locator(".jp-NotebookPanel:visible")
-        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()  # the kernel is up
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    with recording_page(browser, f"policy-{kernelspec}-failure.png", height=900, timeout_ms=120_000) as (page, requests):
+        panel = run_all_cells(page, lab, kernelspec, name)
         # The benign outputs render (the last cell's progress bar completes last).
         panel.locator(".widget-hprogress, .widget-progress").first.wait_for()
         panel.locator(".widget-html-content", has_text="3/3").first.wait_for()
@@ -164,11 +166,5 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
         page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}-benign.png"), full_page=True)
         markers, written = script_traces(page, lab, 5)
         assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}-failure.png"), full_page=True)
-        raise
-    finally:
-        context.close()
     outside = [u for u in requests if not u.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:"))]
     assert outside == []
