@@ -460,7 +460,7 @@ def argv_kernel(deployment: Any, tmp_path: Path) -> Iterator[ArgvKernel]:
     env = {**os.environ, "OPEN_SANDBOX_API_BASE": deployment.api_base, "OPEN_SANDBOX_API_KEY": deployment.api_key}
     kernel = ArgvKernel(spec_dir, tmp_path, env, kernel_id=uuid.uuid4().hex)
     try:
-        kernel.client.wait_for_ready(timeout=300)
+        kernel.ready(300)  # the heartbeat first: jupyter_client's wait alone gives up on a launcher still starting
         yield kernel
     finally:
         kernel.stop(60)
