@@ -152,10 +152,13 @@ def _id_range(name: str, value: Any) -> tuple[int, int]:
     return low, high
 
 
-def _mount_cwd(name: str, value: Any) -> str:
-    if not isinstance(value, str) or value.lower() not in ("off", "ro", "rw"):
-        raise _refuse(name, value, "must be 'off', 'ro' or 'rw'")
-    return value.lower()
+def _choice(choices: tuple[str, ...]) -> Any:
+    def parse(name: str, value: Any) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise _refuse(name, value, f"must be one of {', '.join(choices)}")
+        return value.strip().lower()
+
+    return parse
 
 
 def _runtime(name: str, value: Any) -> str:
@@ -200,7 +203,7 @@ def _names(name: str, value: Any) -> tuple[str, ...]:
     return tuple(part.strip() for part in value)
 
 
-def _kernel_cmd(name: str, value: Any) -> tuple[str, ...]:
+def _argv(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise _refuse(name, value, "must be a non-empty list of strings")
     if not all(isinstance(part, str) and part and "\0" not in part for part in value):
@@ -348,13 +351,14 @@ class DockerSettings(BackendSettings):
     work_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory.")
     mounts: tuple[Mount, ...] = _option((), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'.")
     mount_cwd: str = _option(
-        "off", _mount_cwd, "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw."
+        "off", _choice(("off", "ro", "rw")),
+        "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw.",
     )
     env: dict[str, str] = _option({}, _env, "Environment variables given to the kernel.")
     runtime: str = _option("", _runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default.")
     launch_timeout: float = _option(60.0, _seconds, "Seconds to wait for the kernel to come up.")
     kernel_cmd: tuple[str, ...] = _option(
-        DEFAULT_KERNEL_CMD, _kernel_cmd, "The kernel's command inside the container; {connection_file} is replaced."
+        DEFAULT_KERNEL_CMD, _argv, "The kernel's command inside the container; {connection_file} is replaced."
     )
     standby: int = _option(
         1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..settings import BackendSettings, _env, _flag, _option, _refuse, _seconds, _text
+from ..settings import BackendSettings, _argv, _choice, _env, _flag, _option, _refuse, _seconds, _text
 from .client import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -57,14 +57,6 @@ def _api_key(name: str, value: Any) -> str | None:
     return value
 
 
-def _words(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise _refuse(name, value, "must be a non-empty list of strings")
-    if not all(isinstance(part, str) and part and "\0" not in part for part in value):
-        raise _refuse(name, value, "every part must be a non-empty string")
-    return tuple(value)
-
-
 def _whole(low: int, high: int) -> Any:
     def parse(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -101,15 +93,6 @@ def _policy(name: str, value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
-def _choice(choices: tuple[str, ...]) -> Any:
-    def parse(name: str, value: Any) -> str:
-        if not isinstance(value, str) or value.strip().lower() not in choices:
-            raise _refuse(name, value, f"must be one of {', '.join(choices)}")
-        return value.strip().lower()
-
-    return parse
-
-
 def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _refuse(name, value, "must be a number of seconds")
@@ -127,7 +110,7 @@ class OpenSandboxSettings(BackendSettings):
     api_base: str = _option("", _api_base, "Lifecycle API base URL, e.g. http://host:8080/v1; '': $OPEN_SANDBOX_API_BASE.")
     api_key: str | None = _option(None, _api_key, "Lifecycle API key; null: $OPEN_SANDBOX_API_KEY; '': no key.")
     image: str = _option(DEFAULT_SANDBOX_IMAGE, _text, "Sandbox image: execd, and a Jupyter server for the websocket mode.")
-    entrypoint: tuple[str, ...] = _option(list(DEFAULT_ENTRYPOINT), _words, "The sandbox's entry process.")
+    entrypoint: tuple[str, ...] = _option(list(DEFAULT_ENTRYPOINT), _argv, "The sandbox's entry process.")
     mode: str = _option(
         "auto", _choice(MODES), "'websocket': the sandbox's Jupyter server; 'execd': execd's /code; 'auto': probe."
     )
