@@ -4,6 +4,7 @@
 an out-of-range or empty value, a combination that cannot hold, or an unknown name raises
 :class:`~kernel_sandbox.errors.ConfigError` naming the option. A limit is lifted only when asked
 for in so many words: ``None`` or ``"unlimited"``; ``0``, negative and empty values are refused.
+:class:`BackendSettings` is what every backend's model shares (OpenSandbox's too), with the parsers.
 """
 
 from __future__ import annotations
