@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SandboxError
+from ..errors import ConfigError, SandboxError
 from .sandbox import AsyncSandbox
 from .sync import LoopThread, Sandbox
 
@@ -37,7 +37,7 @@ class AsyncSandboxPool:
         self, size: int = 4, *, max_uses: int = 1, idle_timeout: float | None = None, **sandbox_options: Any
     ) -> None:
         if size < 1 or max_uses < 1:
-            raise ValueError("size and max_uses must be at least 1")
+            raise ConfigError("size and max_uses must be at least 1")
         self.size = size
         self.max_uses = max_uses
         self.idle_timeout = idle_timeout

@@ -13,6 +13,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from ...errors import ConfigError
 from ...kernelspecs import kernel_manager as spec_kernel_manager
 
 KERNEL_NAME = "kernel-sandbox-execution"
@@ -59,10 +60,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (DockerBackend(), OpenSandbox
 
 
 def backend(name: str) -> Backend:
-    """The backend called ``name`` (ValueError listing the known ones otherwise)."""
+    """The backend called ``name`` (ConfigError listing the known ones otherwise)."""
     found = BACKENDS.get(name)
     if found is None:
-        raise ValueError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     return found
 
 
