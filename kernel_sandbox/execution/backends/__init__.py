@@ -17,6 +17,7 @@ from ...errors import ConfigError
 from ...kernelspecs import kernel_manager as spec_kernel_manager
 
 KERNEL_NAME = "kernel-sandbox-execution"
+DEFAULT_BACKEND = "docker"
 
 
 class Backend:
@@ -27,6 +28,8 @@ class Backend:
     """False for a kernel that is not isolated at all (warned about; the output policy runs on the host)."""
     comms_known = True
     """False when only the running kernel can say whether it speaks comms (asked after start)."""
+    pool_defaults: dict[str, Any] = {}
+    """Options a pool sets unless given, because the pool keeps its own ready kernels."""
 
     def check(self, options: dict[str, Any]) -> None:
         """Refuse options that are unknown or out of range (ConfigError naming the option)."""
