@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -179,43 +178,3 @@ class HostileServer(ServedInThread):
         self.requests.clear()
         self.headers.clear()
         self.sent_bytes.clear()
-
-
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident set size of a process now, from /proc (not a lifetime peak)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-class RssPeak:
-    """Sample a process's RSS every few milliseconds in a thread; ``growth`` is peak minus start."""
-
-    def __init__(self, pid: int | str = "self", every: float = 0.003) -> None:
-        self.pid, self.every = pid, every
-        self.start = self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.peak = max(self.peak, rss_bytes(self.pid))
-            except OSError:
-                return
-
-    def __enter__(self) -> RssPeak:
-        self.start = self.peak = rss_bytes(self.pid)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.peak = max(self.peak, rss_bytes(self.pid))
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.start

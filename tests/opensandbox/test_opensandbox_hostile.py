@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, RssPeak, kernel_message
+from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs, started_client
@@ -37,6 +37,7 @@ from kernel_sandbox.opensandbox import (
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
 from kernel_sandbox.policy import OutputPolicy
 
+from host_memory import RssPeak
 from kernel_kit import reply_to, until_idle
 
 MEMORY_BOUND = 64 * MiB
