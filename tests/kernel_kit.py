@@ -92,3 +92,20 @@ async def reply_to(channel: Any, msg_id: str, timeout: float = 120) -> dict[str,
         reply = await channel.get_msg(timeout=timeout)
         if reply["parent_header"].get("msg_id") == msg_id:
             return reply
+
+
+async def run_cell(km: Any, code: str, timeout: float = 120, ready_timeout: float = 120) -> tuple[str, dict[str, Any]]:
+    """Execute ``code`` through a new client of kernel manager ``km`` (once the kernel answers); return
+    its stdout and the reply's content. The client is closed on the way out."""
+    kc = km.client()
+    kc.start_channels()
+    out: list[str] = []
+    try:
+        await kc.wait_for_ready(timeout=ready_timeout)
+        reply = await kc.execute_interactive(
+            code, timeout=timeout,
+            output_hook=lambda msg: out.append(msg["content"]["text"]) if msg["msg_type"] == "stream" else None,
+        )
+    finally:
+        kc.stop_channels()
+    return "".join(out), reply["content"]
