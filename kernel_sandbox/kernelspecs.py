@@ -21,7 +21,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKerne
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from .errors import KernelLaunchError
+from .errors import ConfigError, KernelLaunchError
 from .resources import data_path
 from .settings import DockerSettings
 
@@ -127,7 +127,7 @@ async def started_client(
     kernel: AsyncKernelManager | str = DOCKER_SPEC, *, timeout: float = 120, **kwargs: Any
 ) -> AsyncIterator[AsyncKernelClient]:
     """Start a kernel, wait until it answers, and yield its client; on the way out stop the
-    client's channels and shut the kernel down (at once).
+    client's channels and shut the kernel down (at once), unless it is already gone.
 
     ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with ``kwargs``).
     """
@@ -140,7 +140,8 @@ async def started_client(
         yield kc
     finally:
         kc.stop_channels()
-        await km.shutdown_kernel(now=True)
+        if km.has_kernel:  # a kernel that ended (or was shut down) inside the block is not stopped again
+            await km.shutdown_kernel(now=True)
 
 
 def install(
@@ -162,7 +163,7 @@ def install(
     """
     specs = shipped_kernelspecs()
     if name not in specs:
-        raise ValueError(f"Unknown kernelspec {name!r}; choose one of {', '.join(specs)}")
+        raise ConfigError(f"Unknown kernelspec {name!r}; choose one of {', '.join(specs)}")
     _require_isolated_import()
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / (install_as or name)
