@@ -467,10 +467,10 @@ class OpenSandboxLink:
         if self._stopping:
             return
         self._stopping = True
-        if self._bridge is not None:
-            self._bridge.close()
         for task in self._tasks:
             task.cancel()
+        if self._bridge is not None:
+            self._bridge.close()
         creating = self._creating
         if creating is not None and not creating.done():
             if self.sandbox_id is None:  # the create is in flight: wait until it names the sandbox
