@@ -18,28 +18,22 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel_sandbox.errors import KernelSandboxError
-from kernel_sandbox.opensandbox import (
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_SANDBOX_IMAGE,
+from kernel_sandbox.errors import (
     CallDeadlineExceeded,
-    ExecdClient,
+    KernelSandboxError,
     OpenSandboxAPIError,
-    OpenSandboxClient,
     OpenSandboxConfigError,
     OpenSandboxConnectionError,
     OpenSandboxProtocolError,
     OutputLimitExceeded,
     ResponseTooLarge,
-    Sandbox,
     SandboxNotFound,
     SandboxStateError,
     SandboxTimeoutError,
-    build_create_body,
-    keep_alive,
-    run_once,
 )
+from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, Sandbox, keep_alive, run_once
 from kernel_sandbox.opensandbox import client as client_module
+from kernel_sandbox.opensandbox.client import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, build_create_body
 
 API = "http://sandbox.test/v1"
 EXECD = "http://127.0.0.1:40123/proxy/44772"

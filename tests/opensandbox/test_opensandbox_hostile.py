@@ -21,18 +21,16 @@ from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, Rss
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs
-from kernel_sandbox.opensandbox import (
+from kernel_sandbox.errors import (
     CallDeadlineExceeded,
-    ExecdClient,
-    OpenSandboxClient,
     OpenSandboxConnectionError,
     OpenSandboxError,
     OpenSandboxProtocolError,
     OutputLimitExceeded,
     ResponseTooLarge,
     SandboxTimeoutError,
-    run_once,
 )
+from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, run_once
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
 from kernel_sandbox.policy import OutputPolicy
 

@@ -36,13 +36,8 @@ from jupyter_client.session import Session
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import install
-from kernel_sandbox.opensandbox import (
-    ExecdClient,
-    OpenSandboxAPIError,
-    OpenSandboxClient,
-    SandboxNotFound,
-    run_once,
-)
+from kernel_sandbox.errors import OpenSandboxAPIError, SandboxNotFound
+from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, run_once
 
 pytestmark = pytest.mark.opensandbox_server
 
