@@ -5,7 +5,7 @@ translation, the sandbox's Jupyter server client and the backend's settings are 
 submodules. The kernel itself is run by the launcher (:mod:`kernel_sandbox.launch.opensandbox_link`).
 """
 
-from .client import Endpoint, ExecdClient, OpenSandboxClient, Sandbox, keep_alive, run_once, run_once_sync
+from .client import Endpoint, ExecdClient, Limits, OpenSandboxClient, Sandbox, keep_alive, run_once, run_once_sync
 from .events import Event, ExecdRun
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Event",
     "ExecdClient",
     "ExecdRun",
+    "Limits",
     "OpenSandboxClient",
     "Sandbox",
     "keep_alive",

@@ -87,6 +87,23 @@ class Endpoint:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a client lets one call to a sandbox or the server cost.
+
+    ``request_timeout``: seconds for one call: connect, send and the whole answer.
+    ``max_response_bytes``: byte cap on one answer, error bodies included.
+    ``max_output_bytes``: byte cap on one execd run's event stream.
+    ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
+    (execd pings every ~3 s while code runs); bytes that do not complete an event do not count.
+    """
+
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES
+    stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
+
+
 @dataclass
 class Sandbox:
     """A sandbox as the lifecycle server described it, with its resolved execd endpoint."""
@@ -325,11 +342,10 @@ async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes
 class CappedHTTP:
     """Capped, deadline-bound HTTP calls shared by both clients."""
 
-    def __init__(self, http: httpx.AsyncClient | None, request_timeout: float, max_response_bytes: int) -> None:
-        self.request_timeout = request_timeout
-        self.max_response_bytes = max_response_bytes
+    def __init__(self, http: httpx.AsyncClient | None, limits: Limits) -> None:
+        self.limits = limits
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(request_timeout), follow_redirects=False)
+        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(limits.request_timeout), follow_redirects=False)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -350,7 +366,7 @@ class CappedHTTP:
         Returns a response whose body is in memory; raises for transport errors and the deadline,
         never for an HTTP status.
         """
-        deadline = self.request_timeout if timeout is None else timeout
+        deadline = self.limits.request_timeout if timeout is None else timeout
         request = self._http.build_request(
             method,
             url,
@@ -364,7 +380,7 @@ class CappedHTTP:
         async def send() -> httpx.Response:
             response = await self._http.send(request, stream=True, follow_redirects=False)
             try:
-                body = await _read_capped(response, self.max_response_bytes, what)
+                body = await _read_capped(response, self.limits.max_response_bytes, what)
             finally:
                 await response.aclose()
             return httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
@@ -436,9 +452,9 @@ class HTTPClientBase:
         raise NotImplementedError
 
     @property
-    def request_timeout(self) -> float:
-        """The deadline of one call, in seconds."""
-        return self._http.request_timeout
+    def limits(self) -> Limits:
+        """What one call may cost."""
+        return self._http.limits
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
@@ -463,7 +479,8 @@ class HTTPClientBase:
             attempts += 1
             remaining = wait - (time.monotonic() - started)
             try:
-                response = await self._call("GET", path, timeout=max(0.1, min(self.request_timeout, remaining)))
+                deadline = max(0.1, min(self.limits.request_timeout, remaining))
+                response = await self._call("GET", path, timeout=deadline)
             except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
                 last = str(exc)
             else:
@@ -483,8 +500,6 @@ class HTTPClientBase:
 class ExecdClient(HTTPClientBase):
     """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
 
-    ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
-    (execd pings every ~3 s while code runs); bytes that do not complete an event do not count.
     ``busy_wait``: a run that execd refuses with "session is busy" (the context's previous run,
     e.g. one just interrupted, is still ending) is retried for that many seconds.
     """
@@ -495,18 +510,13 @@ class ExecdClient(HTTPClientBase):
         headers: Mapping[str, str] | None = None,
         *,
         http: httpx.AsyncClient | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        limits: Limits = Limits(),
         busy_wait: float = DEFAULT_BUSY_WAIT,
     ) -> None:
         self.url = url.rstrip("/")
         self.busy_wait = busy_wait
         self.headers = as_str_dict(headers)
-        self.max_output_bytes = max_output_bytes
-        self.stream_idle_timeout = stream_idle_timeout
-        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
+        self._http = CappedHTTP(http, limits)
 
     def _base_url(self) -> str:
         return self.url
@@ -550,7 +560,7 @@ class ExecdClient(HTTPClientBase):
             f"{self.url}/code",
             json={"code": code, "context": context},
             headers={**self.headers, "Accept-Encoding": "identity"},
-            timeout=httpx.Timeout(self.request_timeout, read=None),
+            timeout=httpx.Timeout(self.limits.request_timeout, read=None),
             extensions={"trace": _on_event("send_request_body.complete", on_sent)} if on_sent else None,
         )
         what = _where(request)
@@ -585,25 +595,25 @@ class ExecdClient(HTTPClientBase):
             await response.aclose()
 
     async def _open_stream(self, client: httpx.AsyncClient, request: httpx.Request, what: str) -> httpx.Response:
+        deadline = self.limits.request_timeout
         try:
-            return await asyncio.wait_for(
-                client.send(request, stream=True, follow_redirects=False), self.request_timeout
-            )
+            return await asyncio.wait_for(client.send(request, stream=True, follow_redirects=False), deadline)
         except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(
-                f"{what}: execd did not start answering within {self.request_timeout:g} s"
-            ) from None
+            raise CallDeadlineExceeded(f"{what}: execd did not start answering within {deadline:g} s") from None
         except httpx.TransportError as exc:
             raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
 
     async def _error_answer(self, response: httpx.Response, request: httpx.Request, what: str) -> OpenSandboxError:
         """The error for a non-2xx answer to ``POST /code`` (its body read capped, within the deadline)."""
+        limits = self.limits
         try:
             body = await asyncio.wait_for(
-                _read_capped(response, self._http.max_response_bytes, what), self.request_timeout
+                _read_capped(response, limits.max_response_bytes, what), limits.request_timeout
             )
         except asyncio.TimeoutError:
-            return CallDeadlineExceeded(f"{what}: the error answer did not arrive within {self.request_timeout:g} s")
+            return CallDeadlineExceeded(
+                f"{what}: the error answer did not arrive within {limits.request_timeout:g} s"
+            )
         except OpenSandboxError as exc:
             return exc
         except httpx.TransportError as exc:
@@ -618,25 +628,26 @@ class ExecdClient(HTTPClientBase):
 
     async def _events(self, response: httpx.Response, what: str) -> AsyncIterator[Event]:
         _refuse_encoded(response, what)
+        idle, cap = self.limits.stream_idle_timeout, self.limits.max_output_bytes
         received = 0
         lines = LineSplitter()
         chunks = response.aiter_raw().__aiter__()
         last_event = time.monotonic()
         while True:
-            wait = last_event + self.stream_idle_timeout - time.monotonic()
+            wait = last_event + idle - time.monotonic()
             try:
                 chunk = await asyncio.wait_for(chunks.__anext__(), max(wait, 0.001))
             except StopAsyncIteration:
                 break
             except asyncio.TimeoutError:
                 raise CallDeadlineExceeded(
-                    f"{what}: no event from execd for {self.stream_idle_timeout:g} s (stream_idle_timeout); "
+                    f"{what}: no event from execd for {idle:g} s (stream_idle_timeout); "
                     "execd pings every few seconds while code runs, so it is gone or misbehaving"
                 ) from None
             received += len(chunk)
-            if received > self.max_output_bytes:
+            if received > cap:
                 raise OutputLimitExceeded(
-                    f"execd output exceeded {self.max_output_bytes} bytes (max_output_bytes); the stream was aborted"
+                    f"execd output exceeded {cap} bytes (max_output_bytes); the stream was aborted"
                 )
             for line in lines.feed(chunk):
                 event = parse_event(line)
@@ -645,7 +656,7 @@ class ExecdClient(HTTPClientBase):
                 last_event = time.monotonic()
                 if event.terminal:
                     yield event
-                    await self._drain(chunks, self.max_output_bytes - received)
+                    await self._drain(chunks, cap - received)
                     return
                 yield event
         event = parse_event(lines.rest())
@@ -667,7 +678,7 @@ class ExecdClient(HTTPClientBase):
                     return
 
         with contextlib.suppress(asyncio.TimeoutError, httpx.TransportError):
-            await asyncio.wait_for(drain(), min(DRAIN_TIMEOUT, self.request_timeout))
+            await asyncio.wait_for(drain(), min(DRAIN_TIMEOUT, self.limits.request_timeout))
 
     async def run(
         self,
@@ -749,10 +760,7 @@ class OpenSandboxClient(HTTPClientBase):
         use_server_proxy: bool = False,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        limits: Limits = Limits(),
         delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
     ) -> None:
         self.api_base = resolve_api_base(api_base)
@@ -760,14 +768,8 @@ class OpenSandboxClient(HTTPClientBase):
         self.use_server_proxy = use_server_proxy
         self.poll_interval = poll_interval
         self.ready_timeout = ready_timeout
-        self.max_output_bytes = max_output_bytes
-        self.stream_idle_timeout = stream_idle_timeout
         self.delete_attempts = max(1, delete_attempts)
-        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
-
-    @property
-    def max_response_bytes(self) -> int:
-        return self._http.max_response_bytes
+        self._http = CappedHTTP(http, limits)
 
     @property
     def headers(self) -> dict[str, str]:  # type: ignore[override]
@@ -946,15 +948,7 @@ class OpenSandboxClient(HTTPClientBase):
 
     def execd(self, endpoint: Endpoint) -> ExecdClient:
         """Return an :class:`ExecdClient` for ``endpoint`` that shares this client's connection pool."""
-        return ExecdClient(
-            endpoint.url,
-            endpoint.headers,
-            http=self._http._http,
-            request_timeout=self.request_timeout,
-            max_output_bytes=self.max_output_bytes,
-            max_response_bytes=self.max_response_bytes,
-            stream_idle_timeout=self.stream_idle_timeout,
-        )
+        return ExecdClient(endpoint.url, endpoint.headers, http=self._http._http, limits=self.limits)
 
     async def run_code(
         self,
@@ -1028,7 +1022,7 @@ async def run_once(
 
     A failed delete never hides the outcome: after a run it is kept in the result's
     ``cleanup_error`` (and logged); after a failed run it is logged and the run's error is raised.
-    ``client_options`` go to :class:`OpenSandboxClient` (timeouts, caps...).
+    ``client_options`` go to :class:`OpenSandboxClient` (polling, :class:`Limits`...).
     """
     async with OpenSandboxClient(api_base, api_key, http=http, **dict(client_options or {})) as client:
         sandbox = await client.create(**create_options)

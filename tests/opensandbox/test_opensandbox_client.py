@@ -31,7 +31,7 @@ from kernel_sandbox.errors import (
     SandboxStateError,
     SandboxTimeoutError,
 )
-from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, Sandbox, keep_alive, run_once
+from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, Sandbox, keep_alive, run_once
 from kernel_sandbox.opensandbox import client as client_module
 from kernel_sandbox.opensandbox.client import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, build_create_body
 
@@ -502,7 +502,7 @@ async def test_other_wrong_shapes_raise_the_clients_error() -> None:
 async def test_answers_over_the_cap_are_refused_naming_it() -> None:
     router = Router().add("GET", "/v1/sandboxes/osb_1", httpx.Response(500, content=b"x" * 5000))
     with pytest.raises(ResponseTooLarge, match="cap of 1000 bytes") as info:
-        await lifecycle(router, max_response_bytes=1000).get("osb_1")
+        await lifecycle(router, limits=Limits(max_response_bytes=1000)).get("osb_1")
     assert info.value.limit == 1000
 
 
@@ -586,7 +586,7 @@ async def test_a_stream_without_a_terminal_event_is_a_dropped_connection() -> No
 
 async def test_stream_over_byte_cap_aborts() -> None:
     router = Router().add("POST", "/code", events({"type": "stdout", "text": "x" * 5000}))
-    execd = ExecdClient("http://execd.test", http=router.http(), max_output_bytes=1000)
+    execd = ExecdClient("http://execd.test", http=router.http(), limits=Limits(max_output_bytes=1000))
     with pytest.raises(OutputLimitExceeded, match="exceeded 1000 bytes"):
         await execd.run("print('x' * 5000)")
 
@@ -790,7 +790,7 @@ async def test_call_deadline_is_per_call_not_per_read() -> None:
                 yield b" "
 
     transport = httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
-    client = OpenSandboxClient(API, "", http=httpx.AsyncClient(transport=transport), request_timeout=0.3)
+    client = OpenSandboxClient(API, "", http=httpx.AsyncClient(transport=transport), limits=Limits(request_timeout=0.3))
     with pytest.raises(CallDeadlineExceeded, match=r"no complete answer within 0.3 s"):
         await client.get("osb_1")
 
