@@ -442,14 +442,15 @@ _C = TypeVar("_C", bound="HTTPClientBase")
 
 
 class HTTPClientBase:
-    """What the execd, lifecycle and Jupyter server clients share: capped, deadline-bound calls to one
-    base URL, polling for readiness, closing, ``async with``."""
+    """What the execd, lifecycle and Jupyter server clients share: capped, deadline-bound calls to
+    ``url`` carrying ``headers``, polling for readiness, closing, ``async with``."""
 
-    _http: CappedHTTP
-    headers: Mapping[str, str]
-
-    def _base_url(self) -> str:
-        raise NotImplementedError
+    def __init__(
+        self, url: str, headers: Mapping[str, str] | None, *, http: httpx.AsyncClient | None, limits: Limits
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.headers = as_str_dict(headers)
+        self._http = CappedHTTP(http, limits)
 
     @property
     def limits(self) -> Limits:
@@ -467,7 +468,7 @@ class HTTPClientBase:
         await self.aclose()
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self._http.call(method, f"{self._base_url()}{path}", headers=self.headers, **kwargs)
+        return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
 
     async def _poll_ready(self, path: str, wait: float, poll_interval: float, failure: str, limit: str = "") -> int:
         """Poll ``GET path`` until it answers 200 and return the number of attempts; connection
@@ -488,7 +489,7 @@ class HTTPClientBase:
                     return attempts
                 if response.status_code not in RETRY_STATUSES:
                     raise_for_status(response)
-                last = f"GET {self._base_url()}{path} answered {response.status_code}"
+                last = f"GET {self.url}{path} answered {response.status_code}"
             elapsed = time.monotonic() - started
             if elapsed >= wait:
                 raise SandboxTimeoutError(
@@ -513,13 +514,8 @@ class ExecdClient(HTTPClientBase):
         limits: Limits = Limits(),
         busy_wait: float = DEFAULT_BUSY_WAIT,
     ) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, headers, http=http, limits=limits)
         self.busy_wait = busy_wait
-        self.headers = as_str_dict(headers)
-        self._http = CappedHTTP(http, limits)
-
-    def _base_url(self) -> str:
-        return self.url
 
     async def wait_ready(self, ready_timeout: float, poll_interval: float = 0.1) -> int:
         """Poll ``GET /ping`` until it answers 200; return the number of attempts.
@@ -747,8 +743,8 @@ def _error_kwargs(error: OpenSandboxError) -> dict[str, Any]:
 class OpenSandboxClient(HTTPClientBase):
     """Async client for the OpenSandbox lifecycle API (create, wait, endpoint, delete...).
 
-    ``api_base`` and ``api_key`` default to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``;
-    the key header is left out when the key is empty.
+    ``api_base`` (kept as ``url``) and ``api_key`` default to ``OPEN_SANDBOX_API_BASE`` and
+    ``OPEN_SANDBOX_API_KEY``; the key header is left out when the key is empty.
     """
 
     def __init__(
@@ -763,21 +759,12 @@ class OpenSandboxClient(HTTPClientBase):
         limits: Limits = Limits(),
         delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
     ) -> None:
-        self.api_base = resolve_api_base(api_base)
-        self.api_key = resolve_api_key(api_key)
+        key = resolve_api_key(api_key)
+        super().__init__(resolve_api_base(api_base), {API_KEY_HEADER: key} if key else {}, http=http, limits=limits)
         self.use_server_proxy = use_server_proxy
         self.poll_interval = poll_interval
         self.ready_timeout = ready_timeout
         self.delete_attempts = max(1, delete_attempts)
-        self._http = CappedHTTP(http, limits)
-
-    @property
-    def headers(self) -> dict[str, str]:  # type: ignore[override]
-        """Headers for lifecycle calls (the API key header only when a key is set)."""
-        return {API_KEY_HEADER: self.api_key} if self.api_key else {}
-
-    def _base_url(self) -> str:
-        return self.api_base
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._call(method, path, **kwargs)
@@ -796,7 +783,7 @@ class OpenSandboxClient(HTTPClientBase):
         waiting. The sandbox is deleted again when any later step fails (or is cancelled).
         """
         body = build_create_body(**options)
-        what = f"POST {self.api_base}/sandboxes"
+        what = f"POST {self.url}/sandboxes"
         info = json_object(await self._request("POST", "/sandboxes", json=body), what, "id")
         sandbox_id = info["id"]
         url_segment(sandbox_id, f"{what}: the sandbox id")
@@ -820,14 +807,14 @@ class OpenSandboxClient(HTTPClientBase):
     async def get(self, sandbox_id: str) -> dict[str, Any]:
         """Return the server's description of a sandbox (404 raises :class:`SandboxNotFound`)."""
         path = self._path(sandbox_id)
-        return json_object(await self._request("GET", path), f"GET {self.api_base}{path}")
+        return json_object(await self._request("GET", path), f"GET {self.url}{path}")
 
     async def list_sandboxes(
         self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None, max_pages: int = 1000
     ) -> list[dict[str, Any]]:
         """List sandboxes, optionally filtered by metadata labels and states (all pages)."""
         items: list[dict[str, Any]] = []
-        what = f"GET {self.api_base}/sandboxes"
+        what = f"GET {self.url}/sandboxes"
         for page in range(1, max_pages + 1):
             params: list[tuple[str, Any]] = [("page", page), ("pageSize", 100)]
             if metadata:
@@ -884,7 +871,7 @@ class OpenSandboxClient(HTTPClientBase):
         """
         started = time.monotonic()
         path = self._path(sandbox_id, "endpoints", str(int(port)))
-        what = f"GET {self.api_base}{path}"
+        what = f"GET {self.url}{path}"
         params = {"use_server_proxy": "true" if self.use_server_proxy else "false"}
         attempts, last = 0, ""
         while True:
@@ -903,7 +890,7 @@ class OpenSandboxClient(HTTPClientBase):
                         if not isinstance(headers, dict):
                             raise OpenSandboxProtocolError(f"{what} answered with headers that are not an object")
                         return Endpoint(
-                            url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers)
+                            url=endpoint_url(answer["endpoint"], self.url), headers=as_str_dict(headers)
                         )
                     last = f"{what} answered without an endpoint"
                 elif response.status_code in RETRY_STATUSES:
@@ -926,7 +913,7 @@ class OpenSandboxClient(HTTPClientBase):
         response = await self._request("POST", path, json=body)
         if not response.content.strip():
             return body["expiresAt"]
-        answer = json_object(response, f"POST {self.api_base}{path}")
+        answer = json_object(response, f"POST {self.url}{path}")
         return str(answer.get("expiresAt", body["expiresAt"]))[:64]
 
     async def delete(self, sandbox_id: str) -> bool:
@@ -944,7 +931,7 @@ class OpenSandboxClient(HTTPClientBase):
             raise_for_status(response)
             return True
 
-        return await _retrying_delete(attempt, self.delete_attempts, f"DELETE {self.api_base}{path}")
+        return await _retrying_delete(attempt, self.delete_attempts, f"DELETE {self.url}{path}")
 
     def execd(self, endpoint: Endpoint) -> ExecdClient:
         """Return an :class:`ExecdClient` for ``endpoint`` that shares this client's connection pool."""

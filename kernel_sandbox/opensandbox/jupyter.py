@@ -33,7 +33,7 @@ import tornado.httpclient
 import tornado.websocket
 
 from ..errors import CallDeadlineExceeded, OpenSandboxConnectionError, OpenSandboxProtocolError
-from .client import CappedHTTP, HTTPClientBase, Limits, as_str_dict, json_object, raise_for_status
+from .client import HTTPClientBase, Limits, as_str_dict, json_object, raise_for_status
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,7 @@ class JupyterServer(HTTPClientBase):
         *,
         limits: Limits = Limits(),
     ) -> None:
-        self.url = url.rstrip("/")
-        self.headers = {**as_str_dict(headers), "Authorization": f"token {token}"}
-        self._http = CappedHTTP(None, limits)
-
-    def _base_url(self) -> str:
-        return self.url
+        super().__init__(url, {**as_str_dict(headers), "Authorization": f"token {token}"}, http=None, limits=limits)
 
     async def wait_ready(self, wait: float, poll_interval: float = 0.1) -> None:
         """Poll ``GET /api/status`` until it answers 200 (404/502/503/504 and connection errors retried).

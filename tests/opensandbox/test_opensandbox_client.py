@@ -727,7 +727,7 @@ def test_api_base_and_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPEN_SANDBOX_API_BASE", "https://env.test/v1/")
     monkeypatch.setenv("OPEN_SANDBOX_API_KEY", "env-key")
     client = OpenSandboxClient()
-    assert client.api_base == "https://env.test/v1"
+    assert client.url == "https://env.test/v1"
     assert client.headers == {"OPEN-SANDBOX-API-KEY": "env-key"}
     assert OpenSandboxClient("https://arg.test/v1", "arg-key").headers == {"OPEN-SANDBOX-API-KEY": "arg-key"}
     assert OpenSandboxClient(api_key="").headers == {}
