@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import KernelSandboxError
 from ..results import ExecutionError
-from .events import REPLY_TRACEBACK_CHARS, Event, cap_traceback, clean_text
+from .events import MAX_ERROR_FIELD_CHARS, REPLY_TRACEBACK_CHARS, Event, cap_traceback, clean_text
 
 DEFAULT_FLUSH_BYTES = 64 * 1024
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -42,7 +42,7 @@ def failure_error(failure: BaseException) -> ExecutionError:
     else:
         name = "SandboxError"
         value = f"the relay failed while reading execd's answer: {type(failure).__name__}: {failure}"
-    value = clean_text(value[:8192])
+    value = clean_text(value[:MAX_ERROR_FIELD_CHARS])
     return ExecutionError(name, value, f"{name}: {value}")
 
 
