@@ -11,7 +11,7 @@ from typing import Any
 
 from . import __version__
 from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
-from .errors import EngineUnavailable, KernelSandboxError
+from .errors import ConfigError, EngineUnavailable, KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
 
@@ -174,7 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     source = Path(args.notebook)
     if not source.is_file():
-        raise ValueError(f"No notebook at {source}")
+        raise ConfigError(f"No notebook at {source}")
     parameters = dict(parse_parameter(item) for item in args.parameter)
     output = source if args.inplace else args.output
     run = run_notebook(
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         args.jupyterlab_args = unknown
     try:
         return int(args.func(args))
-    except (KernelSandboxError, ValueError) as exc:
+    except KernelSandboxError as exc:
         print(f"kernel-sandbox: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   │   └── ResultLimitError     ... because it exceeds a decoding limit (``limit`` names it)
     │   └── FramingError             a result frame was missing, duplicated or malformed
     └── OpenSandboxError             the OpenSandbox clients
-        ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL)
+        ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL); also a ConfigError
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
         │   └── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
         ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
@@ -110,8 +110,8 @@ class OpenSandboxError(KernelSandboxError):
     """An error of the OpenSandbox clients."""
 
 
-class OpenSandboxConfigError(OpenSandboxError, ValueError):
-    """The client is missing configuration (for example the API base URL)."""
+class OpenSandboxConfigError(OpenSandboxError, ConfigError):
+    """The client is missing configuration (for example the API base URL); also a :class:`ConfigError`."""
 
 
 class OpenSandboxAPIError(OpenSandboxError):

@@ -22,7 +22,7 @@ import docker
 from docker.errors import APIError, DockerException
 
 from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image
-from .errors import ImageBuildError
+from .errors import ConfigError, ImageBuildError
 from .resources import data_path
 
 BASE_FALLBACK = "kernel-sandbox-base:bookworm"
@@ -56,7 +56,7 @@ def build_image(
     (``BASE_FALLBACK``) again and builds on it.
     """
     if rebuild_base and base_image not in (None, BASE_FALLBACK):
-        raise ValueError(
+        raise ConfigError(
             f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with base_image={base_image!r}"
         )
     client = docker_client()

@@ -21,7 +21,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKerne
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from .errors import KernelLaunchError
+from .errors import ConfigError, KernelLaunchError
 from .resources import data_path
 from .settings import DockerSettings
 
@@ -162,7 +162,7 @@ def install(
     """
     specs = shipped_kernelspecs()
     if name not in specs:
-        raise ValueError(f"Unknown kernelspec {name!r}; choose one of {', '.join(specs)}")
+        raise ConfigError(f"Unknown kernelspec {name!r}; choose one of {', '.join(specs)}")
     _require_isolated_import()
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / (install_as or name)

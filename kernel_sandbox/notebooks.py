@@ -20,6 +20,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+from .errors import ConfigError
 from .kernelspecs import DOCKER_SPEC, kernel_manager, started_client
 from .results import Execution, ExecutionError
 
@@ -41,7 +42,7 @@ def parse_parameter(text: str) -> tuple[str, Any]:
     name, sep, raw = text.partition("=")
     name = name.strip()
     if not sep or not name.isidentifier():
-        raise ValueError(f"Parameter {text!r} must look like NAME=VALUE with NAME a Python identifier")
+        raise ConfigError(f"Parameter {text!r} must look like NAME=VALUE with NAME a Python identifier")
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -66,12 +67,20 @@ def inject_parameters(nb: nbformat.NotebookNode, parameters: Mapping[str, Any]) 
     nb.cells = cells
 
 
+def read_notebook(path: str | Path) -> nbformat.NotebookNode:
+    """Read the notebook at ``path`` (ConfigError naming the file when it is not a notebook)."""
+    try:
+        return nbformat.read(str(path), as_version=4)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # nbformat's errors for a file that is not a notebook
+        raise ConfigError(f"{path} is not a Jupyter notebook: {exc}") from exc
+
+
 def tagged_source(notebook: str | Path | nbformat.NotebookNode, tag: str) -> str:
     """The source of the code cells tagged ``tag``, joined: ship a tool or skill prototyped in a notebook."""
-    nb = notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(str(notebook), as_version=4)
+    nb = notebook if isinstance(notebook, nbformat.NotebookNode) else read_notebook(notebook)
     parts = [c.source for c in nb.cells if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])]
     if not parts:
-        raise ValueError(f"No code cell is tagged {tag!r}")
+        raise ConfigError(f"No code cell is tagged {tag!r}")
     return "\n\n".join(parts) + "\n"
 
 
@@ -193,7 +202,7 @@ async def async_run_notebook(
     ``standby`` overrides the provisioner's option (``kernel-sandbox run`` passes 0).
     """
     path = Path(path)
-    nb = nbformat.read(str(path), as_version=4)
+    nb = read_notebook(path)
     name = kernel_name or DOCKER_SPEC
     inject_parameters(nb, dict(parameters or {}))
     for cell in nb.cells:  # no stale outputs below a failing cell

@@ -27,11 +27,10 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import nh3
-from traitlets import CaselessStrEnum
 
 from .errors import ConfigError
 
-__all__ = ["MODES", "PASSED_MIME_TYPES", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode", "output_policy_trait"]
+__all__ = ["MODES", "PASSED_MIME_TYPES", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode"]
 
 PolicyMode = Literal["strict", "trusted"]
 MODES: tuple[PolicyMode, ...] = ("strict", "trusted")
@@ -69,16 +68,6 @@ _MODEL_REFERENCE = "IPY_MODEL_"
 # A widget module version as widgets write it ("2.0.0", "^1.5.0", "~0.9.*", "" for any): never a path or URL.
 _MODULE_VERSION = re.compile(r"(?:[\^~]?\d+(?:\.(?:\d+|\*|x)){0,2}(?:-[0-9A-Za-z.]+)?|\*)?")
 _MAX_WIDGET_COMMS = 100_000
-
-
-def output_policy_trait() -> CaselessStrEnum:
-    """The ``output_policy`` option as a traitlets trait, for the provisioners and the launcher."""
-    return CaselessStrEnum(
-        MODES, default_value="strict", config=True,
-        help="What the kernel's outputs may do in the browser: 'strict' (default) cleans HTML, Markdown and SVG, "
-        "drops JavaScript and unknown MIME types and refuses widgets that carry code; 'trusted' passes "
-        "everything, so the kernel's outputs can run any script in the user's browser.",
-    )
 
 
 # ---- URL and text rules -------------------------------------------------------------------------

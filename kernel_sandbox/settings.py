@@ -4,6 +4,7 @@
 an out-of-range or empty value, a combination that cannot hold, or an unknown name raises
 :class:`~kernel_sandbox.errors.ConfigError` naming the option. A limit is lifted only when asked
 for in so many words: ``None`` or ``"unlimited"``; ``0``, negative and empty values are refused.
+:class:`BackendSettings` is what every backend's model shares (OpenSandbox's too), with the parsers.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from .errors import ConfigError
-from .policy import MODES as POLICY_MODES, OutputPolicy, output_policy_trait
+from .policy import MODES as POLICY_MODES, OutputPolicy
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
@@ -152,10 +153,13 @@ def _id_range(name: str, value: Any) -> tuple[int, int]:
     return low, high
 
 
-def _mount_cwd(name: str, value: Any) -> str:
-    if not isinstance(value, str) or value.lower() not in ("off", "ro", "rw"):
-        raise _refuse(name, value, "must be 'off', 'ro' or 'rw'")
-    return value.lower()
+def _choice(choices: tuple[str, ...]) -> Any:
+    def parse(name: str, value: Any) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise _refuse(name, value, f"must be one of {', '.join(choices)}")
+        return value.strip().lower()
+
+    return parse
 
 
 def _runtime(name: str, value: Any) -> str:
@@ -200,7 +204,7 @@ def _names(name: str, value: Any) -> tuple[str, ...]:
     return tuple(part.strip() for part in value)
 
 
-def _kernel_cmd(name: str, value: Any) -> tuple[str, ...]:
+def _argv(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise _refuse(name, value, "must be a non-empty list of strings")
     if not all(isinstance(part, str) and part and "\0" not in part for part in value):
@@ -252,33 +256,84 @@ def _mounts(name: str, value: Any) -> tuple[Mount, ...]:
     return tuple(parse_mount(name, spec) for spec in value)
 
 
-def _option(default: Any, parse: Callable[[str, Any], Any], help: str) -> Any:
+def _option(
+    default: Any, parse: Callable[[str, Any], Any], help: str, choices: tuple[str, ...] | None = None
+) -> Any:
     factory = (lambda: dict(default)) if isinstance(default, dict) else None
     metadata = {"parse": parse, "help": help, "default": default}
+    if choices is not None:
+        metadata["choices"] = choices
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=parse("default", default), metadata=metadata)
 
 
-_POLICY_OPTIONS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
-    "output_policy": ("strict", _output_policy, output_policy_trait().help),
-    "allow_mime_types": (
-        (), _names, "MIME types the strict output policy passes unchanged besides its own list (renderers you trust)."
-    ),
-    "allow_widget_modules": (
-        (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
-    ),
-}
-
-
-def policy_option(name: str) -> Any:
-    """A settings field for one of the output policy's options; every backend has all three."""
-    return _option(*_POLICY_OPTIONS[name])
+_Settings = TypeVar("_Settings", bound="BackendSettings")
 
 
 @dataclass(frozen=True)
-class DockerSettings:
+class BackendSettings:
+    """What the settings of every backend share: the launcher's options, and reading and writing config.
+
+    A backend's model subclasses this (its own options follow these) and names itself in ``title``.
+    """
+
+    title: ClassVar[str]
+    """The backend as error messages name it, e.g. ``the Docker backend``."""
+
+    orphan_timeout: float | None = _option(
+        30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
+    )
+    output_policy: str = _option(
+        "strict", _output_policy,
+        "What the kernel's outputs may do in the browser: 'strict' (default) cleans HTML, Markdown and SVG, "
+        "drops JavaScript and unknown MIME types and refuses widgets that carry code; 'trusted' passes "
+        "everything, so the kernel's outputs can run any script in the user's browser.",
+        choices=POLICY_MODES,
+    )
+    allow_mime_types: tuple[str, ...] = _option(
+        (), _names, "MIME types the strict output policy passes unchanged besides its own list (renderers you trust)."
+    )
+    allow_widget_modules: tuple[str, ...] = _option(
+        (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
+    )
+
+    @classmethod
+    def options(cls) -> dict[str, dataclasses.Field[Any]]:
+        """Every option, by name; ``metadata`` holds its ``help``, ``default``, ``parse`` (and enum ``choices``)."""
+        return {option.name: option for option in dataclasses.fields(cls)}
+
+    @classmethod
+    def check_names(cls, config: Mapping[str, Any]) -> None:
+        """Refuse names in ``config`` that are not options of this backend, suggesting the closest one."""
+        options = cls.options()
+        unknown = sorted(set(config) - set(options), key=str)
+        if unknown:
+            name = unknown[0]
+            close = difflib.get_close_matches(str(name), options, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{cls.title} has no option {name!r}{hint}; its options are {', '.join(options)}")
+
+    @classmethod
+    def from_config(cls: type[_Settings], config: Mapping[str, Any]) -> _Settings:
+        """Check ``config`` (option name → value) and return the settings; unset options keep their defaults."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"{cls.title}'s config must be a mapping, not {type(config).__name__}")
+        cls.check_names(config)
+        options = cls.options()
+        return cls(**{name: options[name].metadata["parse"](name, value) for name, value in config.items()})
+
+    def to_config(self) -> dict[str, Any]:
+        """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
+        config = dataclasses.asdict(self)
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in config.items()}
+
+
+@dataclass(frozen=True)
+class DockerSettings(BackendSettings):
     """The settings of one Docker kernel, checked; build with :meth:`from_config`."""
+
+    title = "the Docker backend"
 
     image: str = _option(DEFAULT_IMAGE, _text, "Docker image that runs the kernel.")
     network: bool = _option(False, _flag, "Give the kernel a network (a bridge with outbound access).")
@@ -297,37 +352,22 @@ class DockerSettings:
     work_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory.")
     mounts: tuple[Mount, ...] = _option((), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'.")
     mount_cwd: str = _option(
-        "off", _mount_cwd, "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw."
+        "off", _choice(("off", "ro", "rw")),
+        "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw.",
     )
     env: dict[str, str] = _option({}, _env, "Environment variables given to the kernel.")
     runtime: str = _option("", _runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default.")
     launch_timeout: float = _option(60.0, _seconds, "Seconds to wait for the kernel to come up.")
-    orphan_timeout: float | None = _option(
-        30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
-    )
     kernel_cmd: tuple[str, ...] = _option(
-        DEFAULT_KERNEL_CMD, _kernel_cmd, "The kernel's command inside the container; {connection_file} is replaced."
+        DEFAULT_KERNEL_CMD, _argv, "The kernel's command inside the container; {connection_file} is replaced."
     )
     standby: int = _option(
         1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "
         "whole to one launch (then replaced); 0: off."
     )
-    output_policy: str = policy_option("output_policy")
-    allow_mime_types: tuple[str, ...] = policy_option("allow_mime_types")
-    allow_widget_modules: tuple[str, ...] = policy_option("allow_widget_modules")
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> DockerSettings:
-        """Check ``config`` (option name → value) and return the settings; unset options keep their defaults."""
-        if not isinstance(config, Mapping):
-            raise ConfigError(f"the Docker provisioner's config must be a mapping, not {type(config).__name__}")
-        check_names(config)
-        values = {name: OPTIONS[name].metadata["parse"](name, value) for name, value in config.items()}
-        settings = cls(**values)
-        settings._check_together()
-        return settings
-
-    def _check_together(self) -> None:
+    def __post_init__(self) -> None:
+        """The options that must hold together: the tmpfs sizes fit in memory, one mount of the work directory."""
         sizes = self.tmpfs_sizes()
         if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
             used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
@@ -357,11 +397,8 @@ class DockerSettings:
 
     def to_config(self) -> dict[str, Any]:
         """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
-        config = dataclasses.asdict(self)
+        config = super().to_config()
         config["mounts"] = [str(mount) for mount in self.mounts]
-        config["kernel_cmd"] = list(self.kernel_cmd)
-        config["allow_mime_types"] = list(self.allow_mime_types)
-        config["allow_widget_modules"] = list(self.allow_widget_modules)
         config["uid_range"] = "{}-{}".format(*self.uid_range)
         for name in ("tmp_size", "home_size", "work_size"):
             if config[name] is None:
@@ -369,18 +406,5 @@ class DockerSettings:
         return config
 
 
-OPTIONS: dict[str, dataclasses.Field[Any]] = {option.name: option for option in dataclasses.fields(DockerSettings)}
-"""Every option of the Docker backend, by name; ``metadata`` holds its ``help``, ``default`` and ``parse``."""
-
-
-def check_names(
-    config: Mapping[str, Any], options: Mapping[str, Any] | None = None, backend: str = "the Docker backend"
-) -> None:
-    """Refuse names in ``config`` that are not ``options`` (default: Docker's), suggesting the closest one."""
-    options = OPTIONS if options is None else options
-    unknown = sorted(set(config) - set(options), key=str)
-    if unknown:
-        name = unknown[0]
-        close = difflib.get_close_matches(str(name), options, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{backend} has no option {name!r}{hint}; its options are {', '.join(options)}")
+OPTIONS: dict[str, dataclasses.Field[Any]] = DockerSettings.options()
+"""Every option of the Docker backend, by name (:meth:`BackendSettings.options`)."""

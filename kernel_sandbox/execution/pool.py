@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SandboxError
+from ..errors import ConfigError, SandboxError
+from .backends import DEFAULT_BACKEND, backend
 from .sandbox import AsyncSandbox
 from .sync import LoopThread, Sandbox
 
@@ -29,7 +30,7 @@ class AsyncSandboxPool:
     acquisitions (default 1) it is closed and a fresh one is started in the background; below
     that it is restarted and its work directory emptied first. A ready kernel idle for longer
     than ``idle_timeout`` seconds is replaced by a fresh one. Other keywords are
-    :class:`AsyncSandbox` options; the Docker provisioner's ``standby`` is 0 unless given (the
+    :class:`AsyncSandbox` options; a backend may set defaults for pooled kernels (Docker: ``standby`` 0, the
     pool keeps its own ready kernels).
     """
 
@@ -37,13 +38,12 @@ class AsyncSandboxPool:
         self, size: int = 4, *, max_uses: int = 1, idle_timeout: float | None = None, **sandbox_options: Any
     ) -> None:
         if size < 1 or max_uses < 1:
-            raise ValueError("size and max_uses must be at least 1")
+            raise ConfigError("size and max_uses must be at least 1")
         self.size = size
         self.max_uses = max_uses
         self.idle_timeout = idle_timeout
-        if sandbox_options.get("backend", "docker") == "docker":
-            sandbox_options.setdefault("standby", 0)
-        self._options = sandbox_options
+        defaults = backend(sandbox_options.get("backend", DEFAULT_BACKEND)).pool_defaults
+        self._options = {**defaults, **sandbox_options}
         self._ready: deque[_Entry] = deque()
         self._failures: deque[BaseException] = deque()
         self._in_use: set[AsyncSandbox] = set()

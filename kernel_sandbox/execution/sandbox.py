@@ -32,7 +32,8 @@ from ..errors import (
 )
 from ..policy import OutputPolicy
 from ..results import Execution, ExecutionError, FileInfo, ToolResult
-from .backends import backend as backend_named, kernel_manager
+from .backends import DEFAULT_BACKEND, kernel_manager
+from .backends import backend as backend_named
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
 from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
@@ -76,7 +77,7 @@ class AsyncSandbox:
 
     def __init__(
         self,
-        backend: str = "docker",
+        backend: str = DEFAULT_BACKEND,
         *,
         image: str | None = None,
         memory: str | None = None,

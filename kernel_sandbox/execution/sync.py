@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import IO, Any, TypeVar
 
 from ..results import Execution, FileInfo, ToolResult
+from .backends import DEFAULT_BACKEND
 from .collector import Callback
 from .files import MAX_STREAM_BYTES, Content
 from .sandbox import AsyncSandbox
@@ -49,7 +50,7 @@ class Sandbox:
     Calls run on a shared background event loop; callbacks are called from that thread.
     """
 
-    def __init__(self, backend: str = "docker", **options: Any) -> None:
+    def __init__(self, backend: str = DEFAULT_BACKEND, **options: Any) -> None:
         self._async = AsyncSandbox(backend, **options)
 
     @classmethod

@@ -83,7 +83,7 @@ def tool_payload(
     """
     if isinstance(tool, str):
         if not name:
-            raise ValueError("run_tool(source, name=...): name the function the source defines")
+            raise ConfigError("run_tool(source, name=...): name the function the source defines")
         func, source = None, textwrap.dedent(tool)
     elif callable(tool):
         func, source = tool, None

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
-from ..settings import _env, _flag, _option, _orphan_seconds, _refuse, _seconds, _text, check_names, policy_option
+from ..settings import BackendSettings, _argv, _choice, _env, _flag, _option, _refuse, _seconds, _text
 from .client import (
     DEFAULT_ENTRYPOINT,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -58,14 +57,6 @@ def _api_key(name: str, value: Any) -> str | None:
     return value
 
 
-def _words(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise _refuse(name, value, "must be a non-empty list of strings")
-    if not all(isinstance(part, str) and part and "\0" not in part for part in value):
-        raise _refuse(name, value, "every part must be a non-empty string")
-    return tuple(value)
-
-
 def _whole(low: int, high: int) -> Any:
     def parse(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -102,15 +93,6 @@ def _policy(name: str, value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
-def _choice(choices: tuple[str, ...]) -> Any:
-    def parse(name: str, value: Any) -> str:
-        if not isinstance(value, str) or value.strip().lower() not in choices:
-            raise _refuse(name, value, f"must be one of {', '.join(choices)}")
-        return value.strip().lower()
-
-    return parse
-
-
 def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _refuse(name, value, "must be a number of seconds")
@@ -120,13 +102,15 @@ def _non_negative(name: str, value: Any) -> float:
 
 
 @dataclass(frozen=True)
-class OpenSandboxSettings:
+class OpenSandboxSettings(BackendSettings):
     """The settings of one OpenSandbox kernel, checked; build with :meth:`from_config`."""
+
+    title = "the OpenSandbox backend"
 
     api_base: str = _option("", _api_base, "Lifecycle API base URL, e.g. http://host:8080/v1; '': $OPEN_SANDBOX_API_BASE.")
     api_key: str | None = _option(None, _api_key, "Lifecycle API key; null: $OPEN_SANDBOX_API_KEY; '': no key.")
     image: str = _option(DEFAULT_SANDBOX_IMAGE, _text, "Sandbox image: execd, and a Jupyter server for the websocket mode.")
-    entrypoint: tuple[str, ...] = _option(list(DEFAULT_ENTRYPOINT), _words, "The sandbox's entry process.")
+    entrypoint: tuple[str, ...] = _option(list(DEFAULT_ENTRYPOINT), _argv, "The sandbox's entry process.")
     mode: str = _option(
         "auto", _choice(MODES), "'websocket': the sandbox's Jupyter server; 'execd': execd's /code; 'auto': probe."
     )
@@ -169,20 +153,6 @@ class OpenSandboxSettings:
         10.0, _non_negative, "Seconds a cell may go on after an interrupt before the relay ends it (execd mode)."
     )
     state_check_interval: float = _option(5.0, _seconds, "Seconds between checks that the sandbox still exists.")
-    orphan_timeout: float | None = _option(
-        30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
-    )
-    output_policy: str = policy_option("output_policy")
-    allow_mime_types: tuple[str, ...] = policy_option("allow_mime_types")
-    allow_widget_modules: tuple[str, ...] = policy_option("allow_widget_modules")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> OpenSandboxSettings:
-        """Check ``config`` (option name → value) and return the settings; unset options keep their defaults."""
-        if not isinstance(config, Mapping):
-            raise ConfigError(f"the OpenSandbox provisioner's config must be a mapping, not {type(config).__name__}")
-        check_names(config, OPTIONS, "the OpenSandbox backend")
-        return cls(**{name: OPTIONS[name].metadata["parse"](name, value) for name, value in config.items()})
 
     def resolved(self) -> OpenSandboxSettings:
         """These settings with ``api_base`` and ``api_key`` taken from the environment where unset.
@@ -198,20 +168,13 @@ class OpenSandboxSettings:
         """Seconds between renewals of the sandbox's expiration."""
         return self.renew_interval or self.timeout / 3
 
-    def to_config(self) -> dict[str, Any]:
-        """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
-        config = dataclasses.asdict(self)
-        for name in ("entrypoint", "allow_mime_types", "allow_widget_modules"):
-            config[name] = list(getattr(self, name))
-        return config
-
     def __repr__(self) -> str:
         shown = {name: value for name, value in dataclasses.asdict(self).items() if name != "api_key"}
         key = "None" if self.api_key is None else "'***'"
         return f"OpenSandboxSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())}, api_key={key})"
 
 
-OPTIONS: dict[str, dataclasses.Field[Any]] = {option.name: option for option in dataclasses.fields(OpenSandboxSettings)}
-"""Every option of the OpenSandbox backend, by name; ``metadata`` holds its ``help``, ``default`` and ``parse``."""
+OPTIONS: dict[str, dataclasses.Field[Any]] = OpenSandboxSettings.options()
+"""Every option of the OpenSandbox backend, by name (:meth:`~kernel_sandbox.settings.BackendSettings.options`)."""
 
 __all__ = ["JUPYTER_PORT", "MODES", "OPTIONS", "OpenSandboxSettings"]

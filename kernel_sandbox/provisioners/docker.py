@@ -22,9 +22,8 @@ from jupyter_core.paths import is_hidden
 from ..containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container, resolve_mounts
 from ..errors import ConfigError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
-from ..policy import output_policy_trait
-from ..settings import OPTIONS, DockerSettings
-from .launched import LaunchedProvisioner, option_trait
+from ..settings import DockerSettings
+from .launched import LaunchedProvisioner
 
 
 class DockerProvisioner(LaunchedProvisioner):
@@ -36,35 +35,7 @@ class DockerProvisioner(LaunchedProvisioner):
     """
 
     backend = DOCKER_PROVISIONER
-    backend_title = "the Docker backend"
-    options = OPTIONS
-
-    image = option_trait(OPTIONS["image"])
-    network = option_trait(OPTIONS["network"])
-    memory = option_trait(OPTIONS["memory"])
-    cpus = option_trait(OPTIONS["cpus"])
-    pids_limit = option_trait(OPTIONS["pids_limit"])
-    user = option_trait(OPTIONS["user"])
-    uid_range = option_trait(OPTIONS["uid_range"])
-    read_only = option_trait(OPTIONS["read_only"])
-    tmp_size = option_trait(OPTIONS["tmp_size"])
-    home_size = option_trait(OPTIONS["home_size"])
-    work_size = option_trait(OPTIONS["work_size"])
-    mounts = option_trait(OPTIONS["mounts"])
-    mount_cwd = option_trait(OPTIONS["mount_cwd"])
-    env = option_trait(OPTIONS["env"])
-    runtime = option_trait(OPTIONS["runtime"])
-    launch_timeout = option_trait(OPTIONS["launch_timeout"])
-    orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
-    kernel_cmd = option_trait(OPTIONS["kernel_cmd"])
-    standby = option_trait(OPTIONS["standby"])
-    output_policy = output_policy_trait()
-    allow_mime_types = option_trait(OPTIONS["allow_mime_types"])
-    allow_widget_modules = option_trait(OPTIONS["allow_widget_modules"])
-
-    def settings(self) -> DockerSettings:
-        """The effective settings: traitlets configuration and kernel.json, checked."""
-        return DockerSettings.from_config({name: getattr(self, name) for name in OPTIONS})
+    settings_model = DockerSettings
 
     def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
         """The mounts' host paths must exist, and ``mount_cwd`` mount only a folder the server serves."""

@@ -7,8 +7,8 @@ config and kernel.json) checked before anything starts and handed over in a 0600
 reason a kernel ended, interrupt as SIGINT to the launcher, re-attach after a server restart
 while the launcher waits ``orphan_timeout`` for its owner, and standby kernels: a first start adopts
 a launcher of the same configuration that was started ahead of need (:mod:`.standby`), a restart
-starts a fresh one at the kernel's same addresses. A subclass names its backend and its options,
-says what its standbys are made of, and removes what a killed launcher left behind.
+starts a fresh one at the kernel's same addresses. A subclass names its backend and its settings
+model, says what its standbys are made of, and removes what a killed launcher left behind.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Any as AnyTrait
-from traitlets import Undefined
+from traitlets import CaselessStrEnum, TraitType, Undefined
 
 from .. import errors
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
@@ -47,7 +47,7 @@ from ..privdir import (
     OWNER_LOCK,
     PrivateDir,
 )
-from ..settings import check_names
+from ..settings import BackendSettings
 from .standby import POOL, Recipe, Standby
 
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
@@ -69,9 +69,13 @@ class _Option(AnyTrait):  # type: ignore[misc]
         return repr(self._initial)
 
 
-def option_trait(option: dataclasses.Field[Any]) -> Any:
-    """A configurable trait for one option of a settings model (checked by the model, not the trait)."""
-    return _Option(option.metadata["default"], option.metadata["help"])
+def _option_trait(option: dataclasses.Field[Any]) -> TraitType[Any, Any]:
+    """A configurable trait for one option of a settings model: an enum of its ``choices`` when it has
+    them (a wrong one is a TraitError on assignment), else any value, checked by the model."""
+    metadata = option.metadata
+    if "choices" in metadata:
+        return CaselessStrEnum(metadata["choices"], default_value=metadata["default"], config=True, help=metadata["help"])
+    return _Option(metadata["default"], metadata["help"])
 
 
 class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
@@ -79,9 +83,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     backend: ClassVar[str]
     """The provisioner name the launcher knows the settings by."""
-    options: ClassVar[Mapping[str, dataclasses.Field[Any]]]
-    """The backend's options; each is also a trait of the subclass."""
-    backend_title: ClassVar[str]
+    settings_model: ClassVar[type[BackendSettings]]
+    """The backend's settings; each of its options is also a trait of the subclass."""
 
     private: PrivateDir | None = None
     exit_reason: str | None = None
@@ -91,17 +94,28 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
     _recipe: Recipe | None = None
     _adopting: Standby | None = None
 
-    def __init__(self, **kwargs: Any) -> None:
-        self._check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
-        super().__init__(**kwargs)
-        self._check_names(self.config.get(type(self).__name__, {}))
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Declare a configurable trait for every option of ``settings_model`` the subclass does not define.
 
-    def _check_names(self, config: Mapping[str, Any]) -> None:
-        check_names(config, self.options, self.backend_title)
+        So ``c.DockerProvisioner.memory = "2g"`` and a kernel.json provisioner config both set options,
+        with the model's help and default. traitlets' metaclass calls ``class_init`` only on the traits
+        of the class body; these are set later (this runs inside ``type.__new__``), so they get it here.
+        """
+        super().__init_subclass__(**kwargs)
+        for name, option in cls.settings_model.options().items():
+            if name not in vars(cls):
+                trait = _option_trait(option)
+                trait.class_init(cls, name)
+                setattr(cls, name, trait)
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.settings_model.check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
+        super().__init__(**kwargs)
+        self.settings_model.check_names(self.config.get(type(self).__name__, {}))
 
     def settings(self) -> Any:
         """The effective settings: traitlets configuration and kernel.json, checked."""
-        raise NotImplementedError
+        return self.settings_model.from_config({name: getattr(self, name) for name in self.settings_model.options()})
 
     def prepare(self, settings: Any, cwd: str | None) -> None:
         """Check what only the host can tell before the launcher starts (mounts exist...)."""

@@ -14,9 +14,8 @@ from typing import Any
 from ..errors import OpenSandboxError
 from ..kernelspecs import OPENSANDBOX_PROVISIONER
 from ..opensandbox.client import Limits, OpenSandboxClient
-from ..opensandbox.settings import OPTIONS, OpenSandboxSettings
-from ..policy import output_policy_trait
-from .launched import LaunchedProvisioner, option_trait
+from ..opensandbox.settings import OpenSandboxSettings
+from .launched import LaunchedProvisioner
 
 
 class OpenSandboxProvisioner(LaunchedProvisioner):
@@ -28,43 +27,11 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
     """
 
     backend = OPENSANDBOX_PROVISIONER
-    backend_title = "the OpenSandbox backend"
-    options = OPTIONS
-
-    api_base = option_trait(OPTIONS["api_base"])
-    api_key = option_trait(OPTIONS["api_key"])
-    image = option_trait(OPTIONS["image"])
-    entrypoint = option_trait(OPTIONS["entrypoint"])
-    mode = option_trait(OPTIONS["mode"])
-    jupyter_port = option_trait(OPTIONS["jupyter_port"])
-    jupyter_wait = option_trait(OPTIONS["jupyter_wait"])
-    kernel_name = option_trait(OPTIONS["kernel_name"])
-    language = option_trait(OPTIONS["language"])
-    timeout = option_trait(OPTIONS["timeout"])
-    renew_interval = option_trait(OPTIONS["renew_interval"])
-    resource_limits = option_trait(OPTIONS["resource_limits"])
-    resource_requests = option_trait(OPTIONS["resource_requests"])
-    env = option_trait(OPTIONS["env"])
-    metadata = option_trait(OPTIONS["metadata"])
-    allow_internet = option_trait(OPTIONS["allow_internet"])
-    network_policy = option_trait(OPTIONS["network_policy"])
-    secure_access = option_trait(OPTIONS["secure_access"])
-    use_server_proxy = option_trait(OPTIONS["use_server_proxy"])
-    ready_timeout = option_trait(OPTIONS["ready_timeout"])
-    poll_interval = option_trait(OPTIONS["poll_interval"])
-    request_timeout = option_trait(OPTIONS["request_timeout"])
-    max_output_bytes = option_trait(OPTIONS["max_output_bytes"])
-    max_response_bytes = option_trait(OPTIONS["max_response_bytes"])
-    interrupt_grace = option_trait(OPTIONS["interrupt_grace"])
-    state_check_interval = option_trait(OPTIONS["state_check_interval"])
-    orphan_timeout = option_trait(OPTIONS["orphan_timeout"])
-    output_policy = output_policy_trait()
-    allow_mime_types = option_trait(OPTIONS["allow_mime_types"])
-    allow_widget_modules = option_trait(OPTIONS["allow_widget_modules"])
+    settings_model = OpenSandboxSettings
 
     def settings(self) -> OpenSandboxSettings:
         """The effective settings, checked, with the API base and key resolved (error: no API base)."""
-        return OpenSandboxSettings.from_config({name: getattr(self, name) for name in OPTIONS}).resolved()
+        return super().settings().resolved()
 
     @property
     def sandbox_id(self) -> str | None:

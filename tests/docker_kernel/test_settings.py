@@ -158,8 +158,9 @@ def test_sizes_read_as_docker_reads_them(number: int, unit: str) -> None:
 
 
 def test_every_option_is_a_provisioner_trait_and_in_the_readme() -> None:
-    traits = set(DockerProvisioner.class_trait_names(config=True))
-    assert set(OPTIONS) <= traits
+    traits = DockerProvisioner.class_traits(config=True)
+    helps = {name: option.metadata["help"] for name, option in OPTIONS.items()}
+    assert {name: traits[name].help for name in OPTIONS} == helps
     readme = README.read_text()
     missing = [name for name in OPTIONS if f"| `{name}` |" not in readme]
     assert not missing, f"options missing from the README's table: {missing}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import NetworkDisabledError, Sandbox
 from kernel_sandbox.execution.backends import kernel_spec
 
@@ -22,7 +23,7 @@ def test_limits_network_and_timeouts_map_onto_the_provisioner_config() -> None:
 
 
 def test_mounts_are_refused_and_install_needs_the_network() -> None:
-    with pytest.raises(ValueError, match="does not take mounts"):
+    with pytest.raises(ConfigError, match="does not take mounts"):
         kernel_spec("opensandbox", {"mounts": ["/tmp:/data"]})
     with pytest.raises(NetworkDisabledError, match="network=True"):
         Sandbox("opensandbox", api_base="http://127.0.0.1:9", api_key="k").install("requests")

@@ -240,7 +240,7 @@ def test_local_backend_warns_it_is_not_a_sandbox() -> None:
 
 
 def test_unknown_backend_is_refused() -> None:
-    with pytest.raises(ValueError, match="Unknown backend"):
+    with pytest.raises(ConfigError, match="Unknown backend"):
         Sandbox("nope")
 
 

@@ -9,6 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.kernelspecs import SandboxKernelSpecManager, shipped_kernelspecs
 from kernel_sandbox.notebooks import (
     INJECTED_TAG,
@@ -32,9 +33,9 @@ def test_parameters_parse_as_literals_else_strings() -> None:
     assert parse_parameter("quoted='3'") == ("quoted", "3")
     assert parse_parameter("expr=__import__('os')") == ("expr", "__import__('os')")  # never evaluated
     assert parse_parameter("empty=") == ("empty", "")
-    with pytest.raises(ValueError, match="NAME=VALUE"):
+    with pytest.raises(ConfigError, match="NAME=VALUE"):
         parse_parameter("no-equals")
-    with pytest.raises(ValueError, match="identifier"):
+    with pytest.raises(ConfigError, match="identifier"):
         parse_parameter("1x=2")
 
 
@@ -63,8 +64,22 @@ def test_default_output_and_tagged_source() -> None:
     assert default_output_path(Path("a/report.ipynb")) == Path("a/report.out.ipynb")
     nb = new_notebook(cells=[new_code_cell("def f(): pass", metadata={"tags": ["tool"]}), new_code_cell("f()")])
     assert tagged_source(nb, "tool") == "def f(): pass\n"
-    with pytest.raises(ValueError, match="tagged 'skill'"):
+    with pytest.raises(ConfigError, match="tagged 'skill'"):
         tagged_source(nb, "skill")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("not json", "does not appear to be JSON"), ('{"cells": 3}', "not iterable"), (None, "No notebook at")],
+)
+def test_run_refuses_a_file_that_is_not_a_notebook_with_one_line(tmp_path: Path, content: str | None, says: str) -> None:
+    source = tmp_path / "x.ipynb"
+    if content is not None:
+        source.write_text(content)
+    result = cli("run", str(source))
+    assert result.returncode == 1
+    assert result.stderr.startswith("kernel-sandbox: ") and says in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_shipped_kernelspec_is_used_when_none_is_installed(tmp_path: Path) -> None:

@@ -75,12 +75,8 @@ def test_malformed_content_does_not_raise() -> None:
 
 def test_traitlets_option() -> None:
     from traitlets import TraitError
-    from traitlets.config import Configurable
 
-    from kernel_sandbox.policy import output_policy_trait
-
-    class Provisioner(Configurable):
-        output_policy = output_policy_trait()
+    from kernel_sandbox.provisioners.docker import DockerProvisioner as Provisioner
 
     assert Provisioner().output_policy == "strict"
     assert Provisioner(output_policy="TRUSTED").output_policy == "trusted"

@@ -13,9 +13,11 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from ...errors import ConfigError
 from ...kernelspecs import kernel_manager as spec_kernel_manager
 
 KERNEL_NAME = "kernel-sandbox-execution"
+DEFAULT_BACKEND = "docker"
 
 
 class Backend:
@@ -26,6 +28,8 @@ class Backend:
     """False for a kernel that is not isolated at all (warned about; the output policy runs on the host)."""
     comms_known = True
     """False when only the running kernel can say whether it speaks comms (asked after start)."""
+    pool_defaults: dict[str, Any] = {}
+    """Options a pool sets unless given, because the pool keeps its own ready kernels."""
 
     def check(self, options: dict[str, Any]) -> None:
         """Refuse options that are unknown or out of range (ConfigError naming the option)."""
@@ -59,10 +63,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (DockerBackend(), OpenSandbox
 
 
 def backend(name: str) -> Backend:
-    """The backend called ``name`` (ValueError listing the known ones otherwise)."""
+    """The backend called ``name`` (ConfigError listing the known ones otherwise)."""
     found = BACKENDS.get(name)
     if found is None:
-        raise ValueError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     return found
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
+from ...errors import ConfigError
 from ...kernelspecs import OPENSANDBOX_SPEC, shipped_spec
 from . import Backend, given
 
@@ -14,7 +15,7 @@ from . import Backend, given
 def _k8s_memory(size: str) -> str:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", size.lower())
     if not match:
-        raise ValueError(f"memory={size!r}: use a size such as 512m or 2g")
+        raise ConfigError(f"memory={size!r}: use a size such as 512m or 2g")
     number, unit = match.groups()
     return f"{number}{unit.upper()}i" if unit else number
 
@@ -23,7 +24,7 @@ def opensandbox_config(options: dict[str, Any]) -> dict[str, Any]:
     """The Sandbox options as the OpenSandbox provisioner's config (limits as Kubernetes quantities)."""
     config = given(options)
     if config.pop("mounts", None):
-        raise ValueError("The opensandbox backend does not take mounts; upload files instead")
+        raise ConfigError("The opensandbox backend does not take mounts; upload files instead")
     limits = {}
     if "memory" in config:
         limits["memory"] = _k8s_memory(str(config.pop("memory")))
