@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -53,7 +54,7 @@ from report import Measure, Row, unavailable
 from kernel_sandbox.containers import DEFAULT_IMAGE
 from kernel_sandbox.execution import AsyncSandbox
 from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
-from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
+from kernel_sandbox.kernelspecs import DOCKER_SPEC, install, started_client
 
 HERE = Path(__file__).resolve().parent
 PEER_VENV = HERE / ".venv-peers"
@@ -595,18 +596,19 @@ async def execute_rows(rounds: int, launcher: Launcher | None, launcher_why: str
     peer = PlainDockerRun()
     own_launcher = Launcher(launcher.spec_dir, launcher.argv) if launcher else None
     clients: dict[str, AsyncKernelClient] = {}
-    try:
+    async with contextlib.AsyncExitStack() as stack:
         for name, km in (("local", local_km), ("provisioner", docker_km)):
-            await km.start_kernel()
-            clients[name] = km.client()
-            clients[name].start_channels()
+            clients[name] = await stack.enter_async_context(started_client(km))
+        stack.push_async_callback(peer.stop)
         await peer.start()
         clients["docker run"] = peer.kc  # type: ignore[assignment]
         if own_launcher:
+            stack.push_async_callback(own_launcher.stop)
             await own_launcher.start()
             clients["launcher"] = own_launcher.kc  # type: ignore[assignment]
-        for kc in clients.values():
-            await kc.wait_for_ready(timeout=120)
+        for name in ("docker run", "launcher"):
+            if name in clients:
+                await clients[name].wait_for_ready(timeout=120)
 
         async def timed_execute(kc: AsyncKernelClient) -> float:
             started = time.perf_counter()
@@ -619,14 +621,6 @@ async def execute_rows(rounds: int, launcher: Launcher | None, launcher_why: str
         if not llm_why:
             actions["llm-sandbox"] = lambda: llm.run("1")
         results = await interleaved(rounds, actions)
-    finally:
-        for kc in (clients.get("local"), clients.get("provisioner")):
-            if kc is not None:
-                kc.stop_channels()
-        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in (local_km, docker_km) if km.has_kernel))
-        await peer.stop()
-        if own_launcher:
-            await own_launcher.stop()
     m, floor = "execute", "local ipykernel (floor)"
     launcher_goal = {"reference": "provisioner path", "goal_ratio": 1.1, "goal": "≤ 1.1× provisioner path"}
     rows = [

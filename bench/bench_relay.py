@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -39,7 +40,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 from traitlets.config import Config
 
-from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, kernel_manager, shipped_spec
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, kernel_manager, shipped_spec, started_client
 from kernel_sandbox.opensandbox import ExecdClient
 from kernel_sandbox.opensandbox.jupyter import JupyterServer, KernelSocket
 
@@ -144,15 +145,6 @@ async def interleaved_medians(rounds: int, actions: dict[str, Callable[[], Await
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-async def started(km: AsyncKernelManager) -> Any:
-    """Start ``km``'s kernel and return a client whose channels are ready."""
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=120)
-    return kc
-
-
 def relay_manager(fakes: Fakes, mode: str) -> AsyncKernelManager:
     info = fakes.info
     options = {"api_base": info["api_base"], "api_key": info["api_key"], "poll_interval": 0.05, "mode": mode}
@@ -164,16 +156,16 @@ async def measure(rounds: int) -> dict[str, float]:
     """Median milliseconds of each path: relay, execd, websocket, websocket direct, local, and two empty executes."""
     fakes = Fakes()
     info = fakes.info
-    execd_km, ws_km = relay_manager(fakes, "execd"), relay_manager(fakes, "websocket")
-    local_km = AsyncKernelManager(kernel_name="python3")
-    managers = (execd_km, ws_km, local_km)
+    managers = (relay_manager(fakes, "execd"), relay_manager(fakes, "websocket"), AsyncKernelManager(kernel_name="python3"))
     direct = DirectWebsocket()
     jupyter = JupyterServer(info["jupyter"], info["jupyter_token"])
     try:
-        execd_kc, ws_kc, local_kc = [await started(km) for km in managers]
-        await jupyter.wait_ready(120)
-        await direct.open(jupyter)
-        async with ExecdClient(info["execd_url"], {"X-EXECD-ACCESS-TOKEN": info["execd_token"]}) as execd:
+        async with contextlib.AsyncExitStack() as kernels:
+            execd_kc, ws_kc, local_kc = [await kernels.enter_async_context(started_client(km)) for km in managers]
+            await jupyter.wait_ready(120)
+            await direct.open(jupyter)
+            execd = await kernels.enter_async_context(
+                ExecdClient(info["execd_url"], {"X-EXECD-ACCESS-TOKEN": info["execd_token"]}))
             context_id = await execd.create_context()
             medians = await interleaved_medians(
                 rounds,
@@ -187,13 +179,10 @@ async def measure(rounds: int) -> dict[str, float]:
                     "local empty": lambda: execute(local_kc, ""),
                 },
             )
-        for kc in (execd_kc, ws_kc, local_kc):
-            kc.stop_channels()
     finally:
         if direct.socket is not None:
             direct.socket.close()
         await jupyter.aclose()
-        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in managers if km.has_kernel))
         fakes.stop()
     return medians
 

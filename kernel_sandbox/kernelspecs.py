@@ -127,7 +127,7 @@ async def started_client(
     kernel: AsyncKernelManager | str = DOCKER_SPEC, *, timeout: float = 120, **kwargs: Any
 ) -> AsyncIterator[AsyncKernelClient]:
     """Start a kernel, wait until it answers, and yield its client; on the way out stop the
-    client's channels and shut the kernel down (at once).
+    client's channels and shut the kernel down (at once), unless it is already gone.
 
     ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with ``kwargs``).
     """
@@ -140,7 +140,8 @@ async def started_client(
         yield kc
     finally:
         kc.stop_channels()
-        await km.shutdown_kernel(now=True)
+        if km.has_kernel:  # a kernel that ended (or was shut down) inside the block is not stopped again
+            await km.shutdown_kernel(now=True)
 
 
 def install(

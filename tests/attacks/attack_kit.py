@@ -16,21 +16,10 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-MiB = 1024 * 1024
+from host_memory import MiB, rss
+
 
 # ---- memory of host processes -------------------------------------------------------------------
-
-def rss(pid: int) -> int | None:
-    """The resident memory of ``pid`` in bytes, or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
 
 class PeakRSS:
     """Sample the resident memory of some processes every few milliseconds; remember the peaks."""

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
+from kernel_sandbox.kernelspecs import started_client
+
 from attack_kit import HOST_PYTHON, OtherUser
 
 _POLICY = Path(__file__).resolve().parent.parent / "policy"
@@ -39,16 +41,8 @@ widget_image = policy_fixtures.widget_image
 async def kernel(docker_engine, jupyter_prefix) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """A Sandboxed Python kernel (the provisioner's path, launcher included) and a client of it."""
     km = AsyncKernelManager(kernel_name="sandboxed-python")
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=90)
+    async with started_client(km, timeout=90) as kc:
         yield km, kc
-    finally:
-        kc.stop_channels()
-        if km.has_kernel:
-            await km.shutdown_kernel(now=True)
 
 
 @pytest.fixture

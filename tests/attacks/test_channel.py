@@ -14,6 +14,7 @@ So whatever a kernel does, the launcher's resident memory may not rise by more t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -26,8 +27,8 @@ import docker.errors
 import pytest
 import zmq
 import zmq.asyncio
-from jupyter_client.manager import AsyncKernelManager
 
+from kernel_sandbox.kernelspecs import started_client
 
 from attack_kit import KERNEL_TOOLS, MiB, PeakRSS, launcher_pid, outputs, request, wait_for
 
@@ -295,15 +296,8 @@ for path in filled:
 @pytest.mark.security("attack", "channel")
 async def test_two_kernels_cannot_reach_each_other(docker_engine, jupyter_prefix, record_property) -> None:
     """Kernel A listens on TCP and on an abstract Unix socket and leaves a file in /dev/shm; kernel B finds none of it."""
-    managers = [AsyncKernelManager(kernel_name="sandboxed-python") for _ in range(2)]
-    clients = []
-    try:
-        for km in managers:
-            await km.start_kernel()
-            kc = km.client()
-            kc.start_channels()
-            await kc.wait_for_ready(timeout=90)
-            clients.append(kc)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(started_client("sandboxed-python", timeout=90)) for _ in range(2)]
         listen = (
             "import socket, os\n"
             "tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -332,12 +326,6 @@ print('found', found)
         text = await outputs(clients[1], probe)
         record_property("cases", 5)
         assert "found []" in text, text
-    finally:
-        for kc in clients:
-            kc.stop_channels()
-        for km in managers:
-            if km.has_kernel:
-                await km.shutdown_kernel(now=True)
 
 
 OWNER = r'''

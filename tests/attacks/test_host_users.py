@@ -27,6 +27,7 @@ from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install
 
 from attack_kit import MiB, PeakRSS, launcher_pid, outputs
+from lab_kit import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -212,12 +213,7 @@ def argv_kernel(docker_engine, tmp_path):
     try:
         yield launcher, connection_file, info
     finally:
-        launcher.terminate()
-        try:
-            launcher.wait(30)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
+        stop(launcher)
 
 
 async def _argv_client(connection_file: str) -> AsyncKernelClient:

@@ -14,11 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,8 +26,9 @@ import pytest
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.kernelspecs import install
+
+from lab_kit import kernel_sandbox_lab, remove_kernels_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -63,14 +59,6 @@ class Page:
         return "; ".join(f"{name}={value}" for name, value in self.http.cookies.items())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def page(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
     """A locked-down lab (mount_cwd: ro) on a project folder, and a logged-in page of it."""
@@ -86,38 +74,16 @@ def page(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "JPY_"))}
     env.update({name: str(base / name.lower()) for name in (
         "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR")})
-    port = _free_port()
-    out, err = base / "lab.out", base / "lab.err"
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kernel_sandbox.cli", "lab", "--locked-down", "--prefix", str(prefix), "--no-browser",
-             "--port", str(port), "--notebook-dir", str(root), "--allow-root",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url="],
-            stdout=stdout, stderr=stderr, env=env,
-        )
-    pattern = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=(\w+)")
-    deadline = time.monotonic() + 180
-    while not (found := pattern.search(out.read_text())):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"kernel-sandbox lab printed no URL:\n{out.read_text()}\n{err.read_text()[-3000:]}")
-        time.sleep(0.2)
-    url = f"http://127.0.0.1:{port}"
-    http = httpx.Client(timeout=120, follow_redirects=True)
-    assert http.get(f"{url}/lab?token={found.group(1)}").status_code == 200  # the page logs in: cookies set
-    assert http.cookies.get("_xsrf"), http.cookies
-    try:
-        yield Page(url, http, root, outside)
-    finally:
-        http.close()
-        process.send_signal(signal.SIGTERM)
+    with kernel_sandbox_lab(["--locked-down", "--prefix", str(prefix)], root=root, logs=base / "lab", env=env,
+                            timeout=180) as lab:
+        http = httpx.Client(timeout=120, follow_redirects=True)
+        assert http.get(f"{lab.url}/lab?token={lab.token}").status_code == 200  # the page logs in: cookies set
+        assert http.cookies.get("_xsrf"), http.cookies
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for container in docker_engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]}):
-            remove_container(container)
+            yield Page(lab.url, http, root, outside)
+        finally:
+            http.close()
+    remove_kernels_of(docker_engine, lab.process.pid)
 
 
 async def _run_in_kernel(page: Page, kernel_id: str, code: str) -> str:

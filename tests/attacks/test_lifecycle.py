@@ -20,10 +20,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -36,10 +34,12 @@ from traitlets.config import Config
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import POOL
 
 from attack_kit import request
+from engine_proxy import EngineProxy
 from resource_counts import Bounds, ResourceWatch, private_host_dirs
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -182,82 +182,6 @@ async def test_a_launcher_killed_during_start_fails_the_start_and_leaves_nothing
                 remove_container(container)  # ours, left by the failed start (the test fails on it above)
 
 
-class EngineProxy:
-    """A Unix-socket proxy to the real engine socket, run in a thread: ``pass``, ``cut`` or ``stalled``."""
-
-    def __init__(self, upstream: str = "/var/run/docker.sock") -> None:
-        self.upstream = upstream
-        self.dir = tempfile.mkdtemp(prefix="ksattack-proxy-")
-        self.path = os.path.join(self.dir, "docker.sock")
-        self.mode = "pass"
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._server = socket.socket(socket.AF_UNIX)
-        self._server.bind(self.path)
-        self._server.listen(128)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"unix://{self.path}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            if self.mode == "cut":
-                client.close()
-                continue
-            try:
-                upstream = socket.socket(socket.AF_UNIX)
-                upstream.connect(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        while True:
-            try:
-                data = source.recv(65536)
-            except OSError:
-                data = b""
-            while self.mode == "stalled":
-                time.sleep(0.05)
-            if not data or self.mode == "cut":
-                for sock in (source, sink):
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                return
-            try:
-                sink.sendall(data)
-            except OSError:
-                return
-
-    def set(self, mode: str) -> None:
-        self.mode = mode
-        if mode == "cut":
-            with self._lock:
-                for sock in self._sockets:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-    def close(self) -> None:
-        self.mode = "cut"
-        self._server.close()
-        self.set("cut")
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture
 def engine_proxy(monkeypatch) -> Iterator[EngineProxy]:
     proxy = EngineProxy()
@@ -311,12 +235,5 @@ async def test_an_engine_that_goes_away_mid_session_is_noticed(docker_engine, ju
         if container_id and _exists(docker_engine, container_id):
             remove_container(docker_engine.containers.get(container_id))
     again = AsyncKernelManager(kernel_name="sandboxed-python")
-    await again.start_kernel()
-    try:
-        kc = again.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=90)
+    async with started_client(again, timeout=90) as kc:
         assert (await request(again, kc, "1", timeout=60)).status == "ok", "no kernel once the engine was back"
-        kc.stop_channels()
-    finally:
-        await again.shutdown_kernel(now=True)

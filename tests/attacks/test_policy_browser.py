@@ -7,12 +7,10 @@ Nothing but the launcher's relay, which applies the policy, stands between kerne
 
 from __future__ import annotations
 
-import time
-
-import httpx
 import pytest
 
-from test_policy_jupyterlab import ARTIFACTS, HOSTILE_CELLS, _attack
+from lab_kit import ARTIFACTS, recording_page
+from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -63,51 +61,20 @@ CELLS = {
 }
 
 
-def _notebook(kernelspec: str, cells: dict[str, str]) -> dict:
-    return {"nbformat": 4, "nbformat_minor": 5,
-            "cells": [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-                      for src in cells.values()],
-            "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
-
-
 def run_cells(browser, lab: dict, kernelspec: str, cells: dict[str, str], name: str) -> tuple[list[str], list[str]]:
     """Run ``cells`` in JupyterLab; return the page markers set and the pwned files written."""
     path = f"{name}.ipynb"
-    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
-                    json={"type": "notebook", "format": "json", "content": _notebook(kernelspec, cells)})
-    assert put.status_code in (200, 201), put.text
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    try:
-        # A workspace of its own: JupyterLab would otherwise reopen earlier notebooks and "Run All" might
-        # run in one of their tabs.
-        page.goto(f"{lab['url']}/lab/workspaces/{name}/tree/{path}?reset&token={lab['token']}")
-        panel = page.locator(".jp-NotebookPanel:visible")
-        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    put_notebook(lab, path, kernelspec, cells.values())
+    with recording_page(browser, f"attack-{name}-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, name, path)
         panel.locator(".jp-Cell").last.locator(".jp-InputArea-prompt", has_text="[").first.wait_for()
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
             ".every(p => /\\[\\d+\\]/.test(p.textContent))")
-        deadline = time.monotonic() + 8
-        while True:
-            markers = page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))")
-            listing = httpx.get(f"{lab['url']}/api/contents", headers=lab["headers"]).json()["content"]
-            written = sorted(item["name"] for item in listing if item["name"].startswith("pwned"))
-            if time.monotonic() > deadline:
-                break
-            page.wait_for_timeout(250)
+        markers, written = script_traces(page, lab, 8)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"attack-{name}.png"), full_page=True)
         return markers, written
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"attack-{name}-failed.png"), full_page=True)
-        raise
-    finally:
-        context.close()
 
 
 @pytest.mark.security("attack", "policy")

@@ -9,108 +9,49 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import docker.errors
 import pytest
-from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
-from traitlets.config import Config
 
 from kernel_sandbox.containers import LABEL_KERNEL_ID
-from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.launch import docker_link
 from kernel_sandbox.launch import serve, request_from_kernelspec
 from kernel_sandbox.launch.front import Connection
 
+from engine_proxy import EngineProxy
+from kernel_kit import ArgvKernel
+
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
-ENGINE = "/var/run/docker.sock"
-
-
-class EngineProxy:
-    """A Unix-socket proxy to the Docker engine that the test can cut at once."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen(64)
-        self.sockets: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(ENGINE)
-            with self.lock:
-                self.sockets += [client, upstream]
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._copy, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def _copy(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-            target.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        """The engine is gone: no new connection, every open one closed."""
-        self.listener.close()
-        with self.lock:
-            for sock in self.sockets:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
 
 
 def test_an_engine_that_goes_away_ends_the_kernel_in_bounded_time(tmp_path: Path, docker_engine) -> None:
-    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy = EngineProxy()
     spec_dir = Path(install("sandboxed-python", prefix=str(tmp_path), install_as="faults"))
-    connection_file, _ = write_connection_file(str(tmp_path / "kernel-faults.json"))
-    argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
-    launcher = subprocess.Popen(
-        [part.replace("{connection_file}", connection_file) for part in argv],
-        env={**os.environ, "DOCKER_HOST": f"unix://{proxy.path}"}, stderr=subprocess.PIPE, cwd=tmp_path,
-    )
-    client = BlockingKernelClient(connection_file=connection_file)
-    client.load_connection_file()
-    client.start_channels()
+    kernel = ArgvKernel(spec_dir, tmp_path, env={**os.environ, "DOCKER_HOST": proxy.url}, kernel_id="faults")
     try:
-        client.wait_for_ready(timeout=90)
-        assert client.execute_interactive("x = 1", timeout=60)["content"]["status"] == "ok"
+        kernel.client.wait_for_ready(timeout=90)
+        assert kernel.client.execute_interactive("x = 1", timeout=60)["content"]["status"] == "ok"
         assert docker_engine.containers.list(filters={"label": f"{LABEL_KERNEL_ID}=faults"})
         started = time.monotonic()
-        proxy.cut()
-        assert launcher.wait(60) == 1, "the launcher did not notice that the engine was gone"
+        proxy.set("cut")
+        assert kernel.process.wait(60) == 1, "the launcher did not notice that the engine was gone"
         took = time.monotonic() - started
-        assert "the Docker engine became unreachable" in launcher.stderr.read().decode()
+        assert "the Docker engine became unreachable" in kernel.process.stderr.read().decode()
         assert took < 60
         deadline = time.monotonic() + 30
         while docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}=faults"}):
             assert time.monotonic() < deadline, "the kernel's container outlived its cut streams"
             time.sleep(0.2)
     finally:
-        client.stop_channels()
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        launcher.stderr.close()
+        if kernel.process.poll() is None:
+            kernel.process.kill()
+        kernel.stop()
+        proxy.close()
 
 
 KILL_STREAMS = r"""
@@ -132,11 +73,7 @@ threading.Thread(target=kill_connectors, daemon=True).start()
 async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_forever() -> None:
     """Each loss of a kernel stream is reopened later than the one before; after a limit the kernel ends."""
     km = AsyncKernelManager(kernel_name="sandboxed-python")
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=90)
+    async with started_client(km, timeout=90) as kc:
         kc.execute(KILL_STREAMS)
         deadline = time.monotonic() + 240
         while await km.is_alive():
@@ -144,9 +81,6 @@ async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_for
             await asyncio.sleep(1)
         reason = km.provisioner.exit_reason or ""
         assert f"ended {docker_link.REOPEN_LIMIT} times in a row" in reason, reason
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def test_the_next_kernel_after_the_engine_is_back_works() -> None:

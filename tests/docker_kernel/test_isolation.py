@@ -27,6 +27,8 @@ from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import kernel_of
 from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
+from kernel_kit import run_cell
+
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 RUNTIMES = ["runc", "runsc"]
 
@@ -87,19 +89,10 @@ print(len(planted))
 
 
 async def run(km: AsyncKernelManager, code: str, timeout: float = 120) -> str:
-    kc = km.client()
-    kc.start_channels()
-    out: list[str] = []
-    try:
-        await kc.wait_for_ready(timeout=90)
-        reply = await kc.execute_interactive(
-            code, timeout=timeout,
-            output_hook=lambda msg: out.append(msg["content"]["text"]) if msg["msg_type"] == "stream" else None,
-        )
-    finally:
-        kc.stop_channels()
-    assert reply["content"]["status"] == "ok", reply["content"]
-    return "".join(out)
+    """The stdout of ``code``, which must succeed."""
+    out, reply = await run_cell(km, code, timeout, ready_timeout=90)
+    assert reply["status"] == "ok", reply
+    return out
 
 
 def manager(runtime: str, **config: object) -> AsyncKernelManager:

@@ -17,65 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
 
 from kernel_sandbox.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install
 
+from kernel_kit import ArgvKernel
+
 pytestmark = pytest.mark.usefixtures("docker_engine")
-
-
-class Launched:
-    """A kernelspec's argv started by hand, with a client connected to the ports it was given."""
-
-    def __init__(self, spec_dir: Path, tmp_path: Path, env: dict[str, str] | None = None) -> None:
-        self.connection_file, _ = write_connection_file(str(tmp_path / "kernel-launched.json"))
-        argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
-        cmd = [part.replace("{connection_file}", self.connection_file) for part in argv]
-        self.process = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-        self.client = BlockingKernelClient(connection_file=self.connection_file)
-        self.client.load_connection_file()
-        self.client.start_channels()
-
-    def ready(self, timeout: float = 90) -> None:
-        """Wait for the launcher's heartbeat, then for the kernel.
-
-        jupyter_client's own wait gives up when the first heartbeat is unanswered for a second,
-        which a launcher still importing on a loaded machine can miss: poll it first, with a deadline.
-        """
-        import zmq
-
-        info = json.loads(Path(self.connection_file).read_text())
-        context = zmq.Context()
-        ping = context.socket(zmq.REQ)
-        ping.connect(f"tcp://127.0.0.1:{info['hb_port']}")
-        try:
-            ping.send(b"ping")
-            assert ping.poll(timeout * 1000), f"the launcher's heartbeat did not answer within {timeout} s"
-        finally:
-            ping.close(linger=0)
-            context.term()
-        self.client.wait_for_ready(timeout=timeout)
-
-    def run(self, code: str, timeout: float = 60) -> tuple[str, dict]:
-        out: list[str] = []
-
-        def hook(msg: dict) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return "".join(out), reply["content"]
-
-    def stop(self) -> None:
-        """End the launcher as a client does (SIGTERM), which removes the container before it exits."""
-        self.client.stop_channels()
-        if self.process.poll() is None:
-            self.process.terminate()
-        self.process.wait(30)
-        self.process.stderr.close()
 
 
 def containers(docker_engine, kernel_id: str = "launched") -> list:
@@ -96,14 +46,14 @@ def spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def launched(spec_dir: Path, tmp_path: Path) -> Iterator[Launched]:
-    kernel = Launched(spec_dir, tmp_path)
+def launched(spec_dir: Path, tmp_path: Path) -> Iterator[ArgvKernel]:
+    kernel = ArgvKernel(spec_dir, tmp_path)
     kernel.ready()
     yield kernel
     kernel.stop()
 
 
-def test_the_argv_kernel_is_the_sandbox(launched: Launched) -> None:
+def test_the_argv_kernel_is_the_sandbox(launched: ArgvKernel) -> None:
     out, reply = launched.run(
         "import os, socket\nprint(socket.gethostname(), sorted(os.listdir('/sys/class/net')), os.getuid() != 0)"
     )
@@ -111,7 +61,7 @@ def test_the_argv_kernel_is_the_sandbox(launched: Launched) -> None:
     assert out == "sandbox ['lo'] True\n"
 
 
-def test_output_streams_while_the_cell_runs_and_input_reaches_it(launched: Launched) -> None:
+def test_output_streams_while_the_cell_runs_and_input_reaches_it(launched: ArgvKernel) -> None:
     client = launched.client
     msg_id = client.execute("print('first', flush=True)\nanswer = input('go? ')\nprint('got', answer)", allow_stdin=True)
     seen = []
@@ -133,7 +83,7 @@ def test_output_streams_while_the_cell_runs_and_input_reaches_it(launched: Launc
     assert reply["content"]["status"] == "ok"
 
 
-def test_sigint_interrupts_a_busy_cell_and_the_kernel_lives(launched: Launched) -> None:
+def test_sigint_interrupts_a_busy_cell_and_the_kernel_lives(launched: ArgvKernel) -> None:
     client = launched.client
     client.execute("import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.01)")
     while client.get_iopub_msg(timeout=30)["msg_type"] != "stream":
@@ -145,7 +95,7 @@ def test_sigint_interrupts_a_busy_cell_and_the_kernel_lives(launched: Launched) 
     assert launched.run("print('still here')")[0] == "still here\n"
 
 
-def test_sigterm_removes_the_container_and_exits_cleanly(launched: Launched, docker_engine) -> None:
+def test_sigterm_removes_the_container_and_exits_cleanly(launched: ArgvKernel, docker_engine) -> None:
     assert containers(docker_engine)
     launched.process.send_signal(signal.SIGTERM)
     assert launched.process.wait(30) == 0
@@ -154,13 +104,13 @@ def test_sigterm_removes_the_container_and_exits_cleanly(launched: Launched, doc
     assert b"exit code" not in noise and b"frozen modules" not in noise and b"without encryption" not in noise, noise
 
 
-def test_a_shutdown_request_removes_the_container_and_exits_cleanly(launched: Launched, docker_engine) -> None:
+def test_a_shutdown_request_removes_the_container_and_exits_cleanly(launched: ArgvKernel, docker_engine) -> None:
     launched.client.shutdown()
     assert launched.process.wait(30) == 0
     assert not containers(docker_engine)
 
 
-def test_sigkill_of_the_launcher_leaves_no_container(launched: Launched, docker_engine) -> None:
+def test_sigkill_of_the_launcher_leaves_no_container(launched: ArgvKernel, docker_engine) -> None:
     assert launched.run("x = 1")[1]["status"] == "ok"
     launched.process.kill()
     launched.process.wait(30)
@@ -189,7 +139,7 @@ def test_the_launcher_follows_its_client_out(spec_dir: Path, tmp_path: Path, doc
 
 def test_without_an_engine_the_argv_fails_closed(spec_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
-    kernel = Launched(spec_dir, tmp_path, env=env)
+    kernel = ArgvKernel(spec_dir, tmp_path, env=env)
     try:
         assert kernel.process.wait(60) == 1
         message = kernel.process.stderr.read().decode()
@@ -204,7 +154,7 @@ def test_without_an_engine_the_argv_fails_closed(spec_dir: Path, tmp_path: Path)
 
 def refusal(spec_dir: Path, tmp_path: Path) -> str:
     """Run an argv that must refuse: it exits 1, and its stderr says why."""
-    kernel = Launched(spec_dir, tmp_path)
+    kernel = ArgvKernel(spec_dir, tmp_path)
     try:
         assert kernel.process.wait(60) == 1
         return kernel.process.stderr.read().decode()
@@ -233,7 +183,7 @@ def test_no_installed_kernelspec_can_start_a_kernel_outside_a_sandbox(jupyter_pr
         assert not any("ipykernel" in part for part in spec.argv), name
 
 
-def test_iopub_subscribers_are_welcomed_with_the_clients_key(launched: Launched) -> None:
+def test_iopub_subscribers_are_welcomed_with_the_clients_key(launched: ArgvKernel) -> None:
     """JEP 65: each new IOPub subscription gets an iopub_welcome, signed with the client's key."""
     import zmq
     from jupyter_client.session import Session

@@ -40,6 +40,8 @@ from kernel_sandbox.provisioners.standby import (
 )
 from kernel_sandbox.settings import MAX_STANDBY, DockerSettings
 
+from kernel_kit import run_cell
+
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
 READY_WAIT = 180
@@ -70,19 +72,8 @@ async def start(config: Config, **kwargs: Any) -> AsyncKernelManager:
 
 async def run(km: AsyncKernelManager, code: str) -> dict[str, Any]:
     """Execute ``code``; its stdout, the reply's execution count and status."""
-    kc = km.client()
-    kc.start_channels()
-    out: list[str] = []
-    try:
-        await kc.wait_for_ready(timeout=120)
-        reply = await kc.execute_interactive(
-            code, timeout=120,
-            output_hook=lambda msg: out.append(msg["content"]["text"]) if msg["msg_type"] == "stream" else None,
-        )
-    finally:
-        kc.stop_channels()
-    return {"stdout": "".join(out), "count": reply["content"].get("execution_count"),
-            "status": reply["content"]["status"], "ename": reply["content"].get("ename")}
+    out, reply = await run_cell(km, code)
+    return {"stdout": out, "count": reply.get("execution_count"), "status": reply["status"], "ename": reply.get("ename")}
 
 
 async def probe(km: AsyncKernelManager) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exec_helpers import PeakRSS
+from host_memory import RssPeak
 from kernel_sandbox.execution import (
     DecodeLimits,
     FramingError,
@@ -108,7 +108,7 @@ BOMBS = {
 @pytest.mark.parametrize("name", list(BOMBS))
 def test_decode_bombs_from_a_tool_are_refused_with_bounded_memory(sandbox: Sandbox, name: str) -> None:
     doc, limit = BOMBS[name]
-    with PeakRSS() as rss:
+    with RssPeak() as rss:
         with pytest.raises(ResultLimitError, match=limit) as info:
             sandbox.run_tool(answering_with(doc))
     assert info.value.limit == limit
@@ -123,7 +123,7 @@ def test_collisions_in_a_set_are_refused(sandbox: Sandbox) -> None:
 
 
 def test_a_result_over_the_size_limit_is_refused_before_it_is_pulled(docker_engine) -> None:
-    with Sandbox(decode_limits=DecodeLimits(max_bytes=8 * MiB)) as sb, PeakRSS() as rss:
+    with Sandbox(decode_limits=DecodeLimits(max_bytes=8 * MiB)) as sb, RssPeak() as rss:
         with pytest.raises(ResultLimitError, match="max_bytes=8388608"):
             sb.run_tool(lambda: b"x" * (200 * MiB))
         assert len(sb.run_tool(lambda: b"y" * (6 * MiB)).func_return) == 6 * MiB
@@ -143,7 +143,7 @@ def test_floods_during_a_call_are_capped_as_they_arrive(sandbox: Sandbox) -> Non
             print(chunk, file=sys.stderr)
         return "done"
 
-    with PeakRSS() as rss:
+    with RssPeak() as rss:
         result = sandbox.run_tool(flood, timeout=300)
     assert (result.status, result.func_return) == ("success", "done")
     assert result.truncated_bytes > 800_000_000
@@ -167,7 +167,7 @@ def test_a_flood_of_messages_on_the_channel_is_dropped_and_a_flood_of_answers_re
             channel.send({"marker": marker, "lengths": [len(blob)]}, buffers=[blob])
         return "done"
 
-    with PeakRSS() as rss:
+    with RssPeak() as rss:
         assert sandbox.run_tool(chatter, {"forge": False}, timeout=300).func_return == "done"
         with pytest.raises(FramingError, match="tampered"):
             sandbox.run_tool(chatter, {"forge": True}, timeout=300)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exec_helpers import PeakRSS, container_of
+from exec_helpers import container_of
+from host_memory import RssPeak
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import (
     AsyncSandbox,
@@ -126,7 +127,7 @@ def test_timeout_restarts_a_kernel_that_ignores_interrupts(docker_engine) -> Non
 def test_output_cap_keeps_host_memory_bounded(docker_engine) -> None:
     cap = 1_000_000
     with Sandbox(max_output_bytes=cap, memory="1g") as sb:
-        with PeakRSS() as rss:
+        with RssPeak() as rss:
             execution = sb.run("chunk = 'x' * 999_999\nfor _ in range(100): print(chunk)")
         assert execution.error is None
         assert len(execution.stdout.encode()) < cap + 200
@@ -347,7 +348,7 @@ def test_a_gigabyte_moves_in_chunks_with_the_default_limits(docker_engine, tmp_p
             piece = index.to_bytes(8, "little") + block[8:]
             handle.write(piece)
             digest.update(piece)
-    with Sandbox(memory="512m", mounts=[f"{work}:/home/sandbox/work:rw"]) as sb, PeakRSS() as rss:
+    with Sandbox(memory="512m", mounts=[f"{work}:/home/sandbox/work:rw"]) as sb, RssPeak() as rss:
         assert sb.upload({"big.bin": source}) == ["big.bin"]
         assert sb.list_files()[0].size == 1024 * MiB
         assert sb.download_to("big.bin", back) == 1024 * MiB

@@ -6,45 +6,23 @@ Playwright's own browser downloads are never used. Everything stays on 127.0.0.1
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
-from nb_helpers import ARTIFACTS, IN_CI
+from lab_kit import ARTIFACTS, chromium, recording_page
 
-CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 CODE = "import os, socket\nprint('hostname:', socket.gethostname())\nprint('interfaces:', sorted(os.listdir('/sys/class/net')))"
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        if IN_CI:
-            pytest.fail(f"chromium not found at {CHROMIUM} (CI installs Debian's chromium package)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium() as browser:
+        yield browser
 
 
 def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_server, docker_engine) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(90_000)
-    requests: list[str] = []
-    page.on("request", lambda request: requests.append(request.url))
-    try:
+    with recording_page(browser, "jupyterlab-failure.png") as (page, requests):
         page.goto(f"{lab_server.url}/lab?token={lab_server.token}")
         card = page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python"]')
         card.wait_for()
@@ -71,10 +49,5 @@ def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_ser
         owned = {"label": ["kernel-sandbox", f"kernel-sandbox.owner-pid={lab_server.process.pid}"]}
         kernels = docker_engine.containers.list(filters=owned, ignore_removed=True)
         assert len(kernels) == 1  # the notebook's kernel runs in a container owned by the server
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "jupyterlab-failure.png"))
-        raise
-    finally:
-        context.close()
     outside = [url for url in requests if not url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))]
     assert outside == []  # the page loaded nothing from anywhere but the local server

@@ -9,29 +9,25 @@ the layers stay with the image that shares them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from docker.errors import ImageNotFound
 from test_jupyter_server_api import KernelChannels
-from test_jupyterlab_browser import CHROMIUM, CHROMIUM_ARGS
 
-from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, has_image, remove_container
+from kernel_sandbox.containers import LABEL, has_image
 
-from nb_helpers import ARTIFACTS, IN_CI, cli, free_port
+from lab_kit import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_lab, remove_kernels_of
+from nb_helpers import cli
 
 SPEC = "sandboxed-python"
 
@@ -104,67 +100,33 @@ def test_a_second_setup_rebuilds_and_reinstalls_nothing(fresh: Fresh, first_setu
     assert spec_file.stat().st_mtime_ns == written
 
 
-@dataclass
-class Lab:
-    """A `kernel-sandbox lab` process and what it printed."""
-
-    url: str
-    token: str
-    process: subprocess.Popen[bytes]
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"token {self.token}"}
-
-
-def start_lab(fresh: Fresh, engine, name: str, *extra: str) -> Iterator[Lab]:
+def start_lab(fresh: Fresh, engine, name: str, *extra: str) -> Iterator[LabServer]:
     root = fresh.base / f"root-{name}"
     root.mkdir()
-    out, err = fresh.base / f"{name}.out", fresh.base / f"{name}.err"
-    port = free_port()
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kernel_sandbox.cli", "lab", "--prefix", str(fresh.prefix), "--image", fresh.image,
-             "--no-browser", "--port", str(port), "--notebook-dir", str(root), "--allow-root",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=", *extra],
-            stdout=stdout, stderr=stderr, env=fresh.env,
-        )
-    deadline = time.monotonic() + 120
-    pattern = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=(\w+)")
-    while not (found := pattern.search(out.read_text())):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"kernel-sandbox lab printed no URL:\n{out.read_text()}\n{err.read_text()[-3000:]}")
-        time.sleep(0.2)
-    lab = Lab(f"http://127.0.0.1:{port}", found.group(1), process)
+    logs = fresh.base / name
     try:
-        yield lab
+        with kernel_sandbox_lab(["--prefix", str(fresh.prefix), "--image", fresh.image, *extra],
+                                root=root, logs=logs, env=fresh.env) as lab:
+            yield lab
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / f"kernel-sandbox-lab-{name}.log").write_text(out.read_text() + err.read_text())
-        left = engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]})
-        for container in left:
-            remove_container(container)
-        assert not left, f"kernel-sandbox lab left {len(left)} kernel container(s) behind"
+        (ARTIFACTS / f"kernel-sandbox-lab-{name}.log").write_text(
+            logs.with_suffix(".out").read_text() + logs.with_suffix(".err").read_text())
+    left = remove_kernels_of(engine, lab.process.pid)
+    assert not left, f"kernel-sandbox lab left {len(left)} kernel container(s) behind"
 
 
 @pytest.fixture(scope="module")
-def lab(fresh: Fresh, first_setup, docker_engine) -> Iterator[Lab]:
+def lab(fresh: Fresh, first_setup, docker_engine) -> Iterator[LabServer]:
     yield from start_lab(fresh, docker_engine, "default")
 
 
 @pytest.fixture(scope="module")
-def locked_lab(fresh: Fresh, first_setup, docker_engine) -> Iterator[Lab]:
+def locked_lab(fresh: Fresh, first_setup, docker_engine) -> Iterator[LabServer]:
     yield from start_lab(fresh, docker_engine, "locked", "--locked-down")
 
 
-async def hostname_of_a_new_default_kernel(lab: Lab) -> str:
+async def hostname_of_a_new_default_kernel(lab: LabServer) -> str:
     """Start a kernel without naming one, as JupyterLab's "New notebook" does, and return what it prints."""
     async with httpx.AsyncClient(base_url=lab.url, headers=lab.headers, timeout=120) as http:
         response = await http.post("/api/kernels", json={})
@@ -182,7 +144,7 @@ async def hostname_of_a_new_default_kernel(lab: Lab) -> str:
             assert (await http.delete(f"/api/kernels/{kernel['id']}")).status_code == 204
 
 
-async def test_lab_serves_sandboxed_python_as_the_default_kernel(fresh: Fresh, lab: Lab) -> None:
+async def test_lab_serves_sandboxed_python_as_the_default_kernel(fresh: Fresh, lab: LabServer) -> None:
     assert httpx.get(f"{lab.url}/api/status").status_code == 403  # the token is required
     async with httpx.AsyncClient(base_url=lab.url, headers=lab.headers, timeout=30) as http:
         assert (await http.get("/api/status")).status_code == 200
@@ -196,26 +158,11 @@ async def test_lab_serves_sandboxed_python_as_the_default_kernel(fresh: Fresh, l
     assert await hostname_of_a_new_default_kernel(lab) == "sandbox"
 
 
-@contextlib.contextmanager
-def chromium_page() -> Iterator[Any]:
-    """A page of a headless Debian chromium, closed (with Playwright's event loop) when the test ends."""
-    if not Path(CHROMIUM).exists():
-        if IN_CI:
-            pytest.fail(f"chromium not found at {CHROMIUM} (CI installs Debian's chromium package)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser.new_page(viewport={"width": 1280, "height": 800})
-        finally:
-            browser.close()
-
-
-def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: Lab) -> None:
+def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: LabServer) -> None:
     """JupyterLab's File → New → Notebook starts the kernel the new file's metadata names (else it asks,
     preselecting the alphabetically first kernel, "Python 3"): the server writes the default kernel there."""
-    with chromium_page() as page:
+    with chromium() as browser:  # per test: Playwright's event loop ends with it, before the next async test
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.set_default_timeout(90_000)
         try:
             page.goto(f"{lab.url}/lab?token={lab.token}")
@@ -239,7 +186,7 @@ def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: Lab) -> No
             raise
 
 
-async def test_a_new_notebook_names_the_default_kernel_but_others_keep_theirs(lab: Lab) -> None:
+async def test_a_new_notebook_names_the_default_kernel_but_others_keep_theirs(lab: LabServer) -> None:
     async with httpx.AsyncClient(base_url=lab.url, headers=lab.headers, timeout=30) as http:
         created = (await http.post("/api/contents", json={"type": "notebook"})).json()
         content = (await http.get(f"/api/contents/{created['path']}")).json()["content"]
@@ -254,7 +201,7 @@ async def test_a_new_notebook_names_the_default_kernel_but_others_keep_theirs(la
         assert content["metadata"]["kernelspec"]["name"] == "python3"
 
 
-async def test_locked_down_lab_offers_and_starts_only_sandboxed_kernels(locked_lab: Lab) -> None:
+async def test_locked_down_lab_offers_and_starts_only_sandboxed_kernels(locked_lab: LabServer) -> None:
     async with httpx.AsyncClient(base_url=locked_lab.url, headers=locked_lab.headers, timeout=30) as http:
         specs = (await http.get("/api/kernelspecs")).json()
         assert specs["default"] == SPEC and list(specs["kernelspecs"]) == [SPEC]

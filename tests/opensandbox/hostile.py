@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ import tornado.iostream
 import tornado.netutil
 import tornado.web
 import tornado.websocket
+from opensandbox_fakes import ServedInThread
 
 Behaviour = Callable[["HostileHandler"], Awaitable[None]]
 KernelBehaviour = Callable[["HostileKernelSocket", str, list[bytes]], Awaitable[None]]
@@ -141,10 +141,11 @@ class HostileKernelSocket(tornado.websocket.WebSocketHandler):
             pass
 
 
-class HostileServer:
+class HostileServer(ServedInThread):
     """One tornado server on 127.0.0.1 in a daemon thread, answering per ``behaviour``."""
 
     def __init__(self) -> None:
+        super().__init__("hostile-server")
         self.behaviour: dict[str, Behaviour] = {}
         self.kernel_behaviour: KernelBehaviour | None = None
         self.kernel_on_open: Callable[[HostileKernelSocket], Awaitable[None]] | None = None
@@ -154,34 +155,19 @@ class HostileServer:
         self.headers: list[dict[str, str]] = []
         self.sent_bytes: list[int] = []
         self.port = 0
-        self._loop: tornado.ioloop.IOLoop | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hostile-server", daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        self._loop = tornado.ioloop.IOLoop.current()
-        app = tornado.web.Application(
+    def serve(self) -> None:
+        self.port = self.listen(tornado.web.Application(
             [
                 (r"/jupyter/api/kernels/[^/]+/channels", HostileKernelSocket, {"server": self}),
                 (r"/.*", HostileHandler, {"server": self}),
             ],
             websocket_max_message_size=1024 * MiB,
-        )
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        tornado.httpserver.HTTPServer(app).add_sockets(sockets)
-        self.port = int(sockets[0].getsockname()[1])
-        self._ready.set()
-        self._loop.start()
-
-    def start(self) -> HostileServer:
-        self._thread.start()
-        self._ready.wait(30)
-        return self
+        ))
 
     def reset(self) -> None:
         self.behaviour.clear()
@@ -192,48 +178,3 @@ class HostileServer:
         self.requests.clear()
         self.headers.clear()
         self.sent_bytes.clear()
-
-    def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.add_callback(self._loop.stop)
-            self._thread.join(10)
-
-
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident set size of a process now, from /proc (not a lifetime peak)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-class RssPeak:
-    """Sample a process's RSS every few milliseconds in a thread; ``growth`` is peak minus start."""
-
-    def __init__(self, pid: int | str = "self", every: float = 0.003) -> None:
-        self.pid, self.every = pid, every
-        self.start = self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.peak = max(self.peak, rss_bytes(self.pid))
-            except OSError:
-                return
-
-    def __enter__(self) -> RssPeak:
-        self.start = self.peak = rss_bytes(self.pid)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.peak = max(self.peak, rss_bytes(self.pid))
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.start

@@ -238,15 +238,54 @@ class RenewHandler(_LifecycleHandler):
         self.finish({"expiresAt": expires})
 
 
-class FakeOpenSandbox:
+class ServedInThread:
+    """Tornado applications on 127.0.0.1, served by an IOLoop of their own in a daemon thread.
+
+    A subclass adds its applications in :meth:`serve` (which runs on that loop) with :meth:`listen`.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._loop: tornado.ioloop.IOLoop | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def serve(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def listen(app: tornado.web.Application) -> int:
+        """Serve ``app`` on a free port of 127.0.0.1 and return the port."""
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        tornado.httpserver.HTTPServer(app).add_sockets(sockets)
+        return int(sockets[0].getsockname()[1])
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        self._loop = tornado.ioloop.IOLoop.current()
+        self.serve()
+        self._ready.set()
+        self._loop.start()
+
+    def start(self) -> Any:
+        """Start serving and return self."""
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def stop(self) -> None:
+        """Stop the loop."""
+        if self._loop is not None:
+            self._loop.add_callback(self._loop.stop)
+            self._thread.join(10)
+
+
+class FakeOpenSandbox(ServedInThread):
     """Both fakes on one IOLoop in a daemon thread; ``api_base`` is the lifecycle URL."""
 
     def __init__(self, api_key: str = "test-key", ping_interval: float = 0.5, jupyter: bool = False) -> None:
+        super().__init__("fake-opensandbox")
         self.execd = Execd(token="execd-token", ping_interval=ping_interval)
         self.lifecycle = FakeLifecycle(self.execd, api_key=api_key, jupyter=jupyter)
-        self._loop: tornado.ioloop.IOLoop | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fake-opensandbox", daemon=True)
 
     @property
     def api_base(self) -> str:
@@ -256,18 +295,10 @@ class FakeOpenSandbox:
     def execd_url(self) -> str:
         return f"http://127.0.0.1:{self.execd.port}/proxy/44772"
 
-    def _serve(self, app: tornado.web.Application) -> int:
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server = tornado.httpserver.HTTPServer(app)
-        server.add_sockets(sockets)
-        return int(sockets[0].getsockname()[1])
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        self._loop = tornado.ioloop.IOLoop.current()
-        self.execd.port = self._serve(self.execd.app())
+    def serve(self) -> None:
+        self.execd.port = self.listen(self.execd.app())
         lc = {"lifecycle": self.lifecycle}
-        self.lifecycle.port = self._serve(
+        self.lifecycle.port = self.listen(
             tornado.web.Application(
                 [
                     (r"/v1/sandboxes", SandboxesHandler, lc),
@@ -277,14 +308,6 @@ class FakeOpenSandbox:
                 ]
             )
         )
-        self._ready.set()
-        self._loop.start()
-
-    def start(self) -> FakeOpenSandbox:
-        """Start serving and return self."""
-        self._thread.start()
-        self._ready.wait(30)
-        return self
 
     def call(self, coro_fn: Any, timeout: float = 60) -> Any:
         """Run ``coro_fn()`` on the servers' loop and return its result."""
@@ -310,5 +333,4 @@ class FakeOpenSandbox:
         for sandbox in self.lifecycle.sandboxes.values():
             stop_jupyter(sandbox)
         self.call(self.execd.close)
-        self._loop.add_callback(self._loop.stop)
-        self._thread.join(10)
+        super().stop()

@@ -13,14 +13,14 @@ import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, RssPeak, kernel_message
+from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs
 from kernel_sandbox.errors import (
     CallDeadlineExceeded,
     OpenSandboxConnectionError,
@@ -30,9 +30,13 @@ from kernel_sandbox.errors import (
     ResponseTooLarge,
     SandboxTimeoutError,
 )
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs, started_client
 from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, run_once
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
 from kernel_sandbox.policy import OutputPolicy
+
+from host_memory import RssPeak
+from kernel_kit import reply_to, until_idle
 
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}
@@ -332,9 +336,10 @@ def sandbox_behaviours(hostile: HostileServer) -> dict[str, Any]:
     }
 
 
+@asynccontextmanager
 async def launched(
     hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any
-) -> tuple[AsyncKernelManager, Any]:
+) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """The OpenSandbox kernelspec's launcher as a real process, its sandbox the hostile server."""
     hostile.behaviour.update(sandbox_behaviours(hostile))
     spec_dir = tmp_path / "jupyter" / "kernels" / OPENSANDBOX_SPEC
@@ -350,11 +355,8 @@ async def launched(
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     km = AsyncKernelManager(kernel_name=OPENSANDBOX_SPEC)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=60)
-    return km, kc
+    async with started_client(km, timeout=60) as kc:
+        yield km, kc
 
 
 @pytest.fixture
@@ -362,10 +364,8 @@ async def relay(
     hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """The launcher in execd mode, its sandbox's execd the hostile server."""
-    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd")
-    yield km, kc
-    kc.stop_channels()
-    await km.shutdown_kernel(now=True)
+    async with launched(hostile, tmp_path, monkeypatch, mode="execd") as kernel:
+        yield kernel
 
 
 @pytest.fixture
@@ -373,32 +373,18 @@ async def bridge(
     hostile: HostileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """The launcher in websocket mode, its sandbox's Jupyter server and kernel websocket hostile."""
-    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="websocket", max_output_bytes=4 * MiB)
-    yield km, kc
-    kc.stop_channels()
-    await km.shutdown_kernel(now=True)
+    async with launched(hostile, tmp_path, monkeypatch, mode="websocket", max_output_bytes=4 * MiB) as kernel:
+        yield kernel
 
 
 async def execute(kc: Any, code: str = "cell") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Send one execute; return its one reply and the IOPub messages up to idle (fails on a second reply)."""
     msg_id = kc.execute(code)
-    iopub: list[dict[str, Any]] = []
-    while True:
-        msg = await kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        iopub.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    replies = []
-    while True:
-        reply = await kc.get_shell_msg(timeout=120)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            replies.append(reply["content"])
-            break
+    iopub = await until_idle(kc, msg_id)
+    reply = await reply_to(kc.shell_channel, msg_id)
     with pytest.raises(Exception):  # noqa: B017 (queue.Empty: no second reply may follow)
         await kc.get_shell_msg(timeout=0.5)
-    return replies[0], iopub
+    return reply["content"], iopub
 
 
 def of_type(messages: list[dict[str, Any]], msg_type: str) -> list[dict[str, Any]]:
@@ -500,8 +486,8 @@ async def test_relay_survives_an_execd_that_ignores_interrupts_and_floods_the_an
     with RssPeak(km.provisioner.pid) as rss:
         request = kc.session.msg("interrupt_request", {})
         kc.control_channel.send(request)
-        interrupt_reply = await reply_to(kc.control_channel, request["header"]["msg_id"])
-        reply = await reply_to(kc.shell_channel, msg_id)
+        interrupt_reply = await reply_to(kc.control_channel, request["header"]["msg_id"], timeout=60)
+        reply = await reply_to(kc.shell_channel, msg_id, timeout=60)
     assert interrupt_reply["content"]["status"] == "error"
     assert interrupt_reply["content"]["ename"] == "ResponseTooLarge"
     assert reply["content"]["status"] == "error"
@@ -582,11 +568,11 @@ async def test_the_launcher_retries_a_failed_delete_at_shutdown(
     async def flaky(h: HostileHandler) -> None:
         await (answers.pop(0) if len(answers) > 1 else answers[0])(h)
 
-    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd")
-    hostile.behaviour["DELETE /v1/sandboxes/sbx"] = flaky
-    kc.stop_channels()
-    await km.shutdown_kernel()
-    assert hostile.requests.count(("DELETE", "/v1/sandboxes/sbx")) == 2
+    async with launched(hostile, tmp_path, monkeypatch, mode="execd") as (km, kc):
+        hostile.behaviour["DELETE /v1/sandboxes/sbx"] = flaky
+        kc.stop_channels()
+        await km.shutdown_kernel()  # polite, the way a user stops it
+        assert hostile.requests.count(("DELETE", "/v1/sandboxes/sbx")) == 2
 
 
 async def test_the_launchers_renewals_survive_answers_of_the_wrong_shape(
@@ -600,8 +586,7 @@ async def test_the_launchers_renewals_survive_answers_of_the_wrong_shape(
         await (answers.pop(0) if len(answers) > 1 else answers[0])(h)
 
     renew = ("POST", "/v1/sandboxes/sbx/renew-expiration")
-    km, kc = await launched(hostile, tmp_path, monkeypatch, mode="execd", renew_interval=0.2)
-    try:
+    async with launched(hostile, tmp_path, monkeypatch, mode="execd", renew_interval=0.2) as (km, kc):
         hostile.behaviour["POST /v1/sandboxes/sbx/renew-expiration"] = wrong_then_right
         before = hostile.requests.count(renew)
         for _ in range(600):
@@ -614,17 +599,6 @@ async def test_the_launchers_renewals_survive_answers_of_the_wrong_shape(
         hostile.behaviour["POST /code"] = stream(COMPLETE)
         reply, _ = await execute(kc)
         assert reply["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
-
-
-async def reply_to(channel: Any, msg_id: str) -> dict[str, Any]:
-    """The reply to ``msg_id`` on ``channel`` (late replies to earlier requests, e.g. kernel_info, are skipped)."""
-    while True:
-        reply = await channel.get_msg(timeout=60)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
 
 
 async def test_connection_errors_reach_the_user_with_a_message(hostile: HostileServer) -> None:

@@ -26,7 +26,7 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from kernel_sandbox.errors import ConfigError, KernelLaunchError, OpenSandboxConfigError
-from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, started_client
 from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
 from kernel_sandbox.opensandbox.gc import host_label
 from kernel_sandbox.provisioners.opensandbox import OpenSandboxProvisioner
@@ -50,13 +50,8 @@ async def until(predicate: Any, what: str, seconds: float = 30) -> None:
 @pytest.fixture
 async def kernel(opensandbox_kernelspec: str) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     km = manager(opensandbox_kernelspec)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=120)
-    yield km, kc
-    kc.stop_channels()
-    await km.shutdown_kernel(now=True)
+    async with started_client(km, timeout=120) as kc:
+        yield km, kc
 
 
 async def test_the_execd_relay_answers_what_a_client_asks(kernel: tuple[AsyncKernelManager, Any]) -> None:

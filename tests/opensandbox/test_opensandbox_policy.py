@@ -27,12 +27,14 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
+from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
 from kernel_sandbox.policy import OutputPolicy
 
 POLICY_TESTS = Path(__file__).resolve().parents[1] / "policy"
 sys.path.insert(0, str(POLICY_TESTS))
 from checks import bundle_problems, text_problems  # noqa: E402
+from kernel_kit import reply_to, until_idle  # noqa: E402
 
 pytestmark = [pytest.mark.opensandbox_server, pytest.mark.timeout(600), pytest.mark.security("attack", "policy")]
 
@@ -158,35 +160,17 @@ async def kernel(request: pytest.FixtureRequest, deployment: Any, deployment_jup
     """A kernel of the OpenSandbox kernelspec in (mode, output_policy) of the test's parameters."""
     mode, policy = request.param
     deployment.kernelspec(deployment_jupyter_path, mode, output_policy=policy)
-    km = AsyncKernelManager(kernel_name=KERNEL_NAME)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=300)
-        msg_id = kc.kernel_info()
-        while (info := await kc.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != msg_id:
-            pass
+    async with started_client(AsyncKernelManager(kernel_name=KERNEL_NAME), timeout=300) as kc:
+        info = await reply_to(kc.shell_channel, kc.kernel_info())
         assert (info["content"]["implementation"] == IMPLEMENTATION) is (mode == "execd"), info["content"]
         yield mode, policy, kc
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def run(kc: Any, code: str) -> list[dict[str, Any]]:
     """Every IOPub message of one execution up to idle; the cell must succeed."""
     msg_id = kc.execute(code)
-    messages = []
-    while True:
-        msg = await kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    while (reply := await kc.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != msg_id:
-        pass
+    messages = await until_idle(kc, msg_id)
+    reply = await reply_to(kc.shell_channel, msg_id)
     assert reply["content"]["status"] == "ok", reply["content"]
     return messages
 

@@ -15,29 +15,29 @@ Against your own deployment, with its real execd::
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from jupyter_client import AsyncKernelClient, BlockingKernelClient
-from jupyter_client.connect import write_connection_file
+from jupyter_client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 
+from kernel_sandbox.errors import OpenSandboxAPIError, SandboxNotFound
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
-from kernel_sandbox.kernelspecs import install
-from kernel_sandbox.errors import OpenSandboxAPIError, SandboxNotFound
+from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, run_once
+
+from kernel_kit import ArgvKernel, reply_to, until_idle
 
 pytestmark = pytest.mark.opensandbox_server
 
@@ -155,36 +155,17 @@ async def kernel(
     """A kernel of the OpenSandbox kernelspec in the mode the test is parametrised with."""
     deployment.kernelspec(deployment_jupyter_path, getattr(request, "param", "execd"))
     km = manager()
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=300)
-    yield km, kc
-    kc.stop_channels()
-    await km.shutdown_kernel(now=True)
-
-
-async def collect(kc: Any, msg_id: str) -> list[dict[str, Any]]:
-    messages = []
-    while True:
-        msg = await kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return messages
+    async with started_client(km, timeout=300) as kc:
+        yield km, kc
 
 
 async def shell_reply(kc: Any, msg_id: str) -> dict[str, Any]:
-    while True:
-        reply = await kc.get_shell_msg(timeout=120)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply["content"]
+    return (await reply_to(kc.shell_channel, msg_id))["content"]
 
 
 async def execute(kc: Any, code: str, **options: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     msg_id = kc.execute(code, **options)
-    messages = await collect(kc, msg_id)
+    messages = await until_idle(kc, msg_id)
     return messages, await shell_reply(kc, msg_id)
 
 
@@ -243,7 +224,7 @@ async def test_kernel_executes_streams_fails_interrupts_restarts_and_shuts_down(
     )
     assert (await until_stream(kc, msg_id))["text"] == "first\n"
     await in_sandbox(deployment, sandbox_id, f"open({go!r}, 'w').close()")
-    rest = await collect(kc, msg_id)
+    rest = await until_idle(kc, msg_id)
     assert "released\n" in "".join(s["text"] for s in of_type(rest, "stream"))
     assert (await shell_reply(kc, msg_id))["status"] == "ok"
 
@@ -315,7 +296,7 @@ async def test_websocket_mode_is_a_full_jupyter_kernel(kernel: tuple[AsyncKernel
     request = await kc.get_stdin_msg(timeout=120)
     assert request["msg_type"] == "input_request" and request["content"]["prompt"] == "name? "
     kc.input("sandbox")
-    rest = await collect(kc, msg_id)
+    rest = await until_idle(kc, msg_id)
     assert "hello sandbox\n" in "".join(s["text"] for s in of_type(rest, "stream"))
     assert (await shell_reply(kc, msg_id))["status"] == "ok"
 
@@ -386,38 +367,22 @@ async def test_auto_mode_falls_back_to_execd_without_a_jupyter_server(
     if deployment.local is None:
         pytest.skip("needs an image without a Jupyter server: only the local harness has one")
     deployment.kernelspec(deployment_jupyter_path, "execd", mode="auto", jupyter_wait=2.0)
-    km = manager()
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=300)
+    async with started_client(manager(), timeout=300) as kc:
         info = (await kc.kernel_info(reply=True, timeout=60))["content"]
         assert info["implementation"] == "kernel-sandbox-opensandbox"
         _, reply = await execute(kc, "6 * 7")
         assert reply["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def test_output_over_the_cap_is_cut_and_the_code_interrupted(
     deployment: Any, deployment_jupyter_path: Path
 ) -> None:
     deployment.kernelspec(deployment_jupyter_path, "execd", max_output_bytes=4000)
-    km = manager()
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=180)
+    async with started_client(manager(), timeout=180) as kc:
         _, reply = await execute(kc, "import time\nwhile True:\n    print('x' * 100, flush=True)\n    time.sleep(0.01)")
         assert reply["status"] == "error" and reply["ename"] == "OutputLimitExceeded"
         _, reply = await execute(kc, "'usable after the cap'")
         assert reply["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 @pytest.mark.security("fault", "sessions")
@@ -469,128 +434,93 @@ async def test_a_paused_sandbox_is_not_dead_and_runs_again_after_resume(
 # ---- the kernelspec's argv, run as a client that ignores provisioners runs it (VS Code) ----------------
 
 
-class ArgvKernel:
-    """The installed kernelspec's argv started by hand, with a client on the ports it was given."""
+def sandboxes_of(kernel: ArgvKernel, deployment: Any) -> list[dict[str, Any]]:
+    """The sandboxes the server knows for ``kernel``."""
 
-    def __init__(self, spec_dir: Path, tmp_path: Path, env: dict[str, str]) -> None:
-        self.kernel_id = uuid.uuid4().hex
-        self.connection_file, _ = write_connection_file(str(tmp_path / f"kernel-{self.kernel_id}.json"))
-        argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
-        cmd = [part.replace("{connection_file}", self.connection_file) for part in argv]
-        self.process = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
-        self.client = BlockingKernelClient(connection_file=self.connection_file)
-        self.client.load_connection_file()
-        self.client.start_channels()
+    async def listing() -> list[dict[str, Any]]:
+        async with deployment.client() as client:
+            return await client.list_sandboxes(metadata={"kernel-sandbox-kernel-id": kernel.kernel_id})
 
-    def run(self, code: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
-        out: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return "".join(out), reply["content"]
-
-    def sandboxes(self, deployment: Any) -> list[dict[str, Any]]:
-        async def listing() -> list[dict[str, Any]]:
-            async with deployment.client() as client:
-                return await client.list_sandboxes(metadata={"kernel-sandbox-kernel-id": self.kernel_id})
-
-        return asyncio.run(listing())
-
-    def close(self) -> str:
-        self.client.stop_channels()
-        if self.process.poll() is None:
-            self.process.terminate()
-        self.process.wait(60)
-        assert self.process.stderr is not None
-        return self.process.stderr.read().decode(errors="replace")
+    return asyncio.run(listing())
 
 
 @pytest.fixture
-def argv_spec(deployment: Any, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """The OpenSandbox kernelspec installed as `kernel-sandbox install` does; API base and key in the env."""
+def argv_kernel(deployment: Any, tmp_path: Path) -> Iterator[ArgvKernel]:
+    """The argv of the OpenSandbox kernelspec installed as `kernel-sandbox install` does (API base and key in
+    the env), started and ready; at the end stopped, and any sandbox of it left deleted."""
     config = deployment.options("websocket", renew_interval=1.0, timeout=60)
     for name in ("api_base", "api_key"):
         config.pop(name)
     spec_dir = Path(install(KERNEL_NAME, prefix=str(tmp_path / "prefix"), config=config))
     env = {**os.environ, "OPEN_SANDBOX_API_BASE": deployment.api_base, "OPEN_SANDBOX_API_KEY": deployment.api_key}
-    return spec_dir, env
+    kernel = ArgvKernel(spec_dir, tmp_path, env, kernel_id=uuid.uuid4().hex)
+    try:
+        kernel.ready(300)  # the heartbeat first: jupyter_client's wait alone gives up on a launcher still starting
+        yield kernel
+    finally:
+        kernel.stop(60)
+        for left in sandboxes_of(kernel, deployment):
+            asyncio.run(_delete(deployment, left["id"]))
 
 
 @pytest.mark.security("fault", "sessions")
 def test_the_argv_kernel_runs_in_the_sandbox_streams_interrupts_and_sigterm_leaves_no_sandbox(
-    argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
+    argv_kernel: ArgvKernel, deployment: Any
 ) -> None:
-    spec_dir, env = argv_spec
-    kernel = ArgvKernel(spec_dir, tmp_path, env)
-    try:
-        kernel.client.wait_for_ready(timeout=300)
-        (sandbox,) = kernel.sandboxes(deployment)
-        out, reply = kernel.run("import os, socket\nprint(os.path.exists('/opt/opensandbox/execd'), socket.gethostname())")
-        assert reply["status"] == "ok"
-        in_sandbox_flag, hostname = out.split()
-        assert in_sandbox_flag == "True" and hostname != __import__("socket").gethostname()
+    (sandbox,) = sandboxes_of(argv_kernel, deployment)
+    out, reply = argv_kernel.run("import os, socket\nprint(os.path.exists('/opt/opensandbox/execd'), socket.gethostname())", timeout=120)
+    assert reply["status"] == "ok"
+    in_sandbox_flag, hostname = out.split()
+    assert in_sandbox_flag == "True" and hostname != __import__("socket").gethostname()
 
-        go = f"/tmp/go-{uuid.uuid4().hex}"
-        msg_id = kernel.client.execute(
-            f"import os, time\nprint('first', flush=True)\nwhile not os.path.exists({go!r}):\n    time.sleep(0.05)"
-        )
-        while True:
-            msg = kernel.client.get_iopub_msg(timeout=120)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                break
-        assert msg["content"]["text"] == "first\n", "output streams while the cell runs"
-        asyncio.run(in_sandbox(deployment, sandbox["id"], f"open({go!r}, 'w').close()"))
-        assert kernel.client.get_shell_msg(timeout=120)["content"]["status"] == "ok"
+    go = f"/tmp/go-{uuid.uuid4().hex}"
+    msg_id = argv_kernel.client.execute(
+        f"import os, time\nprint('first', flush=True)\nwhile not os.path.exists({go!r}):\n    time.sleep(0.05)"
+    )
+    while True:
+        msg = argv_kernel.client.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            break
+    assert msg["content"]["text"] == "first\n", "output streams while the cell runs"
+    asyncio.run(in_sandbox(deployment, sandbox["id"], f"open({go!r}, 'w').close()"))
+    assert argv_kernel.client.get_shell_msg(timeout=120)["content"]["status"] == "ok"
 
-        msg_id = kernel.client.execute("while True: pass")
-        time.sleep(1)
-        kernel.process.send_signal(signal.SIGINT)
-        reply = kernel.client.get_shell_msg(timeout=120)
-        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
-        assert kernel.run("'alive'")[1]["status"] == "ok"
+    msg_id = argv_kernel.client.execute("while True: pass")
+    time.sleep(1)
+    argv_kernel.process.send_signal(signal.SIGINT)
+    reply = argv_kernel.client.get_shell_msg(timeout=120)
+    assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert argv_kernel.run("'alive'", timeout=120)[1]["status"] == "ok"
 
-        kernel.process.send_signal(signal.SIGTERM)
-        assert kernel.process.wait(60) == 0
-        assert kernel.sandboxes(deployment) == [], "SIGTERM deletes the sandbox before the launcher exits"
-    finally:
-        kernel.close()
+    argv_kernel.process.send_signal(signal.SIGTERM)
+    assert argv_kernel.process.wait(60) == 0
+    assert sandboxes_of(argv_kernel, deployment) == [], "SIGTERM deletes the sandbox before the launcher exits"
 
 
 @pytest.mark.security("fault", "sessions")
 def test_sigkill_of_the_argv_launcher_stops_renewals_and_the_server_expires_the_sandbox(
-    argv_spec: tuple[Path, dict[str, str]], deployment: Any, tmp_path: Path
+    argv_kernel: ArgvKernel, deployment: Any
 ) -> None:
     """The one slow test (~60 s): timeout is 60 s, the server's minimum; renewals every second until the kill."""
-    spec_dir, env = argv_spec
-    kernel = ArgvKernel(spec_dir, tmp_path, env)
-    try:
-        kernel.client.wait_for_ready(timeout=300)
-        (sandbox,) = kernel.sandboxes(deployment)
-        first = sandbox["expiresAt"]
-        deadline = time.monotonic() + 30
-        while kernel.sandboxes(deployment)[0]["expiresAt"] == first:
-            assert time.monotonic() < deadline, "the launcher does not renew the sandbox"
-            time.sleep(0.5)
-        kernel.process.kill()
-        kernel.process.wait(30)
-        killed = time.time()
-        expires = kernel.sandboxes(deployment)[0]["expiresAt"]
-        time.sleep(3)
-        assert kernel.sandboxes(deployment)[0]["expiresAt"] == expires, "renewals stop with the launcher"
-        from datetime import datetime
+    (sandbox,) = sandboxes_of(argv_kernel, deployment)
+    first = sandbox["expiresAt"]
+    deadline = time.monotonic() + 30
+    while sandboxes_of(argv_kernel, deployment)[0]["expiresAt"] == first:
+        assert time.monotonic() < deadline, "the launcher does not renew the sandbox"
+        time.sleep(0.5)
+    argv_kernel.process.kill()
+    argv_kernel.process.wait(30)
+    killed = time.time()
+    expires = sandboxes_of(argv_kernel, deployment)[0]["expiresAt"]
+    time.sleep(3)
+    assert sandboxes_of(argv_kernel, deployment)[0]["expiresAt"] == expires, "renewals stop with the launcher"
+    from datetime import datetime
 
-        assert datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() <= killed + 62
-        deadline = time.monotonic() + 120
-        while kernel.sandboxes(deployment):
-            assert time.monotonic() < deadline, "the orphaned sandbox did not expire"
-            time.sleep(1)
-    finally:
-        kernel.close()
-        for left in kernel.sandboxes(deployment):
-            asyncio.run(_delete(deployment, left["id"]))
+    assert datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp() <= killed + 62
+    deadline = time.monotonic() + 120
+    while sandboxes_of(argv_kernel, deployment):
+        assert time.monotonic() < deadline, "the orphaned sandbox did not expire"
+        time.sleep(1)
 
 
 async def _delete(deployment: Any, sandbox_id: str) -> None:

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.containers import DEFAULT_IMAGE
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
-from test_policy_jupyterlab import ARGV_SUFFIX, ARTIFACTS, KERNELSPECS
+from lab_kit import chromium, jupyterlab, remove_kernels_of
+from test_policy_jupyterlab import ARGV_SUFFIX, KERNELSPECS
 from ipykernel.kernelspec import get_kernel_dict
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -96,17 +89,6 @@ def kernel() -> Iterator[LocalKernel]:
 
 
 # ---- JupyterLab in Chromium (test_policy_jupyterlab.py) -------------------------------------------
-
-CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def widget_image(docker_engine) -> str:
@@ -181,62 +163,13 @@ def lab(request: pytest.FixtureRequest, docker_engine, widget_image, tmp_path_fa
             extra_env["OPEN_SANDBOX_API_KEY"] = server.api_key
             continue
         install(name, prefix=str(prefix))
-    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    root = base / "root"
-    root.mkdir()
-    env = {**os.environ, "JUPYTER_PATH": str(prefix / "share" / "jupyter"), "JUPYTER_CONFIG_DIR": str(base / "config"),
-           "JUPYTER_DATA_DIR": str(base / "data"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-           "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
-           **extra_env}
-    port, token = _free_port(), secrets.token_hex(16)
-    log = base / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             "--LabApp.news_url=", "--KernelSpecManager.ensure_native_kernel=False"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    headers = {"Authorization": f"token {token}"}
-    deadline = time.monotonic() + 90
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"JupyterLab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/api/status", headers=headers, timeout=2).status_code == 200:
-                break
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"JupyterLab did not answer:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
-    try:
-        yield {"url": url, "token": token, "headers": headers, "root": root, "unavailable": unavailable}
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / "policy-jupyterlab.log").write_bytes(log.read_bytes())
-        for container in docker_engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={process.pid}"]}):
-            remove_container(container)
+    with jupyterlab(base, prefix / "share" / "jupyter", "policy-jupyterlab.log", extra_env) as server:
+        yield {"url": server.url, "token": server.token, "headers": server.headers, "root": server.root_dir,
+               "unavailable": unavailable}
+    remove_kernels_of(docker_engine, server.process.pid)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"chromium not found at {CHROMIUM} (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium() as browser:
+        yield browser

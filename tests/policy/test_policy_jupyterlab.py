@@ -20,12 +20,14 @@ import contextlib
 import html
 import os
 import time
-from pathlib import Path
+from collections.abc import Iterable
+from typing import Any
 
 import httpx
 import pytest
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+from lab_kit import ARTIFACTS, recording_page
+
 ARGV_SUFFIX = "-argv"
 """``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""
 KERNELSPECS = [
@@ -92,11 +94,37 @@ BENIGN_CELLS = {
 }
 
 
-def _notebook(kernelspec: str) -> dict:
-    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-             for src in [*HOSTILE_CELLS.values(), *BENIGN_CELLS.values()]]
-    return {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
-            "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
+def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) -> None:
+    """Write a notebook of ``sources`` (code cells, not run) for ``kernelspec`` at ``path`` through the contents API."""
+    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in sources]
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
+                "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
+    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
+                    json={"type": "notebook", "format": "json", "content": notebook})
+    assert put.status_code in (200, 201), put.text
+
+
+def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
+    """Open the notebook at ``path`` in a JupyterLab workspace of its own (no other notebook reopens, so "Run All"
+    cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
+    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()  # the kernel is up
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    return panel
+
+
+def script_traces(page: Any, lab: dict, seconds: float) -> tuple[list[str], list[str]]:
+    """What a payload that ran left, looked for during ``seconds``: the page's pwned markers and the pwned files written."""
+    deadline = time.monotonic() + seconds
+    while True:
+        markers = page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))")
+        listing = httpx.get(f"{lab['url']}/api/contents", headers=lab["headers"]).json()["content"]
+        written = sorted(item["name"] for item in listing if item["name"].startswith("pwned"))
+        if markers or written or time.monotonic() > deadline:
+            return markers, written
+        page.wait_for_timeout(250)
 
 
 @pytest.mark.parametrize("kernelspec", KERNELSPECS)
@@ -109,20 +137,9 @@ def test_hostile_outputs_run_no_script_and_benign_ones_render(browser, lab, kern
 def check_notebook(browser, lab: dict, kernelspec: str) -> None:
     """Run the hostile and benign cells in JupyterLab on ``kernelspec``; fail on any sign of script."""
     name = f"policy-{kernelspec}.ipynb"
-    put = httpx.put(f"{lab['url']}/api/contents/{name}", headers=lab["headers"],
-                    json={"type": "notebook", "format": "json", "content": _notebook(kernelspec)})
-    assert put.status_code in (200, 201), put.text
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    requests: list[str] = []
-    page.on("request", lambda request: requests.append(request.url))
-    try:
-        page.goto(f"{lab['url']}/lab/workspaces/{kernelspec}/tree/{name}?reset&token={lab['token']}")  # a workspace of its own: no other notebook reopens
-        panel = page.locator(".jp-NotebookPanel:visible")
-        page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()  # the kernel is up
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    put_notebook(lab, name, kernelspec, [*HOSTILE_CELLS.values(), *BENIGN_CELLS.values()])
+    with recording_page(browser, f"policy-{kernelspec}-failure.png", height=900, timeout_ms=120_000) as (page, requests):
+        panel = run_all_cells(page, lab, kernelspec, name)
         # The benign outputs render (the last cell's progress bar completes last).
         panel.locator(".widget-hprogress, .widget-progress").first.wait_for()
         panel.locator(".widget-html-content", has_text="3/3").first.wait_for()
@@ -147,21 +164,7 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
         page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}.png"), full_page=True)
         panel.locator(".jp-Cell").last.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}-benign.png"), full_page=True)
-        # Bounded look for what a payload that ran would have left: the page marker or the file.
-        deadline = time.monotonic() + 5
-        while True:
-            markers = page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))")
-            listing = httpx.get(f"{lab['url']}/api/contents", headers=lab["headers"]).json()["content"]
-            written = sorted(item["name"] for item in listing if item["name"].startswith("pwned"))
-            if markers or written or time.monotonic() > deadline:
-                break
-            page.wait_for_timeout(250)
+        markers, written = script_traces(page, lab, 5)
         assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"
-    except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"policy-{kernelspec}-failure.png"), full_page=True)
-        raise
-    finally:
-        context.close()
     outside = [u for u in requests if not u.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:"))]
     assert outside == []

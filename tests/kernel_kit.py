@@ -1,0 +1,111 @@
+"""What tests that talk to kernels share: a kernelspec's argv started by hand (as VS Code starts it), and the
+messages of one request.
+
+Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from jupyter_client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+
+
+class ArgvKernel:
+    """A kernelspec's argv started by hand, with a blocking client connected to the ports it was given.
+
+    The connection file is ``kernel-KERNEL_ID.json`` in ``tmp_path``: the launcher takes the kernel's
+    id (its container's or sandbox's label) from that name.
+    """
+
+    def __init__(self, spec_dir: Path, tmp_path: Path, env: dict[str, str] | None = None, kernel_id: str = "launched") -> None:
+        self.kernel_id = kernel_id
+        self.connection_file, _ = write_connection_file(str(tmp_path / f"kernel-{kernel_id}.json"))
+        argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
+        cmd = [part.replace("{connection_file}", self.connection_file) for part in argv]
+        self.process = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+        self.client = BlockingKernelClient(connection_file=self.connection_file)
+        self.client.load_connection_file()
+        self.client.start_channels()
+
+    def ready(self, timeout: float = 90) -> None:
+        """Wait for the launcher's heartbeat, then for the kernel.
+
+        jupyter_client's own wait gives up when the first heartbeat is unanswered for a second,
+        which a launcher still importing on a loaded machine can miss: poll it first, with a deadline.
+        """
+        import zmq
+
+        info = json.loads(Path(self.connection_file).read_text())
+        context = zmq.Context()
+        ping = context.socket(zmq.REQ)
+        ping.connect(f"tcp://127.0.0.1:{info['hb_port']}")
+        try:
+            ping.send(b"ping")
+            assert ping.poll(timeout * 1000), f"the launcher's heartbeat did not answer within {timeout} s"
+        finally:
+            ping.close(linger=0)
+            context.term()
+        self.client.wait_for_ready(timeout=timeout)
+
+    def run(self, code: str, timeout: float = 60) -> tuple[str, dict[str, Any]]:
+        """Execute ``code``; return its stdout and the reply's content."""
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        return "".join(out), reply["content"]
+
+    def stop(self, timeout: float = 30) -> str:
+        """End the launcher as a client does (SIGTERM; it must exit within ``timeout`` s); return its stderr."""
+        self.client.stop_channels()
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(timeout)
+        assert self.process.stderr is not None
+        with self.process.stderr:
+            return self.process.stderr.read().decode(errors="replace")
+
+
+async def until_idle(kc: Any, msg_id: str, timeout: float = 120) -> list[dict[str, Any]]:
+    """Every IOPub message of request ``msg_id`` up to its idle status (other requests' messages are skipped)."""
+    messages = []
+    while True:
+        msg = await kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+async def reply_to(channel: Any, msg_id: str, timeout: float = 120) -> dict[str, Any]:
+    """The reply to ``msg_id`` on ``channel`` (late replies to earlier requests, e.g. kernel_info, are skipped)."""
+    while True:
+        reply = await channel.get_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+async def run_cell(km: Any, code: str, timeout: float = 120, ready_timeout: float = 120) -> tuple[str, dict[str, Any]]:
+    """Execute ``code`` through a new client of kernel manager ``km`` (once the kernel answers); return
+    its stdout and the reply's content. The client is closed on the way out."""
+    kc = km.client()
+    kc.start_channels()
+    out: list[str] = []
+    try:
+        await kc.wait_for_ready(timeout=ready_timeout)
+        reply = await kc.execute_interactive(
+            code, timeout=timeout,
+            output_hook=lambda msg: out.append(msg["content"]["text"]) if msg["msg_type"] == "stream" else None,
+        )
+    finally:
+        kc.stop_channels()
+    return "".join(out), reply["content"]

@@ -1,0 +1,191 @@
+"""What the JupyterLab and browser tests share: a free port, a JupyterLab server, `kernel-sandbox lab`, Chromium.
+
+Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+QUIET_LAB = ["--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url="]
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop(process: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM ``process``; SIGKILL it if it has not exited ``timeout`` seconds later."""
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def remove_kernels_of(engine: Any, pid: int) -> list[Any]:
+    """Remove the kernel containers that process ``pid`` owned; return them (empty when it left none)."""
+    left = engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={pid}"]})
+    for container in left:
+        remove_container(container)
+    return left
+
+
+@dataclass
+class LabServer:
+    """A JupyterLab server on 127.0.0.1, its token and process."""
+
+    url: str
+    token: str
+    process: subprocess.Popen[bytes]
+    root_dir: Path
+    log: Path
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+
+@contextlib.contextmanager
+def jupyterlab(base: Path, jupyter_path: Path, artifact: str, env: Mapping[str, str] | None = None) -> Iterator[LabServer]:
+    """JupyterLab on a random port of 127.0.0.1 with a token, seeing only the kernelspecs under ``jupyter_path``.
+
+    Its config, data, runtime, settings and workspace directories are under ``base``, so the user's
+    own Jupyter set-up neither leaks in nor gets touched; news and update checks are off. Stopped on
+    the way out, its log kept as ``test-artifacts/ARTIFACT``.
+    """
+    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    root = base / "root"
+    root.mkdir()
+    full_env = {
+        **os.environ,
+        "JUPYTER_PATH": str(jupyter_path),
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_DATA_DIR": str(base / "data"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+        **(env or {}),
+    }
+    port, token = free_port(), secrets.token_hex(16)
+    log = base / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+             f"--ServerApp.root_dir={root}", *QUIET_LAB, "--KernelSpecManager.ensure_native_kernel=False"],
+            stdout=out, stderr=subprocess.STDOUT, env=full_env,
+        )
+    server = LabServer(f"http://127.0.0.1:{port}", token, process, root, log)
+    deadline = time.monotonic() + 90
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"JupyterLab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/api/status", headers=server.headers, timeout=2).status_code == 200:
+                break
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"JupyterLab did not answer:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+    try:
+        yield server
+    finally:
+        stop(process)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / artifact).write_bytes(log.read_bytes())
+
+
+@contextlib.contextmanager
+def kernel_sandbox_lab(
+    args: list[str], *, root: Path, logs: Path, env: Mapping[str, str], timeout: float = 120
+) -> Iterator[LabServer]:
+    """`kernel-sandbox lab ARGS` on a random port, serving ``root``, until it prints its URL; stopped on the way out.
+
+    Its output goes to ``logs``.out and ``logs``.err (``LabServer.log`` is the .err file, where the server logs).
+    """
+    port = free_port()
+    out, err = logs.with_suffix(".out"), logs.with_suffix(".err")
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kernel_sandbox.cli", "lab", *args, "--no-browser", "--port", str(port),
+             "--notebook-dir", str(root), "--allow-root", *QUIET_LAB],
+            stdout=stdout, stderr=stderr, env=dict(env),
+        )
+    deadline = time.monotonic() + timeout
+    pattern = re.compile(rf"http://127\.0\.0\.1:{port}/lab\?token=(\w+)")
+    while not (found := pattern.search(out.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"kernel-sandbox lab printed no URL:\n{out.read_text()}\n{err.read_text()[-3000:]}")
+        time.sleep(0.2)
+    try:
+        yield LabServer(f"http://127.0.0.1:{port}", found.group(1), process, root, err)
+    finally:
+        stop(process, 60)
+
+
+@contextlib.contextmanager
+def recording_page(browser: Any, failure_png: str, *, height: int = 800, timeout_ms: float = 90_000) -> Iterator[tuple[Any, list[str]]]:
+    """A page of a new context of ``browser`` and the list of every URL it requests.
+
+    When the block fails, a screenshot goes to ``test-artifacts/FAILURE_PNG``; the context is closed on the way out.
+    """
+    context = browser.new_context(viewport={"width": 1280, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(timeout_ms)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    try:
+        yield page, requests
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / failure_png), full_page=True)
+        raise
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's headless chromium through Playwright (never Playwright's own download), closed on the way out."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"chromium not found at {CHROMIUM} (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
