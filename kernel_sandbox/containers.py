@@ -284,6 +284,13 @@ def remove_container(container: Container) -> None:
 # -- leftovers -------------------------------------------------------------------------------
 
 
+def remove_launcher_containers(client: docker.DockerClient, kernel_id: str, launcher_pid: int | str) -> None:
+    """Remove every container one launcher made for ``kernel_id``, found by their labels (it may not have said which)."""
+    labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
+    for container in client.containers.list(all=True, filters={"label": labels}, ignore_removed=True):
+        remove_container(container)
+
+
 def pid_alive(pid: int) -> bool:
     """True when a process ``pid`` exists on this host (also one of another user)."""
     try:

@@ -56,15 +56,6 @@ def release(watchdog: subprocess.Popen[bytes] | None, done: bool) -> None:
         pass
 
 
-def _remove(launcher_pid: str, kernel_id: str) -> None:
-    from .containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container
-
-    labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
-    found = docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True)
-    for container in found:
-        remove_container(container)
-
-
 def main(argv: list[str]) -> int:
     """Wait for the launcher's end on stdin; remove its containers unless it said it was done."""
     launcher_pid, kernel_id = argv
@@ -75,12 +66,14 @@ def main(argv: list[str]) -> int:
         said = (said + chunk)[: len(DONE) + 1]
     if said == DONE:
         return 0
+    from .containers import docker_client, remove_launcher_containers  # the Docker SDK only when needed
+
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
-            _remove(launcher_pid, kernel_id)
+            remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
             time.sleep(LATE_CREATE)
-            _remove(launcher_pid, kernel_id)
+            remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
             break
         except Exception:  # the engine is gone, hung or failing: try again, then leave it to gc
             if time.monotonic() + RETRY > deadline:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
-from ..opensandbox.client import TERMINAL_STATES, ExecdClient, OpenSandboxClient, keep_alive, sandbox_state
+from ..opensandbox.client import TERMINAL_STATES, ExecdClient, Limits, OpenSandboxClient, keep_alive, sandbox_state
 from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
 from ..opensandbox.gc import owner_metadata
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
@@ -315,9 +315,11 @@ class OpenSandboxLink:
             use_server_proxy=settings.use_server_proxy,
             poll_interval=settings.poll_interval,
             ready_timeout=settings.ready_timeout,
-            request_timeout=settings.request_timeout,
-            max_output_bytes=settings.max_output_bytes,
-            max_response_bytes=settings.max_response_bytes,
+            limits=Limits(
+                request_timeout=settings.request_timeout,
+                max_response_bytes=settings.max_response_bytes,
+                max_output_bytes=settings.max_output_bytes,
+            ),
         )
         env = {
             **self.request.env,
@@ -372,13 +374,7 @@ class OpenSandboxLink:
         assert self._front is not None and self._execd is not None
         if settings.mode in ("auto", "websocket"):
             endpoint = await client.endpoint(sandbox_id, settings.jupyter_port)
-            self._jupyter = JupyterServer(
-                endpoint.url,
-                self._token,
-                endpoint.headers,
-                request_timeout=settings.request_timeout,
-                max_response_bytes=settings.max_response_bytes,
-            )
+            self._jupyter = JupyterServer(endpoint.url, self._token, endpoint.headers, limits=client.limits)
             wait = settings.jupyter_wait if settings.mode == "auto" else settings.ready_timeout
             try:
                 await self._jupyter.wait_ready(wait, min(settings.poll_interval, 0.2))

@@ -1,90 +1,22 @@
-"""OpenSandbox backend: lifecycle and execd clients, the execd event parser, the execd-to-Jupyter
-translation, the sandbox's Jupyter server client and the backend's settings. The kernel itself is
-run by the launcher (:mod:`kernel_sandbox.launch.opensandbox_link`)."""
+"""OpenSandbox backend: the async lifecycle and execd clients, and what they return.
 
-from ..errors import (
-    CallDeadlineExceeded,
-    OpenSandboxAPIError,
-    OpenSandboxConfigError,
-    OpenSandboxConnectionError,
-    OpenSandboxError,
-    OpenSandboxProtocolError,
-    OutputLimitExceeded,
-    ResponseTooLarge,
-    SandboxNotFound,
-    SandboxStateError,
-    SandboxTimeoutError,
-)
-from .client import (
-    API_KEY_HEADER,
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_MAX_STREAM_BYTES,
-    DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_SANDBOX_IMAGE,
-    DEFAULT_SANDBOX_TIMEOUT,
-    ENV_API_BASE,
-    ENV_API_KEY,
-    EXECD_PORT,
-    LABELS,
-    TERMINAL_STATES,
-    Endpoint,
-    ExecdClient,
-    OpenSandboxClient,
-    Sandbox,
-    build_create_body,
-    endpoint_url,
-    keep_alive,
-    resolve_api_base,
-    resolve_api_key,
-    run_once,
-    run_once_sync,
-)
-from .events import Event, ExecdRun, RunCollector, parse_event, parse_line, parse_lines
-from .translate import CellRelay, CellTranslator, relay_cell
+The errors are in :mod:`kernel_sandbox.errors`; the event parser, the execd-to-Jupyter
+translation, the sandbox's Jupyter server client and the backend's settings are in their
+submodules. The kernel itself is run by the launcher (:mod:`kernel_sandbox.launch.opensandbox_link`).
+"""
+
+from .client import Endpoint, ExecdClient, Limits, OpenSandboxClient, Sandbox, keep_alive, run_once, run_once_sync
+from .events import Event, ExecdRun
 
 __all__ = [
-    "API_KEY_HEADER",
-    "DEFAULT_ENTRYPOINT",
-    "DEFAULT_MAX_RESPONSE_BYTES",
-    "DEFAULT_MAX_STREAM_BYTES",
-    "DEFAULT_RESOURCE_LIMITS",
-    "DEFAULT_SANDBOX_IMAGE",
-    "DEFAULT_SANDBOX_TIMEOUT",
-    "ENV_API_BASE",
-    "ENV_API_KEY",
-    "EXECD_PORT",
-    "LABELS",
-    "TERMINAL_STATES",
-    "CallDeadlineExceeded",
-    "CellRelay",
-    "CellTranslator",
     "Endpoint",
     "Event",
     "ExecdClient",
     "ExecdRun",
-    "RunCollector",
-    "OpenSandboxAPIError",
+    "Limits",
     "OpenSandboxClient",
-    "OpenSandboxConfigError",
-    "OpenSandboxConnectionError",
-    "OpenSandboxError",
-    "OpenSandboxProtocolError",
-    "OutputLimitExceeded",
-    "ResponseTooLarge",
     "Sandbox",
-    "SandboxNotFound",
-    "SandboxStateError",
-    "SandboxTimeoutError",
-    "build_create_body",
-    "endpoint_url",
     "keep_alive",
-    "parse_event",
-    "parse_line",
-    "parse_lines",
-    "relay_cell",
-    "resolve_api_base",
-    "resolve_api_key",
     "run_once",
     "run_once_sync",
 ]

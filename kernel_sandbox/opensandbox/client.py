@@ -87,6 +87,23 @@ class Endpoint:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a client lets one call to a sandbox or the server cost.
+
+    ``request_timeout``: seconds for one call: connect, send and the whole answer.
+    ``max_response_bytes``: byte cap on one answer, error bodies included.
+    ``max_output_bytes``: byte cap on one execd run's event stream.
+    ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
+    (execd pings every ~3 s while code runs); bytes that do not complete an event do not count.
+    """
+
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES
+    stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
+
+
 @dataclass
 class Sandbox:
     """A sandbox as the lifecycle server described it, with its resolved execd endpoint."""
@@ -325,11 +342,10 @@ async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes
 class CappedHTTP:
     """Capped, deadline-bound HTTP calls shared by both clients."""
 
-    def __init__(self, http: httpx.AsyncClient | None, request_timeout: float, max_response_bytes: int) -> None:
-        self.request_timeout = request_timeout
-        self.max_response_bytes = max_response_bytes
+    def __init__(self, http: httpx.AsyncClient | None, limits: Limits) -> None:
+        self.limits = limits
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(request_timeout), follow_redirects=False)
+        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(limits.request_timeout), follow_redirects=False)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -350,7 +366,7 @@ class CappedHTTP:
         Returns a response whose body is in memory; raises for transport errors and the deadline,
         never for an HTTP status.
         """
-        deadline = self.request_timeout if timeout is None else timeout
+        deadline = self.limits.request_timeout if timeout is None else timeout
         request = self._http.build_request(
             method,
             url,
@@ -364,7 +380,7 @@ class CappedHTTP:
         async def send() -> httpx.Response:
             response = await self._http.send(request, stream=True, follow_redirects=False)
             try:
-                body = await _read_capped(response, self.max_response_bytes, what)
+                body = await _read_capped(response, self.limits.max_response_bytes, what)
             finally:
                 await response.aclose()
             return httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
@@ -426,19 +442,20 @@ _C = TypeVar("_C", bound="HTTPClientBase")
 
 
 class HTTPClientBase:
-    """What the execd, lifecycle and Jupyter server clients share: capped, deadline-bound calls to one
-    base URL, polling for readiness, closing, ``async with``."""
+    """What the execd, lifecycle and Jupyter server clients share: capped, deadline-bound calls to
+    ``url`` carrying ``headers``, polling for readiness, closing, ``async with``."""
 
-    _http: CappedHTTP
-    headers: Mapping[str, str]
-
-    def _base_url(self) -> str:
-        raise NotImplementedError
+    def __init__(
+        self, url: str, headers: Mapping[str, str] | None, *, http: httpx.AsyncClient | None, limits: Limits
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.headers = as_str_dict(headers)
+        self._http = CappedHTTP(http, limits)
 
     @property
-    def request_timeout(self) -> float:
-        """The deadline of one call, in seconds."""
-        return self._http.request_timeout
+    def limits(self) -> Limits:
+        """What one call may cost."""
+        return self._http.limits
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
@@ -451,7 +468,7 @@ class HTTPClientBase:
         await self.aclose()
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self._http.call(method, f"{self._base_url()}{path}", headers=self.headers, **kwargs)
+        return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
 
     async def _poll_ready(self, path: str, wait: float, poll_interval: float, failure: str, limit: str = "") -> int:
         """Poll ``GET path`` until it answers 200 and return the number of attempts; connection
@@ -463,7 +480,8 @@ class HTTPClientBase:
             attempts += 1
             remaining = wait - (time.monotonic() - started)
             try:
-                response = await self._call("GET", path, timeout=max(0.1, min(self.request_timeout, remaining)))
+                deadline = max(0.1, min(self.limits.request_timeout, remaining))
+                response = await self._call("GET", path, timeout=deadline)
             except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
                 last = str(exc)
             else:
@@ -471,7 +489,7 @@ class HTTPClientBase:
                     return attempts
                 if response.status_code not in RETRY_STATUSES:
                     raise_for_status(response)
-                last = f"GET {self._base_url()}{path} answered {response.status_code}"
+                last = f"GET {self.url}{path} answered {response.status_code}"
             elapsed = time.monotonic() - started
             if elapsed >= wait:
                 raise SandboxTimeoutError(
@@ -483,8 +501,6 @@ class HTTPClientBase:
 class ExecdClient(HTTPClientBase):
     """Talks to one sandbox's execd: readiness, run code (streamed), contexts, interrupt.
 
-    ``stream_idle_timeout``: a run's stream fails when no complete event arrived for that long
-    (execd pings every ~3 s while code runs); bytes that do not complete an event do not count.
     ``busy_wait``: a run that execd refuses with "session is busy" (the context's previous run,
     e.g. one just interrupted, is still ending) is retried for that many seconds.
     """
@@ -495,21 +511,11 @@ class ExecdClient(HTTPClientBase):
         headers: Mapping[str, str] | None = None,
         *,
         http: httpx.AsyncClient | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        limits: Limits = Limits(),
         busy_wait: float = DEFAULT_BUSY_WAIT,
     ) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, headers, http=http, limits=limits)
         self.busy_wait = busy_wait
-        self.headers = as_str_dict(headers)
-        self.max_output_bytes = max_output_bytes
-        self.stream_idle_timeout = stream_idle_timeout
-        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
-
-    def _base_url(self) -> str:
-        return self.url
 
     async def wait_ready(self, ready_timeout: float, poll_interval: float = 0.1) -> int:
         """Poll ``GET /ping`` until it answers 200; return the number of attempts.
@@ -550,7 +556,7 @@ class ExecdClient(HTTPClientBase):
             f"{self.url}/code",
             json={"code": code, "context": context},
             headers={**self.headers, "Accept-Encoding": "identity"},
-            timeout=httpx.Timeout(self.request_timeout, read=None),
+            timeout=httpx.Timeout(self.limits.request_timeout, read=None),
             extensions={"trace": _on_event("send_request_body.complete", on_sent)} if on_sent else None,
         )
         what = _where(request)
@@ -585,25 +591,25 @@ class ExecdClient(HTTPClientBase):
             await response.aclose()
 
     async def _open_stream(self, client: httpx.AsyncClient, request: httpx.Request, what: str) -> httpx.Response:
+        deadline = self.limits.request_timeout
         try:
-            return await asyncio.wait_for(
-                client.send(request, stream=True, follow_redirects=False), self.request_timeout
-            )
+            return await asyncio.wait_for(client.send(request, stream=True, follow_redirects=False), deadline)
         except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(
-                f"{what}: execd did not start answering within {self.request_timeout:g} s"
-            ) from None
+            raise CallDeadlineExceeded(f"{what}: execd did not start answering within {deadline:g} s") from None
         except httpx.TransportError as exc:
             raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
 
     async def _error_answer(self, response: httpx.Response, request: httpx.Request, what: str) -> OpenSandboxError:
         """The error for a non-2xx answer to ``POST /code`` (its body read capped, within the deadline)."""
+        limits = self.limits
         try:
             body = await asyncio.wait_for(
-                _read_capped(response, self._http.max_response_bytes, what), self.request_timeout
+                _read_capped(response, limits.max_response_bytes, what), limits.request_timeout
             )
         except asyncio.TimeoutError:
-            return CallDeadlineExceeded(f"{what}: the error answer did not arrive within {self.request_timeout:g} s")
+            return CallDeadlineExceeded(
+                f"{what}: the error answer did not arrive within {limits.request_timeout:g} s"
+            )
         except OpenSandboxError as exc:
             return exc
         except httpx.TransportError as exc:
@@ -618,25 +624,26 @@ class ExecdClient(HTTPClientBase):
 
     async def _events(self, response: httpx.Response, what: str) -> AsyncIterator[Event]:
         _refuse_encoded(response, what)
+        idle, cap = self.limits.stream_idle_timeout, self.limits.max_output_bytes
         received = 0
         lines = LineSplitter()
         chunks = response.aiter_raw().__aiter__()
         last_event = time.monotonic()
         while True:
-            wait = last_event + self.stream_idle_timeout - time.monotonic()
+            wait = last_event + idle - time.monotonic()
             try:
                 chunk = await asyncio.wait_for(chunks.__anext__(), max(wait, 0.001))
             except StopAsyncIteration:
                 break
             except asyncio.TimeoutError:
                 raise CallDeadlineExceeded(
-                    f"{what}: no event from execd for {self.stream_idle_timeout:g} s (stream_idle_timeout); "
+                    f"{what}: no event from execd for {idle:g} s (stream_idle_timeout); "
                     "execd pings every few seconds while code runs, so it is gone or misbehaving"
                 ) from None
             received += len(chunk)
-            if received > self.max_output_bytes:
+            if received > cap:
                 raise OutputLimitExceeded(
-                    f"execd output exceeded {self.max_output_bytes} bytes (max_output_bytes); the stream was aborted"
+                    f"execd output exceeded {cap} bytes (max_output_bytes); the stream was aborted"
                 )
             for line in lines.feed(chunk):
                 event = parse_event(line)
@@ -645,7 +652,7 @@ class ExecdClient(HTTPClientBase):
                 last_event = time.monotonic()
                 if event.terminal:
                     yield event
-                    await self._drain(chunks, self.max_output_bytes - received)
+                    await self._drain(chunks, cap - received)
                     return
                 yield event
         event = parse_event(lines.rest())
@@ -667,7 +674,7 @@ class ExecdClient(HTTPClientBase):
                     return
 
         with contextlib.suppress(asyncio.TimeoutError, httpx.TransportError):
-            await asyncio.wait_for(drain(), min(DRAIN_TIMEOUT, self.request_timeout))
+            await asyncio.wait_for(drain(), min(DRAIN_TIMEOUT, self.limits.request_timeout))
 
     async def run(
         self,
@@ -736,8 +743,8 @@ def _error_kwargs(error: OpenSandboxError) -> dict[str, Any]:
 class OpenSandboxClient(HTTPClientBase):
     """Async client for the OpenSandbox lifecycle API (create, wait, endpoint, delete...).
 
-    ``api_base`` and ``api_key`` default to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``;
-    the key header is left out when the key is empty.
+    ``api_base`` (kept as ``url``) and ``api_key`` default to ``OPEN_SANDBOX_API_BASE`` and
+    ``OPEN_SANDBOX_API_KEY``; the key header is left out when the key is empty.
     """
 
     def __init__(
@@ -749,33 +756,15 @@ class OpenSandboxClient(HTTPClientBase):
         use_server_proxy: bool = False,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_STREAM_BYTES,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        limits: Limits = Limits(),
         delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
     ) -> None:
-        self.api_base = resolve_api_base(api_base)
-        self.api_key = resolve_api_key(api_key)
+        key = resolve_api_key(api_key)
+        super().__init__(resolve_api_base(api_base), {API_KEY_HEADER: key} if key else {}, http=http, limits=limits)
         self.use_server_proxy = use_server_proxy
         self.poll_interval = poll_interval
         self.ready_timeout = ready_timeout
-        self.max_output_bytes = max_output_bytes
-        self.stream_idle_timeout = stream_idle_timeout
         self.delete_attempts = max(1, delete_attempts)
-        self._http = CappedHTTP(http, request_timeout, max_response_bytes)
-
-    @property
-    def max_response_bytes(self) -> int:
-        return self._http.max_response_bytes
-
-    @property
-    def headers(self) -> dict[str, str]:  # type: ignore[override]
-        """Headers for lifecycle calls (the API key header only when a key is set)."""
-        return {API_KEY_HEADER: self.api_key} if self.api_key else {}
-
-    def _base_url(self) -> str:
-        return self.api_base
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._call(method, path, **kwargs)
@@ -794,7 +783,7 @@ class OpenSandboxClient(HTTPClientBase):
         waiting. The sandbox is deleted again when any later step fails (or is cancelled).
         """
         body = build_create_body(**options)
-        what = f"POST {self.api_base}/sandboxes"
+        what = f"POST {self.url}/sandboxes"
         info = json_object(await self._request("POST", "/sandboxes", json=body), what, "id")
         sandbox_id = info["id"]
         url_segment(sandbox_id, f"{what}: the sandbox id")
@@ -818,14 +807,14 @@ class OpenSandboxClient(HTTPClientBase):
     async def get(self, sandbox_id: str) -> dict[str, Any]:
         """Return the server's description of a sandbox (404 raises :class:`SandboxNotFound`)."""
         path = self._path(sandbox_id)
-        return json_object(await self._request("GET", path), f"GET {self.api_base}{path}")
+        return json_object(await self._request("GET", path), f"GET {self.url}{path}")
 
     async def list_sandboxes(
         self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None, max_pages: int = 1000
     ) -> list[dict[str, Any]]:
         """List sandboxes, optionally filtered by metadata labels and states (all pages)."""
         items: list[dict[str, Any]] = []
-        what = f"GET {self.api_base}/sandboxes"
+        what = f"GET {self.url}/sandboxes"
         for page in range(1, max_pages + 1):
             params: list[tuple[str, Any]] = [("page", page), ("pageSize", 100)]
             if metadata:
@@ -882,7 +871,7 @@ class OpenSandboxClient(HTTPClientBase):
         """
         started = time.monotonic()
         path = self._path(sandbox_id, "endpoints", str(int(port)))
-        what = f"GET {self.api_base}{path}"
+        what = f"GET {self.url}{path}"
         params = {"use_server_proxy": "true" if self.use_server_proxy else "false"}
         attempts, last = 0, ""
         while True:
@@ -901,7 +890,7 @@ class OpenSandboxClient(HTTPClientBase):
                         if not isinstance(headers, dict):
                             raise OpenSandboxProtocolError(f"{what} answered with headers that are not an object")
                         return Endpoint(
-                            url=endpoint_url(answer["endpoint"], self.api_base), headers=as_str_dict(headers)
+                            url=endpoint_url(answer["endpoint"], self.url), headers=as_str_dict(headers)
                         )
                     last = f"{what} answered without an endpoint"
                 elif response.status_code in RETRY_STATUSES:
@@ -924,7 +913,7 @@ class OpenSandboxClient(HTTPClientBase):
         response = await self._request("POST", path, json=body)
         if not response.content.strip():
             return body["expiresAt"]
-        answer = json_object(response, f"POST {self.api_base}{path}")
+        answer = json_object(response, f"POST {self.url}{path}")
         return str(answer.get("expiresAt", body["expiresAt"]))[:64]
 
     async def delete(self, sandbox_id: str) -> bool:
@@ -942,19 +931,11 @@ class OpenSandboxClient(HTTPClientBase):
             raise_for_status(response)
             return True
 
-        return await _retrying_delete(attempt, self.delete_attempts, f"DELETE {self.api_base}{path}")
+        return await _retrying_delete(attempt, self.delete_attempts, f"DELETE {self.url}{path}")
 
     def execd(self, endpoint: Endpoint) -> ExecdClient:
         """Return an :class:`ExecdClient` for ``endpoint`` that shares this client's connection pool."""
-        return ExecdClient(
-            endpoint.url,
-            endpoint.headers,
-            http=self._http._http,
-            request_timeout=self.request_timeout,
-            max_output_bytes=self.max_output_bytes,
-            max_response_bytes=self.max_response_bytes,
-            stream_idle_timeout=self.stream_idle_timeout,
-        )
+        return ExecdClient(endpoint.url, endpoint.headers, http=self._http._http, limits=self.limits)
 
     async def run_code(
         self,
@@ -1028,7 +1009,7 @@ async def run_once(
 
     A failed delete never hides the outcome: after a run it is kept in the result's
     ``cleanup_error`` (and logged); after a failed run it is logged and the run's error is raised.
-    ``client_options`` go to :class:`OpenSandboxClient` (timeouts, caps...).
+    ``client_options`` go to :class:`OpenSandboxClient` (polling, :class:`Limits`...).
     """
     async with OpenSandboxClient(api_base, api_key, http=http, **dict(client_options or {})) as client:
         sandbox = await client.create(**create_options)

@@ -33,15 +33,7 @@ import tornado.httpclient
 import tornado.websocket
 
 from ..errors import CallDeadlineExceeded, OpenSandboxConnectionError, OpenSandboxProtocolError
-from .client import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_REQUEST_TIMEOUT,
-    CappedHTTP,
-    HTTPClientBase,
-    as_str_dict,
-    json_object,
-    raise_for_status,
-)
+from .client import HTTPClientBase, Limits, as_str_dict, json_object, raise_for_status
 
 log = logging.getLogger(__name__)
 
@@ -154,15 +146,9 @@ class JupyterServer(HTTPClientBase):
         token: str,
         headers: Mapping[str, str] | None = None,
         *,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        limits: Limits = Limits(),
     ) -> None:
-        self.url = url.rstrip("/")
-        self.headers = {**as_str_dict(headers), "Authorization": f"token {token}"}
-        self._http = CappedHTTP(None, request_timeout, max_response_bytes)
-
-    def _base_url(self) -> str:
-        return self.url
+        super().__init__(url, {**as_str_dict(headers), "Authorization": f"token {token}"}, http=None, limits=limits)
 
     async def wait_ready(self, wait: float, poll_interval: float = 0.1) -> None:
         """Poll ``GET /api/status`` until it answers 200 (404/502/503/504 and connection errors retried).
@@ -200,11 +186,9 @@ class JupyterServer(HTTPClientBase):
         Pings every ``request_timeout`` seconds close a connection whose peer stopped answering.
         """
         url = self.url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={session_id}"
+        deadline = self.limits.request_timeout
         request = tornado.httpclient.HTTPRequest(
-            url,
-            headers=self.headers,
-            connect_timeout=self.request_timeout,
-            request_timeout=self.request_timeout,
+            url, headers=self.headers, connect_timeout=deadline, request_timeout=deadline
         )
         socket = KernelSocket(on_message, on_close)
         try:
@@ -212,15 +196,15 @@ class JupyterServer(HTTPClientBase):
                 tornado.websocket.websocket_connect(
                     request,
                     on_message_callback=socket._received,
-                    ping_interval=self.request_timeout,
-                    ping_timeout=self.request_timeout,
+                    ping_interval=deadline,
+                    ping_timeout=deadline,
                     max_message_size=max_message_size,
                     subprotocols=[V1],
                 ),
-                self.request_timeout,
+                deadline,
             )
         except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(f"websocket {url}: no connection within {self.request_timeout:g} s") from None
+            raise CallDeadlineExceeded(f"websocket {url}: no connection within {deadline:g} s") from None
         except tornado.httpclient.HTTPClientError as exc:
             raise OpenSandboxConnectionError(f"websocket {url} was refused: {exc.code} {exc.message}") from exc
         except (OSError, tornado.websocket.WebSocketError) as exc:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from ..errors import KernelSandboxError
 from ..results import ExecutionError
-from .events import REPLY_TRACEBACK_CHARS, Event, cap_traceback, clean_text
+from .events import MAX_ERROR_FIELD_CHARS, REPLY_TRACEBACK_CHARS, Event, cap_traceback, clean_text
 
 DEFAULT_FLUSH_BYTES = 64 * 1024
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -41,50 +42,54 @@ def failure_error(failure: BaseException) -> ExecutionError:
     else:
         name = "SandboxError"
         value = f"the relay failed while reading execd's answer: {type(failure).__name__}: {failure}"
-    value = clean_text(value[:8192])
+    value = clean_text(value[:MAX_ERROR_FIELD_CHARS])
     return ExecutionError(name, value, f"{name}: {value}")
 
 
-class CellTranslator:
-    """The Jupyter side of one execute request: IOPub output as events arrive, then one reply."""
+@dataclass
+class _Held:
+    """Text of one stream held back to go out as one message: the stream, since when, the parts, their length."""
 
-    def __init__(
-        self,
-        publish: Publish,
-        *,
-        execution_count: int,
-        silent: bool = False,
-        flush_bytes: int = DEFAULT_FLUSH_BYTES,
-        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
-    ) -> None:
-        self._publish = publish
-        self.execution_count = execution_count
-        self.silent = silent
-        self.flush_bytes = flush_bytes
-        self.flush_interval = flush_interval
-        self.error: ExecutionError | None = None
-        self.failure: BaseException | None = None
-        self._name: str | None = None
-        self._parts: list[str] = []
-        self._size = 0
-        self._held_since = 0.0
-        self._reply: dict[str, Any] | None = None
+    name: str
+    since: float = field(default_factory=time.monotonic)
+    parts: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass(eq=False)
+class CellTranslator:
+    """The Jupyter side of one execute request: IOPub output as events arrive, then one reply.
+
+    ``error`` is the cell's error once execd reported one; ``failure``, the relay's own failure
+    that :meth:`reply` turned into the cell's error.
+    """
+
+    publish: Publish = field(repr=False)
+    _: KW_ONLY
+    execution_count: int
+    silent: bool = False
+    flush_bytes: int = DEFAULT_FLUSH_BYTES
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL
+    error: ExecutionError | None = field(default=None, init=False)
+    failure: BaseException | None = field(default=None, init=False)
+    _held: _Held | None = field(default=None, init=False, repr=False)
+    _reply: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def _send(self, msg_type: str, content: dict[str, Any]) -> None:
         if not self.silent:
-            self._publish(msg_type, content)
+            self.publish(msg_type, content)
 
     def flush(self) -> None:
         """Publish the held stream text, if any."""
-        if self._parts and self._name is not None:
-            self._send("stream", {"name": self._name, "text": "".join(self._parts)})
-        self._name, self._parts, self._size = None, [], 0
+        held, self._held = self._held, None
+        if held is not None:
+            self._send("stream", {"name": held.name, "text": "".join(held.parts)})
 
     def flush_due_in(self) -> float | None:
         """Seconds until held text must be published (None when nothing is held)."""
-        if not self._parts:
+        if self._held is None:
             return None
-        return max(0.0, self._held_since + self.flush_interval - time.monotonic())
+        return max(0.0, self._held.since + self.flush_interval - time.monotonic())
 
     def feed(self, event: Event) -> None:
         """Take one event (ignored once the reply is built)."""
@@ -93,12 +98,13 @@ class CellTranslator:
         if event.type in ("stdout", "stderr"):
             if not event.text:
                 return
-            if self._name != event.type:
+            held = self._held
+            if held is None or held.name != event.type:
                 self.flush()
-                self._name, self._held_since = event.type, time.monotonic()
-            self._parts.append(event.text)
-            self._size += len(event.text)
-            if self._size >= self.flush_bytes:
+                held = self._held = _Held(event.type)
+            held.parts.append(event.text)
+            held.size += len(event.text)
+            if held.size >= self.flush_bytes:
                 self.flush()
             return
         if event.type == "result" and event.data:

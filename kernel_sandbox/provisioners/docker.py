@@ -19,7 +19,7 @@ import docker.errors
 import requests.exceptions
 from jupyter_core.paths import is_hidden
 
-from ..containers import LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, docker_client, remove_container, resolve_mounts
+from ..containers import docker_client, remove_container, remove_launcher_containers, resolve_mounts
 from ..errors import ConfigError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..settings import DockerSettings
@@ -132,10 +132,8 @@ def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]
 
 def _remove_launchers(kernel_id: str, launcher_pid: int, log: Any) -> None:
     """Remove the containers a launcher made for ``kernel_id`` (it may have been killed before it recorded one)."""
-    labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
     try:
-        for container in docker_client().containers.list(all=True, filters={"label": labels}, ignore_removed=True):
-            remove_container(container)
+        remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
     except (KernelSandboxError, docker.errors.DockerException) as exc:
         log.warning("could not remove the containers of kernel %s: %s", kernel_id, exc)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernel_sandbox.opensandbox import parse_lines
+from kernel_sandbox.opensandbox.events import parse_lines
 from kernel_sandbox.results import Execution, ExecutionError, ToolResult
 
 

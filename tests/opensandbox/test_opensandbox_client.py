@@ -18,28 +18,22 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel_sandbox.errors import KernelSandboxError
-from kernel_sandbox.opensandbox import (
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_SANDBOX_IMAGE,
+from kernel_sandbox.errors import (
     CallDeadlineExceeded,
-    ExecdClient,
+    KernelSandboxError,
     OpenSandboxAPIError,
-    OpenSandboxClient,
     OpenSandboxConfigError,
     OpenSandboxConnectionError,
     OpenSandboxProtocolError,
     OutputLimitExceeded,
     ResponseTooLarge,
-    Sandbox,
     SandboxNotFound,
     SandboxStateError,
     SandboxTimeoutError,
-    build_create_body,
-    keep_alive,
-    run_once,
 )
+from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, Sandbox, keep_alive, run_once
 from kernel_sandbox.opensandbox import client as client_module
+from kernel_sandbox.opensandbox.client import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, build_create_body
 
 API = "http://sandbox.test/v1"
 EXECD = "http://127.0.0.1:40123/proxy/44772"
@@ -508,7 +502,7 @@ async def test_other_wrong_shapes_raise_the_clients_error() -> None:
 async def test_answers_over_the_cap_are_refused_naming_it() -> None:
     router = Router().add("GET", "/v1/sandboxes/osb_1", httpx.Response(500, content=b"x" * 5000))
     with pytest.raises(ResponseTooLarge, match="cap of 1000 bytes") as info:
-        await lifecycle(router, max_response_bytes=1000).get("osb_1")
+        await lifecycle(router, limits=Limits(max_response_bytes=1000)).get("osb_1")
     assert info.value.limit == 1000
 
 
@@ -592,7 +586,7 @@ async def test_a_stream_without_a_terminal_event_is_a_dropped_connection() -> No
 
 async def test_stream_over_byte_cap_aborts() -> None:
     router = Router().add("POST", "/code", events({"type": "stdout", "text": "x" * 5000}))
-    execd = ExecdClient("http://execd.test", http=router.http(), max_output_bytes=1000)
+    execd = ExecdClient("http://execd.test", http=router.http(), limits=Limits(max_output_bytes=1000))
     with pytest.raises(OutputLimitExceeded, match="exceeded 1000 bytes"):
         await execd.run("print('x' * 5000)")
 
@@ -733,7 +727,7 @@ def test_api_base_and_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPEN_SANDBOX_API_BASE", "https://env.test/v1/")
     monkeypatch.setenv("OPEN_SANDBOX_API_KEY", "env-key")
     client = OpenSandboxClient()
-    assert client.api_base == "https://env.test/v1"
+    assert client.url == "https://env.test/v1"
     assert client.headers == {"OPEN-SANDBOX-API-KEY": "env-key"}
     assert OpenSandboxClient("https://arg.test/v1", "arg-key").headers == {"OPEN-SANDBOX-API-KEY": "arg-key"}
     assert OpenSandboxClient(api_key="").headers == {}
@@ -796,7 +790,7 @@ async def test_call_deadline_is_per_call_not_per_read() -> None:
                 yield b" "
 
     transport = httpx.MockTransport(lambda r: httpx.Response(200, stream=Trickle()))
-    client = OpenSandboxClient(API, "", http=httpx.AsyncClient(transport=transport), request_timeout=0.3)
+    client = OpenSandboxClient(API, "", http=httpx.AsyncClient(transport=transport), limits=Limits(request_timeout=0.3))
     with pytest.raises(CallDeadlineExceeded, match=r"no complete answer within 0.3 s"):
         await client.get("osb_1")
 

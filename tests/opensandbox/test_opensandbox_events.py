@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kernel_sandbox.opensandbox import ExecdRun, RunCollector, parse_event, parse_line, parse_lines
+from kernel_sandbox.opensandbox.events import ExecdRun, RunCollector, parse_event, parse_line, parse_lines
 from kernel_sandbox.results import ExecutionError
 
 

@@ -21,19 +21,17 @@ import pytest
 from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs, started_client
-from kernel_sandbox.opensandbox import (
+from kernel_sandbox.errors import (
     CallDeadlineExceeded,
-    ExecdClient,
-    OpenSandboxClient,
     OpenSandboxConnectionError,
     OpenSandboxError,
     OpenSandboxProtocolError,
     OutputLimitExceeded,
     ResponseTooLarge,
     SandboxTimeoutError,
-    run_once,
 )
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs, started_client
+from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, run_once
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
 from kernel_sandbox.policy import OutputPolicy
 
@@ -176,7 +174,7 @@ async def test_a_trickling_execd_cannot_hold_a_call_past_its_deadline(
     hostile: HostileServer, route: str, call: Any
 ) -> None:
     hostile.behaviour[route] = trickle(status=500 if route == "POST /code" else 200)
-    execd = ExecdClient(hostile.url, request_timeout=1)
+    execd = ExecdClient(hostile.url, limits=Limits(request_timeout=1))
     with pytest.raises(CallDeadlineExceeded, match="within 1 s"):
         await within(call(execd), 30, route)
     await execd.aclose()
@@ -184,7 +182,7 @@ async def test_a_trickling_execd_cannot_hold_a_call_past_its_deadline(
 
 async def test_a_trickling_ping_cannot_defeat_the_ready_timeout(hostile: HostileServer) -> None:
     hostile.behaviour["GET /ping"] = trickle()
-    execd = ExecdClient(hostile.url, request_timeout=3)
+    execd = ExecdClient(hostile.url, limits=Limits(request_timeout=3))
     with pytest.raises(SandboxTimeoutError, match=r"GET /ping tried \d+ times over .* \(ready_timeout 1.5 s\)"):
         await within(execd.wait_ready(1.5), 30, "wait_ready")
     await execd.aclose()
@@ -192,7 +190,7 @@ async def test_a_trickling_ping_cannot_defeat_the_ready_timeout(hostile: Hostile
 
 async def test_a_stream_that_trickles_bytes_but_no_events_ends(hostile: HostileServer) -> None:
     hostile.behaviour["POST /code"] = trickle(data=b"{" * 10_000, interval=0.05)
-    execd = ExecdClient(hostile.url, stream_idle_timeout=1)
+    execd = ExecdClient(hostile.url, limits=Limits(stream_idle_timeout=1))
     with pytest.raises(CallDeadlineExceeded, match="no event from execd for 1 s"):
         await within(execd.run("1"), 30, "run")
     await execd.aclose()
@@ -200,7 +198,7 @@ async def test_a_stream_that_trickles_bytes_but_no_events_ends(hostile: HostileS
 
 async def test_a_trickling_lifecycle_server_cannot_hold_a_call(hostile: HostileServer) -> None:
     hostile.behaviour["POST /v1/sandboxes"] = trickle(data=b'{"id": "' + b"a" * 1000)
-    client = OpenSandboxClient(f"{hostile.url}/v1", "key", request_timeout=1)
+    client = OpenSandboxClient(f"{hostile.url}/v1", "key", limits=Limits(request_timeout=1))
     with pytest.raises(CallDeadlineExceeded, match=r"POST .*/v1/sandboxes: no complete answer within 1 s"):
         await within(client.create(image="img"), 30, "create")
     await client.aclose()
@@ -211,7 +209,7 @@ async def test_a_trickling_jupyter_server_cannot_hold_a_call_past_its_deadline(
     hostile: HostileServer, route: str, call: Any
 ) -> None:
     hostile.behaviour[route] = trickle()
-    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token", request_timeout=1)
+    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token", limits=Limits(request_timeout=1))
     with pytest.raises(CallDeadlineExceeded, match="within 1 s"):
         await within(call(jupyter), 30, route)
     await jupyter.aclose()
@@ -219,7 +217,7 @@ async def test_a_trickling_jupyter_server_cannot_hold_a_call_past_its_deadline(
 
 async def test_a_trickling_jupyter_status_cannot_defeat_the_wait(hostile: HostileServer) -> None:
     hostile.behaviour["GET /jupyter/api/status"] = trickle()
-    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token", request_timeout=3)
+    jupyter = JupyterServer(f"{hostile.url}/jupyter", "token", limits=Limits(request_timeout=3))
     with pytest.raises(SandboxTimeoutError, match=r"GET /api/status tried \d+ times over"):
         await within(jupyter.wait_ready(1.5), 30, "wait_ready")
     await jupyter.aclose()

@@ -31,16 +31,11 @@ from jupyter_client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 
+from kernel_sandbox.errors import OpenSandboxAPIError, SandboxNotFound
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import install, started_client
-from kernel_sandbox.opensandbox import (
-    ExecdClient,
-    OpenSandboxAPIError,
-    OpenSandboxClient,
-    SandboxNotFound,
-    run_once,
-)
+from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, run_once
 
 from kernel_kit import ArgvKernel, reply_to, until_idle
 
