@@ -10,6 +10,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
     ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    ├── ChannelProtocolError         a kernel broke ZMTP on one of its channels (the launcher ends it)
     ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
@@ -63,6 +64,10 @@ class ImageBuildError(ImageError):
 
 class KernelLaunchError(KernelSandboxError):
     """The kernel could not be started; the message says why and what to do."""
+
+
+class ChannelProtocolError(KernelSandboxError):
+    """A kernel broke ZMTP on one of its channels (a bad greeting, a bound exceeded); the launcher ends that kernel."""
 
 
 class SetupError(KernelSandboxError):

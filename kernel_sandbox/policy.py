@@ -24,6 +24,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import nh3
@@ -244,19 +245,17 @@ def _same_if_equal(original: str, cleaned: str) -> str:
 # ---- the policy ---------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
 class _Comm:
     """What the policy remembers about one widget comm."""
 
-    __slots__ = ("widget", "refused", "html_value", "output", "allow_html", "description", "link_ends")
-
-    def __init__(self, widget: bool = True) -> None:
-        self.widget = widget
-        self.refused = False
-        self.html_value = False
-        self.output = False
-        self.allow_html = False
-        self.description: str | None = None
-        self.link_ends: tuple[str, ...] = ()  # for a link: the fields naming the ends it writes to
+    widget: bool = True
+    refused: bool = False
+    html_value: bool = False
+    output: bool = False
+    allow_html: bool = False
+    description: str | None = None
+    link_ends: tuple[str, ...] = ()  # for a link: the fields naming the ends it writes to
 
     def checked_fields(self) -> set[str]:
         """The fields of this widget the policy checks: nothing may write to them behind its back."""
@@ -480,9 +479,7 @@ class OutputPolicy:
         if method not in {"update", "echo_update"} or not isinstance(data.get("state"), dict):
             return content
         if record is None:  # a widget comm we never saw open: police its state blind
-            record = _Comm()
-            record.html_value = record.output = record.allow_html = True
-            record.link_ends = ("source", "target")
+            record = _Comm(html_value=True, output=True, allow_html=True, link_ends=("source", "target"))
         if self._link_refusal(record.link_ends, data["state"]) is not None:
             return None  # a link pointed (anew) at a field the policy checks
         state = self._widget_state(record, data["state"], update=True)

@@ -33,8 +33,8 @@ import pathlib
 import re
 import types
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ..errors import ConfigError, ResultLimitError, UnsafePayloadError
 from ..kernelside.dataformat import FACTORIES, TAG, class_name
@@ -52,6 +52,11 @@ _DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
 _DECIMAL = re.compile(r"[+-]?(?:(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d{1,12}))?|Infinity|s?NaN(\d*))")
 _UUID = re.compile(r"[0-9a-f]{32}")
 _ISO_MAX = 64
+_ISO_TYPES: dict[str, type[datetime.date] | type[datetime.time]] = {
+    "datetime": datetime.datetime,
+    "date": datetime.date,
+    "time": datetime.time,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +212,27 @@ def _number(value: Any) -> float | int:
     return value
 
 
+_Decoder = TypeVar("_Decoder", bound=Callable[..., Any])
+_DECODERS: dict[str, tuple[tuple[frozenset[str], ...], Callable[[_Tags, dict[str, Any]], Any]]] = {}
+"""Each tag's decoder and the key sets its objects may have (the tag included), filled by :func:`_decodes`."""
+
+
+def _decodes(*tags: str, keys: tuple[str, ...] = ("v",)) -> Callable[[_Decoder], _Decoder]:
+    """Make the decorated ``_Tags`` method the decoder of ``tags``.
+
+    An object with one of these tags must have, besides the tag, exactly the keys of one entry
+    of ``keys`` (names separated by spaces: ``"c v"``); any other object is refused.
+    """
+    shapes = tuple(frozenset({TAG, *names.split()}) for names in keys)
+
+    def register(method: _Decoder) -> _Decoder:
+        for tag in tags:
+            _DECODERS[tag] = (shapes, method)
+        return method
+
+    return register
+
+
 class _Tags:
     """The JSON object hook: plain objects pass through, tagged objects become their values."""
 
@@ -278,16 +304,19 @@ class _Tags:
             raise _malformed("a container's items are not a list")
         return values
 
-    # -- tags ---------------------------------------------------------------------------------
+    # -- tags: each decoder names its tags and their objects' keys -----------------------------
 
+    @_decodes("tuple")
     def tuple_(self, obj: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(self.items(obj))
 
+    @_decodes("set")
     def set_(self, obj: dict[str, Any]) -> set[Any]:
         values = self.items(obj)
         _distinct_hashes(values)
         return set(values)
 
+    @_decodes("frozenset")
     def frozenset_(self, obj: dict[str, Any]) -> frozenset[Any]:
         values = self.items(obj)
         _distinct_hashes(values)
@@ -298,12 +327,15 @@ class _Tags:
         _distinct_hashes(key for key, _ in pairs)
         return pairs
 
+    @_decodes("dict")
     def dict_(self, obj: dict[str, Any]) -> dict[Any, Any]:
         return dict(self.pairs(obj))
 
+    @_decodes("odict")
     def odict(self, obj: dict[str, Any]) -> collections.OrderedDict[Any, Any]:
         return collections.OrderedDict(self.pairs(obj))
 
+    @_decodes("counter")
     def counter(self, obj: dict[str, Any]) -> collections.Counter[Any]:
         pairs = self.pairs(obj)
         if not all(type(count) in (int, float) for _, count in pairs):
@@ -312,24 +344,29 @@ class _Tags:
         dict.update(counter, pairs)
         return counter
 
+    @_decodes("defaultdict", keys=("v f",))
     def defaultdict(self, obj: dict[str, Any]) -> collections.defaultdict[Any, Any]:
         name = obj["f"]
         if name is not None and (type(name) is not str or name not in FACTORIES):
             raise _malformed("a defaultdict's factory is not one of the plain types")
         return collections.defaultdict(None if name is None else FACTORIES[name], self.pairs(obj))
 
+    @_decodes("deque", keys=("v m",))
     def deque(self, obj: dict[str, Any]) -> collections.deque[Any]:
         maxlen = obj["m"]
         if maxlen is not None and (type(maxlen) is not int or maxlen < 0):
             raise _malformed("a deque's maxlen is not a count")
         return collections.deque(self.items(obj), maxlen)
 
+    @_decodes("bytes", keys=("v", "b"))
     def bytes_(self, obj: dict[str, Any]) -> bytes:
         return self.binary(obj)
 
+    @_decodes("bytearray", keys=("v", "b"))
     def bytearray_(self, obj: dict[str, Any]) -> bytearray:
         return bytearray(self.binary(obj))
 
+    @_decodes("str", keys=("b",))
     def str_(self, obj: dict[str, Any]) -> str:
         data = self.buffer(obj["b"])
         if len(data) > 4 * self.limits.max_str_length:
@@ -342,18 +379,21 @@ class _Tags:
             raise _limit(self.limits, "max_str_length", f"the length of a string ({len(text)} characters)")
         return text
 
+    @_decodes("float")
     def float_(self, obj: dict[str, Any]) -> float:
         value = obj["v"]
         if value not in ("nan", "inf", "-inf"):
             raise _malformed("a float tag that is not nan, inf or -inf")
         return float(value)
 
+    @_decodes("complex")
     def complex_(self, obj: dict[str, Any]) -> complex:
         parts = self.items(obj)
         if len(parts) != 2:
             raise _malformed("a complex number is not [real, imag]")
         return complex(_number(parts[0]), _number(parts[1]))
 
+    @_decodes("decimal")
     def decimal(self, obj: dict[str, Any]) -> decimal.Decimal:
         text = self.text(obj["v"], "Decimal", self.limits.max_int_digits + 32)
         match = _DECIMAL.fullmatch(text)
@@ -366,19 +406,23 @@ class _Tags:
             raise _limit(self.limits, "max_exponent", "the exponent of a Decimal")
         return decimal.Decimal(text)
 
+    @_decodes("fraction")
     def fraction(self, obj: dict[str, Any]) -> fractions.Fraction:
         parts = self.items(obj)
         if len(parts) != 2 or type(parts[0]) is not int or type(parts[1]) is not int or parts[1] == 0:
             raise _malformed("a Fraction that is not [numerator, non-zero denominator]")
         return fractions.Fraction(parts[0], parts[1])
 
-    def iso(self, obj: dict[str, Any], kind: Any) -> Any:
+    @_decodes("datetime", "date", "time")
+    def iso(self, obj: dict[str, Any]) -> datetime.date | datetime.time:
+        kind = _ISO_TYPES[obj[TAG]]
         text = self.text(obj["v"], kind.__name__)
         try:
             return kind.fromisoformat(text)
         except ValueError:
             raise _malformed(f"a {kind.__name__} that is not ISO 8601 text") from None
 
+    @_decodes("timedelta")
     def timedelta(self, obj: dict[str, Any]) -> datetime.timedelta:
         parts = self.items(obj)
         if len(parts) != 3 or not all(type(part) is int and abs(part) < 10**12 for part in parts):
@@ -388,18 +432,21 @@ class _Tags:
         except OverflowError:
             raise _malformed("a timedelta out of range") from None
 
+    @_decodes("uuid")
     def uuid_(self, obj: dict[str, Any]) -> uuid.UUID:
         text = self.text(obj["v"], "UUID")
         if not _UUID.fullmatch(text):
             raise _malformed("a UUID that is not 32 hex digits")
         return uuid.UUID(hex=text)
 
+    @_decodes("path")
     def path(self, obj: dict[str, Any]) -> pathlib.PurePosixPath:
         value = obj["v"]
         if type(value) is not str:
             raise _malformed("a path that is not text")
         return pathlib.PurePosixPath(value)
 
+    @_decodes("enum", keys=("c v",))
     def enum(self, obj: dict[str, Any]) -> Any:
         cls = self.cls(obj, "enum member")
         members = getattr(cls, "__members__", None) if _is_enum(cls) else None
@@ -408,6 +455,7 @@ class _Tags:
             raise _malformed(f"{class_name(cls)} has no member named {str(name)[:80]!r}")
         return members[name]
 
+    @_decodes("ntuple", keys=("c v",))
     def ntuple(self, obj: dict[str, Any]) -> tuple[Any, ...]:
         cls = self.cls(obj, "named tuple")
         values = self.items(obj)
@@ -417,6 +465,7 @@ class _Tags:
         built: tuple[Any, ...] = tuple.__new__(cls, values)
         return built
 
+    @_decodes("obj", keys=("c v",))
     def obj(self, obj: dict[str, Any]) -> Any:
         cls = self.cls(obj, "instance")
         fields = obj["v"]
@@ -424,6 +473,7 @@ class _Tags:
             raise _malformed(f"the fields of a {class_name(cls)} are not a mapping of names")
         return rebuild(cls, fields)
 
+    @_decodes("pickle", keys=("v", "b"))
     def pickle(self, obj: dict[str, Any]) -> Any:
         if not self.allow_pickle:
             raise UnsafePayloadError(
@@ -532,35 +582,3 @@ def rebuild(cls: type, fields: dict[str, Any]) -> Any:
                 raise _malformed(f"a {class_name(cls)} has no field named {name[:80]!r}") from None
         state[name] = value
     return instance
-
-
-_V = (frozenset({TAG, "v"}),)
-_B = (frozenset({TAG, "b"}),)
-_CV = (frozenset({TAG, "c", "v"}),)
-_DECODERS: dict[str, tuple[tuple[frozenset[str], ...], Any]] = {
-    "tuple": (_V, _Tags.tuple_),
-    "set": (_V, _Tags.set_),
-    "frozenset": (_V, _Tags.frozenset_),
-    "dict": (_V, _Tags.dict_),
-    "odict": (_V, _Tags.odict),
-    "counter": (_V, _Tags.counter),
-    "defaultdict": ((frozenset({TAG, "v", "f"}),), _Tags.defaultdict),
-    "deque": ((frozenset({TAG, "v", "m"}),), _Tags.deque),
-    "bytes": (_V + _B, _Tags.bytes_),
-    "bytearray": (_V + _B, _Tags.bytearray_),
-    "pickle": (_V + _B, _Tags.pickle),
-    "str": (_B, _Tags.str_),
-    "float": (_V, _Tags.float_),
-    "complex": (_V, _Tags.complex_),
-    "decimal": (_V, _Tags.decimal),
-    "fraction": (_V, _Tags.fraction),
-    "datetime": (_V, lambda tags, obj: tags.iso(obj, datetime.datetime)),
-    "date": (_V, lambda tags, obj: tags.iso(obj, datetime.date)),
-    "time": (_V, lambda tags, obj: tags.iso(obj, datetime.time)),
-    "timedelta": (_V, _Tags.timedelta),
-    "uuid": (_V, _Tags.uuid_),
-    "path": (_V, _Tags.path),
-    "enum": (_CV, _Tags.enum),
-    "ntuple": (_CV, _Tags.ntuple),
-    "obj": (_CV, _Tags.obj),
-}

@@ -131,22 +131,15 @@ def read_request(args: argparse.Namespace) -> LaunchRequest:
     raise KernelLaunchError("the launcher needs --kernelspec DIR or --config FILE")
 
 
-def make_link(request: LaunchRequest, private: PrivateDir | None) -> KernelLink:
+def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link for the request's backend (imported on demand: each pulls in its SDK)."""
     if isinstance(request.settings, DockerSettings):
         from .docker_link import DockerLink  # the docker SDK takes a while to import
 
-        return DockerLink(
-            request.settings,
-            private,
-            kernel_id=request.kernel_id,
-            owner_pid=request.client_pid,
-            env=request.env,
-            cwd=request.cwd,
-        )
+        return DockerLink(request)
     from .opensandbox_link import OpenSandboxLink
 
-    return OpenSandboxLink(request.settings, private, kernel_id=request.kernel_id, env=request.env)
+    return OpenSandboxLink(request)
 
 
 def output_policy(settings: Settings) -> OutputPolicy:
@@ -193,7 +186,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
         print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
         _finish(private, ExitStatus(1, str(exc), type(exc).__name__))
         return 1
-    link = make_link(request, private)
+    link = make_link(request)
 
     def stop_with(reason: str) -> None:
         if not stop.done():

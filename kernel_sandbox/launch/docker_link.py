@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import docker
 import docker.errors
@@ -50,14 +50,17 @@ from ..containers import (
     resolve_mounts,
     run_as,
 )
-from ..errors import EngineUnavailable, KernelLaunchError, KernelSandboxError
+from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
-from ..privdir import LAUNCHER_STATE, PrivateDir
+from ..privdir import LAUNCHER_STATE
 from ..settings import MiB, DockerSettings
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
-from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ProtocolError, ZmtpPeer
+from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
+
+if TYPE_CHECKING:
+    from . import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -187,7 +190,7 @@ class _Channel(asyncio.BufferedProtocol):
                 self._demux.feed(self._scratch[:nbytes])
             else:
                 self.peer.buffer_updated(nbytes)
-        except ProtocolError as exc:
+        except ChannelProtocolError as exc:
             self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
                 self.transport.abort()  # the connector's stdin closes: it ends the kernel
@@ -355,22 +358,9 @@ def _libc() -> Any:
 class DockerLink:
     """The kernel in a locked-down container on the Docker engine (see the module docstring)."""
 
-    def __init__(
-        self,
-        settings: DockerSettings,
-        private: PrivateDir | None,
-        *,
-        kernel_id: str,
-        owner_pid: int,
-        env: dict[str, str],
-        cwd: str | None,
-    ) -> None:
-        self.settings = settings
-        self.private = private
-        self.kernel_id = kernel_id
-        self.owner_pid = owner_pid
-        self.env = env
-        self.cwd = cwd
+    def __init__(self, request: LaunchRequest) -> None:
+        self.request = request
+        self.settings = cast(DockerSettings, request.settings)  # make_link chose this link by their type
         self.container_id: str | None = None
         self.output = KernelOutput()
         self._key = secrets.token_hex(32)
@@ -401,23 +391,25 @@ class DockerLink:
     async def start(self, front: Front) -> None:
         """Create and start the container, open its channels, and return once the kernel answers."""
         self._front = front
-        settings = self.settings
+        request, settings = self.request, self.settings
         client = self._client = await asyncio.to_thread(docker_client)
         info = await asyncio.to_thread(client.info)
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
         spec = container_spec(
             settings,
-            kernel_id=self.kernel_id,
+            kernel_id=request.kernel_id,
             kernel_key=self._key,
             user=run_as(settings),
-            env=self.env,
-            mounts=resolve_mounts(settings, self.cwd),
+            env=request.env,
+            mounts=resolve_mounts(settings, request.cwd),
             labels=owner_labels(
-                self.kernel_id, owner_pid=self.owner_pid, private_dir=self.private.path if self.private else None
+                request.kernel_id,
+                owner_pid=request.client_pid,
+                private_dir=request.private.path if request.private else None,
             ),
         )
-        self._watchdog = watchdog.start(self.kernel_id)  # before the container exists
+        self._watchdog = watchdog.start(request.kernel_id)  # before the container exists
         self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
         try:
             container = await asyncio.shield(self._creating)
@@ -425,8 +417,8 @@ class DockerLink:
             reason = exc.explanation or exc
             raise KernelLaunchError(f"Docker refused to create the kernel's container: {reason}") from exc
         self.container_id = container.id
-        if self.private is not None:
-            self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
+        if request.private is not None:
+            request.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
         await asyncio.to_thread(self._watch_events)
         await self._attach_output()
         try:

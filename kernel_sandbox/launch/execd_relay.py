@@ -28,6 +28,7 @@ from typing import Any
 from .. import __version__
 from ..errors import CallDeadlineExceeded, OpenSandboxError, OutputLimitExceeded
 from ..opensandbox.client import ExecdClient
+from ..opensandbox.settings import OpenSandboxSettings
 from ..opensandbox.translate import CellRelay, CellTranslator
 from .front import PROTOCOL_VERSION, ExitStatus, Front
 
@@ -60,16 +61,13 @@ class ExecdRelay:
         front: Front,
         execd: ExecdClient,
         context_id: str,
-        *,
-        language: str,
-        interrupt_grace: float,
+        settings: OpenSandboxSettings,
         end: Callable[[ExitStatus], None],
     ) -> None:
         self.front = front
         self.execd = execd
         self.context_id = context_id
-        self.language = language
-        self.interrupt_grace = interrupt_grace
+        self.settings = settings
         self._end = end
         self._session = uuid.uuid4().hex
         self.execution_count = 0
@@ -271,7 +269,8 @@ class ExecdRelay:
         if code.strip():
             self._cell = cell = CellRelay(translator)
             try:  # busy and execute_input go out once the request is on its way to execd, the reply at its last event
-                stream = self.execd.stream(code, context_id=self.context_id, language=self.language, on_sent=announce)
+                language = self.settings.language
+                stream = self.execd.stream(code, context_id=self.context_id, language=language, on_sent=announce)
                 reply = await cell.run(stream, on_reply=finish)
             finally:
                 self._cell = None
@@ -287,7 +286,7 @@ class ExecdRelay:
         cell = self._cell
         if cell is None:
             return
-        grace = self.interrupt_grace
+        grace = self.settings.interrupt_grace
         cell.abort_later(
             grace, OpenSandboxError(f"execd did not end the cell within {grace:g} s of the interrupt; the relay stopped waiting")
         )

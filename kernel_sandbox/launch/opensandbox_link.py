@@ -30,7 +30,7 @@ import os
 import secrets
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
 from ..opensandbox.client import TERMINAL_STATES, ExecdClient, Limits, OpenSandboxClient, keep_alive, sandbox_state
@@ -38,9 +38,12 @@ from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
 from ..opensandbox.gc import owner_metadata
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
 from ..opensandbox.settings import OpenSandboxSettings
-from ..privdir import LAUNCHER_STATE, PrivateDir
+from ..privdir import LAUNCHER_STATE
 from .execd_relay import ExecdRelay
 from .front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
+
+if TYPE_CHECKING:
+    from . import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -282,18 +285,9 @@ class WebsocketBridge:
 class OpenSandboxLink:
     """The kernel in a fresh OpenSandbox sandbox (see the module docstring)."""
 
-    def __init__(
-        self,
-        settings: OpenSandboxSettings,
-        private: PrivateDir | None,
-        *,
-        kernel_id: str,
-        env: dict[str, str],
-    ) -> None:
-        self.settings = settings
-        self.private = private
-        self.kernel_id = kernel_id
-        self.env = env
+    def __init__(self, request: LaunchRequest) -> None:
+        self.request = request
+        self.settings = cast(OpenSandboxSettings, request.settings)  # make_link chose this link by their type
         self.sandbox_id: str | None = None
         self.mode: str | None = None
         self._token = secrets.token_hex(32)
@@ -328,7 +322,7 @@ class OpenSandboxLink:
             ),
         )
         env = {
-            **self.env,
+            **self.request.env,
             **settings.env,
             "JUPYTER_TOKEN": self._token,
             "JUPYTER_PORT": str(settings.jupyter_port),
@@ -341,7 +335,7 @@ class OpenSandboxLink:
                 resource_limits=settings.resource_limits,
                 resource_requests=settings.resource_requests,
                 env=env,
-                metadata={**settings.metadata, **owner_metadata(self.kernel_id)},
+                metadata={**settings.metadata, **owner_metadata(self.request.kernel_id)},
                 allow_internet=settings.allow_internet,
                 network_policy=settings.network_policy,
                 secure_access=settings.secure_access,
@@ -360,7 +354,7 @@ class OpenSandboxLink:
             self._bridge = await self._connect(client, sandbox.id)
         except OpenSandboxError as exc:
             raise KernelLaunchError(f"the kernel in sandbox {sandbox.id} did not come up: {exc}") from exc
-        log.info("kernel %s runs in OpenSandbox sandbox %s (%s mode)", self.kernel_id, sandbox.id, self.mode)
+        log.info("kernel %s runs in OpenSandbox sandbox %s (%s mode)", self.request.kernel_id, sandbox.id, self.mode)
         while self._waiting:
             self._bridge.send(*self._waiting.popleft())
 
@@ -371,8 +365,9 @@ class OpenSandboxLink:
 
     def _record(self, sandbox_id: str | None) -> None:
         """Tell the provisioner (its private directory) which sandbox to delete should the launcher be killed."""
-        if self.private is not None:
-            self.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
+        private = self.request.private
+        if private is not None:
+            private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
 
     async def _connect(self, client: OpenSandboxClient, sandbox_id: str) -> WebsocketBridge | ExecdRelay:
         settings = self.settings
@@ -394,14 +389,7 @@ class OpenSandboxLink:
                 return bridge
         self.mode = "execd"
         context_id = await self._execd.create_context(settings.language)
-        return ExecdRelay(
-            self._front,
-            self._execd,
-            context_id,
-            language=settings.language,
-            interrupt_grace=settings.interrupt_grace,
-            end=self._end,
-        )
+        return ExecdRelay(self._front, self._execd, context_id, settings, self._end)
 
     # -- the sandbox's life ----------------------------------------------------------------------
 
@@ -475,10 +463,10 @@ class OpenSandboxLink:
         if self._stopping:
             return
         self._stopping = True
-        if self._bridge is not None:
-            self._bridge.close()
         for task in self._tasks:
             task.cancel()
+        if self._bridge is not None:
+            self._bridge.close()
         creating = self._creating
         if creating is not None and not creating.done():
             if self.sandbox_id is None:  # the create is in flight: wait until it names the sandbox

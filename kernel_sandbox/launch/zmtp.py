@@ -20,6 +20,8 @@ import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..errors import ChannelProtocolError
+
 SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
 GREETING = SIGNATURE + bytes([3, 0]) + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
 GREETING_SIZE = len(GREETING)
@@ -48,10 +50,6 @@ READ_SIZE = 256 * 1024
 SUBSCRIBE_ALL = b"\x01"
 """A ZMTP 3.0 subscription to every topic, sent as a message by a SUB peer."""
 _LONG_SIZE = struct.Struct(">Q")
-
-
-class ProtocolError(Exception):
-    """The peer broke ZMTP."""
 
 
 def _short_string(value: bytes) -> bytes:
@@ -170,7 +168,7 @@ class ZmtpPeer:
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        """``nbytes`` more bytes are in the buffer :meth:`get_buffer` gave; raise :class:`ProtocolError` when they break ZMTP."""
+        """``nbytes`` more bytes are in the buffer :meth:`get_buffer` gave; raise :class:`ChannelProtocolError` when they break ZMTP."""
         if self._large is not None:
             self._large_filled += nbytes
             if self._large_filled < self._large_size:
@@ -182,7 +180,7 @@ class ZmtpPeer:
         self._parse()
 
     def feed(self, data: Any) -> None:
-        """Take bytes from the peer (any buffer); raise :class:`ProtocolError` when they break ZMTP."""
+        """Take bytes from the peer (any buffer); raise :class:`ChannelProtocolError` when they break ZMTP."""
         view = memoryview(data).cast("B")
         while view:
             with self.get_buffer(len(view)) as target:
@@ -200,7 +198,7 @@ class ZmtpPeer:
                     return
                 greeting = view[start : start + GREETING_SIZE]
                 if greeting[0] != 0xFF or greeting[9] != 0x7F or greeting[10] < 3 or greeting[12:16] != b"NULL":
-                    raise ProtocolError("the peer did not greet as a ZMTP 3 NULL-mechanism socket")
+                    raise ChannelProtocolError("the peer did not greet as a ZMTP 3 NULL-mechanism socket")
                 self._greeted = True
                 self._start += GREETING_SIZE
                 continue
@@ -217,19 +215,19 @@ class ZmtpPeer:
                 body = start + 2
             if flags & COMMAND:
                 if size > MAX_COMMAND_BYTES:
-                    raise ProtocolError(f"a command of {size} bytes")
+                    raise ChannelProtocolError(f"a command of {size} bytes")
                 if self._end < body + size:
                     return
                 self._start = body + size
                 self._command(bytes(view[body : body + size]))
                 continue
             if not self.ready:
-                raise ProtocolError("the peer sent a message before READY")
+                raise ChannelProtocolError("the peer sent a message before READY")
             if len(self._frames) >= MAX_FRAMES:
-                raise ProtocolError(f"a message of more than {MAX_FRAMES} frames")
+                raise ChannelProtocolError(f"a message of more than {MAX_FRAMES} frames")
             self._message_bytes += size + FRAME_OVERHEAD
             if self._message_bytes > self._max:
-                raise ProtocolError(f"a message over {self._max // 2**20} MiB")
+                raise ChannelProtocolError(f"a message over {self._max // 2**20} MiB")
             more = bool(flags & MORE)
             if size >= LARGE_FRAME:
                 have = min(self._end - body, size)
@@ -267,4 +265,4 @@ class ZmtpPeer:
             self._write(command(b"PONG", context))
         elif name == b"ERROR":
             reason = body[1 + body[0] + 1 :].decode(errors="replace")
-            raise ProtocolError(f"the peer refused the connection: {reason}")
+            raise ChannelProtocolError(f"the peer refused the connection: {reason}")

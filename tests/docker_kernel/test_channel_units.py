@@ -15,7 +15,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_sandbox.errors import KernelLaunchError
+from kernel_sandbox.errors import ChannelProtocolError, KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source
 from kernel_sandbox.launch.docker_link import Demux
 from kernel_sandbox.launch.front import DELIM, Connection, Signer, split
@@ -25,7 +25,6 @@ from kernel_sandbox.launch.zmtp import (
     LARGE_FRAME,
     MAX_COMMAND_BYTES,
     MAX_FRAMES,
-    ProtocolError,
     ZmtpPeer,
     encode,
     ready,
@@ -152,7 +151,7 @@ def test_zmtp_any_bytes_after_the_handshake_are_messages_or_a_protocol_error(gar
     try:
         for start in range(0, len(garbage), chunk):
             peer.feed(garbage[start : start + chunk])
-    except ProtocolError:
+    except ChannelProtocolError:
         pass
 
 
@@ -162,9 +161,9 @@ def test_zmtp_bounds_frames_commands_and_claimed_sizes() -> None:
         p.feed(GREETING + ready(b"XPUB"))
         return p
 
-    with pytest.raises(ProtocolError, match="frames"):
+    with pytest.raises(ChannelProtocolError, match="frames"):
         peer().feed(b"\x01\x00" * (MAX_FRAMES + 1))  # empty frames, each still counted
-    with pytest.raises(ProtocolError, match="command"):
+    with pytest.raises(ChannelProtocolError, match="command"):
         peer().feed(bytes([0x06]) + (MAX_COMMAND_BYTES + 1).to_bytes(8, "big"))
     claimed = peer()
     claimed.feed(b"\x02" + (60 * 2**20).to_bytes(8, "big") + b"x" * LARGE_FRAME)  # 60 MiB claimed
@@ -173,7 +172,7 @@ def test_zmtp_bounds_frames_commands_and_claimed_sizes() -> None:
 
 def test_zmtp_refuses_a_peer_that_is_not_zmtp3() -> None:
     peer = ZmtpPeer(b"SUB", lambda data: None, lambda frames: None)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ChannelProtocolError):
         peer.feed(b"GET / HTTP/1.1\r\n" + b"x" * 64)
 
 
@@ -181,7 +180,7 @@ def test_zmtp_refuses_a_message_over_the_cap_before_buffering_it() -> None:
     peer = ZmtpPeer(b"SUB", lambda data: None, lambda frames: None, max_message_bytes=1000)
     peer.feed(GREETING + ready(b"XPUB"))
     peer.feed(b"\x01\xff" + b"x" * 255)  # 255 bytes, more to come
-    with pytest.raises(ProtocolError, match="over"):
+    with pytest.raises(ChannelProtocolError, match="over"):
         peer.feed(b"\x02" + (2**40).to_bytes(8, "big"))  # a frame claiming a terabyte
 
 

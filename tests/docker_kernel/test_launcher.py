@@ -29,7 +29,10 @@ pytestmark = pytest.mark.usefixtures("docker_engine")
 
 
 def containers(docker_engine, kernel_id: str = "launched") -> list:
-    return docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"})
+    # ignore_removed: a container can auto-remove itself between the SDK's listing and its inspect
+    return docker_engine.containers.list(
+        all=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"}, ignore_removed=True
+    )
 
 
 def gone_within(docker_engine, seconds: float) -> None:
