@@ -323,6 +323,10 @@ class BackendSettings:
         options = cls.options()
         return cls(**{name: options[name].metadata["parse"](name, value) for name, value in config.items()})
 
+    def resolved(self: _Settings) -> _Settings:
+        """These settings with what a backend takes from the environment filled in (nothing here)."""
+        return self
+
     def to_config(self) -> dict[str, Any]:
         """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
         config = dataclasses.asdict(self)

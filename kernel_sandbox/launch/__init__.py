@@ -101,8 +101,7 @@ def request_from_kernelspec(connection: Connection, connection_file: str, spec_d
 
 def settings_from_config(provisioner_name: Any, config: Any) -> Settings:
     """The checked settings of ``provisioner_name``'s kernel (OpenSandbox's with the API base resolved)."""
-    settings = provisioner_settings(provisioner_name, config)
-    return settings if provisioner_name == DOCKER_PROVISIONER else settings.resolved()
+    return provisioner_settings(provisioner_name, config).resolved()
 
 
 def request_from_config(connection: Connection, config_file: str) -> LaunchRequest:

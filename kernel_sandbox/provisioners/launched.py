@@ -114,8 +114,9 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.settings_model.check_names(self.config.get(type(self).__name__, {}))
 
     def settings(self) -> Any:
-        """The effective settings: traitlets configuration and kernel.json, checked."""
-        return self.settings_model.from_config({name: getattr(self, name) for name in self.settings_model.options()})
+        """The effective settings: traitlets configuration and kernel.json, checked, and resolved from the environment."""
+        options = self.settings_model.options()
+        return self.settings_model.from_config({name: getattr(self, name) for name in options}).resolved()
 
     def prepare(self, settings: Any, cwd: str | None) -> None:
         """Check what only the host can tell before the launcher starts (mounts exist...)."""

@@ -29,10 +29,6 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
     backend = OPENSANDBOX_PROVISIONER
     settings_model = OpenSandboxSettings
 
-    def settings(self) -> OpenSandboxSettings:
-        """The effective settings, checked, with the API base and key resolved (error: no API base)."""
-        return super().settings().resolved()
-
     @property
     def sandbox_id(self) -> str | None:
         """The id of the kernel's sandbox, once the launcher has created it."""
