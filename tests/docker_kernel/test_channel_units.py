@@ -88,10 +88,13 @@ def test_connector_pumps_both_ways_and_tells_who_ended() -> None:
     assert connector.pump(sock, in_read, out_write) is False  # the kernel's side closed
     assert os.read(out_read, 100) == b"HELLO"
     sock.close()
-    threading.Thread(target=lambda: server.accept()[0].recv(1), daemon=True).start()
+    accepting = threading.Thread(target=lambda: server.accept()[0].recv(1), daemon=True)
+    accepting.start()
     sock = connector.connect(port, 5)
     os.close(in_write)
     assert connector.pump(sock, in_read, out_write) is True  # stdin ended: the launcher is gone
+    sock.close()
+    accepting.join(5)  # the connect can finish in the listen backlog before accept() runs
     for fd in (in_read, out_read, out_write):
         os.close(fd)
     server.close()
