@@ -343,9 +343,14 @@ def _connect_in_netns(
                     time.sleep(delay)
                     delay = min(delay * 2, MAX_RETRY_SECONDS)
         except OSError as exc:
-            loop.call_soon_threadsafe(settle, None, exc)
+            sock, error = None, exc
         else:
-            loop.call_soon_threadsafe(settle, sock, None)
+            error = None
+        try:
+            loop.call_soon_threadsafe(settle, sock, error)
+        except RuntimeError:  # the loop is closed: the launch ended meanwhile, nobody waits
+            if sock is not None:
+                sock.close()
 
     threading.Thread(target=enter_and_connect, name="netns-connect", daemon=True).start()
     return future
