@@ -57,7 +57,12 @@ def shipped_spec(name: str, config: dict[str, Any] | None = None) -> KernelSpec:
 
 def is_sandboxed(spec: KernelSpec) -> bool:
     """True when the kernelspec starts its kernels through a kernel-sandbox provisioner."""
-    provisioner = spec.metadata.get("kernel_provisioner", {})
+    return _selects_sandbox(spec.metadata)
+
+
+def _selects_sandbox(metadata: Any) -> bool:
+    """True when a kernelspec's ``metadata`` (as read, of any shape) names a kernel-sandbox provisioner."""
+    provisioner = metadata.get("kernel_provisioner") if isinstance(metadata, dict) else None
     return isinstance(provisioner, dict) and provisioner.get("provisioner_name") in SANDBOX_PROVISIONERS
 
 
@@ -212,7 +217,6 @@ def installed() -> dict[str, str]:
             spec = json.loads(spec_file.read_text())
         except (OSError, ValueError):
             continue
-        provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
-        if isinstance(provisioner, dict) and provisioner.get("provisioner_name") in SANDBOX_PROVISIONERS:
+        if isinstance(spec, dict) and _selects_sandbox(spec.get("metadata")):
             found[spec_name] = resource_dir
     return found

@@ -112,3 +112,21 @@ def test_doctor_checks_the_gvisor_registration() -> None:
     assert runsc_check({"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}).ok
     missing = runsc_check({"runsc": {"path": "/usr/bin/runsc"}})
     assert not missing.ok and "--network=none" in missing.fix
+
+
+@pytest.mark.parametrize(
+    "odd", [[], {"metadata": []}, {"metadata": {"kernel_provisioner": "kernel-sandbox-docker"}}, "not json"]
+)
+def test_installed_lists_sandboxed_kernelspecs_and_passes_over_malformed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: object
+) -> None:
+    """``doctor`` reads every installed kernel.json: another kernel's odd one must not break it."""
+    from kernel_sandbox.kernelspecs import install, installed
+
+    install("sandboxed-python", prefix=str(tmp_path))
+    odd_dir = tmp_path / "share" / "jupyter" / "kernels" / "odd"
+    odd_dir.mkdir()
+    (odd_dir / "kernel.json").write_text(odd if isinstance(odd, str) else json.dumps(odd))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "share" / "jupyter"))
+    found = installed()
+    assert "sandboxed-python" in found and "odd" not in found
