@@ -70,11 +70,6 @@ def backend(name: str) -> Backend:
     return found
 
 
-def check_options(name: str, options: dict[str, Any]) -> None:
-    """Refuse options of backend ``name`` that are unknown or out of range."""
-    backend(name).check(options)
-
-
 def kernel_spec(name: str, options: dict[str, Any]) -> KernelSpec:
     """Build the kernelspec for backend ``name`` with the sandbox ``options`` mapped onto its provisioner."""
     return backend(name).kernel_spec(options)
