@@ -71,9 +71,10 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
-            remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
+            client = docker_client()
+            remove_launcher_containers(client, kernel_id, launcher_pid)
             time.sleep(LATE_CREATE)
-            remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
+            remove_launcher_containers(client, kernel_id, launcher_pid)
             break
         except Exception:  # the engine is gone, hung or failing: try again, then leave it to gc
             if time.monotonic() + RETRY > deadline:
