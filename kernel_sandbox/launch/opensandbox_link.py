@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
-from ..opensandbox.client import TERMINAL_STATES, ExecdClient, Limits, OpenSandboxClient, keep_alive, sandbox_state
+from ..opensandbox.client import TERMINAL_STATES, ExecdClient, OpenSandboxClient, keep_alive, sandbox_state
 from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
 from ..opensandbox.gc import owner_metadata
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
@@ -315,11 +315,7 @@ class OpenSandboxLink:
             use_server_proxy=settings.use_server_proxy,
             poll_interval=settings.poll_interval,
             ready_timeout=settings.ready_timeout,
-            limits=Limits(
-                request_timeout=settings.request_timeout,
-                max_response_bytes=settings.max_response_bytes,
-                max_output_bytes=settings.max_output_bytes,
-            ),
+            limits=settings.limits,
         )
         env = {
             **self.request.env,

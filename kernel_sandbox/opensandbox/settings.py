@@ -28,6 +28,7 @@ from .client import (
     DEFAULT_RESOURCE_LIMITS,
     DEFAULT_SANDBOX_IMAGE,
     DEFAULT_SANDBOX_TIMEOUT,
+    Limits,
     resolve_api_base,
     resolve_api_key,
 )
@@ -161,6 +162,15 @@ class OpenSandboxSettings(BackendSettings):
         """
         return dataclasses.replace(
             self, api_base=resolve_api_base(self.api_base or None), api_key=resolve_api_key(self.api_key)
+        )
+
+    @property
+    def limits(self) -> Limits:
+        """What one call to the server or the sandbox may cost, as the clients take it."""
+        return Limits(
+            request_timeout=self.request_timeout,
+            max_response_bytes=self.max_response_bytes,
+            max_output_bytes=self.max_output_bytes,
         )
 
     @property

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import OpenSandboxError
 from ..kernelspecs import OPENSANDBOX_PROVISIONER
-from ..opensandbox.client import Limits, OpenSandboxClient
+from ..opensandbox.client import OpenSandboxClient
 from ..opensandbox.settings import OpenSandboxSettings
 from .launched import LaunchedProvisioner
 
@@ -40,9 +40,7 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
             return
         try:
             settings = self.settings()
-            async with OpenSandboxClient(
-                settings.api_base, settings.api_key, limits=Limits(request_timeout=settings.request_timeout)
-            ) as client:
+            async with OpenSandboxClient(settings.api_base, settings.api_key, limits=settings.limits) as client:
                 await client.delete(state["sandbox_id"])
         except OpenSandboxError as exc:
             self.log.warning("could not delete the kernel's sandbox %s: %s", state["sandbox_id"], exc)
