@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 
+import pytest
+
+from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandboxPool, Sandbox, SandboxPool
 
 SKILL_MODULE = b"def greet(name):\n    return f'hello {name}'\n"
@@ -91,3 +94,14 @@ async def test_idle_kernels_are_renewed(docker_engine, own_containers) -> None:
             assert sb._km.kernel_id != waiting
             assert (await sb.run("1")).text == "1"
     assert own_containers() == before
+
+
+def test_a_pool_takes_its_backends_defaults_and_refuses_an_unknown_backend_when_made() -> None:
+    """Docker's standby is off in a pool (the pool keeps its own ready kernels) unless given."""
+    assert AsyncSandboxPool(2)._options["standby"] == 0
+    assert AsyncSandboxPool(2, standby=1)._options["standby"] == 1
+    assert "standby" not in AsyncSandboxPool(2, backend="local")._options
+    with pytest.raises(ConfigError, match="Unknown backend 'nope'; choose one of docker, opensandbox, local"):
+        AsyncSandboxPool(2, backend="nope")
+    with pytest.raises(ConfigError, match="size and max_uses must be at least 1"):
+        AsyncSandboxPool(0)

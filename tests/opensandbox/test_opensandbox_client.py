@@ -20,6 +20,7 @@ import pytest
 
 from kernel_sandbox.errors import (
     CallDeadlineExceeded,
+    ConfigError,
     KernelSandboxError,
     OpenSandboxAPIError,
     OpenSandboxConfigError,
@@ -738,6 +739,8 @@ def test_api_base_required_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(OpenSandboxConfigError, match="OPEN_SANDBOX_API_BASE"):
         OpenSandboxClient()
     with pytest.raises(OpenSandboxConfigError, match="http:// or https://"):
+        OpenSandboxClient("localhost:8080/v1")
+    with pytest.raises(ConfigError):  # one idea of "the configuration is wrong" for callers to catch
         OpenSandboxClient("localhost:8080/v1")
 
 
