@@ -53,7 +53,7 @@ def stop(process: subprocess.Popen[Any], timeout: float = 30) -> None:
 
 def remove_kernels_of(engine: Any, pid: int) -> list[Any]:
     """Remove the kernel containers that process ``pid`` owned; return them (empty when it left none)."""
-    left = engine.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={pid}"]})
+    left = engine.containers.list(all=True, ignore_removed=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={pid}"]})
     for container in left:
         remove_container(container)
     return left

@@ -128,7 +128,7 @@ def test_server_and_launcher_killed_at_an_awkward_moment_leave_no_container(dock
         events.close()
         _kill(owner.pid)
         owner.wait(30)
-        for container in docker_engine.containers.list(all=True, filters=mine):
+        for container in docker_engine.containers.list(all=True, ignore_removed=True, filters=mine):
             private = container.labels.get("kernel-sandbox.private-dir")
             remove_container(container)
             if private:
@@ -178,7 +178,7 @@ async def test_a_launcher_killed_during_start_fails_the_start_and_leaves_nothing
             await watch.settle_async(before, Bounds(fds=4, threads=4, rss=64 << 20), timeout=60)
         finally:
             for container in docker_engine.containers.list(
-                    all=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={os.getpid()}"]}):
+                    all=True, ignore_removed=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={os.getpid()}"]}):
                 remove_container(container)  # ours, left by the failed start (the test fails on it above)
 
 

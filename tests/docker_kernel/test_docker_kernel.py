@@ -51,13 +51,13 @@ async def run(km: AsyncKernelManager, code: str, timeout: float = 60) -> dict:
 
 def containers_of(client, km: AsyncKernelManager) -> list:
     """The containers serving ``km``'s kernel (one that started as a standby carries the standby's id label)."""
-    ours = client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
+    ours = client.containers.list(all=True, ignore_removed=True, filters={"label": OURS})
     return [container for container in ours if kernel_of(container.labels) == km.kernel_id]
 
 
 def existing(client, container_ids: list[str]) -> list[str]:
     """Those of ``container_ids`` the engine still has (running or not)."""
-    return [cid for cid in container_ids if client.containers.list(all=True, filters={"id": cid})]
+    return [cid for cid in container_ids if client.containers.list(all=True, ignore_removed=True, filters={"id": cid})]
 
 
 def assert_no_private_dir_of(km: AsyncKernelManager) -> None:
@@ -310,7 +310,7 @@ async def test_failed_launch_removes_container_and_private_dir(docker_engine) ->
     with pytest.raises(KernelLaunchError, match="kernel refuses to start"):
         await manager.start_kernel()
     assert not docker_engine.containers.list(
-        all=True, filters={"label": [LABEL, f"{LABEL_KERNEL_ID}={manager.kernel_id}"]}
+        all=True, ignore_removed=True, filters={"label": [LABEL, f"{LABEL_KERNEL_ID}={manager.kernel_id}"]}
     )
     assert_no_private_dir_of(manager)
 
@@ -341,7 +341,7 @@ async def test_kernel_is_removed_when_its_owner_dies(docker_engine) -> None:
     owner.kill()
     await owner.wait()
     deadline = time.monotonic() + 60
-    while docker_engine.containers.list(all=True, filters={"id": container_id}):
+    while docker_engine.containers.list(all=True, ignore_removed=True, filters={"id": container_id}):
         assert time.monotonic() < deadline, "the orphaned kernel's container was not removed within 60 s"
         await asyncio.sleep(0.5)
 

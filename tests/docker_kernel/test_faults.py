@@ -44,7 +44,7 @@ def test_an_engine_that_goes_away_ends_the_kernel_in_bounded_time(tmp_path: Path
         assert "the Docker engine became unreachable" in kernel.process.stderr.read().decode()
         assert took < 60
         deadline = time.monotonic() + 30
-        while docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}=faults"}):
+        while docker_engine.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL_KERNEL_ID}=faults"}):
             assert time.monotonic() < deadline, "the kernel's container outlived its cut streams"
             time.sleep(0.2)
     finally:
@@ -130,7 +130,7 @@ async def test_a_launch_failing_at_any_step_leaves_nothing(
     assert code == 1
     message = capsys.readouterr().err
     assert message.startswith("kernel-sandbox: "), message  # one message, the kernel's own output inside it
-    assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}=injected"})
+    assert not docker_engine.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL_KERNEL_ID}=injected"})
     if step == "kernel exits at once":
         assert "kernel refuses to start" in message
     if step == "heartbeat timeout":
@@ -151,4 +151,4 @@ async def test_the_provisioner_reports_a_dead_launcher(docker_engine) -> None:
         assert km.provisioner.exit_reason == "the launcher was killed by SIGKILL"
     finally:
         await km.shutdown_kernel(now=True)
-    assert not docker_engine.containers.list(all=True, filters={"id": container})
+    assert not docker_engine.containers.list(all=True, ignore_removed=True, filters={"id": container})

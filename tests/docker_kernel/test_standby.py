@@ -101,7 +101,7 @@ def container_of(standby: Standby) -> str:
 
 def wait_gone(client: Any, container_id: str, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
-    while client.containers.list(all=True, filters={"id": container_id}):
+    while client.containers.list(all=True, ignore_removed=True, filters={"id": container_id}):
         assert time.monotonic() < deadline, f"{what} {container_id[:12]} still there after {seconds:g} s"
         time.sleep(0.2)
 
@@ -370,9 +370,9 @@ def test_standbys_are_removed_when_their_process_exits(docker_engine) -> None:
     """A process that exits cleanly takes its standby with it (container and private directory)."""
     process, found = run_owner("exit", orphan=30)
     assert process.wait(timeout=120) == 0
-    assert not docker_engine.containers.list(all=True, filters={"id": found["standby"]})  # gone before the exit
+    assert not docker_engine.containers.list(all=True, ignore_removed=True, filters={"id": found["standby"]})  # gone before the exit
     assert not Path(found["private"]).exists()
-    assert not docker_engine.containers.list(all=True, filters={"id": found["kernel"]})
+    assert not docker_engine.containers.list(all=True, ignore_removed=True, filters={"id": found["kernel"]})
 
 
 @pytest.mark.security("fault", "sessions")

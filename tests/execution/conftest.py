@@ -29,7 +29,7 @@ def own_containers(docker_engine):
     they come and go with the provisioner's pool, see test_standby.py)."""
 
     def ids() -> set[str]:
-        found = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
+        found = docker_engine.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
         return {c.id for c in found if c.labels.get(LABEL) == "true" and kernel_of(c.labels) is not None}
 
     return ids

@@ -79,7 +79,7 @@ class KernelChannels:
 
 def containers(docker_engine, kernel_id: str) -> list:
     """The containers serving ``kernel_id`` (one that started as a standby carries the standby's id label)."""
-    ours = docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
+    ours = docker_engine.containers.list(all=True, ignore_removed=True, filters={"label": OURS})
     return [container for container in ours if kernel_of(container.labels) == kernel_id]
 
 
@@ -132,6 +132,6 @@ async def test_kernel_lifecycle_over_rest_and_websocket(lab_server, docker_engin
         assert (await http.get(f"/api/kernels/{kernel_id}")).status_code == 404
     deadline = time.monotonic() + 30
     left = [first.id, second.id]
-    while (left := [c for c in left if docker_engine.containers.list(all=True, filters={"id": c})]) and time.monotonic() < deadline:
+    while (left := [c for c in left if docker_engine.containers.list(all=True, ignore_removed=True, filters={"id": c})]) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     assert left == []
