@@ -27,7 +27,6 @@ import secrets
 import socket
 import ssl
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +55,7 @@ from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE
 from ..settings import MiB, DockerSettings
+from . import journal
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
 from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 
@@ -87,8 +87,10 @@ confirm the launcher's IOPub subscription; kernels without it start after this p
 EXIT_REPORT_WAIT = 5.0
 """Seconds to wait for the engine's report of a kernel that died while its channels were opened."""
 OUTPUT_CAP = 1 * MiB
-"""Bytes of the container's own stdout/stderr passed to the launcher's stderr; the rest is dropped."""
+"""Bytes of the container's own stdout/stderr held during start-up (passed on once it answers)."""
 OUTPUT_TAIL_LINES = 40
+TAIL_LINE_CHARS = 4096
+"""Characters of each of those last lines kept for an error message."""
 CLONE_NEWNET = 0x40000000
 LIFELINE_CHANNEL = "hb"
 """The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
@@ -236,14 +238,15 @@ class _OutputStream(asyncio.Protocol):
 
 
 class KernelOutput:
-    """The container's own stdout and stderr, passed to our stderr up to a cap, the tail kept for errors.
+    """The container's own stdout and stderr, passed to our stderr through the journal (escaped,
+    within the kernel's log budget: :mod:`.journal`), the tail kept for errors.
 
-    Until :meth:`release` (the kernel answered) output is only kept: a launch that fails reports
-    it once, inside its error message.
+    Until :meth:`release` (the kernel answered) output is only kept, up to ``cap`` bytes: a launch
+    that fails reports it once, inside its error message.
     """
 
     def __init__(self, cap: int = OUTPUT_CAP) -> None:
-        self._left = cap
+        self._cap = cap
         self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._partial = ""
         self._held: list[bytes] | None = []
@@ -257,22 +260,17 @@ class KernelOutput:
     def write(self, data: bytes) -> None:
         """Record and pass on one chunk of the container's output."""
         text = self._partial + data.decode(errors="replace")
-        *lines, self._partial = text.split("\n")
-        self.tail.extend(lines)
+        *lines, partial = text.split("\n")
+        self._partial = partial[-TAIL_LINE_CHARS:]  # a line without end is not gathered without end
+        self.tail.extend(line[-TAIL_LINE_CHARS:] for line in lines[-OUTPUT_TAIL_LINES:])
         if self._held is not None:
-            if sum(map(len, self._held)) < self._left:
+            if sum(map(len, self._held)) < self._cap:
                 self._held.append(data)
             return
         self._pass_on(data)
 
     def _pass_on(self, data: bytes) -> None:
-        if self._left > 0:
-            chunk = data[: self._left]
-            self._left -= len(chunk)
-            sys.stderr.buffer.write(chunk)
-            if self._left <= 0:
-                sys.stderr.buffer.write(b"\n[kernel-sandbox: further output of the kernel container dropped]\n")
-            sys.stderr.flush()
+        journal.installed().output(data)
 
     def text(self) -> str:
         """The last lines the container wrote."""
