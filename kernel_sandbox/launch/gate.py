@@ -302,17 +302,25 @@ class _Doorkeeper:
                 note(log, logging.WARNING, "could not accept a connection to the %s channel: %s", gate.channel, exc)
                 return
             try:
-                owner = peer_owner(conn.getsockname()[:2], conn.getpeername()[:2])
-            except OSError:  # the peer is gone already
-                owner = None
-            if owner is None:
-                _refuse(conn, gate.channel, "no live socket of this host is its peer")
-            elif owner[0] != ESTABLISHED:
-                _refuse(conn, gate.channel, f"the peer's socket is not connected (TCP state {owner[0]})")
-            elif owner[1] != gate.uid:
-                _refuse(conn, gate.channel, f"a process of uid {owner[1]}, not this user's")
-            else:
-                gate.hand_over(conn, owner[1])
+                self._decide(conn, gate)
+            except Exception:  # whatever went wrong, the thread goes on and the connection is not admitted
+                log.exception("could not check a connection to the %s channel", gate.channel)
+                conn.close()
+
+    def _decide(self, conn: socket.socket, gate: TcpGate) -> None:
+        """Admit ``conn`` (hand it to its gate) or refuse it, by the owner of its peer's socket."""
+        try:
+            owner = peer_owner(conn.getsockname()[:2], conn.getpeername()[:2])
+        except OSError:  # the peer is gone already
+            owner = None
+        if owner is None:
+            _refuse(conn, gate.channel, "no live socket of this host is its peer")
+        elif owner[0] != ESTABLISHED:
+            _refuse(conn, gate.channel, f"the peer's socket is not connected (TCP state {owner[0]})")
+        elif owner[1] != gate.uid:
+            _refuse(conn, gate.channel, f"a process of uid {owner[1]}, not this user's")
+        else:
+            gate.hand_over(conn, owner[1])
 
 
 CHANGE_WAIT = 5.0
