@@ -333,7 +333,9 @@ class Launcher:
         """Start the argv and return milliseconds to the first kernel_info reply."""
         started = time.perf_counter()
         self.dir = tempfile.mkdtemp(prefix="ks-bench-launcher-")
-        fname, info = write_connection_file(os.path.join(self.dir, f"kernel-{uuid.uuid4()}.json"), ip="127.0.0.1")
+        fname, info = write_connection_file(
+            os.path.join(self.dir, f"kernel-{uuid.uuid4()}.json"), ip="127.0.0.1", key=uuid.uuid4().hex.encode()
+        )
         stderr = Path(self.dir, "stderr.txt")
         with stderr.open("wb") as sink:
             self.proc = await asyncio.create_subprocess_exec(*self.command(fname), stdout=subprocess.DEVNULL, stderr=sink)

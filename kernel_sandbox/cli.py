@@ -11,6 +11,7 @@ from typing import Any
 
 from . import __version__
 from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
+from .controls import SafeWriter, escape_controls
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
@@ -187,7 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         standby=0,  # one kernel in this process: a standby would only be started to be removed
     )
     if run.error is not None:
-        print(run.report(colour=sys.stderr.isatty()), file=sys.stderr, end="")
+        colour = sys.stderr.isatty()
+        SafeWriter(sys.stderr, always=True, keep_colour=colour).write(run.report(colour=colour))
         print(f"kernel-sandbox: {source} failed; the executed notebook is in {run.output_path}", file=sys.stderr)
         return 1
     print(f"Wrote {run.output_path}", file=sys.stderr)
@@ -337,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KernelSandboxError as exc:
-        print(f"kernel-sandbox: {exc}", file=sys.stderr)
+        print(f"kernel-sandbox: {escape_controls(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

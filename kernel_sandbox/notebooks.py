@@ -20,6 +20,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+from .controls import SafeWriter
 from .errors import ConfigError
 from .kernelspecs import DOCKER_SPEC, kernel_manager, started_client
 from .results import Execution, ExecutionError
@@ -272,17 +273,18 @@ async def async_exec_code(
     """Run ``code`` in a throwaway sandboxed kernel, streaming its output as it comes.
 
     Stdout and results (their ``text/plain``) go to ``stdout``; stderr and the traceback of an
-    error go to ``stderr``. On ``timeout`` the kernel is interrupted and the result's error is a
+    error go to ``stderr``. A stream that is a terminal gets the text with its control
+    characters escaped (:class:`~kernel_sandbox.controls.SafeWriter`: the kernel cannot clear
+    the screen or write the clipboard); a file or pipe gets it unchanged, as ``Execution`` does. On ``timeout`` the kernel is interrupted and the result's error is a
     ``TimeoutError``. The kernel (and its container) is shut down in every case. ``standby``
     overrides the provisioner's option (``kernel-sandbox exec`` passes 0).
     """
-    out_stream = stdout or sys.stdout
-    err_stream = stderr or sys.stderr
+    out_stream = SafeWriter(stdout or sys.stdout)
+    err_stream = SafeWriter(stderr or sys.stderr, keep_colour=colour)
     result = Execution()
 
-    def emit(stream: IO[str], text: str, attr: str) -> None:
+    def emit(stream: SafeWriter, text: str, attr: str) -> None:
         stream.write(text)
-        stream.flush()
         setattr(result, attr, getattr(result, attr) + text)
 
     def hook(msg: dict[str, Any]) -> None:

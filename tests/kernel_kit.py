@@ -7,6 +7,7 @@ Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for it
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ class ArgvKernel:
 
     def __init__(self, spec_dir: Path, tmp_path: Path, env: dict[str, str] | None = None, kernel_id: str = "launched") -> None:
         self.kernel_id = kernel_id
-        self.connection_file, _ = write_connection_file(str(tmp_path / f"kernel-{kernel_id}.json"))
+        self.connection_file, _ = write_connection_file(
+            str(tmp_path / f"kernel-{kernel_id}.json"), key=secrets.token_hex(16).encode()
+        )
         argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
         cmd = [part.replace("{connection_file}", self.connection_file) for part in argv]
         self.process = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
@@ -38,9 +41,15 @@ class ArgvKernel:
         jupyter_client's own wait gives up when the first heartbeat is unanswered for a second,
         which a launcher still importing on a loaded machine can miss: poll it first, with a deadline.
         """
+        self.wait_for_heartbeat(self.connection_file, timeout)
+        self.client.wait_for_ready(timeout=timeout)
+
+    @staticmethod
+    def wait_for_heartbeat(connection_file: str, timeout: float = 90) -> None:
+        """Ping the heartbeat of the kernel of ``connection_file`` until it answers (fail after ``timeout`` s)."""
         import zmq
 
-        info = json.loads(Path(self.connection_file).read_text())
+        info = json.loads(Path(connection_file).read_text())
         context = zmq.Context()
         ping = context.socket(zmq.REQ)
         ping.connect(f"tcp://127.0.0.1:{info['hb_port']}")
@@ -50,7 +59,6 @@ class ArgvKernel:
         finally:
             ping.close(linger=0)
             context.term()
-        self.client.wait_for_ready(timeout=timeout)
 
     def run(self, code: str, timeout: float = 60) -> tuple[str, dict[str, Any]]:
         """Execute ``code``; return its stdout and the reply's content."""

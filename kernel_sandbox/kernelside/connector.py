@@ -4,7 +4,9 @@ The launcher runs ``python -I -S -c SOURCE PORT WAIT_SECONDS`` through a Docker 
 one per kernel channel: the bytes it writes to the exec's stdin reach the kernel's port, and
 what the kernel sends comes back on stdout. The connection is made when the first bytes arrive
 on stdin (so nothing from the kernel can precede the engine's answer that opened the stream),
-and retried for up to WAIT_SECONDS while the kernel is still starting.
+and retried for up to WAIT_SECONDS while the kernel is still starting. Before connecting, the
+connector writes :data:`HELLO` on stdout: what precedes it on the stream is the engine's (an
+exec that could not start, in a container that is stopping, gets the engine's error text there).
 
 Each connector is also a lifeline: the engine closes its stdin when the launcher ends, by any
 signal, and the connector then kills every process it may signal in the container (all but the
@@ -26,6 +28,8 @@ CHUNK = 256 * 1024
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.05
 """Refused connections are retried after 5 ms, doubling up to 50 ms (a slow start is not spun on)."""
+HELLO = b"kernel-sandbox connector\n"
+"""The connector's first bytes on stdout: the exec started, what follows is the kernel's port."""
 
 
 def connect(port, wait_seconds):
@@ -82,6 +86,7 @@ def main(argv):
     """Once stdin has data, connect to the port in ``argv[0]`` (waiting up to ``argv[1]`` s) and pump."""
     port, wait_seconds = int(argv[0]), float(argv[1])
     select.select([0], [], [])
+    write_all(1, HELLO)
     try:
         sock = connect(port, wait_seconds)
     except OSError as exc:

@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from ..controls import escape_controls
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER, provisioner_settings
 from ..policy import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
+from . import journal
 from .front import Connection, ExitStatus, Front, KernelLink
 
 if TYPE_CHECKING:
@@ -182,7 +184,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     try:
         front.bind()  # first, so that a client's first heartbeat is answered at once
     except KernelSandboxError as exc:
-        print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
+        print(f"kernel-sandbox: {escape_controls(str(exc))}", file=sys.stderr, flush=True)
         _finish(private, ExitStatus(1, str(exc), type(exc).__name__))
         return 1
     link = make_link(request)
@@ -195,6 +197,7 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     loop.add_signal_handler(signal.SIGHUP, stop_with, "stopped by SIGHUP")
     loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(link.interrupt()))
     owner = asyncio.ensure_future(_watch_owner(request, stop))
+    ticking = asyncio.ensure_future(journal.keep_time())
     try:
         front.attach(link)
         started = asyncio.ensure_future(link.start(front))
@@ -212,17 +215,19 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
             status = ExitStatus(0, stop.result())
     except KernelSandboxError as exc:
         status = ExitStatus(1, str(exc), type(exc).__name__)
-        print(f"kernel-sandbox: {exc}", file=sys.stderr, flush=True)
+        print(f"kernel-sandbox: {escape_controls(str(exc))}", file=sys.stderr, flush=True)
     except Exception as exc:
         log.exception("the launcher failed")
         status = ExitStatus(1, f"the launcher failed: {exc!r}")
     finally:
         owner.cancel()
+        ticking.cancel()
         await link.stop()
         front.close()
         _close(status_fd)
     if status.code:
         log.error("kernel %s ended: %s", request.kernel_id, status.reason)
+    journal.installed().flush_counts()
     _finish(private, status)
     return status.code
 
@@ -232,7 +237,8 @@ def _finish(private: PrivateDir | None, status: ExitStatus) -> None:
     if private is None:
         return
     if private.held(OWNER_LOCK):
-        private.write_json(EXIT, {"code": status.code, "reason": status.reason, "error": status.error})
+        reason = escape_controls(status.reason)  # the server logs it, a program raises it: shown, never obeyed
+        private.write_json(EXIT, {"code": status.code, "reason": reason, "error": status.error})
         private.release(LAUNCHER_LOCK)
     else:
         private.remove()  # nobody is left to read why the kernel ended
@@ -269,12 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the launcher; the exit code is the kernel's fate (0: a clean shutdown)."""
     args = build_parser().parse_args(argv)
-    level = os.environ.get("KERNEL_SANDBOX_LOG_LEVEL", "WARNING").upper()
-    logging.basicConfig(level=level, format="[kernel-sandbox %(levelname)s %(asctime)s] %(message)s")
+    journal.install(os.environ.get("KERNEL_SANDBOX_LOG_LEVEL", "WARNING").upper())
     try:
         request = read_request(args)
     except KernelSandboxError as exc:
-        print(f"kernel-sandbox: {exc}", file=sys.stderr)
+        print(f"kernel-sandbox: {escape_controls(str(exc))}", file=sys.stderr)
         _close(args.status_fd)
         return 1
     return asyncio.run(serve(request, args.status_fd))

@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
+import json
 import logging
 import os
 import secrets
 import socket
 import ssl
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -53,10 +53,11 @@ from ..containers import (
 from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
-from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
+from ..kernelside.connector import HELLO, MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE
 from ..settings import MiB, DockerSettings
-from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
+from . import journal
+from .front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
 from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 
 if TYPE_CHECKING:
@@ -87,13 +88,27 @@ confirm the launcher's IOPub subscription; kernels without it start after this p
 EXIT_REPORT_WAIT = 5.0
 """Seconds to wait for the engine's report of a kernel that died while its channels were opened."""
 OUTPUT_CAP = 1 * MiB
-"""Bytes of the container's own stdout/stderr passed to the launcher's stderr; the rest is dropped."""
+"""Bytes of the container's own stdout/stderr held during start-up (passed on once it answers)."""
 OUTPUT_TAIL_LINES = 40
+TAIL_LINE_CHARS = 4096
+"""Characters of each of those last lines kept for an error message."""
 CLONE_NEWNET = 0x40000000
 LIFELINE_CHANNEL = "hb"
 """The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
 CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
+INTERRUPT_DELAY = 0.2
+"""Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see :meth:`DockerLink.interrupt`)."""
+ENGINE_TEXT_BYTES = 1000
+"""Bytes of the engine's own error text (an exec that could not start) kept for the log."""
 _HEADER = struct.Struct(">BxxxL")
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> None:
+    """Call ``callback`` on ``loop`` from another thread; nothing when the loop is closed (the launcher is exiting)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
 
 
 def _own_socket(sdk_socket: Any) -> socket.socket:
@@ -150,7 +165,8 @@ class _Channel(asyncio.BufferedProtocol):
     """One kernel channel with ZMTP spoken through it: an exec stream (demultiplexed) or a socket.
 
     A socket is read straight into the ZMTP peer's buffers; an exec stream into a scratch
-    buffer whose payloads the demultiplexer passes on.
+    buffer whose payloads the demultiplexer passes on, from the connector's :data:`HELLO` on:
+    bytes before it are the engine's error text (the exec could not start), kept for the log.
     """
 
     def __init__(self, link: DockerLink, name: str, *, multiplexed: bool = True) -> None:
@@ -161,6 +177,9 @@ class _Channel(asyncio.BufferedProtocol):
         self.opened = 0.0
         self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
         self._scratch = memoryview(bytearray(READ_SIZE)) if multiplexed else None
+        self._hello: bytearray | None = bytearray() if multiplexed else None
+        self.engine_text: bytes | None = None
+        """What the engine wrote in place of the connector (it could not start it), if it did."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -197,6 +216,19 @@ class _Channel(asyncio.BufferedProtocol):
 
     def _from_kernel(self, data: memoryview) -> None:
         assert self.peer is not None
+        if self._hello is not None:
+            if self.engine_text is not None:
+                self.engine_text += bytes(data[: ENGINE_TEXT_BYTES - len(self.engine_text)])
+                return
+            need = len(HELLO) - len(self._hello)
+            self._hello += data[:need]
+            if not HELLO.startswith(self._hello):
+                self.engine_text, self._hello = bytes(self._hello), bytearray()
+                self._from_kernel(data[need:])
+                return
+            if len(self._hello) < len(HELLO):
+                return
+            self._hello, data = None, data[need:]
         self.peer.feed(data)
 
     def _message(self, frames: list[Any]) -> None:
@@ -236,14 +268,15 @@ class _OutputStream(asyncio.Protocol):
 
 
 class KernelOutput:
-    """The container's own stdout and stderr, passed to our stderr up to a cap, the tail kept for errors.
+    """The container's own stdout and stderr, passed to our stderr through the journal (escaped,
+    within the kernel's log budget: :mod:`.journal`), the tail kept for errors.
 
-    Until :meth:`release` (the kernel answered) output is only kept: a launch that fails reports
-    it once, inside its error message.
+    Until :meth:`release` (the kernel answered) output is only kept, up to ``cap`` bytes: a launch
+    that fails reports it once, inside its error message.
     """
 
     def __init__(self, cap: int = OUTPUT_CAP) -> None:
-        self._left = cap
+        self._cap = cap
         self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._partial = ""
         self._held: list[bytes] | None = []
@@ -257,22 +290,17 @@ class KernelOutput:
     def write(self, data: bytes) -> None:
         """Record and pass on one chunk of the container's output."""
         text = self._partial + data.decode(errors="replace")
-        *lines, self._partial = text.split("\n")
-        self.tail.extend(lines)
+        *lines, partial = text.split("\n")
+        self._partial = partial[-TAIL_LINE_CHARS:]  # a line without end is not gathered without end
+        self.tail.extend(line[-TAIL_LINE_CHARS:] for line in lines[-OUTPUT_TAIL_LINES:])
         if self._held is not None:
-            if sum(map(len, self._held)) < self._left:
+            if sum(map(len, self._held)) < self._cap:
                 self._held.append(data)
             return
         self._pass_on(data)
 
     def _pass_on(self, data: bytes) -> None:
-        if self._left > 0:
-            chunk = data[: self._left]
-            self._left -= len(chunk)
-            sys.stderr.buffer.write(chunk)
-            if self._left <= 0:
-                sys.stderr.buffer.write(b"\n[kernel-sandbox: further output of the kernel container dropped]\n")
-            sys.stderr.flush()
+        journal.installed().output(data)
 
     def text(self) -> str:
         """The last lines the container wrote."""
@@ -382,6 +410,8 @@ class DockerLink:
         self._ended: asyncio.Future[ExitStatus] = self._loop.create_future()
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._welcomed: asyncio.Future[None] = self._loop.create_future()
+        self._informed: asyncio.Future[None] = self._loop.create_future()
+        self._info_id = secrets.token_hex(16)
         self._creating: asyncio.Future[Any] | None = None
         self._netns: int | None = None
         self._cancel = threading.Event()
@@ -390,6 +420,10 @@ class DockerLink:
         self._watchdog: Any = None
         self._engine_hung = False
         self._probing: asyncio.Future[None] | None = None
+        self._reopening: set[asyncio.Future[None]] = set()
+        self._shutdown_asked = False
+        self._idle = True
+        """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -494,8 +528,9 @@ class DockerLink:
     ) -> None:
         limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
         deadline = time.monotonic() + self.settings.launch_timeout
+        self._ask_kernel_info()
         try:
-            while not self._ready.done() or not all(task.done() for task in opening):
+            while not (self._ready.done() and self._informed.done()) or not all(task.done() for task in opening):
                 await self._channels_failed(opening)
                 if self._ended.done():
                     raise self._start_failure()
@@ -506,7 +541,7 @@ class DockerLink:
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
                 # Only what is still pending: a finished future would end every wait at once (a busy loop).
-                pending = [f for f in (self._ready, self._ended, *opening) if not f.done()]
+                pending = [f for f in (self._ready, self._informed, self._ended, *opening) if not f.done()]
                 await asyncio.wait(pending, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
@@ -516,6 +551,18 @@ class DockerLink:
             await limits
         finally:
             limits.cancel()
+
+    def _ask_kernel_info(self) -> None:
+        """Send the launcher's own kernel_info_request (it waits for the shell stream to open).
+
+        The kernel is ready when it answers: ipykernel's heartbeat and IOPub start before the rest of
+        its initialisation, and a signal in between ends it with a traceback (jupyter_client
+        interrupts every kernel it shuts down, so a restart right after a start would).
+        """
+        header = {"msg_id": self._info_id, "msg_type": "kernel_info_request", "username": "kernel-sandbox",
+                  "session": self._info_id, "date": "", "version": PROTOCOL_VERSION}
+        parts = [json.dumps(header).encode(), b"{}", b"{}", b"{}"]
+        self._send("shell", [DELIM, self._signer.sign(parts), *parts])
 
     def _check_limits(self, container: Any, spec: dict[str, Any]) -> None:
         container.reload()
@@ -533,9 +580,24 @@ class DockerLink:
         while waiting:
             channel.send(waiting.popleft())
 
+    def _expected_loss(self) -> bool:
+        """True when losing a kernel stream is what should happen: the launcher stops, the kernel
+        ended, or a client asked it to shut down (a restart too)."""
+        return self._stopping or self._ended.done() or self._shutdown_asked
+
+    def _open_failed(self, name: str, reason: object) -> None:
+        """Log a kernel stream that could not be (re)opened: a warning only when nothing explains it."""
+        if self._expected_loss():
+            log.debug("the kernel's %s stream did not open while the kernel ends: %s", name, reason)
+        else:
+            log.warning("could not reopen the kernel's %s stream: %s", name, reason)
+
     def _channel_lost(self, channel: _Channel) -> None:
         if self._channels.get(channel.name) is channel:
             del self._channels[channel.name]
+        if channel.engine_text is not None:
+            text = channel.engine_text.decode(errors="replace").strip()
+            self._open_failed(channel.name, f"the Docker engine could not start its connector ({text})")
         if self._stopping or self._ended.done():
             return
         name = channel.name
@@ -552,10 +614,12 @@ class DockerLink:
             if not (self._stopping or self._ended.done()):
                 try:
                     await self._open_channel(name)
-                except Exception as exc:
-                    log.warning("could not reopen the kernel's %s stream: %s", name, exc)
+                except Exception as exc:  # judged after the failure: stop() cancels a connect in flight
+                    self._open_failed(name, exc)
 
-        asyncio.ensure_future(reopen())
+        task = asyncio.ensure_future(reopen())
+        self._reopening.add(task)
+        task.add_done_callback(self._reopening.discard)
 
     def _throttle(self, channel: str, paused: bool) -> None:
         if self._front is not None and channel in REQUEST_CHANNELS:
@@ -582,12 +646,21 @@ class DockerLink:
         if message is None or self._front is None:
             return
         idents, parts = message
+        if channel == "iopub" and b"status" in parts[0] and _msg_type(parts[0]) == "status":
+            self._idle = b'"idle"' in parts[3]
         if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
             self._welcomed.set_result(None)
+        if not idents and channel == "shell" and self._info_id.encode() in parts[1]:
+            if not self._informed.done():
+                self._informed.set_result(None)
+            return  # the answer to the launcher's own request
         self._front.from_kernel(channel, idents, parts)
 
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
-        """Sign a client message with the kernel's key and send it on."""
+        """Sign a client message with the kernel's key and send it on (noting a shutdown request)."""
+        header = parts[0]
+        if channel != "stdin" and isinstance(header, bytes) and b"shutdown_request" in header:
+            self._shutdown_asked = self._shutdown_asked or _msg_type(header) == "shutdown_request"
         self._send(channel, [*idents, DELIM, self._signer.sign(parts), *parts])
 
     def heartbeat(self, frames: list[Any]) -> None:
@@ -620,11 +693,11 @@ class DockerLink:
         def follow() -> None:
             try:
                 for event in stream:
-                    loop.call_soon_threadsafe(self._on_event, event)
-            except Exception as exc:
-                loop.call_soon_threadsafe(self._on_events_lost, exc)
+                    _post(loop, self._on_event, event)
+            except Exception as exc:  # the stream broke (or stop() closed it): judged on the loop
+                _post(loop, self._on_events_lost, exc)
             else:
-                loop.call_soon_threadsafe(self._on_events_lost, None)
+                _post(loop, self._on_events_lost, None)
 
         threading.Thread(target=follow, name="docker-events", daemon=True).start()
 
@@ -676,7 +749,7 @@ class DockerLink:
                     ok = True
                 except Exception:  # any failure is the engine's: reported below as no answer
                     ok = False
-                self._loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(ok))
+                _post(self._loop, lambda: answered.done() or answered.set_result(ok))
 
             threading.Thread(target=ping, name="docker-ping", daemon=True).start()
             try:
@@ -697,8 +770,19 @@ class DockerLink:
         return await asyncio.shield(self._ended)
 
     async def interrupt(self) -> None:
-        """Send SIGINT to the kernel through the container's init."""
+        """Send SIGINT to the kernel through the container's init, unless it is idle and being shut down.
+
+        jupyter_client interrupts every kernel it shuts down, just before its ``shutdown_request``;
+        an idle ipykernel that a SIGINT catches in the tail of a handler (the reply sent, its idle
+        status not yet) logs a false ``KeyboardInterrupt caught in kernel`` error. So the signal
+        waits :data:`INTERRUPT_DELAY` s, and is not sent when a shutdown was asked meanwhile and
+        the kernel said it is idle; a busy kernel is interrupted, as the client means.
+        """
         if self._client is None or self.container_id is None:
+            return
+        await asyncio.sleep(INTERRUPT_DELAY)
+        if self._shutdown_asked and self._idle:
+            log.debug("not interrupting an idle kernel that is shutting down")
             return
         try:
             await asyncio.to_thread(self._client.api.kill, self.container_id, "SIGINT")
@@ -713,6 +797,8 @@ class DockerLink:
         self._cancel.set()
         if self._probing is not None:
             self._probing.cancel()
+        for task in self._reopening:
+            task.cancel()
         for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
             if transport is not None:
                 transport.close()

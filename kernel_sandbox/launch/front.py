@@ -32,10 +32,11 @@ from typing import Any, Protocol
 
 import zmq
 
-from ..errors import KernelLaunchError
+from ..errors import ConfigError, KernelLaunchError
 from ..policy import OutputPolicy
 from ..privdir import LAUNCHER_LOCK, PrivateDir
 from .gate import TcpGate
+from .journal import note
 from .zmtp import LARGE_FRAME, MAX_MESSAGE_BYTES
 
 DELIM = b"<IDS|MSG>"
@@ -83,8 +84,10 @@ class Signer:
         return digest.hexdigest().encode()
 
     def verify(self, signature: Any, parts: Frames) -> bool:
-        """True when ``signature`` is this key's signature of ``parts``."""
-        return self._hmac is None or hmac.compare_digest(bytes(signature), self.sign(parts))
+        """True when ``signature`` is this key's signature of ``parts`` (one of the wrong length costs no digest)."""
+        if self._hmac is None:
+            return True
+        return len(signature) == self._hmac.digest_size * 2 and hmac.compare_digest(bytes(signature), self.sign(parts))
 
 
 def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], list[bytes]] | None:
@@ -94,7 +97,7 @@ def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], li
         return None
     idents, signature, parts = message
     if not signer.verify(signature, parts):
-        log.warning("dropped a message with a bad signature from the %s", sender)
+        note(log, logging.WARNING, "dropped a message with a bad signature from the %s", sender)
         return None
     return idents, parts
 
@@ -231,11 +234,18 @@ class Connection:
         except (KeyError, TypeError, ValueError) as exc:
             raise KernelLaunchError(f"connection file: missing or bad port ({exc})") from None
         key = info.get("key", "")
+        key = key.encode() if isinstance(key, str) else bytes(key) if isinstance(key, bytes | bytearray) else b""
+        if not key:
+            raise ConfigError(
+                "connection file: the key is empty, so the client would not sign its messages and any process "
+                "that reaches a port could run code in the kernel; the launcher refuses unsigned channels. "
+                "Let the client write a key (jupyter_client does by default: do not set Session.key to '')"
+            )
         return cls(
             transport=transport,
             ip=str(info.get("ip", "127.0.0.1")),
             ports=ports,
-            key=key.encode() if isinstance(key, str) else bytes(key),
+            key=key,
             signature_scheme=str(info.get("signature_scheme", "hmac-sha256")),
         )
 

@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
 from host_memory import MiB, rss
+from kernel_kit import ArgvKernel
 
 
 # ---- memory of host processes -------------------------------------------------------------------
@@ -101,6 +103,17 @@ async def outputs(kc: Any, code: str, timeout: float = 60) -> str:
     return "".join(chunks)
 
 
+
+
+async def argv_client(connection_file: str) -> AsyncKernelClient:
+    """A client of a kernel started from the kernelspec's argv, once it answers (its heartbeat is
+    polled first, as :meth:`ArgvKernel.ready` does)."""
+    ArgvKernel.wait_for_heartbeat(connection_file, timeout=120)
+    kc = AsyncKernelClient()
+    kc.load_connection_file(connection_file)
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=120)
+    return kc
 
 
 def launcher_pid(km: AsyncKernelManager) -> int:

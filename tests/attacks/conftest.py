@@ -10,6 +10,7 @@ loaded from tests/policy/conftest.py so that both suites drive the same server.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pwd
 import subprocess
@@ -19,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.kernelspecs import started_client
+from kernel_sandbox.kernelspecs import install, started_client
 
 from attack_kit import HOST_PYTHON, OtherUser
+from lab_kit import stop
 
 _POLICY = Path(__file__).resolve().parent.parent / "policy"
 if str(_POLICY) not in sys.path:
@@ -43,6 +46,23 @@ async def kernel(docker_engine, jupyter_prefix) -> AsyncIterator[tuple[AsyncKern
     km = AsyncKernelManager(kernel_name="sandboxed-python")
     async with started_client(km, timeout=90) as kc:
         yield km, kc
+
+
+@pytest.fixture
+def logged_argv_kernel(docker_engine, tmp_path) -> Iterator[tuple[str, dict[str, Any], Path]]:
+    """A kernel started as VS Code starts one (the kernelspec's argv, a TCP connection file), its
+    launcher's stderr kept in a file: the connection file, its content and the log's path."""
+    spec_dir = install("sandboxed-python", prefix=str(tmp_path / "prefix"))
+    argv = json.loads((Path(spec_dir) / "kernel.json").read_text())["argv"]
+    connection_file, info = write_connection_file(str(tmp_path / "kernel-logged.json"), ip="127.0.0.1",
+                                                  transport="tcp", key=os.urandom(16).hex().encode())
+    log = tmp_path / "launcher.log"
+    with open(log, "wb") as sink:
+        launcher = subprocess.Popen([part.replace("{connection_file}", connection_file) for part in argv], stderr=sink)
+    try:
+        yield connection_file, info, log
+    finally:
+        stop(launcher)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from jupyter_client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
 
@@ -26,7 +25,7 @@ from kernel_sandbox.containers import LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install
 
-from attack_kit import MiB, PeakRSS, launcher_pid, outputs
+from attack_kit import MiB, PeakRSS, argv_client, launcher_pid, outputs
 from lab_kit import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -216,19 +215,11 @@ def argv_kernel(docker_engine, tmp_path):
         stop(launcher)
 
 
-async def _argv_client(connection_file: str) -> AsyncKernelClient:
-    kc = AsyncKernelClient()
-    kc.load_connection_file(connection_file)
-    kc.start_channels()
-    await kc.wait_for_ready(timeout=120)
-    return kc
-
-
 @pytest.mark.security("attack", "channel")
 async def test_another_account_cannot_read_an_argv_kernels_output(argv_kernel, other_user) -> None:
     """A kernel started by a client that ran the kernelspec's argv over TCP: another account subscribes to IOPub."""
     launcher, connection_file, info = argv_kernel
-    kc = await _argv_client(connection_file)
+    kc = await argv_client(connection_file)
     try:
         spy = subprocess.Popen(
             ["runuser", "-u", other_user.name, "--", "/usr/bin/python3", "-I", "-c", ZMTP_CLIENT,
@@ -252,7 +243,7 @@ async def test_another_account_cannot_read_an_argv_kernels_output(argv_kernel, o
 async def test_another_account_cannot_make_the_launcher_hold_a_huge_message(argv_kernel, other_user, record_property) -> None:
     """Another account sends one 400 MiB message to an argv kernel's shell port: the launcher must not hold it."""
     launcher, connection_file, info = argv_kernel
-    kc = await _argv_client(connection_file)
+    kc = await argv_client(connection_file)
     try:
         peak = PeakRSS(launcher=launcher.pid)
         try:
@@ -297,3 +288,168 @@ async def test_another_account_cannot_plant_the_private_root(other_user, jupyter
         assert list(theirs.iterdir()) == [], "the user's kernel put files where another account can read them"
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# ---- the TCP gate (issue 23, item 4): closed peers, races, knock floods, an empty key ------------
+
+# Another account's client with the standard library. ``execute``: COUNT times, connect to a
+# shell port, send a whole ZMTP handshake and an execute_request signed with KEY (the test hands
+# the key over, so that only the gate stands between it and the kernel), and close at once.
+# ``subscribe``: for SECONDS, from 8 threads, connect to IOPub, subscribe and keep what arrives.
+# ``knock``: for SECONDS, connect to every port given and close, as fast as it goes.
+GATE_ATTACK = r'''
+import hashlib, hmac, json, socket, struct, sys, threading, time, uuid
+def frame(body, more=False, command=False):
+    flags = (1 if more else 0) | (4 if command else 0)
+    return (bytes([flags | 2]) + struct.pack('>Q', len(body)) if len(body) > 255 else bytes([flags, len(body)])) + body
+def handshake(kind):
+    signature = b'\xff' + b'\0' * 8 + b'\x7f' + bytes([3, 0]) + b'NULL'.ljust(20, b'\0') + b'\0' * 32
+    prop = bytes([11]) + b'Socket-Type' + struct.pack('>I', len(kind)) + kind
+    return signature + frame(bytes([5]) + b'READY' + prop, command=True)
+mode, host = sys.argv[1], sys.argv[2]
+if mode == 'execute':
+    port, key, count, code = int(sys.argv[3]), sys.argv[4].encode(), int(sys.argv[5]), sys.argv[6]
+    connected = sent = 0
+    for index in range(count):
+        header = json.dumps({'msg_id': uuid.uuid4().hex, 'msg_type': 'execute_request', 'username': 'x',
+                             'session': uuid.uuid4().hex, 'date': '', 'version': '5.3'}).encode()
+        content = json.dumps({'code': code.replace('N', str(index)), 'silent': False, 'store_history': False,
+                              'user_expressions': {}, 'allow_stdin': False}).encode()
+        parts = [header, b'{}', b'{}', content]
+        digest = hmac.new(key, digestmod='sha256')
+        for part in parts:
+            digest.update(part)
+        frames = [b'<IDS|MSG>', digest.hexdigest().encode(), *parts]
+        message = b''.join(frame(f, more=i < len(frames) - 1) for i, f in enumerate(frames))
+        try:
+            sock = socket.create_connection((host, port), timeout=5)
+            connected += 1
+            sock.sendall(handshake(b'DEALER') + message)
+            sock.close()
+            sent += 1
+        except OSError:  # reset by the gate before the whole message went out
+            pass
+    print(json.dumps({'connected': connected, 'sent': sent}))
+elif mode == 'subscribe':
+    port, seconds = int(sys.argv[3]), float(sys.argv[4])
+    seen, connections, end = [], [0], time.monotonic() + seconds
+    def spy():
+        while time.monotonic() < end:
+            try:
+                sock = socket.create_connection((host, port), timeout=2)
+                connections[0] += 1
+                sock.sendall(handshake(b'SUB') + frame(b'\x01'))
+                while time.monotonic() < end:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    seen.append(chunk)
+            except OSError:
+                pass
+    threads = [threading.Thread(target=spy) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    data = b''.join(seen)
+    print(json.dumps({'connections': connections[0], 'bytes': len(data), 'text': data.decode('latin-1')}))
+else:
+    ports, seconds = [int(p) for p in sys.argv[3].split(',')], float(sys.argv[4])
+    knocks, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for port in ports:
+            try:
+                socket.create_connection((host, port), timeout=2).close()
+                knocks += 1
+            except OSError:
+                pass
+    print(json.dumps({'knocks': knocks}))
+'''
+CHANNEL_NAMES = ("shell", "control", "stdin", "iopub", "hb")
+
+
+def _attack(other_user, *args: str, timeout: float = 120) -> subprocess.Popen[str]:
+    return subprocess.Popen(["runuser", "-u", other_user.name, "--", "/usr/bin/python3", "-I", "-c", GATE_ATTACK, *args],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _result(attack: subprocess.Popen[str], timeout: float = 120) -> dict:
+    out, _ = attack.communicate(timeout=timeout)
+    assert attack.returncode == 0, out
+    return json.loads(out)
+
+
+@pytest.mark.security("attack", "channel")
+async def test_another_accounts_connection_that_closes_at_once_is_never_admitted(logged_argv_kernel, other_user,
+                                                                                 record_property) -> None:
+    """Connect, send a signed execute_request, close: the peer's socket is gone (TIME_WAIT, uid 0) when the
+    gate looks, and a launcher running as root once took that for root's own connection."""
+    connection_file, info, log = logged_argv_kernel
+    kc = await argv_client(connection_file)
+    try:
+        attack = _attack(other_user, "execute", "127.0.0.1", str(info["shell_port"]), info["key"], "60",
+                         "open('/tmp/admitted-N', 'w').close()")
+        tried = _result(attack)
+        await outputs(kc, "import time; time.sleep(1)")  # whatever was admitted ran before this
+        planted = await outputs(kc, "import os; print(sorted(f for f in os.listdir('/tmp') if f.startswith('admitted')))")
+    finally:
+        kc.stop_channels()
+    record_property("attempts", tried)
+    assert tried["sent"] > 0, f"no signed execute_request of the other account reached the port: {tried}"
+    assert planted.strip() == "[]", f"another account's closed connections ran code in the kernel: {planted}"
+    assert "refused a connection to the shell channel" in log.read_text()
+
+
+@pytest.mark.security("attack", "channel")
+async def test_another_account_racing_the_owners_connections_reads_nothing(logged_argv_kernel, other_user) -> None:
+    """Another account keeps connecting to IOPub from 8 threads while the owner's client connects and runs a cell."""
+    connection_file, info, _ = logged_argv_kernel
+    spy = _attack(other_user, "subscribe", "127.0.0.1", str(info["iopub_port"]), "8")
+    secret = "the-users-secret-" + os.urandom(4).hex()
+    for _ in range(3):  # the owner's client connects anew each time, racing the spy
+        kc = await argv_client(connection_file)
+        try:
+            assert secret in await outputs(kc, f"print({secret!r})")
+        finally:
+            kc.stop_channels()
+    seen = _result(spy)
+    assert seen["connections"] > 0, "the other account never reached the IOPub port"
+    assert secret not in seen["text"] and seen["bytes"] == 0, f"another account read {seen['bytes']} bytes of IOPub"
+
+
+@pytest.mark.security("attack", "channel")
+async def test_a_knock_flood_from_another_account_does_not_stall_the_owner(logged_argv_kernel, other_user,
+                                                                           record_property) -> None:
+    """Another account connects and closes on all five ports without pause while the owner asks kernel_info."""
+    connection_file, info, log = logged_argv_kernel
+    kc = await argv_client(connection_file)
+    ports = ",".join(str(info[f"{name}_port"]) for name in CHANNEL_NAMES)
+    try:
+        knockers = [_attack(other_user, "knock", "127.0.0.1", ports, "6") for _ in range(2)]
+        replies = []
+        while any(knocker.poll() is None for knocker in knockers):
+            reply = await kc.kernel_info(reply=True, timeout=60)
+            replies.append(reply["content"])
+        knocks = sum(_result(knocker)["knocks"] for knocker in knockers)
+        assert "alive" in await outputs(kc, "print('alive')")
+    finally:
+        kc.stop_channels()
+    record_property("knocks", knocks)
+    record_property("kernel_info_replies", len(replies))
+    assert knocks > 100, f"only {knocks} knocks: the flood did not happen"
+    assert replies and all(r["status"] == "ok" and r["implementation"] == "ipython" for r in replies)
+    refusals = [line for line in log.read_text().splitlines() if "refused a connection" in line]
+    assert len(refusals) <= 2 * len(CHANNEL_NAMES), f"{knocks} knocks made {len(refusals)} log lines"
+
+
+@pytest.mark.security("attack", "channel")
+def test_a_connection_file_with_an_empty_key_is_refused_naming_the_fix(docker_engine, tmp_path) -> None:
+    """Jupyter's "no signing" (key ''): every local account could run code; the launcher starts nothing."""
+    spec_dir = install("sandboxed-python", prefix=str(tmp_path / "prefix"))
+    argv = json.loads((Path(spec_dir) / "kernel.json").read_text())["argv"]
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-unsigned.json"), ip="127.0.0.1", key=b"")
+    result = subprocess.run([part.replace("{connection_file}", connection_file) for part in argv],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "the key is empty" in result.stderr and "Session.key" in result.stderr, result.stderr
+    assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}=unsigned"})

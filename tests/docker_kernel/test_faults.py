@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def test_an_engine_that_goes_away_ends_the_kernel_in_bounded_time(tmp_path: Path
     spec_dir = Path(install("sandboxed-python", prefix=str(tmp_path), install_as="faults"))
     kernel = ArgvKernel(spec_dir, tmp_path, env={**os.environ, "DOCKER_HOST": proxy.url}, kernel_id="faults")
     try:
-        kernel.client.wait_for_ready(timeout=90)
+        kernel.ready(timeout=90)
         assert kernel.client.execute_interactive("x = 1", timeout=60)["content"]["status"] == "ok"
         assert docker_engine.containers.list(filters={"label": f"{LABEL_KERNEL_ID}=faults"})
         started = time.monotonic()
@@ -93,7 +94,7 @@ def _request(tmp_path: Path, **config: object):
         "argv": [], "display_name": "x", "language": "python",
         "metadata": {"kernel_provisioner": {"provisioner_name": "kernel-sandbox-docker", "config": config}},
     }))
-    _, info = write_connection_file(str(tmp_path / "kernel-injected.json"))
+    _, info = write_connection_file(str(tmp_path / "kernel-injected.json"), key=secrets.token_hex(16).encode())
     return request_from_kernelspec(Connection.from_info(info), str(tmp_path / "kernel-injected.json"), str(tmp_path))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -129,7 +130,7 @@ def test_the_launcher_follows_its_client_out(spec_dir: Path, tmp_path: Path, doc
         f"subprocess.Popen([a.replace('{{connection_file}}', {str(tmp_path / 'kernel-launched.json')!r}) for a in argv])\n"
         "time.sleep(3600)\n"
     )
-    write_connection_file(str(tmp_path / "kernel-launched.json"))
+    write_connection_file(str(tmp_path / "kernel-launched.json"), key=secrets.token_hex(16).encode())
     client = subprocess.Popen([os.environ.get("PYTHON", "python"), str(script)])
     deadline = time.monotonic() + 90
     while not [c for c in containers(docker_engine) if c.status == "running"]:

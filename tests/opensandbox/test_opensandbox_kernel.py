@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -212,7 +213,7 @@ def test_the_argv_without_an_api_base_fails_closed_naming_the_variable(tmp_path:
     spec_dir = Path(install(OPENSANDBOX_SPEC, prefix=str(tmp_path / "prefix")))
     argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
     assert Path(argv[0]).is_absolute() and argv[1:4] == ["-I", "-m", "kernel_sandbox.launch"]
-    connection_file, _ = write_connection_file(str(tmp_path / "kernel-argv.json"))
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-argv.json"), key=secrets.token_hex(16).encode())
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPEN_SANDBOX_")}
     cmd = [part.replace("{connection_file}", connection_file) for part in argv]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -227,7 +228,7 @@ async def test_the_argv_launcher_deletes_its_sandbox_when_its_client_is_gone(
     """A client that ran argv and died (VS Code killed): the launcher notices its parent is gone."""
     spec_dir = Path(install(OPENSANDBOX_SPEC, prefix=str(tmp_path / "prefix"), config={**FAST, "poll_interval": 0.05}))
     argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
-    connection_file, _ = write_connection_file(str(tmp_path / "kernel-orphan.json"))
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-orphan.json"), key=secrets.token_hex(16).encode())
     cmd = [part.replace("{connection_file}", connection_file) for part in argv]
     env = {**os.environ, "OPEN_SANDBOX_API_BASE": fake_opensandbox.api_base,
            "OPEN_SANDBOX_API_KEY": fake_opensandbox.lifecycle.api_key}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,7 +83,7 @@ class Kernel:
             self.manager.start_kernel()
             self.client = self.manager.client()
         else:
-            connection_file, _ = write_connection_file(str(tmp_path / "kernel-policy.json"))
+            connection_file, _ = write_connection_file(str(tmp_path / "kernel-policy.json"), key=secrets.token_hex(16).encode())
             argv = json.loads((spec_dir / "kernel.json").read_text())["argv"]
             cmd = [part.replace("{connection_file}", connection_file) for part in argv]
             self.process = subprocess.Popen(cmd, cwd=tmp_path)
@@ -232,7 +233,7 @@ def test_the_execution_api_sets_the_relays_policy(docker_engine, mode: str) -> N
 
 async def test_the_front_drops_what_the_policy_cannot_read(tmp_path: Path) -> None:
     """Bytes a client might read otherwise than the policy did never reach it; the rest goes on in order."""
-    connection_file, info = write_connection_file(str(tmp_path / "kernel-front.json"))
+    connection_file, info = write_connection_file(str(tmp_path / "kernel-front.json"), key=secrets.token_hex(16).encode())
     front = Front(Connection.from_info(info), OutputPolicy())
     front.bind()
     client = AsyncKernelClient(connection_file=connection_file)

@@ -1,0 +1,80 @@
+"""The log says only what is true (issue 25, item 3): clean starts, restarts and shutdowns log no warning.
+
+Twenty start/restart/delete cycles through jupyter_server's REST API, ten at a time, while
+papermill runs notebooks on the same kernelspec; then neither the server's log (the launchers'
+stderr included) nor papermill's stderr may hold a WARNING, ERROR or Traceback line. A false
+alarm in a security product reads as an attack report, and a real one gets lost in the noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from pathlib import Path
+
+import httpx
+import nbformat
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+
+CYCLES = 20
+AT_ONCE = 10
+PAPERMILL_RUNS = 2
+ALARM = re.compile(r"^\[[WEC] |WARNING|ERROR|CRITICAL|Traceback|Exception in thread")
+
+
+def _alarms(text: str) -> list[str]:
+    return [line for line in text.splitlines() if ALARM.search(line)]
+
+
+async def _cycle(http: httpx.AsyncClient) -> None:
+    started = await http.post("/api/kernels", json={"name": "sandboxed-python"})
+    assert started.status_code == 201, started.text
+    kernel_id = started.json()["id"]
+    restarted = await http.post(f"/api/kernels/{kernel_id}/restart")
+    assert restarted.status_code == 200, restarted.text
+    # Not within milliseconds of the restart's reply, as no user does: jupyter_server's own streams
+    # would log pyzmq's "Got events for closed stream" for any kernel, the kernel's idle status in flight.
+    await asyncio.sleep(0.5)
+    deleted = await http.delete(f"/api/kernels/{kernel_id}")
+    assert deleted.status_code == 204, deleted.text
+
+
+async def _papermill(notebook: Path, out: Path, jupyter_path: Path) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "papermill", str(notebook), str(out), "-k", "sandboxed-python", "--no-progress-bar",
+        "-p", "n", "6", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "JUPYTER_PATH": str(jupyter_path)},
+    )
+    _, stderr = await process.communicate()
+    return process.returncode or 0, stderr.decode(errors="replace")
+
+
+async def test_start_restart_and_shutdown_cycles_log_no_warning(lab_server, jupyter_prefix, tmp_path) -> None:
+    notebook = tmp_path / "square.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell("print(n * n)")]
+    nb.metadata["kernelspec"] = {"name": "sandboxed-python", "display_name": "Sandboxed Python", "language": "python"}
+    nbformat.write(nb, str(notebook))
+    log_start = lab_server.log.stat().st_size
+    papermills = [
+        asyncio.ensure_future(_papermill(notebook, tmp_path / f"out-{index}.ipynb", jupyter_prefix))
+        for index in range(PAPERMILL_RUNS)
+    ]
+    async with httpx.AsyncClient(base_url=lab_server.url, headers=lab_server.headers, timeout=180) as http:
+        for _ in range(CYCLES // AT_ONCE):
+            await asyncio.gather(*(_cycle(http) for _ in range(AT_ONCE)))
+    ran = await asyncio.gather(*papermills)
+    await asyncio.sleep(2)  # the last launchers' exit lines, if any, reach the log
+    with open(lab_server.log, "rb") as log:
+        log.seek(log_start)
+        server_log = log.read().decode(errors="replace")
+    for index, (code, stderr) in enumerate(ran):
+        assert code == 0, stderr
+        assert "36" in nbformat.read(str(tmp_path / f"out-{index}.ipynb"), as_version=4).cells[-1].outputs[0]["text"]
+        assert not _alarms(stderr), "papermill's stderr:\n" + "\n".join(_alarms(stderr))
+    assert server_log.count("Kernel started:") >= CYCLES, "the cycles did not reach the server"
+    assert not _alarms(server_log), "the server's log:\n" + "\n".join(_alarms(server_log))
