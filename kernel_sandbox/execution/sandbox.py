@@ -36,7 +36,7 @@ from .backends import DEFAULT_BACKEND, kernel_manager
 from .backends import backend as backend_named
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
-from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
+from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
 from .collector import Callback, Collector
 from .skills import failed_skill, figure_files, file_entry, skill_result
 from .tools import body_error, check_env, tool_payload
@@ -614,19 +614,32 @@ class AsyncSandbox:
                         raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being written")
         return sorted(rel for rel, _ in targets)
 
-    async def _read(self, path: str, sink: Callable[[bytes], Any], limit: int, timeout: float | None) -> int:
+    async def _read(
+        self, path: str, sink: Callable[[bytes], Any], limit: int, limit_name: str, timeout: float | None
+    ) -> int:
+        """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past ``limit``.
+
+        The limit is the host's: the size the kernel states is checked against it, and so is every
+        byte that arrives (a kernel that patched its helper states what it likes).
+        """
         rel = confine(path, self.work_dir)
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
         offset, total = 0, None
         async with self._lock:
             while total is None or offset < total:
-                request = {"op": "read", "path": rel, "offset": offset, "size": self._chunk(), "limit": limit}
+                request = {"op": "read", "path": rel, "offset": offset, "size": self._chunk()}
                 size, data = await self._op(request, (), seconds, deadline)
                 if total is None:
                     total = size
-                expected = min(self._chunk(), total - offset)
-                if size != total or not isinstance(data, bytes) or len(data) != expected:
+                if type(size) is not int or size != total or not isinstance(data, bytes):
+                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                if total > limit or offset + len(data) > limit:
+                    raise SandboxFileError(
+                        f"Refused {rel!r}: it is {max(total, offset + len(data))} bytes, over the limit of "
+                        f"{limit} bytes ({limit_name}); nothing past the limit was kept."
+                    )
+                if len(data) != min(self._chunk(), total - offset):
                     raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
                 sink(data)
                 offset += len(data)
@@ -634,8 +647,11 @@ class AsyncSandbox:
 
     async def download(self, path: str, *, timeout: float | None = None) -> bytes:
         """Read a file of the work directory into memory (up to 256 MiB; see :meth:`download_to`)."""
+        return await self._download(path, MAX_FILE_BYTES, "download's ceiling; download_to streams larger files", timeout)
+
+    async def _download(self, path: str, limit: int, limit_name: str, timeout: float | None) -> bytes:
         parts: list[bytes] = []
-        await self._read(path, parts.append, MAX_FILE_BYTES, timeout)
+        await self._read(path, parts.append, limit, limit_name, timeout)
         return b"".join(parts)
 
     async def download_to(
@@ -652,10 +668,10 @@ class AsyncSandbox:
             raise ConfigError(f"max_bytes must be a number of bytes or None, not {max_bytes!r}")
         limit = NO_LIMIT if max_bytes is None else max_bytes
         if not isinstance(destination, (str, os.PathLike)):
-            return await self._read(path, destination.write, limit, timeout)
+            return await self._read(path, destination.write, limit, f"max_bytes={max_bytes}", timeout)
         try:
             with open(destination, "wb") as handle:
-                return await self._read(path, handle.write, limit, timeout)
+                return await self._read(path, handle.write, limit, f"max_bytes={max_bytes}", timeout)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(destination)
@@ -771,13 +787,18 @@ class AsyncSandbox:
         requirements: str | Iterable[str] | None = None,
         *,
         timeout: float | None = None,
+        max_files_bytes: int = MAX_SKILL_FILES_BYTES,
     ) -> dict[str, Any]:
         """Run skill ``code`` next to ``skill_files`` (LiteLLM's skills executor contract).
 
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
         created or changed in the work directory (not the unchanged skill files) and the images
         it displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
+        The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
+        arrive); past it the run fails with an error naming the limit.
         """
+        if isinstance(max_files_bytes, bool) or not isinstance(max_files_bytes, int) or max_files_bytes < 0:
+            raise ConfigError(f"max_files_bytes must be a number of bytes, not {max_files_bytes!r}")
         try:
             if skill_files:
                 await self.upload(skill_files, timeout=timeout)
@@ -789,10 +810,13 @@ class AsyncSandbox:
             await self._simple("prepare", timeout)
             execution = await self.run(code, timeout=timeout)
             after = await self._simple("snapshot", timeout)
-            files = []
+            files, room = [], max_files_bytes
             for path in sorted(after):
                 if before.get(path) != after[path]:
-                    content = await self.download(path, timeout=timeout)
+                    limit = min(room, MAX_FILE_BYTES)
+                    name = f"max_files_bytes={max_files_bytes}, {room} bytes left" if limit == room else "download's ceiling"
+                    content = await self._download(path, limit, f"run_skill's {name}", timeout)
+                    room -= len(content)
                     files.append(file_entry(path, content))
             files += figure_files(execution.results)
         except SandboxError as exc:

@@ -330,7 +330,7 @@ def _file(request, buffers):
     if op == "write":
         return {"ok": files.write_chunk(_work(), path, request["offset"], buffers[0])}
     if op == "read":
-        total, data = files.read_chunk(_work(), path, request["offset"], request["size"], request["limit"])
+        total, data = files.read_chunk(_work(), path, request["offset"], request["size"])
         return {"ok": [total, data]}
     if op == "list":
         return {"ok": files.listing(_work(), path)}
