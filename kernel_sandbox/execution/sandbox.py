@@ -124,6 +124,7 @@ class AsyncSandbox:
         self._backend.check(self._options)
         self._comms = self._backend.comms_known  # tool calls on a comm; else decided in _connect
         self._km: Any = None
+        self._closed = False
         self._kc: Any = None
         self._context: zmq.asyncio.Context | None = None
         self._tmp: str | None = None
@@ -131,6 +132,7 @@ class AsyncSandbox:
         self._channel: str | None = None
         self._installed = False
         self._restarts = 0
+        self._unanswered = False  # the helper could not answer: restart the kernel before the next request
         self._kept_state: str | None = None
         self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
         self.work_dir: str = ""
@@ -142,7 +144,7 @@ class AsyncSandbox:
             )
 
     def __repr__(self) -> str:
-        state = "started" if self._km is not None else "not started"
+        state = "started" if self._km is not None else "closed" if self._closed else "not started"
         return f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -151,6 +153,7 @@ class AsyncSandbox:
         """Start the kernel and wait until it answers; on failure nothing is left behind."""
         if self._km is not None:
             return self
+        self._closed = False
         self._lock = asyncio.Lock()
         options = dict(self._options)
         cwd = None
@@ -209,6 +212,7 @@ class AsyncSandbox:
     async def close(self) -> None:
         """Shut the kernel down and remove everything the sandbox created. Safe to call twice."""
         km, self._km = self._km, None
+        self._closed = True
         try:
             self._disconnect()
             if km is not None and km.has_kernel:
@@ -242,6 +246,8 @@ class AsyncSandbox:
     def _deadline(self, timeout: float | None) -> tuple[float, float]:
         """(seconds, monotonic deadline) for a call with ``timeout`` (None: the sandbox's)."""
         if self._km is None or self._lock is None:
+            if self._closed:
+                raise SandboxError("This sandbox is closed: its kernel was shut down (start() starts a new one)")
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
         seconds = self.timeout if timeout is None else timeout
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
@@ -268,12 +274,14 @@ class AsyncSandbox:
         Past ``deadline`` the kernel is interrupted; if it is not idle ``interrupt_grace``
         seconds later it is restarted and ``state_lost`` set. A kernel that dies is restarted
         too. Either way ``error`` says what happened. ``reply``: the message has a shell reply.
-        ``collector.finished`` tells whether the kernel finished handling the message (idle).
+        ``collector.finished`` tells whether the kernel finished handling the message (idle), and
+        ``collector.failed`` whether the host saw it fail (a timeout, a death, a reply not ``ok``).
         """
         msg_id = send()
         outcome = await self._collect(msg_id, collector, deadline)
         execution = collector.execution
         collector.finished = outcome == "idle"
+        collector.failed = outcome != "idle"
         if outcome == "timeout":
             await self._km.interrupt_kernel()
             outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
@@ -288,7 +296,7 @@ class AsyncSandbox:
             if lost:
                 await self._recover(execution)
             elif reply:
-                await self._drain_reply(msg_id, execution)
+                await self._drain_reply(msg_id, collector)
         elif outcome == "died":
             reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
             execution.error = ExecutionError(
@@ -296,7 +304,7 @@ class AsyncSandbox:
             )
             await self._recover(execution)
         elif reply:
-            await self._drain_reply(msg_id, execution)
+            await self._drain_reply(msg_id, collector)
         return await collector.finish()
 
     async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
@@ -321,7 +329,8 @@ class AsyncSandbox:
                 if not await self._km.is_alive():
                     return "died"
 
-    async def _drain_reply(self, msg_id: str, execution: Execution) -> None:
+    async def _drain_reply(self, msg_id: str, collector: Collector) -> None:
+        execution = collector.execution
         until = time.monotonic() + REPLY_GRACE
         while (left := until - time.monotonic()) > 0:
             try:
@@ -335,11 +344,13 @@ class AsyncSandbox:
                 count = content.get("execution_count")
                 if isinstance(count, int):
                     execution.execution_count = count
+                collector.failed = collector.failed or content.get("status") != "ok"
                 if content.get("status") == "error" and execution.error is None:
                     execution.error = ExecutionError(
                         str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
                     )
                 return
+        collector.failed = True
         if execution.error is None:
             execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
 
@@ -457,17 +468,25 @@ class AsyncSandbox:
         """Send ``request`` to the helper and decode its answer: (body, execution).
 
         The body is None when no answer came (``execution.error`` says why). A request that
-        provably never reached the helper (its channel was gone) is sent once more.
+        provably never reached the helper (its channel was gone) is sent once more. A helper
+        that still could not answer has been broken by the code it ran: the next request
+        restarts the kernel first (its ``state_lost`` is set), as a call that timed out would.
         """
         deadline = time.monotonic() + seconds if deadline is None else deadline
+        restarts = self._restarts
+        if self._unanswered:
+            self._unanswered = False
+            await self.restart()
         if self._env_set and request["op"] != "env":
             await self._restore_env(Execution())
         limits = limits or DecodeLimits()
-        restarts = self._restarts
         for attempt in range(2):
             collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
             execution = collector.execution
             first = self._first(collector)
+            if first is not None and collector.failed:  # an answer, then a timeout or a failed cell: not taken
+                first = None
+                break
             if first is not None or execution.error is not None and execution.error.name in ("TimeoutError", "KernelDied"):
                 break
             if execution.state_lost:
@@ -503,6 +522,9 @@ class AsyncSandbox:
         if first is None:
             if execution.error is None:
                 execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")
+            if execution.error.name == "NoAnswer" and not execution.state_lost:
+                self._unanswered = True
+                execution.error.value += " The kernel will be restarted before the next call (state lost)."
             return None, execution
         answer = Answer.first(*first, limits)
         origin = collector.marker
@@ -736,7 +758,8 @@ class AsyncSandbox:
         back. What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
         ``allowed_classes`` (and the sandbox's), anything else raises
         :class:`UnsafePayloadError`. ``env`` sets environment variables for this call only.
-        ``status`` is ``"success"`` only if the tool returned and exactly one answer came.
+        ``status`` is ``"success"`` only if the tool returned, exactly one answer came, and the host saw
+        the call end in time (an answer followed by a timeout, a death or a failed cell is an error).
         """
         values = check_env(env)
         call, state = tool_payload(tool, args, agent_state, name, values)
@@ -774,8 +797,6 @@ class AsyncSandbox:
             result.status = "success"
             result.func_return = body["r"]
             result.agent_state = body.get("s", agent_state)
-        elif execution.error is not None and execution.error.name == "TimeoutError":
-            result.error = ExecutionError(execution.error.name, execution.error.value, result.error.traceback)
         return result
 
     # -- skills ----------------------------------------------------------------------------
