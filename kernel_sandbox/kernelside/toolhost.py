@@ -127,8 +127,9 @@ def _send_path(kernel):
 
 def _clean(obj, names):
     """Remove what was set on ``obj`` since it had the attributes ``names`` and shadows a method of its class."""
-    for name, value in list(vars(obj).items()):
-        if name not in names and callable(value) and _is_code(getattr(type(obj), name, None)):
+    current = vars(obj)
+    for name in current.keys() - names:
+        if callable(current[name]) and _is_code(getattr(type(obj), name, None)):
             delattr(obj, name)
 
 
@@ -139,11 +140,12 @@ def _is_code(value):
 def _restore_send_path(saved):
     kernel, session, socket = saved["kernel"]
     for cls, (names, methods) in saved["classes"].items():
-        for name, value in list(vars(cls).items()):
-            if name not in names and _is_code(value):
+        current = vars(cls)
+        for name in current.keys() - names:
+            if _is_code(current[name]):
                 delattr(cls, name)
         for name, value in methods.items():
-            if vars(cls).get(name) is not value:
+            if current.get(name) is not value:
                 setattr(cls, name, value)
     for obj, names in saved["objects"]:
         _clean(obj, names)
