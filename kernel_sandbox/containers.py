@@ -206,6 +206,7 @@ def container_spec(
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "ipc_mode": "private",
+        "shm_size": sizes["shm_size"],
         "network_mode": "bridge" if settings.network else "none",
     }
     if settings.memory is not None:

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import re
+from fractions import Fraction
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -27,12 +28,16 @@ HOME_DIR = "/home/sandbox"
 WORK_DIR = "/home/sandbox/work"
 UNLIMITED = "unlimited"
 MiB = 2**20
-TMPFS_SHARE = {"tmp_size": 1 / 8, "home_size": 1 / 4, "work_size": 3 / 8}
-"""Default share of the memory limit for each writable tmpfs; together 3/4, the rest is the kernel's."""
-TMPFS_FALLBACK = {"tmp_size": 128 * MiB, "home_size": 256 * MiB, "work_size": 384 * MiB}
+TMPFS_SHARE = {"tmp_size": 1 / 16, "shm_size": 1 / 16, "home_size": 1 / 4, "work_size": 3 / 8}
+"""Default share of the memory limit for each writable tmpfs (``/dev/shm`` too); together 3/4, the rest is the kernel's."""
+TMPFS_FALLBACK = {"tmp_size": 128 * MiB, "shm_size": 64 * MiB, "home_size": 256 * MiB, "work_size": 384 * MiB}
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
 MIN_MEMORY = 32 * MiB
+MAX_SIZE = 2**50
+"""The largest memory limit or tmpfs size (1 PiB, more than any machine has; the engine refuses past 2**63)."""
 MIN_PIDS = 16
+MAX_PIDS = 2**22
+"""The largest pids_limit: Linux's PID_MAX_LIMIT (the cgroup refuses more)."""
 MAX_STANDBY = 8
 RESERVED_ENV_PREFIX = "KERNEL_SANDBOX_"
 
@@ -68,11 +73,13 @@ def parse_size(name: str, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
-        number = int(float(match[1]) * _UNITS[match[2].lower()])
+        number = int(Fraction(match[1]) * _UNITS[match[2].lower()])
     else:
         raise _refuse(name, value, "must be a size such as 512m or 2g")
     if number <= 0:
         raise _refuse(name, value, f"must be more than 0; to lift the limit say {UNLIMITED!r}")
+    if number > MAX_SIZE:
+        raise _refuse(name, value, f"must be at most {MAX_SIZE // 2**40}t ({MAX_SIZE} bytes, 1 PiB)")
     return number
 
 
@@ -111,6 +118,8 @@ def _pids(name: str, value: Any) -> int | None:
         raise _refuse(name, value, "must be a whole number of processes")
     if value < MIN_PIDS:
         raise _refuse(name, value, f"must be at least {MIN_PIDS} (the kernel needs threads), or {UNLIMITED!r}")
+    if value > MAX_PIDS:
+        raise _refuse(name, value, f"must be at most {MAX_PIDS} (Linux's PID_MAX_LIMIT), or {UNLIMITED!r}")
     return value
 
 
@@ -351,7 +360,8 @@ class DockerSettings(BackendSettings):
         "100000-999999", _id_range, "When Jupyter runs as root: the range the kernel's unused uid:gid is picked from."
     )
     read_only: bool = _option(True, _flag, "Mount the image's root filesystem read-only.")
-    tmp_size: int | None = _option("auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/8.")
+    tmp_size: int | None = _option("auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/16.")
+    shm_size: int | None = _option("auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16.")
     home_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/4.")
     work_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory.")
     mounts: tuple[Mount, ...] = _option((), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'.")
@@ -371,7 +381,7 @@ class DockerSettings(BackendSettings):
     )
 
     def __post_init__(self) -> None:
-        """The options that must hold together: the tmpfs sizes fit in memory, one mount of the work directory."""
+        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, one mount of the work directory."""
         sizes = self.tmpfs_sizes()
         if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
             used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
@@ -383,7 +393,7 @@ class DockerSettings(BackendSettings):
             raise ConfigError(f"mount_cwd={self.mount_cwd!r} and mounts both mount the work directory {WORK_DIR}")
 
     def tmpfs_sizes(self) -> dict[str, int]:
-        """The size in bytes of each writable tmpfs (``tmp_size``, ``home_size``, ``work_size``)."""
+        """The size in bytes of each writable tmpfs (``tmp_size``, ``shm_size``, ``home_size``, ``work_size``)."""
         sizes = {}
         for name, share in TMPFS_SHARE.items():
             size = getattr(self, name)
@@ -404,7 +414,7 @@ class DockerSettings(BackendSettings):
         config = super().to_config()
         config["mounts"] = [str(mount) for mount in self.mounts]
         config["uid_range"] = "{}-{}".format(*self.uid_range)
-        for name in ("tmp_size", "home_size", "work_size"):
+        for name in TMPFS_SHARE:
             if config[name] is None:
                 config[name] = "auto"
         return config

@@ -45,6 +45,7 @@ class Collector:
         self.text_answer: str | None = None
         self.opened: tuple[str, dict[str, Any]] | None = None
         self.finished = False
+        self.failed = False  # the host saw the request fail: it timed out, the kernel died, its cell's reply was not ok
         self._stdout: list[str] = []
         self._stderr: list[str] = []
 

@@ -3,9 +3,9 @@
 The kernel encodes a value with :mod:`kernel_sandbox.kernelside.dataformat` (JSON plus tagged
 values, and out-of-band buffers for long strings and bytes). :func:`decode` turns it back:
 
-* Before anything is allocated, the document is measured in a few linear passes in C (strings
-  blanked, brackets peeled level by level, digit runs searched) against :class:`DecodeLimits`;
-  over a limit the result is refused with :class:`ResultLimitError` naming it. Then the
+* Before anything is allocated, the document is measured against :class:`DecodeLimits` in one
+  pass, a window at a time, in linear time and a few windows of memory (:func:`measure`); over
+  a limit the result is refused with :class:`ResultLimitError` naming it. Then the
   standard library's JSON parser builds the value, and a hook called once per JSON object
   turns tagged objects into their types, checking each one's shape and size.
 * Instances are rebuilt only for classes in ``allowed`` (looked up by ``module:qualname``,
@@ -42,10 +42,8 @@ from ..kernelside.dataformat import FACTORIES, TAG, class_name
 MiB = 1024 * 1024
 MAX_SAME_HASH = 8
 
-# A JSON string, or an unterminated one running to the end: a match never fails once it has
-# started at a quote, so a sweep is linear (a pattern that could fail would be retried at every
-# later quote: quadratic on input like '"\\"\\"\\"...').
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+WINDOW = 64 * 1024
+"""Bytes of the document :func:`measure` looks at in one step: its extra memory is a few windows."""
 _TO_SQUARE = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _DIGITS_ONLY = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
@@ -119,39 +117,116 @@ def allowed_map(classes: Iterable[type]) -> dict[str, type]:
     return mapping
 
 
+class _Scan:
+    """What :func:`measure` carries from one window of the document to the next."""
+
+    def __init__(self, limits: DecodeLimits, window: int) -> None:
+        self.limits = limits
+        self.items = 1
+        self.opened = self.closed = 0
+        self.brackets: list[bytes] = []
+        self.in_string = False
+        self.string = 0  # characters (at most) of the string still open at the window's end
+        self.digits = 0  # digits of the number still running at the window's end
+        # a run within one window is found by search; one across windows by the carried count
+        self.too_many_digits = b"0" * (limits.max_int_digits + 1) if limits.max_int_digits < window else None
+
+    def window(self, text: bytes) -> None:
+        """Take the next window of the document; it never ends inside an escape."""
+        text = text.replace(b"\\\\", b"_").replace(b'\\"', b"_")  # an escaped backslash or quote: one character
+        parts = text.split(b'"')  # now every quote opens or closes a string
+        first = 0
+        if self.in_string:
+            self.string += self.chars(parts[0])
+            self.check_string(self.string)
+            if len(parts) == 1:
+                return
+            first = 1
+        structure, strings = parts[first::2], parts[first + 1 :: 2]
+        self.in_string = (len(parts) - first) % 2 == 0  # the last part is a string's text
+        if self.in_string:
+            self.string = self.chars(strings.pop())
+            self.check_string(self.string)
+        if strings and max(map(len, strings)) > self.limits.max_str_length:
+            for string in strings:
+                self.check_string(self.chars(string))
+        self.structure(b'""'.join(structure))
+        if self.in_string:
+            self.digits = 0
+
+    @staticmethod
+    def chars(text: bytes) -> int:
+        """The characters a string's text decodes to, at most (a surrogate pair counts as two)."""
+        return len(text) - text.count(b"\\") - 4 * text.count(b"\\u")
+
+    def check_string(self, chars: int) -> None:
+        if chars > self.limits.max_str_length:
+            raise _limit(self.limits, "max_str_length", f"the length of a string (about {chars} characters)")
+
+    def structure(self, bare: bytes) -> None:
+        """Count the items, brackets and digit runs of the window's structure (its strings emptied)."""
+        limits = self.limits
+        self.items += bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+        if self.items > limits.max_items:
+            raise _limit(limits, "max_items", f"its number of items (at least {self.items})")
+        brackets = bare.translate(_TO_SQUARE, _NOT_BRACKETS)
+        opening = brackets.count(b"[")
+        self.opened += opening
+        self.closed += len(brackets) - opening
+        if self.closed > self.opened:
+            raise _malformed("unbalanced brackets")
+        self.brackets.append(brackets)
+        runs = bare.translate(_DIGITS_ONLY)
+        lead = len(runs) - len(runs.lstrip(b"0"))
+        if lead == len(runs):
+            self.digits += lead
+            longest = self.digits
+        else:
+            longest = self.digits + lead
+            self.digits = len(runs) - len(runs.rstrip(b"0"))
+        if longest > limits.max_int_digits or self.too_many_digits is not None and self.too_many_digits in runs:
+            raise _limit(limits, "max_int_digits", "the number of digits of a number")
+
+    def depth(self) -> None:
+        """Peel the brackets level by level (at most ``2 * max_items`` bytes: every opening one was counted)."""
+        if self.opened != self.closed:
+            raise _malformed("unbalanced brackets")
+        brackets = b"".join(self.brackets)
+        for _ in range(self.limits.max_depth):
+            if not brackets:
+                return
+            peeled = brackets.replace(b"[]", b"")
+            if len(peeled) == len(brackets):
+                raise _malformed("unbalanced brackets")
+            brackets = peeled
+        if brackets:
+            raise _limit(self.limits, "max_depth", "its nesting depth")
+
+
 def measure(doc: bytes, buffer_bytes: int, limits: DecodeLimits) -> None:
     """Check ``doc`` (and ``buffer_bytes`` beside it) against ``limits`` without building anything.
 
-    Linear passes in C: strings blanked, then brackets peeled (one level per pass, at most
-    ``max_depth`` passes), separators counted, digit runs searched. Raises
-    :class:`ResultLimitError` or :class:`UnsafePayloadError`.
+    One pass over the document, :data:`WINDOW` bytes at a time, each step a few linear
+    operations in C (no regular expression, nothing that backtracks): escaped backslashes and
+    quotes become one character, the quotes then split strings from structure, whose
+    separators, brackets and digit runs are counted; brackets are peeled level by level at the
+    end (at most ``max_depth`` passes over at most ``2 * max_items`` bytes). The extra memory
+    is a few windows, whatever the document holds. Raises :class:`ResultLimitError` or
+    :class:`UnsafePayloadError`.
     """
     if len(doc) + buffer_bytes > limits.max_bytes:
         raise _limit(limits, "max_bytes", f"its size ({len(doc) + buffer_bytes} bytes)")
     if not doc.isascii():
         raise _malformed("the document is not ASCII")
-    bare = _STRING.sub(b'""', doc)
-    items = 1 + bare.count(b",") + bare.count(b"[") + bare.count(b"{")
-    if items > limits.max_items:
-        raise _limit(limits, "max_items", f"its number of items (about {items})")
-    brackets = bare.translate(_TO_SQUARE, _NOT_BRACKETS)
-    for _ in range(limits.max_depth):
-        if not brackets:
-            break
-        peeled = brackets.replace(b"[]", b"")
-        if len(peeled) == len(brackets):
-            raise _malformed("unbalanced brackets")
-        brackets = peeled
-    if brackets:
-        raise _limit(limits, "max_depth", "its nesting depth")
-    if b"0" * (limits.max_int_digits + 1) in bare.translate(_DIGITS_ONLY):
-        raise _limit(limits, "max_int_digits", "the number of digits of a number")
-    if len(doc) - len(bare) > limits.max_str_length:
-        for match in _STRING.finditer(doc):
-            if match.end() - match.start() - 2 > limits.max_str_length:
-                text = json.loads(match.group())
-                if len(text) > limits.max_str_length:
-                    raise _limit(limits, "max_str_length", f"the length of a string ({len(text)} characters)")
+    scan = _Scan(limits, WINDOW)
+    start = 0
+    while start < len(doc):
+        window = doc[start : start + WINDOW]
+        start += len(window)
+        if start < len(doc) and (len(window) - len(window.rstrip(b"\\"))) % 2:
+            window, start = window[:-1], start - 1  # an escape's backslash stays with what it escapes
+        scan.window(window)
+    scan.depth()
 
 
 def decode(

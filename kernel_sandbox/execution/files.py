@@ -18,6 +18,8 @@ MAX_FILE_BYTES = 256 * 1024 * 1024
 """The largest file ``download`` reads into memory."""
 MAX_STREAM_BYTES = 2 * 1024 * 1024 * 1024
 """The largest file ``download_to`` writes by default (the kernel decides how big a file claims to be)."""
+MAX_SKILL_FILES_BYTES = 256 * 1024 * 1024
+"""The default of ``run_skill``'s ``max_files_bytes``: the files of one skill run, all together."""
 NO_LIMIT = 2**62
 
 Content = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", IO[bytes]]

@@ -36,7 +36,7 @@ from .backends import DEFAULT_BACKEND, kernel_manager
 from .backends import backend as backend_named
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
-from .files import MAX_FILE_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
+from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
 from .collector import Callback, Collector
 from .skills import failed_skill, figure_files, file_entry, skill_result
 from .tools import body_error, check_env, tool_payload
@@ -124,6 +124,7 @@ class AsyncSandbox:
         self._backend.check(self._options)
         self._comms = self._backend.comms_known  # tool calls on a comm; else decided in _connect
         self._km: Any = None
+        self._closed = False
         self._kc: Any = None
         self._context: zmq.asyncio.Context | None = None
         self._tmp: str | None = None
@@ -131,6 +132,7 @@ class AsyncSandbox:
         self._channel: str | None = None
         self._installed = False
         self._restarts = 0
+        self._unanswered = False  # the helper could not answer: restart the kernel before the next request
         self._kept_state: str | None = None
         self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
         self.work_dir: str = ""
@@ -142,7 +144,7 @@ class AsyncSandbox:
             )
 
     def __repr__(self) -> str:
-        state = "started" if self._km is not None else "not started"
+        state = "started" if self._km is not None else "closed" if self._closed else "not started"
         return f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -151,6 +153,7 @@ class AsyncSandbox:
         """Start the kernel and wait until it answers; on failure nothing is left behind."""
         if self._km is not None:
             return self
+        self._closed = False
         self._lock = asyncio.Lock()
         options = dict(self._options)
         cwd = None
@@ -209,6 +212,7 @@ class AsyncSandbox:
     async def close(self) -> None:
         """Shut the kernel down and remove everything the sandbox created. Safe to call twice."""
         km, self._km = self._km, None
+        self._closed = True
         try:
             self._disconnect()
             if km is not None and km.has_kernel:
@@ -242,6 +246,8 @@ class AsyncSandbox:
     def _deadline(self, timeout: float | None) -> tuple[float, float]:
         """(seconds, monotonic deadline) for a call with ``timeout`` (None: the sandbox's)."""
         if self._km is None or self._lock is None:
+            if self._closed:
+                raise SandboxError("This sandbox is closed: its kernel was shut down (start() starts a new one)")
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
         seconds = self.timeout if timeout is None else timeout
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
@@ -268,12 +274,14 @@ class AsyncSandbox:
         Past ``deadline`` the kernel is interrupted; if it is not idle ``interrupt_grace``
         seconds later it is restarted and ``state_lost`` set. A kernel that dies is restarted
         too. Either way ``error`` says what happened. ``reply``: the message has a shell reply.
-        ``collector.finished`` tells whether the kernel finished handling the message (idle).
+        ``collector.finished`` tells whether the kernel finished handling the message (idle), and
+        ``collector.failed`` whether the host saw it fail (a timeout, a death, a reply not ``ok``).
         """
         msg_id = send()
         outcome = await self._collect(msg_id, collector, deadline)
         execution = collector.execution
         collector.finished = outcome == "idle"
+        collector.failed = outcome != "idle"
         if outcome == "timeout":
             await self._km.interrupt_kernel()
             outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
@@ -288,7 +296,7 @@ class AsyncSandbox:
             if lost:
                 await self._recover(execution)
             elif reply:
-                await self._drain_reply(msg_id, execution)
+                await self._drain_reply(msg_id, collector)
         elif outcome == "died":
             reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
             execution.error = ExecutionError(
@@ -296,7 +304,7 @@ class AsyncSandbox:
             )
             await self._recover(execution)
         elif reply:
-            await self._drain_reply(msg_id, execution)
+            await self._drain_reply(msg_id, collector)
         return await collector.finish()
 
     async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
@@ -321,7 +329,8 @@ class AsyncSandbox:
                 if not await self._km.is_alive():
                     return "died"
 
-    async def _drain_reply(self, msg_id: str, execution: Execution) -> None:
+    async def _drain_reply(self, msg_id: str, collector: Collector) -> None:
+        execution = collector.execution
         until = time.monotonic() + REPLY_GRACE
         while (left := until - time.monotonic()) > 0:
             try:
@@ -335,11 +344,13 @@ class AsyncSandbox:
                 count = content.get("execution_count")
                 if isinstance(count, int):
                     execution.execution_count = count
+                collector.failed = collector.failed or content.get("status") != "ok"
                 if content.get("status") == "error" and execution.error is None:
                     execution.error = ExecutionError(
                         str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
                     )
                 return
+        collector.failed = True
         if execution.error is None:
             execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
 
@@ -457,17 +468,25 @@ class AsyncSandbox:
         """Send ``request`` to the helper and decode its answer: (body, execution).
 
         The body is None when no answer came (``execution.error`` says why). A request that
-        provably never reached the helper (its channel was gone) is sent once more.
+        provably never reached the helper (its channel was gone) is sent once more. A helper
+        that still could not answer has been broken by the code it ran: the next request
+        restarts the kernel first (its ``state_lost`` is set), as a call that timed out would.
         """
         deadline = time.monotonic() + seconds if deadline is None else deadline
+        restarts = self._restarts
+        if self._unanswered:
+            self._unanswered = False
+            await self.restart()
         if self._env_set and request["op"] != "env":
             await self._restore_env(Execution())
         limits = limits or DecodeLimits()
-        restarts = self._restarts
         for attempt in range(2):
             collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
             execution = collector.execution
             first = self._first(collector)
+            if first is not None and collector.failed:  # an answer, then a timeout or a failed cell: not taken
+                first = None
+                break
             if first is not None or execution.error is not None and execution.error.name in ("TimeoutError", "KernelDied"):
                 break
             if execution.state_lost:
@@ -503,6 +522,9 @@ class AsyncSandbox:
         if first is None:
             if execution.error is None:
                 execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")
+            if execution.error.name == "NoAnswer" and not execution.state_lost:
+                self._unanswered = True
+                execution.error.value += " The kernel will be restarted before the next call (state lost)."
             return None, execution
         answer = Answer.first(*first, limits)
         origin = collector.marker
@@ -614,19 +636,32 @@ class AsyncSandbox:
                         raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being written")
         return sorted(rel for rel, _ in targets)
 
-    async def _read(self, path: str, sink: Callable[[bytes], Any], limit: int, timeout: float | None) -> int:
+    async def _read(
+        self, path: str, sink: Callable[[bytes], Any], limit: int, limit_name: str, timeout: float | None
+    ) -> int:
+        """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past ``limit``.
+
+        The limit is the host's: the size the kernel states is checked against it, and so is every
+        byte that arrives (a kernel that patched its helper states what it likes).
+        """
         rel = confine(path, self.work_dir)
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
         offset, total = 0, None
         async with self._lock:
             while total is None or offset < total:
-                request = {"op": "read", "path": rel, "offset": offset, "size": self._chunk(), "limit": limit}
+                request = {"op": "read", "path": rel, "offset": offset, "size": self._chunk()}
                 size, data = await self._op(request, (), seconds, deadline)
                 if total is None:
                     total = size
-                expected = min(self._chunk(), total - offset)
-                if size != total or not isinstance(data, bytes) or len(data) != expected:
+                if type(size) is not int or size != total or not isinstance(data, bytes):
+                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                if total > limit or offset + len(data) > limit:
+                    raise SandboxFileError(
+                        f"Refused {rel!r}: it is {max(total, offset + len(data))} bytes, over the limit of "
+                        f"{limit} bytes ({limit_name}); nothing past the limit was kept."
+                    )
+                if len(data) != min(self._chunk(), total - offset):
                     raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
                 sink(data)
                 offset += len(data)
@@ -634,8 +669,11 @@ class AsyncSandbox:
 
     async def download(self, path: str, *, timeout: float | None = None) -> bytes:
         """Read a file of the work directory into memory (up to 256 MiB; see :meth:`download_to`)."""
+        return await self._download(path, MAX_FILE_BYTES, "download's ceiling; download_to streams larger files", timeout)
+
+    async def _download(self, path: str, limit: int, limit_name: str, timeout: float | None) -> bytes:
         parts: list[bytes] = []
-        await self._read(path, parts.append, MAX_FILE_BYTES, timeout)
+        await self._read(path, parts.append, limit, limit_name, timeout)
         return b"".join(parts)
 
     async def download_to(
@@ -652,10 +690,10 @@ class AsyncSandbox:
             raise ConfigError(f"max_bytes must be a number of bytes or None, not {max_bytes!r}")
         limit = NO_LIMIT if max_bytes is None else max_bytes
         if not isinstance(destination, (str, os.PathLike)):
-            return await self._read(path, destination.write, limit, timeout)
+            return await self._read(path, destination.write, limit, f"max_bytes={max_bytes}", timeout)
         try:
             with open(destination, "wb") as handle:
-                return await self._read(path, handle.write, limit, timeout)
+                return await self._read(path, handle.write, limit, f"max_bytes={max_bytes}", timeout)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(destination)
@@ -720,7 +758,8 @@ class AsyncSandbox:
         back. What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
         ``allowed_classes`` (and the sandbox's), anything else raises
         :class:`UnsafePayloadError`. ``env`` sets environment variables for this call only.
-        ``status`` is ``"success"`` only if the tool returned and exactly one answer came.
+        ``status`` is ``"success"`` only if the tool returned, exactly one answer came, and the host saw
+        the call end in time (an answer followed by a timeout, a death or a failed cell is an error).
         """
         values = check_env(env)
         call, state = tool_payload(tool, args, agent_state, name, values)
@@ -758,8 +797,6 @@ class AsyncSandbox:
             result.status = "success"
             result.func_return = body["r"]
             result.agent_state = body.get("s", agent_state)
-        elif execution.error is not None and execution.error.name == "TimeoutError":
-            result.error = ExecutionError(execution.error.name, execution.error.value, result.error.traceback)
         return result
 
     # -- skills ----------------------------------------------------------------------------
@@ -771,13 +808,18 @@ class AsyncSandbox:
         requirements: str | Iterable[str] | None = None,
         *,
         timeout: float | None = None,
+        max_files_bytes: int = MAX_SKILL_FILES_BYTES,
     ) -> dict[str, Any]:
         """Run skill ``code`` next to ``skill_files`` (LiteLLM's skills executor contract).
 
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
         created or changed in the work directory (not the unchanged skill files) and the images
         it displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
+        The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
+        arrive); past it the run fails with an error naming the limit.
         """
+        if isinstance(max_files_bytes, bool) or not isinstance(max_files_bytes, int) or max_files_bytes < 0:
+            raise ConfigError(f"max_files_bytes must be a number of bytes, not {max_files_bytes!r}")
         try:
             if skill_files:
                 await self.upload(skill_files, timeout=timeout)
@@ -789,10 +831,13 @@ class AsyncSandbox:
             await self._simple("prepare", timeout)
             execution = await self.run(code, timeout=timeout)
             after = await self._simple("snapshot", timeout)
-            files = []
+            files, room = [], max_files_bytes
             for path in sorted(after):
                 if before.get(path) != after[path]:
-                    content = await self.download(path, timeout=timeout)
+                    limit = min(room, MAX_FILE_BYTES)
+                    name = f"max_files_bytes={max_files_bytes}, {room} bytes left" if limit == room else "download's ceiling"
+                    content = await self._download(path, limit, f"run_skill's {name}", timeout)
+                    room -= len(content)
                     files.append(file_entry(path, content))
             files += figure_files(execution.results)
         except SandboxError as exc:

@@ -14,7 +14,7 @@ from typing import IO, Any, TypeVar
 from ..results import Execution, FileInfo, ToolResult
 from .backends import DEFAULT_BACKEND
 from .collector import Callback
-from .files import MAX_STREAM_BYTES, Content
+from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
 from .sandbox import AsyncSandbox
 
 T = TypeVar("T")
@@ -150,6 +150,9 @@ class Sandbox:
         requirements: str | Iterable[str] | None = None,
         *,
         timeout: float | None = None,
+        max_files_bytes: int = MAX_SKILL_FILES_BYTES,
     ) -> dict[str, Any]:
         """See :meth:`AsyncSandbox.run_skill`."""
-        return LoopThread.run(self._async.run_skill(code, skill_files, requirements, timeout=timeout))
+        return LoopThread.run(
+            self._async.run_skill(code, skill_files, requirements, timeout=timeout, max_files_bytes=max_files_bytes)
+        )

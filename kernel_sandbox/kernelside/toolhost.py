@@ -13,8 +13,12 @@ kept here and sent in chunks the host pulls (``"pull": true``), so no message is
 
 Sending the answer is the handler's last act. Before it, everything a tool may have changed
 that the next call relies on is put back: ``sys.stdout``/``stderr``/``displayhook``/
-``excepthook``, IPython's display hook and publisher, the comm manager and its handlers, and
-this channel; the per-call environment is restored in any case.
+``excepthook``, IPython's display hook and publisher, the comm manager and its handlers, this
+channel, and the path an answer takes to IOPub (the methods of the comm, comm manager, session
+and IOPub socket classes, methods set on those objects, the session's key and packers); the
+per-call environment is restored in any case. The answer is sent by the session straight to
+the IOPub socket, with the request as its parent, so a tool that sent a forged answer cannot
+also swallow the real one by patching the comm: the host sees two answers and refuses both.
 """
 
 from __future__ import annotations
@@ -89,7 +93,69 @@ def _capture():
         saved["comm"] = (comm, comm.get_comm_manager, comm.create_comm)
     except ImportError:
         pass
+    if kernel is not None:
+        saved["send"] = _send_path(kernel)
     return saved
+
+
+SESSION_FIELDS = ("key", "auth", "pack", "unpack", "digest_mod", "signature_scheme", "session", "bsession", "username")
+
+
+def _send_path(kernel):
+    """What an answer goes through (the session, the IOPub socket and their classes, the comm
+    classes the requests arrive through), as it is now."""
+    session, socket = kernel.session, kernel.iopub_socket
+    objects = [kernel, session, socket, getattr(socket, "io_thread", None), getattr(kernel, "comm_manager", None)]
+    objects = [obj for obj in objects if obj is not None]
+    classes = [type(obj) for obj in objects[1:]]
+    try:
+        from ipykernel.comm import Comm
+
+        classes.append(Comm)
+    except ImportError:
+        pass
+    methods = {}
+    for cls in {klass for root in classes for klass in root.__mro__ if klass is not object}:
+        methods[cls] = (set(vars(cls)), {name: value for name, value in vars(cls).items() if _is_code(value)})
+    return {
+        "kernel": (kernel, session, socket),
+        "session": {name: getattr(session, name, None) for name in SESSION_FIELDS},
+        "objects": [(obj, set(vars(obj))) for obj in objects],
+        "classes": methods,
+    }
+
+
+def _clean(obj, names):
+    """Remove what was set on ``obj`` since it had the attributes ``names`` and shadows a method of its class."""
+    current = vars(obj)
+    for name in current.keys() - names:
+        if callable(current[name]) and _is_code(getattr(type(obj), name, None)):
+            delattr(obj, name)
+
+
+def _is_code(value):
+    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
+
+
+def _restore_send_path(saved):
+    kernel, session, socket = saved["kernel"]
+    for cls, (names, methods) in saved["classes"].items():
+        current = vars(cls)
+        for name in current.keys() - names:
+            if _is_code(current[name]):
+                delattr(cls, name)
+        for name, value in methods.items():
+            if current.get(name) is not value:
+                setattr(cls, name, value)
+    for obj, names in saved["objects"]:
+        _clean(obj, names)
+    if kernel.session is not session:
+        kernel.session = session
+    if kernel.iopub_socket is not socket:
+        kernel.iopub_socket = socket
+    for name, value in saved["session"].items():
+        if getattr(session, name, None) is not value:
+            setattr(session, name, value)
 
 
 def restore():
@@ -121,6 +187,11 @@ def restore():
             for name, handler in entries.items():
                 if current.get(name) is not handler:
                     current[name] = handler
+        if "send" in saved:
+            _restore_send_path(saved["send"])
+        if saved.get("channel") is not None:
+            _state.channel, _comm_id, _topic, names = saved["channel"]
+            _clean(_state.channel, names)
         channel = _state.channel
         if channel is not None and manager is not None:
             manager.comms[channel.comm_id] = channel
@@ -330,7 +401,7 @@ def _file(request, buffers):
     if op == "write":
         return {"ok": files.write_chunk(_work(), path, request["offset"], buffers[0])}
     if op == "read":
-        total, data = files.read_chunk(_work(), path, request["offset"], request["size"], request["limit"])
+        total, data = files.read_chunk(_work(), path, request["offset"], request["size"])
         return {"ok": [total, data]}
     if op == "list":
         return {"ok": files.listing(_work(), path)}
@@ -377,7 +448,13 @@ def handle(request, buffers):
 def _on_msg(msg):
     data = msg["content"].get("data") or {}
     meta, buffers = handle(data, msg.get("buffers") or [])
-    _state.channel.send(meta, buffers=buffers)
+    saved = _state.originals or {}
+    if "send" not in saved or saved.get("channel") is None:
+        _state.channel.send(meta, buffers=buffers)
+        return
+    _channel, comm_id, topic, _names = saved["channel"]
+    _kernel, session, socket = saved["send"]["kernel"]
+    session.send(socket, "comm_msg", {"data": meta, "comm_id": comm_id}, parent=msg, ident=topic, buffers=buffers)
 
 
 class _Frame:
@@ -431,5 +508,7 @@ def install(marker, work, probe=None, channel=True):
 
         _state.channel = comm.create_comm(target_name=TARGET, data=info)
         _state.channel.on_msg(_on_msg)
+        channel = _state.channel
+        _state.originals["channel"] = (channel, channel.comm_id, channel.topic, set(vars(channel)))
         restore()
     return info

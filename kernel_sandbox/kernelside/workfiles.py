@@ -71,11 +71,8 @@ def write_chunk(work, relative, offset, data):
         os.close(fd)
 
 
-def read_chunk(work, relative, offset, size, limit):
-    """Read up to ``size`` bytes at ``offset``; returns ``(file size, data)``.
-
-    A file over ``limit`` bytes is refused with ``OSError``.
-    """
+def read_chunk(work, relative, offset, size):
+    """Read up to ``size`` bytes at ``offset``; returns ``(file size, data)`` (the host applies its limits)."""
     real = inside(work, relative)
     try:
         fd = _open_regular(real, os.O_RDONLY)
@@ -86,10 +83,7 @@ def read_chunk(work, relative, offset, size, limit):
             raise FileNotFoundError(f"{relative!r} is not a file in the work directory") from None
         raise
     try:
-        total = os.fstat(fd).st_size
-        if total > limit:
-            raise OSError(f"{relative!r} is {total} bytes, over the download limit of {limit}")
-        return total, os.pread(fd, size, offset)
+        return os.fstat(fd).st_size, os.pread(fd, size, offset)
     finally:
         os.close(fd)
 

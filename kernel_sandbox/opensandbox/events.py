@@ -25,7 +25,9 @@ _CONTROL_PREFIXES = ("event:", "id:", "retry:", ":")
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 TERMINAL_TYPES = frozenset({"execution_complete", "error"})
 MAX_TRACEBACK_CHARS = 64 * 1024
-"""Cap on one traceback (all its lines together); past it the oldest lines are dropped."""
+"""Cap on one traceback, in bytes: its lines' UTF-8 and :data:`LINE_COST` per line; past it the oldest lines are dropped."""
+LINE_COST = 4
+"""What a traceback line costs besides its bytes (its quotes and comma in JSON, its newline joined): empty lines count too."""
 REPLY_TRACEBACK_CHARS = 2 * 1024
 """Cap on the traceback an ``execute_reply`` repeats (its tail): the whole one is in the IOPub ``error``."""
 _CUT_NOTE_CHARS = 120
@@ -237,22 +239,37 @@ def _pick(obj: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+def _line_cost(line: str) -> int:
+    return len(line.encode("utf-8", "surrogatepass")) + LINE_COST
+
+
+def traceback_fits(lines: list[Any], limit: int = MAX_TRACEBACK_CHARS) -> bool:
+    """Whether ``lines`` are within ``limit`` (bytes and lines, see :data:`MAX_TRACEBACK_CHARS`); cheap for a long list."""
+    return len(lines) * LINE_COST <= limit and sum(_line_cost(str(line)) for line in lines) <= limit
+
+
 def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[str]:
-    """Keep the last lines of a traceback within ``limit`` characters in all, with a note of what was cut."""
-    if sum(map(len, lines)) <= limit:
+    """Keep the last lines of a traceback within ``limit`` (bytes and lines), with a note of what was cut.
+
+    Only the kept lines (and one more) are looked at, however many the traceback has.
+    """
+    if traceback_fits(lines, limit):
         return list(lines)
     budget = max(limit - _CUT_NOTE_CHARS, 0)
     kept: list[str] = []
     size = 0
     for line in reversed(lines):
-        if size + len(line) > budget:
+        cost = _line_cost(line)
+        if size + cost > budget:
             if not kept:
-                kept.append(line[len(line) - budget :] if budget else "")
+                room = max(budget - LINE_COST, 0)
+                tail = line.encode("utf-8", "surrogatepass")[len(line.encode("utf-8", "surrogatepass")) - room :]
+                kept.append(tail.decode("utf-8", "ignore") if room else "")
             break
         kept.append(line)
-        size += len(line)
+        size += cost
     cut = len(lines) - len(kept)
-    note = f"[... {cut} earlier traceback line(s) cut: the traceback exceeded {limit} characters]"
+    note = f"[... {cut} earlier traceback line(s) cut: the traceback exceeded {limit} bytes]"
     return [note[:limit], *kept[::-1]]
 
 
@@ -266,7 +283,7 @@ def capped_error(content: dict[str, Any], traceback_limit: int = MAX_TRACEBACK_C
     fits = (
         (not isinstance(name, str) or len(name) <= MAX_ERROR_FIELD_CHARS)
         and (not isinstance(value, str) or len(value) <= MAX_ERROR_FIELD_CHARS)
-        and (not isinstance(traceback, list) or sum(len(str(line)) for line in traceback) <= traceback_limit)
+        and (not isinstance(traceback, list) or traceback_fits(traceback, traceback_limit))
     )
     if fits:
         return content
@@ -291,15 +308,12 @@ def _error(obj: dict[str, Any]) -> ExecutionError:
         traceback = traceback.splitlines()
     elif not isinstance(traceback, list):
         traceback = []
-    lines = [
-        clean_text(line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS])
-        for line in traceback
-        if isinstance(line, (str, int, float))
-    ]
+    lines = [line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS]
+             for line in traceback if isinstance(line, (str, int, float))]
     return ExecutionError(
         name=_clip(clean_text("Error" if name is None else str(name)), MAX_ERROR_FIELD_CHARS),
         value=_clip(clean_text("" if value is None else str(value)), MAX_ERROR_FIELD_CHARS),
-        traceback="\n".join(cap_traceback(lines)),
+        traceback="\n".join(clean_text(line) for line in cap_traceback(lines)),
     )
 
 

@@ -10,12 +10,14 @@ import asyncio
 import collections
 import dataclasses
 import enum
+import inspect
 import json
 import os
 
 import pytest
 
-from kernel_sandbox.errors import ResultLimitError, UnsafePayloadError
+from host_memory import MiB, RssPeak
+from kernel_sandbox.errors import ResultLimitError, SandboxFileError, UnsafePayloadError
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool, SandboxError
 from kernel_sandbox.execution.decode import decode
 
@@ -212,3 +214,58 @@ async def test_execution_results_on_docker_pass_the_output_policy(docker_engine)
     kinds = [sorted(bundle) for bundle in execution.results]
     assert not any("application/javascript" in bundle for bundle in execution.results), kinds
     assert not any("onerror" in str(bundle.get("text/html", "")) for bundle in execution.results), execution.results
+
+
+LYING_HELPER = """
+import sys
+_files = sys.modules["_kernel_sandbox_workfiles"]
+def _lying_read(work, relative, offset, size, *rest):
+    total = 708 << 20  # whatever the host's limit, and whatever the file holds
+    return total, b"x" * max(0, min(size, total - offset))
+_files.read_chunk = _lying_read
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.security("attack", "results")
+async def test_a_kernel_that_patches_its_helper_cannot_make_the_host_hold_or_write_more_than_its_limits(
+    docker_engine, tmp_path
+) -> None:
+    """The kernel replaces its helper's file reader with one that ignores every limit and serves 708 MiB.
+
+    The limits are the host's: download() stops at its 256 MiB ceiling, download_to at its
+    max_bytes, before a byte over them is kept, and the error names the limit.
+    """
+    destination = tmp_path / "copy.bin"
+    async with AsyncSandbox(timeout=120) as sandbox:
+        await sandbox.run(LYING_HELPER)
+        with RssPeak() as rss:
+            with pytest.raises(SandboxFileError, match=r"over the limit of 268435456 bytes \(download's ceiling"):
+                await sandbox.download("any.bin")
+            with pytest.raises(SandboxFileError, match=r"over the limit of 1048576 bytes \(max_bytes=1048576\)"):
+                await sandbox.download_to("any.bin", destination, max_bytes=MiB)
+        assert rss.growth < 64 * MiB, f"the host held {rss.growth / MiB:.0f} MiB of a file it refused"
+        assert not destination.exists()
+        assert (await sandbox.run_tool(lambda: "still fine")).func_return == "still fine"
+
+
+@pytest.mark.docker
+@pytest.mark.security("attack", "results")
+async def test_a_skill_cannot_make_the_host_hold_more_than_its_files_limit(docker_engine) -> None:
+    """A skill leaves six sparse files, each under download's ceiling (once 1.2 GiB held for one run).
+
+    run_skill counts the bytes of its files as they arrive, against ``max_files_bytes`` (256 MiB
+    by default; 32 MiB here, to stay quick): the run fails naming it, and the host holds about that much.
+    """
+    assert inspect.signature(AsyncSandbox.run_skill).parameters["max_files_bytes"].default == 256 * MiB
+    make = "for i in range(6):\n    with open(f'out{i}.bin', 'wb') as f:\n        f.truncate(20 << 20)\n"
+    async with AsyncSandbox(timeout=120) as sandbox:
+        with RssPeak() as rss:
+            result = await sandbox.run_skill(make, max_files_bytes=32 * MiB)
+        assert result["success"] is False and result["files"] == []
+        assert "max_files_bytes=33554432" in result["error"], result["error"]
+        assert rss.growth < 96 * MiB, f"the host held {rss.growth / MiB:.0f} MiB for one skill run"
+        small = await sandbox.run_skill("open('a.txt', 'w').write('a' * 1000)", max_files_bytes=2000)
+        assert small["success"] and [f["path"] for f in small["files"]] == ["a.txt"]
+        refused = await sandbox.run_skill("open('b.txt', 'w').write('b' * 3000)", max_files_bytes=2000)
+        assert not refused["success"] and "max_files_bytes=2000" in refused["error"]

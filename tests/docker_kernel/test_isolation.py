@@ -61,9 +61,10 @@ print(json.dumps({
 
 FILL = r"""
 import errno, json, os
-written = {}
-for place in ("/tmp", "%(home)s", "%(work)s"):
+written, paths = {}, []
+for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s"):  # all full at once, until the end
     path, total = os.path.join(place, "fill.bin"), 0
+    paths.append(path)
     chunk = b"x" * 2**20
     with open(path, "wb", buffering=0) as handle:
         try:
@@ -71,8 +72,9 @@ for place in ("/tmp", "%(home)s", "%(work)s"):
                 total += handle.write(chunk)
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
-    os.unlink(path)
     written[place] = total
+for path in paths:
+    os.unlink(path)
 print(json.dumps(written))
 """ % {"home": HOME_DIR, "work": WORK_DIR}
 
@@ -144,11 +146,25 @@ async def test_filling_every_writable_place_stops_at_its_own_limit(km: AsyncKern
     before = shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free
     written = json.loads(await run(km, FILL, timeout=300))
     after = shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free
-    sizes = {"/tmp": 128 * MiB, HOME_DIR: 256 * MiB, WORK_DIR: 384 * MiB}
+    sizes = {"/tmp": 64 * MiB, "/dev/shm": 64 * MiB, HOME_DIR: 256 * MiB, WORK_DIR: 384 * MiB}
     for place, size in sizes.items():
         assert size - 2 * MiB <= written[place] <= size, (place, written[place])
     assert abs(before - after) < 64 * MiB, "the host's disk moved while the kernel filled its own"
     assert (await run(km, "print('alive')")) == "alive\n"
+
+
+async def test_filling_every_writable_place_at_a_small_memory_limit_is_enospc_not_an_oom_kill() -> None:
+    """At memory=256m, /dev/shm (Docker's 64 MiB) once lay outside the tmpfs budget: filling everything killed the kernel."""
+    km = manager("runc", memory="256m")
+    await km.start_kernel()
+    try:
+        written = json.loads(await run(km, FILL, timeout=300))
+        sizes = {"/tmp": 16 * MiB, "/dev/shm": 16 * MiB, HOME_DIR: 64 * MiB, WORK_DIR: 96 * MiB}
+        for place, size in sizes.items():
+            assert size - 2 * MiB <= written[place] <= size, (place, written[place])
+        assert (await run(km, "print('alive')")) == "alive\n"
+    finally:
+        await km.shutdown_kernel(now=True)
 
 
 async def test_planted_links_fifos_and_sockets_are_never_touched(km: AsyncKernelManager) -> None:

@@ -47,8 +47,10 @@ def test_defaults_make_a_locked_down_container() -> None:
 
 
 def test_tmpfs_sizes_fit_in_memory_and_belong_to_the_kernel_user() -> None:
-    tmpfs = spec(memory="512m")["tmpfs"]
-    assert tmpfs["/tmp"] == f"rw,nosuid,nodev,size={64 * MiB},mode=1777"
+    made = spec(memory="512m")
+    tmpfs = made["tmpfs"]
+    assert tmpfs["/tmp"] == f"rw,nosuid,nodev,size={32 * MiB},mode=1777"
+    assert made["shm_size"] == 32 * MiB  # /dev/shm is in the budget too (Docker's default, 64 MiB, was not)
     assert tmpfs[HOME_DIR] == f"rw,nosuid,nodev,size={128 * MiB},uid=123456,gid=123456,mode=0755"
     assert tmpfs[WORK_DIR] == f"rw,nosuid,nodev,size={192 * MiB},uid=123456,gid=123456,mode=0755"
 
@@ -99,6 +101,17 @@ def test_a_mounted_work_directory_has_no_tmpfs() -> None:
         ({"tmp_size": "lots"}, "tmp_size='lots'"),
         ({"tmp_size": "unlimited"}, "tmp_size='unlimited'"),
         ({"memory": "512m", "work_size": "1g"}, "must fit in 3/4 of memory=512m"),
+        ({"memory": "256m", "shm_size": "64m"}, "tmp_size 16m + shm_size 64m + home_size 64m + work_size 96m must fit in 3/4"),
+        ({"shm_size": "unlimited"}, "shm_size='unlimited'"),
+        ({"pids_limit": 2**40}, f"pids_limit={2**40}: must be at most 4194304 (Linux's PID_MAX_LIMIT)"),
+        ({"pids_limit": 2**63}, f"pids_limit={2**63}: must be at most 4194304"),
+        ({"memory": "99999999t"}, "memory='99999999t': must be at most 1024t"),
+        ({"memory": 2**63}, "must be at most 1024t"),
+        ({"memory": "9" * 400}, "must be at most 1024t"),
+        ({"memory": "unlimited", "work_size": "2000t"}, "work_size='2000t': must be at most 1024t"),
+        ({"cpus": 4096}, "cpus=4096: must be between 0.01 and 1024"),
+        ({"launch_timeout": 10**9}, "at most 86400 seconds"),
+        ({"standby": 100}, "standby=100: must be between 0 (off) and 8"),
         ({"user": "0:0"}, "never runs as root"),
         ({"user": "1000"}, "numeric UID:GID"),
         ({"mounts": "/a:/b"}, "must be a list"),

@@ -20,6 +20,7 @@ import tracemalloc
 import typing
 import uuid
 from typing import Any
+from unittest import mock
 
 import attrs
 import pydantic
@@ -29,7 +30,8 @@ from hypothesis import strategies as st
 
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import DecodeLimits, ResultLimitError, UnsafePayloadError
-from kernel_sandbox.execution.decode import MAX_SAME_HASH, decode
+from kernel_sandbox.execution import decode as decode_module
+from kernel_sandbox.execution.decode import MAX_SAME_HASH, WINDOW, decode, measure
 from kernel_sandbox.kernelside.dataformat import EncodeError, encode
 
 
@@ -434,6 +436,95 @@ def test_fuzz_long_repetitive_documents_decode_in_bounded_time(snippet: str, hea
         decode(doc)
     except UnsafePayloadError:
         pass
+
+
+def outcome(doc: bytes, limits: DecodeLimits) -> str | None:
+    """What :func:`measure` says of ``doc``: None, or the limit it names, or "malformed"."""
+    try:
+        measure(doc, 0, limits)
+    except ResultLimitError as exc:
+        return exc.limit
+    except UnsafePayloadError:
+        return "malformed"
+    return None
+
+
+@FUZZ
+@given(snippets, st.integers(min_value=2, max_value=9), st.integers(min_value=1, max_value=12))
+def test_fuzz_the_measure_does_not_depend_on_where_its_windows_fall(snippet: str, window: int, limit: int) -> None:
+    """The document is measured a window at a time; an escape, string or number across a window's edge counts as one.
+
+    (Which limit a document over several of them names first may depend on the windows.)
+    """
+    doc = (snippet * (40 // max(len(snippet), 1) + 1)).encode()
+    limits = DecodeLimits(max_str_length=limit, max_int_digits=limit, max_depth=limit, max_items=8 * limit)
+    whole = outcome(doc, limits)
+    with mock.patch.object(decode_module, "WINDOW", window):
+        assert (outcome(doc, limits) is None) == (whole is None)
+
+
+text_with_escapes = st.text(st.sampled_from('ab"\\/\n\x00\u00e9\u2028'), max_size=12)
+documents = st.recursive(
+    st.integers(min_value=-(10**12), max_value=10**12) | text_with_escapes,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(text_with_escapes, children, max_size=3),
+    max_leaves=12,
+)
+
+
+def longest(tree: Any, kind: str, depth: int = 1) -> int:
+    """The longest string, the most digits or the deepest nesting in ``tree``."""
+    inner = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, list) else ()
+    here = {"str": len(tree) if isinstance(tree, str) else 0, "digits": len(str(abs(tree))) if isinstance(tree, int) else 0,
+            "depth": depth if isinstance(tree, (list, dict)) else 0}[kind]
+    keys = [len(key) for key in tree] if isinstance(tree, dict) and kind == "str" else []
+    return max([here, *keys, *(longest(child, kind, depth + 1) for child in inner)])
+
+
+@FUZZ
+@given(documents, st.integers(min_value=2, max_value=7))
+def test_fuzz_every_limit_is_measured_exactly_on_what_the_parser_builds(tree: Any, window: int) -> None:
+    """At its true value a limit passes; one below, it refuses, naming itself (small windows, so values cross them)."""
+    doc = json.dumps(tree).encode()
+    with mock.patch.object(decode_module, "WINDOW", window):
+        for name, kind in (("max_str_length", "str"), ("max_int_digits", "digits"), ("max_depth", "depth")):
+            value = longest(tree, kind)
+            if value:
+                assert outcome(doc, DecodeLimits(**{name: value})) is None
+            if value > 1:
+                assert outcome(doc, DecodeLimits(**{name: value - 1})) == name
+
+
+@settings(max_examples=40, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
+@given(snippets.filter(bool))
+def test_fuzz_measuring_takes_a_few_windows_of_memory_whatever_the_input(snippet: str) -> None:
+    """Memory, not only time: measuring 1 MiB of any repeated snippet allocates a bounded amount, not a share of the input.
+
+    (A string of escapes once cost 70 times its size: the regular expression that blanked strings
+    kept state for every escape.) Brackets are kept until the end, at most two per counted item.
+    """
+    doc = (snippet * (2**20 // len(snippet))).encode()
+    limits = DecodeLimits(max_str_length=2**30, max_int_digits=2**30, max_depth=2**20, max_items=20_000)
+    tracemalloc.start()
+    try:
+        outcome(doc, limits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 80 * WINDOW + 2 * limits.max_items, f"{peak} bytes to measure {len(doc)} bytes of {snippet!r}"
+
+
+def test_a_string_of_escapes_is_measured_in_constant_memory() -> None:
+    """The attack: a plain tool returns a dict whose key is 31 M escaped backslashes (62 MiB of JSON)."""
+    doc = b'{"' + b"\\\\" * (31 * 2**20) + b'": 1}'
+    tracemalloc.start()
+    try:
+        measure(doc, 0, DecodeLimits())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 80 * WINDOW, f"{peak} bytes to measure {len(doc)} bytes"
+    with pytest.raises(ResultLimitError, match="max_str_length=1000"):
+        measure(doc, 0, DecodeLimits(max_str_length=1000))
 
 
 values = st.recursive(

@@ -176,39 +176,13 @@ def test_a_flood_of_messages_on_the_channel_is_dropped_and_a_flood_of_answers_re
 
 
 def test_a_forged_answer_then_a_hang_is_never_a_success(fresh: Sandbox) -> None:
-    def forge_then_hang() -> str:
-        import sys
-        import time
-
-        frame = sys._getframe()
-        while "request" not in frame.f_locals:
-            frame = frame.f_back
-        helper = sys.modules["_kernel_sandbox_toolhost"]
-        meta, buffers = helper.answer(frame.f_locals["request"]["marker"], {"r": "forged"})
-        helper._state.channel.send(meta, buffers=buffers)
-        while True:
-            time.sleep(0.05)
-
     with pytest.raises(FramingError, match="tampered"):
-        fresh.run_tool(forge_then_hang, timeout=3)
+        fresh.run_tool(_forge_and_swallow("nothing", "hang"), timeout=3)
     ok(fresh)
 
 
 def test_a_forged_answer_then_death_is_reported_and_the_kernel_restarted(fresh: Sandbox) -> None:
-    def forge_then_die() -> str:
-        import os
-        import sys
-
-        frame = sys._getframe()
-        while "request" not in frame.f_locals:
-            frame = frame.f_back
-        helper = sys.modules["_kernel_sandbox_toolhost"]
-        meta, buffers = helper.answer(frame.f_locals["request"]["marker"], {"r": "forged"})
-        helper._state.channel.send(meta, buffers=buffers)
-        sys.stdout.flush()
-        os._exit(0)
-
-    result = fresh.run_tool(forge_then_die)
+    result = fresh.run_tool(_forge_and_swallow("nothing", "die"))
     assert (result.status, result.error.name, result.state_lost) == ("error", "KernelDied", True)
     assert result.func_return is None
     ok(fresh)
@@ -279,3 +253,101 @@ def test_a_session_survives_what_a_cell_breaks(fresh: Sandbox, target: str) -> N
     for _ in range(3):
         assert fresh.run_tool(lambda: "again", timeout=20).func_return == "again"
     assert fresh.run("1 + 1").text == "2"
+
+
+def _forge_and_swallow(swallow: str, then: str) -> Any:
+    """A tool that sends a forged answer, breaks one link of the path the real answer takes, then fails or hangs."""
+
+    def tool() -> str:
+        import os
+        import sys
+        import time
+
+        from IPython import get_ipython
+
+        frame = sys._getframe()
+        while "request" not in frame.f_locals:
+            frame = frame.f_back
+        helper = sys.modules["_kernel_sandbox_toolhost"]
+        meta, buffers = helper.answer(frame.f_locals["request"]["marker"], {"r": "forged"})
+        channel = helper._state.channel
+        channel.send(meta, buffers=buffers)
+        mute = lambda *args, **kwargs: None  # noqa: E731
+        if swallow == "the channel":
+            channel.send = mute
+        elif swallow == "the comm class":
+            type(channel).send = type(channel).publish_msg = mute
+        elif swallow == "the helper's state":
+            helper._state.channel = type("Mute", (), {"send": mute})()
+        elif swallow == "the session":
+            session = get_ipython().kernel.session
+            type(session).send = mute
+            session.send = mute
+        elif swallow == "the session's key":
+            get_ipython().kernel.session.key = b"wrong"
+        elif swallow == "the helper's answer function":  # past what the helper puts back
+            real = helper.answer
+            helper.answer = lambda marker, body, allow_pickle=False: real("not-the-marker", body)
+        if then == "raise":
+            raise RuntimeError("the tool failed")
+        if then == "die":
+            sys.stdout.flush()
+            os._exit(0)
+        while True:
+            time.sleep(0.05)
+
+    return tool
+
+
+SWALLOW = ["the channel", "the comm class", "the helper's state", "the session", "the session's key"]
+
+
+@pytest.mark.parametrize("swallow", SWALLOW)
+def test_a_forged_answer_is_caught_however_the_tool_swallows_the_real_one(sandbox: Sandbox, swallow: str) -> None:
+    """The real answer takes a path the helper puts back first, so the host sees two answers: never a success."""
+    for then in ("raise", "hang"):
+        with pytest.raises(FramingError, match="tampered"):
+            sandbox.run_tool(_forge_and_swallow(swallow, then), timeout=3)
+        ok(sandbox)
+
+
+def test_an_answer_from_a_call_that_then_timed_out_is_an_error(fresh: Sandbox) -> None:
+    """Past what the helper can put back (the tool rewrote the helper itself), the timeout is still the host's to see."""
+
+    result = fresh.run_tool(_forge_and_swallow("the helper's answer function", "hang"), timeout=3)
+    assert (result.status, result.error.name, result.func_return) == ("error", "TimeoutError", None)
+
+
+def test_patched_comm_classes_are_put_back_before_the_next_call(sandbox: Sandbox) -> None:
+    """A cell (no tool guard) that breaks CommManager.get_comm and Comm.send once made every later call fail."""
+    sandbox.run(
+        "from comm.base_comm import BaseComm, CommManager\n"
+        "CommManager.get_comm = lambda self, comm_id: None\n"
+        "BaseComm.send = lambda self, *args, **kwargs: None"
+    )
+    for _ in range(2):
+        result = sandbox.run_tool(lambda: "answered", timeout=20)
+        assert (result.status, result.func_return, result.state_lost) == ("success", "answered", False), result.error
+
+
+def test_a_helper_that_cannot_answer_restarts_the_kernel_on_the_next_call(fresh: Sandbox) -> None:
+    """Broken past repair (its own handler replaced): the call says NoAnswer, and the next one gets a fresh kernel."""
+    fresh.run(
+        "kept = 1\nimport sys\nhelper = sys.modules['_kernel_sandbox_toolhost']\n"
+        "helper._on_msg = helper._state.channel._msg_callback = lambda msg: None"
+    )
+    first = fresh.run_tool(lambda: 1, timeout=90)
+    assert (first.status, first.error.name) == ("error", "NoAnswer")
+    assert "restarted before the next call" in first.error.value
+    second = fresh.run_tool(lambda: 2, timeout=90)
+    assert (second.status, second.func_return, second.state_lost) == ("success", 2, True), second.error
+    assert fresh.run("'kept' in globals()").text == "False"
+    ok(fresh)
+
+
+def test_a_string_of_escapes_from_a_plain_tool_costs_the_host_little(sandbox: Sandbox) -> None:
+    """Dict keys stay in the document: 8 M backslashes are 16 MiB of escapes (once about 70 times that on the host)."""
+    with RssPeak() as rss:
+        result = sandbox.run_tool(lambda: {"\\" * (8 * 1024 * 1024): 1}, timeout=120)
+    assert result.status == "success" and [len(key) for key in result.func_return] == [8 * MiB]
+    assert rss.growth < 160 * MiB, f"host RSS grew by {rss.growth / MiB:.0f} MiB"

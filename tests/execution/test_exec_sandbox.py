@@ -21,6 +21,7 @@ from kernel_sandbox.execution import (
     NetworkDisabledError,
     PathError,
     Sandbox,
+    SandboxError,
     SandboxFileError,
 )
 
@@ -238,6 +239,18 @@ def test_local_backend_warns_it_is_not_a_sandbox() -> None:
         sb = Sandbox("local")
     with warnings.catch_warnings(), sb:
         assert sb.run("import os; os.getcwd()").text.strip("'") == sb.work_dir
+
+
+def test_a_closed_sandbox_says_it_is_closed_not_that_it_was_never_started() -> None:
+    with pytest.warns(UserWarning, match="NOT a sandbox"):
+        sb = Sandbox("local")
+    with pytest.raises(SandboxError, match="not started"):
+        sb.run("1")
+    with warnings.catch_warnings(), sb:
+        assert sb.run("1").text == "1"
+    for call in (lambda: sb.run("1"), lambda: sb.run_tool(lambda: 1), lambda: sb.download("x")):
+        with pytest.raises(SandboxError, match="This sandbox is closed"):
+            call()
 
 
 def test_unknown_backend_is_refused() -> None:

@@ -129,6 +129,7 @@ from kernel_sandbox.opensandbox.events import (  # noqa: E402
     MAX_TRACEBACK_CHARS,
     Event,
     LineSplitter,
+    cap_traceback,
     clean_bundle,
     clean_text,
 )
@@ -184,6 +185,15 @@ def test_tracebacks_are_capped_keeping_the_end() -> None:
     assert sum(map(len, kept)) <= MAX_TRACEBACK_CHARS
     assert kept[-1] == lines[-1] and "earlier traceback line(s) cut" in kept[0]
     assert len(event.error.value) < 9000 and event.error.value.endswith("characters cut]")
+
+
+def test_the_traceback_cap_counts_lines_and_bytes_not_only_characters() -> None:
+    """7.8 M empty lines are 0 characters and 31 MB of JSON; lines of 'é' are twice their characters in UTF-8."""
+    for lines in ([""] * 7_800_000, ["\u00e9" * 1000] * 200):
+        kept = cap_traceback(lines)
+        assert len(json.dumps(kept, ensure_ascii=False).encode()) <= MAX_TRACEBACK_CHARS + 2
+        assert kept[-1] == lines[-1] and "earlier traceback line(s) cut" in kept[0]
+    assert cap_traceback(["a"] * 100) == ["a"] * 100
 
 
 def test_events_after_the_terminal_one_change_nothing() -> None:
