@@ -206,7 +206,7 @@ def container_spec(
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "ipc_mode": "private",
-        "network_mode": "bridge" if settings.network else "none",
+        "network_mode": "bridge" if settings.network is True else "none",
     }
     if settings.memory is not None:
         spec["mem_limit"] = spec["memswap_limit"] = settings.memory

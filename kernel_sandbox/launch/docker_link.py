@@ -56,6 +56,7 @@ from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE
 from ..settings import MiB, DockerSettings
+from . import egress
 from .front import DELIM, REQUEST_CHANNELS, ExitStatus, Front, Signer, unpack
 from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 
@@ -356,6 +357,32 @@ def _connect_in_netns(
     return future
 
 
+def _listen_in_netns(netns: int, port: int) -> socket.socket:
+    """A listening socket on ``port`` of the container's own loopback, made by a fresh thread inside
+    its namespace (setns changes only the calling thread); the socket stays in that namespace."""
+    made: dict[str, Any] = {}
+
+    def enter_and_listen() -> None:
+        try:
+            if _libc().setns(netns, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+            sock = made["sock"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(128)
+        except OSError as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=enter_and_listen, name="netns-listen", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in made:
+        if "sock" in made:
+            made["sock"].close()
+        raise made["error"]
+    made["sock"].setblocking(False)
+    return cast(socket.socket, made["sock"])
+
+
 def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
@@ -390,6 +417,7 @@ class DockerLink:
         self._watchdog: Any = None
         self._engine_hung = False
         self._probing: asyncio.Future[None] | None = None
+        self._egress: egress.Egress | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -401,12 +429,16 @@ class DockerLink:
         info = await asyncio.to_thread(client.info)
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
+        direct = _may_enter_netns(settings, info)
+        if isinstance(settings.network, tuple) and not direct:
+            raise KernelLaunchError(egress.NEEDS_NETNS.format(list(settings.network)))
+        proxied = settings.network is not True and direct
         spec = container_spec(
             settings,
             kernel_id=request.kernel_id,
             kernel_key=self._key,
             user=run_as(settings),
-            env=request.env,
+            env={**request.env, **(egress.kernel_env(settings) if proxied else {})},
             mounts=resolve_mounts(settings, request.cwd),
             labels=owner_labels(
                 request.kernel_id,
@@ -433,8 +465,10 @@ class DockerLink:
             if settings.runtime == "runsc":
                 hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
             raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
-        if _may_enter_netns(settings, info):
+        if direct:
             self._netns = await asyncio.to_thread(_container_netns, container)
+        if proxied:
+            await self._start_egress()
         opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
         try:
@@ -444,6 +478,19 @@ class DockerLink:
                 task.cancel()
         self.output.release()
         self._probing = asyncio.ensure_future(self._probe_engine())
+
+    async def _start_egress(self) -> None:
+        """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback, before
+        any code of the kernel's runs (so nothing else holds its port)."""
+        if self._netns is None:
+            if isinstance(self.settings.network, tuple):
+                raise KernelLaunchError(egress.NEEDS_NETNS.format(list(self.settings.network)))
+            return
+        sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
+        self._egress = egress.Egress.for_settings(self.settings)
+        await self._egress.serve(sock)
+        assert self._front is not None
+        self._front.requests[egress.WINDOW_REQUEST] = self._egress.answer
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
@@ -733,6 +780,8 @@ class DockerLink:
             except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
                 removed = False
                 log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
+        if self._egress is not None:
+            await self._egress.close()
         watchdog.release(self._watchdog, done=removed)
         if self._events is not None:
             self._events.close()
