@@ -16,6 +16,7 @@ from kernel_sandbox.cli import build_parser, _install_config
 from kernel_sandbox.egress import package_index, parse_network
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandbox, Sandbox
+from kernel_sandbox.execution.backends import kernel_spec
 from kernel_sandbox.settings import DockerSettings
 
 
@@ -115,3 +116,24 @@ def test_sandbox_takes_a_list_and_checks_it_before_starting() -> None:
     assert AsyncSandbox(network=("pypi.org",)).network == ["pypi.org"]
     with pytest.raises(ConfigError, match="network: 'pypi.org:x'"):
         Sandbox(network=["pypi.org:x"])
+
+
+def test_opensandbox_turns_the_list_into_default_deny_egress_rules() -> None:
+    from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
+
+    listed = OpenSandboxSettings.from_config({"network": ["pypi.org", "*.pythonhosted.org"]})
+    assert listed.egress == {"allow_internet": False, "network_policy": {"defaultAction": "deny", "egress": [
+        {"action": "allow", "target": "pypi.org"}, {"action": "allow", "target": "*.pythonhosted.org"}]}}
+    assert OpenSandboxSettings.from_config({}).egress == {"allow_internet": False, "network_policy": None}
+    assert OpenSandboxSettings.from_config({"network": True}).egress["allow_internet"] is True
+    custom = {"defaultAction": "deny", "egress": [{"action": "allow", "target": "example.com"}]}
+    assert OpenSandboxSettings.from_config({"network_policy": custom}).egress["network_policy"] == custom
+    for entry in ("pypi.org:443", "mirror.corp@10.1.2.3", "10.1.2.3"):
+        with pytest.raises(ConfigError, match="names and '\\*.domain' only"):
+            OpenSandboxSettings.from_config({"network": [entry]})
+    with pytest.raises(ConfigError, match="both set the sandbox's egress"):
+        OpenSandboxSettings.from_config({"network": ["pypi.org"], "network_policy": custom})
+    with pytest.raises(ConfigError, match="both set the sandbox's egress"):
+        OpenSandboxSettings.from_config({"network": ["pypi.org"], "allow_internet": True})
+    config = kernel_spec("opensandbox", {"network": ["pypi.org"]}).metadata["kernel_provisioner"]["config"]
+    assert config["network"] == ["pypi.org"]
