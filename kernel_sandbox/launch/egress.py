@@ -53,7 +53,7 @@ HEAD_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
 """Seconds a spliced connection may carry nothing either way before it is closed."""
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 4 * 2**20
 LOG_EVERY = 60.0
