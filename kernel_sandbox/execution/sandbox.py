@@ -725,7 +725,7 @@ class AsyncSandbox:
         if self.network is True or not self._backend.sandboxed or not self._backend.package_window:
             yield  # open, not a sandbox, or a list (that lists the index, or pip says what it could not reach)
             return
-        window = min(seconds, MAX_WINDOW) + REPLY_GRACE
+        window = min(seconds + REPLY_GRACE, MAX_WINDOW)
         reply = await self._launcher_request({"open": window})
         if reply.get("status") != "ok":
             raise NetworkDisabledError(

@@ -433,6 +433,8 @@ class DockerLink:
         if isinstance(settings.network, tuple) and not direct:
             raise KernelLaunchError(egress.NEEDS_NETNS.format(list(settings.network)))
         proxied = settings.network is not True and direct
+        if not proxied and self._front is not None:
+            self._front.requests[egress.WINDOW_REQUEST] = egress.no_window
         spec = container_spec(
             settings,
             kernel_id=request.kernel_id,
@@ -482,14 +484,15 @@ class DockerLink:
     async def _start_egress(self) -> None:
         """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback, before
         any code of the kernel's runs (so nothing else holds its port)."""
+        assert self._front is not None
         if self._netns is None:
             if isinstance(self.settings.network, tuple):
                 raise KernelLaunchError(egress.NEEDS_NETNS.format(list(self.settings.network)))
+            self._front.requests[egress.WINDOW_REQUEST] = egress.no_window
             return
         sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
         self._egress = egress.Egress.for_settings(self.settings)
         await self._egress.serve(sock)
-        assert self._front is not None
         self._front.requests[egress.WINDOW_REQUEST] = self._egress.answer
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:

@@ -79,6 +79,12 @@ NEEDS_NETNS = (
 )
 
 
+def no_window(content: Any) -> dict[str, Any]:
+    """The answer to a :data:`WINDOW_REQUEST` for a kernel without the proxy (not root on runc)."""
+    return {"status": "error", "evalue": "this launcher serves no proxy for the kernel (it must run as root on "
+            "runc to listen inside the container); create the sandbox with network=True to install packages"}
+
+
 def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, str]:
     """The proxy variables for the kernel's environment (upper and lower case: tools read either);
     ``%pip install`` into a directory of the home on ``sys.path`` (the image is read-only), from
@@ -209,22 +215,24 @@ class RefusalLog:
         self.names = names
         self._last: dict[str, float] = {}
         self._unlogged = 0
-        self._summary = 0.0
+        self._summary = float("-inf")
 
     def refused(self, name: str, reason: str) -> None:
-        """Note one refusal of ``name``; log it unless that name was logged less than a minute ago."""
+        """Note one refusal of ``name``: logged unless that name was logged less than a minute ago;
+        the others are counted, and the count logged at most once a minute."""
         now = time.monotonic()
         for old in [key for key, when in self._last.items() if now - when >= self.every]:
             del self._last[old]
-        if name in self._last or len(self._last) >= self.names:
-            self._unlogged += 1
-            if self._unlogged and now - self._summary >= self.every and len(self._last) >= self.names:
-                self._summary = now
-                log.warning("egress: %d more refusals not logged one by one", self._unlogged)
-                self._unlogged = 0
+        if name not in self._last and len(self._last) < self.names:
+            self._last[name] = now
+            log.warning("egress refused: %s", reason[:300])
             return
-        self._last[name] = now
-        log.warning("egress refused: %s", reason[:300])
+        self._unlogged += 1
+        if now - self._summary >= self.every:
+            self._summary = now
+            log.warning("egress: %d more refusals, not logged one by one (at most one line per name a minute)",
+                        self._unlogged)
+            self._unlogged = 0
 
 
 @dataclass
@@ -254,6 +262,8 @@ def parse_head(raw: bytes) -> Request:
     if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[0] or set(parts[0]) - _TOKEN:
         raise Refusal(400, "kernel-sandbox proxy: malformed request line")
     method, target, version = parts
+    if any(ord(ch) <= 32 or ord(ch) == 127 for ch in target):
+        raise Refusal(400, "kernel-sandbox proxy: control character in the request target")
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         name, colon, value = line.partition(":")

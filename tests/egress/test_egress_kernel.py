@@ -18,6 +18,8 @@ from index_kit import Index, serve_index
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import install as install_kernelspec
 
+pytestmark = pytest.mark.security("attack", "egress")
+
 PACKAGES = {"egresspkg_a": 1, "egresspkg_b": 2, "egresspkg_c": 3, "egresspkg_d": 4, "egresspkg_e": 5}
 
 FETCH = """
@@ -144,3 +146,15 @@ async def test_pip_magic_in_a_notebook_kernel_whose_kernelspec_allows_the_index(
         client.stop_channels()
         await manager.shutdown_kernel(now=True)
         await asyncio.sleep(0)
+
+
+def test_a_window_request_not_signed_with_the_client_key_opens_nothing(sandbox: Sandbox, index: Index) -> None:
+    """Only the holder of the connection key can open the index: a forged request is dropped unanswered."""
+    from jupyter_client.session import Session
+
+    from kernel_sandbox.egress import WINDOW_REQUEST
+
+    kc = sandbox._async._kc
+    forger = Session(key=b"not-the-key", signature_scheme="hmac-sha256")
+    forger.send(kc.control_channel.socket, forger.msg(WINDOW_REQUEST, {"open": 60}))
+    assert reachable(sandbox, index).startswith("refused 403")

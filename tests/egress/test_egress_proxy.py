@@ -29,6 +29,8 @@ from kernel_sandbox.launch.egress import (
 )
 from kernel_sandbox.settings import DockerSettings
 
+pytestmark = pytest.mark.security("attack", "egress")
+
 OWN = ipaddress.ip_address("203.0.113.7")
 """The host's own address as the proxies here see it (a documentation address)."""
 

@@ -63,11 +63,13 @@ def test_the_three_forms_normalise_and_round_trip() -> None:
         (["x.org"] * 300, "at most 256"),
     ],
 )
+@pytest.mark.security("attack", "options")
 def test_a_malformed_entry_is_a_config_error_naming_it(value, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         DockerSettings.from_config({"network": value})
 
 
+@pytest.mark.security("fuzz", "options")
 @given(st.lists(st.text(max_size=30), max_size=5))
 def test_any_list_of_strings_is_either_refused_or_canonical(entries: list[str]) -> None:
     try:
