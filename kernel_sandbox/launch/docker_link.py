@@ -91,6 +91,7 @@ OUTPUT_CAP = 1 * MiB
 """Bytes of the container's own stdout/stderr passed to the launcher's stderr; the rest is dropped."""
 OUTPUT_TAIL_LINES = 40
 CLONE_NEWNET = 0x40000000
+EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
 LIFELINE_CHANNEL = "hb"
 """The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
 CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
@@ -281,7 +282,12 @@ class KernelOutput:
 
 
 def _may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
-    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack)."""
+    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack).
+
+    ``KERNEL_SANDBOX_TEST_EXEC_STREAMS`` in the launcher's environment makes tests take the exec
+    streams as root too, as every other user does."""
+    if os.environ.get(EXEC_STREAMS_ENV):
+        return False
     runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
     return os.geteuid() == 0 and runtime == "runc" and engine_address().startswith("unix://")
 
@@ -430,11 +436,7 @@ class DockerLink:
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
         direct = _may_enter_netns(settings, info)
-        if isinstance(settings.network, tuple) and not direct:
-            raise KernelLaunchError(egress.NEEDS_NETNS.format(list(settings.network)))
-        proxied = settings.network is not True and direct
-        if not proxied and self._front is not None:
-            self._front.requests[egress.WINDOW_REQUEST] = egress.no_window
+        proxied = settings.network is not True
         spec = container_spec(
             settings,
             kernel_id=request.kernel_id,
@@ -483,16 +485,22 @@ class DockerLink:
 
     async def _start_egress(self) -> None:
         """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback, before
-        any code of the kernel's runs (so nothing else holds its port)."""
+        any code of the kernel's runs (so nothing else holds its port): listening in the container's
+        namespace, or through a relay in the container over an exec stream (:mod:`.egress_stream`)."""
         assert self._front is not None
-        if self._netns is None:
-            if isinstance(self.settings.network, tuple):
-                raise KernelLaunchError(egress.NEEDS_NETNS.format(list(self.settings.network)))
-            self._front.requests[egress.WINDOW_REQUEST] = egress.no_window
-            return
-        sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
         self._egress = egress.Egress.for_settings(self.settings)
-        await self._egress.serve(sock)
+        if self._netns is not None:
+            sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
+            await self._egress.serve(sock)
+        else:
+            from .egress_stream import RelayStream
+
+            await self._egress.serve(None)
+            relay = await asyncio.to_thread(
+                self._exec_socket, ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
+            )
+            transport, _ = await self._loop.connect_accepted_socket(lambda: RelayStream(self._egress, Demux), relay)
+            self._streams.append(transport)
         self._front.requests[egress.WINDOW_REQUEST] = self._egress.answer
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:

@@ -1,7 +1,8 @@
 """The kernel's filtering HTTP(S) proxy: egress by name for a container that has no network.
 
-The launcher listens on the container's own loopback (:data:`PROXY_PORT`, from a thread in the
-container's network namespace) and the kernel's environment points ``HTTP(S)_PROXY`` there, so
+The launcher listens on the container's own loopback (:data:`PROXY_PORT`): from a thread in the
+container's network namespace where it may (root, runc), else through a relay in the container
+over one exec stream (:mod:`.egress_stream`); the kernel's environment points ``HTTP(S)_PROXY`` there, so
 pip, requests, httpx and urllib use it unchanged. Each connection carries one request:
 ``CONNECT host:port`` (a tunnel, TLS inside it is not inspected) or a plain-HTTP request with an
 absolute URI. The launcher decides on the host (:meth:`Egress.decide`): the destination must be
@@ -73,16 +74,6 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
-NEEDS_NETNS = (
-    "network={!r}: the filtering proxy listens inside the kernel's container, which this launcher can "
-    "only do as root on the runc runtime for now; use network=false, or network=true for an open bridge"
-)
-
-
-def no_window(content: Any) -> dict[str, Any]:
-    """The answer to a :data:`WINDOW_REQUEST` for a kernel without the proxy (not root on runc)."""
-    return {"status": "error", "evalue": "this launcher serves no proxy for the kernel (it must run as root on "
-            "runc to listen inside the container); create the sandbox with network=True to install packages"}
 
 
 def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, str]:
@@ -432,9 +423,11 @@ class Egress:
 
     # -- the connections -------------------------------------------------------------------
 
-    async def serve(self, sock: socket.socket) -> None:
-        """Serve the proxy on the listening socket ``sock`` until :meth:`close`."""
-        self._server = await asyncio.start_server(self._client, sock=sock, limit=HEAD_LIMIT, backlog=BACKLOG)
+    async def serve(self, sock: socket.socket | None) -> None:
+        """Serve the proxy until :meth:`close`: on the listening socket ``sock``, or (None) only the
+        connections handed to :meth:`client` (the exec-stream relay's)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self.client, sock=sock, limit=HEAD_LIMIT, backlog=BACKLOG)
         self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def _sweep(self) -> None:
@@ -445,7 +438,8 @@ class Egress:
                 if now - last > self.idle_timeout:
                     writer.transport.abort()
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one connection from the kernel: refused past :attr:`max_connections`, else one request."""
         if len(self._clients) >= self.max_connections:
             await self._answer(writer, Refusal(503, f"kernel-sandbox: more than {self.max_connections} proxy connections at once"))
             return

@@ -21,6 +21,8 @@ from pathlib import Path
 from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
 
 INDEX_HOST = "index.test"
+PRIVATE_HOST = "api.example.com"
+"""A name the test's resolver answers with 10.0.0.1: listed, it must still be refused."""
 
 
 def build_wheel(directory: Path, name: str, value: int) -> Path:
@@ -92,7 +94,7 @@ def serve_index(directory: Path, packages: dict[str, int]) -> Iterator[Index]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     resolver = directory / "resolver.json"
-    resolver.write_text(json.dumps({INDEX_HOST: ["127.0.0.1"]}))
+    resolver.write_text(json.dumps({INDEX_HOST: ["127.0.0.1"], PRIVATE_HOST: ["10.0.0.1"]}))
     resolver.chmod(0o600)
     old = os.environ.get(TEST_RESOLVER_ENV)
     os.environ[TEST_RESOLVER_ENV] = str(resolver)

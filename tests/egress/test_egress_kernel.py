@@ -158,3 +158,17 @@ def test_a_window_request_not_signed_with_the_client_key_opens_nothing(sandbox: 
     forger = Session(key=b"not-the-key", signature_scheme="hmac-sha256")
     forger.send(kc.control_channel.socket, forger.msg(WINDOW_REQUEST, {"open": 60}))
     assert reachable(sandbox, index).startswith("refused 403")
+
+
+def test_the_exec_stream_relay_serves_the_same_proxy(docker_engine, index: Index, monkeypatch) -> None:
+    """As any user but root on runc gets it: the proxy reached through a relay over an exec stream."""
+    from kernel_sandbox.launch.docker_link import EXEC_STREAMS_ENV
+
+    monkeypatch.setenv(EXEC_STREAMS_ENV, "1")
+    with Sandbox(package_index=[index.url, index.entry], network=["api.example.com"], timeout=120, standby=0) as sb:
+        assert reachable(sb, index).startswith("refused 403")
+        assert sb.install(["egresspkg_e"]).error is None
+        assert sb.run("import egresspkg_e; egresspkg_e.VALUE").text == "5"
+        assert reachable(sb, index).startswith("refused 403")
+        refused = sb.run(FETCH.format(url="http://api.example.com")).stdout
+        assert refused.startswith("refused 403") and "10.0.0.1" in refused  # listed, but resolves to a private address
