@@ -70,7 +70,7 @@ class AsyncSandbox:
     """A kernel in a sandbox (``docker``, ``opensandbox`` or ``local``), used with ``async with``.
 
     Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by
-    default), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
+    default; True, or a list of destinations such as ``["api.example.com"]``), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
     may take by default: 300; ``float("inf")`` for none), ``start_timeout``,
     ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted call gets to stop before
     the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may

@@ -471,37 +471,41 @@ class DockerLink:
             raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
         if direct:
             self._netns = await asyncio.to_thread(_container_netns, container)
-        if proxied:
-            await self._start_egress()
+        serving = asyncio.ensure_future(self._start_egress()) if proxied else None  # while the kernel starts
         opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
         try:
             await self._wait_until_ready(container, spec, opening)
+            if serving is not None:
+                await serving
         finally:
-            for task in opening:
+            for task in [*opening, *([serving] if serving is not None else [])]:
                 task.cancel()
         self.output.release()
         self._probing = asyncio.ensure_future(self._probe_engine())
 
     async def _start_egress(self) -> None:
-        """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback, before
-        any code of the kernel's runs (so nothing else holds its port): listening in the container's
-        namespace, or through a relay in the container over an exec stream (:mod:`.egress_stream`)."""
+        """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before the
+        kernel answers, so before any of the user's code runs (nothing else holds its port then):
+        listening in the container's namespace, or through a relay in the container over an exec
+        stream (:mod:`.egress_stream`)."""
         assert self._front is not None
-        self._egress = egress.Egress.for_settings(self.settings)
-        if self._netns is not None:
-            sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
-            await self._egress.serve(sock)
-        else:
-            from .egress_stream import RelayStream
+        proxy = self._egress = egress.Egress.for_settings(self.settings)
+        try:
+            if self._netns is not None:
+                sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
+                await proxy.serve(sock)
+            else:
+                from .egress_stream import RelayStream
 
-            await self._egress.serve(None)
-            relay = await asyncio.to_thread(
-                self._exec_socket, ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
-            )
-            transport, _ = await self._loop.connect_accepted_socket(lambda: RelayStream(self._egress, Demux), relay)
-            self._streams.append(transport)
-        self._front.requests[egress.WINDOW_REQUEST] = self._egress.answer
+                await proxy.serve(None)
+                command = ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
+                relay = await asyncio.to_thread(self._exec_socket, command)
+                transport, _ = await self._loop.connect_accepted_socket(lambda: RelayStream(proxy, Demux), relay)
+                self._streams.append(transport)
+        except (OSError, docker.errors.APIError) as exc:
+            raise KernelLaunchError(f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}") from exc
+        self._front.requests[egress.WINDOW_REQUEST] = proxy.answer
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
