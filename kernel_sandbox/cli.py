@@ -12,6 +12,7 @@ from typing import Any
 from . import __version__
 from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
 from .controls import SafeWriter, escape_controls
+from .egress import PYPI, package_index
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
@@ -37,6 +38,13 @@ def _install_config(args: argparse.Namespace) -> dict[str, Any]:
     for item in args.set:
         key, _, value = item.partition("=")
         config[key] = _config_value(value)
+    allowed = list(args.allow)
+    if args.allow_package_index:
+        allowed += [str(d) for d in package_index("package_index", config.get("package_index", PYPI)).destinations]
+    if allowed:
+        if args.network is not None:
+            raise ConfigError("--network/--no-network and --allow/--allow-package-index both set the network: give one")
+        config["network"] = allowed
     return config
 
 
@@ -279,6 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     net = inst.add_mutually_exclusive_group()
     net.add_argument("--network", dest="network", action="store_true", default=None, help="turn networking on")
     net.add_argument("--no-network", dest="network", action="store_false", help="keep networking off")
+    inst.add_argument(
+        "--allow", action="append", default=[], metavar="HOST",
+        help="let the kernel reach HOST[:PORT][@ADDRESSES] (or *.domain) through the launcher's filtering proxy; repeatable",
+    )
+    inst.add_argument(
+        "--allow-package-index", action="store_true",
+        help="let the kernel reach the package index (package_index: PyPI by default), e.g. for %%pip install",
+    )
     inst.add_argument("--mount", action="append", default=[], help="bind mount HOST:CONTAINER[:ro|rw]")
     inst.add_argument("--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder")
     inst.add_argument("--env", action="append", default=[], help="environment variable NAME=VALUE")

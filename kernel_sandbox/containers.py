@@ -207,7 +207,7 @@ def container_spec(
         "security_opt": ["no-new-privileges"],
         "ipc_mode": "private",
         "shm_size": sizes["shm_size"],
-        "network_mode": "bridge" if settings.network else "none",
+        "network_mode": "bridge" if settings.network is True else "none",
     }
     if settings.memory is not None:
         spec["mem_limit"] = spec["memswap_limit"] = settings.memory

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar, TypeVar
 
+from .egress import PYPI, parse_network, parse_package_index
 from .errors import ConfigError
 from .policy import MODES as POLICY_MODES, OutputPolicy
 
@@ -306,6 +307,11 @@ class BackendSettings:
     allow_widget_modules: tuple[str, ...] = _option(
         (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
     )
+    package_index: tuple[str, ...] = _option(
+        PYPI, parse_package_index,
+        "Where pip finds packages: install() opens it for the call alone; an index URL "
+        "(https://mirror.example/simple) or destinations; default PyPI's two hosts.",
+    )
 
     @classmethod
     def options(cls) -> dict[str, dataclasses.Field[Any]]:
@@ -349,7 +355,11 @@ class DockerSettings(BackendSettings):
     title = "the Docker backend"
 
     image: str = _option(DEFAULT_IMAGE, _text, "Docker image that runs the kernel.")
-    network: bool = _option(False, _flag, "Give the kernel a network (a bridge with outbound access).")
+    network: bool | tuple[str, ...] = _option(
+        False, parse_network,
+        "false: no network; true: a bridge with open outbound access; or a list of destinations "
+        "(HOST[:PORT][@ADDRESSES], *.domain) reached through the launcher's filtering proxy.",
+    )
     memory: int | None = _option("1g", _memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'.")
     cpus: float | None = _option(1.0, _cpus, "CPU limit in cores, or 'unlimited'.")
     pids_limit: int | None = _option(256, _pids, "Maximum number of processes and threads, or 'unlimited'.")

@@ -110,3 +110,23 @@ def no_standby_outlives_the_run(engine_if_any):
     for container in idle:
         remove_container(container)
     assert not idle, f"standby kernels left behind after the pool was cleared: {[c.name for c in idle]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def egress_stays_on_loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every launcher of the run resolves names from a test map (empty: nothing resolves) and its
+    egress proxy connects to 127.0.0.0/8 only: no test can make it send a packet elsewhere, or ask
+    DNS. Tests with names to resolve set their own map (tests/egress/index_kit.py)."""
+    from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
+
+    resolver = tmp_path_factory.mktemp("egress-resolver") / "resolver.json"
+    resolver.write_text("{}")
+    resolver.chmod(0o600)
+    old = os.environ.get(TEST_RESOLVER_ENV)
+    os.environ[TEST_RESOLVER_ENV] = str(resolver)
+    yield
+    if old is None:
+        os.environ.pop(TEST_RESOLVER_ENV, None)
+    else:
+        os.environ[TEST_RESOLVER_ENV] = old
+    assert not Path(str(resolver) + ".guard").exists(), "a launcher tried to connect outside 127.0.0.0/8"

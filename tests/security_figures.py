@@ -58,6 +58,7 @@ LAYERS = {
     "policy": "Output policy (browser)",
     "results": "Results decoded on the host",
     "opensandbox": "OpenSandbox relay and clients",
+    "egress": "Egress by name (the launcher's proxy)",
     "lab": "Locked-down lab server",
     "options": "Options and limits (bad input)",
     "sessions": "Sessions and kernel lifecycle",

@@ -21,6 +21,7 @@ from typing import IO, Any
 import zmq
 import zmq.asyncio
 
+from ..egress import WINDOW_REQUEST
 from ..errors import (
     CallTimeoutError,
     ConfigError,
@@ -52,6 +53,10 @@ TEXT_CHUNK = 1024 * 1024
 RESTORE_GRACE = 10.0
 KEEP_STATE_BYTES = 64 * 1024
 REPLY_GRACE = 2.0
+MAX_WINDOW = 86400.0
+PIP_RETRIES = ("--retries", "5")
+"""pip's own default, given explicitly: a kernel with the network off has ``PIP_RETRIES=1``."""
+LAUNCHER_REPLY_WAIT = 10.0
 TAMPERED = (
     "More than one answer carried this call's marker: the tool tampered with the result channel; "
     "its output is not trusted."
@@ -65,7 +70,7 @@ class AsyncSandbox:
     """A kernel in a sandbox (``docker``, ``opensandbox`` or ``local``), used with ``async with``.
 
     Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by
-    default), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
+    default; True, or a list of destinations such as ``["api.example.com"]``), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
     may take by default: 300; ``float("inf")`` for none), ``start_timeout``,
     ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted call gets to stop before
     the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
@@ -83,7 +88,7 @@ class AsyncSandbox:
         memory: str | None = None,
         cpus: float | None = None,
         pids_limit: int | None = None,
-        network: bool = False,
+        network: bool | Sequence[str] = False,
         env: Mapping[str, str] | None = None,
         mounts: Iterable[str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT,
@@ -103,7 +108,7 @@ class AsyncSandbox:
         if decode_limits is not None and not isinstance(decode_limits, DecodeLimits):
             raise ConfigError(f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}")
         self.backend = backend
-        self.network = network
+        self.network = network if isinstance(network, bool) else list(network)
         self.timeout = float(timeout)
         self.start_timeout = float(start_timeout)
         self.max_output_bytes = max_output_bytes
@@ -118,7 +123,7 @@ class AsyncSandbox:
             backend_options["output_policy"] = output_policy
         self._options: dict[str, Any] = {
             "image": image, "memory": memory, "cpus": cpus, "pids_limit": pids_limit,
-            "network": network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
+            "network": self.network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
             "launch_timeout": start_timeout, **backend_options,
         }
         self._backend.check(self._options)
@@ -723,21 +728,68 @@ class AsyncSandbox:
 
         Packages go to a directory under the sandbox's home that is put on ``sys.path``. The
         outcome is returned: pip's output in stdout/stderr, ``error`` set when pip failed. With the
-        network off this raises :class:`NetworkDisabledError` at once, without running pip.
+        network off (or a list) the launcher opens the ``package_index`` for this call alone and
+        closes it when pip ends, also on error, timeout or cancel; a backend that cannot raises
+        :class:`NetworkDisabledError` at once, without running pip.
         """
-        if not self.network and self._backend.sandboxed:
-            raise NetworkDisabledError(
-                "Cannot install packages: this sandbox's network is off. Create it with "
-                "network=True (e.g. Sandbox(network=True)) to let pip reach a package index."
-            )
+        self._check_package_index()
         text = requirements if isinstance(requirements, str) else "\n".join(requirements)
-        body = await self._simple("install", timeout, requirements=text, pip_args=list(pip_args), tail=PIP_OUTPUT_TAIL)
+        seconds, deadline = self._deadline(timeout)
+        pip_args = [*PIP_RETRIES, *pip_args]  # a network-off kernel's pip does not retry; this one may
+        request = {"op": "install", "requirements": text, "pip_args": pip_args, "tail": PIP_OUTPUT_TAIL}
+        assert self._lock is not None
+        async with self._lock, self._package_index(seconds):
+            body = await self._op(request, (), seconds, deadline)
         execution = Execution(stdout=body["stdout"], stderr=body["stderr"])
         if body["returncode"] != 0:
             execution.error = ExecutionError(
                 "InstallError", f"pip exited with code {body['returncode']}", body["stderr"]
             )
         return execution
+
+    def _check_package_index(self) -> None:
+        """Refuse at once an install that cannot reach any index: network off on a backend without windows."""
+        if self.network is False and self._backend.sandboxed and not self._backend.package_window:
+            raise NetworkDisabledError(
+                f"Cannot install packages: this sandbox's network is off and the {self.backend} backend cannot "
+                "open the package index for one call. Create it with the index in its network list "
+                "(e.g. Sandbox(network=['pypi.org', 'files.pythonhosted.org'])) or network=True."
+            )
+
+    @contextlib.asynccontextmanager
+    async def _package_index(self, seconds: float) -> Any:
+        """Keep the package index open in the launcher's proxy while the block runs (a window of
+        at most ``seconds`` plus a grace), through a control request only this client can sign."""
+        if self.network is True or not self._backend.sandboxed or not self._backend.package_window:
+            yield  # open, not a sandbox, or a list (that lists the index, or pip says what it could not reach)
+            return
+        window = min(seconds + REPLY_GRACE, MAX_WINDOW)
+        reply = await self._launcher_request({"open": window})
+        if reply.get("status") != "ok":
+            raise NetworkDisabledError(
+                "Cannot install packages: the launcher did not open the package index "
+                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in network."
+            )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._launcher_request({"close": reply["window"]}))
+
+    async def _launcher_request(self, content: dict[str, Any]) -> dict[str, Any]:
+        """Send an egress request to the launcher on the control channel and wait for its reply."""
+        msg = self._kc.session.msg(WINDOW_REQUEST, content)
+        self._kc.control_channel.send(msg)
+        until = time.monotonic() + LAUNCHER_REPLY_WAIT
+        while (left := until - time.monotonic()) > 0:
+            try:
+                reply = await self._kc.control_channel.get_msg(timeout=left)
+            except queue.Empty:
+                break
+            if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
+                answer = reply.get("content")
+                return answer if isinstance(answer, dict) else {}
+        return {}
 
     # -- tools -----------------------------------------------------------------------------
 

@@ -59,6 +59,14 @@ def run(argv):
     os.execvp(argv[0], argv)
 
 
+def make_package_dir(path):
+    """Create the directory ``%pip install`` puts packages in (``PIP_TARGET``, on ``PYTHONPATH``), so
+    that what pip installs there imports at once: a directory missing at start is never looked in again."""
+    if path:
+        os.makedirs(path, exist_ok=True)
+        sys.path_importer_cache.pop(path, None)
+
+
 def main(cmd):
     """Write the connection file from the environment and run the kernel command ``cmd``."""
     key = os.environ.pop(KEY_ENV, "")
@@ -66,6 +74,7 @@ def main(cmd):
         sys.stderr.write(f"kernel-sandbox boot: no {KEY_ENV} in the environment or no kernel command\n")
         return 2
     write_connection_file(CONNECTION_FILE, connection_info(key))
+    make_package_dir(os.environ.get("PIP_TARGET"))
     run(kernel_argv(cmd, CONNECTION_FILE))
     return 0
 

@@ -56,7 +56,7 @@ from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import HELLO, MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..privdir import LAUNCHER_STATE
 from ..settings import MiB, DockerSettings
-from . import journal
+from . import egress, journal
 from .front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
 from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 
@@ -93,6 +93,7 @@ OUTPUT_TAIL_LINES = 40
 TAIL_LINE_CHARS = 4096
 """Characters of each of those last lines kept for an error message."""
 CLONE_NEWNET = 0x40000000
+EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
 LIFELINE_CHANNEL = "hb"
 """The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
 CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
@@ -308,7 +309,12 @@ class KernelOutput:
 
 
 def _may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
-    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack)."""
+    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack).
+
+    ``KERNEL_SANDBOX_TEST_EXEC_STREAMS`` in the launcher's environment makes tests take the exec
+    streams as root too, as every other user does."""
+    if os.environ.get(EXEC_STREAMS_ENV):
+        return False
     runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
     return os.geteuid() == 0 and runtime == "runc" and engine_address().startswith("unix://")
 
@@ -384,6 +390,32 @@ def _connect_in_netns(
     return future
 
 
+def _listen_in_netns(netns: int, port: int) -> socket.socket:
+    """A listening socket on ``port`` of the container's own loopback, made by a fresh thread inside
+    its namespace (setns changes only the calling thread); the socket stays in that namespace."""
+    made: dict[str, Any] = {}
+
+    def enter_and_listen() -> None:
+        try:
+            if _libc().setns(netns, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+            sock = made["sock"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(128)
+        except OSError as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=enter_and_listen, name="netns-listen", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in made:
+        if "sock" in made:
+            made["sock"].close()
+        raise made["error"]
+    made["sock"].setblocking(False)
+    return cast(socket.socket, made["sock"])
+
+
 def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
@@ -424,6 +456,7 @@ class DockerLink:
         self._shutdown_asked = False
         self._idle = True
         """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
+        self._egress: egress.Egress | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -435,12 +468,14 @@ class DockerLink:
         info = await asyncio.to_thread(client.info)
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
+        direct = _may_enter_netns(settings, info)
+        proxied = settings.network is not True
         spec = container_spec(
             settings,
             kernel_id=request.kernel_id,
             kernel_key=self._key,
             user=run_as(settings),
-            env=request.env,
+            env={**request.env, **(egress.kernel_env(settings) if proxied else {})},
             mounts=resolve_mounts(settings, request.cwd),
             labels=owner_labels(
                 request.kernel_id,
@@ -467,17 +502,43 @@ class DockerLink:
             if settings.runtime == "runsc":
                 hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
             raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
-        if _may_enter_netns(settings, info):
+        if direct:
             self._netns = await asyncio.to_thread(_container_netns, container)
+        serving = asyncio.ensure_future(self._start_egress()) if proxied else None  # while the kernel starts
         opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
         try:
             await self._wait_until_ready(container, spec, opening)
+            if serving is not None:
+                await serving
         finally:
-            for task in opening:
+            for task in [*opening, *([serving] if serving is not None else [])]:
                 task.cancel()
         self.output.release()
         self._probing = asyncio.ensure_future(self._probe_engine())
+
+    async def _start_egress(self) -> None:
+        """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before the
+        kernel answers, so before any of the user's code runs (nothing else holds its port then):
+        listening in the container's namespace, or through a relay in the container over an exec
+        stream (:mod:`.egress_stream`)."""
+        assert self._front is not None
+        proxy = self._egress = egress.Egress.for_settings(self.settings)
+        try:
+            if self._netns is not None:
+                sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
+                await proxy.serve(sock)
+            else:
+                from .egress_stream import RelayStream
+
+                await proxy.serve(None)
+                command = ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
+                relay = await asyncio.to_thread(self._exec_socket, command)
+                transport, _ = await self._loop.connect_accepted_socket(lambda: RelayStream(proxy, Demux), relay)
+                self._streams.append(transport)
+        except (OSError, docker.errors.APIError) as exc:
+            raise KernelLaunchError(f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}") from exc
+        self._front.requests[egress.WINDOW_REQUEST] = proxy.answer
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
@@ -819,6 +880,8 @@ class DockerLink:
             except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
                 removed = False
                 log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
+        if self._egress is not None:
+            await self._egress.close()
         watchdog.release(self._watchdog, done=removed)
         if self._events is not None:
             self._events.close()

@@ -277,6 +277,9 @@ class Front:
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
         self._gate_dir: PrivateDir | None = None
+        self.requests: dict[str, Callable[[Any], dict[str, Any]]] = {}
+        """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` → ``x_reply``):
+        only a client holding the connection key can send them; the kernel never sees them."""
 
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
@@ -328,10 +331,32 @@ class Front:
     def _request_handler(self, channel: str) -> Callable[[list[Any]], None]:
         def handle(frames: list[Any]) -> None:
             message = unpack(frames, self._signer, f"client on {channel}")
-            if message is not None and self._link is not None:
-                self._link.send(channel, *message)
+            if message is None or self._link is None:
+                return
+            if channel == "control" and self.requests and self._answer(*message):
+                return
+            self._link.send(channel, *message)
 
         return handle
+
+    def _answer(self, idents: list[bytes], parts: list[bytes]) -> bool:
+        """Answer a control request addressed to the launcher (see :attr:`requests`); False for any other."""
+        msg_type = _msg_type(parts[0])
+        handler = self.requests.get(msg_type or "")
+        if handler is None or msg_type is None:
+            return False
+        try:
+            content = handler(_json(parts[3]))
+        except Exception as exc:  # a bad request is answered, never fatal
+            log.exception("the launcher could not answer a %s", msg_type)
+            content = {"status": "error", "evalue": str(exc)[:500]}
+        header = {
+            "msg_id": uuid.uuid4().hex, "msg_type": msg_type[: -len("_request")] + "_reply", "username": "kernel",
+            "session": self._session, "date": datetime.now(timezone.utc).isoformat(), "version": PROTOCOL_VERSION,
+        }
+        reply = [_dumps(header), bytes(parts[0]), b"{}", _dumps(content)]
+        self._readers["control"].send([*idents, DELIM, self._signer.sign(reply), *reply])
+        return True
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:

@@ -332,8 +332,7 @@ class OpenSandboxLink:
                 resource_requests=settings.resource_requests,
                 env=env,
                 metadata={**settings.metadata, **owner_metadata(self.request.kernel_id)},
-                allow_internet=settings.allow_internet,
-                network_policy=settings.network_policy,
+                **settings.egress,
                 secure_access=settings.secure_access,
                 created=self._created,
             )

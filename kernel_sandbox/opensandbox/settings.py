@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..egress import opensandbox_rules, parse_network
+from ..errors import ConfigError
 from ..settings import BackendSettings, _argv, _choice, _env, _flag, _option, _refuse, _seconds, _text
 from .client import (
     DEFAULT_ENTRYPOINT,
@@ -94,6 +96,13 @@ def _policy(name: str, value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
+def _network(name: str, value: Any) -> bool | tuple[str, ...]:
+    network = parse_network(name, value)
+    if isinstance(network, tuple):
+        opensandbox_rules(name, network)
+    return network
+
+
 def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _refuse(name, value, "must be a number of seconds")
@@ -131,9 +140,14 @@ class OpenSandboxSettings(BackendSettings):
     resource_requests: dict[str, str] = _option({}, _strings, "resourceRequests (left out when empty).")
     env: dict[str, str] = _option({}, _env, "Environment variables inside the sandbox.")
     metadata: dict[str, str] = _option({}, _labels, "Extra sandbox metadata (labels).")
-    allow_internet: bool = _option(False, _flag, "Send no networkPolicy (open egress); default: deny all egress.")
+    network: bool | tuple[str, ...] = _option(
+        False, _network,
+        "false: deny all egress; true: send no networkPolicy (open egress); or a list of names "
+        "(pypi.org, *.domain) sent as networkPolicy allow rules, enforced by the deployment's egress sidecar.",
+    )
+    allow_internet: bool = _option(False, _flag, "The same as network: true (kept for existing kernelspecs).")
     network_policy: dict[str, Any] | None = _option(
-        None, _policy, "A networkPolicy sent as given (wins over allow_internet)."
+        None, _policy, "A networkPolicy sent as given, for full control (then network must be false)."
     )
     secure_access: bool = _option(False, _flag, "Ask the server to protect the sandbox's endpoints (secureAccess).")
     use_server_proxy: bool = _option(False, _flag, "Reach the sandbox through the lifecycle server's proxy.")
@@ -154,6 +168,21 @@ class OpenSandboxSettings(BackendSettings):
         10.0, _non_negative, "Seconds a cell may go on after an interrupt before the relay ends it (execd mode)."
     )
     state_check_interval: float = _option(5.0, _seconds, "Seconds between checks that the sandbox still exists.")
+
+    def __post_init__(self) -> None:
+        """``network``, ``allow_internet`` and ``network_policy`` must not say different things."""
+        if self.network_policy is not None and (self.network is not False or self.allow_internet):
+            raise ConfigError("network_policy and network/allow_internet both set the sandbox's egress: give one")
+        if isinstance(self.network, tuple) and self.allow_internet:
+            raise ConfigError("network (a list) and allow_internet=true both set the sandbox's egress: give one")
+
+    @property
+    def egress(self) -> dict[str, Any]:
+        """``allow_internet`` and ``network_policy`` as the lifecycle client's ``create`` takes them."""
+        if isinstance(self.network, tuple):
+            rules = opensandbox_rules("network", self.network)
+            return {"allow_internet": False, "network_policy": {"defaultAction": "deny", "egress": rules}}
+        return {"allow_internet": self.allow_internet or self.network is True, "network_policy": self.network_policy}
 
     def resolved(self) -> OpenSandboxSettings:
         """These settings with ``api_base`` and ``api_key`` taken from the environment where unset.

@@ -18,7 +18,7 @@ def test_limits_network_and_timeouts_map_onto_the_provisioner_config() -> None:
                                        "launch_timeout": 30, "mounts": None, "env": {}})
     config = spec.metadata["kernel_provisioner"]["config"]
     assert config["resource_limits"] == {"memory": "1Gi", "cpu": "1"}
-    assert config["allow_internet"] is False and config["ready_timeout"] == 30
+    assert config["network"] is False and config["ready_timeout"] == 30
     assert "pids_limit" not in config
 
 

@@ -18,7 +18,6 @@ from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import (
     AsyncSandbox,
     CallTimeoutError,
-    NetworkDisabledError,
     PathError,
     Sandbox,
     SandboxError,
@@ -182,11 +181,6 @@ def test_symlink_escapes_are_refused_in_the_kernel(sandbox: Sandbox) -> None:
 def test_missing_files_are_clear_errors(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxFileError, match="not a file"):
         sandbox.download("no-such-file")
-
-
-def test_install_with_network_off_fails_fast(sandbox: Sandbox) -> None:
-    with pytest.raises(NetworkDisabledError, match="network=True"):
-        sandbox.install(["requests"])
 
 
 def test_install_from_a_local_wheel_with_network_on(docker_engine, tmp_path) -> None:

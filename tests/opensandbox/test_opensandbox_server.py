@@ -595,3 +595,29 @@ async def test_gc_deletes_this_hosts_sandboxes_whose_launcher_is_dead(deployment
         finally:
             for sandbox_id in made.values():
                 await client.delete(sandbox_id)
+
+
+# ---- egress by name ---------------------------------------------------------------------------------
+
+
+async def test_a_network_list_reaches_the_server_as_default_deny_egress_rules(deployment: Any) -> None:
+    """A kernel with ``network=[...]`` is created with the list as networkPolicy allow rules: the
+    server hands them to its egress sidecar (here the stand-in, which enforces nothing but says what it got)."""
+    import json
+
+    options = deployment.options()
+    options.pop("resource_limits")
+    names = ["pypi.org", "*.pythonhosted.org"]
+    with Sandbox("opensandbox", network=names, **options) as sb:
+        assert sb.run("6 * 7").text == "42"
+        async with deployment.client() as client:
+            live = [s for s in await client.list_sandboxes(metadata=deployment.metadata)
+                    if s.get("status", {}).get("state") == "Running"]
+            policies = []
+            for sandbox in live:
+                endpoint = await client.endpoint(sandbox["id"], 18080)
+                async with httpx.AsyncClient(timeout=30) as http:
+                    answer = await http.get(endpoint.url + "/policy", headers=endpoint.headers)
+                policies.append(json.loads(answer.text))
+    expected = [{"action": "allow", "target": name} for name in names]
+    assert any(policy.get("defaultAction") == "deny" and policy.get("egress") == expected for policy in policies), policies

@@ -28,6 +28,8 @@ class Backend:
     """False for a kernel that is not isolated at all (warned about; the output policy runs on the host)."""
     comms_known = True
     """False when only the running kernel can say whether it speaks comms (asked after start)."""
+    package_window = False
+    """True when the launcher can open the package index for one ``install()`` call (a network-off kernel)."""
     pool_defaults: dict[str, Any] = {}
     """Options a pool sets unless given, because the pool keeps its own ready kernels."""
 

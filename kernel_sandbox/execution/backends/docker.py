@@ -23,6 +23,7 @@ class DockerBackend(Backend):
     """A kernel in a locked-down Docker container."""
 
     name = "docker"
+    package_window = True
     pool_defaults = {"standby": 0}
 
     def check(self, options: dict[str, Any]) -> None:

@@ -33,8 +33,6 @@ def opensandbox_config(options: dict[str, Any]) -> dict[str, Any]:
     config.pop("pids_limit", None)
     if limits:
         config["resource_limits"] = limits
-    if "network" in config:
-        config["allow_internet"] = bool(config.pop("network"))
     if "launch_timeout" in config:
         config["ready_timeout"] = config.pop("launch_timeout")
     return config

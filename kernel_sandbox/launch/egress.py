@@ -1,0 +1,541 @@
+"""The kernel's filtering HTTP(S) proxy: egress by name for a container that has no network.
+
+The launcher listens on the container's own loopback (:data:`PROXY_PORT`): from a thread in the
+container's network namespace where it may (root, runc), else through a relay in the container
+over one exec stream (:mod:`.egress_stream`); the kernel's environment points ``HTTP(S)_PROXY`` there, so
+pip, requests, httpx and urllib use it unchanged. Each connection carries one request:
+``CONNECT host:port`` (a tunnel, TLS inside it is not inspected) or a plain-HTTP request with an
+absolute URI. The launcher decides on the host (:meth:`Egress.decide`): the destination must be
+on the kernel's ``network`` list or in an open install window (:meth:`Egress.open_window`); the
+name is resolved once on the host (:data:`Resolver`), refused when any address is not global or
+is the host's own unless the entry allows it, and the connection goes to the address that was
+resolved, never to a second lookup's. Everything else is answered ``403`` with the option to change.
+
+Every outbound connection is made by :func:`open_outbound`, the one function that connects.
+Bounds: :data:`MAX_CONNECTIONS` per kernel, :data:`HEAD_LIMIT` bytes and :data:`HEAD_TIMEOUT`
+seconds for a request's head, :data:`IDLE_TIMEOUT` for a quiet connection; a refused name is
+logged at most once per :data:`LOG_EVERY` seconds (:class:`RefusalLog`).
+
+Tests name a map of host names to addresses in ``KERNEL_SANDBOX_TEST_RESOLVER`` (the launcher's
+own environment, which the kernel cannot set): the launcher then resolves from it alone and
+connects to loopback only (:func:`guarded`), writing ``PATH.guard`` if anything else was tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import ipaddress
+import json
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..egress import WINDOW_REQUEST, Address, Destination, literal_address, package_index, parse_destinations, split_host_port, valid_name
+from ..settings import HOME_DIR, DockerSettings
+
+log = logging.getLogger("kernel_sandbox.launch")
+
+PROXY_PORT = 20080
+"""The proxy's port on the container's loopback: below the ephemeral range, like the kernel's."""
+MAX_CONNECTIONS = 64
+BACKLOG = 1024
+"""Connections the kernel may have waiting to be accepted (each then answered, refused past :data:`MAX_CONNECTIONS`)."""
+HEAD_LIMIT = 16 * 1024
+"""Bytes of a request line and its headers together."""
+MAX_HEADERS = 64
+HEAD_TIMEOUT = 10.0
+"""Seconds a client has to send its whole request head (a slow client is cut off)."""
+CONNECT_TIMEOUT = 10.0
+IDLE_TIMEOUT = 120.0
+"""Seconds a spliced connection may carry nothing either way before it is closed."""
+CHUNK = 256 * 1024
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 4 * 2**20
+LOG_EVERY = 60.0
+LOG_NAMES = 256
+"""Names whose last refusal is remembered; refusals of others are counted and summed up once per :data:`LOG_EVERY`."""
+TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
+PACKAGES_DIR = f"{HOME_DIR}/.local/kernel-sandbox-packages"
+"""Where pip installs in the kernel (the tool host's ``install`` uses the same directory)."""
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+NO_PROXY = "localhost,127.0.0.1,::1"
+_TOKEN = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
+               "te", "trailer", "upgrade"}
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""Resolve a host name to its addresses (``host``, ``port``): the one place the launcher asks DNS."""
+Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+
+
+def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, str]:
+    """The proxy variables for the kernel's environment (upper and lower case: tools read either);
+    ``%pip install`` into a directory of the home on ``sys.path`` (the image is read-only), from
+    ``package_index``'s URL when it names one."""
+    url = f"http://127.0.0.1:{port}"
+    env = dict.fromkeys(PROXY_ENV, url)
+    env.update(NO_PROXY=NO_PROXY, no_proxy=NO_PROXY, PIP_TARGET=PACKAGES_DIR, PYTHONPATH=PACKAGES_DIR)
+    if settings.network is False:
+        env["PIP_RETRIES"] = "1"  # every request is refused: pip says why once (its retry warning), not five times
+    index = package_index("package_index", settings.package_index)
+    if index.url is not None:
+        env["PIP_INDEX_URL"] = index.url
+        if index.url.startswith("http://"):
+            env["PIP_TRUSTED_HOST"] = index.destinations[0].host
+    return env
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """The host's resolver (getaddrinfo), TCP answers only."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+async def open_outbound(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to ``address:port``: every outbound connection of the proxy is made here."""
+    return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK), CONNECT_TIMEOUT)
+
+
+class GuardError(OSError):
+    """A connection to an address outside 127.0.0.0/8 was attempted while the guard was on."""
+
+
+def guarded(connect: Connector, fired: Callable[[str], None]) -> Connector:
+    """``connect``, refusing (and reporting through ``fired``) any address outside 127.0.0.0/8."""
+
+    async def connect_loopback(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if ipaddress.ip_address(address) not in ipaddress.ip_network("127.0.0.0/8"):
+            fired(f"{address}:{port}")
+            raise GuardError(f"the test guard refused {address}:{port}")
+        return await connect(address, port)
+
+    return connect_loopback
+
+
+def test_hooks(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[Resolver, Connector] | None:
+    """The resolver and guarded connector of a test run (``KERNEL_SANDBOX_TEST_RESOLVER``), or None.
+
+    The map is JSON ``{"name": ["address", ...]}`` in a file of the launcher's own user that no
+    one else may write; the guard leaves ``PATH.guard`` behind when it fires.
+    """
+    path = environ.get(TEST_RESOLVER_ENV)
+    if not path:
+        return None
+    info = os.stat(path)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{TEST_RESOLVER_ENV}={path}: must be this user's file, writable by no one else")
+
+    async def resolve(host: str, port: int) -> list[str]:
+        with open(path) as handle:
+            table = json.load(handle)
+        if host not in table:
+            raise socket.gaierror(socket.EAI_NONAME, f"{host} is not in the test's resolver map")
+        return [str(address) for address in table[host]]
+
+    def fired(where: str) -> None:
+        log.error("egress guard: a connection to %s was attempted", where)
+        with open(path + ".guard", "a") as handle:
+            handle.write(where + "\n")
+
+    return resolve, guarded(open_outbound, fired)
+
+
+def host_addresses() -> frozenset[Address]:
+    """The host's own addresses: its interfaces' (IPv4 by ioctl, IPv6 from /proc) and its name's."""
+    found: set[Address] = set()
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                found.add(ipaddress.ip_address(packed[20:24]))
+            except OSError:
+                pass
+    finally:
+        probe.close()
+    try:
+        with open("/proc/net/if_inet6") as handle:
+            found.update(ipaddress.ip_address(bytes.fromhex(line.split()[0])) for line in handle if line.strip())
+    except OSError:
+        pass
+    try:
+        found.update(ipaddress.ip_address(a) for a in socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return frozenset(found)
+
+
+def refused_address(address: Address, own: frozenset[Address]) -> str | None:
+    """Why ``address`` may not be reached by default (None: it is a global address of someone else)."""
+    if address in own:
+        return "is this host's own address"
+    if address.is_multicast:
+        return "is a multicast address"
+    if address.is_loopback:
+        return "is a loopback address"
+    if address.is_link_local:
+        return "is a link-local address"
+    if not address.is_global:
+        return "is a private or reserved address"
+    return None
+
+
+class Refusal(Exception):
+    """A request the proxy does not carry: answered with ``status`` and a one-line ``reason``."""
+
+    def __init__(self, status: int, reason: str, name: str = "") -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.name = name
+
+
+class RefusalLog:
+    """Log each refused name at most once per :data:`LOG_EVERY` s, remembering at most :data:`LOG_NAMES` names."""
+
+    def __init__(self, every: float = LOG_EVERY, names: int = LOG_NAMES) -> None:
+        self.every = every
+        self.names = names
+        self._last: dict[str, float] = {}
+        self._unlogged = 0
+        self._summary = float("-inf")
+
+    def refused(self, name: str, reason: str) -> None:
+        """Note one refusal of ``name``: logged unless that name was logged less than a minute ago;
+        the others are counted, and the count logged at most once a minute."""
+        now = time.monotonic()
+        for old in [key for key, when in self._last.items() if now - when >= self.every]:
+            del self._last[old]
+        if name not in self._last and len(self._last) < self.names:
+            self._last[name] = now
+            log.warning("egress refused: %s", reason[:300])
+            return
+        self._unlogged += 1
+        if now - self._summary >= self.every:
+            self._summary = now
+            log.warning("egress: %d more refusals, not logged one by one (at most one line per name a minute)",
+                        self._unlogged)
+            self._unlogged = 0
+
+
+@dataclass
+class Request:
+    """A parsed request head: where it goes, and for plain HTTP the head to send on."""
+
+    host: str
+    port: int
+    connect: bool
+    head: bytes = b""
+
+
+def parse_head(raw: bytes) -> Request:
+    """Parse a request head (ending in CRLF CRLF), strictly: one request, CRLF lines, tokens only."""
+    if b"\0" in raw:
+        raise Refusal(400, "kernel-sandbox proxy: NUL in the request head")
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise Refusal(400, "kernel-sandbox proxy: the request head is not ASCII") from None
+    lines = text[:-4].split("\r\n")
+    if any("\r" in line or "\n" in line for line in lines):
+        raise Refusal(400, "kernel-sandbox proxy: a bare CR or LF in the request head")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise Refusal(431, f"kernel-sandbox proxy: more than {MAX_HEADERS} headers")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[0] or set(parts[0]) - _TOKEN:
+        raise Refusal(400, "kernel-sandbox proxy: malformed request line")
+    method, target, version = parts
+    if any(ord(ch) <= 32 or ord(ch) == 127 for ch in target):
+        raise Refusal(400, "kernel-sandbox proxy: control character in the request target")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or set(name) - _TOKEN:
+            raise Refusal(400, "kernel-sandbox proxy: malformed header line")
+        if any(ord(ch) < 32 and ch != "\t" or ord(ch) == 127 for ch in value):
+            raise Refusal(400, "kernel-sandbox proxy: control character in a header")
+        headers.append((name, value.strip()))
+    if method == "CONNECT":
+        host_port = split_host_port(target)
+        if host_port is None or host_port[1] is None or not _host_ok(host_port[0]):
+            raise Refusal(400, "kernel-sandbox proxy: CONNECT needs HOST:PORT")
+        return Request(host_port[0], host_port[1], True)
+    if not target.startswith("http://"):
+        raise Refusal(400, "kernel-sandbox proxy: only CONNECT and absolute http:// URIs are proxied")
+    authority, slash, path = target[len("http://"):].partition("/")
+    host_port = split_host_port(authority)
+    if host_port is None or "@" in authority or not _host_ok(host_port[0]):
+        raise Refusal(400, "kernel-sandbox proxy: malformed host in the request URI")
+    host, port = host_port[0], host_port[1] or 80
+    for name, value in headers:
+        given = split_host_port(value.lower()) if name.lower() == "host" else (host, port)
+        if given is None or given[0] != host or (given[1] or 80) != port:
+            raise Refusal(400, "kernel-sandbox proxy: the Host header differs from the request URI's host")
+    kept = [(name, value) for name, value in headers if name.lower() not in _HOP_BY_HOP]
+    if not any(name.lower() == "host" for name, _ in kept):
+        kept.insert(0, ("Host", authority.lower()))
+    head = "\r\n".join([f"{method} /{path if slash else ''} {version}", *(f"{n}: {v}" for n, v in kept),
+                        "Connection: close", "", ""])
+    return Request(host, port, False, head.encode("ascii"))
+
+
+def _host_ok(host: str) -> bool:
+    return literal_address(host) is not None or valid_name(host)
+
+
+@dataclass
+class Window:
+    """Destinations opened for a while (an install call); its connections close with it."""
+
+    destinations: tuple[Destination, ...]
+    connections: set[asyncio.StreamWriter] = field(default_factory=set)
+    timer: asyncio.TimerHandle | None = None
+    closed: bool = False
+
+
+class Egress:
+    """One kernel's filtering proxy: the decision (:meth:`decide`) and the connections (:meth:`serve`)."""
+
+    def __init__(
+        self,
+        allowed: Sequence[Destination],
+        *,
+        package_index: Sequence[Destination] = (),
+        resolve: Resolver | None = None,
+        connect: Connector | None = None,
+        own_addresses: Iterable[Address] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = IDLE_TIMEOUT,
+        head_timeout: float = HEAD_TIMEOUT,
+    ) -> None:
+        self.allowed = tuple(allowed)
+        self.package_index = tuple(package_index)
+        hooks = test_hooks() if resolve is None and connect is None else None
+        self.resolve = resolve or (hooks[0] if hooks else system_resolve)
+        self.connect = connect or (hooks[1] if hooks else open_outbound)
+        self.own = frozenset(own_addresses) if own_addresses is not None else host_addresses()
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.head_timeout = head_timeout
+        self.refusals = RefusalLog()
+        self.windows: dict[str, Window] = {}
+        self._clients: dict[asyncio.StreamWriter, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._serial = 0
+
+    @classmethod
+    def for_settings(cls, settings: DockerSettings) -> Egress:
+        """The proxy of a kernel with these settings (``network`` false or a list)."""
+        allowed = parse_destinations("network", settings.network) if isinstance(settings.network, tuple) else ()
+        return cls(allowed, package_index=package_index("package_index", settings.package_index).destinations)
+
+    # -- install windows -------------------------------------------------------------------
+
+    def answer(self, content: Any) -> dict[str, Any]:
+        """Answer a client's :data:`WINDOW_REQUEST`: ``{"open": SECONDS}`` opens the package index
+        for at most that long (and says its id), ``{"close": ID}`` closes it."""
+        if not isinstance(content, dict):
+            return {"status": "error", "evalue": "the request's content must be an object"}
+        if "open" in content:
+            seconds = content["open"]
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 86400:
+                return {"status": "error", "evalue": "'open' must be a number of seconds from 0 to 86400"}
+            token = self.open_window(self.package_index, float(seconds))
+            return {"status": "ok", "window": token, "destinations": [str(d) for d in self.package_index]}
+        if "close" in content:
+            return {"status": "ok", "closed": self.close_window(str(content["close"]))}
+        return {"status": "error", "evalue": "the request must hold 'open' or 'close'"}
+
+    def open_window(self, destinations: Sequence[Destination], seconds: float) -> str:
+        """Allow ``destinations`` for at most ``seconds`` (or until :meth:`close_window`); return its id."""
+        self._serial += 1
+        token = f"w{self._serial}"
+        window = self.windows[token] = Window(tuple(destinations))
+        window.timer = asyncio.get_running_loop().call_later(seconds, self.close_window, token)
+        log.info("egress: opened %s for %g s", ", ".join(map(str, window.destinations)), seconds)
+        return token
+
+    def close_window(self, token: str) -> bool:
+        """Close a window and every connection it let through; False when it was not open."""
+        window = self.windows.pop(token, None)
+        if window is None:
+            return False
+        window.closed = True
+        if window.timer is not None:
+            window.timer.cancel()
+        for writer in window.connections:
+            writer.transport.abort()
+        log.info("egress: closed %s", ", ".join(map(str, window.destinations)))
+        return True
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def hint(self, host: str, port: int) -> str:
+        """What to change so that ``host:port`` is reachable, in one sentence."""
+        if any(d.matches(host, port) for d in self.package_index):
+            return ("; for packages, use Sandbox.install(), or allow the index in the kernel's 'network' option "
+                    "(kernel-sandbox install --allow-package-index)")
+        entry = host if port in (80, 443) else f"{host}:{port}"
+        return (f"; to allow it, add {entry!r} to the kernel's 'network' option "
+                f"(kernel-sandbox install --allow {entry}, or Sandbox(network=[{entry!r}]))")
+
+    async def decide(self, host: str, port: int) -> tuple[str, Window | None]:
+        """The address to connect to for ``host:port``, and the window that allows it (None: the list).
+
+        Raises :class:`Refusal` when the destination is not allowed or resolves where it may not go.
+        """
+        name = f"{host}:{port}"
+        grants: list[tuple[Destination, Window | None]] = [(d, None) for d in self.allowed if d.matches(host, port)]
+        for window in self.windows.values():
+            grants += [(d, window) for d in window.destinations if d.matches(host, port)]
+        if not grants:
+            why = "the kernel's network is off" if not self.allowed else "it is not on the kernel's network list"
+            raise Refusal(403, f"kernel-sandbox refused {name}: {why}{self.hint(host, port)}", name)
+        literal = literal_address(host)
+        if literal is not None:
+            return str(literal), grants[0][1]
+        try:
+            answers = await asyncio.wait_for(self.resolve(host, port), CONNECT_TIMEOUT)
+            addresses = [literal_address(answer) for answer in answers]
+        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            raise Refusal(502, f"kernel-sandbox: {host} could not be resolved on the host ({exc})", name) from None
+        if not addresses or None in addresses:
+            raise Refusal(502, f"kernel-sandbox: {host} did not resolve to an address", name)
+        for destination, window in grants:
+            bad = [(a, why) for a in addresses if (why := refused_address(a, self.own)) and not destination.permits(a)]
+            if not bad:
+                return str(addresses[0]), window
+        address, why = bad[0]
+        raise Refusal(
+            403, f"kernel-sandbox refused {name}: it resolves to {address}, which {why}; to allow it, "
+            f"list it as '{host}@{address}' in the kernel's 'network' option", name,
+        )
+
+    # -- the connections -------------------------------------------------------------------
+
+    async def serve(self, sock: socket.socket | None) -> None:
+        """Serve the proxy until :meth:`close`: on the listening socket ``sock``, or (None) only the
+        connections handed to :meth:`client` (the exec-stream relay's)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self.client, sock=sock, limit=HEAD_LIMIT, backlog=BACKLOG)
+        self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.idle_timeout / 4, 5.0))
+            now = time.monotonic()
+            for writer, last in list(self._clients.items()):
+                if now - last > self.idle_timeout:
+                    writer.transport.abort()
+
+    async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one connection from the kernel: refused past :attr:`max_connections`, else one request."""
+        if len(self._clients) >= self.max_connections:
+            await self._answer(writer, Refusal(503, f"kernel-sandbox: more than {self.max_connections} proxy connections at once"))
+            return
+        self._clients[writer] = time.monotonic()
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            await self._handle(reader, writer)
+        except Exception:  # whatever the kernel sent: this connection ends, never the proxy
+            log.debug("egress connection failed", exc_info=True)
+        finally:
+            self._clients.pop(writer, None)
+            writer.transport.abort()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.head_timeout)
+        except asyncio.LimitOverrunError:
+            await self._answer(writer, Refusal(431, f"kernel-sandbox proxy: request head over {HEAD_LIMIT} bytes"), reader)
+            return
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            return
+        try:
+            request = parse_head(raw)
+            address, window = await self.decide(request.host, request.port)
+            try:
+                upstream_reader, upstream = await self.connect(address, request.port)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise Refusal(502, f"kernel-sandbox: could not connect to {request.host}:{request.port} ({exc})") from None
+        except Refusal as refusal:
+            if refusal.name:
+                self.refusals.refused(refusal.name, refusal.reason)
+            await self._answer(writer, refusal, reader)
+            return
+        if window is not None:
+            if window.closed:  # while the name was resolved
+                upstream.transport.abort()
+                return
+            window.connections.add(writer)
+        try:
+            if request.connect:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                upstream.write(request.head)
+            await asyncio.gather(self._pipe(reader, upstream, writer), self._pipe(upstream_reader, writer, writer))
+        finally:
+            if window is not None:
+                window.connections.discard(writer)
+            upstream.transport.abort()
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(CHUNK):
+                self._clients[client] = time.monotonic()
+                sink.write(data)
+                await sink.drain()
+            if sink.can_write_eof():
+                sink.write_eof()
+        except (ConnectionError, OSError):
+            sink.transport.abort()
+
+    async def _answer(self, writer: asyncio.StreamWriter, refusal: Refusal, reader: asyncio.StreamReader | None = None) -> None:
+        """Answer ``refusal`` and close; what the client still sends is read and dropped for a moment
+        (:data:`LINGER_SECONDS`, :data:`LINGER_BYTES`), so that closing does not reset the answer away."""
+        reason = refusal.reason.replace("\r", " ").replace("\n", " ")[:400]
+        body = (reason + "\n").encode("ascii", "replace")
+        writer.write(
+            f"HTTP/1.1 {refusal.status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode("ascii", "replace") + body
+        )
+        try:
+            await asyncio.wait_for(writer.drain(), LINGER_SECONDS)
+            if reader is not None and writer.can_write_eof():
+                writer.write_eof()
+                await asyncio.wait_for(self._discard(reader), LINGER_SECONDS)
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        writer.close()
+
+    @staticmethod
+    async def _discard(reader: asyncio.StreamReader) -> None:
+        left = LINGER_BYTES
+        while left > 0 and (data := await reader.read(CHUNK)):
+            left -= len(data)
+
+    async def close(self) -> None:
+        """Stop listening and end every connection and window."""
+        for token in list(self.windows):
+            self.close_window(token)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._clients):
+            writer.transport.abort()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5.0)

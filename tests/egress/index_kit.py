@@ -1,0 +1,109 @@
+"""A package index on 127.0.0.1 for the egress tests: pip's simple-repository layout over wheels built here.
+
+The index is named ``index.test``; the launcher's test resolver (``KERNEL_SANDBOX_TEST_RESOLVER``)
+maps that name to 127.0.0.1, and its loopback guard records any connection elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import os
+import threading
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
+
+INDEX_HOST = "index.test"
+PRIVATE_HOST = "api.example.com"
+"""A name the test's resolver answers with 10.0.0.1: listed, it must still be refused."""
+
+
+def build_wheel(directory: Path, name: str, value: int) -> Path:
+    """A pure-Python wheel of package ``name`` whose module holds ``VALUE = value``."""
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value}\n".encode(),
+        f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+        f"{name}-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{name}-0.1.dist-info/RECORD,,")
+    wheel = directory / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{name}-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+@dataclass
+class Index:
+    """A running index: its port, URL, the resolver map file, and the requests it served."""
+
+    port: int
+    resolver_file: Path
+    served: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://{INDEX_HOST}:{self.port}/simple"
+
+    @property
+    def entry(self) -> str:
+        """The destination that allows the index, loopback included (the private-address spelling)."""
+        return f"{INDEX_HOST}:{self.port}@127.0.0.1"
+
+    @property
+    def guard_fired(self) -> list[str]:
+        guard = Path(str(self.resolver_file) + ".guard")
+        return guard.read_text().split() if guard.exists() else []
+
+
+@contextmanager
+def serve_index(directory: Path, packages: dict[str, int]) -> Iterator[Index]:
+    """Serve wheels of ``packages`` (name → VALUE) as a simple index on 127.0.0.1, with the resolver map set."""
+    root = directory / "index"
+    (root / "files").mkdir(parents=True)
+    for name, value in packages.items():
+        wheel = build_wheel(root / "files", name, value)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        project = root / "simple" / name.replace("_", "-")
+        project.mkdir(parents=True)
+        (project / "index.html").write_text(
+            f'<!DOCTYPE html><html><body><a href="/files/{wheel.name}#sha256={digest}">{wheel.name}</a></body></html>'
+        )
+    served: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, format, *args):
+            served.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    resolver = directory / "resolver.json"
+    resolver.write_text(json.dumps({INDEX_HOST: ["127.0.0.1"], PRIVATE_HOST: ["10.0.0.1"]}))
+    resolver.chmod(0o600)
+    old = os.environ.get(TEST_RESOLVER_ENV)
+    os.environ[TEST_RESOLVER_ENV] = str(resolver)
+    try:
+        yield Index(server.server_address[1], resolver, served)
+    finally:
+        if old is None:
+            os.environ.pop(TEST_RESOLVER_ENV, None)
+        else:
+            os.environ[TEST_RESOLVER_ENV] = old
+        server.shutdown()
+        server.server_close()
