@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -167,7 +168,8 @@ async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> Non
             free_since = None
         else:
             if free_since is None:  # for `kernel-sandbox ps`: an orphan waiting to be re-attached, and until when
-                private.write_json(ORPHANED, {"since": time.time(), "timeout": timeout})
+                with contextlib.suppress(OSError):  # the directory may be gone: the countdown goes on
+                    private.write_json(ORPHANED, {"since": time.time(), "timeout": timeout})
             free_since = free_since or time.monotonic()
             if timeout is not None and time.monotonic() - free_since >= timeout:
                 gone.set_result(f"the process that started the kernel has been gone for {timeout:g} s")

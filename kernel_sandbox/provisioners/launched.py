@@ -309,6 +309,20 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             return
         await super().send_signal(signum)
 
+    async def kill(self, restart: bool = False) -> None:
+        """SIGKILL the launcher (its watchdog and :meth:`cleanup` remove the container), also one found by re-attach."""
+        if self.process is None:
+            await self.send_signal(signal.SIGKILL)
+        else:
+            await super().kill(restart)
+
+    async def terminate(self, restart: bool = False) -> None:
+        """SIGTERM the launcher (it removes its container and ends), also one found by re-attach."""
+        if self.process is None:
+            await self.send_signal(signal.SIGTERM)
+        else:
+            await super().terminate(restart)
+
     async def cleanup(self, restart: bool = False) -> None:
         """Make sure the container or sandbox is gone; unless restarting, remove the private directory too."""
         state = self.launcher_state
