@@ -133,7 +133,10 @@ def read_record(directory: Path) -> Record:
         raise KernelLaunchError(f"{record_file} says kernel {kernel_id}, but the launcher there runs kernel {expected}")
     pid = _field(info, "pid", int, record_file)
     _check_launcher(private, pid)
-    orphaned = private.read_json(ORPHANED) if (private / ORPHANED).exists() else None
+    env = config.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise KernelLaunchError(f"{private / CONFIG}: 'env' is not a mapping of names to strings")
+    orphaned = _read_private_json(private / ORPHANED) if (private / ORPHANED).exists() else None
     return Record(
         kernel_id=kernel_id,
         kernel_name=_field(record, "kernel_name", str, record_file),
@@ -142,7 +145,7 @@ def read_record(directory: Path) -> Record:
         private=path,
         backend=_field(config, "provisioner", str, private / CONFIG),
         settings=_field(config, "settings", dict, private / CONFIG),
-        env={str(k): str(v) for k, v in (config.get("env") or {}).items()},
+        env=env,
         cwd=config.get("cwd") if isinstance(config.get("cwd"), str) else None,
         orphaned=orphaned if isinstance(orphaned, dict) else None,
     )
@@ -174,6 +177,8 @@ def records() -> tuple[list[Record], list[str]]:
             found.append(read_record(entry))
         except KernelLaunchError as exc:
             refused.append(str(exc))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:  # a shape nobody foresaw: refused too
+            refused.append(f"{entry}: unreadable record ({exc!r})")
     return found, refused
 
 
@@ -293,7 +298,7 @@ class ReattachingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
                 continue
             try:
                 self._reattach(record)
-            except (KernelLaunchError, ConfigError) as exc:
+            except Exception as exc:  # the server starts anyway; the kernel ends at its orphan_timeout
                 self.log.warning("kernel-sandbox: not re-attaching kernel %s: %s", record.kernel_id, exc)
                 continue
             done.append(record.kernel_id)
@@ -309,7 +314,11 @@ class ReattachingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         except Exception as exc:
             raise KernelLaunchError(f"its kernelspec {record.kernel_name!r} is not available ({exc})") from exc
         take(km, record)
-        km.write_connection_file()
+        try:
+            km.write_connection_file()
+        except Exception:
+            km.provisioner.detach()  # let it go again: it ends at its orphan_timeout, or the next server takes it
+            raise
         km.execution_state, km.reason, km.last_activity = "idle", "", self.last_kernel_activity
         self._kernels[record.kernel_id] = km
         self._kernel_connections[record.kernel_id] = 0
