@@ -275,10 +275,10 @@ LOCKED_DOWN = {
 
 
 REATTACH = {
-    "ServerApp.kernel_manager_class": ("kernel_sandbox.reattach.ReattachingKernelManager", ("--ServerApp.kernel_manager_class",)),
-    "ServerApp.session_manager_class": ("kernel_sandbox.reattach.ReattachingSessionManager", ("--ServerApp.session_manager_class",)),
+    "ServerApp.kernel_manager_class": ("kernel_sandbox.server.ReattachingKernelManager", ("--ServerApp.kernel_manager_class",)),
+    "ServerApp.session_manager_class": ("kernel_sandbox.server.ReattachingSessionManager", ("--ServerApp.session_manager_class",)),
 }
-"""Sandboxed kernels and notebook sessions that outlive the server (:mod:`kernel_sandbox.reattach`)."""
+"""Sandboxed kernels and notebook sessions that outlive the server (:mod:`kernel_sandbox.server`)."""
 
 
 DEFAULTS = {

@@ -23,7 +23,8 @@ from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import SandboxKernelSpecManager
 from kernel_sandbox.privdir import CONFIG, LAUNCHER_LOCK, LAUNCHER_STATE, RECORD, PrivateDir, user_root
-from kernel_sandbox.reattach import ReattachingKernelManager, find, read_record
+from kernel_sandbox.reattach import find, read_record
+from kernel_sandbox.server import ReattachingKernelManager
 
 from reattach_kit import Orphan, end_launcher, make_orphans
 

@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
 ORPHAN_TIMEOUT = 60  # a server takes up to ~20 s to start on a loaded 2-core machine
 CONFIG = """\
-c.ServerApp.kernel_manager_class = "kernel_sandbox.reattach.ReattachingKernelManager"
-c.ServerApp.session_manager_class = "kernel_sandbox.reattach.ReattachingSessionManager"
+c.ServerApp.kernel_manager_class = "kernel_sandbox.server.ReattachingKernelManager"
+c.ServerApp.session_manager_class = "kernel_sandbox.server.ReattachingSessionManager"
 """
 NOTEBOOK = "Untitled.ipynb"
 
