@@ -59,9 +59,7 @@ def _run(page, server: LabServer, code: str, expect: str) -> str:
     output.wait_for()
     panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
     page.keyboard.press("Control+S")
-    # saved before the server is stopped: a save in flight at SIGTERM leaves jupyter_server's anyio
-    # worker thread waiting forever, and the server never exits (upstream)
-    page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").wait_for(state="detached")
+    page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").wait_for(state="detached")  # saved
     return output.inner_text()
 
 
@@ -122,6 +120,10 @@ def _servers(docker_engine, base: Path, root: Path, prefix: Path, env: dict[str,
             assert session["kernel"]["id"] == kernel_id
             assert _run(page, plain, "print('plain', x)", "plain").strip() == "plain 42"
             assert _containers(docker_engine, kernel_id) == [container]
+            # the page goes first: a contents request in flight at SIGTERM leaves jupyter_server's anyio
+            # worker thread waiting for ever, and the server never exits (upstream, not the kernel manager)
+            page.goto("about:blank")  # then one contents request answered, after the page's last ones
+            httpx.get(f"{plain.url}/api/contents/{NOTEBOOK}?content=0", headers=plain.headers, timeout=30)
             _kill(plain, signal.SIGTERM)
         assert "left kernel" in (base / "plain" / "server.log").read_text()
 
