@@ -166,13 +166,28 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    """List kernel containers (a standby kernel, started ahead of need, shows as standby)."""
+    """List kernel containers (a standby kernel, started ahead of need, shows as standby; an orphan, how long it waits to be re-attached)."""
     from .provisioners.standby import kernel_of
 
+    waiting = _orphans()
     for container in docker_client().containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         kernel_id = kernel_of(container.labels)
-        print(f"{container.name}\t{container.status}\t{f'kernel {kernel_id}' if kernel_id else 'standby'}")
+        note = waiting.get(kernel_id or "", "")
+        print(f"{container.name}\t{container.status}\t{f'kernel {kernel_id}' if kernel_id else 'standby'}{note}")
     return 0
+
+
+def _orphans() -> dict[str, str]:
+    """For each of this user's kernels whose owner is gone: how long its launcher still waits for a new one."""
+    from .reattach import records
+
+    found, _ = records()
+    notes = {}
+    for record in found:
+        left = record.time_left()
+        if record.orphaned is not None and not record.attached:
+            notes[record.kernel_id] = "\torphan: re-attach " + ("any time" if left is None else f"within {left:.0f} s")
+    return notes
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -178,7 +178,8 @@ def install(
             spec["display_name"] = display_name
         provisioner = spec["metadata"]["kernel_provisioner"]
         provisioner["config"].update(config or {})
-        provisioner_settings(provisioner["provisioner_name"], provisioner["config"])
+        settings = provisioner_settings(provisioner["provisioner_name"], provisioner["config"])
+        spec["metadata"]["debugger"] = getattr(settings, "mode", "") != "execd"  # JupyterLab's debugger toggle reads it
         (staged / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
         destination = KernelSpecManager().install_kernel_spec(
             str(staged), install_as or name, user=user, prefix=prefix

@@ -274,10 +274,18 @@ LOCKED_DOWN = {
 """The settings of ``kernel-sandbox lab --locked-down``, checked on the running server before it serves."""
 
 
+REATTACH = {
+    "ServerApp.kernel_manager_class": ("kernel_sandbox.server.ReattachingKernelManager", ("--ServerApp.kernel_manager_class",)),
+    "ServerApp.session_manager_class": ("kernel_sandbox.server.ReattachingSessionManager", ("--ServerApp.session_manager_class",)),
+}
+"""Sandboxed kernels and notebook sessions that outlive the server (:mod:`kernel_sandbox.server`)."""
+
+
 DEFAULTS = {
     "ServerApp.ip": ("127.0.0.1", ("--ip", "--ServerApp.ip", "--NotebookApp.ip")),
     "IdentityProvider.token": (None, ("--IdentityProvider.token", "--ServerApp.token", "--NotebookApp.token")),
     "MappingKernelManager.default_kernel_name": (DOCKER_SPEC, ("--MappingKernelManager.default_kernel_name",)),
+    **REATTACH,
 }
 """What ``kernel-sandbox lab`` sets unless its command line already does (name: value, the options that set it).
 A token of ``None`` is made fresh for every start."""

@@ -14,7 +14,11 @@ What one kernel's directory holds (:class:`PrivateDir` names them):
 * ``owner.lock``, held by the provisioner; ``launcher.lock``, held by the launcher while it lives;
 * ``launcher.json`` (the launcher's pid and container id) and ``exit.json`` (why the kernel ended);
 * for a kernel that was a standby (:mod:`kernel_sandbox.provisioners.standby`): ``connection.json``,
-  the connection file the pool wrote for it, and ``adopted.json``, the id of the kernel it became.
+  the connection file the pool wrote for it, and ``adopted.json``, the id of the kernel it became;
+* ``record.json``, what a later owner needs to re-attach (:mod:`kernel_sandbox.reattach`: the kernel's
+  id and kernelspec name, the runtime directory of its server, the provisioner's info with the
+  connection info, key included), and ``orphaned.json``, written by the launcher while no owner
+  holds the directory (since when, and for how long it waits).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ LAUNCHER_LOCK = "launcher.lock"
 LAUNCHER_STATE = "launcher.json"
 EXIT = "exit.json"
 ADOPTED = "adopted.json"
+RECORD = "record.json"
+ORPHANED = "orphaned.json"
 NEW_DIR_GRACE_SECONDS = 60
 
 

@@ -75,18 +75,22 @@ class LabServer:
 
 
 @contextlib.contextmanager
-def jupyterlab(base: Path, jupyter_path: Path, artifact: str, env: Mapping[str, str] | None = None) -> Iterator[LabServer]:
+def jupyterlab(
+    base: Path, jupyter_path: Path, artifact: str, env: Mapping[str, str] | None = None, root: Path | None = None
+) -> Iterator[LabServer]:
     """JupyterLab on a random port of 127.0.0.1 with a token, seeing only the kernelspecs under ``jupyter_path``.
 
-    Its config, data, runtime, settings and workspace directories are under ``base``, so the user's
-    own Jupyter set-up neither leaks in nor gets touched; news and update checks are off. Stopped on
-    the way out, its log kept as ``test-artifacts/ARTIFACT``.
+    Its config, data, runtime, settings and workspace directories are under ``base`` (``env`` may
+    name others), so the user's own Jupyter set-up neither leaks in nor gets touched; news and update
+    checks are off. It serves ``root`` (default: a new ``base``/root). Stopped on the way out, its log
+    kept as ``test-artifacts/ARTIFACT``.
     """
     settings = base / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    root = base / "root"
-    root.mkdir()
+    if root is None:
+        root = base / "root"
+        root.mkdir()
     full_env = {
         **os.environ,
         "JUPYTER_PATH": str(jupyter_path),

@@ -184,6 +184,45 @@ class AsyncSandbox:
             raise
         return self
 
+    @classmethod
+    async def attach(cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any) -> AsyncSandbox:
+        """Take over the live sandboxed kernel ``kernel_id`` whose owner (another process) is gone.
+
+        Within the kernel's ``orphan_timeout`` of its owner's end: same container, same variables.
+        ``options`` are the session's own (timeouts, limits of results); the kernel keeps the
+        settings it was started with. Raises KernelLaunchError when there is no such kernel of
+        this user, or its record is refused (:mod:`kernel_sandbox.reattach`).
+        """
+        from ..reattach import attach, find
+
+        sandbox = cls(backend, **options)
+        if not sandbox._backend.sandboxed:
+            raise ConfigError(f"backend {backend!r} runs no sandboxed kernel to re-attach to")
+        record = find(kernel_id)
+        spec = sandbox._backend.kernel_spec(sandbox._options)
+        provisioner = spec.metadata["kernel_provisioner"]
+        if provisioner["provisioner_name"] != record.backend:
+            raise ConfigError(f"kernel {kernel_id} runs on {record.backend}, not on the {backend!r} backend")
+        provisioner["config"] = record.settings
+        sandbox._lock = asyncio.Lock()
+        sandbox._km = kernel_manager(spec)
+        _LIVE.add(sandbox)
+        try:
+            await attach(kernel_id, sandbox._km)
+            await sandbox._connect()
+            async with sandbox._lock:
+                info = await sandbox._open(time.monotonic() + sandbox.start_timeout)
+            sandbox.work_dir = info["work"]
+        except BaseException:
+            await sandbox.close()  # shuts down only a kernel that was taken over
+            raise
+        return sandbox
+
+    @property
+    def kernel_id(self) -> str | None:
+        """The id of the kernel (for :meth:`attach` from another process), once started."""
+        return self._km.kernel_id if self._km is not None else None
+
     async def _connect(self) -> None:
         self._channel, self._installed, self._kept_state, self._env_set = None, False, None, False
         self._context = zmq.asyncio.Context()

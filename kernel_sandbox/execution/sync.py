@@ -60,6 +60,16 @@ class Sandbox:
         wrapper._async = sandbox
         return wrapper
 
+    @classmethod
+    def attach(cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any) -> Sandbox:
+        """Take over the live sandboxed kernel ``kernel_id`` whose owner is gone (:meth:`AsyncSandbox.attach`)."""
+        return cls.wrapping(LoopThread.run(AsyncSandbox.attach(kernel_id, backend, **options)))
+
+    @property
+    def kernel_id(self) -> str | None:
+        """The id of the kernel (for :meth:`attach` from another process), once started."""
+        return self._async.kernel_id
+
     @property
     def work_dir(self) -> str:
         """The kernel's work directory (inside the sandbox)."""

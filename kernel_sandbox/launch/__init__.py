@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ from ..controls import escape_controls
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER, provisioner_settings
 from ..policy import OutputPolicy
-from ..privdir import EXIT, LAUNCHER_LOCK, OWNER_LOCK, PrivateDir
+from ..privdir import EXIT, LAUNCHER_LOCK, ORPHANED, OWNER_LOCK, PrivateDir
 from ..settings import DockerSettings
 from . import journal
 from .front import Connection, ExitStatus, Front, KernelLink
@@ -164,8 +165,13 @@ async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> Non
     free_since: float | None = None
     while True:
         if private.held(OWNER_LOCK):
+            if free_since is not None:
+                (private / ORPHANED).unlink(missing_ok=True)
             free_since = None
         else:
+            if free_since is None:  # for `kernel-sandbox ps`: an orphan waiting to be re-attached, and until when
+                with contextlib.suppress(OSError):  # the directory may be gone: the countdown goes on
+                    private.write_json(ORPHANED, {"since": time.time(), "timeout": timeout})
             free_since = free_since or time.monotonic()
             if timeout is not None and time.monotonic() - free_since >= timeout:
                 gone.set_result(f"the process that started the kernel has been gone for {timeout:g} s")

@@ -85,6 +85,7 @@ class ExecdRelay:
             "comm_open": self._comm_open,
             "interrupt_request": self._interrupt_request,
             "shutdown_request": self._shutdown,
+            "debug_request": self._no_debugger,
         }
 
     # -- messages out ----------------------------------------------------------------------------
@@ -169,6 +170,16 @@ class ExecdRelay:
                 "supported_features": [],
             },
         )
+
+    def _no_debugger(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+        """A Debug Adapter Protocol error response: execd runs code without a debugger (the websocket mode has one)."""
+        seq = content.get("seq")
+        command = content.get("command")
+        self._reply(channel, idents, parent, "debug_reply", {
+            "type": "response", "seq": 0, "request_seq": seq if isinstance(seq, int) else 0,
+            "command": command if isinstance(command, str) else "", "success": False,
+            "message": "the execd mode has no debugger; set the OpenSandbox option mode to 'websocket' for one",
+        })
 
     def _is_complete(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
         from IPython.core.inputtransformer2 import TransformerManager

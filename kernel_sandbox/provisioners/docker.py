@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,20 @@ import docker.errors
 import requests.exceptions
 from jupyter_core.paths import is_hidden
 
-from ..containers import docker_client, remove_container, remove_launcher_containers, resolve_mounts
-from ..errors import ConfigError, KernelSandboxError
+from ..containers import (
+    LABEL,
+    LABEL_KERNEL_ID,
+    LABEL_LAUNCHER_PID,
+    LABEL_OWNER_HOST,
+    LABEL_PRIVATE_DIR,
+    docker_client,
+    remove_container,
+    remove_launcher_containers,
+    resolve_mounts,
+)
+from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
+from ..privdir import CONFIG, PrivateDir
 from ..settings import DockerSettings
 from .launched import LaunchedProvisioner
 
@@ -62,6 +74,32 @@ class DockerProvisioner(LaunchedProvisioner):
     def container_id(self) -> str | None:
         """The id of the kernel's container, once the launcher has made it."""
         return self.launcher_state.get("container_id")
+
+    def check_orphan(self, state: dict[str, Any], private: PrivateDir) -> None:
+        """The container the launcher recorded must be labelled as that launcher's, of that directory and kernel."""
+        container_id, pid = state.get("container_id"), state.get("pid")
+        if not isinstance(container_id, str) or not isinstance(pid, int):
+            raise KernelLaunchError(f"{private.path}: the launcher recorded no container: nothing to re-attach to")
+        config = private.read_json(CONFIG)
+        wanted = {
+            LABEL: "true",
+            LABEL_KERNEL_ID: str(config.get("kernel_id") if isinstance(config, dict) else None),
+            LABEL_LAUNCHER_PID: str(pid),
+            LABEL_PRIVATE_DIR: str(private.path),
+            LABEL_OWNER_HOST: socket.gethostname(),
+        }
+        try:
+            container = docker_client().containers.get(container_id)
+        except docker.errors.NotFound:
+            raise KernelLaunchError(f"{private.path}: its container {container_id[:12]} is gone") from None
+        except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise KernelLaunchError(f"{private.path}: cannot look at its container: {exc}") from exc
+        wrong = sorted(name for name, value in wanted.items() if container.labels.get(name) != value)
+        if wrong:
+            raise KernelLaunchError(
+                f"{private.path}: container {container_id[:12]} is not this kernel's ({', '.join(wrong)} differ): "
+                "refusing to re-attach to it"
+            )
 
     async def remove_leftover(self, state: dict[str, Any]) -> None:
         """Remove the container of a launcher that could not (it was killed), by its id or its labels."""

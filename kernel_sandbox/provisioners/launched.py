@@ -45,6 +45,7 @@ from ..privdir import (
     LAUNCHER_LOCK,
     LAUNCHER_STATE,
     OWNER_LOCK,
+    RECORD,
     PrivateDir,
 )
 from ..settings import BackendSettings
@@ -231,6 +232,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.parent.cleanup_connection_file()
             raise _launch_error(recorded, reason)
         self._refill()
+        await self._write_record()
         return self.connection_info
 
     async def _adopt(self, standby: Standby) -> KernelConnectionInfo:
@@ -243,7 +245,19 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.private.write_json(ADOPTED, {"kernel_id": self.kernel_id})
         self.connection_info = standby.connection_info
         self._refill()
+        await self._write_record()
         return self.connection_info
+
+    async def _write_record(self) -> None:
+        """Leave in the private directory what a later owner needs to re-attach (:mod:`kernel_sandbox.reattach`)."""
+        assert self.private is not None
+        km = self.parent
+        self.private.write_json(RECORD, {
+            "kernel_id": self.kernel_id,
+            "kernel_name": getattr(km, "kernel_name", ""),
+            "runtime_dir": os.path.dirname(os.path.realpath(km.connection_file)) if km.connection_file else "",
+            "provisioner_info": _as_json(await self.get_provisioner_info()),
+        })
 
     def _refill(self) -> None:
         if self._recipe is not None:
@@ -295,6 +309,20 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             return
         await super().send_signal(signum)
 
+    async def kill(self, restart: bool = False) -> None:
+        """SIGKILL the launcher (its watchdog and :meth:`cleanup` remove the container), also one found by re-attach."""
+        if self.process is None:
+            await self.send_signal(signal.SIGKILL)
+        else:
+            await super().kill(restart)
+
+    async def terminate(self, restart: bool = False) -> None:
+        """SIGTERM the launcher (it removes its container and ends), also one found by re-attach."""
+        if self.process is None:
+            await self.send_signal(signal.SIGTERM)
+        else:
+            await super().terminate(restart)
+
     async def cleanup(self, restart: bool = False) -> None:
         """Make sure the container or sandbox is gone; unless restarting, remove the private directory too."""
         state = self.launcher_state
@@ -331,8 +359,30 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         private_dir = provisioner_info.get("private_dir")
         if not private_dir:
             raise ConfigError("provisioner info without a private_dir: nothing to re-attach to")
-        self.private = PrivateDir(Path(private_dir))
+        private = PrivateDir(Path(private_dir))
+        self.check_orphan(private.read_json(LAUNCHER_STATE) or {}, private)
+        self.private = private
         self.private.hold(OWNER_LOCK)
+
+    def check_orphan(self, state: dict[str, Any], private: PrivateDir) -> None:
+        """Raise KernelLaunchError unless the launcher's ``state`` names this backend's resource of this
+        kernel's launcher in ``private`` (Docker: the container's labels); blocking, a few ms."""
+
+    def detach(self) -> None:
+        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new owner."""
+        if self.private is not None:
+            self.private.release(OWNER_LOCK)
+        self.private = None
+        self.pid = self.pgid = None
+        self.process = None
+
+
+def _as_json(info: dict[str, Any]) -> dict[str, Any]:
+    """Provisioner info as JSON can hold it: the connection info's key as text."""
+    connection = dict(info.get("connection_info") or {})
+    if isinstance(connection.get("key"), bytes):
+        connection["key"] = connection["key"].decode()
+    return {**info, "connection_info": connection}
 
 
 def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:

@@ -105,7 +105,9 @@ def start_lab(fresh: Fresh, engine, name: str, *extra: str) -> Iterator[LabServe
     root.mkdir()
     logs = fresh.base / name
     try:
-        with kernel_sandbox_lab(["--prefix", str(fresh.prefix), "--image", fresh.image, *extra],
+        # these tests check that a stopped server leaves nothing: kernels shut down with it, not kept for the next
+        with kernel_sandbox_lab(["--prefix", str(fresh.prefix), "--image", fresh.image,
+                                 "--ReattachingKernelManager.keep_kernels_on_exit=False", *extra],
                                 root=root, logs=logs, env=fresh.env) as lab:
             yield lab
     finally:

@@ -92,7 +92,11 @@ def test_lab_arguments_default_to_loopback_a_token_and_sandboxed_python() -> Non
     assert arguments[0] == "--ServerApp.ip=127.0.0.1"
     assert arguments[1].startswith("--IdentityProvider.token=") and len(arguments[1]) > 40
     assert arguments[2] == "--MappingKernelManager.default_kernel_name=sandboxed-python"
-    assert arguments[3:] == ["--port", "9999"]
+    assert arguments[3:5] == [  # kernels and notebook sessions that outlive the server
+        "--ServerApp.kernel_manager_class=kernel_sandbox.server.ReattachingKernelManager",
+        "--ServerApp.session_manager_class=kernel_sandbox.server.ReattachingSessionManager",
+    ]
+    assert arguments[5:] == ["--port", "9999"]
     assert lab_arguments(["--port", "9999"], locked_down=False)[1] != arguments[1]  # a fresh token each start
 
 
