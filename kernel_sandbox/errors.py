@@ -23,7 +23,9 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     └── OpenSandboxError             the OpenSandbox clients
         ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL); also a ConfigError
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
-        │   └── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
+        │   ├── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
+        │   ├── SandboxCapacityError 429/503 to a create, still so when the launch deadline ran out
+        │   └── SandboxQuotaExceeded 403 QUOTA_EXCEEDED to a create (``quota`` names the quota)
         ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
         │   └── ResponseTooLarge     an answer went over its byte cap
         ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run: "the connection dropped")
@@ -35,6 +37,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -137,6 +140,23 @@ class OpenSandboxAPIError(OpenSandboxError):
 
 class SandboxNotFound(OpenSandboxAPIError):
     """The lifecycle server answered 404 for a sandbox: unknown, deleted, or expired (removed)."""
+
+
+class SandboxCapacityError(OpenSandboxAPIError):
+    """The server had no capacity for a new sandbox (429, or 503 with ``Retry-After``) until the launch
+    deadline ran out; the message says how often and how long it was retried."""
+
+
+class SandboxQuotaExceeded(OpenSandboxAPIError):
+    """The deployment refused a new sandbox because a quota is used up (403 ``QUOTA_EXCEEDED``).
+
+    ``quota`` is the quota's name as the server reported it (a Kubernetes ResourceQuota), or None.
+    """
+
+    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message, response=response, code=code, detail=detail)
+        found = re.search(r"exceeded quota:\s*([A-Za-z0-9][-A-Za-z0-9_.]*)", detail or "")
+        self.quota: str | None = found.group(1) if found else None
 
 
 class OpenSandboxProtocolError(OpenSandboxError):
