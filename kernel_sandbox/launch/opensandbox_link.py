@@ -367,7 +367,9 @@ class OpenSandboxLink:
         try:
             sandbox = await asyncio.shield(self._creating)
         except OpenSandboxError as exc:
-            raise KernelLaunchError(f"OpenSandbox could not start the kernel's sandbox: {exc}") from exc
+            raise KernelLaunchError(
+                f"OpenSandbox could not start the kernel's sandbox ({type(exc).__name__}): {exc}"
+            ) from exc
         assert sandbox.endpoint is not None
         self._tasks.append(asyncio.ensure_future(self._renew()))
         self._tasks.append(asyncio.ensure_future(self._watch()))
