@@ -10,6 +10,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
     ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    │   └── KernelBudgetExceeded     no room in this process's max_kernels / max_memory until launch_timeout
     ├── ChannelProtocolError         a kernel broke ZMTP on one of its channels (the launcher ends it)
     ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
@@ -67,6 +68,11 @@ class ImageBuildError(ImageError):
 
 class KernelLaunchError(KernelSandboxError):
     """The kernel could not be started; the message says why and what to do."""
+
+
+class KernelBudgetExceeded(KernelLaunchError):
+    """No room in this process's kernel budget (``max_kernels``, ``max_memory``) until the launch
+    deadline; the message names the option and how full it is."""
 
 
 class ChannelProtocolError(KernelSandboxError):

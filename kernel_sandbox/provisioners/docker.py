@@ -23,6 +23,7 @@ from ..containers import docker_client, remove_container, remove_launcher_contai
 from ..errors import ConfigError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..settings import DockerSettings
+from .budget import Claim
 from .launched import LaunchedProvisioner
 
 
@@ -57,6 +58,10 @@ class DockerProvisioner(LaunchedProvisioner):
     def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool]:
         """Removes the container a standby's launcher left, on the launcher's engine."""
         return functools.partial(_remove_left, _engine_env(launcher_env))
+
+    def budget_claim(self, settings: DockerSettings) -> Claim:
+        """One kernel and its ``memory`` limit, under the settings' ``max_kernels`` and ``max_memory``."""
+        return Claim(memory=settings.memory or 0, max_kernels=settings.max_kernels, max_memory=settings.max_memory)
 
     @property
     def container_id(self) -> str | None:
