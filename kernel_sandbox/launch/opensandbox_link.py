@@ -413,7 +413,7 @@ class OpenSandboxLink:
             await bridge.start()
             return bridge
         self.mode = "execd"
-        context_id = await self._execd.create_context(settings.language)
+        context_id = await self._execd.create_context(settings.language, timeout=settings.ready_timeout)
         return ExecdRelay(self._front, self._execd, context_id, settings, self._end)
 
     async def _find_jupyter(self, client: OpenSandboxClient, sandbox_id: str, wait: float) -> None:

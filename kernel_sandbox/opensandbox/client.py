@@ -745,10 +745,14 @@ class ExecdClient(HTTPClientBase):
             await _emit(on_event, event)
         return collector.result()
 
-    async def create_context(self, language: str = "python") -> str:
-        """Create a fresh code context and return its id."""
+    async def create_context(self, language: str = "python", *, timeout: float | None = None) -> str:
+        """Create a fresh code context and return its id.
+
+        execd starts a kernel for it, which takes long on a busy host: ``timeout`` (default
+        ``request_timeout``) bounds the call; the launcher gives it ``ready_timeout``.
+        """
         what = f"POST {self.url}/code/context"
-        response = await self._call("POST", "/code/context", json={"language": language})
+        response = await self._call("POST", "/code/context", json={"language": language}, timeout=timeout)
         raise_for_status(response)
         context_id = json_object(response, what, "id")["id"]
         url_segment(context_id, f"{what}: the context id")
