@@ -935,6 +935,13 @@ class OpenSandboxClient(HTTPClientBase):
         :class:`SandboxStateError`; 404 raises :class:`SandboxNotFound`; the ready timeout raises
         :class:`SandboxTimeoutError` naming the last state.
         """
+        return await self.wait_state(sandbox_id, "Running", info, paused_fails=True)
+
+    async def wait_state(
+        self, sandbox_id: str, wanted: str, info: dict[str, Any] | None = None, *, paused_fails: bool = False
+    ) -> dict[str, Any]:
+        """Poll until the sandbox is in state ``wanted`` and return its description, as :meth:`wait_running`
+        does (``Paused`` raises only with ``paused_fails``)."""
         started = time.monotonic()
         if info is None:
             info = await self.get(sandbox_id)
@@ -942,11 +949,11 @@ class OpenSandboxClient(HTTPClientBase):
         while True:
             state = sandbox_state(info)
             note_unknown_state(sandbox_id, state, unknown)
-            if state == "Running":
+            if state == wanted:
                 return info
             if state in TERMINAL_STATES:
                 raise SandboxStateError(sandbox_id, state, _status_message(info))
-            if state in PAUSED_STATES:
+            if paused_fails and state in PAUSED_STATES:
                 raise SandboxStateError(
                     sandbox_id,
                     state,
@@ -955,7 +962,7 @@ class OpenSandboxClient(HTTPClientBase):
             elapsed = time.monotonic() - started
             if elapsed >= self.ready_timeout:
                 raise SandboxTimeoutError(
-                    f"sandbox {sandbox_id} was not Running after {elapsed:.1f} s (ready_timeout "
+                    f"sandbox {sandbox_id} was not {wanted} after {elapsed:.1f} s (ready_timeout "
                     f"{self.ready_timeout:g} s); last state {state}"
                     + (f": {_status_message(info)}" if _status_message(info) else "")
                 )
@@ -1018,27 +1025,7 @@ class OpenSandboxClient(HTTPClientBase):
     async def resume(self, sandbox_id: str, *, wait: bool = True) -> dict[str, Any]:
         """Resume a paused sandbox (``POST /sandboxes/{id}/resume``); with ``wait``, until it is ``Running``."""
         await self._request("POST", self._path(sandbox_id, "resume"))
-        return await self.wait_running(sandbox_id) if wait else await self.get(sandbox_id)
-
-    async def wait_state(self, sandbox_id: str, wanted: str) -> dict[str, Any]:
-        """Poll until the sandbox is in state ``wanted`` and return its description (terminal states raise)."""
-        started = time.monotonic()
-        unknown: set[str | None] = set()
-        while True:
-            info = await self.get(sandbox_id)
-            state = sandbox_state(info)
-            note_unknown_state(sandbox_id, state, unknown)
-            if state == wanted:
-                return info
-            if state in TERMINAL_STATES:
-                raise SandboxStateError(sandbox_id, state, _status_message(info))
-            elapsed = time.monotonic() - started
-            if elapsed >= self.ready_timeout:
-                raise SandboxTimeoutError(
-                    f"sandbox {sandbox_id} was not {wanted} after {elapsed:.1f} s (ready_timeout "
-                    f"{self.ready_timeout:g} s); last state {state}"
-                )
-            await asyncio.sleep(self.poll_interval)
+        return await self.wait_state(sandbox_id, "Running") if wait else await self.get(sandbox_id)
 
     def _endpoint_params(self) -> dict[str, str]:
         """The endpoint lookup's query: ``expires`` (now + ``signed_endpoints`` s) while signing is asked for."""

@@ -19,8 +19,8 @@ server's exact bodies and headers (httpx.MockTransport, no network):
 from __future__ import annotations
 
 import logging
-from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
 from typing import Any
 
 import httpx
@@ -33,9 +33,11 @@ from kernel_sandbox.errors import (
     KernelSandboxError,
     OpenSandboxAPIError,
     SandboxCapacityError,
+    SandboxError,
     SandboxQuotaExceeded,
     SandboxTimeoutError,
 )
+from kernel_sandbox.execution.backends import BACKENDS
 from kernel_sandbox.opensandbox import client as client_module
 from kernel_sandbox.opensandbox.client import CAPACITY_MAX_DELAY, build_create_body, retry_after
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
@@ -331,3 +333,9 @@ async def test_signed_endpoints_are_never_asked_through_the_server_proxy() -> No
     router = Router().add("GET", "/v1/sandboxes/osb_1/endpoints/44772", httpx.Response(200, json=ENDPOINT))
     await lifecycle(router, signed_endpoints=600, use_server_proxy=True).endpoint("osb_1")
     assert "expires" not in router.requests[0].url.params
+
+
+async def test_backends_that_cannot_pause_say_so() -> None:
+    for name in ("docker", "local"):
+        with pytest.raises(SandboxError, match="cannot pause a kernel; pause\\(\\) and resume\\(\\) are for the opensandbox"):
+            await BACKENDS[name].pause(None, True)
