@@ -117,6 +117,7 @@ class Peak:
         self._thread.join(30)
 
 
+@pytest.mark.security("load", "sessions")
 @pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run() -> None:
     """max_kernels=4 and max_memory=512m (4 x 128m): 20 launches at once, at most 4 containers at any time."""
@@ -138,6 +139,7 @@ async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run() ->
     assert BUDGET.kernels == 0, "every kernel gave its share back"
 
 
+@pytest.mark.security("attack", "options")
 @pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 async def test_past_the_budget_a_launch_fails_at_its_deadline_naming_the_option() -> None:
     first = manager(max_kernels=1)

@@ -28,6 +28,7 @@ INTERNAL = (500, {"code": "SANDBOX::INTERNAL_ERROR", "message": "An unexpected e
 FALLBACK = "using execd's /code instead"
 
 
+@pytest.mark.security("fault", "opensandbox")
 @pytest.mark.parametrize("answer", [NOT_AVAILABLE, INTERNAL, 3600.0], ids=["404", "500", "hangs"])
 async def test_auto_mode_falls_back_to_execd_whatever_the_endpoint_lookup_does(
     opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox, capfd: pytest.CaptureFixture[str], answer: Any

@@ -120,6 +120,7 @@ async def test_without_retry_after_the_waits_double(clock: Clock) -> None:
     assert clock.sleeps[:4] == [1.0, 2.0, 4.0, 8.0]
 
 
+@pytest.mark.security("fault", "opensandbox")
 async def test_capacity_that_never_comes_fails_at_the_deadline_saying_so(clock: Clock) -> None:
     router = Router().add("POST", "/v1/sandboxes", capacity("5"))
     with pytest.raises(SandboxCapacityError) as info:
@@ -134,6 +135,7 @@ async def test_capacity_that_never_comes_fails_at_the_deadline_saying_so(clock: 
     assert all(call == ("POST", "/v1/sandboxes") for call in router.calls()), "nothing was created: nothing to delete"
 
 
+@pytest.mark.security("attack", "opensandbox")
 async def test_a_hostile_retry_after_cannot_stall_the_launch(clock: Clock) -> None:
     router = created_router()
     router.routes[("POST", "/v1/sandboxes")] = [capacity("99999999999999"), sandbox_json("Running", status=202)]
@@ -150,6 +152,7 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert retry_after(httpx.Response(429), 1.5) == 1.5
 
 
+@pytest.mark.security("fuzz", "opensandbox")
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=80))
 def test_any_retry_after_gives_a_bounded_wait(value: str) -> None:
@@ -164,6 +167,7 @@ def test_any_retry_after_gives_a_bounded_wait(value: str) -> None:
 # ---- 403 quota -------------------------------------------------------------------------------
 
 
+@pytest.mark.security("fault", "opensandbox")
 async def test_quota_exceeded_is_a_typed_error_naming_the_quota(clock: Clock) -> None:
     router = Router().add("POST", "/v1/sandboxes", httpx.Response(403, json=QUOTA))
     with pytest.raises(SandboxQuotaExceeded) as info:
@@ -183,6 +187,7 @@ async def test_other_403s_stay_plain_api_errors() -> None:
 # ---- states the client does not know -----------------------------------------------------------
 
 
+@pytest.mark.security("fault", "opensandbox")
 async def test_unknown_states_are_waited_through_and_logged_once(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     router = created_router()
     router.routes[("POST", "/v1/sandboxes")] = [sandbox_json("Allocating", status=202)]
@@ -282,11 +287,13 @@ def test_volumes_and_extensions_go_into_the_create_body_as_given() -> None:
         ({"signed_endpoints": -1}, "signed_endpoints"),
     ],
 )
+@pytest.mark.security("attack", "options")
 def test_volumes_and_extensions_are_checked_naming_the_option(config: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         OpenSandboxSettings.from_config(config)
 
 
+@pytest.mark.security("attack", "options")
 def test_ossfs_secrets_never_appear_in_errors_or_repr() -> None:
     secret = "s3cr3t-value"
     volume = {

@@ -140,6 +140,7 @@ def kernelspec(deployment: Any, directory: Path, **overrides: Any) -> str:
     return "sandboxed-python-opensandbox"
 
 
+@pytest.mark.security("load", "opensandbox")
 async def test_sixteen_kernels_at_once_past_the_capacity_wait_then_start_and_leave_nothing(
     deployment: Any, deployment_jupyter_path: Path, gate: CapacityGate
 ) -> None:
@@ -166,6 +167,7 @@ async def test_sixteen_kernels_at_once_past_the_capacity_wait_then_start_and_lea
     assert not await asyncio.to_thread(deployment.live_sandboxes), "the server still lists sandboxes of this test"
 
 
+@pytest.mark.security("fault", "opensandbox")
 async def test_no_capacity_until_the_deadline_fails_with_the_typed_error(
     deployment: Any, deployment_jupyter_path: Path, gate: CapacityGate
 ) -> None:

@@ -44,6 +44,7 @@ async def until_paused_note(kc: Any, deadline: float) -> str:
     raise AssertionError("the launcher never held a request for the paused sandbox")
 
 
+@pytest.mark.security("fault", "sessions")
 async def test_a_kernel_paused_and_resumed_by_the_api_keeps_working(deployment: Any) -> None:
     """Paused through the execution API, a request waits (busy, a stderr note) and is answered after resume."""
     options = sandbox_options(deployment, state_check_interval=0.3)
