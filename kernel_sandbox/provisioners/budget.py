@@ -99,6 +99,13 @@ class KernelBudget:
             self._held.add(reservation)
             return reservation
 
+    def hold(self, claim: Claim) -> Reservation:
+        """A reservation for a kernel that runs already (one re-attached after a restart), room or not."""
+        reservation = Reservation(self, claim)
+        with self._lock:
+            self._held.add(reservation)
+        return reservation
+
     async def acquire(self, claim: Claim, wait: float, make_room: Callable[[], bool] | None = None) -> Reservation:
         """A reservation for ``claim``, waiting up to ``wait`` seconds for room.
 

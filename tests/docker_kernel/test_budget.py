@@ -53,6 +53,17 @@ async def test_no_room_until_the_deadline_names_the_option() -> None:
     assert isinstance(KernelBudgetExceeded("x"), KernelLaunchError)
 
 
+def test_a_reattached_kernel_is_counted_even_past_the_limit() -> None:
+    budget = KernelBudget()
+    claim = Claim(memory=0, max_kernels=1, max_memory=None)
+    first = budget.try_acquire(claim)
+    again = budget.hold(claim)
+    assert budget.kernels == 2 and budget.try_acquire(claim) is None
+    first.release()
+    again.release()
+    assert budget.kernels == 0
+
+
 async def test_a_waiting_launch_asks_for_room_from_idle_standbys() -> None:
     budget = KernelBudget()
     claim = Claim(memory=0, max_kernels=1, max_memory=None)
