@@ -23,7 +23,7 @@ from ..containers import docker_client, remove_container, remove_launcher_contai
 from ..errors import ConfigError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..settings import DockerSettings
-from .budget import Claim
+from .budget import BUDGET, Claim
 from .launched import LaunchedProvisioner
 
 
@@ -62,6 +62,13 @@ class DockerProvisioner(LaunchedProvisioner):
     def budget_claim(self, settings: DockerSettings) -> Claim:
         """One kernel and its ``memory`` limit, under the settings' ``max_kernels`` and ``max_memory``."""
         return Claim(memory=settings.memory or 0, max_kernels=settings.max_kernels, max_memory=settings.max_memory)
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Re-attach (see :class:`~.launched.LaunchedProvisioner`); the kernel runs already, so it is
+        counted in the kernel budget, room or not."""
+        await super().load_provisioner_info(provisioner_info)
+        if self._reservation is None:
+            self._reserve(BUDGET.hold(self.budget_claim(self.settings())))
 
     @property
     def container_id(self) -> str | None:

@@ -351,9 +351,6 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise ConfigError("provisioner info without a private_dir: nothing to re-attach to")
         self.private = PrivateDir(Path(private_dir))
         self.private.hold(OWNER_LOCK)
-        claim = self.budget_claim(self.settings())
-        if claim is not None and self._reservation is None:  # it runs already: counted, room or not
-            self._reserve(BUDGET.hold(claim))
 
 
 def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:
