@@ -114,8 +114,8 @@ class Peak:
     def _watch(self) -> None:
         client = docker_client()
         while not self._stop.is_set():
-            containers = client.containers.list(filters={"label": LABEL_KERNEL_ID}, ignore_removed=True)
-            mine = [c for c in containers if c.labels.get(LABEL_KERNEL_ID) in self.kernel_ids]
+            containers = client.containers.list(filters={"label": LABEL_KERNEL_ID}, sparse=True)
+            mine = [c for c in containers if (c.attrs.get("Labels") or {}).get(LABEL_KERNEL_ID) in self.kernel_ids]
             self.most = max(self.most, len(mine))
             self._stop.wait(0.05)
 
