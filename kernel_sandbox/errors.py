@@ -10,6 +10,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
     ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
+    │   └── KernelBudgetExceeded     no room in this process's max_kernels / max_memory until launch_timeout
     ├── ChannelProtocolError         a kernel broke ZMTP on one of its channels (the launcher ends it)
     ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
@@ -23,7 +24,9 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     └── OpenSandboxError             the OpenSandbox clients
         ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL); also a ConfigError
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
-        │   └── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
+        │   ├── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
+        │   ├── SandboxCapacityError 429/503 to a create, still so when the launch deadline ran out
+        │   └── SandboxQuotaExceeded 403 QUOTA_EXCEEDED to a create (``quota`` names the quota)
         ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
         │   └── ResponseTooLarge     an answer went over its byte cap
         ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run: "the connection dropped")
@@ -35,6 +38,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -64,6 +68,11 @@ class ImageBuildError(ImageError):
 
 class KernelLaunchError(KernelSandboxError):
     """The kernel could not be started; the message says why and what to do."""
+
+
+class KernelBudgetExceeded(KernelLaunchError):
+    """No room in this process's kernel budget (``max_kernels``, ``max_memory``) until the launch
+    deadline; the message names the option and how full it is."""
 
 
 class ChannelProtocolError(KernelSandboxError):
@@ -137,6 +146,23 @@ class OpenSandboxAPIError(OpenSandboxError):
 
 class SandboxNotFound(OpenSandboxAPIError):
     """The lifecycle server answered 404 for a sandbox: unknown, deleted, or expired (removed)."""
+
+
+class SandboxCapacityError(OpenSandboxAPIError):
+    """The server had no capacity for a new sandbox (429, or 503 with ``Retry-After``) until the launch
+    deadline ran out; the message says how often and how long it was retried."""
+
+
+class SandboxQuotaExceeded(OpenSandboxAPIError):
+    """The deployment refused a new sandbox because a quota is used up (403 ``QUOTA_EXCEEDED``).
+
+    ``quota`` is the quota's name as the server reported it (a Kubernetes ResourceQuota), or None.
+    """
+
+    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message, response=response, code=code, detail=detail)
+        found = re.search(r"exceeded quota:\s*([A-Za-z0-9][-A-Za-z0-9_.]*)", detail or "")
+        self.quota: str | None = found.group(1) if found else None
 
 
 class OpenSandboxProtocolError(OpenSandboxError):

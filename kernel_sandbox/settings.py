@@ -199,6 +199,18 @@ def _standby(name: str, value: Any) -> int:
     return value
 
 
+def _max_kernels(name: str, value: Any) -> int | None:
+    if _unlimited(value):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise _refuse(name, value, f"must be a whole number of kernels from 1, or {UNLIMITED!r}")
+    return value
+
+
+def _max_memory(name: str, value: Any) -> int | None:
+    return None if _unlimited(value) else parse_size(name, value)
+
+
 def _output_policy(name: str, value: Any) -> str:
     try:
         return OutputPolicy.from_name(value).mode
@@ -389,6 +401,14 @@ class DockerSettings(BackendSettings):
         1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "
         "whole to one launch (then replaced); 0: off."
     )
+    max_kernels: int | None = _option(
+        UNLIMITED, _max_kernels, "Docker kernels the client's process may run at once, standbys included; past it "
+        "a launch waits up to launch_timeout for one to end. 'unlimited': no limit."
+    )
+    max_memory: int | None = _option(
+        UNLIMITED, _max_memory, "Sum of the memory limits of the Docker kernels the client's process may run at "
+        "once, standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no limit."
+    )
 
     def __post_init__(self) -> None:
         """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, one mount of the work directory."""
@@ -398,6 +418,12 @@ class DockerSettings(BackendSettings):
             raise ConfigError(
                 f"{used} must fit in 3/4 of memory={self.memory // MiB}m, so that a full disk is ENOSPC "
                 "and not an out-of-memory kill: raise memory or lower the sizes"
+            )
+        if self.max_memory is not None and (self.memory is None or self.memory > self.max_memory):
+            asked = UNLIMITED if self.memory is None else f"{self.memory // MiB}m"
+            raise ConfigError(
+                f"memory={asked!r} does not fit in max_memory={self.max_memory // MiB}m: give every kernel a "
+                "memory limit no larger than max_memory, or set max_memory to 'unlimited'"
             )
         if self.mount_cwd != "off" and any(mount.target == WORK_DIR for mount in self.mounts):
             raise ConfigError(f"mount_cwd={self.mount_cwd!r} and mounts both mount the work directory {WORK_DIR}")

@@ -253,6 +253,19 @@ class AsyncSandbox:
         await self._km.restart_kernel(now=True)
         await self._connect()
 
+    async def pause(self) -> None:
+        """Pause the sandbox (opensandbox backend): it keeps its memory and runs nothing until :meth:`resume`.
+
+        Calls made while it is paused wait (their deadlines still count); the kernel is not dead.
+        """
+        self._deadline(None)
+        await self._backend.pause(self._km.provisioner, True)
+
+    async def resume(self) -> None:
+        """Resume a paused sandbox and wait until it runs again."""
+        self._deadline(None)
+        await self._backend.pause(self._km.provisioner, False)
+
     async def close(self) -> None:
         """Shut the kernel down and remove everything the sandbox created. Safe to call twice."""
         km, self._km = self._km, None

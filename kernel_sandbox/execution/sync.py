@@ -106,6 +106,14 @@ class Sandbox:
         """See :meth:`AsyncSandbox.run`."""
         return LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env))
 
+    def pause(self) -> None:
+        """Pause the sandbox (opensandbox backend) until :meth:`resume`."""
+        LoopThread.run(self._async.pause())
+
+    def resume(self) -> None:
+        """Resume a paused sandbox and wait until it runs again."""
+        LoopThread.run(self._async.resume())
+
     def restart(self) -> None:
         """See :meth:`AsyncSandbox.restart`."""
         LoopThread.run(self._async.restart())

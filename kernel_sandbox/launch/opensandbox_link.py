@@ -30,10 +30,18 @@ import os
 import secrets
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
-from ..opensandbox.client import TERMINAL_STATES, ExecdClient, OpenSandboxClient, keep_alive, sandbox_state
+from ..opensandbox.client import (
+    TERMINAL_STATES,
+    ExecdClient,
+    OpenSandboxClient,
+    keep_alive,
+    note_unknown_state,
+    sandbox_state,
+)
 from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
 from ..opensandbox.gc import owner_metadata
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
@@ -56,6 +64,8 @@ NO_REPLY = frozenset({"comm_open", "comm_msg", "comm_close", "input_reply"})
 RECONNECT_ATTEMPTS = 5
 RECONNECT_WINDOW = 60.0
 """More than RECONNECT_ATTEMPTS losses of the websocket within this many seconds end the kernel."""
+PAUSE_STATES = frozenset({"Pausing", "Paused"})
+"""States in which the sandbox answers nothing: client messages wait for ``Running`` again."""
 STOP_WAIT = 30.0
 """Seconds :meth:`OpenSandboxLink.stop` waits for a create in flight to name its sandbox."""
 
@@ -68,9 +78,18 @@ class WebsocketBridge:
     """Bridge the client's channels to a kernel of the sandbox's Jupyter server, over its websocket."""
 
     def __init__(
-        self, front: Front, jupyter: JupyterServer, settings: OpenSandboxSettings, end: Callable[[ExitStatus], None]
+        self,
+        front: Front,
+        jupyter: JupyterServer,
+        settings: OpenSandboxSettings,
+        end: Callable[[ExitStatus], None],
+        running: asyncio.Event | None = None,
     ) -> None:
         self.front = front
+        self.running = running or asyncio.Event()
+        """Set while the sandbox is not paused: a websocket lost while it is paused is reopened after resume."""
+        if running is None:
+            self.running.set()
         self.jupyter = jupyter
         self.settings = settings
         self._end = end
@@ -227,7 +246,7 @@ class WebsocketBridge:
     def _lost(self, reason: str) -> None:
         if self._closing or self._reconnecting is not None:
             return  # a reconnect in progress sees the new socket closed itself
-        if self._too_many_losses(reason):
+        if self.running.is_set() and self._too_many_losses(reason):
             return
         self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
 
@@ -247,6 +266,7 @@ class WebsocketBridge:
         try:
             for attempt in range(1, RECONNECT_ATTEMPTS + 1):
                 await asyncio.sleep(delay)
+                await self.running.wait()  # a paused sandbox answers nothing: reopen once it is resumed
                 if self._closing:
                     return
                 try:
@@ -262,7 +282,7 @@ class WebsocketBridge:
                     for channel, parts in held:
                         self.send_parts(channel, parts)
                     return
-                if self._too_many_losses(reason):
+                if self.running.is_set() and self._too_many_losses(reason):
                     return
             self._end(ExitStatus(1, f"{reason}, and it could not be reopened"))
         finally:
@@ -297,6 +317,9 @@ class OpenSandboxLink:
         self._jupyter: JupyterServer | None = None
         self._bridge: WebsocketBridge | ExecdRelay | None = None
         self._waiting: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
+        self._running = asyncio.Event()
+        """Set while the sandbox is not known to be paused; cleared, client messages wait in ``_waiting``."""
+        self._running.set()
         self._tasks: list[asyncio.Future[Any]] = []
         self._creating: asyncio.Future[Any] | None = None
         self._named = asyncio.Event()
@@ -316,6 +339,7 @@ class OpenSandboxLink:
             poll_interval=settings.poll_interval,
             ready_timeout=settings.ready_timeout,
             limits=settings.limits,
+            signed_endpoints=settings.signed_endpoints,
         )
         env = {
             **self.request.env,
@@ -334,13 +358,17 @@ class OpenSandboxLink:
                 metadata={**settings.metadata, **owner_metadata(self.request.kernel_id)},
                 **settings.egress,
                 secure_access=settings.secure_access,
+                volumes=list(settings.volumes),
+                extensions=settings.extensions,
                 created=self._created,
             )
         )
         try:
             sandbox = await asyncio.shield(self._creating)
         except OpenSandboxError as exc:
-            raise KernelLaunchError(f"OpenSandbox could not start the kernel's sandbox: {exc}") from exc
+            raise KernelLaunchError(
+                f"OpenSandbox could not start the kernel's sandbox ({type(exc).__name__}): {exc}"
+            ) from exc
         assert sandbox.endpoint is not None
         self._tasks.append(asyncio.ensure_future(self._renew()))
         self._tasks.append(asyncio.ensure_future(self._watch()))
@@ -350,8 +378,7 @@ class OpenSandboxLink:
         except OpenSandboxError as exc:
             raise KernelLaunchError(f"the kernel in sandbox {sandbox.id} did not come up: {exc}") from exc
         log.info("kernel %s runs in OpenSandbox sandbox %s (%s mode)", self.request.kernel_id, sandbox.id, self.mode)
-        while self._waiting:
-            self._bridge.send(*self._waiting.popleft())
+        self._flush()
 
     def _created(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
@@ -367,24 +394,38 @@ class OpenSandboxLink:
     async def _connect(self, client: OpenSandboxClient, sandbox_id: str) -> WebsocketBridge | ExecdRelay:
         settings = self.settings
         assert self._front is not None and self._execd is not None
-        if settings.mode in ("auto", "websocket"):
-            endpoint = await client.endpoint(sandbox_id, settings.jupyter_port)
-            self._jupyter = JupyterServer(endpoint.url, self._token, endpoint.headers, limits=client.limits)
-            wait = settings.jupyter_wait if settings.mode == "auto" else settings.ready_timeout
+        if settings.mode == "websocket":
+            await self._find_jupyter(client, sandbox_id, settings.ready_timeout)
+        elif settings.mode == "auto":
             try:
-                await self._jupyter.wait_ready(wait, min(settings.poll_interval, 0.2))
-            except SandboxTimeoutError as exc:
-                if settings.mode == "websocket":
-                    raise
-                log.warning("%s; using execd's /code instead (mode 'execd': no display data, comms, stdin)", exc)
-            else:
-                self.mode = "websocket"
-                bridge = WebsocketBridge(self._front, self._jupyter, settings, self._end)
-                await bridge.start()
-                return bridge
+                await asyncio.wait_for(self._find_jupyter(client, sandbox_id, settings.jupyter_wait), settings.jupyter_wait)
+            except (OpenSandboxError, asyncio.TimeoutError) as exc:
+                reason = str(exc) or f"no answer within jupyter_wait ({settings.jupyter_wait:g} s)"
+                log.warning(
+                    "the sandbox's Jupyter server (port %d) was not found: %s; using execd's /code instead "
+                    "(mode 'execd': no display data, comms, stdin)", settings.jupyter_port, reason,
+                )
+                self._jupyter = None
+        if self._jupyter is not None:
+            self.mode = "websocket"
+            bridge = WebsocketBridge(self._front, self._jupyter, settings, self._end, self._running)
+            await bridge.start()
+            return bridge
         self.mode = "execd"
-        context_id = await self._execd.create_context(settings.language)
+        context_id = await self._execd.create_context(settings.language, timeout=settings.ready_timeout)
         return ExecdRelay(self._front, self._execd, context_id, settings, self._end)
+
+    async def _find_jupyter(self, client: OpenSandboxClient, sandbox_id: str, wait: float) -> None:
+        """Look up the Jupyter port's endpoint and wait for its server (``self._jupyter`` once it answers)."""
+        settings = self.settings
+        endpoint = await client.endpoint(sandbox_id, settings.jupyter_port)
+        jupyter = JupyterServer(endpoint.url, self._token, endpoint.headers, limits=client.limits)
+        try:
+            await jupyter.wait_ready(wait, min(settings.poll_interval, 0.2))
+        except BaseException:
+            await jupyter.aclose()
+            raise
+        self._jupyter = jupyter
 
     # -- the sandbox's life ----------------------------------------------------------------------
 
@@ -399,8 +440,13 @@ class OpenSandboxLink:
         )
 
     async def _watch(self) -> None:
-        """End the link when the sandbox is gone (404) or in a terminal state; Paused is not gone."""
+        """End the link when the sandbox is gone (404) or in a terminal state; note pauses and resumes.
+
+        Paused (or Pausing) is not gone: client messages wait until it runs again. A state this
+        client does not know is logged once and changes nothing.
+        """
         assert self._client is not None and self.sandbox_id is not None
+        unknown: set[str | None] = set()
         while True:
             await asyncio.sleep(self.settings.state_check_interval)
             try:
@@ -414,6 +460,14 @@ class OpenSandboxLink:
             if state in TERMINAL_STATES:
                 self._end(ExitStatus(1, f"sandbox {self.sandbox_id} is {state}"))
                 return
+            note_unknown_state(self.sandbox_id, state, unknown)
+            if state in PAUSE_STATES and self._running.is_set():
+                log.warning("sandbox %s is %s: client messages wait until it is resumed", self.sandbox_id, state)
+                self._running.clear()
+            elif state == "Running" and not self._running.is_set():
+                log.warning("sandbox %s runs again: passing on %d waiting messages", self.sandbox_id, len(self._waiting))
+                self._running.set()
+                self._flush()
 
     def _end(self, status: ExitStatus) -> None:
         if not self._ended.done():
@@ -426,18 +480,49 @@ class OpenSandboxLink:
     # -- messages --------------------------------------------------------------------------------
 
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
-        """Pass a client message on (kept until the kernel is connected)."""
-        if self._bridge is not None:
+        """Pass a client message on (kept until the kernel is connected and its sandbox not paused)."""
+        if self._bridge is not None and self._running.is_set():
             self._bridge.send(channel, idents, parts)
         elif len(self._waiting) < WAITING_LIMIT:
             self._waiting.append((channel, idents, parts))
+            if self._bridge is not None:
+                self._note_paused(channel, parts)
         else:
-            log.warning("dropped a %s message: the kernel is not connected yet", channel)
+            log.warning("dropped a %s message: the kernel is not connected yet or its sandbox is paused", channel)
+
+    def _flush(self) -> None:
+        """Pass on the client messages that waited (for the connection, or for a paused sandbox)."""
+        while self._waiting and self._bridge is not None and self._running.is_set():
+            self._bridge.send(*self._waiting.popleft())
+
+    def _note_paused(self, channel: str, parts: list[Any]) -> None:
+        """Tell the client that its request waits for a paused sandbox: ``status: busy`` and a stderr note."""
+        if channel != "shell" or self._front is None:
+            return
+        try:
+            parent = json.loads(parts[0])
+            session = str(parent.get("session", ""))
+        except (ValueError, AttributeError, TypeError, RecursionError, IndexError):
+            return
+        text = (
+            f"[kernel-sandbox] sandbox {self.sandbox_id} is paused; this request waits until it is resumed "
+            "(POST /sandboxes/<id>/resume, or Sandbox.resume())\n"
+        )
+        for msg_type, content in (
+            ("status", {"execution_state": "busy"}),
+            ("stream", {"name": "stderr", "text": text}),
+        ):
+            header = {
+                "msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "kernel-sandbox",
+                "session": session, "date": datetime.now(timezone.utc).isoformat(), "version": PROTOCOL_VERSION,
+            }
+            self._front.from_kernel("iopub", [], [_dumps(header), bytes(parts[0]), b"{}", _dumps(content)])
 
     def heartbeat(self, frames: list[Any]) -> None:
-        """Echo a ping while the kernel is reachable (its Jupyter server restarts a dead kernel itself)."""
+        """Echo a ping while the kernel is reachable or only paused (its Jupyter server restarts a dead kernel itself)."""
         bridge = self._bridge
-        if self._front is not None and (isinstance(bridge, ExecdRelay) or (bridge is not None and bridge.alive)):
+        reachable = isinstance(bridge, ExecdRelay) or (bridge is not None and (bridge.alive or not self._running.is_set()))
+        if self._front is not None and reachable:
             self._front.heartbeat_reply(frames)
 
     def pause_reading(self, channel: str, paused: bool) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import email.utils
 import logging
 import os
 import time
@@ -38,7 +40,9 @@ from ..errors import (
     OpenSandboxProtocolError,
     OutputLimitExceeded,
     ResponseTooLarge,
+    SandboxCapacityError,
     SandboxNotFound,
+    SandboxQuotaExceeded,
     SandboxStateError,
     SandboxTimeoutError,
 )
@@ -68,11 +72,18 @@ DEFAULT_BUSY_WAIT = 10.0
 EXECD_PORT = 44772
 LABELS: Mapping[str, str] = MappingProxyType({"kernel-sandbox": "true"})
 TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
+KNOWN_STATES = frozenset({"Pending", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Terminated", "Failed", "Unknown"})
+"""The states server 1.1.1 documents; any other is waited through like ``Unknown`` (and logged once)."""
 WAITING_STATES = frozenset({"Pending", "Unknown", "Resuming", "Pausing"})
 """States worth waiting through after create (``Unknown``: the runtime could not tell, for now)."""
 PAUSED_STATES = frozenset({"Paused"})
 RETRY_STATUSES = frozenset({404, 502, 503, 504})
 """Answers a starting sandbox (or a proxy in front of it) gives before it is ready: retried."""
+CAPACITY_STATUSES = frozenset({429, 503})
+"""Answers to ``POST /sandboxes`` that mean "no room now, try later" (pool capacity, an engine busy)."""
+CAPACITY_FIRST_DELAY = 1.0
+CAPACITY_MAX_DELAY = 30.0
+"""Seconds between create attempts when the server gives no ``Retry-After`` (doubling), and the most."""
 _ID_MAX = 256
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
@@ -184,6 +195,16 @@ def sandbox_state(info: Mapping[str, Any] | None) -> str | None:
     return state if isinstance(state, str) else None
 
 
+def note_unknown_state(sandbox_id: str, state: str | None, seen: set[str | None]) -> None:
+    """Log a state the client does not know (the API says to tolerate them), once per state in ``seen``."""
+    if state not in KNOWN_STATES and state not in seen:
+        seen.add(state)
+        log.warning(
+            "sandbox %s is in state %r, which this client does not know; treating it as not ready yet",
+            sandbox_id, state if state is None else state[:64],
+        )
+
+
 def _status_message(info: Mapping[str, Any]) -> str:
     status = info.get("status")
     message = status.get("message") if isinstance(status, Mapping) else None
@@ -202,6 +223,8 @@ def build_create_body(
     allow_internet: bool = False,
     network_policy: Mapping[str, Any] | None = None,
     secure_access: bool = False,
+    volumes: list[Mapping[str, Any]] | None = None,
+    extensions: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build a ``POST /sandboxes`` body; every call returns fresh objects.
 
@@ -225,6 +248,10 @@ def build_create_body(
         body["networkPolicy"] = {"defaultAction": "deny", "egress": []}
     if secure_access:
         body["secureAccess"] = True
+    if volumes:
+        body["volumes"] = copy.deepcopy([dict(volume) for volume in volumes])
+    if extensions:
+        body["extensions"] = as_str_dict(extensions)
     return body
 
 
@@ -308,7 +335,34 @@ def raise_for_status(response: httpx.Response) -> None:
     kind = OpenSandboxAPIError
     if response.status_code == 404 and "/sandboxes/" in request.url.path and "/proxy/" not in request.url.path:
         kind = SandboxNotFound
+    elif response.status_code == 403 and (code or "").upper().endswith("QUOTA_EXCEEDED"):
+        kind = SandboxQuotaExceeded
+        text += (
+            ". The deployment's quota for sandboxes is used up: delete sandboxes you no longer need, "
+            "ask for a larger quota, or ask for smaller resource_limits"
+        )
     raise kind(text, response=response, code=code, detail=message)
+
+
+def retry_after(response: httpx.Response, default: float) -> float:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date), else ``default``.
+
+    Whatever the header holds, the answer is finite and from 0 to :data:`CAPACITY_MAX_DELAY`.
+    """
+    value = response.headers.get("retry-after", "").strip()[:64]
+    seconds: float | None = None
+    if value.isdigit():
+        seconds = float(value[:6])
+    elif value:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            when = None
+        if when is not None and when.tzinfo is not None:
+            seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    if seconds is None:
+        return default
+    return min(max(seconds, 0.0), CAPACITY_MAX_DELAY)
 
 
 def _refuse_encoded(response: httpx.Response, what: str) -> None:
@@ -691,10 +745,14 @@ class ExecdClient(HTTPClientBase):
             await _emit(on_event, event)
         return collector.result()
 
-    async def create_context(self, language: str = "python") -> str:
-        """Create a fresh code context and return its id."""
+    async def create_context(self, language: str = "python", *, timeout: float | None = None) -> str:
+        """Create a fresh code context and return its id.
+
+        execd starts a kernel for it, which takes long on a busy host: ``timeout`` (default
+        ``request_timeout``) bounds the call; the launcher gives it ``ready_timeout``.
+        """
         what = f"POST {self.url}/code/context"
-        response = await self._call("POST", "/code/context", json={"language": language})
+        response = await self._call("POST", "/code/context", json={"language": language}, timeout=timeout)
         raise_for_status(response)
         context_id = json_object(response, what, "id")["id"]
         url_segment(context_id, f"{what}: the context id")
@@ -758,6 +816,7 @@ class OpenSandboxClient(HTTPClientBase):
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         limits: Limits = Limits(),
         delete_attempts: int = DEFAULT_DELETE_ATTEMPTS,
+        signed_endpoints: float = 0.0,
     ) -> None:
         key = resolve_api_key(api_key)
         super().__init__(resolve_api_base(api_base), {API_KEY_HEADER: key} if key else {}, http=http, limits=limits)
@@ -765,6 +824,8 @@ class OpenSandboxClient(HTTPClientBase):
         self.poll_interval = poll_interval
         self.ready_timeout = ready_timeout
         self.delete_attempts = max(1, delete_attempts)
+        self.signed_endpoints = 0.0 if use_server_proxy else float(signed_endpoints)
+        """Seconds a signed endpoint (``?expires=``) should stay valid; 0: ask for plain endpoints."""
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._call(method, path, **kwargs)
@@ -784,7 +845,7 @@ class OpenSandboxClient(HTTPClientBase):
         """
         body = build_create_body(**options)
         what = f"POST {self.url}/sandboxes"
-        info = json_object(await self._request("POST", "/sandboxes", json=body), what, "id")
+        info = json_object(await self._post_create(body), what, "id")
         sandbox_id = info["id"]
         url_segment(sandbox_id, f"{what}: the sandbox id")
         try:
@@ -797,6 +858,42 @@ class OpenSandboxClient(HTTPClientBase):
             await asyncio.shield(self._delete_quietly(sandbox_id))
             raise
         return Sandbox(id=sandbox_id, state=sandbox_state(info), info=info, endpoint=endpoint)
+
+    async def _post_create(self, body: dict[str, Any]) -> httpx.Response:
+        """``POST /sandboxes``, retried while the server has no capacity (429, 503) until ``ready_timeout``.
+
+        The wait between attempts is the answer's ``Retry-After`` (else 1, 2, 4... s, at most
+        :data:`CAPACITY_MAX_DELAY`), cut short at the deadline; when the deadline runs out,
+        :class:`SandboxCapacityError` says how often and how long it was tried. 403
+        ``QUOTA_EXCEEDED`` raises :class:`SandboxQuotaExceeded` at once (retrying cannot help).
+        """
+        started = time.monotonic()
+        delay, attempts = CAPACITY_FIRST_DELAY, 0
+        while True:
+            attempts += 1
+            response = await self._call("POST", "/sandboxes", json=body)
+            if response.status_code not in CAPACITY_STATUSES:
+                raise_for_status(response)
+                return response
+            wait = retry_after(response, delay)
+            delay = min(delay * 2, CAPACITY_MAX_DELAY)
+            elapsed = time.monotonic() - started
+            if elapsed >= self.ready_timeout:
+                code, message = _error_body(response)
+                detail = " ".join(part for part in (code and f"{code}:", message) if part)
+                raise SandboxCapacityError(
+                    f"POST {self.url}/sandboxes answered {response.status_code}"
+                    + (f" ({detail})" if detail else "")
+                    + f": the server had no capacity for a new sandbox; tried {attempts} times over {elapsed:.1f} s "
+                    f"and the launch deadline (ready_timeout {self.ready_timeout:g} s) ran out. Raise ready_timeout "
+                    "to wait longer, or free capacity on the deployment (its pools, its nodes)",
+                    response=response, code=code, detail=message,
+                )
+            (log.warning if attempts == 1 else log.debug)(
+                "POST %s/sandboxes answered %d (no capacity now); retrying in %.1f s (attempt %d, %.1f s of "
+                "ready_timeout %g s spent)", self.url, response.status_code, wait, attempts, elapsed, self.ready_timeout,
+            )
+            await asyncio.sleep(min(wait, self.ready_timeout - elapsed))
 
     async def _delete_quietly(self, sandbox_id: str) -> None:
         try:
@@ -833,20 +930,30 @@ class OpenSandboxClient(HTTPClientBase):
     async def wait_running(self, sandbox_id: str, info: dict[str, Any] | None = None) -> dict[str, Any]:
         """Poll until the sandbox is Running and return its description.
 
-        ``Pending``, ``Unknown``, ``Pausing`` and ``Resuming`` are waited through; ``Paused`` and the
-        terminal states raise :class:`SandboxStateError`; 404 raises :class:`SandboxNotFound`; the
-        ready timeout raises :class:`SandboxTimeoutError` naming the last state.
+        ``Pending``, ``Unknown``, ``Pausing``, ``Resuming`` and states the client does not know
+        (logged once) are waited through; ``Paused`` and the terminal states raise
+        :class:`SandboxStateError`; 404 raises :class:`SandboxNotFound`; the ready timeout raises
+        :class:`SandboxTimeoutError` naming the last state.
         """
+        return await self.wait_state(sandbox_id, "Running", info, paused_fails=True)
+
+    async def wait_state(
+        self, sandbox_id: str, wanted: str, info: dict[str, Any] | None = None, *, paused_fails: bool = False
+    ) -> dict[str, Any]:
+        """Poll until the sandbox is in state ``wanted`` and return its description, as :meth:`wait_running`
+        does (``Paused`` raises only with ``paused_fails``)."""
         started = time.monotonic()
         if info is None:
             info = await self.get(sandbox_id)
+        unknown: set[str | None] = set()
         while True:
             state = sandbox_state(info)
-            if state == "Running":
+            note_unknown_state(sandbox_id, state, unknown)
+            if state == wanted:
                 return info
             if state in TERMINAL_STATES:
                 raise SandboxStateError(sandbox_id, state, _status_message(info))
-            if state in PAUSED_STATES:
+            if paused_fails and state in PAUSED_STATES:
                 raise SandboxStateError(
                     sandbox_id,
                     state,
@@ -855,7 +962,7 @@ class OpenSandboxClient(HTTPClientBase):
             elapsed = time.monotonic() - started
             if elapsed >= self.ready_timeout:
                 raise SandboxTimeoutError(
-                    f"sandbox {sandbox_id} was not Running after {elapsed:.1f} s (ready_timeout "
+                    f"sandbox {sandbox_id} was not {wanted} after {elapsed:.1f} s (ready_timeout "
                     f"{self.ready_timeout:g} s); last state {state}"
                     + (f": {_status_message(info)}" if _status_message(info) else "")
                 )
@@ -872,15 +979,16 @@ class OpenSandboxClient(HTTPClientBase):
         started = time.monotonic()
         path = self._path(sandbox_id, "endpoints", str(int(port)))
         what = f"GET {self.url}{path}"
-        params = {"use_server_proxy": "true" if self.use_server_proxy else "false"}
         attempts, last = 0, ""
         while True:
             attempts += 1
             try:
-                response = await self._call("GET", path, params=params)
+                response = await self._call("GET", path, params=self._endpoint_params())
             except (OpenSandboxConnectionError, CallDeadlineExceeded) as exc:
                 last = str(exc)
             else:
+                if self._signing_refused(response):
+                    continue
                 if response.is_success:
                     answer = json_object(response, what)
                     if answer.get("endpoint"):
@@ -904,6 +1012,40 @@ class OpenSandboxClient(HTTPClientBase):
                     f"over {elapsed:.1f} s (ready_timeout {self.ready_timeout:g} s); last: {last}"
                 )
             await asyncio.sleep(self.poll_interval)
+
+    async def pause(self, sandbox_id: str, *, wait: bool = True) -> dict[str, Any]:
+        """Pause a sandbox (``POST /sandboxes/{id}/pause``); with ``wait``, poll until it is ``Paused``.
+
+        Returns the last description. A sandbox that is not running answers 409
+        (:class:`OpenSandboxAPIError`); the wait ends with :class:`SandboxTimeoutError` after the ready timeout.
+        """
+        await self._request("POST", self._path(sandbox_id, "pause"))
+        return await self.wait_state(sandbox_id, "Paused") if wait else await self.get(sandbox_id)
+
+    async def resume(self, sandbox_id: str, *, wait: bool = True) -> dict[str, Any]:
+        """Resume a paused sandbox (``POST /sandboxes/{id}/resume``); with ``wait``, until it is ``Running``."""
+        await self._request("POST", self._path(sandbox_id, "resume"))
+        return await self.wait_state(sandbox_id, "Running") if wait else await self.get(sandbox_id)
+
+    def _endpoint_params(self) -> dict[str, str]:
+        """The endpoint lookup's query: ``expires`` (now + ``signed_endpoints`` s) while signing is asked for."""
+        params = {"use_server_proxy": "true" if self.use_server_proxy else "false"}
+        if self.signed_endpoints:
+            params["expires"] = str(int(time.time() + self.signed_endpoints))
+        return params
+
+    def _signing_refused(self, response: httpx.Response) -> bool:
+        """True (and signing off for this client, logged once) when the server does not offer signed
+        endpoints: a 400 to ``expires`` (the Docker runtime; Kubernetes without an ingress gateway)."""
+        if not self.signed_endpoints or response.status_code != 400:
+            return False
+        code, message = _error_body(response)
+        words = f"{code} {message}".lower()
+        if "signed route" not in words and "expires" not in words:
+            return False
+        self.signed_endpoints = 0.0
+        log.warning("%s: the server offers no signed endpoints (%s); using plain endpoints", self.url, message)
+        return True
 
     async def renew(self, sandbox_id: str, seconds: float) -> str:
         """Move the sandbox's expiration to ``seconds`` from now; return the new ``expiresAt``."""

@@ -10,6 +10,7 @@ when the kernel starts (:meth:`OpenSandboxSettings.resolved`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -103,6 +104,128 @@ def _network(name: str, value: Any) -> bool | tuple[str, ...]:
     return network
 
 
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_QUANTITY = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei)?")
+_VOLUME_KEYS = {"name", "host", "pvc", "ossfs", "mountPath", "readOnly", "subPath"}
+_BACKEND_KEYS = {
+    "host": {"path": True},
+    "pvc": {
+        "claimName": True, "createIfNotExists": False, "deleteOnSandboxTermination": False,
+        "storageClass": False, "storage": False, "accessModes": False,
+    },
+    "ossfs": {
+        "bucket": True, "endpoint": True, "version": False, "options": False,
+        "accessKeyId": True, "accessKeySecret": True,
+    },
+}
+"""Each volume backend's fields as server 1.1.1's schema has them (True: required)."""
+SECRET_FIELDS = frozenset({"accessKeySecret"})
+EXTENSION_RENEW = "access.renew.extend.seconds"
+EXTENSION_ISOLATION = "bootstrap.execd.isolation"
+EXTENSION_POOL = "poolRef"
+
+
+def _masked(volume: Mapping[str, Any]) -> dict[str, Any]:
+    """A volume with its secrets (ossfs keys) shown as ``***``."""
+    return {
+        key: {k: "***" if k in SECRET_FIELDS else v for k, v in item.items()} if isinstance(item, Mapping) else item
+        for key, item in volume.items()
+    }
+
+
+def _no_dots(path: str) -> bool:
+    return ".." not in path.replace("\\", "/").split("/")
+
+
+def _volume_field(where: str, key: str, item: Any, volumes: Any) -> None:
+    """Check one field of a volume backend against the server's schema."""
+    if key in ("createIfNotExists", "deleteOnSandboxTermination"):
+        if not isinstance(item, bool):
+            raise _refuse(where, volumes, f"{key} must be true or false")
+    elif key in ("options", "accessModes"):
+        if not isinstance(item, list) or not all(isinstance(entry, str) and entry for entry in item):
+            raise _refuse(where, volumes, f"{key} must be a list of non-empty strings")
+    elif not isinstance(item, str) or not item.strip():
+        raise _refuse(where, volumes, f"{key} must be a non-empty string")
+    elif key == "path" and not (item.startswith("/") and _no_dots(item)):
+        raise _refuse(where, volumes, "host.path must be an absolute host path without '..'")
+    elif key == "claimName" and not (_NAME.fullmatch(item) and len(item) <= 253):
+        raise _refuse(where, volumes, "pvc.claimName must be a lowercase name: a-z 0-9 and '-', at most 253")
+    elif key == "storage" and not _QUANTITY.fullmatch(item):
+        raise _refuse(where, volumes, "pvc.storage must be a size such as 1Gi or 10Gi")
+    elif key == "version" and item not in ("1.0", "2.0"):
+        raise _refuse(where, volumes, "ossfs.version must be '1.0' or '2.0'")
+    elif key == "bucket" and not 3 <= len(item) <= 63:
+        raise _refuse(where, volumes, "ossfs.bucket must have 3 to 63 characters")
+
+
+def _volumes(name: str, value: Any) -> tuple[dict[str, Any], ...]:
+    """Storage mounts as server 1.1.1 takes them: a list of ``{name, host|pvc|ossfs, mountPath, readOnly?, subPath?}``."""
+    if isinstance(value, Mapping) or not isinstance(value, (list, tuple)):
+        raise _refuse(name, value, "must be a list of volumes, e.g. [{'name': 'data', 'pvc': {'claimName': 'data'}, 'mountPath': '/data'}]")
+    seen: set[str] = set()
+    checked = []
+    for index, volume in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(volume, Mapping):
+            raise _refuse(where, volume, "must be a mapping with name, one of host/pvc/ossfs, and mountPath")
+        volume, shown = dict(volume), _masked(volume)
+        unknown = sorted(set(volume) - _VOLUME_KEYS, key=str)
+        if unknown:
+            raise _refuse(where, shown, f"has no field {unknown[0]!r}; fields: {', '.join(sorted(_VOLUME_KEYS))}")
+        volume_name = volume.get("name")
+        if not isinstance(volume_name, str) or not _NAME.fullmatch(volume_name) or len(volume_name) > 63:
+            raise _refuse(where, shown, "name must be a lowercase name: a-z 0-9 and '-', at most 63 characters")
+        if volume_name in seen:
+            raise _refuse(where, shown, f"the name {volume_name!r} is used twice")
+        seen.add(volume_name)
+        backends = [key for key in _BACKEND_KEYS if volume.get(key) is not None]
+        if len(backends) != 1:
+            raise _refuse(where, shown, "must have exactly one of host, pvc, ossfs")
+        (backend,) = backends
+        fields = volume[backend]
+        if not isinstance(fields, Mapping):
+            raise _refuse(where, shown, f"{backend} must be a mapping")
+        allowed = _BACKEND_KEYS[backend]
+        for key in sorted(set(fields) - set(allowed), key=str):
+            raise _refuse(where, shown, f"{backend} has no field {key!r}; fields: {', '.join(allowed)}")
+        for key, required in allowed.items():
+            if key in fields:
+                _volume_field(where, key, fields[key], shown)
+            elif required:
+                raise _refuse(where, shown, f"{backend}.{key} is required")
+        mount_path = volume.get("mountPath")
+        if not isinstance(mount_path, str) or not mount_path.startswith("/") or not _no_dots(mount_path):
+            raise _refuse(where, shown, "mountPath must be an absolute path in the sandbox without '..'")
+        if not isinstance(volume.get("readOnly", False), bool):
+            raise _refuse(where, shown, "readOnly must be true or false")
+        sub_path = volume.get("subPath")
+        if sub_path is not None and (
+            not isinstance(sub_path, str) or sub_path.startswith("/") or not _no_dots(sub_path)
+        ):
+            raise _refuse(where, shown, "subPath must be a relative path without '..'")
+        checked.append(json.loads(json.dumps(dict(volume))))
+    return tuple(checked)
+
+
+def _extensions(name: str, value: Any) -> dict[str, str]:
+    """``extensions`` as the server takes them (strings), with its well-known keys checked."""
+    extensions = _strings(name, value)
+    renew = extensions.get(EXTENSION_RENEW)
+    if renew is not None and not (renew.strip().isdigit() and 300 <= int(renew) <= 86400):
+        raise _refuse(name, value, f"{EXTENSION_RENEW!r} must be a whole number of seconds from 300 to 86400")
+    if EXTENSION_ISOLATION in extensions:
+        raise _refuse(
+            name, value,
+            f"{EXTENSION_ISOLATION!r} is refused: the server then gives the sandbox CAP_SYS_ADMIN, "
+            "which kernel-sandbox does not allow for an untrusted kernel",
+        )
+    pool = extensions.get(EXTENSION_POOL)
+    if pool is not None and not (_NAME.fullmatch(pool) and len(pool) <= 253):
+        raise _refuse(name, value, f"{EXTENSION_POOL!r} must name a Pool: a-z 0-9 and '-'")
+    return extensions
+
+
 def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _refuse(name, value, "must be a number of seconds")
@@ -150,6 +273,17 @@ class OpenSandboxSettings(BackendSettings):
         None, _policy, "A networkPolicy sent as given, for full control (then network must be false)."
     )
     secure_access: bool = _option(False, _flag, "Ask the server to protect the sandbox's endpoints (secureAccess).")
+    volumes: tuple[dict[str, Any], ...] = _option(
+        [], _volumes, "Storage mounts (server schema: name, one of host/pvc/ossfs, mountPath, readOnly, subPath)."
+    )
+    extensions: dict[str, str] = _option(
+        {}, _extensions, "Server extensions, e.g. {'poolRef': 'my-pool'} (Kubernetes pools), renew-on-access."
+    )
+    signed_endpoints: float = _option(
+        0.0, _non_negative,
+        "Ask for signed endpoints valid this many seconds (Kubernetes ingress gateway); 0: plain. "
+        "A server without them is used plainly.",
+    )
     use_server_proxy: bool = _option(False, _flag, "Reach the sandbox through the lifecycle server's proxy.")
     ready_timeout: float = _option(
         DEFAULT_READY_TIMEOUT, _seconds, "Seconds to wait for Running, each endpoint, execd and the kernel."
@@ -170,11 +304,18 @@ class OpenSandboxSettings(BackendSettings):
     state_check_interval: float = _option(5.0, _seconds, "Seconds between checks that the sandbox still exists.")
 
     def __post_init__(self) -> None:
-        """``network``, ``allow_internet`` and ``network_policy`` must not say different things."""
+        """``network``, ``allow_internet`` and ``network_policy`` must not say different things; a pool needs open egress."""
         if self.network_policy is not None and (self.network is not False or self.allow_internet):
             raise ConfigError("network_policy and network/allow_internet both set the sandbox's egress: give one")
         if isinstance(self.network, tuple) and self.allow_internet:
             raise ConfigError("network (a list) and allow_internet=true both set the sandbox's egress: give one")
+        egress = self.egress
+        if EXTENSION_POOL in self.extensions and (egress["network_policy"] is not None or not egress["allow_internet"]):
+            raise _refuse(
+                "extensions", self.extensions,
+                "poolRef cannot be combined with a networkPolicy (the server refuses it: a pool's pods are "
+                "made in advance). Set allow_internet: true and give the Pool its egress rules instead",
+            )
 
     @property
     def egress(self) -> dict[str, Any]:
@@ -209,6 +350,7 @@ class OpenSandboxSettings(BackendSettings):
 
     def __repr__(self) -> str:
         shown = {name: value for name, value in dataclasses.asdict(self).items() if name != "api_key"}
+        shown["volumes"] = tuple(_masked(volume) for volume in self.volumes)
         key = "None" if self.api_key is None else "'***'"
         return f"OpenSandboxSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())}, api_key={key})"
 

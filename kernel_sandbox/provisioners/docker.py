@@ -35,6 +35,7 @@ from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..privdir import CONFIG, PrivateDir
 from ..settings import DockerSettings
+from .budget import BUDGET, Claim
 from .launched import LaunchedProvisioner
 
 
@@ -69,6 +70,17 @@ class DockerProvisioner(LaunchedProvisioner):
     def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool]:
         """Removes the container a standby's launcher left, on the launcher's engine."""
         return functools.partial(_remove_left, _engine_env(launcher_env))
+
+    def budget_claim(self, settings: DockerSettings) -> Claim:
+        """One kernel and its ``memory`` limit, under the settings' ``max_kernels`` and ``max_memory``."""
+        return Claim(memory=settings.memory or 0, max_kernels=settings.max_kernels, max_memory=settings.max_memory)
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Re-attach (see :class:`~.launched.LaunchedProvisioner`); the kernel runs already, so it is
+        counted in the kernel budget, room or not."""
+        await super().load_provisioner_info(provisioner_info)
+        if self._reservation is None:
+            self._reserve(BUDGET.hold(self.budget_claim(self.settings())))
 
     @property
     def container_id(self) -> str | None:

@@ -49,6 +49,7 @@ from ..privdir import (
     PrivateDir,
 )
 from ..settings import BackendSettings
+from .budget import BUDGET, Claim, Reservation
 from .standby import POOL, Recipe, Standby
 
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
@@ -94,6 +95,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
     _stopping = False
     _recipe: Recipe | None = None
     _adopting: Standby | None = None
+    _reservation: Reservation | None = None
+    """This kernel's share of the process's kernel budget (:mod:`.budget`), held until its launcher ended."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Declare a configurable trait for every option of ``settings_model`` the subclass does not define.
@@ -150,6 +153,10 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         """What removes the container or sandbox a standby's launcher left (given its state); None: nothing."""
         return None
 
+    def budget_claim(self, settings: Any) -> Claim | None:
+        """What a kernel of ``settings`` takes from this process's kernel budget; None: it is not counted."""
+        return None
+
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Check the settings; take a standby of this configuration, or prepare a cold start."""
         if kwargs.pop("transport_encryption", "disabled") == "required":
@@ -167,8 +174,12 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self.private is None and self._recipe is not None:  # a restart keeps its addresses: cold
             self._adopting = await self._take_standby(self._recipe, kernel_env.get("JPY_SESSION_NAME"))
             if self._adopting is not None:
+                self._reserve(self._adopting.take_reservation())
                 km.cleanup_connection_file()
                 return {**kwargs, "cmd": self._adopting.process.args}
+        claim = self.budget_claim(settings)
+        if claim is not None and self._reservation is None:  # a restart keeps its share
+            self._reserve(await BUDGET.acquire(claim, settings.launch_timeout, POOL.evict_one))
         if self.private is None:
             self.private = PrivateDir.create()
             self.private.hold(OWNER_LOCK)
@@ -199,6 +210,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             backend=self.backend, settings=settings.to_config(), image=image,
             context=self.standby_context(settings, cwd), kernel_env=kernel_env, launcher_env=launcher_env,
             cwd=cwd, count=count, log=self.log, cleanup=self.standby_cleanup(launcher_env),
+            claim=self.budget_claim(settings),
         )
 
     async def _take_standby(self, recipe: Recipe, session_name: str | None) -> Standby | None:
@@ -332,7 +344,13 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         if not restart:
             await self._forget()
 
+    def _reserve(self, reservation: Reservation | None) -> None:
+        if self._reservation is not None and self._reservation is not reservation:
+            self._reservation.release()
+        self._reservation = reservation
+
     async def _forget(self) -> None:
+        self._reserve(None)
         if self.private is not None:
             self.private.remove()
             self.private = None

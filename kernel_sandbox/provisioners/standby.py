@@ -57,6 +57,7 @@ from jupyter_client.session import new_id_bytes
 from ..containers import LABEL_KERNEL_ID, LABEL_PRIVATE_DIR
 from ..errors import KernelSandboxError
 from ..privdir import ADOPTED, EXIT, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
+from .budget import BUDGET, Claim, Reservation
 
 MAX_CONFIGURATIONS = 4
 """Configurations the pool keeps standbys for; the least recently launched one's are stopped first."""
@@ -100,6 +101,8 @@ class Recipe:
     log: Any = field(default=log, compare=False, repr=False)
     cleanup: Callable[[dict[str, Any]], bool] | None = field(default=None, compare=False, repr=False)
     """Removes what an ended launcher left (given its ``launcher.json`` state); False: not now (engine away)."""
+    claim: Claim | None = field(default=None, compare=False, repr=False)
+    """What a standby of it takes from the process's kernel budget (:mod:`.budget`); None: not counted."""
 
     @property
     def family(self) -> str:
@@ -135,6 +138,7 @@ class Standby:
         """Set when the launcher should start now rather than after :data:`REFILL_DELAY`."""
         self._lock = threading.Lock()
         self._stopped = False
+        self._reservation: Reservation | None = None
 
     def __repr__(self) -> str:
         state = "starting" if not self.started.done() else "ready" if self.started.result() else "failed"
@@ -155,6 +159,10 @@ class Standby:
 
         recipe = self.recipe
         try:
+            if recipe.claim is not None:
+                self._reservation = BUDGET.try_acquire(recipe.claim)
+                if self._reservation is None:
+                    raise RuntimeError("no room in the kernel budget (max_kernels, max_memory) for a standby")
             private = self.private = PrivateDir.create()
             private.hold(OWNER_LOCK)
             connection_file, info = write_connection_file(
@@ -183,6 +191,17 @@ class Standby:
             self.error = str(reason or f"the launcher exited with code {code}")
         except (OSError, RuntimeError, KernelSandboxError) as exc:  # costs a cold start, nothing more
             self.error = str(exc)
+
+    def take_reservation(self) -> Reservation | None:
+        """Hand this standby's share of the kernel budget to the provisioner that adopts it."""
+        reservation, self._reservation = self._reservation, None
+        return reservation
+
+    def _let_go(self) -> None:
+        """Give this standby's share of the kernel budget back (its launcher has ended, or is let go)."""
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            reservation.release()
 
     @property
     def stopped(self) -> bool:
@@ -216,9 +235,11 @@ class Standby:
             try:
                 self.process.wait(timeout=wait)
             except subprocess.TimeoutExpired:
+                self._let_go()
                 if self.private is not None:
                     self.private.release(OWNER_LOCK)
                 return
+        self._let_go()
         self.discard(max(deadline - time.monotonic(), 0) if retry is None else retry)
 
     def discard(self, retry: float = LEFTOVER_RETRY) -> None:
@@ -311,6 +332,21 @@ class StandbyPool:
             self.retire(standby)
         for standby in new:
             threading.Thread(target=self._start, args=(standby,), name="kernel-sandbox-standby", daemon=True).start()
+
+    def evict_one(self) -> bool:
+        """Stop one ready, idle standby (of the least recently launched configuration) to make room in the
+        kernel budget for a launch that matches none; True when one was stopped."""
+        with self._lock:
+            for standbys in self._families.values():
+                standby = next((s for s in standbys if s.started.done() and s.alive()), None)
+                if standby is not None:
+                    standbys.remove(standby)
+                    break
+            else:
+                return False
+        standby.recipe.log.info("kernel-sandbox: stopping standby %s to make room in the kernel budget", standby.kernel_id)
+        self.retire(standby)
+        return True
 
     def _start(self, standby: Standby) -> None:
         standby.started.set_running_or_notify_cancel()

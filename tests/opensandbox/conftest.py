@@ -185,6 +185,7 @@ def fake_opensandbox(fake_opensandbox_server: FakeOpenSandbox) -> Iterator[FakeO
     lifecycle = fake_opensandbox_server.lifecycle
     lifecycle.polls_until_running = 0
     lifecycle.advertised_token = None
+    lifecycle.endpoint_answers = {}
     yield fake_opensandbox_server
     leaked = [sandbox.id for sandbox in lifecycle.live()]
     lifecycle.sandboxes.clear()

@@ -94,6 +94,8 @@ class FakeLifecycle:
         self.requests: list[tuple[str, str]] = []
         self.polls_until_running = 0
         self.advertised_token: str | None = None
+        self.endpoint_answers: dict[int, tuple[int, dict[str, Any]] | float] = {}
+        """Per port: ``(status, body)`` to answer instead of the endpoint, or seconds to hang before answering."""
         self._ids = itertools.count(1)
         self.port = 0
 
@@ -213,9 +215,16 @@ def stop_jupyter(sandbox: FakeSandbox) -> None:
 
 
 class EndpointHandler(_LifecycleHandler):
-    def get(self, sandbox_id: str, port: str) -> None:
+    async def get(self, sandbox_id: str, port: str) -> None:
         sandbox = self.sandbox(sandbox_id)
         if sandbox is None:
+            return
+        answer = self.lifecycle.endpoint_answers.get(int(port))
+        if isinstance(answer, float):
+            await asyncio.sleep(answer)
+        elif answer is not None:
+            self.set_status(answer[0])
+            self.finish(answer[1])
             return
         if int(port) == 0:
             self.fail(400, "SANDBOX::INVALID_PORT", "port must be between 1 and 65535")

@@ -13,7 +13,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from ...errors import ConfigError
+from ...errors import ConfigError, SandboxError
 from ...kernelspecs import kernel_manager as spec_kernel_manager
 
 KERNEL_NAME = "kernel-sandbox-execution"
@@ -39,6 +39,12 @@ class Backend:
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         """The in-memory kernelspec with the sandbox ``options`` mapped onto its provisioner."""
         raise NotImplementedError
+
+    async def pause(self, provisioner: Any, paused: bool) -> None:
+        """Pause (``paused``) or resume the kernel's sandbox; a backend that cannot says so."""
+        raise SandboxError(
+            f"the {self.name} backend cannot pause a kernel; pause() and resume() are for the opensandbox backend"
+        )
 
     def kill_now(self, provisioner: Any) -> None:
         """Stop the kernel without an event loop (garbage collection, interpreter exit): kill its

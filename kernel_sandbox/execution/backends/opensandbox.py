@@ -7,7 +7,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
-from ...errors import ConfigError
+from ...errors import ConfigError, SandboxError
 from ...kernelspecs import OPENSANDBOX_SPEC, shipped_spec
 from . import Backend, given
 
@@ -51,3 +51,17 @@ class OpenSandboxBackend(Backend):
 
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         return shipped_spec(OPENSANDBOX_SPEC, opensandbox_config(options))
+
+    async def pause(self, provisioner: Any, paused: bool) -> None:
+        """Pause or resume the kernel's sandbox on the server and wait until it is Paused or Running."""
+        from ...opensandbox.client import OpenSandboxClient
+
+        sandbox_id = provisioner.sandbox_id
+        if not sandbox_id:
+            raise SandboxError("the kernel's sandbox is not known yet; start the sandbox first")
+        settings = provisioner.settings()
+        async with OpenSandboxClient(
+            settings.api_base, settings.api_key, limits=settings.limits,
+            poll_interval=min(settings.poll_interval, 0.5), ready_timeout=settings.ready_timeout,
+        ) as client:
+            await (client.pause(sandbox_id) if paused else client.resume(sandbox_id))
