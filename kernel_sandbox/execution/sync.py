@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
+from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
 from .backends import DEFAULT_BACKEND
 from .collector import Callback
@@ -95,6 +96,10 @@ class Sandbox:
     ) -> Execution:
         """See :meth:`AsyncSandbox.run`."""
         return LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env))
+
+    def metrics(self) -> Usage:
+        """See :meth:`AsyncSandbox.metrics`."""
+        return LoopThread.run(self._async.metrics())
 
     def restart(self) -> None:
         """See :meth:`AsyncSandbox.restart`."""

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import zmq
 
 from ..errors import KernelLaunchError
+from ..metrics import Usage, usage_reply
 from ..policy import OutputPolicy
 from ..privdir import LAUNCHER_LOCK, PrivateDir
 from .gate import TcpGate
@@ -145,6 +146,13 @@ class KernelLink(Protocol):
 
     async def stop(self) -> None:
         """End the kernel and remove its sandbox; safe to call at any time, twice too."""
+
+    def usage(self) -> Usage | None:
+        """The sandbox's usage now, read by the host (None where it cannot be)."""
+
+    def limits_hit(self, error_text: str = "") -> list[str]:
+        """The limits the kernel ran into since this was last asked, read by the host (say, pids_limit);
+        ``error_text`` is the error being explained (see :func:`kernel_sandbox.metrics.near_misses`)."""
 
 
 class Reader:
@@ -318,10 +326,34 @@ class Front:
     def _request_handler(self, channel: str) -> Callable[[list[Any]], None]:
         def handle(frames: list[Any]) -> None:
             message = unpack(frames, self._signer, f"client on {channel}")
-            if message is not None and self._link is not None:
-                self._link.send(channel, *message)
+            if message is None or self._link is None:
+                return
+            idents, parts = message
+            if channel == "control" and b"usage_request" in parts[0] and _msg_type(parts[0]) == "usage_request":
+                self._answer_usage(idents, parts)
+            else:
+                self._link.send(channel, idents, parts)
 
         return handle
+
+    def _answer_usage(self, idents: list[bytes], parts: list[bytes]) -> None:
+        """Answer jupyter-resource-usage's ``usage_request`` from the host's reading; the kernel never sees it."""
+        assert self._link is not None
+        parts = [self._header("usage_reply"), bytes(parts[0]), b"{}", _dumps(usage_reply(self._link.usage()))]
+        if not self._readers["control"].send([*idents, DELIM, self._signer.sign(parts), *parts]):
+            log.warning("dropped a usage_reply: the client does not read its control channel")
+
+    def _header(self, msg_type: str) -> bytes:
+        """The header of a message the launcher itself sends."""
+        return _dumps(new_header(msg_type, self._session))
+
+    def _name_limits(self, idents: list[bytes], parts: list[bytes]) -> None:
+        """After a kernel's error: a stderr note, in the same cell, for each limit the host saw it hit."""
+        assert self._link is not None
+        for note in self._link.limits_hit(bytes(parts[3][:4096]).decode(errors="replace")):
+            log.warning("the kernel hit a limit: %s", note)
+            content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {note}\n"})
+            self.from_kernel("iopub", idents, [self._header("stream"), parts[1], b"{}", content])
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:
@@ -353,15 +385,7 @@ class Front:
         if not event or event[0] != 1:
             return
         topic = event[1:]
-        header = {
-            "msg_id": uuid.uuid4().hex,
-            "msg_type": "iopub_welcome",
-            "username": "kernel",
-            "session": self._session,
-            "date": datetime.now(timezone.utc).isoformat(),
-            "version": PROTOCOL_VERSION,
-        }
-        parts = [_dumps(header), b"{}", b"{}", _dumps({"subscription": topic.decode(errors="replace")})]
+        parts = [self._header("iopub_welcome"), b"{}", b"{}", _dumps({"subscription": topic.decode(errors="replace")})]
         self._readers["iopub"].send([*([topic] if topic else []), DELIM, self._signer.sign(parts), *parts])
 
     def from_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
@@ -390,6 +414,10 @@ class Front:
         else:
             self._dropping[channel] = False
             self._relay(channel, idents, parts)
+        header = parts[0]
+        if channel == "iopub" and self._link is not None and isinstance(header, bytes) and b'"error"' in header \
+                and _msg_type(header) == "error":
+            self._name_limits(idents, parts)
 
     def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
         """Filter and send one message (the channel may be left waiting for it); never raises."""
@@ -400,6 +428,9 @@ class Front:
                 return
             if channel == "iopub" and msg_type == "iopub_welcome":
                 return  # the front welcomes its own subscribers
+            if channel == "control" and msg_type == "usage_reply":
+                log.debug("dropped a usage_reply from the kernel: the launcher answers usage requests")
+                return
             if channel != "iopub" and msg_type in COMM_TYPES:
                 log.warning("dropped a %s on %s: kernels send comm messages on IOPub only", msg_type, channel)
                 return
@@ -480,6 +511,18 @@ class Front:
         if self._gate_dir is not None:
             self._gate_dir.remove()
             self._gate_dir = None
+
+
+def new_header(msg_type: str, session: str) -> dict[str, Any]:
+    """A fresh message header of ``session``, as a kernel writes it."""
+    return {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": msg_type,
+        "username": "kernel",
+        "session": session,
+        "date": datetime.now(timezone.utc).isoformat(),
+        "version": PROTOCOL_VERSION,
+    }
 
 
 def _dumps(value: Any) -> bytes:

@@ -15,6 +15,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from ...errors import ConfigError
 from ...kernelspecs import kernel_manager as spec_kernel_manager
+from ...metrics import CgroupProbe, MetricsUnavailable
 
 KERNEL_NAME = "kernel-sandbox-execution"
 DEFAULT_BACKEND = "docker"
@@ -37,6 +38,10 @@ class Backend:
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         """The in-memory kernelspec with the sandbox ``options`` mapped onto its provisioner."""
         raise NotImplementedError
+
+    def probe(self, provisioner: Any) -> CgroupProbe:
+        """The host's reader of the running kernel's usage (:class:`MetricsUnavailable` where there is none)."""
+        raise MetricsUnavailable(f"the {self.name} backend offers no usage figures read by the host")
 
     def kill_now(self, provisioner: Any) -> None:
         """Stop the kernel without an event loop (garbage collection, interpreter exit): kill its
