@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_execution
+import bench_metrics
 import bench_output
 import bench_peers
 import bench_policy
@@ -36,6 +37,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = {  # quick, full
     "cold": (2, 10), "execute": (20, 200), "tools": (5, 50), "api": (10, 100),
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
+    "metrics": (20, 300),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -51,6 +53,7 @@ MEASURES = [
     Measure("policy", "Strict output policy: cost per kernel→client message", "µs",
             "What the relay pays per message because of the policy (JSON parse/serialize included when it "
             "inspects); real messages of a local ipykernel.", log=True),
+    *bench_metrics.MEASURES,
 ]
 
 
@@ -94,6 +97,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("relay", ["relay"], lambda: _relay(pick["relay"])),
         ("scale", ["scale_count", "scale_time", "scale_memory"], lambda: _scale(pick["scale"])),
         ("policy", ["policy"], lambda: asyncio.to_thread(lambda: bench_policy.rows(bench_policy.measure(pick["policy"])))),
+        ("metrics", ["metrics"], lambda: _metrics(pick["metrics"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -112,6 +116,10 @@ async def _relay(rounds: int) -> list[Row]:
     return bench_relay.rows(await bench_relay.measure(rounds), rounds)
 
 
+async def _metrics(rounds: int) -> list[Row]:
+    return bench_metrics.rows(await bench_metrics.measure(rounds))
+
+
 async def _scale(kernels: int) -> list[Row]:
     return bench_scale.rows(await bench_scale.measure(kernels))
 
@@ -121,7 +129,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
-    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy"],
+    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "metrics"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

@@ -192,7 +192,7 @@ class _Channel(asyncio.BufferedProtocol):
             else:
                 self.peer.buffer_updated(nbytes)
         except ChannelProtocolError as exc:
-            self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
+            self.link._broken(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
                 self.transport.abort()  # the connector's stdin closes: it ends the kernel
 
@@ -394,6 +394,7 @@ class DockerLink:
         self._cgroup: CgroupProbe | None = None
         self._checked = Usage()
         self._killed: str | None = None
+        self._broken_by: ExitStatus | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -664,7 +665,20 @@ class DockerLink:
             self._killed = str(attributes.get("signal", "?"))
         elif status == "die":
             code = int(attributes.get("exitCode", 1))
+            if self._broken_by is not None and not self._oom and self._killed is None:
+                self._end(self._broken_by)
             self._end(ExitStatus(code or (137 if self._oom else 0), self._ending(code)))
+
+    def _broken(self, status: ExitStatus) -> None:
+        """A channel's stream broke: the kernel's doing, unless the engine reports another end meanwhile.
+
+        A container killed from outside breaks its streams before the engine's events say so;
+        the engine's word (kill, OOM) wins when it comes within :data:`EXIT_REPORT_WAIT` s.
+        """
+        if self._broken_by is not None or self._ended.done():
+            return
+        self._broken_by = status
+        self._loop.call_later(EXIT_REPORT_WAIT, self._end, status)
 
     def _ending(self, code: int) -> str:
         """How the container ended, in words, from what the engine reported (never from the kernel)."""
