@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from . import __version__
-from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
+from .containers import DEFAULT_IMAGE, docker_client, gc
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
@@ -158,15 +158,11 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """List kernel containers (a standby kernel, started ahead of need, shows as standby) and their usage."""
-    from .provisioners.standby import kernel_of
-    from .top import Sampler, usage_columns
+    from .top import INSPECT_TIMEOUT, Sampler, usage_columns
 
-    client = docker_client()
-    sampler = Sampler(client)
-    for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
-        kernel_id = kernel_of(container.labels)
-        usage = "\t".join(usage_columns(sampler.usage(container)))  # memory, CPU, pids, tmpfs, OOM kills
-        print(f"{container.name}\t{container.status}\t{f'kernel {kernel_id}' if kernel_id else 'standby'}\t{usage}")
+    for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():  # one listing: a container that hangs its inspect shows no usage
+        usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
+        print(f"{row.name}\t{row.status}\t{f'kernel {row.kernel}' if row.kernel else 'standby'}\t{usage}")
     return 0
 
 
@@ -174,14 +170,14 @@ def cmd_top(args: argparse.Namespace) -> int:
     """Show every kernel container's memory, CPU, pids and tmpfs use, refreshed in place (q quits)."""
     from pathlib import Path
 
-    from .top import Recording, top
+    from .top import INSPECT_TIMEOUT, Recording, top
 
     if args.interval <= 0:
         raise ConfigError(f"--interval must be a positive number of seconds, not {args.interval}")
     if not sys.stdout.isatty():
         raise ConfigError("kernel-sandbox top draws on a terminal; use `kernel-sandbox ps` for one listing")
     recording = Recording(args.kernel) if args.plot else None
-    top(docker_client(), args.interval, args.duration, recording)
+    top(docker_client(INSPECT_TIMEOUT), args.interval, args.duration, recording)
     if recording is not None:
         recording.write(Path(args.plot))
         print(f"Wrote {args.plot}")

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import curses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import docker.errors
+import requests.exceptions
 
 from .containers import OURS
 from .errors import ConfigError, MetricsUnavailable
@@ -39,18 +43,23 @@ class Row:
 
     name: str
     status: str
-    kernel: str
+    kernel: str | None
+    """The kernel's id; None for a standby not taken yet."""
     container_id: str
     usage: Usage | None
 
     def cells(self) -> list[str]:
         """The row's text, one item per :data:`COLUMNS`."""
-        return [self.name, self.status, self.kernel, *usage_columns(self.usage)]
+        return [self.name, self.status, self.kernel[:12] if self.kernel else "standby", *usage_columns(self.usage)]
 
 
 @dataclass
 class Sampler:
-    """Kernel containers and their usage; probes are kept between samples, so CPU % is per interval."""
+    """Kernel containers and their usage; probes are kept between samples, so CPU % is per interval.
+
+    The containers are listed in one engine call; each running one is inspected once, when first
+    seen (a container whose inspect fails or hangs shows no figures, and is asked again next time).
+    """
 
     client: Any
     probes: dict[str, CgroupProbe] = field(default_factory=dict)
@@ -60,21 +69,33 @@ class Sampler:
         from .provisioners.standby import kernel_of
 
         rows = []
-        for container in self.client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
-            kernel_id = kernel_of(container.labels)
-            rows.append(Row(container.name, container.status, kernel_id[:12] if kernel_id else "standby",
-                            container.id, self.usage(container)))
+        for summary in self.client.api.containers(all=True, filters={"label": OURS}):
+            container_id, labels = summary["Id"], summary.get("Labels") or {}
+            kernel_id = kernel_of(labels)
+            usage = self._usage_of(container_id) if summary.get("State") == "running" else None
+            name = (summary.get("Names") or ["/?"])[0].lstrip("/")
+            rows.append(Row(name, summary.get("State", "?"), kernel_id, container_id, usage))
         self.probes = {row.container_id: self.probes[row.container_id] for row in rows if row.container_id in self.probes}
         return rows
 
-    def usage(self, container: Any) -> Usage | None:
-        """The container's usage, None when it is not running or its cgroup is out of reach."""
+    def _usage_of(self, container_id: str) -> Usage | None:
+        if container_id not in self.probes:
+            try:
+                attrs = self.client.api.inspect_container(container_id)
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                return None
+            return self.usage(attrs)
+        return self.usage({"Id": container_id})
+
+    def usage(self, attrs: Mapping[str, Any]) -> Usage | None:
+        """The usage of the container with inspect data ``attrs``; None when not running or out of reach."""
+        container_id = attrs["Id"]
         try:
-            probe = self.probes.get(container.id) or CgroupProbe.for_container(container.attrs)
-            self.probes[container.id] = probe
+            probe = self.probes.get(container_id) or CgroupProbe.for_container(attrs)
+            self.probes[container_id] = probe
             return probe.read()
         except MetricsUnavailable:
-            self.probes.pop(container.id, None)
+            self.probes.pop(container_id, None)
             return None
 
 
@@ -100,7 +121,7 @@ class Recording:
     def add(self, rows: list[Row]) -> None:
         """Take the followed kernel's sample from ``rows`` (the first running kernel when none was named)."""
         for row in rows:
-            if row.usage is None or (self.kernel and not (row.kernel.startswith(self.kernel) or row.name == self.kernel)):
+            if row.usage is None or (self.kernel and not ((row.kernel or "").startswith(self.kernel) or row.name == self.kernel)):
                 continue
             if not self.name:
                 self.name = row.name
@@ -137,6 +158,10 @@ class Recording:
         plt.close(figure)
 
 
+INSPECT_TIMEOUT = 10
+"""Seconds ``top`` waits for one engine call (a hung container's inspect must not freeze the screen)."""
+
+
 def top(client: Any, interval: float, duration: float | None = None, recording: Recording | None = None) -> None:
     """Redraw the kernels' usage in place every ``interval`` s until q, Ctrl-C or ``duration`` s."""
     sampler = Sampler(client)
@@ -147,11 +172,16 @@ def _loop(screen: Any, sampler: Sampler, interval: float, duration: float | None
     curses.curs_set(0)
     screen.timeout(int(interval * 1000))
     ends = None if duration is None else time.monotonic() + duration
+    rows: list[Row] = []
     while ends is None or time.monotonic() < ends:
-        rows = sampler.rows()
-        if recording is not None:
+        problem = ""
+        try:
+            rows = sampler.rows()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            problem = f"the Docker engine did not answer ({type(exc).__name__}); showing the last figures"
+        if recording is not None and not problem:
             recording.add(rows)
-        _draw(screen, rows)
+        _draw(screen, rows, problem)
         try:
             key = screen.getch()
         except KeyboardInterrupt:
@@ -160,10 +190,10 @@ def _loop(screen: Any, sampler: Sampler, interval: float, duration: float | None
             return
 
 
-def _draw(screen: Any, rows: list[Row]) -> None:
+def _draw(screen: Any, rows: list[Row], problem: str = "") -> None:
     height, width = screen.getmaxyx()
     header = f"kernel-sandbox top  {time.strftime('%H:%M:%S')}  {len(rows)} kernel(s)  (q quits)"
     screen.erase()
-    for y, text in enumerate([header, "", *table(rows)][: height - 1]):
+    for y, text in enumerate([header, problem, *table(rows)][: height - 1]):
         screen.addnstr(y, 0, text, width - 1, curses.A_BOLD if y in (0, 2) else curses.A_NORMAL)
     screen.refresh()

@@ -60,6 +60,13 @@ async def test_metrics_follow_the_cgroup_to_90_percent_of_the_limit() -> None:
         assert abs(usage.memory - counted) <= 0.02 * usage.memory_limit
         assert {t.mount: t for t in usage.tmpfs}["/tmp"].used >= 2**22
         assert "memory=" in repr(usage) and "/256.0MiB" in repr(usage)
+        listing = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True,
+            check=True, timeout=120)
+        [line] = [line for line in listing.stdout.splitlines() if sandbox._km.provisioner.kernel_id in line]
+        name, status, kernel, memory, cpu, pids, tmpfs, oom = line.split("\t")
+        assert status == "running" and memory.endswith("/256.0MiB (%s%%)" % memory.rsplit("(", 1)[1][:-2])
+        assert cpu.endswith("/100%") and pids.endswith("/48") and "tmp:" in tmpfs and oom == "0"
 
 
 async def test_limits_are_named_in_execution_and_tool_errors() -> None:
@@ -224,7 +231,8 @@ async def test_top_redraws_in_place_in_a_terminal_and_plots(tmp_path: Path) -> N
             first = await asyncio.to_thread(_screen_until, session, lambda s: name in s and "/256.0MiB" in s)
             assert "kernel-sandbox top" in first and "MEMORY" in first and name in first
             await sandbox.run("hog = b'x' * (96 * 2**20)")
-            later = await asyncio.to_thread(_screen_until, session, lambda s: _memory_shown(s, name) >= 120)
+            later = await asyncio.to_thread(
+                _screen_until, session, lambda s: _memory_shown(s, name) >= 120 and s.split("\n")[0] != first.split("\n")[0])
             assert _memory_shown(later, name) >= 120  # the hog's 96 MiB came into the table
             assert later.splitlines()[0] != first.splitlines()[0]  # the clock in the header moved: redrawn
             assert len([line for line in later.splitlines() if name in line]) == 1  # in place, not appended
