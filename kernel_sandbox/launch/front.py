@@ -56,6 +56,8 @@ CLIENT_QUEUE = 16
 CLIENT_MAX_BYTES = MAX_MESSAGE_BYTES
 """The largest message a client may send (``ZMQ_MAXMSGSIZE``): libzmq drops the connection of a
 client that announces more, before reading it (it would otherwise assemble it, unsigned, in memory)."""
+ERROR_TEXT_BYTES = 4096
+"""Bytes of a kernel error's content kept to explain it (see :func:`kernel_sandbox.metrics.near_misses`)."""
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
@@ -275,6 +277,8 @@ class Front:
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
         self._gate_dir: PrivateDir | None = None
+        self._failed: tuple[bytes, str] | None = None
+        """The parent header and text of the last error published, until its request goes idle."""
 
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
@@ -347,13 +351,21 @@ class Front:
         """The header of a message the launcher itself sends."""
         return _dumps(new_header(msg_type, self._session))
 
-    def _name_limits(self, idents: list[bytes], parts: list[bytes]) -> None:
-        """After a kernel's error: a stderr note, in the same cell, for each limit the host saw it hit."""
-        assert self._link is not None
-        for note in self._link.limits_hit(bytes(parts[3][:4096]).decode(errors="replace")):
-            log.warning("the kernel hit a limit: %s", note)
-            content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {note}\n"})
-            self.from_kernel("iopub", idents, [self._header("stream"), parts[1], b"{}", content])
+    def _watch_errors(self, idents: list[bytes], parts: list[bytes]) -> None:
+        """When a request that failed goes idle: first a stderr note, in the same cell, for each
+        limit the host saw the kernel hit. One reading of the cgroup per failed request, however
+        many errors the kernel publishes."""
+        header = parts[0]
+        if b'"error"' in header and _msg_type(header) == "error":
+            self._failed = (bytes(parts[1]), bytes(parts[3][:ERROR_TEXT_BYTES]).decode(errors="replace"))
+        elif self._failed is not None and b'"status"' in header and _msg_type(header) == "status" \
+                and b'"idle"' in bytes(parts[3][:200]):
+            (parent, text), self._failed = self._failed, None
+            assert self._link is not None
+            for note in self._link.limits_hit(text):
+                log.warning("the kernel hit a limit: %s", note)
+                content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {note}\n"})
+                self.from_kernel("iopub", idents, [self._header("stream"), parent, b"{}", content])
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:
@@ -399,6 +411,8 @@ class Front:
         bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
         dropped and logged; the session goes on.
         """
+        if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
+            self._watch_errors(idents, parts)
         held = self._held.get(channel)
         if held is None:
             log.warning("dropped a kernel message on the unknown channel %r", channel)
@@ -414,10 +428,6 @@ class Front:
         else:
             self._dropping[channel] = False
             self._relay(channel, idents, parts)
-        header = parts[0]
-        if channel == "iopub" and self._link is not None and isinstance(header, bytes) and b'"error"' in header \
-                and _msg_type(header) == "error":
-            self._name_limits(idents, parts)
 
     def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
         """Filter and send one message (the channel may be left waiting for it); never raises."""

@@ -258,3 +258,31 @@ async def test_a_kernel_killed_through_the_engine_is_named(docker_engine) -> Non
         assert manager.provisioner.exit_reason.startswith("killed through the Docker engine (signal 9")
     finally:
         await manager.shutdown_kernel(now=True)
+
+
+async def test_a_flood_of_error_messages_costs_one_reading_per_failed_request() -> None:
+    """The kernel publishes thousands of `error` messages: the launcher reads the cgroup once, when the request goes idle."""
+    config = Config({"DockerProvisioner": {"memory": "256m", "pids_limit": 24}})
+    manager = AsyncKernelManager(kernel_name="sandboxed-python", config=config)
+    await manager.start_kernel()
+    kc = manager.client()
+    kc.start_channels()
+    flood = """
+k = get_ipython().kernel
+for _ in range(3000):
+    k.session.send(k.iopub_socket, "error", {"ename": "E", "evalue": "v", "traceback": []}, parent=k.get_parent())
+""" + THREAD_BOMB
+    try:
+        await kc.wait_for_ready(timeout=60)
+        notes: list[str] = []
+
+        def hook(msg: dict) -> None:
+            if msg["msg_type"] == "stream" and "[kernel-sandbox]" in msg["content"]["text"]:
+                notes.append(msg["content"]["text"])
+
+        reply = await kc.execute_interactive(flood, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "error"
+        assert len(notes) == 1 and "pids_limit=24" in notes[0]  # the bomb's error, explained once
+    finally:
+        kc.stop_channels()
+        await manager.shutdown_kernel(now=True)
