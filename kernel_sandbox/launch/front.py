@@ -412,7 +412,10 @@ class Front:
         dropped and logged; the session goes on.
         """
         if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
-            self._watch_errors(idents, parts)
+            try:
+                self._watch_errors(idents, parts)
+            except Exception:  # the note is lost, never the kernel's message
+                log.exception("could not read the limits the kernel hit")
         held = self._held.get(channel)
         if held is None:
             log.warning("dropped a kernel message on the unknown channel %r", channel)
