@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from .settings import HOME_DIR, WORK_DIR, MiB
 
 __all__ = ["CgroupProbe", "MetricsUnavailable", "TmpfsUsage", "Usage", "near_misses"]
 
-TMPFS_OPTIONS = {"/tmp": "tmp_size", HOME_DIR: "home_size", WORK_DIR: "work_size", "/dev/shm": "shm_size"}
+TMPFS_OPTIONS = {"/tmp": "tmp_size", HOME_DIR: "home_size", WORK_DIR: "work_size"}
 """The setting that sizes each tmpfs of a kernel's container."""
 UNLIMITED_V1 = 2**62
 """cgroup v1 memory limits at or above this are 'no limit' (the kernel's page-rounded LONG_MAX)."""
@@ -251,7 +252,7 @@ class CgroupProbe:
                 f"(its init pid {pid} is in {own or unified!r})"
             )
         runtime = (attrs.get("HostConfig") or {}).get("Runtime") or "runc"
-        mounts = {point: TMPFS_OPTIONS.get(point, "") for point in (attrs.get("HostConfig") or {}).get("Tmpfs") or {}}
+        mounts = {point: TMPFS_OPTIONS.get(point, "") for point in sorted((attrs.get("HostConfig") or {}).get("Tmpfs") or {})}
         return cls(container_id, pid, dirs, version, mounts, _started(state), statfs=runtime == "runc")
 
     def _file(self, controller: str, name: str) -> str:
@@ -338,8 +339,6 @@ class CgroupProbe:
 
 
 def _started(state: Mapping[str, Any]) -> float:
-    from datetime import datetime
-
     text = str(state.get("StartedAt") or "")
     try:
         return datetime.fromisoformat(text[:26].rstrip("Z") + "+00:00").timestamp()
