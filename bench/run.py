@@ -26,6 +26,7 @@ from typing import Any
 
 import bench_egress
 import bench_execution
+import bench_metrics
 import bench_output
 import bench_peers
 import bench_policy
@@ -38,6 +39,7 @@ ROUNDS = {  # quick, full
     "cold": (2, 10), "execute": (20, 200), "tools": (5, 50), "api": (10, 100),
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
     "egress": (10, bench_egress.ROUNDS),
+    "metrics": (20, 300),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -56,6 +58,7 @@ MEASURES = [
     Measure("egress", "Egress proxy: a 1 MiB download through it vs direct on the host", "ms",
             "A local HTTP server on 127.0.0.1; the launcher's proxy code in process, the name resolved by a stub; "
             "each download on new connections, interleaved (bench_egress.py)."),
+    *bench_metrics.MEASURES,
 ]
 
 
@@ -100,6 +103,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("scale", ["scale_count", "scale_time", "scale_memory"], lambda: _scale(pick["scale"])),
         ("policy", ["policy"], lambda: asyncio.to_thread(lambda: bench_policy.rows(bench_policy.measure(pick["policy"])))),
         ("egress", ["egress"], lambda: _egress(pick["egress"])),
+        ("metrics", ["metrics"], lambda: _metrics(pick["metrics"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -122,6 +126,10 @@ async def _egress(rounds: int) -> list[Row]:
     return bench_egress.rows(await bench_egress.measure(rounds))
 
 
+async def _metrics(rounds: int) -> list[Row]:
+    return bench_metrics.rows(await bench_metrics.measure(rounds))
+
+
 async def _scale(kernels: int) -> list[Row]:
     return bench_scale.rows(await bench_scale.measure(kernels))
 
@@ -131,7 +139,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
-    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress"],
+    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "metrics"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

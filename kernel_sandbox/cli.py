@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from . import __version__
-from .containers import DEFAULT_IMAGE, OURS, docker_client, gc
+from .containers import DEFAULT_IMAGE, docker_client, gc
 from .controls import SafeWriter, escape_controls
 from .egress import PYPI, package_index
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
@@ -166,14 +166,33 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    """List kernel containers (a standby kernel, started ahead of need, shows as standby; an orphan, how long it waits to be re-attached)."""
-    from .provisioners.standby import kernel_of
+    """List kernel containers and their usage (a standby kernel, started ahead of need, shows as
+    standby; an orphan, how long it waits to be re-attached)."""
+    from .top import INSPECT_TIMEOUT, Sampler, usage_columns
 
     waiting = _orphans()
-    for container in docker_client().containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
-        kernel_id = kernel_of(container.labels)
-        note = waiting.get(kernel_id or "", "")
-        print(f"{container.name}\t{container.status}\t{f'kernel {kernel_id}' if kernel_id else 'standby'}{note}")
+    for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():  # one listing: a container that hangs its inspect shows no usage
+        usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
+        note = waiting.get(row.kernel or "", "")
+        print(f"{row.name}\t{row.status}\t{f'kernel {row.kernel}' if row.kernel else 'standby'}\t{usage}{note}")
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """Show every kernel container's memory, CPU, pids and tmpfs use, refreshed in place (q quits)."""
+    from pathlib import Path
+
+    from .top import INSPECT_TIMEOUT, Recording, top
+
+    if args.interval <= 0:
+        raise ConfigError(f"--interval must be a positive number of seconds, not {args.interval}")
+    if not sys.stdout.isatty():
+        raise ConfigError("kernel-sandbox top draws on a terminal; use `kernel-sandbox ps` for one listing")
+    recording = Recording(args.kernel) if args.plot else None
+    top(docker_client(INSPECT_TIMEOUT), args.interval, args.duration, recording)
+    if recording is not None:
+        recording.write(Path(args.plot))
+        print(f"Wrote {args.plot}")
     return 0
 
 
@@ -333,6 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser("ps", help=cmd_ps.__doc__, description=cmd_ps.__doc__)
     ps.set_defaults(func=cmd_ps)
+
+    watch = sub.add_parser("top", help=cmd_top.__doc__, description=cmd_top.__doc__ + (
+        " The figures are read by the host from each container's cgroup: memory (without inactive file cache)"
+        " against the memory limit, CPU in percent of one core against the cpus limit, processes and threads"
+        " against pids_limit, each tmpfs's use, and OOM kills so far."))
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    watch.add_argument("--duration", type=float, help="stop by itself after this many seconds")
+    watch.add_argument("--plot", metavar="FILE", help="record one kernel's memory and CPU; write them as a PNG at the end")
+    watch.add_argument("--kernel", help="the kernel --plot follows: a kernel id prefix or a container name "
+                                        "(default: the first running one)")
+    watch.set_defaults(func=cmd_top)
 
     run = sub.add_parser("run", help=cmd_run.__doc__, description=cmd_run.__doc__ + (
         " The output goes to NAME.out.ipynb next to the notebook unless -o or --inplace says otherwise;"

@@ -13,6 +13,7 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   └── KernelBudgetExceeded     no room in this process's max_kernels / max_memory until launch_timeout
     ├── ChannelProtocolError         a kernel broke ZMTP on one of its channels (the launcher ends it)
     ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
+    ├── MetricsUnavailable           a sandbox's usage cannot be read by the host (no cgroup here, not offered)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
@@ -81,6 +82,10 @@ class ChannelProtocolError(KernelSandboxError):
 
 class SetupError(KernelSandboxError):
     """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run instead."""
+
+
+class MetricsUnavailable(KernelSandboxError):
+    """A sandbox's usage cannot be read by the host: its cgroup is not here, or its backend offers none."""
 
 
 class SandboxError(KernelSandboxError):

@@ -212,3 +212,21 @@ async def debug_a_cell(kc: Any) -> None:
             await kc.get_iopub_msg(timeout=0.5)
     out = await kc.execute_interactive("print(z)", timeout=60)
     assert out["content"]["status"] == "ok"
+
+
+def cgroup_file(container_id: str, controller: str, name: str) -> str:
+    """A file of the container's cgroup, read by its path (cgroup v1 or v2, cgroupfs driver)."""
+    for path in (Path("/sys/fs/cgroup") / controller / "docker" / container_id / name,
+                 Path("/sys/fs/cgroup") / "docker" / container_id / name,
+                 Path("/sys/fs/cgroup/system.slice") / f"docker-{container_id}.scope" / name):
+        if path.exists():
+            return path.read_text()
+    raise AssertionError(f"no {name} for {container_id[:12]} under /sys/fs/cgroup")
+
+
+def memory_in_use(container_id: str) -> int:
+    """What the cgroup counts, less inactive file cache (as `docker stats` shows it)."""
+    stat = dict(line.split() for line in cgroup_file(container_id, "memory", "memory.stat").splitlines())
+    if "total_inactive_file" in stat:
+        return int(cgroup_file(container_id, "memory", "memory.usage_in_bytes")) - int(stat["total_inactive_file"])
+    return int(cgroup_file(container_id, "memory", "memory.current")) - int(stat["inactive_file"])

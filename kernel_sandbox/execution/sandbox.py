@@ -26,11 +26,13 @@ from ..errors import (
     CallTimeoutError,
     ConfigError,
     FramingError,
+    MetricsUnavailable,
     NetworkDisabledError,
     PathError,
     SandboxError,
     SandboxFileError,
 )
+from ..metrics import CgroupProbe, Usage, near_misses
 from ..policy import OutputPolicy
 from ..results import Execution, ExecutionError, FileInfo, ToolResult
 from .backends import DEFAULT_BACKEND, kernel_manager
@@ -140,6 +142,8 @@ class AsyncSandbox:
         self._unanswered = False  # the helper could not answer: restart the kernel before the next request
         self._kept_state: str | None = None
         self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
+        self._probe: CgroupProbe | None = None
+        self._checked = Usage()  # the counters when limits were last looked at: none yet
         self.work_dir: str = ""
         if not self._backend.sandboxed:
             warnings.warn(
@@ -298,6 +302,39 @@ class AsyncSandbox:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
+    # -- usage -------------------------------------------------------------------------------
+
+    async def metrics(self) -> Usage:
+        """The sandbox's usage against its limits now, read by the host (never asked of the kernel).
+
+        Raises :class:`MetricsUnavailable` where the host cannot read it (a remote engine, or a
+        backend without such figures: ``opensandbox``, ``local``).
+        """
+        if self._km is None:
+            raise MetricsUnavailable("the sandbox is not started")
+        return await asyncio.to_thread(self._sample)
+
+    def _sample(self) -> Usage:
+        """One sample from the kernel's current container (found again after a restart)."""
+        provisioner = self._km.provisioner if self._km is not None else None
+        probe = self._probe
+        if probe is None or probe.container_id != getattr(provisioner, "container_id", None):
+            probe = self._probe = self._backend.probe(provisioner)
+            self._checked = Usage()
+        return probe.read()
+
+    async def _name_limits(self, error: ExecutionError | None) -> None:
+        """Say in ``error`` which limits the kernel hit since they were last looked at, as the host reads them."""
+        if error is not None and error.name != "KernelDied":
+            try:
+                usage = await asyncio.to_thread(self._sample)
+            except MetricsUnavailable:
+                return
+            checked, self._checked = self._checked, usage
+            notes = near_misses(checked, usage, error.value)
+            if notes:
+                error.value = f"{error.value} [kernel-sandbox: {'; '.join(notes)}]"
+
     # -- the message exchange ----------------------------------------------------------------
 
     def _deadline(self, timeout: float | None) -> tuple[float, float]:
@@ -362,6 +399,7 @@ class AsyncSandbox:
             await self._recover(execution)
         elif reply:
             await self._drain_reply(msg_id, collector)
+        await self._name_limits(execution.error)
         return await collector.finish()
 
     async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
@@ -897,6 +935,8 @@ class AsyncSandbox:
         if not isinstance(body, dict) or not ("r" in body or "error" in body):
             raise FramingError("The tool call's answer holds neither a return value nor an error.")
         result.error = body_error(body)
+        if execution.error is None:
+            await self._name_limits(result.error)
         if result.error is None:
             result.status = "success"
             result.func_return = body["r"]

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
+from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
 from .backends import DEFAULT_BACKEND
 from .collector import Callback
@@ -113,6 +114,10 @@ class Sandbox:
     def resume(self) -> None:
         """Resume a paused sandbox and wait until it runs again."""
         LoopThread.run(self._async.resume())
+
+    def metrics(self) -> Usage:
+        """See :meth:`AsyncSandbox.metrics`."""
+        return LoopThread.run(self._async.metrics())
 
     def restart(self) -> None:
         """See :meth:`AsyncSandbox.restart`."""

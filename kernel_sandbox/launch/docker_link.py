@@ -54,6 +54,7 @@ from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError,
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import HELLO, MAX_RETRY_SECONDS, RETRY_SECONDS, connect
+from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
 from ..privdir import LAUNCHER_STATE
 from ..settings import MiB, DockerSettings
 from . import egress, journal
@@ -211,7 +212,7 @@ class _Channel(asyncio.BufferedProtocol):
             else:
                 self.peer.buffer_updated(nbytes)
         except ChannelProtocolError as exc:
-            self.link._end(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
+            self.link._broken(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
             if self.transport is not None:
                 self.transport.abort()  # the connector's stdin closes: it ends the kernel
 
@@ -457,6 +458,10 @@ class DockerLink:
         self._idle = True
         """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
         self._egress: egress.Egress | None = None
+        self._cgroup: CgroupProbe | None = None
+        self._checked = Usage()
+        self._killed: str | None = None
+        self._broken_by: ExitStatus | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -630,6 +635,29 @@ class DockerLink:
         wrong = applied_limits(container.attrs["HostConfig"], spec)
         if wrong:
             raise KernelLaunchError("The Docker engine did not apply the kernel's limits: " + "; ".join(wrong))
+        try:
+            self._cgroup = CgroupProbe.for_container(container.attrs)
+        except MetricsUnavailable as exc:
+            log.info("no usage figures for this kernel: %s", exc)
+
+    # -- usage ---------------------------------------------------------------------------------
+
+    def usage(self) -> Usage | None:
+        """The container's usage now, read from its cgroup (None where the host cannot read it)."""
+        if self._cgroup is None:
+            return None
+        try:
+            return self._cgroup.read()
+        except MetricsUnavailable:
+            return None
+
+    def limits_hit(self, error_text: str = "") -> list[str]:
+        """The limits the kernel ran into since this was last asked, read from the host (see :func:`near_misses`)."""
+        usage = self.usage()
+        if usage is None:
+            return []
+        checked, self._checked = self._checked, usage
+        return near_misses(checked, usage, error_text)
 
     # -- channels and messages -----------------------------------------------------------------
 
@@ -764,15 +792,38 @@ class DockerLink:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         status = event.get("status") or event.get("Action")
+        attributes = event.get("Actor", {}).get("Attributes", {})
         if status == "oom":
             self._oom = True
+        elif status == "kill" and not self._stopping:
+            self._killed = str(attributes.get("signal", "?"))
         elif status == "die":
-            code = int(event.get("Actor", {}).get("Attributes", {}).get("exitCode", 1))
-            if self._oom:
-                limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
-                self._end(ExitStatus(code or 137, f"out of memory{limit}"))
-            else:
-                self._end(ExitStatus(code, "the kernel shut down" if code == 0 else f"exit code {code}"))
+            code = int(attributes.get("exitCode", 1))
+            if self._broken_by is not None and not self._oom and self._killed is None:
+                self._end(self._broken_by)
+            self._end(ExitStatus(code or (137 if self._oom else 0), self._ending(code)))
+
+    def _broken(self, status: ExitStatus) -> None:
+        """A channel's stream broke: the kernel's doing, unless the engine reports another end meanwhile.
+
+        A container killed from outside breaks its streams before the engine's events say so;
+        the engine's word (kill, OOM) wins when it comes within :data:`EXIT_REPORT_WAIT` s.
+        """
+        if self._broken_by is not None or self._ended.done():
+            return
+        self._broken_by = status
+        self._loop.call_later(EXIT_REPORT_WAIT, self._end, status)
+
+    def _ending(self, code: int) -> str:
+        """How the container ended, in words, from what the engine reported (never from the kernel)."""
+        if self._oom:
+            limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
+            return f"out of memory{limit}; raise memory"
+        if self._killed is not None and self._killed not in ("2", "SIGINT"):
+            return f"killed through the Docker engine (signal {self._killed}: a `docker kill`, `docker stop` or `docker rm -f`)"
+        if code in (137, 128 + 9):
+            return "killed with SIGKILL by the container runtime or the host's kernel, not through the engine"
+        return "the kernel shut down" if code == 0 else f"exit code {code}"
 
     def _on_events_lost(self, exc: BaseException | None) -> None:
         if not (self._stopping or self._ended.done()):

@@ -22,7 +22,6 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from .. import __version__
@@ -30,7 +29,7 @@ from ..errors import CallDeadlineExceeded, OpenSandboxError, OutputLimitExceeded
 from ..opensandbox.client import ExecdClient
 from ..opensandbox.settings import OpenSandboxSettings
 from ..opensandbox.translate import CellRelay, CellTranslator
-from .front import PROTOCOL_VERSION, ExitStatus, Front
+from .front import PROTOCOL_VERSION, ExitStatus, Front, new_header
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -91,15 +90,7 @@ class ExecdRelay:
     # -- messages out ----------------------------------------------------------------------------
 
     def _message(self, msg_type: str, parent: bytes, content: dict[str, Any], metadata: bytes = _EMPTY) -> list[bytes]:
-        header = {
-            "msg_id": uuid.uuid4().hex,
-            "msg_type": msg_type,
-            "username": "kernel",
-            "session": self._session,
-            "date": datetime.now(timezone.utc).isoformat(),
-            "version": PROTOCOL_VERSION,
-        }
-        return [_dumps(header), parent, metadata, _dumps(content)]
+        return [_dumps(new_header(msg_type, self._session)), parent, metadata, _dumps(content)]
 
     def publish(self, msg_type: str, parent: bytes, content: dict[str, Any]) -> None:
         """Send an IOPub message whose parent is the request with header bytes ``parent``."""

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import zmq
 
 from ..errors import ConfigError, KernelLaunchError
+from ..metrics import Usage, usage_reply
 from ..policy import OutputPolicy
 from ..privdir import LAUNCHER_LOCK, PrivateDir
 from .gate import TcpGate
@@ -56,6 +57,8 @@ CLIENT_QUEUE = 16
 CLIENT_MAX_BYTES = MAX_MESSAGE_BYTES
 """The largest message a client may send (``ZMQ_MAXMSGSIZE``): libzmq drops the connection of a
 client that announces more, before reading it (it would otherwise assemble it, unsigned, in memory)."""
+ERROR_TEXT_BYTES = 4096
+"""Bytes of a kernel error's content kept to explain it (see :func:`kernel_sandbox.metrics.near_misses`)."""
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
@@ -148,6 +151,13 @@ class KernelLink(Protocol):
 
     async def stop(self) -> None:
         """End the kernel and remove its sandbox; safe to call at any time, twice too."""
+
+    def usage(self) -> Usage | None:
+        """The sandbox's usage now, read by the host (None where it cannot be)."""
+
+    def limits_hit(self, error_text: str = "") -> list[str]:
+        """The limits the kernel ran into since this was last asked, read by the host (say, pids_limit);
+        ``error_text`` is the error being explained (see :func:`kernel_sandbox.metrics.near_misses`)."""
 
 
 class Reader:
@@ -277,9 +287,11 @@ class Front:
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
         self._gate_dir: PrivateDir | None = None
-        self.requests: dict[str, Callable[[Any], dict[str, Any]]] = {}
+        self.requests: dict[str, Callable[[Any], dict[str, Any]]] = {"usage_request": self._usage}
         """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` → ``x_reply``):
         only a client holding the connection key can send them; the kernel never sees them."""
+        self._failed: tuple[bytes, str] | None = None
+        """The parent header and text of the last error published, until its request goes idle."""
 
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
@@ -333,7 +345,7 @@ class Front:
             message = unpack(frames, self._signer, f"client on {channel}")
             if message is None or self._link is None:
                 return
-            if channel == "control" and self.requests and self._answer(*message):
+            if channel == "control" and self._answer(*message):
                 return
             self._link.send(channel, *message)
 
@@ -350,13 +362,36 @@ class Front:
         except Exception as exc:  # a bad request is answered, never fatal
             log.exception("the launcher could not answer a %s", msg_type)
             content = {"status": "error", "evalue": str(exc)[:500]}
-        header = {
-            "msg_id": uuid.uuid4().hex, "msg_type": msg_type[: -len("_request")] + "_reply", "username": "kernel",
-            "session": self._session, "date": datetime.now(timezone.utc).isoformat(), "version": PROTOCOL_VERSION,
-        }
-        reply = [_dumps(header), bytes(parts[0]), b"{}", _dumps(content)]
-        self._readers["control"].send([*idents, DELIM, self._signer.sign(reply), *reply])
+        reply_type = msg_type[: -len("_request")] + "_reply"
+        reply = [self._header(reply_type), bytes(parts[0]), b"{}", _dumps(content)]
+        if not self._readers["control"].send([*idents, DELIM, self._signer.sign(reply), *reply]):
+            log.warning("dropped a %s: the client does not read its control channel", reply_type)
         return True
+
+    def _usage(self, content: Any) -> dict[str, Any]:
+        """Answer jupyter-resource-usage's ``usage_request`` from the host's reading of the cgroup."""
+        assert self._link is not None
+        return usage_reply(self._link.usage())
+
+    def _header(self, msg_type: str) -> bytes:
+        """The header of a message the launcher itself sends."""
+        return _dumps(new_header(msg_type, self._session))
+
+    def _watch_errors(self, idents: list[bytes], parts: list[bytes]) -> None:
+        """When a request that failed goes idle: first a stderr note, in the same cell, for each
+        limit the host saw the kernel hit. One reading of the cgroup per failed request, however
+        many errors the kernel publishes."""
+        header = parts[0]
+        if b'"error"' in header and _msg_type(header) == "error":
+            self._failed = (bytes(parts[1]), bytes(parts[3][:ERROR_TEXT_BYTES]).decode(errors="replace"))
+        elif self._failed is not None and b'"status"' in header and _msg_type(header) == "status" \
+                and b'"idle"' in bytes(parts[3][:200]):
+            (parent, text), self._failed = self._failed, None
+            assert self._link is not None
+            for note in self._link.limits_hit(text):
+                log.warning("the kernel hit a limit: %s", note)
+                content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {note}\n"})
+                self.from_kernel("iopub", idents, [self._header("stream"), parent, b"{}", content])
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:
@@ -388,15 +423,7 @@ class Front:
         if not event or event[0] != 1:
             return
         topic = event[1:]
-        header = {
-            "msg_id": uuid.uuid4().hex,
-            "msg_type": "iopub_welcome",
-            "username": "kernel",
-            "session": self._session,
-            "date": datetime.now(timezone.utc).isoformat(),
-            "version": PROTOCOL_VERSION,
-        }
-        parts = [_dumps(header), b"{}", b"{}", _dumps({"subscription": topic.decode(errors="replace")})]
+        parts = [self._header("iopub_welcome"), b"{}", b"{}", _dumps({"subscription": topic.decode(errors="replace")})]
         self._readers["iopub"].send([*([topic] if topic else []), DELIM, self._signer.sign(parts), *parts])
 
     def from_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
@@ -410,6 +437,11 @@ class Front:
         bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
         dropped and logged; the session goes on.
         """
+        if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
+            try:
+                self._watch_errors(idents, parts)
+            except Exception:  # the note is lost, never the kernel's message
+                log.exception("could not read the limits the kernel hit")
         held = self._held.get(channel)
         if held is None:
             log.warning("dropped a kernel message on the unknown channel %r", channel)
@@ -435,6 +467,9 @@ class Front:
                 return
             if channel == "iopub" and msg_type == "iopub_welcome":
                 return  # the front welcomes its own subscribers
+            if channel == "control" and msg_type == "usage_reply":
+                log.debug("dropped a usage_reply from the kernel: the launcher answers usage requests")
+                return
             if channel != "iopub" and msg_type in COMM_TYPES:
                 log.warning("dropped a %s on %s: kernels send comm messages on IOPub only", msg_type, channel)
                 return
@@ -515,6 +550,18 @@ class Front:
         if self._gate_dir is not None:
             self._gate_dir.remove()
             self._gate_dir = None
+
+
+def new_header(msg_type: str, session: str) -> dict[str, Any]:
+    """A fresh message header of ``session``, as a kernel writes it."""
+    return {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": msg_type,
+        "username": "kernel",
+        "session": session,
+        "date": datetime.now(timezone.utc).isoformat(),
+        "version": PROTOCOL_VERSION,
+    }
 
 
 def _dumps(value: Any) -> bytes:

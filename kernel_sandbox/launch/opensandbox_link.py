@@ -45,6 +45,7 @@ from ..opensandbox.client import (
 from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
 from ..opensandbox.gc import owner_metadata
 from ..opensandbox.jupyter import JupyterServer, KernelSocket
+from ..metrics import Usage
 from ..opensandbox.settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE
 from .execd_relay import ExecdRelay
@@ -528,6 +529,14 @@ class OpenSandboxLink:
     def pause_reading(self, channel: str, paused: bool) -> None:
         """Not paused per channel (the channels share one websocket, or execd's HTTP streams): while
         a client takes nothing, the front holds up to its ``HELD_BYTES`` per channel and drops the rest."""
+
+    def usage(self) -> Usage | None:
+        """None: the host has no reading of a sandbox's usage (execd's ``/metrics`` is the sandbox's own word)."""
+        return None
+
+    def limits_hit(self, error_text: str = "") -> list[str]:
+        """Nothing: no host-side reading of the sandbox's limits."""
+        return []
 
     async def interrupt(self) -> None:
         """Interrupt the running cell."""

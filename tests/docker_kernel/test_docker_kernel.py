@@ -197,7 +197,7 @@ async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFix
         deadline = time.monotonic() + 60
         while await manager.provisioner.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        assert manager.provisioner.exit_reason == "out of memory, limit 128 MiB"
+        assert manager.provisioner.exit_reason == "out of memory, limit 128 MiB; raise memory"
         assert "out of memory, limit 128 MiB" in caplog.text
 
 

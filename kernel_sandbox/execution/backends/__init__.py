@@ -15,6 +15,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from ...errors import ConfigError, SandboxError
 from ...kernelspecs import kernel_manager as spec_kernel_manager
+from ...metrics import CgroupProbe, MetricsUnavailable
 
 KERNEL_NAME = "kernel-sandbox-execution"
 DEFAULT_BACKEND = "docker"
@@ -45,6 +46,10 @@ class Backend:
         raise SandboxError(
             f"the {self.name} backend cannot pause a kernel; pause() and resume() are for the opensandbox backend"
         )
+
+    def probe(self, provisioner: Any) -> CgroupProbe:
+        """The host's reader of the running kernel's usage (:class:`MetricsUnavailable` where there is none)."""
+        raise MetricsUnavailable(f"the {self.name} backend offers no usage figures read by the host")
 
     def kill_now(self, provisioner: Any) -> None:
         """Stop the kernel without an event loop (garbage collection, interpreter exit): kill its

@@ -8,6 +8,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 
 from ...kernelspecs import DOCKER_SPEC, shipped_spec
+from ...metrics import CgroupProbe, MetricsUnavailable
 from . import Backend, given
 
 
@@ -33,6 +34,15 @@ class DockerBackend(Backend):
 
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         return shipped_spec(DOCKER_SPEC, docker_config(options))
+
+    def probe(self, provisioner: Any) -> CgroupProbe:
+        """The cgroup of the kernel's container, found through the engine's inspect data."""
+        from ...containers import docker_client
+
+        container_id = getattr(provisioner, "container_id", None)
+        if not container_id:
+            raise MetricsUnavailable("the kernel has no container (it is not running)")
+        return CgroupProbe.for_container(docker_client().api.inspect_container(container_id))
 
     def kill_now(self, provisioner: Any) -> None:
         """Remove the container first (the launcher may be too slow to), then the rest."""
