@@ -113,30 +113,33 @@ def _mapping_of(item: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return check
 
 
-def _record(fields: dict[str, Callable[[Any], Any]], required: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+class _Record:
     """A dict rebuilt from ``fields`` only, each value checked; _DROP without one of ``required``."""
-    def check(value: Any) -> Any:
+
+    __slots__ = ("fields", "required")
+
+    def __init__(self, fields: dict[str, Callable[[Any], Any]], required: tuple[str, ...] = ()) -> None:
+        self.fields = fields
+        self.required = required
+
+    def __call__(self, value: Any) -> Any:
         if not isinstance(value, dict):
             return _DROP
         out = {}
-        for key, field in fields.items():
+        for key, field in self.fields.items():
             if key in value and (kept := field(value[key])) is not _DROP:
                 out[key] = kept
-        return _DROP if any(key not in out for key in required) else out
-    return check
+        return _DROP if any(key not in out for key in self.required) else out
 
 
-def _scalars(value: Any) -> Any:
-    """A dict of JSON scalars and dicts of them (resource usage figures)."""
+_record = _Record
+
+
+def _numbers(value: Any) -> Any:
+    """A dict of numbers (resource usage figures)."""
     if not isinstance(value, dict):
         return _DROP
-    out = {}
-    for key, item in value.items():
-        if item is None or isinstance(item, (str, int, float)):
-            out[key] = item
-        elif isinstance(item, dict) and (kept := _scalars(item)) is not _DROP:
-            out[key] = kept
-    return out
+    return {key: item for key, item in value.items() if _number(item) is not _DROP}
 
 
 # ---- contents -----------------------------------------------------------------------------------
@@ -226,13 +229,17 @@ CONTENTS: dict[str, Callable[[Any], Any]] = {
     "shutdown_reply": _record({**_REPLY, "restart": _bool}),
     "interrupt_reply": _record(_REPLY),
     "debug_reply": _record(_DEBUG),
-    "usage_reply": _scalars,
+    "usage_reply": _record({
+        "hostname": _str, "pid": _int, "cpu_count": _int, "kernel_cpu": _number, "kernel_memory": _number,
+        "host_cpu_percent": _number, "host_virtual_memory": _numbers,
+    }),
     "create_subshell_reply": _record({**_REPLY, "subshell_id": _str}),
     "delete_subshell_reply": _record(_REPLY),
     "list_subshell_reply": _record({**_REPLY, "subshell_id": _strings}),
     "input_request": _record({"prompt": _text, "password": _bool}, ("prompt",)),
 }
-"""Each message type's content: its allowed keys, each of its JSON type (lists of strings joined)."""
+"""Each message type's content: its allowed keys, each of its JSON type (lists of strings joined).
+A :class:`_Record`'s ``fields`` are the keys its content may have."""
 
 _OUTPUTS = {
     "stream": CONTENTS["stream"],

@@ -88,16 +88,101 @@ _SCRIPT_URL = re.compile(
     + "|" + _GAP.join("data") + _GAP + r"\\?(?=:(?![\t\n\r ]*image/(?:png|jpeg|gif|webp|bmp)[;,]))",
     re.IGNORECASE,
 )
-# What JupyterLab's auto-linker turns into a link in text output: ``scheme://...`` (any scheme).
-_AUTOLINK_SCRIPT = re.compile(r"(?:java|vb|live)script(?=://)", re.IGNORECASE)
+# JupyterLab's auto-linker (rendermime's ``webLinkRegex``): what it makes a link of in text output.
+_WEB_LINK = re.compile(
+    "(?:[a-zA-Z][a-zA-Z0-9+.-]{2,40}://|data:|www\\.)[^\\s\x00-\x20\x7f-\x9f\"]{2,}[^\\s\x00-\x20\x7f-\x9f\"'(){}\\[\\],:;.!?]"
+)
+# A link that runs script or opens a document when clicked.
+_BAD_LINK = re.compile(r"(?:javascript|vbscript|livescript):|data:(?!image/(?:png|jpeg|gif|webp|bmp)[;,])", re.IGNORECASE)
+# Terminal escape sequences, which JupyterLab turns into spans around the text.
+_ANSI = re.compile(r"\x1b(?:\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|[@-Z\\-_]?)")
+_SCHEME_COLON = re.compile(r"(?<=[A-Za-z0-9+.-]):")
 _ZWSP = "\u200b"
 
 
+def _has_script_link(text: str) -> bool:
+    """Whether JupyterLab's auto-linker would make a script (or document) link of ``text`` (escape codes removed)."""
+    if ":" not in text:
+        return False
+    visible = _ANSI.sub("", text) if "\x1b" in text else text
+    return any(_BAD_LINK.match(m.group(0)) for m in _WEB_LINK.finditer(visible))
+
+
 def _defuse_autolinks(text: str) -> str:
-    """Break ``javascript://`` links in plain text so no frontend makes them clickable."""
-    if "://" not in text:
+    """Text in which no frontend makes a clickable script link: a zero-width space after each scheme, if it had one."""
+    if not _has_script_link(text):
         return text
-    return _AUTOLINK_SCRIPT.sub(lambda m: m.group(0) + _ZWSP, text)
+    return _SCHEME_COLON.sub(_ZWSP + ":", text)
+
+
+def _compose(index: int, text: str, old: str) -> tuple[str, int]:
+    """JupyterLab's ``processText`` (outputarea's model): ``text`` written over ``old`` at ``index``, as a terminal.
+
+    ``\\r`` returns to the start of the line and later text overwrites it; ``\\b`` steps back; so one
+    stream message can rewrite what an earlier one wrote. Returns the new text and cursor.
+    """
+    if "\b" not in text and "\r" not in text and "\n" not in text:
+        return old[:index] + text + old[index + len(text):], index + len(text)
+    cursor, start = index, 0
+    while True:
+        found = _CONTROL_CHAR.search(text, start)
+        end = len(text) if found is None else found.start()
+        segment = text[start:end]
+        old = old[:cursor] + segment + old[cursor + len(segment):]
+        cursor += len(segment)
+        if found is None:
+            return old, cursor
+        start = end + 1
+        char = text[end]
+        if char == "\b":
+            if cursor > 0 and old[cursor - 1] != "\n":
+                old = old[:cursor - 1] + old[cursor + 1:]
+                cursor -= 1
+        elif char == "\r":
+            while cursor > 0 and old[cursor - 1] != "\n":
+                cursor -= 1
+        else:
+            old += "\n"
+            cursor = len(old)
+
+
+_CONTROL_CHAR = re.compile(r"[\n\b\r]")
+_LINE_KEPT = 64 * 1024  # characters of a stream's last line the policy keeps to compose the next message on
+_STREAMS_KEPT = 256  # output areas (parent requests) whose last stream line the policy remembers
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The last line of an output area's stream output, as JupyterLab holds it, and its cursor."""
+
+    name: str
+    line: str = ""
+    cursor: int = 0
+    lost_head: bool = False  # the line was longer than the policy keeps: its start is unknown
+
+    def write(self, text: str) -> str:
+        """``text`` as it may be written here: with no script link in what the frontend composes of it."""
+        if not (self.lost_head and ("\r" in text or "\b" in text)):
+            composed, cursor = _compose(self.cursor, text, self.line)
+            if not _has_script_link(composed):
+                self._keep(composed, cursor)
+                return text
+        # Written on a line of its own, as plain lines, its own links broken: it composes with nothing.
+        text = _defuse_autolinks(text.replace("\r", "\n").replace("\b", ""))
+        if self.line or self.lost_head:
+            text = "\n" + text
+        self._keep(*_compose(len(self.line), text, self.line))
+        return text
+
+    def _keep(self, composed: str, cursor: int) -> None:
+        start = composed.rfind("\n") + 1
+        line, cursor = composed[start:], cursor - start
+        if start:
+            self.lost_head = False
+        if len(line) > _LINE_KEPT:
+            cut = len(line) - _LINE_KEPT
+            line, cursor, self.lost_head = line[cut:], max(cursor - cut, 0), True
+        self.line, self.cursor = line, cursor
 
 
 def _defuse_urls(text: str) -> str:
@@ -261,6 +346,7 @@ VEGA_TOP_KEYS = frozenset({
 #: A data source may only name or hold its values (no ``url``: the loader would fetch it with the
 #: user's cookie from the server, or from anywhere).
 VEGA_DATA_KEYS = frozenset({"name", "values", "format", "sequence", "sphere", "graticule", "source", "transform", "on"})
+_VEGA_SOURCES = frozenset({"name", "values", "sequence", "sphere", "graticule", "source"})
 VEGA_FORMAT_KEYS = frozenset({"type", "parse", "property", "feature", "mesh", "delimiter", "header", "filter", "copy"})
 #: Keys whose value the renderer loads or navigates to: image marks' ``url``, links' ``href``.
 _VEGA_LOADING_KEYS = frozenset({"url", "href", "loader", "usermeta"})
@@ -330,6 +416,8 @@ def _vega_value(value: Any, key: str | None) -> Any:
         kept = _vega_value(item, name)
         if kept is not _GONE:
             out[name] = kept
+    if key == "data" and not out.keys() & _VEGA_SOURCES:
+        out["values"] = []  # its URL was removed: an empty data set, which Vega draws without error
     return out
 
 
@@ -404,6 +492,7 @@ class OutputPolicy:
         self.passed_mime_types = PASSED_MIME_TYPES | frozenset(allow_mime_types)
         self.widget_modules = STANDARD_WIDGET_MODULES | frozenset(allow_widget_modules)
         self._comms: dict[str, _Comm] = {}
+        self._streams: dict[str | None, _Stream] = {}
 
     @classmethod
     def from_name(cls, name: str | None, **options: Any) -> OutputPolicy:
@@ -438,7 +527,7 @@ class OutputPolicy:
         if canonical is None:
             return None
         new_header, new_parent, new_metadata, new_content = canonical
-        decided = self._decide(new_header["msg_type"], new_content)
+        decided = self._decide(new_header["msg_type"], new_content, new_parent.get("msg_id"))
         if decided is None:
             return None
         return (
@@ -462,12 +551,14 @@ class OutputPolicy:
             return None
         return content if decided == content else decided
 
-    def _decide(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
-        """Clean the values of a canonical content."""
+    def _decide(self, msg_type: str, content: dict[str, Any], area: str | None = None) -> dict[str, Any] | None:
+        """Clean the values of a canonical content; ``area``: the request whose output area shows it."""
+        if msg_type in {"display_data", "execute_result", "error", "clear_output"}:
+            self._streams.pop(area, None)  # the frontend's next stream output starts afresh
         if msg_type in _DISPLAY_TYPES:
             return self._bundle_message(content)
         if msg_type == "stream":
-            return {**content, "text": _defuse_autolinks(content["text"])}
+            return {**content, "text": self._stream(area, content["name"]).write(content["text"])}
         if msg_type == "error":
             return self._error(content)
         if msg_type in {"comm_open", "comm_msg", "comm_close"}:
@@ -562,10 +653,26 @@ class OutputPolicy:
             return None
         kind = canonical["output_type"]
         if kind == "stream":
-            return {**canonical, "text": _defuse_autolinks(canonical["text"])}
+            return {**canonical, "text": _Stream(canonical["name"]).write(canonical["text"])}
         if kind == "error":
             return self._error(canonical)
         return self._bundle_message(canonical)
+
+    def _outputs(self, outputs: list[Any]) -> list[dict[str, Any]]:
+        """An Output widget's outputs; consecutive streams of one name composed as the frontend merges them."""
+        kept: list[dict[str, Any]] = []
+        stream: _Stream | None = None
+        for output in map(canonical_output, outputs):
+            if output is None:
+                continue
+            if output["output_type"] != "stream":
+                stream = None
+                kept.append(self.filter_output(output))  # type: ignore[arg-type]
+                continue
+            if stream is None or stream.name != output["name"]:
+                stream = _Stream(output["name"])
+            kept.append({**output, "text": stream.write(output["text"])})
+        return kept
 
     # -- replies ----------------------------------------------------------------------------------
 
@@ -684,6 +791,15 @@ class OutputPolicy:
             return content
         return {**content, "data": {**data, "states": out}}
 
+    def _stream(self, area: str | None, name: str) -> _Stream:
+        """The stream output a message of stream ``name`` in ``area`` adds to, as the frontend merges them."""
+        stream = self._streams.get(area)
+        if stream is None or stream.name != name:
+            if area not in self._streams and len(self._streams) >= _STREAMS_KEPT:
+                del self._streams[next(iter(self._streams))]
+            stream = self._streams[area] = _Stream(name)
+        return stream
+
     def _remember(self, comm_id: str, record: _Comm) -> None:
         if comm_id in self._comms or len(self._comms) < _MAX_WIDGET_COMMS:
             self._comms[comm_id] = record
@@ -692,7 +808,7 @@ class OutputPolicy:
         """Why a widget may not be created, or None; fills in what ``record`` must remember."""
         for key in ("_model_module", "_view_module"):
             module = state.get(key)
-            if module is not None and module not in self.widget_modules:
+            if module is not None and (not isinstance(module, str) or module not in self.widget_modules):
                 return f"its module {str(module)[:100]!r} is not one of the allowed widget modules"
         for key in ("_model_module_version", "_view_module_version"):
             version = state.get(key)
@@ -701,11 +817,12 @@ class OutputPolicy:
         code = sorted(k for k in state if _is_code_key(k))
         if code:
             return f"it carries code for the browser ({', '.join(code)})"
-        names = {state.get("_model_name"), state.get("_view_name")}
+        names = {name for name in (state.get("_model_name"), state.get("_view_name")) if isinstance(name, str)}
         record.html_value = bool(names & _HTML_WIDGETS)
         record.string_value = bool(names & _STRING_VALUE_WIDGETS)
         record.output = "OutputModel" in names
-        record.link_ends = _LINKS.get(state.get("_model_name"), ())  # type: ignore[arg-type]
+        model = state.get("_model_name")
+        record.link_ends = _LINKS.get(model, ()) if isinstance(model, str) else ()
         if _touches_policed_buffers(buffer_paths, record):
             return "a binary buffer replaces one of its checked fields"
         return self._link_refusal(record.link_ends, state)
@@ -747,7 +864,7 @@ class OutputPolicy:
         elif record.allow_html and "description_allow_html" in out and record.description is not None:
             out["description"] = sanitize_html(record.description)  # HTML turned on for the old text
         if record.output and isinstance(out.get("outputs"), list):
-            out["outputs"] = [o for o in map(self.filter_output, out["outputs"]) if o is not None]
+            out["outputs"] = self._outputs(out["outputs"])
         if out.keys() == state.keys() and all(out[k] is state[k] for k in out):
             return state
         return out
