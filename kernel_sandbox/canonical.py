@@ -27,6 +27,7 @@ PROTOCOL_VERSION = "5.4"
 IOPUB_TYPES = frozenset({
     "stream", "display_data", "update_display_data", "execute_input", "execute_result", "error", "status",
     "clear_output", "debug_event", "comm_open", "comm_msg", "comm_close",
+    "shutdown_reply",  # also broadcast on IOPub (the protocol's older word; the execd relay does)
 })
 REPLY_TYPES = frozenset({
     "execute_reply", "inspect_reply", "complete_reply", "history_reply", "is_complete_reply", "comm_info_reply",
