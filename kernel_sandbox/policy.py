@@ -88,12 +88,13 @@ _SCRIPT_URL = re.compile(
     + "|" + _GAP.join("data") + _GAP + r"\\?(?=:(?![\t\n\r ]*image/(?:png|jpeg|gif|webp|bmp)[;,]))",
     re.IGNORECASE,
 )
-# JupyterLab's auto-linker (rendermime's ``webLinkRegex``): what it makes a link of in text output.
-_WEB_LINK = re.compile(
-    "(?:[a-zA-Z][a-zA-Z0-9+.-]{2,40}://|data:|www\\.)[^\\s\x00-\x20\x7f-\x9f\"]{2,}[^\\s\x00-\x20\x7f-\x9f\"'(){}\\[\\],:;.!?]"
+# A link JupyterLab's auto-linker (rendermime's ``webLinkRegex``: ``scheme://...``, ``data:...``,
+# ``www....``) would make that runs script or opens a document when clicked. Found anywhere (it
+# also flags a scheme the auto-linker would read as a longer one): breaking a harmless one costs nothing.
+_BAD_LINK = re.compile(
+    r"(?:javascript|vbscript|livescript)://|data:(?!image/(?:png|jpeg|gif|webp|bmp)[;,])[^\s\x00-\x20\x7f-\x9f]",
+    re.IGNORECASE,
 )
-# A link that runs script or opens a document when clicked.
-_BAD_LINK = re.compile(r"(?:javascript|vbscript|livescript):|data:(?!image/(?:png|jpeg|gif|webp|bmp)[;,])", re.IGNORECASE)
 # Terminal escape sequences, which JupyterLab turns into spans around the text.
 _ANSI = re.compile(r"\x1b(?:\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|[@-Z\\-_]?)")
 _SCHEME_COLON = re.compile(r"(?<=[A-Za-z0-9+.-]):")
@@ -101,11 +102,14 @@ _ZWSP = "\u200b"
 
 
 def _has_script_link(text: str) -> bool:
-    """Whether JupyterLab's auto-linker would make a script (or document) link of ``text`` (escape codes removed)."""
+    """Whether JupyterLab's auto-linker could make a script (or document) link of ``text`` (escape codes removed)."""
     if ":" not in text:
         return False
     visible = _ANSI.sub("", text) if "\x1b" in text else text
-    return any(_BAD_LINK.match(m.group(0)) for m in _WEB_LINK.finditer(visible))
+    lowered = visible.lower()
+    if "script://" not in lowered and "data:" not in lowered:  # what every such link has (a quick scan first)
+        return False
+    return _BAD_LINK.search(visible) is not None
 
 
 def _defuse_autolinks(text: str) -> str:
@@ -121,33 +125,25 @@ def _compose(index: int, text: str, old: str) -> tuple[str, int]:
     ``\\r`` returns to the start of the line and later text overwrites it; ``\\b`` steps back; so one
     stream message can rewrite what an earlier one wrote. Returns the new text and cursor.
     """
-    if "\b" not in text and "\r" not in text and "\n" not in text:
-        return old[:index] + text + old[index + len(text):], index + len(text)
-    cursor, start = index, 0
-    while True:
-        found = _CONTROL_CHAR.search(text, start)
-        end = len(text) if found is None else found.start()
-        segment = text[start:end]
-        old = old[:cursor] + segment + old[cursor + len(segment):]
-        cursor += len(segment)
-        if found is None:
-            return old, cursor
-        start = end + 1
-        char = text[end]
-        if char == "\b":
-            if cursor > 0 and old[cursor - 1] != "\n":
-                old = old[:cursor - 1] + old[cursor + 1:]
-                cursor -= 1
-        elif char == "\r":
-            while cursor > 0 and old[cursor - 1] != "\n":
-                cursor -= 1
-        else:
-            old += "\n"
-            cursor = len(old)
+    start = old.rfind("\n", 0, index) + 1
+    done, line, cursor = [old[:start - 1]] if start else [], old[start:], index - start
+    for piece in _CONTROL_CHAR.split(text):
+        if piece == "\n":
+            done.append(line)
+            line, cursor = "", 0
+        elif piece == "\r":
+            cursor = 0
+        elif piece == "\b":
+            if cursor > 0:
+                line, cursor = line[:cursor - 1] + line[cursor + 1:], cursor - 1
+        elif piece:
+            line, cursor = line[:cursor] + piece + line[cursor + len(piece):], cursor + len(piece)
+    head = "\n".join(done)
+    return (head + "\n" + line if done else line), (len(head) + 1 if done else 0) + cursor
 
 
-_CONTROL_CHAR = re.compile(r"[\n\b\r]")
-_LINE_KEPT = 64 * 1024  # characters of a stream's last line the policy keeps to compose the next message on
+_CONTROL_CHAR = re.compile(r"([\n\b\r])")
+_LINE_KEPT = 8 * 1024  # characters of a stream's last line the policy keeps to compose the next message on
 _STREAMS_KEPT = 256  # output areas (parent requests) whose last stream line the policy remembers
 
 
@@ -158,11 +154,18 @@ class _Stream:
     name: str
     line: str = ""
     cursor: int = 0
-    lost_head: bool = False  # the line was longer than the policy keeps: its start is unknown
+    lost_head: bool = False  # the line was longer than the policy keeps: its start is unknown (cursor -1: so is the cursor)
 
     def write(self, text: str) -> str:
         """``text`` as it may be written here: with no script link in what the frontend composes of it."""
-        if not (self.lost_head and ("\r" in text or "\b" in text)):
+        rewrites = "\r" in text or "\b" in text
+        if self.cursor >= 0 and not rewrites:  # the common case: text written at the cursor, then new lines
+            head, newline, tail = text.partition("\n")
+            first = self.line[:self.cursor] + head + self.line[self.cursor + len(head):]
+            if not _has_script_link(first) and not (newline and _has_script_link(tail)):
+                self._keep(first + newline + tail[tail.rfind("\n") + 1:], self.cursor + len(head) if not newline else -2)
+                return text
+        elif self.cursor >= 0 and not self.lost_head:
             composed, cursor = _compose(self.cursor, text, self.line)
             if not _has_script_link(composed):
                 self._keep(composed, cursor)
@@ -175,13 +178,14 @@ class _Stream:
         return text
 
     def _keep(self, composed: str, cursor: int) -> None:
+        """Remember the last line of ``composed`` and the cursor (-2: at its end)."""
         start = composed.rfind("\n") + 1
-        line, cursor = composed[start:], cursor - start
+        line, cursor = composed[start:], (cursor - start if cursor != -2 else len(composed) - start)
         if start:
             self.lost_head = False
         if len(line) > _LINE_KEPT:
             cut = len(line) - _LINE_KEPT
-            line, cursor, self.lost_head = line[cut:], max(cursor - cut, 0), True
+            line, cursor, self.lost_head = line[cut:], (cursor - cut if cursor >= cut else -1), True  # -1: unknown
         self.line, self.cursor = line, cursor
 
 
