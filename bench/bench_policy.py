@@ -69,7 +69,7 @@ def capture() -> dict[str, list[tuple[str, Parts]]]:
 
 def relay_cost(policy: OutputPolicy, msg_type: str, parts: Parts) -> None:
     """What the relay does per message because of the policy."""
-    if policy.inspects(msg_type, parts[3]):
+    if policy.inspects(msg_type):
         filter_parts(policy, "iopub", msg_type, parts)
 
 

@@ -509,11 +509,11 @@ class OutputPolicy:
         extra = sorted(self.passed_mime_types - PASSED_MIME_TYPES) + sorted(self.widget_modules - STANDARD_WIDGET_MODULES)
         return f"OutputPolicy({self.mode!r}{', extra=' + repr(extra) if extra else ''})"
 
-    def inspects(self, msg_type: str, raw_content: bytes | None = None) -> bool:
+    def inspects(self, msg_type: str) -> bool:
         """Whether :meth:`filter_message` may change a message of this type: in ``strict``, every one.
 
         Strict decides on the canonical form of every message (its header too), so it skips none;
-        ``trusted`` inspects nothing. ``raw_content`` is accepted for callers that pass it.
+        ``trusted`` inspects nothing, and the relay passes the kernel's bytes unparsed.
         """
         return self.mode != "trusted"
 

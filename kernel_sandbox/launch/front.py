@@ -7,8 +7,9 @@ passes through the output policy (:class:`kernel_sandbox.policy.OutputPolicy`) o
 and is signed with the client's key. Routing identities are kept as ``zmq.proxy`` keeps them, so
 replies and ``input_request`` find their client.
 
-The policy sees a message's content only when :meth:`OutputPolicy.inspects` says it may change
-it; content it leaves untouched goes on as the kernel's original bytes. Large contents (HTML
+The policy sees a message (header, parent header, metadata and content) when
+:meth:`OutputPolicy.inspects` says it may change it; each part it leaves untouched goes on as the
+kernel's original bytes. Large contents (HTML
 tables: nh3 cleans ~10 MB/s) are filtered in a thread, so heartbeats, control replies and the
 other channels never wait behind them.
 
