@@ -29,9 +29,10 @@ from typing import Any, Literal
 
 import nh3
 
+from .canonical import PROTOCOL_VERSION, Message, canonical_content, canonical_message, canonical_output, joined_text
 from .errors import ConfigError
 
-__all__ = ["MODES", "PASSED_MIME_TYPES", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode"]
+__all__ = ["MODES", "PASSED_MIME_TYPES", "PROTOCOL_VERSION", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode"]
 
 PolicyMode = Literal["strict", "trusted"]
 MODES: tuple[PolicyMode, ...] = ("strict", "trusted")
@@ -51,18 +52,23 @@ TEXT_MIME_TYPES = frozenset({"text/plain", "text/latex", "application/vnd.jupyte
 STANDARD_WIDGET_MODULES = frozenset({"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"})
 
 _VEGA_TYPES = frozenset(t for t in PASSED_MIME_TYPES if ".vega" in t)
-# vega-embed options that only style the chart; others (sourceHeader, editorUrl, loader, ast...) go.
-_VEGA_EMBED_OPTIONS = frozenset({"theme", "renderer", "scaleFactor", "width", "height", "padding", "actions", "tooltip", "defaultStyle"})
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_JSON_TYPES = frozenset({"application/json", "application/vnd.dataresource+json", "application/vnd.plotly.v1+json"})
 
 _DISPLAY_TYPES = frozenset({"display_data", "update_display_data", "execute_result"})
-_INSPECTED = frozenset({
-    *_DISPLAY_TYPES, "stream", "error", "comm_open", "comm_msg", "comm_close",
-    "execute_reply", "inspect_reply", "kernel_info_reply", "debug_reply",
-})
 
 _WIDGET_TARGETS = frozenset({"jupyter.widget", "jupyter.widget.control"})
 _NAME_KEYS = frozenset({"_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name"})
 _HTML_WIDGETS = frozenset({"HTMLModel", "HTMLMathModel", "HTMLView", "HTMLMathView"})
+# Widgets whose value is text (a view may write it into the page); their value must be a string.
+_STRING_VALUE_WIDGETS = _HTML_WIDGETS | {
+    "LabelModel", "TextModel", "TextareaModel", "PasswordModel", "ComboboxModel", "LabelView", "TextView",
+    "TextareaView", "PasswordView", "ComboboxView",
+}
+# Text fields of every widget, and lists of text: of any other JSON type they are dropped (a list
+# in an HTML sink is joined by the browser with commas, past a check that cleans strings only).
+_STRING_FIELDS = frozenset({"description", "placeholder", "tooltip", *_NAME_KEYS})
+_STRING_LIST_FIELDS = frozenset({"_options_labels", "tooltips", "icons", "options"})
 # Links copy a field of one widget into another in the browser (jslink/jsdlink), past the policy.
 _LINKS = {"LinkModel": ("source", "target"), "DirectionalLinkModel": ("target",)}
 _MODEL_REFERENCE = "IPY_MODEL_"
@@ -82,16 +88,105 @@ _SCRIPT_URL = re.compile(
     + "|" + _GAP.join("data") + _GAP + r"\\?(?=:(?![\t\n\r ]*image/(?:png|jpeg|gif|webp|bmp)[;,]))",
     re.IGNORECASE,
 )
-# What JupyterLab's auto-linker turns into a link in text output: ``scheme://...`` (any scheme).
-_AUTOLINK_SCRIPT = re.compile(r"(?:java|vb|live)script(?=://)", re.IGNORECASE)
+# A link JupyterLab's auto-linker (rendermime's ``webLinkRegex``: ``scheme://...``, ``data:...``,
+# ``www....``) would make that runs script or opens a document when clicked. Found anywhere (it
+# also flags a scheme the auto-linker would read as a longer one): breaking a harmless one costs nothing.
+_BAD_LINK = re.compile(
+    r"(?:javascript|vbscript|livescript)://|data:(?!image/(?:png|jpeg|gif|webp|bmp)[;,])[^\s\x00-\x20\x7f-\x9f]",
+    re.IGNORECASE,
+)
+# Terminal escape sequences, which JupyterLab turns into spans around the text.
+_ANSI = re.compile(r"\x1b(?:\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|[@-Z\\-_]?)")
+_SCHEME_COLON = re.compile(r"(?<=[A-Za-z0-9+.-]):")
 _ZWSP = "\u200b"
 
 
+def _has_script_link(text: str) -> bool:
+    """Whether JupyterLab's auto-linker could make a script (or document) link of ``text`` (escape codes removed)."""
+    if ":" not in text:
+        return False
+    visible = _ANSI.sub("", text) if "\x1b" in text else text
+    lowered = visible.lower()
+    if "script://" not in lowered and "data:" not in lowered:  # what every such link has (a quick scan first)
+        return False
+    return _BAD_LINK.search(visible) is not None
+
+
 def _defuse_autolinks(text: str) -> str:
-    """Break ``javascript://`` links in plain text so no frontend makes them clickable."""
-    if "://" not in text:
+    """Text in which no frontend makes a clickable script link: a zero-width space after each scheme, if it had one."""
+    if not _has_script_link(text):
         return text
-    return _AUTOLINK_SCRIPT.sub(lambda m: m.group(0) + _ZWSP, text)
+    return _SCHEME_COLON.sub(_ZWSP + ":", text)
+
+
+def _compose(index: int, text: str, old: str) -> tuple[str, int]:
+    """JupyterLab's ``processText`` (outputarea's model): ``text`` written over ``old`` at ``index``, as a terminal.
+
+    ``\\r`` returns to the start of the line and later text overwrites it; ``\\b`` steps back; so one
+    stream message can rewrite what an earlier one wrote. Returns the new text and cursor.
+    """
+    start = old.rfind("\n", 0, index) + 1
+    done, line, cursor = [old[:start - 1]] if start else [], old[start:], index - start
+    for piece in _CONTROL_CHAR.split(text):
+        if piece == "\n":
+            done.append(line)
+            line, cursor = "", 0
+        elif piece == "\r":
+            cursor = 0
+        elif piece == "\b":
+            if cursor > 0:
+                line, cursor = line[:cursor - 1] + line[cursor + 1:], cursor - 1
+        elif piece:
+            line, cursor = line[:cursor] + piece + line[cursor + len(piece):], cursor + len(piece)
+    head = "\n".join(done)
+    return (head + "\n" + line if done else line), (len(head) + 1 if done else 0) + cursor
+
+
+_CONTROL_CHAR = re.compile(r"([\n\b\r])")
+_LINE_KEPT = 8 * 1024  # characters of a stream's last line the policy keeps to compose the next message on
+_STREAMS_KEPT = 256  # output areas (parent requests) whose last stream line the policy remembers
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The last line of an output area's stream output, as JupyterLab holds it, and its cursor."""
+
+    name: str
+    line: str = ""
+    cursor: int = 0
+    lost_head: bool = False  # the line was longer than the policy keeps: its start is unknown (cursor -1: so is the cursor)
+
+    def write(self, text: str) -> str:
+        """``text`` as it may be written here: with no script link in what the frontend composes of it."""
+        rewrites = "\r" in text or "\b" in text
+        if self.cursor >= 0 and not rewrites:  # the common case: text written at the cursor, then new lines
+            head, newline, tail = text.partition("\n")
+            first = self.line[:self.cursor] + head + self.line[self.cursor + len(head):]
+            if not _has_script_link(first) and not (newline and _has_script_link(tail)):
+                self._keep(first + newline + tail[tail.rfind("\n") + 1:], self.cursor + len(head) if not newline else -2)
+                return text
+        elif self.cursor >= 0 and not self.lost_head:
+            composed, cursor = _compose(self.cursor, text, self.line)
+            if not _has_script_link(composed):
+                self._keep(composed, cursor)
+                return text
+        # Written on a line of its own, as plain lines, its own links broken: it composes with nothing.
+        text = _defuse_autolinks(text.replace("\r", "\n").replace("\b", ""))
+        if self.line or self.lost_head:
+            text = "\n" + text
+        self._keep(*_compose(len(self.line), text, self.line))
+        return text
+
+    def _keep(self, composed: str, cursor: int) -> None:
+        """Remember the last line of ``composed`` and the cursor (-2: at its end)."""
+        start = composed.rfind("\n") + 1
+        line, cursor = composed[start:], (cursor - start if cursor != -2 else len(composed) - start)
+        if start:
+            self.lost_head = False
+        if len(line) > _LINE_KEPT:
+            cut = len(line) - _LINE_KEPT
+            line, cursor, self.lost_head = line[cut:], (cursor - cut if cursor >= cut else -1), True  # -1: unknown
+        self.line, self.cursor = line, cursor
 
 
 def _defuse_urls(text: str) -> str:
@@ -242,6 +337,117 @@ def _same_if_equal(original: str, cleaned: str) -> str:
     return original if cleaned == original else cleaned
 
 
+# ---- Vega and Vega-Lite ------------------------------------------------------------------------
+
+#: The keys a Vega or Vega-Lite spec may have at its top: no ``usermeta`` (vega-embed reads its
+#: ``embedOptions``, which may name a loader, CSS or a URL of more options), nothing unknown.
+VEGA_TOP_KEYS = frozenset({
+    "$schema", "autosize", "background", "config", "data", "datasets", "description", "encoding", "height",
+    "mark", "name", "padding", "params", "projection", "resolve", "selection", "spacing", "title", "transform",
+    "view", "width", "layer", "facet", "spec", "repeat", "columns", "concat", "hconcat", "vconcat", "align",
+    "bounds", "center", "axes", "encode", "layout", "legends", "marks", "projections", "scales", "signals",
+})
+#: A data source may only name or hold its values (no ``url``: the loader would fetch it with the
+#: user's cookie from the server, or from anywhere).
+VEGA_DATA_KEYS = frozenset({"name", "values", "format", "sequence", "sphere", "graticule", "source", "transform", "on"})
+_VEGA_SOURCES = frozenset({"name", "values", "sequence", "sphere", "graticule", "source"})
+VEGA_FORMAT_KEYS = frozenset({"type", "parse", "property", "feature", "mesh", "delimiter", "header", "filter", "copy"})
+#: Keys whose value the renderer loads or navigates to: image marks' ``url``, links' ``href``.
+_VEGA_LOADING_KEYS = frozenset({"url", "href", "loader", "usermeta"})
+_VEGA_SCHEMA = re.compile(r"https://vega\.github\.io/schema/vega(?:-lite)?/v[\d.]+(?:\.json)?")
+#: vega-embed's options a kernel may set, each of an inert value; ``actions`` is always off
+#: (its "View Source" and "Open in Vega Editor" write the kernel's text into a page of the server's origin).
+VEGA_THEMES = frozenset({
+    "excel", "ggplot2", "quartz", "vox", "dark", "fivethirtyeight", "latimes", "urbaninstitute", "googlecharts",
+    "powerbi", "carbonwhite", "carbong10", "carbong90", "carbong100",
+})
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def embed_options(options: Any) -> dict[str, Any]:
+    """vega-embed options reduced to a fixed list of inert values, with ``actions`` off."""
+    options = options if isinstance(options, dict) else {}
+    kept: dict[str, Any] = {}
+    if options.get("theme") in VEGA_THEMES:
+        kept["theme"] = options["theme"]
+    if options.get("renderer") in ("svg", "canvas"):
+        kept["renderer"] = options["renderer"]
+    for key in ("scaleFactor", "width", "height"):
+        if _number(options.get(key)):
+            kept[key] = options[key]
+    padding = options.get("padding")
+    if _number(padding):
+        kept["padding"] = padding
+    elif isinstance(padding, dict):
+        kept["padding"] = {k: padding[k] for k in ("top", "bottom", "left", "right") if _number(padding.get(k))}
+    if isinstance(options.get("tooltip"), bool):
+        kept["tooltip"] = options["tooltip"]
+    kept["actions"] = False
+    return kept
+
+
+def _vega_string(value: str) -> bool:
+    """A spec string that loads nothing: no CSS ``url(...)`` but a local reference, no script URL."""
+    lowered = value.lower()
+    if "url(" in lowered and not _LOCAL_REFERENCE.fullmatch(value):
+        return False
+    return not _SCRIPT_URL.match(_browser_url(value))
+
+
+_GONE = object()
+_VEGA_ROWS = frozenset({"values", "datasets"})  # data rows: drawn as text; nothing loads them once no channel links or loads
+
+
+def _vega_value(value: Any, key: str | None) -> Any:
+    """A spec's value (under ``key``) with every loading key and unsafe string removed; _GONE to remove it."""
+    if key in _VEGA_ROWS:
+        return value
+    if isinstance(value, str):
+        return value if _vega_string(value) else _GONE
+    if isinstance(value, list):
+        return [kept for item in value if (kept := _vega_value(item, key)) is not _GONE]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for name, item in value.items():
+        if name in _VEGA_LOADING_KEYS or (key == "data" and name not in VEGA_DATA_KEYS):
+            continue
+        if key == "data" and name == "format":
+            item = {k: v for k, v in item.items() if k in VEGA_FORMAT_KEYS} if isinstance(item, dict) else item
+        kept = _vega_value(item, name)
+        if kept is not _GONE:
+            out[name] = kept
+    if key == "data" and not out.keys() & _VEGA_SOURCES:
+        out["values"] = []  # its URL was removed: an empty data set, which Vega draws without error
+    return out
+
+
+def vega_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A Vega or Vega-Lite spec rebuilt from :data:`VEGA_TOP_KEYS`, its data inline only, loading nothing."""
+    out = {}
+    for key, value in spec.items():
+        if key == "$schema":
+            if isinstance(value, str) and _VEGA_SCHEMA.fullmatch(value):
+                out[key] = value
+        elif key in VEGA_TOP_KEYS and (kept := _vega_value(value, key)) is not _GONE:
+            out[key] = kept
+    return out
+
+
+def _widget_view(value: Any) -> dict[str, Any] | None:
+    """A widget view reference: a string model id and integer versions, nothing else."""
+    if not isinstance(value, dict) or not isinstance(value.get("model_id"), str):
+        return None
+    view: dict[str, Any] = {"model_id": value["model_id"]}
+    for key in ("version_major", "version_minor"):
+        if isinstance(value.get(key), int) and not isinstance(value[key], bool):
+            view[key] = value[key]
+    return view
+
+
 # ---- the policy ---------------------------------------------------------------------------------
 
 
@@ -252,6 +458,7 @@ class _Comm:
     widget: bool = True
     refused: bool = False
     html_value: bool = False
+    string_value: bool = False
     output: bool = False
     allow_html: bool = False
     description: str | None = None
@@ -289,6 +496,7 @@ class OutputPolicy:
         self.passed_mime_types = PASSED_MIME_TYPES | frozenset(allow_mime_types)
         self.widget_modules = STANDARD_WIDGET_MODULES | frozenset(allow_widget_modules)
         self._comms: dict[str, _Comm] = {}
+        self._streams: dict[str | None, _Stream] = {}
 
     @classmethod
     def from_name(cls, name: str | None, **options: Any) -> OutputPolicy:
@@ -301,44 +509,75 @@ class OutputPolicy:
         extra = sorted(self.passed_mime_types - PASSED_MIME_TYPES) + sorted(self.widget_modules - STANDARD_WIDGET_MODULES)
         return f"OutputPolicy({self.mode!r}{', extra=' + repr(extra) if extra else ''})"
 
-    def inspects(self, msg_type: str, raw_content: bytes | None = None) -> bool:
-        """Whether :meth:`filter` may change a message of this type; if not, skip parsing it.
+    def inspects(self, msg_type: str) -> bool:
+        """Whether :meth:`filter_message` may change a message of this type: in ``strict``, every one.
 
-        With ``raw_content`` (the message's serialized content frame) a ``stream`` message is only
-        inspected when its bytes could hold a ``://`` link, so floods of output cost one scan.
+        Strict decides on the canonical form of every message (its header too), so it skips none;
+        ``trusted`` inspects nothing, and the relay passes the kernel's bytes unparsed.
         """
-        if self.mode == "trusted" or msg_type not in _INSPECTED:
-            return False
-        if msg_type == "stream" and raw_content is not None:
-            # "://" written plainly, with JSON's escaped slash ("\/") or an escaped colon ("\u003a")
-            return b"//" in raw_content or b"\\/" in raw_content or b"\\u" in raw_content
-        return True
+        return self.mode != "trusted"
 
-    def filter(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
-        """The content a client may see: ``content`` itself when untouched, a changed copy, or None.
+    def filter_message(self, channel: str, header: Any, parent: Any, metadata: Any, content: Any) -> Message | None:
+        """A kernel message on ``channel`` as a client may see it: ``(header, parent_header, metadata, content)`` or None.
 
-        None means the message must be dropped (a later message of a refused widget).
+        Strict first brings the message to its canonical form (:func:`~kernel_sandbox.canonical.canonical_message`:
+        protocol 4 translated as jupyter_client would, unknown types dropped, the header at
+        :data:`PROTOCOL_VERSION`, every field of the content of its type), then decides on that.
+        Parts left as they were are the same objects; ``trusted`` returns them all unchanged.
         """
-        if self.mode == "trusted" or msg_type not in _INSPECTED or not isinstance(content, dict):
+        if self.mode == "trusted":
+            return header, parent, metadata, content
+        canonical = canonical_message(channel, header, parent, metadata, content)
+        if canonical is None:
+            return None
+        new_header, new_parent, new_metadata, new_content = canonical
+        decided = self._decide(new_header["msg_type"], new_content, new_parent.get("msg_id"))
+        if decided is None:
+            return None
+        return (
+            header if new_header == header else new_header,
+            parent if new_parent == parent else new_parent,
+            new_metadata,
+            content if decided == content else decided,
+        )
+
+    def filter(self, msg_type: str, content: Any) -> dict[str, Any] | None:
+        """The content a client may see: ``content`` itself when untouched, a cleaned canonical copy, or None.
+
+        None means the message must be dropped: an unknown type, a content without a field its type
+        requires, a later message of a refused widget. (:meth:`filter_message` also checks the header.)
+        """
+        if self.mode == "trusted":
             return content
+        canonical = canonical_content(msg_type, content)
+        decided = None if canonical is None else self._decide(msg_type, canonical)
+        if decided is None:
+            return None
+        return content if decided == content else decided
+
+    def _decide(self, msg_type: str, content: dict[str, Any], area: str | None = None) -> dict[str, Any] | None:
+        """Clean the values of a canonical content; ``area``: the request whose output area shows it."""
+        if msg_type in {"display_data", "execute_result", "error", "clear_output"}:
+            self._streams.pop(area, None)  # the frontend's next stream output starts afresh
         if msg_type in _DISPLAY_TYPES:
             return self._bundle_message(content)
         if msg_type == "stream":
-            text = content.get("text")
-            if isinstance(text, str) and (safe := _defuse_autolinks(text)) is not text:
-                return {**content, "text": safe}
-            return content
+            return {**content, "text": self._stream(area, content["name"]).write(content["text"])}
         if msg_type == "error":
             return self._error(content)
         if msg_type in {"comm_open", "comm_msg", "comm_close"}:
             return self._comm(msg_type, content)
         if msg_type == "execute_reply":
-            return self._execute_reply(content)
+            return self._execute_reply(self._error(content))
         if msg_type == "inspect_reply":
-            return self._bundle_message(content)
+            return self._bundle_message(self._error(content))
         if msg_type == "kernel_info_reply":
-            return self._kernel_info(content)
-        return self._debug_reply(content)
+            return self._kernel_info(self._error(content))
+        if msg_type in {"debug_reply", "debug_event"}:
+            return self._debug(content)
+        if msg_type == "input_request":
+            return {**content, "prompt": _defuse_autolinks(content["prompt"])}
+        return self._error(content)
 
     # -- MIME bundles -----------------------------------------------------------------------------
 
@@ -364,74 +603,91 @@ class OutputPolicy:
         return (out if changed else data), meta
 
     def _mime_value(self, mime: str, value: Any) -> Any:
-        if mime in self.passed_mime_types:
-            return value
-        if isinstance(value, list) and all(isinstance(part, str) for part in value):
-            value = "".join(value)  # nbformat's multi-line strings, as JupyterLab joins them
-        if not isinstance(value, str):
+        """A MIME value of its type's JSON shape, cleaned; None to remove it."""
+        if mime in _VEGA_TYPES:
+            return vega_spec(value) if isinstance(value, dict) else None
+        if mime == _WIDGET_VIEW:
+            return _widget_view(value)
+        if mime in _JSON_TYPES:
+            return value if isinstance(value, (dict, list)) else None
+        if mime in self.passed_mime_types and mime not in PASSED_MIME_TYPES:
+            return value  # an operator's allow_mime_types: passed as the kernel sent it
+        value = joined_text(value)  # nbformat's multi-line strings, as JupyterLab joins them
+        if value is None:
             return None
+        if mime in self.passed_mime_types:
+            return value  # images: base64 text
         if mime in TEXT_MIME_TYPES:
             return _defuse_urls(value) if mime == "text/latex" else _defuse_autolinks(value)
         clean = _SANITIZERS.get(mime)
         return None if clean is None else _same_if_equal(value, clean(value))
 
     def _metadata(self, data: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+        """The bundle's metadata; a Vega output's own is its inert ``embed_options`` only (actions off)."""
+        vega = _VEGA_TYPES.intersection(data)
+        if not vega:
+            return metadata
         changed = {}
-        for mime in _VEGA_TYPES.intersection(data).intersection(metadata):
-            options = metadata[mime].get("embed_options") if isinstance(metadata[mime], dict) else None
-            if isinstance(options, dict) and not options.keys() <= _VEGA_EMBED_OPTIONS:
-                kept = {k: v for k, v in options.items() if k in _VEGA_EMBED_OPTIONS}
-                changed[mime] = {**metadata[mime], "embed_options": kept}
-        return {**metadata, **changed} if changed else metadata
+        for mime in vega:
+            own = metadata.get(mime)
+            options = own.get("embed_options") if isinstance(own, dict) else None
+            changed[mime] = {"embed_options": embed_options(options)}
+        return {**metadata, **changed}
 
     def _bundle_message(self, content: dict[str, Any]) -> dict[str, Any]:
+        """A canonical content's ``data`` and ``metadata`` (a dict, empty if it had none) cleaned."""
         if "data" not in content:
             return content
-        data, metadata = self.filter_bundle(content.get("data"), content.get("metadata"))
-        if data is content.get("data") and metadata is content.get("metadata"):
-            return content
+        data, metadata = self.filter_bundle(content["data"], content.get("metadata", {}))
+        if metadata == {} and "metadata" not in content:
+            return {**content, "data": data}
         return {**content, "data": data, "metadata": metadata}
 
     def _error(self, content: dict[str, Any]) -> dict[str, Any]:
-        traceback = content.get("traceback")
-        lines = [_defuse_autolinks(line) if isinstance(line, str) else str(line) for line in traceback] if isinstance(traceback, list) else []
-        fields = {k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if isinstance(content.get(k), str)}
-        if (isinstance(traceback, list) and any(a is not b for a, b in zip(lines, traceback))) or any(
-            fields[k] is not content[k] for k in fields
-        ):
-            return {**content, **fields, "traceback": lines}
-        return content
+        """Error fields (of a canonical content) with their script links defused."""
+        fields = {k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if k in content}
+        if "traceback" in content:
+            fields["traceback"] = [_defuse_autolinks(line) for line in content["traceback"]]
+        return {**content, **fields} if fields else content
 
-    def filter_output(self, output: Any) -> Any:
-        """One nbformat output (as in an Output widget's ``outputs``) as strict lets it through."""
-        if not isinstance(output, dict):
+    def filter_output(self, output: Any) -> dict[str, Any] | None:
+        """One nbformat output (as in an Output widget's ``outputs``) as strict lets it through, or None."""
+        canonical = canonical_output(output)
+        if canonical is None:
             return None
-        kind = output.get("output_type")
-        if kind in {"display_data", "execute_result", "update_display_data"}:
-            return self._bundle_message(output)
+        kind = canonical["output_type"]
         if kind == "stream":
-            text = output.get("text")
-            if isinstance(text, list) and all(isinstance(part, str) for part in text):
-                text = "".join(text)
-            if not isinstance(text, str):
-                return None
-            safe = _defuse_autolinks(text)
-            return output if safe is output.get("text") else {**output, "text": safe}
+            return {**canonical, "text": _Stream(canonical["name"]).write(canonical["text"])}
         if kind == "error":
-            return self._error(output)
-        return None
+            return self._error(canonical)
+        return self._bundle_message(canonical)
+
+    def _outputs(self, outputs: list[Any]) -> list[dict[str, Any]]:
+        """An Output widget's outputs; consecutive streams of one name composed as the frontend merges them."""
+        kept: list[dict[str, Any]] = []
+        stream: _Stream | None = None
+        for output in map(canonical_output, outputs):
+            if output is None:
+                continue
+            if output["output_type"] != "stream":
+                stream = None
+                kept.append(self.filter_output(output))  # type: ignore[arg-type]
+                continue
+            if stream is None or stream.name != output["name"]:
+                stream = _Stream(output["name"])
+            kept.append({**output, "text": stream.write(output["text"])})
+        return kept
 
     # -- replies ----------------------------------------------------------------------------------
 
     def _execute_reply(self, content: dict[str, Any]) -> dict[str, Any]:
-        payload = content.get("payload")
-        if not isinstance(payload, list) or not payload:
-            return content
-        # A "page" payload (`obj?`, `%pdoc`) is shown as a trusted output by JupyterLab.
-        filtered = [self._bundle_message(p) if isinstance(p, dict) and p.get("source") == "page" else p for p in payload]
-        if all(a is b for a, b in zip(filtered, payload)):
-            return content
-        return {**content, "payload": filtered}
+        """A "page" payload (`obj?`, `%pdoc`), shown by JupyterLab as a trusted output, and user expressions' bundles, cleaned."""
+        out = dict(content)
+        if "payload" in content:
+            out["payload"] = [self._bundle_message(p) if p["source"] == "page" else p for p in content["payload"]]
+        if "user_expressions" in content:
+            out["user_expressions"] = {k: self._bundle_message(e) for k, e in content["user_expressions"].items()}
+        return out
 
     def _kernel_info(self, content: dict[str, Any]) -> dict[str, Any]:
         links = content.get("help_links")
@@ -440,13 +696,13 @@ class OutputPolicy:
         kept = [link for link in links if isinstance(link, dict) and _is_web_url(link.get("url"))]
         return content if len(kept) == len(links) else {**content, "help_links": kept}
 
-    def _debug_reply(self, content: dict[str, Any]) -> dict[str, Any]:
-        # richInspectVariables: the debugger renders body.data as a trusted MIME bundle.
+    def _debug(self, content: dict[str, Any]) -> dict[str, Any]:
+        """A debugger message; richInspectVariables' ``body.data``, which the debugger renders as a MIME bundle, cleaned."""
         body = content.get("body")
         if not isinstance(body, dict) or "data" not in body:
             return content
-        filtered = self._bundle_message(body)
-        return content if filtered is body else {**content, "body": filtered}
+        data, metadata = self.filter_bundle(body["data"], body.get("metadata") if isinstance(body.get("metadata"), dict) else {})
+        return {**content, "body": {**body, "data": data, "metadata": metadata}}
 
     # -- widgets ----------------------------------------------------------------------------------
 
@@ -458,21 +714,23 @@ class OutputPolicy:
         if msg_type == "comm_close":
             self._comms.pop(comm_id, None)
             return content
+        # (The canonical form has no target_module: a frontend with require.js would load and run it.)
         if msg_type == "comm_open":
-            if content.get("target_module") is not None:
-                # A frontend with require.js (the classic Notebook) would load and run that module.
-                content = {**content, "target_module": None}
-            if content.get("target_name") != "jupyter.widget" or not isinstance(data, dict):
-                if isinstance(comm_id, str) and content.get("target_name") not in _WIDGET_TARGETS:
-                    self._remember(comm_id, _Comm(widget=False))  # e.g. a tool-call channel: never touched
+            if content["target_name"] not in _WIDGET_TARGETS:
+                self._remember(comm_id, _Comm(widget=False))  # e.g. a tool-call channel: never touched
                 return content
-            return self._widget_open(content, data)
+            content = {**content, "data": _widget_data(data)}
+            if content["target_name"] != "jupyter.widget":
+                return content
+            return self._widget_open(content, content["data"])
         # comm_msg
         record = self._comms.get(comm_id)  # type: ignore[arg-type]
         if record is not None and (record.refused or not record.widget):
             return None if record.refused else content
         if not isinstance(data, dict):
             return content
+        data = _widget_data(data)
+        content = {**content, "data": data}
         method = data.get("method")
         if method == "update_states" and isinstance(data.get("states"), dict):
             return self._update_states(content, data)
@@ -537,6 +795,15 @@ class OutputPolicy:
             return content
         return {**content, "data": {**data, "states": out}}
 
+    def _stream(self, area: str | None, name: str) -> _Stream:
+        """The stream output a message of stream ``name`` in ``area`` adds to, as the frontend merges them."""
+        stream = self._streams.get(area)
+        if stream is None or stream.name != name:
+            if area not in self._streams and len(self._streams) >= _STREAMS_KEPT:
+                del self._streams[next(iter(self._streams))]
+            stream = self._streams[area] = _Stream(name)
+        return stream
+
     def _remember(self, comm_id: str, record: _Comm) -> None:
         if comm_id in self._comms or len(self._comms) < _MAX_WIDGET_COMMS:
             self._comms[comm_id] = record
@@ -545,7 +812,7 @@ class OutputPolicy:
         """Why a widget may not be created, or None; fills in what ``record`` must remember."""
         for key in ("_model_module", "_view_module"):
             module = state.get(key)
-            if module is not None and module not in self.widget_modules:
+            if module is not None and (not isinstance(module, str) or module not in self.widget_modules):
                 return f"its module {str(module)[:100]!r} is not one of the allowed widget modules"
         for key in ("_model_module_version", "_view_module_version"):
             version = state.get(key)
@@ -554,10 +821,12 @@ class OutputPolicy:
         code = sorted(k for k in state if _is_code_key(k))
         if code:
             return f"it carries code for the browser ({', '.join(code)})"
-        names = {state.get("_model_name"), state.get("_view_name")}
+        names = {name for name in (state.get("_model_name"), state.get("_view_name")) if isinstance(name, str)}
         record.html_value = bool(names & _HTML_WIDGETS)
+        record.string_value = bool(names & _STRING_VALUE_WIDGETS)
         record.output = "OutputModel" in names
-        record.link_ends = _LINKS.get(state.get("_model_name"), ())  # type: ignore[arg-type]
+        model = state.get("_model_name")
+        record.link_ends = _LINKS.get(model, ()) if isinstance(model, str) else ()
         if _touches_policed_buffers(buffer_paths, record):
             return "a binary buffer replaces one of its checked fields"
         return self._link_refusal(record.link_ends, state)
@@ -586,7 +855,7 @@ class OutputPolicy:
         """A widget state with code keys gone and its HTML and outputs cleaned (same object if untouched)."""
         out = dict(state)
         for key in list(out):
-            if _is_code_key(key) or (update and key in _NAME_KEYS):
+            if _is_code_key(key) or (update and key in _NAME_KEYS) or not _field_shape(record, key, out[key]):
                 del out[key]
         if record.html_value and isinstance(out.get("value"), str):
             out["value"] = _same_if_equal(out["value"], sanitize_html(out["value"]))
@@ -599,10 +868,54 @@ class OutputPolicy:
         elif record.allow_html and "description_allow_html" in out and record.description is not None:
             out["description"] = sanitize_html(record.description)  # HTML turned on for the old text
         if record.output and isinstance(out.get("outputs"), list):
-            out["outputs"] = [o for o in map(self.filter_output, out["outputs"]) if o is not None]
+            out["outputs"] = self._outputs(out["outputs"])
         if out.keys() == state.keys() and all(out[k] is state[k] for k in out):
             return state
         return out
+
+
+def _has_string(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, list):
+        return any(map(_has_string, value))
+    return isinstance(value, dict) and any(map(_has_string, value.values()))
+
+
+def _field_shape(record: _Comm, key: str, value: Any) -> bool:
+    """Whether a widget state field has the JSON type its views expect (text fields: strings only)."""
+    if key in _STRING_FIELDS:
+        return isinstance(value, str) or (value is None and key not in ("description", "placeholder"))
+    if key in _STRING_LIST_FIELDS:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if key == "value" and (record.string_value or record.html_value):
+        # A widget seen opening as a text widget: a string; one never seen (policed blind): no text but a string.
+        return isinstance(value, str) or (not record.string_value and not _has_string(value))
+    if key == "description_allow_html":
+        return isinstance(value, bool)
+    if key == "outputs":
+        return isinstance(value, list)
+    return True
+
+
+def _buffer_path(path: Any) -> bool:
+    return isinstance(path, list) and bool(path) and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
+
+
+def _widget_data(data: Any) -> dict[str, Any]:
+    """The data of a widget comm message from its allowed keys: method, state(s), buffer paths, a custom content."""
+    data = data if isinstance(data, dict) else {}
+    out: dict[str, Any] = {}
+    if isinstance(data.get("method"), str):
+        out["method"] = data["method"]
+    for key in ("state", "states"):
+        if isinstance(data.get(key), dict):
+            out[key] = data[key]
+    if isinstance(data.get("buffer_paths"), list):
+        out["buffer_paths"] = [p for p in data["buffer_paths"] if _buffer_path(p)]
+    if "content" in data:
+        out["content"] = data["content"]
+    return out
 
 
 def _is_code_key(key: str) -> bool:

@@ -7,8 +7,9 @@ passes through the output policy (:class:`kernel_sandbox.policy.OutputPolicy`) o
 and is signed with the client's key. Routing identities are kept as ``zmq.proxy`` keeps them, so
 replies and ``input_request`` find their client.
 
-The policy sees a message's content only when :meth:`OutputPolicy.inspects` says it may change
-it; content it leaves untouched goes on as the kernel's original bytes. Large contents (HTML
+The policy sees a message (header, parent header, metadata and content) when
+:meth:`OutputPolicy.inspects` says it may change it; each part it leaves untouched goes on as the
+kernel's original bytes. Large contents (HTML
 tables: nh3 cleans ~10 MB/s) are filtered in a thread, so heartbeats, control replies and the
 other channels never wait behind them.
 
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from ..canonical import BUFFER_TYPES, PROTOCOL_VERSION
 from ..errors import ConfigError, KernelLaunchError
 from ..metrics import Usage, usage_reply
 from ..policy import OutputPolicy
@@ -43,7 +45,6 @@ from .zmtp import LARGE_FRAME, MAX_MESSAGE_BYTES
 DELIM = b"<IDS|MSG>"
 REQUEST_CHANNELS = ("shell", "control", "stdin")
 CHANNELS = (*REQUEST_CHANNELS, "iopub", "hb")
-PROTOCOL_VERSION = "5.4"
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 INLINE_BYTES = 32 * 1024
 """Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a thread."""
@@ -473,39 +474,36 @@ class Front:
             if channel != "iopub" and msg_type in COMM_TYPES:
                 log.warning("dropped a %s on %s: kernels send comm messages on IOPub only", msg_type, channel)
                 return
-            content = parts[3]
-            if not self.policy.inspects(msg_type, content):
-                self._send(channel, idents, parts, content)
-            elif len(content) <= INLINE_BYTES:
-                self._send(channel, idents, parts, filter_content(self.policy, msg_type, content))
+            if not self.policy.inspects(msg_type):
+                self._send(channel, idents, parts)
+            elif sum(map(len, parts[:4])) <= INLINE_BYTES:
+                self._send(channel, idents, filter_parts(self.policy, channel, msg_type, parts))
             else:
                 self._wait(channel)
-                work = self._loop.run_in_executor(None, filter_content, self.policy, msg_type, content)
+                work = self._loop.run_in_executor(None, filter_parts, self.policy, channel, msg_type, parts)
                 work.add_done_callback(lambda done: self._filtered(channel, idents, parts, done))
         except Exception:  # whatever the kernel sent: one message is lost, never the session
             log.exception("dropped a %s message from the kernel: relaying it failed", channel)
 
-    def _filtered(self, channel: str, idents: list[bytes], parts: list[bytes], done: asyncio.Future[bytes | None]) -> None:
+    def _filtered(self, channel: str, idents: list[bytes], parts: list[bytes], done: asyncio.Future[list[bytes] | None]) -> None:
         """A thread has filtered a large message: send it, then what the channel held meanwhile."""
         self._waiting.discard(channel)
         try:
-            content = None if done.cancelled() else done.result()
+            filtered = None if done.cancelled() else done.result()
         except Exception:
             log.exception("dropped a %s message from the kernel: filtering it failed", channel)
-            content = None
-        self._send(channel, idents, parts, content)
+            filtered = None
+        self._send(channel, idents, filtered)
         self._release(channel)
 
-    def _send(self, channel: str, idents: list[bytes], parts: list[bytes], content: bytes | None) -> None:
-        """Sign ``parts`` with ``content`` in place of theirs for the client; None drops the message.
+    def _send(self, channel: str, idents: list[bytes], parts: list[bytes] | None) -> None:
+        """Sign ``parts`` for the client and send them; None drops the message.
 
         When the client's queue is full the message waits, and the channel with it.
         """
         reader = self._readers.get(channel)
-        if content is None or reader is None:
+        if parts is None or reader is None:
             return
-        if content is not parts[3]:
-            parts = [*parts[:3], content, *parts[4:]]
         frames = [*idents, DELIM, self._signer.sign(parts), *parts]
         if not reader.send(frames):
             self._wait(channel)
@@ -582,26 +580,26 @@ def _msg_type(header: bytes) -> str | None:
     return msg_type if isinstance(msg_type, str) else None
 
 
-def filter_content(policy: OutputPolicy, msg_type: str, raw: bytes) -> bytes | None:
-    """A message's content as ``policy`` lets it through: ``raw`` itself when untouched, new bytes, or None (drop).
+def filter_parts(policy: OutputPolicy, channel: str, msg_type: str, parts: list[bytes]) -> list[bytes] | None:
+    """A message's parts as ``policy`` lets them through: each part the kernel's own bytes when untouched, or None (drop).
 
     Content that is not UTF-8 JSON is dropped: what the policy cannot read, no client may see.
+    A parent header or metadata that is not a JSON object becomes ``{}``.
     """
-    content = _json(raw)
+    header, parent, metadata, content = map(_json, parts[:4])
     if content is None:
         log.warning("dropped a %s from the kernel: its content is not UTF-8 JSON", msg_type)
         return None
     try:
-        filtered = policy.filter(msg_type, content)
+        filtered = policy.filter_message(channel, header, parent, metadata, content)
     except Exception:  # whatever the kernel sent: what the policy could not check is not shown
         log.exception("dropped a %s from the kernel: the output policy failed on it", msg_type)
         return None
-    if filtered is content:
-        return raw
     if filtered is None:
         return None
     try:
-        return _dumps(filtered)
+        out = [raw if new is old else _dumps(new) for raw, old, new in zip(parts, (header, parent, metadata, content), filtered)]
     except (ValueError, RecursionError):
         log.warning("dropped a %s from the kernel: its content cannot be written as JSON (NaN, or nested too deep)", msg_type)
         return None
+    return out + (parts[4:] if filtered[0].get("msg_type") in BUFFER_TYPES else [])

@@ -7,6 +7,10 @@ Nothing but the launcher's relay, which applies the policy, stands between kerne
 
 from __future__ import annotations
 
+import contextlib
+from urllib.parse import quote
+
+import httpx
 import pytest
 
 from lab_kit import ARTIFACTS, recording_page
@@ -90,3 +94,79 @@ def test_hostile_outputs_through_the_launcher_run_no_script(browser, lab) -> Non
     """The hostile cells of issue 16 (and the widget tricks) with nothing but the launcher between kernel and page."""
     markers, written = run_cells(browser, lab, "sandboxed-python", {**HOSTILE_CELLS, **CELLS}, "hostile-relay")
     assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"
+
+
+# ---- issue 23: the shapes of messages (a list where a string is usual, Vega options, stream rewrites) -----
+
+_VEGA = "application/vnd.vegalite.v5+json"
+_CHART = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "mark": "bar",
+          "encoding": {"x": {"field": "a", "type": "nominal"}, "y": {"field": "b", "type": "quantitative"}}}
+_STYLE_MARK = "kspwnedstyle"
+_OVERLAY = ("@import url(/files/vega-style-probe.css); ." + _STYLE_MARK + "{} body::after{content:'';position:fixed;"
+            "top:0;left:0;right:0;bottom:0;z-index:99999;background:rgba(255,0,0,.5)}")
+_FORGE = (
+    "k = get_ipython().kernel\n"
+    "def forge(msg_type, content):\n"
+    "    k.session.send(k.iopub_socket, k.session.msg(msg_type, content, parent=k.get_parent()), ident=k._topic(msg_type))\n"
+)
+
+
+def _vega(spec: dict, options: dict | None = None) -> str:
+    metadata = {_VEGA: {"embed_options": options}} if options is not None else {}
+    return f"display({{{_VEGA!r}: {spec!r}, 'text/plain': 'chart'}}, metadata={metadata!r}, raw=True)"
+
+
+SHAPE_CELLS = {
+    # (1) ipywidgets writes String(value) as HTML: a list's string is its items joined by commas.
+    "widgetlist": (
+        "import ipywidgets as w\nh = w.HTML('<b>harmless</b>')\ndisplay(h)\nimport time; time.sleep(1)\n"
+        "h.comm.send({'method': 'update', 'state': {'value': %r}, 'buffer_paths': []})"
+        % ['<img src=x onerror="0', _attack("widgetlist") + '">']
+    ),
+    # (2) a Vega data URL to a file the server serves (read with the user's cookie).
+    "vegaurl": _vega({**_CHART, "data": {"url": "vega-secret.csv"}, "usermeta": {"embedOptions": {"defaultStyle": _OVERLAY}}}),
+    # (3) the chart's actions ("View Source" writes the spec into a page of the server's origin) and (4) defaultStyle.
+    "vegastyle": _vega({**_CHART, "data": {"values": [{"a": "x", "b": 1}]}}, {"defaultStyle": _OVERLAY, "actions": True, "theme": "dark"}),
+    # (6) a javascript: link in a stream's text list, and one composed by \r over two messages.
+    "listlink": _FORGE + (
+        "forge('stream', {'name': 'stdout', 'text': ['java', 'script:', '//%%0a%s']})\n"
+        "forge('stream', {'name': 'stdout', 'text': '\\nXXXXXcript://%%0a%s\\r'})\n"
+        "forge('stream', {'name': 'stdout', 'text': 'javas'})\n"
+    ) % (quote(_attack("listlink"), safe=""), quote(_attack("rewrite"), safe="")),
+}
+
+
+@pytest.mark.security("attack", "policy")
+def test_message_shapes_run_no_script_load_no_file_and_cover_nothing(browser, lab) -> None:
+    """Findings 1-4 and 6 of issue 23 in JupyterLab, with nothing but the launcher's relay between kernel and page."""
+    for name in ("vega-secret.csv", "vega-style-probe.css"):
+        put = httpx.put(f"{lab['url']}/api/contents/{name}", headers=lab["headers"],
+                        json={"type": "file", "format": "text", "content": "a,b\nsecret,1\n"})
+        assert put.status_code in (200, 201), put.text
+    put_notebook(lab, "shapes.ipynb", "sandboxed-python", SHAPE_CELLS.values())
+    with recording_page(browser, "attack-shapes-failed.png", height=900, timeout_ms=120_000) as (page, requests):
+        panel = run_all_cells(page, lab, "shapes", "shapes.ipynb")
+        panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
+            ".every(p => /\\[\\d+\\]/.test(p.textContent))")
+        panel.locator(".widget-html-content").first.wait_for()
+        panel.locator(".vega-embed svg, .vega-embed canvas").nth(1).wait_for()  # both charts drew
+        panel.locator(".jp-Cell").last.scroll_into_view_if_needed()  # (JupyterLab renders the cells in view)
+        panel.locator(".jp-OutputArea-output", has_text="pwned-rewrite").first.wait_for()  # the stream text is shown
+        markers, written = script_traces(page, lab, 5)
+        actions = panel.locator(".vega-embed .vega-actions, .vega-embed details").count()
+        styles = page.evaluate(f"[...document.querySelectorAll('style')].filter(s => s.textContent.includes('{_STYLE_MARK}')).length")
+        covered = page.evaluate("getComputedStyle(document.body, '::after').position === 'fixed'")
+        links = page.evaluate("[...document.querySelectorAll('.jp-OutputArea a')].map(a => a.getAttribute('href') || '')")
+        for link in panel.locator(".jp-OutputArea a", has_text="pwned").all():
+            with contextlib.suppress(Exception):
+                link.click(timeout=3_000)
+        markers += script_traces(page, lab, 2)[0]
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "attack-shapes.png"), full_page=True)
+    assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"
+    assert [u for u in requests if "vega-secret" in u or "vega-style-probe" in u] == [], "a chart loaded a served file"
+    assert actions == 0, "the chart shows vega-embed's actions (View Source)"
+    assert styles == 0 and not covered, "the chart's defaultStyle became a page-wide style"
+    assert [h for h in links if h.strip().lower().startswith(("javascript", "vbscript", "data:"))] == [], links

@@ -130,8 +130,8 @@ def test_vega_embed_options_keep_only_styling() -> None:
     content = {"data": {mime: {"mark": "bar"}}, "metadata": {mime: {"embed_options": {
         "theme": "dark", "sourceHeader": "<img src=x onerror=alert(1)>", "editorUrl": "javascript:alert(1)", "ast": False}}}}
     out = shown(OutputPolicy(), "display_data", content)
-    assert out["data"] is content["data"]
-    assert out["metadata"][mime]["embed_options"] == {"theme": "dark"}
+    assert out["data"] == content["data"]
+    assert out["metadata"][mime]["embed_options"] == {"theme": "dark", "actions": False}
 
 
 # ---- replies ------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_execute_reply_pager_payload_is_sanitized() -> None:
     ]}
     out = shown(OutputPolicy(), "execute_reply", content)
     assert html_problems(out["payload"][0]["data"]["text/html"]) == [] and out["payload"][0]["start"] == 0
-    assert out["payload"][1] is content["payload"][1]
+    assert out["payload"][1] == content["payload"][1]
 
 
 def test_inspect_reply_and_debugger_rich_variables_are_sanitized() -> None:

@@ -239,3 +239,39 @@ def test_matplotlib_svg_stays_a_well_formed_drawing(kernel) -> None:
     paths = root.iter("{http://www.w3.org/2000/svg}path")
     assert sum(1 for _ in paths) >= original.count("<path") - 1 > 5
     assert html_problems(cleaned, svg_ids=True) == []
+
+
+def _debug(kernel, command: str, arguments: dict | None = None) -> dict:
+    """One DAP request on the control channel as JupyterLab's debugger sends it; the debug_reply."""
+    client = kernel.client
+    kernel.seq = getattr(kernel, "seq", 0) + 1
+    msg = client.session.msg("debug_request", {"type": "request", "seq": kernel.seq, "command": command, "arguments": arguments or {}})
+    client.control_channel.send(msg)
+    while (reply := client.get_control_msg(timeout=60))["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+        pass
+    return reply
+
+
+def test_the_debugger_keeps_working_and_its_rich_variables_are_cleaned(kernel) -> None:
+    """The JupyterLab debugger's requests through the strict policy: replies unchanged, rich variables cleaned."""
+    policy = OutputPolicy()
+
+    def through_policy(reply: dict) -> dict:
+        out = policy.filter_message("control", reply["header"], reply["parent_header"], reply["metadata"], reply["content"])
+        assert out is not None, reply
+        return out[3]
+
+    initialize = _debug(kernel, "initialize", {"clientID": "jupyterlab", "adapterID": "python", "pathFormat": "path",
+                                               "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True})
+    assert initialize["content"]["success"], initialize["content"]
+    try:
+        for reply in (initialize, _debug(kernel, "attach"), _debug(kernel, "debugInfo")):
+            assert through_policy(reply) is reply["content"]  # untouched: the debugger sees what the kernel sent
+        kernel.run("from IPython.display import HTML\nh = HTML('<b>ok</b><img src=x onerror=alert(1)>')\nn = 42")
+        variables = _debug(kernel, "inspectVariables")
+        assert through_policy(variables) is variables["content"]
+        assert "n" in [v["name"] for v in variables["content"]["body"]["variables"]]
+        rich = through_policy(_debug(kernel, "richInspectVariables", {"variableName": "h"}))
+        assert rich["success"] and rich["body"]["data"]["text/html"] == '<b>ok</b><img src="x">'
+    finally:
+        _debug(kernel, "disconnect", {"restart": False, "terminateDebuggee": True})
