@@ -283,6 +283,27 @@ DEFAULTS = {
 A token of ``None`` is made fresh for every start."""
 
 
+LABEXTENSIONS = Path(__file__).parent / "labextensions"
+"""Where the prebuilt JupyterLab extension kernel-sandbox-frame lies in the package (the wheel also puts it in
+share/jupyter/labextensions, where plain ``jupyter lab`` finds it)."""
+
+CONTENTS_MANAGER = ("kernel_sandbox.contents.RootConfinedFileManager", ("--ServerApp.contents_manager_class",))
+"""The contents manager ``kernel-sandbox lab`` sets unless its command line names another, and the options that do."""
+
+
+def confinement_arguments(extra: Sequence[str]) -> list[str]:
+    """The frame extension on JupyterLab's labextensions path and, unless ``extra`` names one, the root-confined contents manager.
+
+    Sandboxed kernels' outputs then render in opaque-origin frames (kernel-sandbox-frame), and no
+    symlink planted in the served folder makes the server hand out a file outside it.
+    """
+    arguments = [f"--LabApp.extra_labextensions_path={LABEXTENSIONS}"]
+    manager, options = CONTENTS_MANAGER
+    if not _sets(extra, options):
+        arguments.append(f"--ServerApp.contents_manager_class={manager}")
+    return arguments
+
+
 def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
     """JupyterLab's command line: our defaults (unless ``extra`` sets them), ``extra``, then the locked-down settings.
 
@@ -292,6 +313,7 @@ def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
     for name, (value, options) in DEFAULTS.items():
         if not _sets(extra, options):
             arguments.append(f"--{name}={secrets.token_hex(24) if value is None else value}")
+    arguments += confinement_arguments(extra)
     arguments += extra
     if locked_down:
         for name, value in LOCKED_DOWN.items():
