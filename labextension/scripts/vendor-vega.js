@@ -9,3 +9,13 @@ const source = builds
   .join(';\n')
   .replace(/<\/(script)/gi, '<\\/$1');
 fs.writeFileSync(path.join(__dirname, '..', 'src', 'vega-source.js'), `export default ${JSON.stringify(source)};\n`);
+
+// Their licences (BSD-3-Clause) go with the built extension, which carries their code as a string.
+const notices = builds.map(name => {
+  const dir = path.join(__dirname, '..', 'node_modules', name.split('/')[0]);
+  const { name: pkg, version, license, repository } = JSON.parse(fs.readFileSync(path.join(dir, 'package.json'), 'utf8'));
+  const file = path.join(dir, 'LICENSE');
+  const text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : `${license}: ${repository.url || repository}`;
+  return `${pkg} ${version}\n\n${text}`;
+});
+fs.writeFileSync(path.join(__dirname, '..', 'src', 'vega-licenses.txt'), notices.join('\n\n'));
