@@ -63,42 +63,49 @@ class RootConfined:
     def _get_os_path(self, path: str) -> str:
         return self._confined(super()._get_os_path(path))  # type: ignore[misc]
 
-    def _checked_fd(self, fd: int, os_path: str) -> int:
+    def _check_fd(self, fd: int, os_path: str) -> None:
         if not _inside(_fd_path(fd), self._real_root()):
-            os.close(fd)
             raise OutsideRoot(os.path.relpath(os_path, os.path.abspath(self.root_dir)))
-        return fd
 
     @contextlib.contextmanager
     def open(self, os_path: str, *args: Any, **kwargs: Any) -> Iterator[IO[Any]]:
         """Open ``os_path`` for reading (as FileManagerMixin.open), refusing a file that turned out to lie outside the root."""
         with self.perm_to_403(os_path), open(os_path, *args, **kwargs) as handle:  # type: ignore[attr-defined]
-            self._checked_fd(handle.fileno(), os_path)
+            self._check_fd(handle.fileno(), os_path)
             yield handle
 
     @contextlib.contextmanager
     def _directory(self, os_path: str) -> Iterator[int]:
         """A descriptor of ``os_path``'s directory, checked to be inside the root."""
         parent = os.path.dirname(os_path) or "."
-        fd = self._checked_fd(os.open(parent, os.O_RDONLY | os.O_DIRECTORY), parent)
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
+            self._check_fd(fd, parent)
             yield fd
         finally:
             os.close(fd)
 
     @contextlib.contextmanager
     def atomic_writing(self, os_path: str, text: bool = True, encoding: str = "utf-8", **kwargs: Any) -> Iterator[IO[Any]]:
-        """Write a new file next to ``os_path`` and rename it over ``os_path``: a symlink there is replaced, never followed."""
+        """Write a new file next to ``os_path`` and rename it over ``os_path``: a symlink there is replaced, never followed.
+
+        A link that resolves inside the root is written at its target, as jupyter_server does.
+        """
         kwargs.pop("log", None)
+        os_path = os.path.realpath(self._confined(os_path))
         name = os.path.basename(os_path)
         temporary = f".~{name}.{os.getpid()}.tmp"
         with self.perm_to_403(os_path), self._directory(os_path) as directory:  # type: ignore[attr-defined]
             try:
-                mode = stat.S_IMODE(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+                existing = os.stat(name, dir_fd=directory, follow_symlinks=False)
             except FileNotFoundError:
-                mode = 0o666 & ~_umask()
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=directory)
+                existing = None
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=directory)
             try:
+                if existing is not None and stat.S_ISREG(existing.st_mode):  # keep its mode and, where we may, its owner
+                    os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(fd, existing.st_uid, existing.st_gid)
                 if text:
                     kwargs.setdefault("newline", "\n")
                     handle = open(fd, "w", encoding=encoding, **kwargs)
@@ -111,6 +118,8 @@ class RootConfined:
                 os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
             except BaseException:
                 with contextlib.suppress(OSError):
+                    os.close(fd)  # when open() did not take it
+                with contextlib.suppress(OSError):
                     os.unlink(temporary, dir_fd=directory)
                 raise
 
@@ -118,12 +127,6 @@ class RootConfined:
         """Copy ``src`` to ``dest``, both inside the root (a checkpoint, a copied file)."""
         with self.open(self._confined(src), "rb") as source, self.atomic_writing(self._confined(dest), text=False) as target:
             shutil.copyfileobj(source, target)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class RootConfinedCheckpoints(RootConfined, AsyncFileCheckpoints):

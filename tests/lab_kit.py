@@ -196,3 +196,14 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+def in_frames(page: Any, selector: str, text: str | None = None, seconds: float = 0) -> int:
+    """How many elements ``selector`` (with ``text``) the page's frames hold, kernel-sandbox-frame's outputs among them;
+    waiting up to ``seconds`` for one to appear."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = sum(frame.locator(selector, has_text=text).count() for frame in page.frames if frame != page.main_frame)
+        if found or time.monotonic() >= deadline:
+            return found
+        page.wait_for_timeout(250)

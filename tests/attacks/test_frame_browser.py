@@ -24,7 +24,7 @@ from ipykernel.kernelspec import get_kernel_dict
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.lab import confinement_arguments
 
-from lab_kit import ARTIFACTS, jupyterlab, recording_page, remove_kernels_of
+from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of
 from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -124,11 +124,6 @@ def _plant(outside: Path, tag: str) -> str:
             f"os.symlink('inside-{tag}.txt', 'fine-{tag}.txt')\nprint('planted')")
 
 
-def frames_with(page: Any, selector: str, text: str | None = None) -> int:
-    """How many of the page's frames (not the page itself) hold ``selector`` (with ``text``)."""
-    return sum(frame.locator(selector, has_text=text).count() for frame in page.frames if frame != page.main_frame)
-
-
 @pytest.mark.security("attack", "policy")
 @pytest.mark.parametrize("policy", POLICIES)
 def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browser, frame_lab, policy: str) -> None:
@@ -168,31 +163,23 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
         # no overlay outside its frame: the top of the page is JupyterLab's own
         assert page.evaluate("document.elementFromPoint(640, 10).tagName") != "IFRAME"
         # the chart draws, with no vega-embed actions ("View Source")
-        assert _wait_frames(page, ".vega-embed canvas, .vega-embed svg.marks") >= 1
-        assert frames_with(page, ".vega-actions, .vega-embed details") == 0
+        assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
+        assert in_frames(page, ".vega-actions, .vega-embed details") == 0
         # benign outputs render, in frames sized to their content
-        assert frames_with(page, "b", "benign-html") == 1
+        assert in_frames(page, "b", "benign-html") == 1
         tall = panel.locator("iframe.kernel-sandbox-frame[srcdoc*='benign-html']")
         page.wait_for_function("f => f.getBoundingClientRect().height >= 321", arg=tall.element_handle())
         assert tall.bounding_box()["height"] < 400
-        assert frames_with(page, "table.dataframe td", "Lyon") == 1
+        assert in_frames(page, "table.dataframe td", "Lyon") == 1
         # the standard widgets work: a slider, a button whose output widget prints and displays HTML, tqdm
         assert panel.locator(".widget-slider, .widget-hslider").count() >= 1
         panel.locator("button", has_text="benign-button").click()
         panel.locator(".jp-RenderedText", has_text="clicked-text").wait_for()
-        assert _wait_frames(page, "i", "clicked-html") == 1
+        assert in_frames(page, "i", "clicked-html", seconds=30) == 1
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
         assert script_traces(page, lab, 1) == ([], [])
     _assert_links_refused(lab, policy)
-
-
-def _wait_frames(page: Any, selector: str, text: str | None = None, seconds: float = 30) -> int:
-    for _ in range(int(seconds * 4)):
-        if found := frames_with(page, selector, text):
-            return found
-        page.wait_for_timeout(250)
-    return 0
 
 
 def _assert_links_refused(lab: dict, tag: str) -> None:
