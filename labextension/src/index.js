@@ -36,24 +36,26 @@ const CSP = [
   "base-uri 'none'"
 ].join('; ');
 
-// The frames on the page, by their window, for the height messages.
-const frames = new Map();
+// The frames this extension made (a frame's window changes when JupyterLab re-attaches it).
+const ours = new WeakSet();
+
+function frameOf(source) {
+  for (const frame of document.querySelectorAll('iframe.kernel-sandbox-frame')) {
+    if (frame.contentWindow === source && ours.has(frame)) {
+      return frame;
+    }
+  }
+  return null;
+}
 
 function onMessage(event) {
-  const frame = frames.get(event.source);
-  if (!frame || event.origin !== 'null') {
-    return;
-  }
-  if (!frame.isConnected) {
-    frames.delete(event.source);
-    return;
-  }
   const data = event.data;
-  if (!data || typeof data !== 'object' || data.type !== HEIGHT_MESSAGE) {
+  if (event.origin !== 'null' || !data || typeof data !== 'object' || data.type !== HEIGHT_MESSAGE) {
     return;
   }
+  const frame = frameOf(event.source);
   const height = data.height;
-  if (typeof height !== 'number' || !Number.isFinite(height) || height < 0) {
+  if (!frame || typeof height !== 'number' || !Number.isFinite(height) || height < 0) {
     return;
   }
   frame.style.height = `${Math.ceil(Math.min(height, MAX_HEIGHT))}px`;
@@ -151,10 +153,8 @@ async function renderInFrame(renderer, mimeType, model, options) {
     node.removeChild(node.firstChild);
   }
   node.classList.add('kernel-sandbox-framed');
+  ours.add(frame);
   node.appendChild(frame);
-  if (frame.contentWindow) {
-    frames.set(frame.contentWindow, frame);
-  }
 }
 
 function isOutput(model) {

@@ -98,6 +98,10 @@ def hostile_cells(url: str) -> dict[str, str]:
         "overlay": _display("HTML", '<div style="position:fixed;inset:0;z-index:2147483647;background:red">overlay</div>'
                                     f'<style>@import url({url}/files/probe-css.css); body{{background:url({url}/files/probe-bg)}}</style>'),
         "vega": _vega(url),
+        "height": _display("HTML", "<p>height-probe</p><script>setInterval(function () {"
+                                   "parent.postMessage({type: 'kernel-sandbox-frame:height', height: 1e9}, '*');"
+                                   "parent.postMessage({type: 'kernel-sandbox-frame:height', height: '9px;position:fixed'}, '*');"
+                                   "}, 100)</script>"),
     }
 
 
@@ -162,6 +166,11 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
             assert "default-src 'none'" in frames.nth(index).get_attribute("srcdoc")
         # no overlay outside its frame: the top of the page is JupyterLab's own
         assert page.evaluate("document.elementFromPoint(640, 10).tagName") != "IFRAME"
+        # a frame claiming any height gets a bounded one
+        claimed = panel.locator("iframe.kernel-sandbox-frame[srcdoc*='height-probe']")
+        if policy == "trusted":  # strict removes the script
+            page.wait_for_function("f => f.getBoundingClientRect().height > 1000", arg=claimed.element_handle())
+        assert claimed.bounding_box()["height"] <= 20000 and "fixed" not in (claimed.get_attribute("style") or "")
         # the chart draws, with no vega-embed actions ("View Source")
         assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
         assert in_frames(page, ".vega-actions, .vega-embed details") == 0

@@ -170,6 +170,7 @@ def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: LabServer)
         try:
             page.goto(f"{lab.url}/lab?token={lab.token}")
             page.locator('.jp-LauncherCard[data-category="Notebook"]').first.wait_for()
+            assert page.evaluate("document.body.dataset.kernelSandboxFrame") == "active"  # kernel-sandbox-frame is loaded
             page.locator('div.lm-MenuBar-itemLabel:text-is("File")').click()
             page.locator('.lm-Menu-itemLabel:text-is("New")').click()
             page.locator('.lm-Menu-itemLabel:text-is("Notebook")').click()
