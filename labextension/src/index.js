@@ -191,9 +191,62 @@ function isSandboxedSpec(spec) {
   return Array.isArray(spec.argv) && spec.argv.some(arg => typeof arg === 'string' && arg.includes('kernel_sandbox.launch'));
 }
 
+// The HTML of ipywidgets' HTML and HTMLMath views goes into the page (they are widget views, not outputs):
+// in a sandboxed panel each change of it is neutralised before any of its handlers can run (a
+// MutationObserver runs before the events, which come in later tasks).
+const WIDGET_HTML = '.widget-html-content, .widget-htmlmath-content';
+const ACTIVE = new Set(['script', 'iframe', 'frame', 'object', 'embed', 'style', 'link', 'meta', 'base', 'form', 'portal']);
+const URL_ATTRIBUTES = new Set(['href', 'xlink:href', 'src', 'action', 'formaction', 'data', 'srcdoc', 'srcset', 'poster', 'background', 'to', 'values', 'from', 'by']);
+
+function neutralise(root) {
+  for (const element of [...root.querySelectorAll('*')]) {
+    if (ACTIVE.has(element.localName)) {
+      element.remove();
+      continue;
+    }
+    for (const { name, value } of [...element.attributes]) {
+      const lower = name.toLowerCase();
+      const bare = value.replace(/[\u0000-\u0020]/g, '');
+      const url = URL_ATTRIBUTES.has(lower) && /^(javascript|vbscript):|^(https?:)?\/\//i.test(bare);
+      const style = lower === 'style' && /position|url\(|expression|@import/i.test(bare);
+      if (lower.startsWith('on') || lower === 'srcdoc' || url || style) {
+        element.removeAttribute(name);
+      }
+    }
+  }
+}
+
+function watchWidgetHtml(node, framed) {
+  new MutationObserver(mutations => {
+    if (!framed()) {
+      return;
+    }
+    const seen = new Set();
+    const check = content => {
+      if (!seen.has(content)) {
+        seen.add(content);
+        neutralise(content);
+      }
+    };
+    for (const mutation of mutations) {
+      const target = mutation.target.nodeType === 1 ? mutation.target : mutation.target.parentElement;
+      const content = target && target.closest(WIDGET_HTML);
+      if (content) {
+        check(content);
+      }
+      // a view rendered before it was attached comes in whole
+      for (const added of mutation.addedNodes) {
+        if (added.nodeType === 1) {
+          (added.matches(WIDGET_HTML) ? [added] : added.querySelectorAll(WIDGET_HTML)).forEach(check);
+        }
+      }
+    }
+  }).observe(node, { childList: true, subtree: true, attributes: true });
+}
+
 const wrapped = new WeakSet();
 
-function guard(app, rendermime, sessionContext, documentKernel) {
+function guard(app, node, rendermime, sessionContext, documentKernel) {
   if (wrapped.has(rendermime)) {
     return;
   }
@@ -212,10 +265,11 @@ function guard(app, rendermime, sessionContext, documentKernel) {
     const rank = rendermime.getRank(mimeType);
     rendermime.addFactory(framingFactory(original, mimeType, framed), rank);
   }
+  watchWidgetHtml(node, framed);
 }
 
 function guardNotebook(app, panel) {
-  guard(app, panel.content.rendermime, panel.sessionContext, () => {
+  guard(app, panel.node, panel.content.rendermime, panel.sessionContext, () => {
     const model = panel.context.model;
     const kernelspec = model && model.getMetadata ? model.getMetadata('kernelspec') : undefined;
     return (kernelspec && typeof kernelspec.name === 'string' && kernelspec.name) || panel.sessionContext.kernelPreference.name;
@@ -223,7 +277,7 @@ function guardNotebook(app, panel) {
 }
 
 function guardConsole(app, panel) {
-  guard(app, panel.console.rendermime, panel.sessionContext, () => panel.sessionContext.kernelPreference.name);
+  guard(app, panel.node, panel.console.rendermime, panel.sessionContext, () => panel.sessionContext.kernelPreference.name);
 }
 
 const plugin = {

@@ -98,6 +98,11 @@ def hostile_cells(url: str) -> dict[str, str]:
         "overlay": _display("HTML", '<div style="position:fixed;inset:0;z-index:2147483647;background:red">overlay</div>'
                                     f'<style>@import url({url}/files/probe-css.css); body{{background:url({url}/files/probe-bg)}}</style>'),
         "vega": _vega(url),
+        # widget views render in the page: their HTML is neutralised there
+        "htmlwidget": ("import ipywidgets as w\n"
+                       f"t = w.Text(value={'<img src=x onerror=' + chr(34) + attack('jsdlink') + chr(34) + '>'!r})\n"
+                       "h = w.HTML('<b>widget-bold</b>')\nw.jsdlink((t, 'value'), (h, 'value'))\n"
+                       f"display(w.HTML({'<img src=x onerror=' + chr(34) + attack('hw') + chr(34) + '><b>widget-bold</b>'!r}), h)"),
         "height": _display("HTML", "<p>height-probe</p><script>setInterval(function () {"
                                    "parent.postMessage({type: 'kernel-sandbox-frame:height', height: 1e9}, '*');"
                                    "parent.postMessage({type: 'kernel-sandbox-frame:height', height: '9px;position:fixed'}, '*');"
@@ -171,6 +176,7 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
         if policy == "trusted":  # strict removes the script
             page.wait_for_function("f => f.getBoundingClientRect().height > 1000", arg=claimed.element_handle())
         assert claimed.bounding_box()["height"] <= 20000 and "fixed" not in (claimed.get_attribute("style") or "")
+        assert panel.locator(".widget-html-content b", has_text="widget-bold").count() >= 1
         # the chart draws, with no vega-embed actions ("View Source")
         assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
         assert in_frames(page, ".vega-actions, .vega-embed details") == 0
