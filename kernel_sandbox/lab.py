@@ -1,7 +1,7 @@
 """From a fresh machine to a sandboxed JupyterLab: ``kernel-sandbox setup`` and ``kernel-sandbox lab``.
 
 :func:`setup` makes sure of each thing a sandboxed kernel needs (the engine, the image, the
-kernelspec) and does only what is missing; :func:`lab` then starts JupyterLab with
+kernelspec, the JupyterLab extension that frames its outputs) and does only what is missing; :func:`lab` then starts JupyterLab with
 Sandboxed Python as its default kernel. :class:`SandboxedKernelSpecManager` is the kernelspec
 manager of a locked-down server (``kernel-sandbox lab --locked-down``, or
 ``jupyter_server_config.py`` for a server you run yourself).
@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.provisioning import KernelProvisionerFactory
-from jupyter_core.paths import is_hidden, jupyter_config_path, jupyter_path
+from jupyter_core.paths import is_hidden, jupyter_config_path, jupyter_data_dir, jupyter_path
 from traitlets import default
 
 from .containers import DEFAULT_IMAGE, has_image
@@ -53,7 +54,7 @@ def setup(
     install_engine: bool = False,
     progress: Progress = print,
 ) -> SetupResult:
-    """Make sure the engine runs, the kernel image exists and the Sandboxed Python kernelspec is installed.
+    """Make sure the engine runs, the kernel image exists, and the Sandboxed Python kernelspec and kernel-sandbox-frame are installed.
 
     Each step that is already done is left alone, so a second call changes nothing. The
     kernelspec goes into ``prefix`` (default ``sys.prefix``), or the user's data directory with
@@ -78,6 +79,7 @@ def setup(
     done(_engine_step(install_engine, progress))
     done(_image_step(image, progress))
     done(_kernelspec_step(target, config, prefix))
+    done(_labextension_step(prefix))
     return SetupResult(checks, target, image)
 
 
@@ -142,6 +144,25 @@ def _kernelspec_step(target: Path, config: dict[str, Any], prefix: str | None) -
             "or pass --user",
         )) from exc
     return Check("kernelspec", True, f"{DOCKER_SPEC} installed in {path}{_shadowed(path)}")
+
+
+def _labextension_step(prefix: str | None) -> Check:
+    """Put kernel-sandbox-frame where JupyterLab looks (``prefix``'s, else the user's, labextensions) unless it is there."""
+    name = "kernel-sandbox-frame"
+    data = Path(prefix) / "share" / "jupyter" if prefix is not None else Path(jupyter_data_dir())
+    target = data / "labextensions" / name
+    source = LABEXTENSIONS / name
+    if _tree(source) == _tree(target):
+        return Check("lab extension", True, f"{name} is up to date in {target}")
+    try:
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target)
+    except OSError as exc:
+        raise _fail(Check(
+            "lab extension", False, f"cannot write {target} ({exc.strerror or exc})",
+            "use a virtual environment you own, or pass --user (`kernel-sandbox lab` loads it from the package anyway)",
+        )) from exc
+    return Check("lab extension", True, f"{name} (outputs of sandboxed kernels in opaque-origin frames) installed in {target}")
 
 
 def _shadowed(path: Path) -> str:
@@ -291,6 +312,27 @@ DEFAULTS = {
 A token of ``None`` is made fresh for every start."""
 
 
+LABEXTENSIONS = Path(__file__).parent / "labextensions"
+"""Where the prebuilt JupyterLab extension kernel-sandbox-frame lies in the package (the wheel also puts it in
+share/jupyter/labextensions, where plain ``jupyter lab`` finds it)."""
+
+CONTENTS_MANAGER = ("kernel_sandbox.contents.RootConfinedFileManager", ("--ServerApp.contents_manager_class",))
+"""The contents manager ``kernel-sandbox lab`` sets unless its command line names another, and the options that do."""
+
+
+def confinement_arguments(extra: Sequence[str]) -> list[str]:
+    """The frame extension on JupyterLab's labextensions path and, unless ``extra`` names one, the root-confined contents manager.
+
+    Sandboxed kernels' outputs then render in opaque-origin frames (kernel-sandbox-frame), and no
+    symlink planted in the served folder makes the server hand out a file outside it.
+    """
+    arguments = [f"--LabApp.extra_labextensions_path={LABEXTENSIONS}"]
+    manager, options = CONTENTS_MANAGER
+    if not _sets(extra, options):
+        arguments.append(f"--ServerApp.contents_manager_class={manager}")
+    return arguments
+
+
 def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
     """JupyterLab's command line: our defaults (unless ``extra`` sets them), ``extra``, then the locked-down settings.
 
@@ -300,6 +342,7 @@ def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
     for name, (value, options) in DEFAULTS.items():
         if not _sets(extra, options):
             arguments.append(f"--{name}={secrets.token_hex(24) if value is None else value}")
+    arguments += confinement_arguments(extra)
     arguments += extra
     if locked_down:
         for name, value in LOCKED_DOWN.items():

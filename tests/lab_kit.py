@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.lab import LABEXTENSIONS
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -32,6 +33,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 QUIET_LAB = ["--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url="]
+FRAME_EXTENSION = [f"--LabApp.extra_labextensions_path={LABEXTENSIONS}"]
+"""kernel-sandbox-frame from this checkout, as a wheel or `pip install -e` installs it (the shared venv may lack it)."""
 
 
 def free_port() -> int:
@@ -76,10 +79,16 @@ class LabServer:
 
 @contextlib.contextmanager
 def jupyterlab(
-    base: Path, jupyter_path: Path, artifact: str, env: Mapping[str, str] | None = None, root: Path | None = None
+    base: Path,
+    jupyter_path: Path,
+    artifact: str,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    root: Path | None = None,
 ) -> Iterator[LabServer]:
     """JupyterLab on a random port of 127.0.0.1 with a token, seeing only the kernelspecs under ``jupyter_path``.
 
+    kernel-sandbox-frame is on, as the package installs it; ``args`` go on its command line.
     Its config, data, runtime, settings and workspace directories are under ``base`` (``env`` may
     name others), so the user's own Jupyter set-up neither leaks in nor gets touched; news and update
     checks are off. It serves ``root`` (default: a new ``base``/root). Stopped on the way out, its log
@@ -107,7 +116,8 @@ def jupyterlab(
         process = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={root}", *QUIET_LAB, "--KernelSpecManager.ensure_native_kernel=False"],
+             f"--ServerApp.root_dir={root}", *QUIET_LAB, *FRAME_EXTENSION, "--KernelSpecManager.ensure_native_kernel=False",
+             *args],
             stdout=out, stderr=subprocess.STDOUT, env=full_env,
         )
     server = LabServer(f"http://127.0.0.1:{port}", token, process, root, log)
@@ -193,3 +203,14 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+def in_frames(page: Any, selector: str, text: str | None = None, seconds: float = 0) -> int:
+    """How many elements ``selector`` (with ``text``) the page's frames hold, kernel-sandbox-frame's outputs among them;
+    waiting up to ``seconds`` for one to appear."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = sum(frame.locator(selector, has_text=text).count() for frame in page.frames if frame != page.main_frame)
+        if found or time.monotonic() >= deadline:
+            return found
+        page.wait_for_timeout(250)

@@ -82,6 +82,8 @@ def test_setup_builds_the_missing_image_and_installs_the_kernelspec(fresh: Fresh
     assert "Step 16/16" in out  # the build's progress is shown
     spec_dir = fresh.prefix / "share" / "jupyter" / "kernels" / SPEC
     assert f"[ok] kernelspec: {SPEC} installed in {spec_dir}" in out
+    extension = fresh.prefix / "share" / "jupyter" / "labextensions" / "kernel-sandbox-frame"
+    assert f"installed in {extension}" in out and (extension / "package.json").is_file()
     spec = json.loads((spec_dir / "kernel.json").read_text())
     assert spec["metadata"]["kernel_provisioner"]["config"] == {"image": fresh.image}
     assert docker_engine.images.get(fresh.image).labels.get(LABEL) == "true"
@@ -95,6 +97,7 @@ def test_a_second_setup_rebuilds_and_reinstalls_nothing(fresh: Fresh, first_setu
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"[ok] kernel image: {fresh.image} is present" in again.stdout
     assert f"[ok] kernelspec: {SPEC} is up to date in {spec_file.parent}" in again.stdout
+    assert "[ok] lab extension: kernel-sandbox-frame is up to date in" in again.stdout
     assert "Step " not in again.stdout and "building" not in again.stdout
     assert docker_engine.images.get(fresh.image).id == image_id
     assert spec_file.stat().st_mtime_ns == written
@@ -169,6 +172,7 @@ def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: LabServer)
         try:
             page.goto(f"{lab.url}/lab?token={lab.token}")
             page.locator('.jp-LauncherCard[data-category="Notebook"]').first.wait_for()
+            assert page.evaluate("document.body.dataset.kernelSandboxFrame") == "active"  # kernel-sandbox-frame is loaded
             page.locator('div.lm-MenuBar-itemLabel:text-is("File")').click()
             page.locator('.lm-Menu-itemLabel:text-is("New")').click()
             page.locator('.lm-Menu-itemLabel:text-is("Notebook")').click()

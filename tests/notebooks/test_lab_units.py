@@ -19,7 +19,7 @@ from kernel_sandbox import lab as lab_module
 from kernel_sandbox.engine import Host, install_commands, start_command
 from kernel_sandbox.errors import EngineUnavailable, SetupError
 from kernel_sandbox.kernelspecs import install
-from kernel_sandbox.lab import LOCKED_DOWN, SandboxedKernelSpecManager, lab_arguments
+from kernel_sandbox.lab import LABEXTENSIONS, LOCKED_DOWN, SandboxedKernelSpecManager, lab_arguments
 
 from nb_helpers import cli
 
@@ -96,7 +96,10 @@ def test_lab_arguments_default_to_loopback_a_token_and_sandboxed_python() -> Non
         "--ServerApp.kernel_manager_class=kernel_sandbox.server.ReattachingKernelManager",
         "--ServerApp.session_manager_class=kernel_sandbox.server.ReattachingSessionManager",
     ]
-    assert arguments[5:] == ["--port", "9999"]
+    assert arguments[5] == f"--LabApp.extra_labextensions_path={LABEXTENSIONS}"
+    assert (LABEXTENSIONS / "kernel-sandbox-frame" / "package.json").is_file()
+    assert arguments[6] == "--ServerApp.contents_manager_class=kernel_sandbox.contents.RootConfinedFileManager"
+    assert arguments[7:] == ["--port", "9999"]
     assert lab_arguments(["--port", "9999"], locked_down=False)[1] != arguments[1]  # a fresh token each start
 
 
@@ -104,6 +107,8 @@ def test_lab_arguments_leave_what_the_user_sets_to_the_user() -> None:
     arguments = lab_arguments(["--ip=0.0.0.0", "--IdentityProvider.token", "mine"], locked_down=False)
     assert not any(a.startswith(("--ServerApp.ip", "--IdentityProvider.token=")) for a in arguments)
     assert arguments[-3:] == ["--ip=0.0.0.0", "--IdentityProvider.token", "mine"]
+    mine = lab_arguments(["--ServerApp.contents_manager_class=x.Y"], locked_down=False)
+    assert [a for a in mine if a.startswith("--ServerApp.contents_manager_class")] == ["--ServerApp.contents_manager_class=x.Y"]
 
 
 def test_locked_down_settings_come_last_and_cannot_be_argued_with() -> None:

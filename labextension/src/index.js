@@ -1,0 +1,303 @@
+// kernel-sandbox-frame: the rich outputs of sandboxed kernels render in opaque-origin iframes.
+//
+// For every notebook and console, each renderer of a mime type that can run script or lay out HTML
+// is wrapped: when the output (not a Markdown cell) comes from a kernel whose kernelspec names a
+// kernel-sandbox provisioner, or whose kernelspec is not known (fail closed), it is drawn inside
+// <iframe sandbox="allow-scripts"> (no allow-same-origin: an opaque origin, so no cookie, no
+// same-origin request, no access to the page) whose document forbids every network load by its CSP.
+// Other kernels' outputs render as before. The frame reports its height by postMessage.
+import { IConsoleTracker } from '@jupyterlab/console';
+import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
+
+const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
+// Rendered by JupyterLab without script or page-wide layout: left as they are.
+const INERT = new Set([
+  'text/plain',
+  'application/vnd.jupyter.stdout',
+  'application/vnd.jupyter.stderr',
+  'image/png',
+  'image/jpeg',
+  'image/gif',
+  'image/bmp',
+  'image/webp',
+  'text/latex',
+  'application/vnd.jupyter.widget-view+json'
+]);
+const VEGA = /^application\/vnd\.vega(lite)?\.v\d+\+json$/;
+const HEIGHT_MESSAGE = 'kernel-sandbox-frame:height';
+const MAX_HEIGHT = 20000;
+const CSP = [
+  "default-src 'none'",
+  "script-src 'unsafe-inline' 'unsafe-eval'",
+  "style-src 'unsafe-inline'",
+  'img-src data: blob:',
+  'font-src data:',
+  "form-action 'none'",
+  "base-uri 'none'"
+].join('; ');
+
+// The frames this extension made (a frame's window changes when JupyterLab re-attaches it).
+const ours = new WeakSet();
+
+function frameOf(source) {
+  for (const frame of document.querySelectorAll('iframe.kernel-sandbox-frame')) {
+    if (frame.contentWindow === source && ours.has(frame)) {
+      return frame;
+    }
+  }
+  return null;
+}
+
+function onMessage(event) {
+  const data = event.data;
+  if (event.origin !== 'null' || !data || typeof data !== 'object' || data.type !== HEIGHT_MESSAGE) {
+    return;
+  }
+  const frame = frameOf(event.source);
+  const height = data.height;
+  if (!frame || typeof height !== 'number' || !Number.isFinite(height) || height < 0) {
+    return;
+  }
+  frame.style.height = `${Math.ceil(Math.min(height, MAX_HEIGHT))}px`;
+}
+
+function escapeScript(source) {
+  return source.replace(/<\/(script)/gi, '<\\/$1');
+}
+
+function escapeText(text) {
+  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`);
+}
+
+// Sends the document's height to the parent on load and on every change of size.
+const REPORTER = `(function () {
+  function report() {
+    var height = Math.max(document.documentElement.scrollHeight, document.body ? document.body.scrollHeight : 0);
+    parent.postMessage({ type: ${JSON.stringify(HEIGHT_MESSAGE)}, height: height }, '*');
+  }
+  new ResizeObserver(report).observe(document.documentElement);
+  window.addEventListener('load', report);
+  report();
+})();`;
+
+function frameDocument(body) {
+  return (
+    '<!DOCTYPE html><html><head><meta charset="utf-8">' +
+    `<meta http-equiv="Content-Security-Policy" content="${CSP}">` +
+    '<style>html,body{margin:0;padding:0;background:transparent;' +
+    'font-family:var(--jp-content-font-family,system-ui,sans-serif);font-size:13px;overflow-y:hidden}' +
+    'body{padding:2px 0}</style>' +
+    `<script>${REPORTER}</script></head><body>${body}</body></html>`
+  );
+}
+
+let vegaSource = null;
+
+async function vegaBody(mimeType, spec) {
+  if (vegaSource === null) {
+    vegaSource = (await import('./vega-source.js')).default;
+  }
+  const mode = mimeType.includes('vegalite') ? 'vega-lite' : 'vega';
+  // no loader (data URLs fail), no usermeta (it carries embed options), no actions (no View Source)
+  const embed = `(function () {
+  var spec = ${escapeScript(JSON.stringify(spec))};
+  if (spec && typeof spec === 'object') { delete spec.usermeta; }
+  var refuse = function () { return Promise.reject(new Error('kernel-sandbox: a chart from a sandboxed kernel loads nothing')); };
+  var loader = vega.loader();
+  loader.load = refuse; loader.sanitize = refuse; loader.http = refuse; loader.file = refuse;
+  vegaEmbed(document.getElementById('chart'), spec, { mode: ${JSON.stringify(mode)}, actions: false, loader: loader })
+    .catch(function (error) { document.getElementById('chart').textContent = String(error && error.message || error); });
+})();`;
+  return `<div id="chart"></div><script>${vegaSource}</script><script>${embed}</script>`;
+}
+
+function text(value) {
+  return Array.isArray(value) ? value.join('') : typeof value === 'string' ? value : JSON.stringify(value);
+}
+
+async function frameBody(mimeType, model, options) {
+  const data = model.data;
+  const value = data[mimeType];
+  if (mimeType === 'text/html' || mimeType === 'image/svg+xml') {
+    return text(value);
+  }
+  if (mimeType === 'text/markdown') {
+    const source = text(value);
+    return options.markdownParser ? await options.markdownParser.render(source) : `<pre>${escapeText(source)}</pre>`;
+  }
+  if (mimeType === 'application/javascript' || mimeType === 'text/javascript') {
+    return `<div id="output"></div><script>var element = document.getElementById('output');\n${escapeScript(text(value))}</script>`;
+  }
+  if (VEGA.test(mimeType)) {
+    return vegaBody(mimeType, value);
+  }
+  // a mime type whose renderer we do not know (Plotly, Bokeh, PDF...): its HTML form, else its text
+  if (data['text/html'] !== undefined) {
+    return text(data['text/html']);
+  }
+  const plain = data['text/plain'] !== undefined ? text(data['text/plain']) : `[${mimeType} output of a sandboxed kernel]`;
+  return `<pre>${escapeText(plain)}</pre>`;
+}
+
+async function renderInFrame(renderer, mimeType, model, options) {
+  const body = await frameBody(mimeType, model, options);
+  const frame = document.createElement('iframe');
+  frame.setAttribute('sandbox', 'allow-scripts');
+  frame.setAttribute('referrerpolicy', 'no-referrer');
+  frame.setAttribute('title', 'output of a sandboxed kernel');
+  frame.className = 'kernel-sandbox-frame';
+  frame.style.cssText = 'width:100%;height:24px;border:0;display:block;background:transparent';
+  frame.srcdoc = frameDocument(body);
+  const node = renderer.node;
+  while (node.firstChild) {
+    node.removeChild(node.firstChild);
+  }
+  node.classList.add('kernel-sandbox-framed');
+  ours.add(frame);
+  node.appendChild(frame);
+}
+
+function isOutput(model) {
+  // OutputModel has a type (display_data, execute_result...); a Markdown cell's MimeModel has none
+  return typeof model.type === 'string';
+}
+
+// A factory that makes the original renderer, whose renderModel draws into a frame when `framed()`.
+function framingFactory(original, mimeType, framed) {
+  return {
+    safe: original.safe,
+    mimeTypes: [mimeType],
+    defaultRank: original.defaultRank,
+    createRenderer(options) {
+      const renderer = original.createRenderer(options);
+      const render = renderer.renderModel.bind(renderer);
+      renderer.renderModel = model =>
+        isOutput(model) && framed() ? renderInFrame(renderer, options.mimeType, model, options) : render(model);
+      return renderer;
+    }
+  };
+}
+
+function kernelspecOf(specs, name) {
+  return name && specs && specs.kernelspecs ? specs.kernelspecs[name] : undefined;
+}
+
+// A kernel-sandbox provisioner in its metadata, or the launcher in its argv (a kernelspec run without provisioner)
+function isSandboxedSpec(spec) {
+  const provisioner = spec.metadata && spec.metadata.kernel_provisioner;
+  if (provisioner && typeof provisioner === 'object' && PROVISIONERS.has(provisioner.provisioner_name)) {
+    return true;
+  }
+  return Array.isArray(spec.argv) && spec.argv.some(arg => typeof arg === 'string' && arg.includes('kernel_sandbox.launch'));
+}
+
+// The HTML of ipywidgets' HTML and HTMLMath views goes into the page (they are widget views, not outputs):
+// in a sandboxed panel each change of it is neutralised before any of its handlers can run (a
+// MutationObserver runs before the events, which come in later tasks).
+const WIDGET_HTML = '.widget-html-content, .widget-htmlmath-content';
+const ACTIVE = new Set(['script', 'iframe', 'frame', 'object', 'embed', 'style', 'link', 'meta', 'base', 'form', 'portal']);
+const URL_ATTRIBUTES = new Set(['href', 'xlink:href', 'src', 'action', 'formaction', 'data', 'srcdoc', 'srcset', 'poster', 'background', 'to', 'values', 'from', 'by']);
+
+function neutralise(root) {
+  for (const element of [...root.querySelectorAll('*')]) {
+    if (ACTIVE.has(element.localName)) {
+      element.remove();
+      continue;
+    }
+    for (const { name, value } of [...element.attributes]) {
+      const lower = name.toLowerCase();
+      const bare = value.replace(/[\u0000-\u0020]/g, '');
+      const url = URL_ATTRIBUTES.has(lower) && /^(javascript|vbscript):|^(https?:)?\/\//i.test(bare);
+      const style = lower === 'style' && /position|url\(|expression|@import/i.test(bare);
+      if (lower.startsWith('on') || lower === 'srcdoc' || url || style) {
+        element.removeAttribute(name);
+      }
+    }
+  }
+}
+
+function watchWidgetHtml(node, framed) {
+  new MutationObserver(mutations => {
+    if (!framed()) {
+      return;
+    }
+    const seen = new Set();
+    const check = content => {
+      if (!seen.has(content)) {
+        seen.add(content);
+        neutralise(content);
+      }
+    };
+    for (const mutation of mutations) {
+      const target = mutation.target.nodeType === 1 ? mutation.target : mutation.target.parentElement;
+      const content = target && target.closest(WIDGET_HTML);
+      if (content) {
+        check(content);
+      }
+      // a view rendered before it was attached comes in whole
+      for (const added of mutation.addedNodes) {
+        if (added.nodeType === 1) {
+          (added.matches(WIDGET_HTML) ? [added] : added.querySelectorAll(WIDGET_HTML)).forEach(check);
+        }
+      }
+    }
+  }).observe(node, { childList: true, subtree: true, attributes: true });
+}
+
+const wrapped = new WeakSet();
+
+function guard(app, node, rendermime, sessionContext, documentKernel) {
+  if (wrapped.has(rendermime)) {
+    return;
+  }
+  wrapped.add(rendermime);
+  const framed = () => {
+    const session = sessionContext.session;
+    const name = (session && session.kernel && session.kernel.name) || documentKernel();
+    const spec = kernelspecOf(app.serviceManager.kernelspecs.specs, name);
+    return spec === undefined || isSandboxedSpec(spec);
+  };
+  for (const mimeType of rendermime.mimeTypes) {
+    if (INERT.has(mimeType)) {
+      continue;
+    }
+    const original = rendermime.getFactory(mimeType);
+    const rank = rendermime.getRank(mimeType);
+    rendermime.addFactory(framingFactory(original, mimeType, framed), rank);
+  }
+  watchWidgetHtml(node, framed);
+}
+
+function guardNotebook(app, panel) {
+  guard(app, panel.node, panel.content.rendermime, panel.sessionContext, () => {
+    const model = panel.context.model;
+    const kernelspec = model && model.getMetadata ? model.getMetadata('kernelspec') : undefined;
+    return (kernelspec && typeof kernelspec.name === 'string' && kernelspec.name) || panel.sessionContext.kernelPreference.name;
+  });
+}
+
+function guardConsole(app, panel) {
+  guard(app, panel.node, panel.console.rendermime, panel.sessionContext, () => panel.sessionContext.kernelPreference.name);
+}
+
+const plugin = {
+  id: 'kernel-sandbox-frame:plugin',
+  description: 'Renders the rich outputs of sandboxed kernels in opaque-origin sandbox iframes.',
+  autoStart: true,
+  requires: [INotebookWidgetFactory, INotebookTracker],
+  optional: [IConsoleTracker],
+  activate(app, notebookFactory, notebooks, consoles) {
+    window.addEventListener('message', onMessage);
+    // widgetCreated fires as the panel is made, before its notebook loads; the tracker is the fallback
+    notebookFactory.widgetCreated.connect((_, panel) => guardNotebook(app, panel));
+    notebooks.widgetAdded.connect((_, panel) => guardNotebook(app, panel));
+    notebooks.forEach(panel => guardNotebook(app, panel));
+    if (consoles) {
+      consoles.widgetAdded.connect((_, panel) => guardConsole(app, panel));
+      consoles.forEach(panel => guardConsole(app, panel));
+    }
+    document.body.dataset.kernelSandboxFrame = 'active';
+  }
+};
+
+export default plugin;

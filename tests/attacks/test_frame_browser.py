@@ -1,0 +1,230 @@
+"""The outputs of sandboxed kernels in JupyterLab (headless Chromium), with kernel-sandbox-frame standing alone.
+
+With ``output_policy: trusted`` nothing but the frame extension stands between the kernel's HTML,
+SVG, Markdown, JavaScript and Vega and the page; with ``strict`` the policy comes first. Each
+hostile payload, if it gets the page's origin, marks the top page (``data-pwned-NAME``), writes
+``pwned-NAME.txt`` through the contents API, or requests a URL with ``probe`` in it (the page
+records every request of every frame). The kernelspecs mount the notebook's folder ``rw``, so the
+kernel also plants symlinks to a host file outside the served root, which the server must refuse.
+A plain local kernel's outputs render as before, and the standard widgets keep working.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ipykernel.kernelspec import get_kernel_dict
+
+from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
+from kernel_sandbox.lab import confinement_arguments
+
+from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of
+from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+
+POLICIES = ("trusted", "strict")
+SECRET = "outside-the-root-secret"
+INERT = {"text/plain", "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr", "image/png",
+         "application/vnd.jupyter.widget-view+json"}
+
+
+@pytest.fixture(scope="module")
+def frame_lab(docker_engine, widget_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """JupyterLab as ``kernel-sandbox lab`` configures it, with a kernelspec per policy (``mount_cwd: rw``) and a plain one."""
+    base = tmp_path_factory.mktemp("frame-lab")
+    prefix = base / "prefix"
+    for policy in POLICIES:
+        install(DOCKER_SPEC, prefix=str(prefix), install_as=f"frame-{policy}", display_name=f"frame {policy}",
+                config={"output_policy": policy, "mount_cwd": "rw"})
+    plain = prefix / "share" / "jupyter" / "kernels" / "frame-plain"
+    plain.mkdir(parents=True)
+    (plain / "kernel.json").write_text(json.dumps({**get_kernel_dict(), "display_name": "frame plain"}))
+    outside = base / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET)
+    with jupyterlab(base, prefix / "share" / "jupyter", "frame-jupyterlab.log", args=confinement_arguments([])) as server:
+        server.root_dir.chmod(0o777)  # the kernel's user plants its symlinks there (mount_cwd: rw)
+        yield {"url": server.url, "token": server.token, "headers": server.headers, "root": server.root_dir,
+               "outside": outside, "log": server.log}
+    remove_kernels_of(docker_engine, server.process.pid)
+
+
+def _frame_attack(name: str, url: str) -> str:
+    """JavaScript that tries, from an output, to reach the top page, the server's API with the user's cookie, and the network."""
+    body = json.dumps({"type": "file", "format": "text", "content": "escaped"})
+    return (
+        f"try{{window.top.document.body.setAttribute('data-pwned-{name}','1')}}catch(e){{}}"
+        f"try{{parent.document.body.setAttribute('data-pwned-{name}-parent','1')}}catch(e){{}}"
+        f"try{{fetch('{url}/api/contents?probe-read-{name}',{{credentials:'include'}})}}catch(e){{}}"
+        f"try{{fetch('/api/contents/pwned-{name}.txt',{{method:'PUT',credentials:'include',"
+        f"headers:{{'Content-Type':'application/json'}},body:{body!r}}})}}catch(e){{}}"
+        f"try{{new Image().src='{url}/files/probe-img-{name}'}}catch(e){{}}"
+        f"try{{top.location='{url}/lab?probe-nav-{name}'}}catch(e){{}}"
+    )
+
+
+def _display(kind: str, payload: str) -> str:
+    return f"from IPython.display import {kind}, display\ndisplay({kind}({payload!r}))"
+
+
+def _vega(url: str) -> str:
+    """A Vega-Lite chart reading a served file and a path of the server, asking vega-embed for its actions."""
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "data": {"url": f"{url}/files/probe-vega-data.csv"},
+        "mark": "bar", "encoding": {"x": {"field": "a", "type": "nominal"}, "y": {"field": "b", "type": "quantitative"}},
+        "layer": [{"mark": "point", "data": {"url": "/api/contents?probe-vega-relative"}}],
+        "usermeta": {"embedOptions": {"actions": True, "defaultStyle": f"@import url({url}/files/probe-vega-style.css);"}},
+    }
+    return ("from IPython.display import display\n"
+            f"display({{'application/vnd.vegalite.v5+json': {spec!r}}}, raw=True)")
+
+
+def hostile_cells(url: str) -> dict[str, str]:
+    attack = lambda name: html.escape(_frame_attack(name, url))  # noqa: E731
+    return {
+        "html": _display("HTML", f'<img src=x onerror="{attack("html")}"><script>{_frame_attack("htmlscript", url)}</script>'),
+        "svg": _display("SVG", f'<svg xmlns="http://www.w3.org/2000/svg" onload="{attack("svg")}">'
+                               f'<script><![CDATA[{_frame_attack("svgscript", url)}]]></script></svg>'),
+        "md": _display("Markdown", f'<script>{_frame_attack("md", url)}</script>\n\n<img src=x onerror="{attack("mdimg")}">'),
+        "js": _display("Javascript", _frame_attack("js", url)),
+        "overlay": _display("HTML", '<div style="position:fixed;inset:0;z-index:2147483647;background:red">overlay</div>'
+                                    f'<style>@import url({url}/files/probe-css.css); body{{background:url({url}/files/probe-bg)}}</style>'),
+        "vega": _vega(url),
+        # widget views render in the page: their HTML is neutralised there
+        "htmlwidget": ("import ipywidgets as w\n"
+                       f"t = w.Text(value={'<img src=x onerror=' + chr(34) + attack('jsdlink') + chr(34) + '>'!r})\n"
+                       "h = w.HTML('<b>widget-bold</b>')\nw.jsdlink((t, 'value'), (h, 'value'))\n"
+                       f"display(w.HTML({'<img src=x onerror=' + chr(34) + attack('hw') + chr(34) + '><b>widget-bold</b>'!r}), h)"),
+        "height": _display("HTML", "<p>height-probe</p><script>setInterval(function () {"
+                                   "parent.postMessage({type: 'kernel-sandbox-frame:height', height: 1e9}, '*');"
+                                   "parent.postMessage({type: 'kernel-sandbox-frame:height', height: '9px;position:fixed'}, '*');"
+                                   "}, 100)</script>"),
+    }
+
+
+BENIGN_CELLS = {
+    "benign-html": _display("HTML", '<b>benign-html</b><div style="height:321px">tall</div>'),
+    "pandas": "import pandas as pd\npd.DataFrame({'city': ['Paris', 'Lyon'], 'n': [1, 2]})",
+    "chart": ("from IPython.display import display\n"
+              "display({'application/vnd.vegalite.v5+json': {'data': {'values': [{'a': 'x', 'b': 2}, {'a': 'y', 'b': 5}]},"
+              " 'mark': 'bar', 'encoding': {'x': {'field': 'a', 'type': 'nominal'}, 'y': {'field': 'b', 'type': 'quantitative'}}}},"
+              " raw=True)"),
+    "widgets": ("import ipywidgets as w\nfrom IPython.display import display, HTML\n"
+                "out = w.Output()\nbutton = w.Button(description='benign-button')\n"
+                "def clicked(_):\n    with out:\n        print('clicked-text')\n        display(HTML('<i>clicked-html</i>'))\n"
+                "button.on_click(clicked)\n"
+                "display(w.IntSlider(value=7, description='benign-slider'), button, out)"),
+    "tqdm": "from tqdm.notebook import tqdm\nfor i in tqdm(range(3), desc='benign-tqdm'): pass",
+}
+
+
+def _plant(outside: Path, tag: str) -> str:
+    """Kernel code planting links in its (rw-mounted) folder to a host file and folder outside the served root."""
+    return (f"import os\nos.symlink({str(outside / 'secret.txt')!r}, 'leak-{tag}.txt')\n"
+            f"os.symlink({str(outside)!r}, 'leakdir-{tag}')\nopen('inside-{tag}.txt', 'w').write('inside')\n"
+            f"os.symlink('inside-{tag}.txt', 'fine-{tag}.txt')\nprint('planted')")
+
+
+@pytest.mark.security("attack", "policy")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browser, frame_lab, policy: str) -> None:
+    """Hostile HTML, SVG, Markdown, JavaScript, an overlay and a Vega chart with data URLs and actions; then benign outputs and widgets."""
+    lab = frame_lab
+    name = f"frame-{policy}"
+    cells = {**hostile_cells(lab["url"]), **BENIGN_CELLS, "plant": _plant(lab["outside"], policy)}
+    put_notebook(lab, f"{name}.ipynb", name, cells.values())
+    with recording_page(browser, f"{name}-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        # Chromium reports a request that its CSP then blocks: what counts is what got an answer, and the server's log
+        answered: list[str] = []
+        page.on("response", lambda response: answered.append(response.url))
+        panel = run_all_cells(page, lab, name, f"{name}.ipynb")
+        panel.locator(".widget-html-content", has_text="3/3").first.wait_for()
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
+            ".every(p => /\\[\\d+\\]/.test(p.textContent))")
+        errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+        assert panel.locator(".jp-OutputArea-output", has_text="planted").count() == 1, errors
+        markers, written = script_traces(page, lab, 5)
+        assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
+        probes = [url for url in answered if "probe" in url]
+        logged = [line for line in lab["log"].read_text().splitlines() if "probe" in line]
+        assert probes == [] and logged == [], f"outputs reached the server: {probes} {logged}"
+        assert page.url.startswith(f"{lab['url']}/lab/workspaces/{name}")
+        assert len(page.context.pages) == 1
+        # every rich output is in an opaque-origin frame that forbids network loads
+        unframed = page.evaluate(
+            "[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type]:not(.kernel-sandbox-framed)')]"
+            ".map(node => node.dataset.mimeType)")
+        assert set(unframed) <= INERT, unframed
+        frames = panel.locator("iframe.kernel-sandbox-frame")
+        assert frames.count() >= 4
+        for index in range(frames.count()):
+            assert frames.nth(index).get_attribute("sandbox") == "allow-scripts"
+            assert "default-src 'none'" in frames.nth(index).get_attribute("srcdoc")
+        # no overlay outside its frame: the top of the page is JupyterLab's own
+        assert page.evaluate("document.elementFromPoint(640, 10).tagName") != "IFRAME"
+        # a frame claiming any height gets a bounded one
+        claimed = panel.locator("iframe.kernel-sandbox-frame[srcdoc*='height-probe']")
+        if policy == "trusted":  # strict removes the script
+            page.wait_for_function("f => f.getBoundingClientRect().height > 1000", arg=claimed.element_handle())
+        assert claimed.bounding_box()["height"] <= 20000 and "fixed" not in (claimed.get_attribute("style") or "")
+        assert panel.locator(".widget-html-content b", has_text="widget-bold").count() >= 1
+        # the chart draws, with no vega-embed actions ("View Source")
+        assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
+        assert in_frames(page, ".vega-actions, .vega-embed details") == 0
+        # benign outputs render, in frames sized to their content
+        assert in_frames(page, "b", "benign-html") == 1
+        tall = panel.locator("iframe.kernel-sandbox-frame[srcdoc*='benign-html']")
+        page.wait_for_function("f => f.getBoundingClientRect().height >= 321", arg=tall.element_handle())
+        assert tall.bounding_box()["height"] < 400
+        assert in_frames(page, "table.dataframe td", "Lyon") == 1
+        # the standard widgets work: a slider, a button whose output widget prints and displays HTML, tqdm
+        assert panel.locator(".widget-slider, .widget-hslider").count() >= 1
+        panel.locator("button", has_text="benign-button").click()
+        panel.locator(".jp-RenderedText", has_text="clicked-text").wait_for()
+        assert in_frames(page, "i", "clicked-html", seconds=30) == 1
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        assert script_traces(page, lab, 1) == ([], [])
+    _assert_links_refused(lab, policy)
+
+
+def _assert_links_refused(lab: dict, tag: str) -> None:
+    """The kernel's links to outside the root are refused by every route; the link inside the root is served."""
+    http = httpx.Client(base_url=lab["url"], headers=lab["headers"])
+    for path in (f"/api/contents/leak-{tag}.txt", f"/api/contents/leakdir-{tag}", f"/api/contents/leakdir-{tag}/secret.txt",
+                 f"/files/leak-{tag}.txt", f"/files/leakdir-{tag}/secret.txt", f"/files/leak-{tag}.txt?download=1",
+                 f"/nbconvert/html/leak-{tag}.txt", f"/view/leak-{tag}.txt"):
+        answer = http.get(path)
+        assert answer.status_code in (403, 404) and SECRET not in answer.text, (path, answer.status_code, answer.text[:200])
+    listing = http.get("/api/contents").json()["content"]
+    assert {f"fine-{tag}.txt", f"inside-{tag}.txt"} <= {item["name"] for item in listing}
+    assert http.get(f"/files/fine-{tag}.txt").text == "inside"
+    put = http.put(f"/api/contents/leak-{tag}.txt", json={"type": "file", "format": "text", "content": "overwritten"})
+    assert (lab["outside"] / "secret.txt").read_text() == SECRET, put.status_code
+    for path, body in (("/api/contents", {"copy_from": f"leakdir-{tag}/secret.txt"}), (f"/api/contents/leak-{tag}.txt/checkpoints", None),
+                       ("/api/contents", {"copy_from": f"leakdir-{tag}"})):
+        answer = http.post(path, json=body)
+        assert answer.status_code in (403, 404), (path, answer.status_code, answer.text[:200])
+    copied = [p for p in lab["root"].rglob("*") if p.is_file() and not p.is_symlink() and SECRET in p.read_text(errors="replace")]
+    assert copied == []
+
+
+@pytest.mark.security("attack", "policy")
+def test_a_plain_kernels_outputs_render_as_before(browser, frame_lab) -> None:
+    """The extension leaves a kernel that is not sandboxed alone: its HTML renders in the page, not in a frame."""
+    lab = frame_lab
+    put_notebook(lab, "frame-plain.ipynb", "frame-plain", [_display("HTML", "<b>plain-html</b>")])
+    with recording_page(browser, "frame-plain-failed.png") as (page, _):
+        panel = run_all_cells(page, lab, "frame-plain", "frame-plain.ipynb")
+        panel.locator("b", has_text="plain-html").wait_for()
+        assert page.evaluate("document.body.dataset.kernelSandboxFrame") == "active"
+        assert panel.locator("iframe.kernel-sandbox-frame").count() == 0
