@@ -50,6 +50,7 @@ from ..containers import (
     resolve_mounts,
     run_as,
 )
+from ..egress import WINDOW_REQUEST
 from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
 from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
@@ -543,7 +544,7 @@ class DockerLink:
                 self._streams.append(transport)
         except (OSError, docker.errors.APIError) as exc:
             raise KernelLaunchError(f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}") from exc
-        self._front.requests[egress.WINDOW_REQUEST] = proxy.answer
+        self._front.requests[WINDOW_REQUEST] = proxy.answer
 
     async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""

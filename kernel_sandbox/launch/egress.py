@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..egress import WINDOW_REQUEST, Address, Destination, literal_address, package_index, parse_destinations, split_host_port, valid_name
+from ..egress import Address, Destination, literal_address, package_index, parse_destinations, split_host_port, valid_name
 from ..settings import HOME_DIR, DockerSettings
 
 log = logging.getLogger("kernel_sandbox.launch")
