@@ -818,9 +818,10 @@ class AsyncSandbox:
 
         Packages go to a directory under the sandbox's home that is put on ``sys.path``. The
         outcome is returned: pip's output in stdout/stderr, ``error`` set when pip failed. With the
-        network off (or a list) the launcher opens the ``package_index`` for this call alone and
-        closes it when pip ends, also on error, timeout or cancel; a backend that cannot raises
-        :class:`NetworkDisabledError` at once, without running pip.
+        network off (or a list) the backend opens the ``package_index`` for this call alone (Docker:
+        in the launcher's proxy; OpenSandbox: in the sandbox's egress policy, by the host) and
+        closes it when pip ends, also on error, timeout or cancel; when it cannot,
+        :class:`NetworkDisabledError` says why, without running pip.
         """
         self._check_package_index()
         text = requirements if isinstance(requirements, str) else "\n".join(requirements)
@@ -846,25 +847,12 @@ class AsyncSandbox:
                 "(e.g. Sandbox(network=['pypi.org', 'files.pythonhosted.org'])) or network=True."
             )
 
-    @contextlib.asynccontextmanager
-    async def _package_index(self, seconds: float) -> Any:
-        """Keep the package index open in the launcher's proxy while the block runs (a window of
-        at most ``seconds`` plus a grace), through a control request only this client can sign."""
-        if self.network is True or not self._backend.sandboxed or not self._backend.package_window:
-            yield  # open, not a sandbox, or a list (that lists the index, or pip says what it could not reach)
-            return
+    def _package_index(self, seconds: float) -> contextlib.AbstractAsyncContextManager[None]:
+        """The backend's window on the package index for one call of at most ``seconds`` (plus a grace)."""
+        if self.network is True or not self._backend.sandboxed:
+            return contextlib.nullcontext()
         window = min(seconds + REPLY_GRACE, MAX_WINDOW)
-        reply = await self._launcher_request({"open": window})
-        if reply.get("status") != "ok":
-            raise NetworkDisabledError(
-                "Cannot install packages: the launcher did not open the package index "
-                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in network."
-            )
-        try:
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._launcher_request({"close": reply["window"]}))
+        return self._backend.index_window(self._km.provisioner, self._launcher_request, window)
 
     async def _launcher_request(self, content: dict[str, Any]) -> dict[str, Any]:
         """Send an egress request to the launcher on the control channel and wait for its reply."""

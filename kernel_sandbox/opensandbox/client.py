@@ -463,6 +463,27 @@ def _json(response: httpx.Response, what: str) -> Any:
         ) from None
 
 
+MAX_POLICY_RULES = 4096
+
+
+def policy_of(answer: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A networkPolicy rebuilt from ``answer``: ``defaultAction`` (allow/deny, kept only when given)
+    and ``egress`` rules of ``{"action": allow|deny, "target": name}``; anything else raises."""
+    default = answer.get("defaultAction")
+    rules = answer.get("egress") or []
+    if default not in (None, "allow", "deny") or not isinstance(rules, list) or len(rules) > MAX_POLICY_RULES:
+        raise OpenSandboxProtocolError(f"{what}: not a networkPolicy (defaultAction allow|deny, egress a list of rules)")
+    egress = []
+    for rule in rules:
+        if (not isinstance(rule, Mapping) or rule.get("action") not in ("allow", "deny")
+                or not isinstance(rule.get("target"), str) or not 0 < len(rule["target"]) <= 253):
+            raise OpenSandboxProtocolError(
+                f"{what}: an egress rule is not {{action: allow|deny, target: name}}: {str(rule)[:200]}"
+            )
+        egress.append({"action": rule["action"], "target": rule["target"]})
+    return {**({"defaultAction": default} if default else {}), "egress": egress}
+
+
 def json_object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
     """The answer as a JSON object having ``required`` keys, or OpenSandboxProtocolError naming the call."""
     answer = _json(response, what)
@@ -1046,6 +1067,20 @@ class OpenSandboxClient(HTTPClientBase):
         self.signed_endpoints = 0.0
         log.warning("%s: the server offers no signed endpoints (%s); using plain endpoints", self.url, message)
         return True
+
+    # -- a running sandbox's egress policy (``/sandboxes/{id}/networkpolicy``, held by its sidecar) --
+
+    async def network_policy(self, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's egress policy as ``{"defaultAction"?, "egress": [{"action", "target"}...]}``,
+        rebuilt from the answer (anything else in it is dropped; a malformed answer raises)."""
+        path = self._path(sandbox_id, "networkpolicy")
+        what = f"GET {self.url}{path}"
+        answer = json_object(await self._request("GET", path), what)
+        return policy_of(answer, what)
+
+    async def replace_network_policy(self, sandbox_id: str, policy: Mapping[str, Any]) -> None:
+        """Replace the sandbox's egress policy (``PUT``: the sidecar takes the whole policy)."""
+        await self._request("PUT", self._path(sandbox_id, "networkpolicy"), json=policy_of(policy, "the policy"))
 
     async def renew(self, sandbox_id: str, seconds: float) -> str:
         """Move the sandbox's expiration to ``seconds`` from now; return the new ``expiresAt``."""

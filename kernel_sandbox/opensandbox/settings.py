@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..egress import opensandbox_rules, parse_network
+from ..egress import PYPI, opensandbox_rules, parse_network
 from ..errors import ConfigError
 from ..settings import BackendSettings, _argv, _choice, _env, _flag, _option, _refuse, _seconds, _text
 from .client import (
@@ -95,6 +95,14 @@ def _policy(name: str, value: Any) -> dict[str, Any] | None:
     if not isinstance(value, Mapping):
         raise _refuse(name, value, "must be a networkPolicy object, or null")
     return dict(value)
+
+
+def _index(name: str, value: Any) -> tuple[str, ...]:
+    entries = [value] if isinstance(value, str) else value
+    if not isinstance(entries, (list, tuple)) or not entries:
+        raise _refuse(name, value, "must be a list of names such as ['pypi.org', 'files.pythonhosted.org']")
+    opensandbox_rules(name, entries)
+    return tuple(entry.strip() for entry in entries)
 
 
 def _network(name: str, value: Any) -> bool | tuple[str, ...]:
@@ -271,6 +279,11 @@ class OpenSandboxSettings(BackendSettings):
     allow_internet: bool = _option(False, _flag, "The same as network: true (kept for existing kernelspecs).")
     network_policy: dict[str, Any] | None = _option(
         None, _policy, "A networkPolicy sent as given, for full control (then network must be false)."
+    )
+    package_index: tuple[str, ...] = _option(
+        PYPI, _index,
+        "Names install() and run_skill(requirements=) add as allow rules to a network-off sandbox's "
+        "policy for the call alone (the runtime /networkpolicy API).",
     )
     secure_access: bool = _option(False, _flag, "Ask the server to protect the sandbox's endpoints (secureAccess).")
     volumes: tuple[dict[str, Any], ...] = _option(

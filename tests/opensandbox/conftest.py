@@ -186,6 +186,7 @@ def fake_opensandbox(fake_opensandbox_server: FakeOpenSandbox) -> Iterator[FakeO
     lifecycle.polls_until_running = 0
     lifecycle.advertised_token = None
     lifecycle.endpoint_answers = {}
+    lifecycle.policies, lifecycle.policy_answers = {}, {}
     yield fake_opensandbox_server
     leaked = [sandbox.id for sandbox in lifecycle.live()]
     lifecycle.sandboxes.clear()

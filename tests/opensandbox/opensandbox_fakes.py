@@ -96,6 +96,10 @@ class FakeLifecycle:
         self.advertised_token: str | None = None
         self.endpoint_answers: dict[int, tuple[int, dict[str, Any]] | float] = {}
         """Per port: ``(status, body)`` to answer instead of the endpoint, or seconds to hang before answering."""
+        self.policies: dict[str, dict[str, Any]] = {}
+        """Per sandbox id: its egress policy as ``/networkpolicy`` keeps it (deny-all until replaced)."""
+        self.policy_answers: dict[str, list[tuple[int, Any]]] = {}
+        """Per method of ``/networkpolicy``: ``(status, body)`` answers to give, in order, instead of serving it."""
         self._ids = itertools.count(1)
         self.port = 0
 
@@ -247,6 +251,28 @@ class RenewHandler(_LifecycleHandler):
         self.finish({"expiresAt": expires})
 
 
+class NetworkPolicyHandler(_LifecycleHandler):
+    """``GET``/``PUT /sandboxes/{id}/networkpolicy`` as the server forwards them to the sidecar's ``/policy``."""
+
+    def _canned(self) -> bool:
+        answers = self.lifecycle.policy_answers.get(self.request.method or "")
+        if not answers:
+            return False
+        status, body = answers.pop(0)
+        self.set_status(status)
+        self.finish(json.dumps(body))
+        return True
+
+    def get(self, sandbox_id: str) -> None:
+        if not self._canned():
+            self.finish(self.lifecycle.policies.get(sandbox_id, {"defaultAction": "deny", "egress": []}))
+
+    def put(self, sandbox_id: str) -> None:
+        if not self._canned():
+            self.lifecycle.policies[sandbox_id] = json.loads(self.request.body)
+            self.finish(self.lifecycle.policies[sandbox_id])
+
+
 class ServedInThread:
     """Tornado applications on 127.0.0.1, served by an IOLoop of their own in a daemon thread.
 
@@ -314,6 +340,7 @@ class FakeOpenSandbox(ServedInThread):
                     (r"/v1/sandboxes/([^/]+)", SandboxHandler, lc),
                     (r"/v1/sandboxes/([^/]+)/endpoints/(\d+)", EndpointHandler, lc),
                     (r"/v1/sandboxes/([^/]+)/renew-expiration", RenewHandler, lc),
+                    (r"/v1/sandboxes/([^/]+)/networkpolicy", NetworkPolicyHandler, lc),
                 ]
             )
         )

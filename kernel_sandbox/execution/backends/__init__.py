@@ -7,7 +7,10 @@ never compares backend names.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
@@ -18,6 +21,8 @@ from ...kernelspecs import kernel_manager as spec_kernel_manager
 from ...metrics import CgroupProbe, MetricsUnavailable
 
 KERNEL_NAME = "kernel-sandbox-execution"
+LauncherRequest = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""The session's egress request to its launcher (control channel, signed with the connection key)."""
 DEFAULT_BACKEND = "docker"
 
 
@@ -30,7 +35,7 @@ class Backend:
     comms_known = True
     """False when only the running kernel can say whether it speaks comms (asked after start)."""
     package_window = False
-    """True when the launcher can open the package index for one ``install()`` call (a network-off kernel)."""
+    """True when the package index can be opened for one ``install()`` call (a network-off kernel)."""
     pool_defaults: dict[str, Any] = {}
     """Options a pool sets unless given, because the pool keeps its own ready kernels."""
 
@@ -46,6 +51,13 @@ class Backend:
         raise SandboxError(
             f"the {self.name} backend cannot pause a kernel; pause() and resume() are for the opensandbox backend"
         )
+
+    def index_window(
+        self, provisioner: Any, request: LauncherRequest, seconds: float
+    ) -> AbstractAsyncContextManager[None]:
+        """Keep ``package_index`` reachable while the block (one ``install()``) runs, for at most
+        ``seconds``, and close it after, also on error, timeout or cancel; here: nothing to open."""
+        return contextlib.nullcontext()
 
     def probe(self, provisioner: Any) -> CgroupProbe:
         """The host's reader of the running kernel's usage (:class:`MetricsUnavailable` where there is none)."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
+from ...errors import NetworkDisabledError
 from ...kernelspecs import DOCKER_SPEC, shipped_spec
 from ...metrics import CgroupProbe, MetricsUnavailable
-from . import Backend, given
+from . import Backend, LauncherRequest, given
 
 
 def docker_config(options: dict[str, Any]) -> dict[str, Any]:
@@ -34,6 +37,24 @@ class DockerBackend(Backend):
 
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         return shipped_spec(DOCKER_SPEC, docker_config(options))
+
+    @contextlib.asynccontextmanager
+    async def index_window(
+        self, provisioner: Any, request: LauncherRequest, seconds: float
+    ) -> AsyncIterator[None]:
+        """Open the index in the launcher's proxy (network off or a list) through a control request
+        only this client can sign; the launcher closes it after ``seconds`` at the latest."""
+        reply = await request({"open": seconds})
+        if reply.get("status") != "ok":
+            raise NetworkDisabledError(
+                "Cannot install packages: the launcher did not open the package index "
+                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in network."
+            )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(request({"close": reply["window"]}))
 
     def probe(self, provisioner: Any) -> CgroupProbe:
         """The cgroup of the kernel's container, found through the engine's inspect data."""

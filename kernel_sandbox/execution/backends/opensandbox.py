@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
-from ...errors import ConfigError, SandboxError
+from ...egress import opensandbox_rules
+from ...errors import ConfigError, NetworkDisabledError, OpenSandboxError, SandboxError
 from ...kernelspecs import OPENSANDBOX_SPEC, shipped_spec
-from . import Backend, given
+from . import Backend, LauncherRequest, given
+
+log = logging.getLogger(__name__)
 
 
 def _k8s_memory(size: str) -> str:
@@ -43,6 +50,7 @@ class OpenSandboxBackend(Backend):
 
     name = "opensandbox"
     comms_known = False  # the launcher's execd relay has no comms; the websocket mode has
+    package_window = True
 
     def check(self, options: dict[str, Any]) -> None:
         from ...opensandbox.settings import OpenSandboxSettings
@@ -52,16 +60,76 @@ class OpenSandboxBackend(Backend):
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         return shipped_spec(OPENSANDBOX_SPEC, opensandbox_config(options))
 
-    async def pause(self, provisioner: Any, paused: bool) -> None:
-        """Pause or resume the kernel's sandbox on the server and wait until it is Paused or Running."""
+    @staticmethod
+    def _client(provisioner: Any) -> Any:
+        """A lifecycle client with the kernel's settings (the API key stays on the host)."""
         from ...opensandbox.client import OpenSandboxClient
 
+        settings = provisioner.settings()
+        return OpenSandboxClient(
+            settings.api_base, settings.api_key, limits=settings.limits,
+            poll_interval=min(settings.poll_interval, 0.5), ready_timeout=settings.ready_timeout,
+        )
+
+    @staticmethod
+    def _sandbox_id(provisioner: Any) -> str:
         sandbox_id = provisioner.sandbox_id
         if not sandbox_id:
             raise SandboxError("the kernel's sandbox is not known yet; start the sandbox first")
-        settings = provisioner.settings()
-        async with OpenSandboxClient(
-            settings.api_base, settings.api_key, limits=settings.limits,
-            poll_interval=min(settings.poll_interval, 0.5), ready_timeout=settings.ready_timeout,
-        ) as client:
+        return str(sandbox_id)
+
+    async def pause(self, provisioner: Any, paused: bool) -> None:
+        """Pause or resume the kernel's sandbox on the server and wait until it is Paused or Running."""
+        sandbox_id = self._sandbox_id(provisioner)
+        async with self._client(provisioner) as client:
             await (client.pause(sandbox_id) if paused else client.resume(sandbox_id))
+
+    @contextlib.asynccontextmanager
+    async def index_window(
+        self, provisioner: Any, request: LauncherRequest, seconds: float
+    ) -> AsyncIterator[None]:
+        """Add ``package_index`` allow rules to the sandbox's egress policy (``PUT /networkpolicy``,
+        by the host's lifecycle client) and put the policy read before back when the block ends.
+
+        A sandbox created without a policy has open egress: nothing to do. ``seconds`` is not
+        enforced by the server: the restore runs in a ``finally`` (error, timeout, cancel).
+        """
+        settings = provisioner.settings()
+        if settings.egress["allow_internet"]:  # created without a networkPolicy: egress is open
+            yield
+            return
+        sandbox_id = self._sandbox_id(provisioner)
+        rules = opensandbox_rules("package_index", settings.package_index)
+        async with self._client(provisioner) as client:
+            try:
+                before = await client.network_policy(sandbox_id)
+            except OpenSandboxError as exc:
+                raise _no_window(exc) from exc
+            targets = {rule["target"] for rule in rules}
+            opened = {**before, "egress": rules + [r for r in before["egress"] if r["target"] not in targets]}
+            finished = False
+            try:
+                try:
+                    await client.replace_network_policy(sandbox_id, opened)
+                except OpenSandboxError as exc:
+                    raise _no_window(exc) from exc
+                yield
+                finished = True
+            finally:
+                try:
+                    await asyncio.shield(client.replace_network_policy(sandbox_id, before))
+                except Exception as exc:
+                    log.error("sandbox %s: could not put its egress policy back after install(): %s", sandbox_id, exc)
+                    if finished:
+                        raise SandboxError(
+                            f"The package index could not be closed again on sandbox {sandbox_id} ({exc}): "
+                            "it may still reach package_index; close the sandbox."
+                        ) from exc
+
+
+def _no_window(exc: BaseException) -> NetworkDisabledError:
+    return NetworkDisabledError(
+        "Cannot install packages: the OpenSandbox server could not open package_index for this call "
+        f"through the sandbox's /networkpolicy API ({exc}). Create the sandbox with the index in network "
+        "(network=['pypi.org', 'files.pythonhosted.org']), give a network_policy that allows it, or network=True."
+    )
