@@ -729,9 +729,11 @@ class OutputPolicy:
             return None if record.refused else content
         if not isinstance(data, dict):
             return content
+        method = data.get("method")
+        if record is None and method not in {"update", "echo_update", "update_states"}:
+            return content  # no widget's state (e.g. the tool-call channel after a tool closed it): nothing to police
         data = _widget_data(data)
         content = {**content, "data": data}
-        method = data.get("method")
         if method == "update_states" and isinstance(data.get("states"), dict):
             return self._update_states(content, data)
         if method not in {"update", "echo_update"} or not isinstance(data.get("state"), dict):
