@@ -318,17 +318,16 @@ class OpenSandboxSettings(BackendSettings):
 
     def __post_init__(self) -> None:
         """``network``, ``allow_internet`` and ``network_policy`` must not say different things; a pool needs open egress."""
-        if self.network_policy is not None and (self.network is not False or self.allow_internet):
-            raise ConfigError("network_policy and network/allow_internet both set the sandbox's egress: give one")
-        if isinstance(self.network, tuple) and self.allow_internet:
-            raise ConfigError("network (a list) and allow_internet=true both set the sandbox's egress: give one")
-        egress = self.egress
-        if EXTENSION_POOL in self.extensions and (egress["network_policy"] is not None or not egress["allow_internet"]):
+        if EXTENSION_POOL in self.extensions and (self.network_policy is not None or not self.egress["allow_internet"]):
             raise _refuse(
                 "extensions", self.extensions,
                 "poolRef cannot be combined with a networkPolicy (the server refuses it: a pool's pods are "
                 "made in advance). Set allow_internet: true and give the Pool its egress rules instead",
             )
+        if self.network_policy is not None and (self.network is not False or self.allow_internet):
+            raise ConfigError("network_policy and network/allow_internet both set the sandbox's egress: give one")
+        if isinstance(self.network, tuple) and self.allow_internet:
+            raise ConfigError("network (a list) and allow_internet=true both set the sandbox's egress: give one")
 
     @property
     def egress(self) -> dict[str, Any]:
