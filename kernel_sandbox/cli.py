@@ -174,7 +174,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():  # one listing: a container that hangs its inspect shows no usage
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
-        print(f"{row.name}\t{row.status}\t{f'kernel {row.kernel}' if row.kernel else 'standby'}\t{usage}{note}")
+        print(f"{row.name}\t{row.status}\t{f'kernel {row.kernel}' if row.kernel else 'standby'}{note}\t{usage}")
     return 0
 
 
