@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -22,6 +23,16 @@ from kernel_sandbox.settings import MiB, DockerSettings
 from kernel_kit import run_cell
 
 MEMORY = "128m"
+
+
+@pytest.fixture
+def empty_budget() -> None:
+    """The process-wide budget starts empty: earlier tests' standbys (``standby`` defaults to 1) are stopped first."""
+    POOL.clear(wait=60)
+    deadline = time.monotonic() + 60
+    while BUDGET.kernels and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert BUDGET.kernels == 0, "kernels of earlier tests still hold shares of this process's budget"
 
 
 # ---- the budget itself (no engine) -------------------------------------------------------------
@@ -129,7 +140,7 @@ class Peak:
 
 
 @pytest.mark.security("load", "sessions")
-@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "empty_budget")
 async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run() -> None:
     """max_kernels=4 and max_memory=512m (4 x 128m): 20 launches at once, at most 4 containers at any time."""
     managers = [manager(max_kernels=4, max_memory="512m", launch_timeout=600.0) for _ in range(20)]
@@ -151,7 +162,7 @@ async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run() ->
 
 
 @pytest.mark.security("attack", "options")
-@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "empty_budget")
 async def test_past_the_budget_a_launch_fails_at_its_deadline_naming_the_option() -> None:
     first = manager(max_kernels=1)
     await first.start_kernel()
@@ -165,7 +176,7 @@ async def test_past_the_budget_a_launch_fails_at_its_deadline_naming_the_option(
     assert BUDGET.kernels == 0
 
 
-@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "empty_budget")
 async def test_standbys_count_and_make_room_for_a_launch_of_another_configuration() -> None:
     first = manager(max_kernels=2, standby=1)
     await first.start_kernel()  # cold, then a standby of its configuration is started beside it
