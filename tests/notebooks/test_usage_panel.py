@@ -54,7 +54,7 @@ def test_kernel_usage_handler_gets_the_sandboxes_figures(lab_server, docker_engi
 def test_the_usage_panel_shows_memory_against_the_sandboxes_limit(browser, lab_server, docker_engine) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     with recording_page(browser, "usage-panel-failure.png") as (page, _):
-        page.goto(f"{lab_server.url}/lab?token={lab_server.token}")
+        page.goto(f"{lab_server.url}/lab/workspaces/usage-panel?reset&token={lab_server.token}")  # its own workspace: no notebook another test left open hides the launcher
         page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python (small)"]').click()
         notebook = page.locator(".jp-NotebookPanel:visible")
         notebook.locator(".jp-Toolbar-kernelName", has_text="Sandboxed Python (small)").wait_for()
