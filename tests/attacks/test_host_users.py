@@ -48,7 +48,11 @@ def greet(sock, kind):
             raise ConnectionError('closed during the handshake')
         data += chunk
 mode, host, port, amount = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-sock = socket.create_connection((host, port), timeout=10)
+try:
+    sock = socket.create_connection((host, port), timeout=10)
+except ConnectionResetError as exc:  # the port answered and the launcher's gate reset the connection at once
+    print(json.dumps({'connected': True, 'refused': repr(exc), 'bytes': 0, 'text': ''}))
+    sys.exit(0)
 if mode == 'sub':
     try:
         greet(sock, b'SUB')
