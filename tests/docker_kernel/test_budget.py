@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +16,10 @@ from traitlets.config import Config
 
 from kernel_sandbox.containers import LABEL_KERNEL_ID, docker_client
 from kernel_sandbox.errors import ConfigError, KernelBudgetExceeded, KernelLaunchError
-from kernel_sandbox.provisioners.budget import BUDGET, Claim, KernelBudget
+from kernel_sandbox.provisioners import budget as budget_module
+from kernel_sandbox.provisioners import docker as docker_provisioner
+from kernel_sandbox.provisioners import launched, standby
+from kernel_sandbox.provisioners.budget import Claim, KernelBudget
 from kernel_sandbox.provisioners.standby import POOL, STANDBY_ID_PREFIX
 from kernel_sandbox.settings import MiB, DockerSettings
 
@@ -26,13 +29,15 @@ MEMORY = "128m"
 
 
 @pytest.fixture
-def empty_budget() -> None:
-    """The process-wide budget starts empty: earlier tests' standbys (``standby`` defaults to 1) are stopped first."""
+def empty_budget(monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelBudget]:
+    """A fresh process budget, as a new server has: kernels and standbys that earlier tests of this
+    process still hold keep their shares in the old one. The pool's standbys are stopped first."""
     POOL.clear(wait=60)
-    deadline = time.monotonic() + 60
-    while BUDGET.kernels and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert BUDGET.kernels == 0, "kernels of earlier tests still hold shares of this process's budget"
+    fresh = KernelBudget()
+    for module in (budget_module, launched, docker_provisioner, standby):
+        monkeypatch.setattr(module, "BUDGET", fresh)
+    yield fresh
+    POOL.clear(wait=60)
 
 
 # ---- the budget itself (no engine) -------------------------------------------------------------
@@ -140,8 +145,8 @@ class Peak:
 
 
 @pytest.mark.security("load", "sessions")
-@pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "empty_budget")
-async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run() -> None:
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run(empty_budget: KernelBudget) -> None:
     """max_kernels=4 and max_memory=512m (4 x 128m): 20 launches at once, at most 4 containers at any time."""
     managers = [manager(max_kernels=4, max_memory="512m", launch_timeout=600.0) for _ in range(20)]
 
@@ -158,35 +163,35 @@ async def test_twenty_concurrent_starts_never_exceed_the_budget_and_all_run() ->
         outputs = await asyncio.gather(*(one(km) for km in managers))
     assert outputs == ["42\n"] * 20
     assert 1 <= peak.most <= 4, f"{peak.most} kernels ran at once"
-    assert BUDGET.kernels == 0, "every kernel gave its share back"
+    assert empty_budget.kernels == 0, "every kernel gave its share back"
 
 
 @pytest.mark.security("attack", "options")
-@pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "empty_budget")
-async def test_past_the_budget_a_launch_fails_at_its_deadline_naming_the_option() -> None:
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+async def test_past_the_budget_a_launch_fails_at_its_deadline_naming_the_option(empty_budget: KernelBudget) -> None:
     first = manager(max_kernels=1)
     await first.start_kernel()
     try:
         second = manager(max_kernels=1, launch_timeout=1.0)
         with pytest.raises(KernelBudgetExceeded, match="max_kernels=1"):
             await second.start_kernel()
-        assert BUDGET.kernels == 1
+        assert empty_budget.kernels == 1
     finally:
         await first.shutdown_kernel(now=True)
-    assert BUDGET.kernels == 0
+    assert empty_budget.kernels == 0
 
 
-@pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "empty_budget")
-async def test_standbys_count_and_make_room_for_a_launch_of_another_configuration() -> None:
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+async def test_standbys_count_and_make_room_for_a_launch_of_another_configuration(empty_budget: KernelBudget) -> None:
     first = manager(max_kernels=2, standby=1)
     await first.start_kernel()  # cold, then a standby of its configuration is started beside it
     try:
         for _ in range(600):
             standbys = [s for s in POOL.standbys() if s.kernel_id.startswith(STANDBY_ID_PREFIX) and s.started.done()]
-            if standbys and BUDGET.kernels == 2:
+            if standbys and empty_budget.kernels == 2:
                 break
             await asyncio.sleep(0.1)
-        assert BUDGET.kernels == 2, "the standby holds a share of the budget"
+        assert empty_budget.kernels == 2, "the standby holds a share of the budget"
         other = manager(max_kernels=2, env={"OTHER": "1"}, launch_timeout=120.0)
         await other.start_kernel()  # the budget is full with the standby: it is stopped to make room
         try:
@@ -198,4 +203,4 @@ async def test_standbys_count_and_make_room_for_a_launch_of_another_configuratio
     finally:
         await first.shutdown_kernel(now=True)
         POOL.clear(wait=60)
-    assert BUDGET.kernels == 0
+    assert empty_budget.kernels == 0
