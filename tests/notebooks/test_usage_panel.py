@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kernel_kit import memory_in_use
-from lab_kit import ARTIFACTS, chromium, recording_page
+from lab_kit import ARTIFACTS, chromium, recording_page, run_cell
 
 SMALL = 256 * 2**20
 
@@ -58,11 +58,7 @@ def test_the_usage_panel_shows_memory_against_the_sandboxes_limit(browser, lab_s
         page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python (small)"]').click()
         notebook = page.locator(".jp-NotebookPanel:visible")
         notebook.locator(".jp-Toolbar-kernelName", has_text="Sandboxed Python (small)").wait_for()
-        notebook.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
-        notebook.locator(".jp-Cell .cm-content").first.click()
-        page.keyboard.insert_text("hog = b'x' * (128 * 2**20)\nprint('allocated')")
-        page.keyboard.press("Shift+Enter")
-        notebook.locator(".jp-OutputArea-output", has_text="allocated").wait_for()
+        run_cell(page, notebook, "hog = b'x' * (128 * 2**20)\nprint('allocated')", "allocated")
         page.locator('.lm-TabBar-tab[title="Kernel Usage"]').click()
         usage = page.locator(".jp-KernelUsage-content")
         usage.filter(has_text="Kernel Host: sandbox").wait_for()
