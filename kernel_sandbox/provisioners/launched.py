@@ -387,7 +387,11 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         kernel's launcher in ``private`` (Docker: the container's labels); blocking, a few ms."""
 
     def detach(self) -> None:
-        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new owner."""
+        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new owner.
+
+        Its share of this process's budget goes back: the kernel is no longer this process's.
+        """
+        self._reserve(None)
         if self.private is not None:
             self.private.release(OWNER_LOCK)
         self.private = None

@@ -80,6 +80,14 @@ def test_a_reattached_kernel_is_counted_even_past_the_limit() -> None:
     assert budget.kernels == 0
 
 
+def test_a_kernel_let_go_for_the_next_server_gives_its_share_back(empty_budget: KernelBudget) -> None:
+    provisioner = docker_provisioner.DockerProvisioner(kernel_id="let-go", kernel_spec=None)
+    provisioner._reserve(empty_budget.hold(Claim(memory=0, max_kernels=None, max_memory=None)))
+    assert empty_budget.kernels == 1
+    provisioner.detach()  # what the server extension does on a shutdown that keeps kernels
+    assert empty_budget.kernels == 0
+
+
 async def test_a_waiting_launch_asks_for_room_from_idle_standbys() -> None:
     budget = KernelBudget()
     claim = Claim(memory=0, max_kernels=1, max_memory=None)
