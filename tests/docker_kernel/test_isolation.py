@@ -27,10 +27,9 @@ from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import kernel_of
 from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
-from kernel_kit import run_cell
+from kernel_kit import RUNTIMES, run_cell
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
-RUNTIMES = ["runc", "runsc"]
 
 FACTS = r"""
 import ctypes, json, os, socket
