@@ -1,0 +1,81 @@
+"""MkDocs hook: the options tables, written from the backends' settings models at every build.
+
+A page asks for a table with a line ``<!-- options: docker -->`` (or ``opensandbox``); the hook
+replaces it with one row per option of that backend's settings model: name, type, default and
+the model's own help. So the reference cannot drift from the code: change the model, not the page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
+from kernel_sandbox.settings import BackendSettings, DockerSettings
+
+MODELS: dict[str, type[BackendSettings]] = {"docker": DockerSettings, "opensandbox": OpenSandboxSettings}
+_MARKER = re.compile(r"^<!-- options: (\w+) -->$", re.MULTILINE)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    if value is None:
+        return "`null`"
+    return f"`{json.dumps(value)}`" if not isinstance(value, str) else f"`{value}`" if value else '`""`'
+
+
+FORMS = {
+    "_memory": "size or `unlimited`",
+    "_max_memory": "size or `unlimited`",
+    "_tmpfs": "size or `auto`",
+    "_cpus": "cores or `unlimited`",
+    "_pids": "int or `unlimited`",
+    "_max_kernels": "int or `unlimited`",
+    "_orphan_seconds": "seconds or `unlimited`",
+    "_seconds": "seconds",
+    "_id_range": "`LOW-HIGH`",
+    "_mounts": "list of mounts",
+}
+"""What a value may be written as, by the option's parser, where the model's field type (what the
+value becomes) would mislead: ``memory`` becomes an ``int | None`` but is written ``1g`` or ``unlimited``."""
+
+
+def _type(option: dataclasses.Field[Any]) -> str:
+    choices = option.metadata.get("choices")
+    if choices:
+        return " or ".join(f"`{choice}`" for choice in choices)
+    form = FORMS.get(getattr(option.metadata["parse"], "__name__", ""))
+    if form:
+        return form
+    written = re.sub(r"tuple\[(\w+), \.\.\.\]", r"list[\1]", str(option.type)).replace("None", "null")
+    return f"`{_cell(written)}`"
+
+
+def options_table(model: type[BackendSettings]) -> str:
+    """The Markdown table of every option of ``model``: its own in the model's order, then the shared ones."""
+    rows = ["| option | type | default | what it does |", "|---|---|---|---|"]
+    shared = {option.name for option in dataclasses.fields(BackendSettings)}
+    options = sorted(model.options().items(), key=lambda item: item[0] in shared)  # the backend's own first
+    for name, option in options:
+        meta = option.metadata
+        rows.append(f"| `{name}` | {_type(option)} | {_default(meta['default'])} | {_cell(meta['help'])} |")
+    return "\n".join(rows)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Replace each ``<!-- options: NAME -->`` line with the table of that backend's model."""
+
+    def table(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in MODELS:
+            raise ValueError(f"{page.file.src_uri}: no settings model named {name!r}; known: {', '.join(MODELS)}")
+        return options_table(MODELS[name])
+
+    return _MARKER.sub(table, markdown)
