@@ -47,15 +47,22 @@ FORMS = {
 value becomes) would mislead: ``memory`` becomes an ``int | None`` but is written ``1g`` or ``unlimited``."""
 
 
+def _choices(option: dataclasses.Field[Any]) -> tuple[str, ...] | None:
+    """The option's enum values: its ``choices`` metadata, else those its parser closes over (``_choice``)."""
+    parse = option.metadata["parse"]
+    captured = dict(zip(parse.__code__.co_freevars, (cell.cell_contents for cell in parse.__closure__ or ())))
+    return option.metadata.get("choices") or captured.get("choices")
+
+
 def _type(option: dataclasses.Field[Any]) -> str:
-    choices = option.metadata.get("choices")
+    choices = _choices(option)
     if choices:
         return " or ".join(f"`{choice}`" for choice in choices)
     form = FORMS.get(getattr(option.metadata["parse"], "__name__", ""))
     if form:
         return form
-    written = re.sub(r"tuple\[(\w+), \.\.\.\]", r"list[\1]", str(option.type)).replace("None", "null")
-    return f"`{_cell(written)}`"
+    written = re.sub(r"tuple\[([\w\[\], ]+?), \.\.\.\]", r"list[\1]", str(option.type)).replace("None", "null")
+    return " or ".join(f"`{part}`" for part in written.split(" | "))
 
 
 def options_table(model: type[BackendSettings]) -> str:
