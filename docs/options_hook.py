@@ -12,24 +12,16 @@ import json
 import re
 from typing import Any
 
+from mkdocs.exceptions import PluginError
+
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
 from kernel_sandbox.settings import BackendSettings, DockerSettings
 
-MODELS: dict[str, type[BackendSettings]] = {"docker": DockerSettings, "opensandbox": OpenSandboxSettings}
+MODELS: dict[str, type[BackendSettings]] = {
+    "docker": DockerSettings,
+    "opensandbox": OpenSandboxSettings,
+}
 _MARKER = re.compile(r"^<!-- options: (\w+) -->$", re.MULTILINE)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _default(value: Any) -> str:
-    if isinstance(value, tuple):
-        value = list(value)
-    if value is None:
-        return "`null`"
-    return f"`{json.dumps(value)}`" if not isinstance(value, str) else f"`{value}`" if value else '`""`'
-
 
 FORMS = {
     "_memory": "size or `unlimited`",
@@ -43,14 +35,29 @@ FORMS = {
     "_id_range": "`LOW-HIGH`",
     "_mounts": "list of mounts",
 }
-"""What a value may be written as, by the option's parser, where the model's field type (what the
-value becomes) would mislead: ``memory`` becomes an ``int | None`` but is written ``1g`` or ``unlimited``."""
+"""How a value is written, by the option's parser, where the model's field type (what the value
+becomes) would mislead: ``memory`` becomes ``int | None`` but is written ``1g`` or ``unlimited``."""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    if value is None:
+        return "`null`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    return f"`{json.dumps(value)}`"
 
 
 def _choices(option: dataclasses.Field[Any]) -> tuple[str, ...] | None:
-    """The option's enum values: its ``choices`` metadata, else those its parser closes over (``_choice``)."""
+    """The option's enum values: its ``choices`` metadata, else those its parser closes over."""
     parse = option.metadata["parse"]
-    captured = dict(zip(parse.__code__.co_freevars, (cell.cell_contents for cell in parse.__closure__ or ())))
+    cells = parse.__closure__ or ()
+    captured = dict(zip(parse.__code__.co_freevars, (cell.cell_contents for cell in cells)))
     return option.metadata.get("choices") or captured.get("choices")
 
 
@@ -61,18 +68,17 @@ def _type(option: dataclasses.Field[Any]) -> str:
     form = FORMS.get(getattr(option.metadata["parse"], "__name__", ""))
     if form:
         return form
-    written = re.sub(r"tuple\[([\w\[\], ]+?), \.\.\.\]", r"list[\1]", str(option.type)).replace("None", "null")
-    return " or ".join(f"`{part}`" for part in written.split(" | "))
+    written = re.sub(r"tuple\[([\w\[\], ]+?), \.\.\.\]", r"list[\1]", str(option.type))
+    return " or ".join(f"`{part}`" for part in written.replace("None", "null").split(" | "))
 
 
 def options_table(model: type[BackendSettings]) -> str:
-    """The Markdown table of every option of ``model``: its own in the model's order, then the shared ones."""
+    """The Markdown table of every option of ``model``: its own first, then the shared ones."""
     rows = ["| option | type | default | what it does |", "|---|---|---|---|"]
     shared = {option.name for option in dataclasses.fields(BackendSettings)}
-    options = sorted(model.options().items(), key=lambda item: item[0] in shared)  # the backend's own first
-    for name, option in options:
-        meta = option.metadata
-        rows.append(f"| `{name}` | {_type(option)} | {_default(meta['default'])} | {_cell(meta['help'])} |")
+    for name, option in sorted(model.options().items(), key=lambda item: item[0] in shared):
+        default, help_ = _default(option.metadata["default"]), _cell(option.metadata["help"])
+        rows.append(f"| `{name}` | {_type(option)} | {default} | {help_} |")
     return "\n".join(rows)
 
 
@@ -80,9 +86,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Replace each ``<!-- options: NAME -->`` line with the table of that backend's model."""
 
     def table(match: re.Match[str]) -> str:
-        name = match[1]
-        if name not in MODELS:
-            raise ValueError(f"{page.file.src_uri}: no settings model named {name!r}; known: {', '.join(MODELS)}")
-        return options_table(MODELS[name])
+        if match[1] not in MODELS:
+            where = page.file.src_uri if page is not None else "a page"
+            known = ", ".join(MODELS)
+            raise PluginError(f"{where}: no settings model named {match[1]!r}; known: {known}")
+        return options_table(MODELS[match[1]])
 
     return _MARKER.sub(table, markdown)

@@ -1,7 +1,7 @@
-"""The README stays a front door: short, its test command the one .ci/run runs, its links landing on GitHub too.
+"""The README stays a front door: short, naming the test command .ci/run runs, links that land.
 
-The docs site itself is checked by ``mkdocs build --strict`` in .ci/run's docs phase; these checks cover
-what MkDocs does not see, the two files outside ``docs/``.
+The docs site itself is checked by ``mkdocs build --strict`` in .ci/run's docs phase; these checks
+cover what MkDocs does not see: README.md and SECURITY.md, outside ``docs/``, read on GitHub.
 """
 
 from __future__ import annotations
@@ -18,30 +18,31 @@ _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 
 
 def github_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives the headings of ``markdown``: lower case, punctuation gone, each space a hyphen."""
+    """The anchors GitHub gives the headings of ``markdown``: lower case, no punctuation."""
     headings = re.findall(r"^#+ (.+)$", _FENCE.sub("", markdown), re.MULTILINE)
-    return {re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-") for heading in headings}
+    return {re.sub(r"[^\w\- ]", "", text).strip().lower().replace(" ", "-") for text in headings}
 
 
 def test_the_readme_is_short_and_names_the_test_command_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 200, "README.md is the front door: move the reference into docs/"
+    assert len(readme.splitlines()) <= 200, "README.md is a front door: the reference goes in docs/"
     assert TEST_COMMAND in readme
     ci_run = (ROOT / ".ci" / "run").read_text()
-    assert f'"${{PYTHON}}" {TEST_COMMAND.removeprefix("python ")}' in ci_run, ".ci/run must run the README's test command"
+    runs = f'"${{PYTHON}}" {TEST_COMMAND.removeprefix("python ")}'
+    assert runs in ci_run, ".ci/run must run the README's test command"
+
+
+def _lands(target: str, page: Path) -> bool:
+    path, _, anchor = target.partition("#")
+    file = ROOT / path if path else page
+    if not file.exists():
+        return False
+    return not anchor or file.suffix != ".md" or anchor in github_anchors(file.read_text())
 
 
 @pytest.mark.parametrize("name", ["README.md", "SECURITY.md"])
 def test_relative_links_reach_a_file_and_heading(name: str) -> None:
-    text = (ROOT / name).read_text()
-    broken = []
-    for target in _LINK.findall(_FENCE.sub("", text)):
-        if re.match(r"[a-z]+:", target):
-            continue
-        path, _, anchor = target.partition("#")
-        file = ROOT / path if path else ROOT / name
-        if not file.exists():
-            broken.append(target)
-        elif anchor and file.suffix == ".md" and anchor not in github_anchors(file.read_text()):
-            broken.append(target)
+    links = _LINK.findall(_FENCE.sub("", (ROOT / name).read_text()))
+    relative = [link for link in links if not re.match(r"[a-z]+:", link)]
+    broken = [link for link in relative if not _lands(link, ROOT / name)]
     assert not broken, f"{name} links to what does not exist: {broken}"
