@@ -1,4 +1,4 @@
-"""Each promise of the README's security model, checked from inside the kernel, on runc and on gVisor.
+"""Each promise of the security model (docs/security.md), checked from inside the kernel, on runc and on gVisor.
 
 The code in these cells is the attacker's: it fills every writable place, plants symlinks,
 FIFOs and sockets wherever it can write, and looks for a way out. The tests then check from
