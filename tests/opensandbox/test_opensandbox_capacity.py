@@ -37,7 +37,7 @@ from kernel_sandbox.errors import (
     SandboxQuotaExceeded,
     SandboxTimeoutError,
 )
-from kernel_sandbox.execution.backends import BACKENDS
+from kernel_sandbox.backends import adapter
 from kernel_sandbox.opensandbox import client as client_module
 from kernel_sandbox.opensandbox.client import CAPACITY_MAX_DELAY, build_create_body, retry_after
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
@@ -345,4 +345,4 @@ async def test_signed_endpoints_are_never_asked_through_the_server_proxy() -> No
 async def test_backends_that_cannot_pause_say_so() -> None:
     for name in ("docker", "local"):
         with pytest.raises(SandboxError, match="cannot pause a kernel; pause\\(\\) and resume\\(\\) are for the opensandbox"):
-            await BACKENDS[name].pause(None, True)
+            await adapter(name).pause(None, True)

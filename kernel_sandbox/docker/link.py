@@ -10,7 +10,7 @@ Each connector is also a lifeline: when the launcher ends, by any signal, the en
 connectors' stdin and they kill every process of the container; the container removes itself
 (auto-remove). The kernel can stop those processes (they run as its uid), and a container that
 is not started yet has none, so a host process the kernel cannot reach stands behind them: the
-launcher's :mod:`~kernel_sandbox.watchdog`, which removes the container once the launcher is gone.
+launcher's :mod:`~kernel_sandbox.docker.watchdog`, which removes the container once the launcher is gone.
 How the kernel ended (out of memory included) is read from the engine's events, since an
 auto-removed container cannot be inspected afterwards; an engine that stops answering (its
 connections open, nothing moving) is noticed by a ping every :data:`ENGINE_PROBE_INTERVAL` s.
@@ -37,8 +37,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .. import watchdog
-from ..containers import (
+from . import watchdog
+from .containers import (
     applied_limits,
     check_engine,
     container_spec,
@@ -57,13 +57,14 @@ from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import HELLO, MAX_RETRY_SECONDS, RETRY_SECONDS, connect
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
 from ..privdir import LAUNCHER_STATE
-from ..settings import MiB, DockerSettings
-from . import egress, journal
-from .front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
-from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
+from ..settings import MiB
+from .settings import DockerSettings
+from ..launch import egress, journal
+from ..launch.front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
+from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 
 if TYPE_CHECKING:
-    from . import LaunchRequest
+    from ..launch.request import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -535,7 +536,7 @@ class DockerLink:
                 sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
                 await proxy.serve(sock)
             else:
-                from .egress_stream import RelayStream
+                from ..launch.egress_stream import RelayStream
 
                 await proxy.serve(None)
                 command = ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
