@@ -39,6 +39,9 @@ from kernel_sandbox.errors import (
 )
 from kernel_sandbox.backends import adapter
 from kernel_sandbox.opensandbox import client as client_module
+from kernel_sandbox.opensandbox import execd as execd_module
+from kernel_sandbox.opensandbox import http as http_module
+from kernel_sandbox.opensandbox import lifecycle as lifecycle_module
 from kernel_sandbox.opensandbox.client import CAPACITY_MAX_DELAY, build_create_body, retry_after
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
 
@@ -89,7 +92,8 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(client_module, "time", fake)
+    for module in (client_module, execd_module, http_module, lifecycle_module):  # the client's modules read the clock
+        monkeypatch.setattr(module, "time", fake)
     monkeypatch.setattr(client_module.asyncio, "sleep", fake.sleep)
     return fake
 
