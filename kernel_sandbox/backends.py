@@ -94,9 +94,10 @@ def provisioner_settings(provisioner_name: Any, config: Any) -> BackendSettings:
 
 
 def for_settings(settings: BackendSettings) -> BackendEntry:
-    """The backend whose settings model ``settings`` are."""
+    """The backend whose settings model ``settings`` are (no other wing is imported to tell)."""
+    model = type(settings)
     for entry in entries().values():
-        if type(settings) is entry.settings_model():
+        if entry.settings == f"{model.__module__}:{model.__qualname__}":
             return entry
     raise KernelLaunchError(f"no backend is registered for {type(settings).__name__}")
 

@@ -1,7 +1,8 @@
 """Kernelspecs: the shipped ones, installing them, finding them, and starting a kernel from one.
 
-The one home of the provisioner names (which backend answers to each: :mod:`.backends`), of the kernelspec manager that falls back to the
-shipped kernelspecs, and of :func:`started_client` (start, wait until ready, stop).
+The one home of the provisioner names (which backend answers to each: :mod:`.backends`), of the
+kernelspec manager that falls back to the shipped kernelspecs, and of :func:`started_client`
+(start, wait until ready, stop).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ Settings = BackendSettings
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
 """Besides the kernelspec's own ``env``, the one variable of the client's passed into the container."""
 
+
 @dataclass
 class LaunchRequest:
     """Everything a launch needs: the client's connection, the settings and where they came from."""
