@@ -63,11 +63,16 @@ class BackendEntry:
 
 @functools.cache
 def entries() -> dict[str, BackendEntry]:
-    """Every registered backend, by its execution API name."""
+    """Every registered backend, by its execution API name (KernelLaunchError when there is none)."""
     found = {}
     for point in entry_points(group=GROUP):
         entry = point.load()
         found[entry.name] = entry
+    if not found:
+        raise KernelLaunchError(
+            f"no backend is registered under the entry-point group {GROUP}: the installed metadata is older "
+            "than the code; reinstall kernel-sandbox (`pip install -e .` in a checkout)"
+        )
     return found
 
 

@@ -15,6 +15,7 @@ from .docker.containers import (
     require_image,
 )
 from .backends import GROUP, provisioner_names
+from .errors import KernelLaunchError
 from .kernelspecs import DOCKER_SPEC, installed
 from .privdir import abandoned_dirs
 
@@ -39,7 +40,11 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     """Check the provisioners, the Docker engine, the kernel image, leftovers and kernelspecs."""
     checks = []
     names = {ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")}
-    missing = provisioner_names() - names if provisioner_names() else {f"the {GROUP} entry points"}
+    try:
+        wanted = provisioner_names()
+    except KernelLaunchError:
+        wanted = {f"the {GROUP} entry points"}
+    missing = wanted - names
     checks.append(
         Check(
             "provisioners",

@@ -18,6 +18,7 @@ import pytest
 
 import kernel_sandbox
 from kernel_sandbox import _moved, backends
+from kernel_sandbox.errors import KernelLaunchError
 
 ROOT = Path(kernel_sandbox.__file__).parent
 WINGS = ("kernel_sandbox.docker", "kernel_sandbox.opensandbox")
@@ -155,3 +156,16 @@ def test_old_paths_still_import_for_one_release(old: str) -> None:
         assert all(getattr(module, name) is value for name, value in vars(new).items() if not name.startswith("_"))
     else:
         assert module is new
+
+
+def test_an_install_without_the_backends_entry_points_fails_closed_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Metadata older than the code (an editable install not reinstalled) registers no wing."""
+    monkeypatch.setattr(backends, "entry_points", lambda group: [])
+    backends.entries.cache_clear()
+    try:
+        with pytest.raises(KernelLaunchError, match=r"kernel_sandbox\.backends.*pip install -e \."):
+            backends.provisioner_settings("kernel-sandbox-docker", {})
+    finally:
+        monkeypatch.undo()
+        backends.entries.cache_clear()
+    assert backends.by_provisioner("kernel-sandbox-docker") is backends.entries()["docker"]
