@@ -14,13 +14,11 @@ from typing import Any
 
 from mkdocs.exceptions import PluginError
 
-from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
-from kernel_sandbox.settings import BackendSettings, DockerSettings
+from kernel_sandbox import backends
+from kernel_sandbox.settings import BackendSettings
 
-MODELS: dict[str, type[BackendSettings]] = {
-    "docker": DockerSettings,
-    "opensandbox": OpenSandboxSettings,
-}
+MODELS: dict[str, type[BackendSettings]] = {name: entry.settings_model() for name, entry in backends.entries().items()}
+"""Each registered backend's settings model, by its name (a new wing gets its table from the registry)."""
 _MARKER = re.compile(r"^<!-- options: (\w+) -->$", re.MULTILINE)
 
 FORMS = {

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.lab import LABEXTENSIONS
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"

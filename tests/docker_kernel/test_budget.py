@@ -14,14 +14,15 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
 from kernel_sandbox.errors import ConfigError, KernelBudgetExceeded, KernelLaunchError
 from kernel_sandbox.provisioners import budget as budget_module
-from kernel_sandbox.provisioners import docker as docker_provisioner
+from kernel_sandbox.docker import provisioner as docker_provisioner
 from kernel_sandbox.provisioners import launched, standby
 from kernel_sandbox.provisioners.budget import Claim, KernelBudget
 from kernel_sandbox.provisioners.standby import POOL, STANDBY_ID_PREFIX
-from kernel_sandbox.settings import MiB, DockerSettings
+from kernel_sandbox.docker.settings import DockerSettings
+from kernel_sandbox.settings import MiB
 
 from kernel_kit import run_cell
 

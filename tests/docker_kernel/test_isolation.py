@@ -22,9 +22,9 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
+from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
 from kernel_sandbox.privdir import user_root
-from kernel_sandbox.provisioners.standby import kernel_of
+from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
 from kernel_kit import RUNTIMES, run_cell

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_sandbox.containers import container_spec, run_as, unused_id
+from kernel_sandbox.docker.containers import container_spec, run_as, unused_id
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.kernelspecs import shipped_kernelspecs
-from kernel_sandbox.provisioners.docker import DockerProvisioner
-from kernel_sandbox.settings import HOME_DIR, MiB, OPTIONS, WORK_DIR, DockerSettings
+from kernel_sandbox.docker.provisioner import DockerProvisioner
+from kernel_sandbox.docker.settings import OPTIONS, DockerSettings
+from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID, LABEL_OWNER_PID
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, LABEL_OWNER_PID
 
 from lab_kit import ARTIFACTS, chromium, recording_page, run_cell
 

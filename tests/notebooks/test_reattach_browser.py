@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.reattach import session_database
 

@@ -22,7 +22,7 @@ SMALL = 256 * 2**20
 def _kernel_container(engine, lab_server, kernel_id: str):
     labels = ["kernel-sandbox", f"kernel-sandbox.owner-pid={lab_server.process.pid}"]
     for container in engine.containers.list(filters={"label": labels}, ignore_removed=True):
-        from kernel_sandbox.provisioners.standby import kernel_of
+        from kernel_sandbox.docker.containers import kernel_of
 
         if kernel_of(container.labels) == kernel_id:
             return container

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kernel_sandbox.containers import DEFAULT_IMAGE, owner_labels
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, owner_labels
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
 from lab_kit import chromium, jupyterlab, remove_kernels_of
