@@ -34,7 +34,8 @@ from ..errors import (
 )
 from ..metrics import CgroupProbe, Usage, near_misses
 from ..policy import OutputPolicy
-from ..results import Execution, ExecutionError, FileInfo, ToolResult
+from ..kernelside.toolhost import STATE_NOT_KEPT
+from ..results import Execution, ExecutionError, FileInfo, KernelDied, NoAnswer, NoReply, TimedOut, ToolResult
 from .backends import DEFAULT_BACKEND, kernel_manager
 from .backends import backend as backend_named
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
@@ -325,7 +326,7 @@ class AsyncSandbox:
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
         """Say in ``error`` which limits the kernel hit since they were last looked at, as the host reads them."""
-        if error is not None and error.name != "KernelDied":
+        if error is not None and not isinstance(error, KernelDied):
             try:
                 usage = await asyncio.to_thread(self._sample)
             except MetricsUnavailable:
@@ -382,8 +383,7 @@ class AsyncSandbox:
             lost = outcome != "idle"
             collector.finished = not lost
             action = "restarted (state lost)" if lost else "interrupted"
-            execution.error = ExecutionError(
-                "TimeoutError",
+            execution.error = TimedOut(
                 f"Execution exceeded the timeout of {seconds:g} s; the kernel was {action}.",
                 execution.error.traceback if execution.error else "",
             )
@@ -393,8 +393,8 @@ class AsyncSandbox:
                 await self._drain_reply(msg_id, collector)
         elif outcome == "died":
             reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
-            execution.error = ExecutionError(
-                "KernelDied", f"The kernel died ({reason}); it was restarted and its state is lost."
+            execution.error = KernelDied(
+                f"The kernel died ({reason}); it was restarted and its state is lost."
             )
             await self._recover(execution)
         elif reply:
@@ -447,7 +447,7 @@ class AsyncSandbox:
                 return
         collector.failed = True
         if execution.error is None:
-            execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
+            execution.error = NoReply("The kernel finished the request but sent no reply to it.")
 
     async def _recover(self, execution: Execution) -> None:
         execution.state_lost = True
@@ -478,7 +478,7 @@ class AsyncSandbox:
                 if not install:
                     self._installed = False
                     continue
-                if execution.error.name == "TimeoutError":
+                if isinstance(execution.error, TimedOut):
                     raise CallTimeoutError(f"The kernel-sandbox helper did not start in time: {execution.error.value}")
                 if not restarted:
                     restarted = True
@@ -582,7 +582,7 @@ class AsyncSandbox:
             if first is not None and collector.failed:  # an answer, then a timeout or a failed cell: not taken
                 first = None
                 break
-            if first is not None or execution.error is not None and execution.error.name in ("TimeoutError", "KernelDied"):
+            if first is not None or isinstance(execution.error, (TimedOut, KernelDied)):
                 break
             if execution.state_lost:
                 break
@@ -591,18 +591,16 @@ class AsyncSandbox:
                 try:
                     info = await self._open(deadline, probe=collector.marker)
                 except SandboxError as exc:
-                    execution.error = ExecutionError("NoAnswer", f"No answer came, and then: {exc}")
+                    execution.error = NoAnswer(f"No answer came, and then: {exc}")
                     break
                 if self._restarts != restarts:
-                    execution.error = ExecutionError(
-                        "NoAnswer",
+                    execution.error = NoAnswer(
                         "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
                         "restarted (state lost); the request was not sent again.",
                     )
                     break
                 if info.get("seen") or attempt:
-                    execution.error = ExecutionError(
-                        "NoAnswer",
+                    execution.error = NoAnswer(
                         "The request reached the kernel-sandbox helper but no answer came back (the code it "
                         "ran may have broken the channel); the channel was reopened.",
                     )
@@ -616,8 +614,8 @@ class AsyncSandbox:
             execution.state_lost = True
         if first is None:
             if execution.error is None:
-                execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")
-            if execution.error.name == "NoAnswer" and not execution.state_lost:
+                execution.error = NoAnswer("The kernel-sandbox helper sent no answer.")
+            if isinstance(execution.error, NoAnswer) and not execution.state_lost:
                 self._unanswered = True
                 execution.error.value += " The kernel will be restarted before the next call (state lost)."
             return None, execution
@@ -638,7 +636,7 @@ class AsyncSandbox:
         body, execution = await self._request(request, buffers, seconds, deadline)
         what = f"kernel-sandbox {request['op']}"
         error = execution.error
-        if error is not None and error.name == "TimeoutError":
+        if isinstance(error, TimedOut):
             raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
         if body is None:
             raise SandboxError(f"The {what} failed: {error}")
@@ -907,8 +905,7 @@ class AsyncSandbox:
                     request, [call, state] if send_state else [call], seconds, deadline,
                     limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
                 )
-                error = body_error(body)
-                if not send_state and error is not None and error.name == "StateNotKept":
+                if not send_state and isinstance(body, dict) and body.get(STATE_NOT_KEPT) is True:
                     self._kept_state = None
                     continue
                 self._kept_state = digest if keep and body is not None and not execution.state_lost else None
