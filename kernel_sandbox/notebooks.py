@@ -278,8 +278,9 @@ async def async_exec_code(
     the screen or write the clipboard); a file or pipe gets it unchanged, as ``Execution`` does.
     The returned ``Execution`` is folded as the execution API's is (``text`` is the last
     expression's value). On ``timeout`` the kernel is interrupted and the result's error is a
-    ``TimeoutError`` (:class:`~kernel_sandbox.results.TimedOut`). The kernel (and its container) is shut down in every case. ``standby``
-    overrides the provisioner's option (``kernel-sandbox exec`` passes 0).
+    ``TimeoutError`` (:class:`~kernel_sandbox.results.TimedOut`). The kernel (and its container)
+    is shut down in every case. ``standby`` overrides the provisioner's option (``kernel-sandbox
+    exec`` passes 0).
     """
     out_stream = SafeWriter(stdout or sys.stdout)
     err_stream = SafeWriter(stderr or sys.stderr, keep_colour=colour)

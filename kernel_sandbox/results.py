@@ -47,7 +47,7 @@ class ExecutionError:
 
 
 class HostError(ExecutionError):
-    """An error the host itself reports (a timeout, a dead kernel, a missing answer), not one the kernel sent.
+    """An error the host itself reports (a timeout, a dead kernel, no answer), never the kernel.
 
     The subclass fixes ``name``; an exception of the same name raised in the sandbox stays a
     plain :class:`ExecutionError`, so the host never mistakes one for the other.
@@ -60,7 +60,7 @@ class HostError(ExecutionError):
 
 
 class TimedOut(HostError):
-    """The call passed its deadline; the kernel was interrupted (or restarted, then ``state_lost``)."""
+    """The call passed its deadline; the kernel was interrupted (or restarted: ``state_lost``)."""
 
     NAME = "TimeoutError"
 
@@ -218,9 +218,9 @@ class OutputFold:
         return kept
 
     def result(self, bundle: dict[str, Any], main: bool) -> dict[str, Any] | None:
-        """Fold a MIME bundle; ``main`` for the run's execute_result (the last expression's value, ``text``)."""
+        """Fold a MIME bundle; ``main`` for the execute_result (the last expression: ``text``)."""
         if self.cap is not None:
-            size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
+            size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in bundle.values())
             if not self._admit(size):
                 return None
         kept = dict(bundle if self.bundle_filter is None else self.bundle_filter(bundle))
@@ -241,20 +241,23 @@ class OutputFold:
         self.execution.execution_count = execution_count
 
     def message(self, kind: str, content: dict[str, Any]) -> tuple[str, Any] | None:
-        """Fold one IOPub message; return ``(what, kept)`` (``what``: stdout, stderr, result or error)."""
+        """Fold one IOPub message; return ``(what, kept)``: stdout, stderr, result or error."""
         if kind == "stream":
             name = "stderr" if content.get("name") == "stderr" else "stdout"
             text = self.stream(name, content.get("text", ""))
             return None if text is None else (name, text)
         if kind in ("execute_result", "display_data"):
             bundle = content.get("data")
-            kept = self.result(bundle, kind == "execute_result") if isinstance(bundle, dict) else None
+            if not isinstance(bundle, dict):
+                return None
+            kept = self.result(bundle, kind == "execute_result")
             return None if kept is None else ("result", kept)
         if kind == "error":
             lines = content.get("traceback")
+            lines = lines if isinstance(lines, list) else []
             error = self.error(ExecutionError(
                 str(content.get("ename", ""))[:1000], str(content.get("evalue", ""))[:10000],
-                "\n".join(str(line) for line in (lines if isinstance(lines, list) else []))[-65536:],
+                "\n".join(str(line) for line in lines)[-65536:],
             ))
             return None if error is None else ("error", error)
         if kind == "execute_input":

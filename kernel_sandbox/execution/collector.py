@@ -33,7 +33,8 @@ class Collector:
         self, cap: int, callbacks: Mapping[str, Callback] | None = None, marker: str | None = None,
         channel: str | None = None, policy: OutputPolicy | None = None,
     ) -> None:
-        self.fold = OutputFold(cap=cap, bundle_filter=None if policy is None else lambda bundle: policy.filter_bundle(bundle)[0])
+        bundle_filter = None if policy is None else lambda bundle: policy.filter_bundle(bundle)[0]
+        self.fold = OutputFold(cap=cap, bundle_filter=bundle_filter)
         self.execution = self.fold.execution
         self.callbacks = dict(callbacks or {})
         self.marker = marker
@@ -51,10 +52,11 @@ class Collector:
         return self.answers == 1
 
     def _is_answer(self, kind: str, content: dict[str, Any]) -> bool:
-        """Whether a result is a text frame with this request's marker (then counted, never output)."""
+        """Whether a result is a text frame with this request's marker (counted, never output)."""
         bundle = content.get("data")
         text = bundle.get("text/plain") if isinstance(bundle, dict) else None
-        if self.frame_prefix is None or not isinstance(text, str) or not text.startswith(self.frame_prefix):
+        prefix = self.frame_prefix
+        if prefix is None or not isinstance(text, str) or not text.startswith(prefix):
             return False
         if self._count_answer() and kind == "execute_result":
             self.text_answer = text
@@ -65,16 +67,15 @@ class Collector:
         kind, content = msg["msg_type"], msg["content"]
         if not isinstance(content, dict):
             return
+        data = content.get("data")
+        marked = isinstance(data, dict) and data.get("marker") == self.marker
         if kind == "comm_msg":
-            data = content.get("data")
-            if self.channel is not None and content.get("comm_id") == self.channel and isinstance(data, dict) \
-                    and data.get("marker") == self.marker and self._count_answer():
+            on_channel = self.channel is not None and content.get("comm_id") == self.channel
+            if on_channel and marked and self._count_answer():
                 buffers = msg.get("buffers") or []
                 self.answer = (data, buffers if sum(map(len, buffers)) <= 2 * CHUNK else [])
         elif kind == "comm_open":
-            data = content.get("data")
-            if content.get("target_name") == TARGET and isinstance(data, dict) and data.get("marker") == self.marker \
-                    and self._count_answer():
+            if content.get("target_name") == TARGET and marked and self._count_answer():
                 self.opened = (str(content.get("comm_id")), data)
         elif not (kind in ("execute_result", "display_data") and self._is_answer(kind, content)):
             kept = self.fold.message(kind, content)

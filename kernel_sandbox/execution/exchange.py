@@ -18,7 +18,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import CallTimeoutError, ConfigError, FramingError, PathError, SandboxError, SandboxFileError
+from ..errors import (
+    CallTimeoutError,
+    ConfigError,
+    FramingError,
+    PathError,
+    SandboxError,
+    SandboxFileError,
+)
 from ..results import Execution, ExecutionError, KernelDied, NoAnswer, NoReply, TimedOut
 from .channel import VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .collector import Callback, Collector
@@ -37,7 +44,7 @@ TAMPERED = (
 
 
 class KernelExchange(abc.ABC):
-    """Calls on a started kernel: deadlines, the exchange of one message, the helper's requests and their retries.
+    """Calls on a started kernel: deadlines, one message's exchange, the helper's requests, retries.
 
     The session (:class:`~kernel_sandbox.execution.sandbox.AsyncSandbox`) starts the kernel,
     connects ``_kc`` and sets the options and the state below; it provides :meth:`restart` and

@@ -47,7 +47,7 @@ class LoopThread:
 
 
 class Sandbox:
-    """The synchronous face of :class:`AsyncSandbox` (the same options, written out), used with ``with``.
+    """The synchronous face of :class:`AsyncSandbox` (its options written out), used with ``with``.
 
     Calls run on a shared background event loop; callbacks are called from that thread.
     """
@@ -74,9 +74,10 @@ class Sandbox:
         **backend_options: Any,
     ) -> None:
         self._async = AsyncSandbox(
-            backend, image=image, memory=memory, cpus=cpus, pids_limit=pids_limit, network=network, env=env,
-            mounts=mounts, timeout=timeout, start_timeout=start_timeout, max_output_bytes=max_output_bytes,
-            interrupt_grace=interrupt_grace, allowed_classes=allowed_classes, decode_limits=decode_limits,
+            backend, image=image, memory=memory, cpus=cpus, pids_limit=pids_limit, network=network,
+            env=env, mounts=mounts, timeout=timeout, start_timeout=start_timeout,
+            max_output_bytes=max_output_bytes, interrupt_grace=interrupt_grace,
+            allowed_classes=allowed_classes, decode_limits=decode_limits,
             unsafe_pickle=unsafe_pickle, output_policy=output_policy, **backend_options,
         )
 

@@ -8,8 +8,9 @@ The host installs this module (with ``dataformat`` and ``files``) once per kerne
 A request is ``{"op", "marker", ...}`` plus binary buffers. Every answer is one message
 carrying the request's marker: ``{"marker", "lengths"}`` plus the buffers of a value encoded
 with ``dataformat`` (``{"ok": ...}``, ``{"error": {...}}``, ``{"refused": ...}``, or for a
-tool call ``{"r": return value, "s": agent state}`` or :data:`STATE_NOT_KEPT`). An answer over :data:`CHUNK` bytes is
-kept here and sent in chunks the host pulls (``"pull": true``), so no message is larger.
+tool call ``{"r": return value, "s": agent state}`` or ``{STATE_NOT_KEPT: True}``). An answer
+over :data:`CHUNK` bytes is kept here and sent in chunks the host pulls (``"pull": true``), so
+no message is larger.
 
 Sending the answer is the handler's last act. Before it, everything a tool may have changed
 that the next call relies on is put back: ``sys.stdout``/``stderr``/``displayhook``/
@@ -50,8 +51,9 @@ OUTPUT_FLUSH_BYTES = 1024 * 1024
 TARGET = "kernel_sandbox"
 TEXT_LIMIT = 64 * 1024
 STATE_NOT_KEPT = "state_not_kept"
-"""The answer's key when a call named its agent state by digest and this kernel no longer holds it
-(the tool did not run): the host sends the state and calls again. Not an error name, which a tool could raise."""
+"""The answer's key when a call named its agent state by digest and this kernel no longer holds
+it (the tool did not run): the host sends the state and calls again. Not an error name: a tool
+could raise an exception of any name."""
 PACKAGES = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
 
 
@@ -299,7 +301,7 @@ def _work():
 
 
 def _agent_state(request, buffers):
-    """The call's pickled agent state: sent along, or the one kept from an earlier call (None: not kept)."""
+    """The call's pickled agent state: sent along, or kept from an earlier call (None: not kept)."""
     described = request.get("state") or {}
     if len(buffers) == 2:
         if len(buffers[1]) != described.get("length"):

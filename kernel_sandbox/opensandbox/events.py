@@ -87,9 +87,9 @@ class ExecdRun(Execution):
 
 
 class RunCollector:
-    """Folds events into an :class:`ExecdRun` through the one :class:`~kernel_sandbox.results.OutputFold`.
+    """Folds events into an :class:`ExecdRun` through :class:`~kernel_sandbox.results.OutputFold`.
 
-    In linear time (output is joined once, at the end); after a terminal event nothing changes any more.
+    In linear time (output is joined once, at the end); after a terminal event nothing changes.
     """
 
     def __init__(self, context_id: str | None = None) -> None:
