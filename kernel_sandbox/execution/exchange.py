@@ -245,7 +245,8 @@ class KernelExchange(abc.ABC):
                 raise FramingError("The kernel-sandbox helper started but opened no channel.")
             self._channel, info = collector.opened
         else:
-            found = parse_text_frame(collector.text_answer, collector.marker) if collector.text_answer else None
+            text, marker = collector.text_answer, collector.marker or ""
+            found = parse_text_frame(text, marker) if text else None
             if found is None:
                 raise FramingError("The kernel-sandbox helper started but sent no answer.")
             info = found[0]
@@ -317,57 +318,77 @@ class KernelExchange(abc.ABC):
             collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
             execution = collector.execution
             first = self._first(collector)
-            if first is not None and collector.failed:  # an answer, then a timeout or a failed cell: not taken
+            if first is not None and collector.failed:  # an answer, then a timeout or a failed cell
                 first = None
                 break
-            if first is not None or isinstance(execution.error, (TimedOut, KernelDied)):
-                break
-            if execution.state_lost:
+            host_ended = execution.state_lost or isinstance(execution.error, (TimedOut, KernelDied))
+            if first is not None or host_ended:
                 break
             if self._comms:
-                self._channel = None
-                try:
-                    info = await self._open(deadline, probe=collector.marker)
-                except SandboxError as exc:
-                    execution.error = NoAnswer(f"No answer came, and then: {exc}")
+                stop = await self._reopen(collector.marker, deadline, restarts, attempt)
+                if stop is not None:
+                    execution.error = stop
                     break
-                if self._restarts != restarts:
-                    execution.error = NoAnswer(
-                        "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
-                        "restarted (state lost); the request was not sent again.",
-                    )
-                    break
-                if info.get("seen") or attempt:
-                    execution.error = NoAnswer(
-                        "The request reached the kernel-sandbox helper but no answer came back (the code it "
-                        "ran may have broken the channel); the channel was reopened.",
-                    )
-                    break
+            elif not attempt and execution.error is not None:
+                self._installed = False
             else:
-                if not attempt and execution.error is not None:
-                    self._installed = False
-                    continue
                 break
         if self._restarts != restarts:
             execution.state_lost = True
         if first is None:
-            if execution.error is None:
-                execution.error = NoAnswer("The kernel-sandbox helper sent no answer.")
-            if isinstance(execution.error, NoAnswer) and not execution.state_lost:
-                self._unanswered = True
-                execution.error.value += " The kernel will be restarted before the next call (state lost)."
+            self._unanswerable(execution)
             return None, execution
-        answer = Answer.first(*first, limits)
-        origin = collector.marker
-        while answer.missing:
-            pulled = await self._send_request({"op": "pull", "of": origin, "offset": answer.received}, (), seconds, deadline)
-            chunk = self._first(pulled)
-            if chunk is None or not chunk[0].get("raw") or len(chunk[1]) != 1:
-                raise FramingError(f"Could not pull the rest of the answer ({pulled.execution.error or 'no chunk came'}).")
-            answer.add(chunk[1][0])
+        answer = await self._whole(Answer.first(*first, limits), collector.marker, seconds, deadline)
         doc, parts = answer.parts()
         body = decode(doc, parts, allowed=allowed or {}, limits=limits, allow_pickle=allow_pickle)
         return body, execution
+
+    async def _reopen(
+        self, probe: str | None, deadline: float, restarts: int, attempt: int
+    ) -> NoAnswer | None:
+        """Open the helper's channel again after a request got no answer; None: send it once more.
+
+        Otherwise the error to end the call with: the helper could not start, the kernel had to
+        be restarted for it, or the request had reached it (``probe`` was seen) or was sent twice.
+        """
+        self._channel = None
+        try:
+            info = await self._open(deadline, probe=probe)
+        except SandboxError as exc:
+            return NoAnswer(f"No answer came, and then: {exc}")
+        if self._restarts != restarts:
+            return NoAnswer(
+                "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
+                "restarted (state lost); the request was not sent again.",
+            )
+        if info.get("seen") or attempt:
+            return NoAnswer(
+                "The request reached the kernel-sandbox helper but no answer came back (the code it "
+                "ran may have broken the channel); the channel was reopened.",
+            )
+        return None
+
+    def _unanswerable(self, execution: Execution) -> None:
+        """A request without an answer: say so; restart the kernel before the next one (unless it was)."""
+        if execution.error is None:
+            execution.error = NoAnswer("The kernel-sandbox helper sent no answer.")
+        if isinstance(execution.error, NoAnswer) and not execution.state_lost:
+            self._unanswered = True
+            execution.error.value += " The kernel will be restarted before the next call (state lost)."
+
+    async def _whole(
+        self, answer: Answer, origin: str | None, seconds: float, deadline: float
+    ) -> Answer:
+        """Pull the rest of an answer larger than one message, chunk by chunk."""
+        while answer.missing:
+            request = {"op": "pull", "of": origin, "offset": answer.received}
+            pulled = await self._send_request(request, (), seconds, deadline)
+            chunk = self._first(pulled)
+            if chunk is None or not chunk[0].get("raw") or len(chunk[1]) != 1:
+                error = pulled.execution.error or "no chunk came"
+                raise FramingError(f"Could not pull the rest of the answer ({error}).")
+            answer.add(chunk[1][0])
+        return answer
 
     async def _op(self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float) -> Any:
         """Run a helper operation (files, packages, environment); return its ``ok`` value or raise."""
