@@ -23,7 +23,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from .controls import SafeWriter
 from .errors import ConfigError
 from .kernelspecs import DOCKER_SPEC, kernel_manager, started_client
-from .results import Execution, ExecutionError
+from .results import Execution, ExecutionError, OutputFold, TimedOut
 
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
@@ -275,34 +275,32 @@ async def async_exec_code(
     Stdout and results (their ``text/plain``) go to ``stdout``; stderr and the traceback of an
     error go to ``stderr``. A stream that is a terminal gets the text with its control
     characters escaped (:class:`~kernel_sandbox.controls.SafeWriter`: the kernel cannot clear
-    the screen or write the clipboard); a file or pipe gets it unchanged, as ``Execution`` does. On ``timeout`` the kernel is interrupted and the result's error is a
-    ``TimeoutError``. The kernel (and its container) is shut down in every case. ``standby``
-    overrides the provisioner's option (``kernel-sandbox exec`` passes 0).
+    the screen or write the clipboard); a file or pipe gets it unchanged, as ``Execution`` does.
+    The returned ``Execution`` is folded as the execution API's is (``text`` is the last
+    expression's value). On ``timeout`` the kernel is interrupted and the result's error is a
+    ``TimeoutError`` (:class:`~kernel_sandbox.results.TimedOut`). The kernel (and its container)
+    is shut down in every case. ``standby`` overrides the provisioner's option (``kernel-sandbox
+    exec`` passes 0).
     """
     out_stream = SafeWriter(stdout or sys.stdout)
     err_stream = SafeWriter(stderr or sys.stderr, keep_colour=colour)
-    result = Execution()
-
-    def emit(stream: SafeWriter, text: str, attr: str) -> None:
-        stream.write(text)
-        setattr(result, attr, getattr(result, attr) + text)
+    fold = OutputFold()
 
     def hook(msg: dict[str, Any]) -> None:
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            if content["name"] == "stdout":
-                emit(out_stream, content["text"], "stdout")
-            else:
-                emit(err_stream, content["text"], "stderr")
-        elif kind in ("execute_result", "display_data"):
-            result.results.append(content.get("data", {}))
-            text = _text_of(content.get("data", {}))
+        content = msg["content"]
+        kept = fold.message(msg["msg_type"], content) if isinstance(content, dict) else None
+        if kept is None:
+            return
+        what, value = kept
+        if what == "result":
+            text = _text_of(value)
             if text is not None:
-                emit(out_stream, text + "\n", "stdout")
-        elif kind == "error":
-            tb = "\n".join(content.get("traceback") or [f"{content['ename']}: {content['evalue']}"])
-            result.error = ExecutionError(content["ename"], content["evalue"], tb)
-            emit(err_stream, (tb if colour else strip_ansi(tb)) + "\n", "stderr")
+                out_stream.write(text + "\n")
+        elif what == "error":
+            tb = value.traceback or str(value)
+            err_stream.write((tb if colour else strip_ansi(tb)) + "\n")
+        else:
+            (err_stream if what == "stderr" else out_stream).write(value)
 
     km = kernel_manager(kernel_name or DOCKER_SPEC, standby=standby)
     async with started_client(km, timeout=startup_timeout) as kc:
@@ -311,9 +309,10 @@ async def async_exec_code(
         except TimeoutError:
             await km.interrupt_kernel()
             message = f"the code did not finish within {timeout:g} s and was interrupted"
-            result.error = ExecutionError("TimeoutError", message)
-            emit(err_stream, f"kernel-sandbox: {message}\n", "stderr")
-    return result
+            fold.error(TimedOut(message))
+            err_stream.write(f"kernel-sandbox: {message}\n")
+    fold.finish()
+    return fold.execution
 
 
 def exec_code(code: str, **kwargs: Any) -> Execution:

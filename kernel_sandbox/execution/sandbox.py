@@ -1,4 +1,8 @@
-"""Sessions on a sandboxed kernel: run code, move files, install packages, call tools, run skills."""
+"""Sessions on a sandboxed kernel: run code, move files, install packages, call tools, run skills.
+
+The public API (:class:`AsyncSandbox`): its lifecycle, options and calls. How one call travels
+to the kernel and back, with its deadline and retries, is :mod:`.exchange`.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,6 @@ import zmq.asyncio
 
 from ..egress import WINDOW_REQUEST
 from ..errors import (
-    CallTimeoutError,
     ConfigError,
     FramingError,
     MetricsUnavailable,
@@ -34,41 +37,34 @@ from ..errors import (
 )
 from ..metrics import CgroupProbe, Usage, near_misses
 from ..policy import OutputPolicy
-from ..results import Execution, ExecutionError, FileInfo, ToolResult
+from ..kernelside.toolhost import STATE_NOT_KEPT
+from ..results import Execution, ExecutionError, FileInfo, KernelDied, ToolResult
 from .backend import DEFAULT_BACKEND, kernel_manager
 from .backend import backend as backend_named
-from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
-from .decode import DecodeLimits, allowed_map, decode
+from .channel import CHUNK
+from .decode import DecodeLimits, allowed_map
 from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
 from .collector import Callback, Collector
+from .exchange import DEFAULT_CALL_TIMEOUT, REPLY_GRACE, KernelExchange
 from .skills import failed_skill, figure_files, file_entry, skill_result
 from .tools import body_error, check_env, tool_payload
 
-DEFAULT_CALL_TIMEOUT = 300.0
-"""The deadline of every call of a session unless one is given."""
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
 """Bytes of output one call keeps in memory; the rest is dropped as it arrives."""
 PIP_OUTPUT_TAIL = 64 * 1024
-LIVENESS_INTERVAL = 1.0
 IOPUB_HWM = 32
 TEXT_CHUNK = 1024 * 1024
-RESTORE_GRACE = 10.0
 KEEP_STATE_BYTES = 64 * 1024
-REPLY_GRACE = 2.0
 MAX_WINDOW = 86400.0
 PIP_RETRIES = ("--retries", "5")
 """pip's own default, given explicitly: a kernel with the network off has ``PIP_RETRIES=1``."""
 LAUNCHER_REPLY_WAIT = 10.0
-TAMPERED = (
-    "More than one answer carried this call's marker: the tool tampered with the result channel; "
-    "its output is not trusted."
-)
 
 
 _LIVE: weakref.WeakSet[AsyncSandbox] = weakref.WeakSet()
 
 
-class AsyncSandbox:
+class AsyncSandbox(KernelExchange):
     """A kernel in a sandbox (``docker``, ``opensandbox`` or ``local``), used with ``async with``.
 
     Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by
@@ -323,7 +319,7 @@ class AsyncSandbox:
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
         """Say in ``error`` which limits the kernel hit since they were last looked at, as the host reads them."""
-        if error is not None and error.name != "KernelDied":
+        if error is not None and not isinstance(error, KernelDied):
             try:
                 usage = await asyncio.to_thread(self._sample)
             except MetricsUnavailable:
@@ -332,324 +328,6 @@ class AsyncSandbox:
             notes = near_misses(checked, usage, error.value)
             if notes:
                 error.value = f"{error.value} [kernel-sandbox: {'; '.join(notes)}]"
-
-    # -- the message exchange ----------------------------------------------------------------
-
-    def _deadline(self, timeout: float | None) -> tuple[float, float]:
-        """(seconds, monotonic deadline) for a call with ``timeout`` (None: the sandbox's)."""
-        if self._km is None or self._lock is None:
-            if self._closed:
-                raise SandboxError("This sandbox is closed: its kernel was shut down (start() starts a new one)")
-            raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
-        seconds = self.timeout if timeout is None else timeout
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, not {seconds!r}")
-        return seconds, time.monotonic() + seconds
-
-    def _send_execute(self, code: str, *, silent: bool = False, store_history: bool = False) -> str:
-        msg_id: str = self._kc.execute(
-            code, silent=silent, store_history=store_history, allow_stdin=False, stop_on_error=False
-        )
-        return msg_id
-
-    def _send_comm(self, request: dict[str, Any], buffers: Sequence[Any]) -> str:
-        msg = self._kc.session.msg("comm_msg", {"comm_id": self._channel, "data": request})
-        self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
-        msg_id: str = msg["header"]["msg_id"]
-        return msg_id
-
-    async def _exchange(
-        self, send: Callable[[], str], collector: Collector, seconds: float, deadline: float, *, reply: bool
-    ) -> Execution:
-        """Send one shell message and gather what it causes until the kernel is idle again.
-
-        Past ``deadline`` the kernel is interrupted; if it is not idle ``interrupt_grace``
-        seconds later it is restarted and ``state_lost`` set. A kernel that dies is restarted
-        too. Either way ``error`` says what happened. ``reply``: the message has a shell reply.
-        ``collector.finished`` tells whether the kernel finished handling the message (idle), and
-        ``collector.failed`` whether the host saw it fail (a timeout, a death, a reply not ``ok``).
-        """
-        msg_id = send()
-        outcome = await self._collect(msg_id, collector, deadline)
-        execution = collector.execution
-        collector.finished = outcome == "idle"
-        collector.failed = outcome != "idle"
-        if outcome == "timeout":
-            await self._km.interrupt_kernel()
-            outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
-            lost = outcome != "idle"
-            collector.finished = not lost
-            action = "restarted (state lost)" if lost else "interrupted"
-            execution.error = ExecutionError(
-                "TimeoutError",
-                f"Execution exceeded the timeout of {seconds:g} s; the kernel was {action}.",
-                execution.error.traceback if execution.error else "",
-            )
-            if lost:
-                await self._recover(execution)
-            elif reply:
-                await self._drain_reply(msg_id, collector)
-        elif outcome == "died":
-            reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
-            execution.error = ExecutionError(
-                "KernelDied", f"The kernel died ({reason}); it was restarted and its state is lost."
-            )
-            await self._recover(execution)
-        elif reply:
-            await self._drain_reply(msg_id, collector)
-        await self._name_limits(execution.error)
-        return await collector.finish()
-
-    async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
-        """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel death."""
-        next_check = time.monotonic() + LIVENESS_INTERVAL
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                return "timeout"
-            try:
-                msg = await self._kc.get_iopub_msg(timeout=max(min(LIVENESS_INTERVAL, deadline - now), 0.001))
-            except queue.Empty:
-                msg = None
-            except Exception:  # a message that does not deserialize (bad signature, bad JSON): dropped
-                msg = None
-            if msg is not None and msg.get("parent_header", {}).get("msg_id") == msg_id:
-                if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
-                    return "idle"
-                await collector.handle(msg)
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + LIVENESS_INTERVAL
-                if not await self._km.is_alive():
-                    return "died"
-
-    async def _drain_reply(self, msg_id: str, collector: Collector) -> None:
-        execution = collector.execution
-        until = time.monotonic() + REPLY_GRACE
-        while (left := until - time.monotonic()) > 0:
-            try:
-                reply = await self._kc.get_shell_msg(timeout=left)
-            except queue.Empty:
-                break
-            except Exception:
-                continue
-            if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                content = reply.get("content", {})
-                count = content.get("execution_count")
-                if isinstance(count, int):
-                    execution.execution_count = count
-                collector.failed = collector.failed or content.get("status") != "ok"
-                if content.get("status") == "error" and execution.error is None:
-                    execution.error = ExecutionError(
-                        str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
-                    )
-                return
-        collector.failed = True
-        if execution.error is None:
-            execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
-
-    async def _recover(self, execution: Execution) -> None:
-        execution.state_lost = True
-        await self.restart()
-
-    # -- the kernel-side helper --------------------------------------------------------------
-
-    async def _open(self, deadline: float, probe: str | None = None) -> dict[str, Any]:
-        """Install the helper if needed and start it serving (on a fresh channel where comms work).
-
-        Returns what it announces: ``version``, ``work`` and ``seen`` (whether the request
-        with the marker ``probe`` reached it before). A kernel too broken to start it (user
-        code can break the kernel's own message handling) is restarted once.
-        """
-        restarted = False
-        for _ in range(4):
-            marker = new_marker()
-            install = not self._installed
-            code = bootstrap_cell(marker, self.work_dir or None, probe, self._comms, install)
-            collector = Collector(self.max_output_bytes, marker=marker)
-            seconds = max(deadline - time.monotonic(), 0.001)
-            execution = await self._exchange(
-                lambda: self._send_execute(code, silent=self._comms), collector, seconds, deadline, reply=True
-            )
-            if execution.state_lost:
-                continue
-            if execution.error is not None:
-                if not install:
-                    self._installed = False
-                    continue
-                if execution.error.name == "TimeoutError":
-                    raise CallTimeoutError(f"The kernel-sandbox helper did not start in time: {execution.error.value}")
-                if not restarted:
-                    restarted = True
-                    await self.restart()
-                    continue
-                raise SandboxError(f"The kernel-sandbox helper could not start in the kernel: {execution.error}")
-            info = self._opening(collector)
-            self._installed = True
-            if self._comms:
-                await self._settle(deadline)
-            return info
-        raise SandboxError("The kernel-sandbox helper could not start in the kernel: the kernel kept restarting")
-
-    async def _settle(self, deadline: float) -> None:
-        """One empty request on the new channel, outside any cell, so the helper can finish setting up."""
-        collector = Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
-        request = {"op": "ready", "marker": collector.marker}
-        seconds = max(deadline - time.monotonic(), 0.001)
-        await self._exchange(lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False)
-
-    def _opening(self, collector: Collector) -> dict[str, Any]:
-        if collector.answers > 1:
-            raise FramingError(TAMPERED)
-        if self._comms:
-            if collector.opened is None:
-                raise FramingError("The kernel-sandbox helper started but opened no channel.")
-            self._channel, info = collector.opened
-        else:
-            found = parse_text_frame(collector.text_answer, collector.marker) if collector.text_answer else None
-            if found is None:
-                raise FramingError("The kernel-sandbox helper started but sent no answer.")
-            info = found[0]
-        if info.get("version") != VERSION or not isinstance(info.get("work"), str):
-            raise FramingError("The kernel-sandbox helper answered in an unexpected form.")
-        return info
-
-    async def _send_request(
-        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float,
-        callbacks: Mapping[str, Callback] | None = None,
-    ) -> Collector:
-        """Send one request (its marker is made here) and gather until the kernel is idle."""
-        if not self._installed or (self._comms and self._channel is None):
-            await self._open(deadline)
-        marker = new_marker()
-        request = {**request, "marker": marker}
-        collector = Collector(self.max_output_bytes, callbacks, marker, self._channel)
-        if self._comms:
-            await self._exchange(lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False)
-        else:
-            code = text_cell(request, buffers)
-            await self._exchange(lambda: self._send_execute(code), collector, seconds, deadline, reply=True)
-        return collector
-
-    def _first(self, collector: Collector) -> tuple[dict[str, Any], list[Any]] | None:
-        """The answer's first message (meta, buffers); FramingError if forged.
-
-        None if no answer came, or if the kernel never finished handling the request (it died or
-        had to be restarted): an answer is final only once the helper has returned.
-        """
-        if collector.answers > 1:
-            raise FramingError(TAMPERED)
-        if collector.answers == 0 or not collector.finished:
-            return None
-        if self._comms:
-            return collector.answer
-        if collector.text_answer is None:
-            raise FramingError("The answer did not come as the value of the request's cell.")
-        return parse_text_frame(collector.text_answer, collector.marker or "")
-
-    async def _request(
-        self,
-        request: dict[str, Any],
-        buffers: Sequence[Any] = (),
-        seconds: float = DEFAULT_CALL_TIMEOUT,
-        deadline: float | None = None,
-        *,
-        callbacks: Mapping[str, Callback] | None = None,
-        limits: DecodeLimits | None = None,
-        allowed: Mapping[str, type] | None = None,
-        allow_pickle: bool = False,
-    ) -> tuple[Any, Execution]:
-        """Send ``request`` to the helper and decode its answer: (body, execution).
-
-        The body is None when no answer came (``execution.error`` says why). A request that
-        provably never reached the helper (its channel was gone) is sent once more. A helper
-        that still could not answer has been broken by the code it ran: the next request
-        restarts the kernel first (its ``state_lost`` is set), as a call that timed out would.
-        """
-        deadline = time.monotonic() + seconds if deadline is None else deadline
-        restarts = self._restarts
-        if self._unanswered:
-            self._unanswered = False
-            await self.restart()
-        if self._env_set and request["op"] != "env":
-            await self._restore_env(Execution())
-        limits = limits or DecodeLimits()
-        for attempt in range(2):
-            collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
-            execution = collector.execution
-            first = self._first(collector)
-            if first is not None and collector.failed:  # an answer, then a timeout or a failed cell: not taken
-                first = None
-                break
-            if first is not None or execution.error is not None and execution.error.name in ("TimeoutError", "KernelDied"):
-                break
-            if execution.state_lost:
-                break
-            if self._comms:
-                self._channel = None
-                try:
-                    info = await self._open(deadline, probe=collector.marker)
-                except SandboxError as exc:
-                    execution.error = ExecutionError("NoAnswer", f"No answer came, and then: {exc}")
-                    break
-                if self._restarts != restarts:
-                    execution.error = ExecutionError(
-                        "NoAnswer",
-                        "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
-                        "restarted (state lost); the request was not sent again.",
-                    )
-                    break
-                if info.get("seen") or attempt:
-                    execution.error = ExecutionError(
-                        "NoAnswer",
-                        "The request reached the kernel-sandbox helper but no answer came back (the code it "
-                        "ran may have broken the channel); the channel was reopened.",
-                    )
-                    break
-            else:
-                if not attempt and execution.error is not None:
-                    self._installed = False
-                    continue
-                break
-        if self._restarts != restarts:
-            execution.state_lost = True
-        if first is None:
-            if execution.error is None:
-                execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")
-            if execution.error.name == "NoAnswer" and not execution.state_lost:
-                self._unanswered = True
-                execution.error.value += " The kernel will be restarted before the next call (state lost)."
-            return None, execution
-        answer = Answer.first(*first, limits)
-        origin = collector.marker
-        while answer.missing:
-            pulled = await self._send_request({"op": "pull", "of": origin, "offset": answer.received}, (), seconds, deadline)
-            chunk = self._first(pulled)
-            if chunk is None or not chunk[0].get("raw") or len(chunk[1]) != 1:
-                raise FramingError(f"Could not pull the rest of the answer ({pulled.execution.error or 'no chunk came'}).")
-            answer.add(chunk[1][0])
-        doc, parts = answer.parts()
-        body = decode(doc, parts, allowed=allowed or {}, limits=limits, allow_pickle=allow_pickle)
-        return body, execution
-
-    async def _op(self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float) -> Any:
-        """Run a helper operation (files, packages, environment); return its ``ok`` value or raise."""
-        body, execution = await self._request(request, buffers, seconds, deadline)
-        what = f"kernel-sandbox {request['op']}"
-        error = execution.error
-        if error is not None and error.name == "TimeoutError":
-            raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
-        if body is None:
-            raise SandboxError(f"The {what} failed: {error}")
-        if not isinstance(body, dict):
-            raise FramingError(f"The {what} answered in an unexpected form.")
-        if "refused" in body:
-            raise PathError(f"Refused: {body['refused']} ({self.work_dir})")
-        error = body_error(body)
-        if error is not None:
-            if request["op"] in ("write", "read", "list", "snapshot", "wipe"):
-                raise SandboxFileError(f"{error.name}: {error.value}")
-            raise SandboxError(f"The {what} failed in the kernel: {error}")
-        return body.get("ok")
 
     # -- running code ----------------------------------------------------------------------
 
@@ -688,16 +366,6 @@ class AsyncSandbox:
             if values and not execution.state_lost:
                 await self._restore_env(execution)
         return execution
-
-    async def _restore_env(self, execution: Execution) -> None:
-        """Take the per-call environment away again; restart the kernel if that fails."""
-        grace = max(self.interrupt_grace, RESTORE_GRACE)
-        try:
-            await self._op({"op": "env", "action": "restore"}, (), grace, time.monotonic() + grace)
-            self._env_set = False
-        except SandboxError:
-            execution.state_lost = True
-            await self.restart()
 
     # -- files -----------------------------------------------------------------------------
 
@@ -905,8 +573,7 @@ class AsyncSandbox:
                     request, [call, state] if send_state else [call], seconds, deadline,
                     limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
                 )
-                error = body_error(body)
-                if not send_state and error is not None and error.name == "StateNotKept":
+                if not send_state and isinstance(body, dict) and body.get(STATE_NOT_KEPT) is True:
                     self._kept_state = None
                     continue
                 self._kept_state = digest if keep and body is not None and not execution.state_lost else None

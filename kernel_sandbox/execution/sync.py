@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -15,8 +15,9 @@ from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
 from .backend import DEFAULT_BACKEND
 from .collector import Callback
+from .decode import DecodeLimits
 from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
-from .sandbox import AsyncSandbox
+from .sandbox import DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_OUTPUT_BYTES, AsyncSandbox
 
 T = TypeVar("T")
 
@@ -46,13 +47,39 @@ class LoopThread:
 
 
 class Sandbox:
-    """The synchronous face of :class:`AsyncSandbox` (same options), used with ``with``.
+    """The synchronous face of :class:`AsyncSandbox` (its options written out), used with ``with``.
 
     Calls run on a shared background event loop; callbacks are called from that thread.
     """
 
-    def __init__(self, backend: str = DEFAULT_BACKEND, **options: Any) -> None:
-        self._async = AsyncSandbox(backend, **options)
+    def __init__(
+        self,
+        backend: str = DEFAULT_BACKEND,
+        *,
+        image: str | None = None,
+        memory: str | None = None,
+        cpus: float | None = None,
+        pids_limit: int | None = None,
+        network: bool | Sequence[str] = False,
+        env: Mapping[str, str] | None = None,
+        mounts: Iterable[str] | None = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        start_timeout: float = 60.0,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        interrupt_grace: float = 3.0,
+        allowed_classes: Iterable[type] = (),
+        decode_limits: DecodeLimits | None = None,
+        unsafe_pickle: bool = False,
+        output_policy: str | None = None,
+        **backend_options: Any,
+    ) -> None:
+        self._async = AsyncSandbox(
+            backend, image=image, memory=memory, cpus=cpus, pids_limit=pids_limit, network=network,
+            env=env, mounts=mounts, timeout=timeout, start_timeout=start_timeout,
+            max_output_bytes=max_output_bytes, interrupt_grace=interrupt_grace,
+            allowed_classes=allowed_classes, decode_limits=decode_limits,
+            unsafe_pickle=unsafe_pickle, output_policy=output_policy, **backend_options,
+        )
 
     @classmethod
     def wrapping(cls, sandbox: AsyncSandbox) -> Sandbox:

@@ -8,8 +8,9 @@ The host installs this module (with ``dataformat`` and ``files``) once per kerne
 A request is ``{"op", "marker", ...}`` plus binary buffers. Every answer is one message
 carrying the request's marker: ``{"marker", "lengths"}`` plus the buffers of a value encoded
 with ``dataformat`` (``{"ok": ...}``, ``{"error": {...}}``, ``{"refused": ...}``, or for a
-tool call ``{"r": return value, "s": agent state}``). An answer over :data:`CHUNK` bytes is
-kept here and sent in chunks the host pulls (``"pull": true``), so no message is larger.
+tool call ``{"r": return value, "s": agent state}`` or ``{STATE_NOT_KEPT: True}``). An answer
+over :data:`CHUNK` bytes is kept here and sent in chunks the host pulls (``"pull": true``), so
+no message is larger.
 
 Sending the answer is the handler's last act. Before it, everything a tool may have changed
 that the next call relies on is put back: ``sys.stdout``/``stderr``/``displayhook``/
@@ -44,11 +45,15 @@ except ImportError:  # on the host (tests run this module as code)
     from kernel_sandbox.kernelside import dataformat
     from kernel_sandbox.kernelside import workfiles as files
 
-VERSION = 1
+VERSION = 2
 CHUNK = 4 * 1024 * 1024
 OUTPUT_FLUSH_BYTES = 1024 * 1024
 TARGET = "kernel_sandbox"
 TEXT_LIMIT = 64 * 1024
+STATE_NOT_KEPT = "state_not_kept"
+"""The answer's key when a call named its agent state by digest and this kernel no longer holds
+it (the tool did not run): the host sends the state and calls again. Not an error name: a tool
+could raise an exception of any name."""
 PACKAGES = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
 
 
@@ -295,12 +300,8 @@ def _work():
     return _state.work or os.getcwd()
 
 
-class StateNotKept(LookupError):
-    """The call named an agent state by its digest, and this kernel does not hold it (any more)."""
-
-
 def _agent_state(request, buffers):
-    """The call's pickled agent state: sent along, or the one kept from an earlier call."""
+    """The call's pickled agent state: sent along, or kept from an earlier call (None: not kept)."""
     described = request.get("state") or {}
     if len(buffers) == 2:
         if len(buffers[1]) != described.get("length"):
@@ -309,16 +310,15 @@ def _agent_state(request, buffers):
         if described.get("keep"):
             _state.states = {described["digest"]: data}
         return data
-    data = (_state.states or {}).get(described.get("digest"))
-    if data is None:
-        raise StateNotKept("the agent state is not kept here")
-    return data
+    return (_state.states or {}).get(described.get("digest"))
 
 
 def _call(request, buffers):
     if len(buffers) not in (1, 2) or len(buffers[0]) != request.get("length"):
         raise ValueError("the tool call's payload did not arrive intact")
     state_data = _agent_state(request, buffers)
+    if state_data is None:
+        return {STATE_NOT_KEPT: True}
     payload = pickle.loads(buffers[0])
     payload["state"] = pickle.loads(state_data)
     func = payload["func"]

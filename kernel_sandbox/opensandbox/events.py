@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..results import Execution, ExecutionError
+from ..results import Execution, ExecutionError, OutputFold
 
 _CONTROL_PREFIXES = ("event:", "id:", "retry:", ":")
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
@@ -87,15 +87,14 @@ class ExecdRun(Execution):
 
 
 class RunCollector:
-    """Folds events into an :class:`ExecdRun`, in linear time (output is joined once, at the end).
+    """Folds events into an :class:`ExecdRun` through :class:`~kernel_sandbox.results.OutputFold`.
 
-    After a terminal event nothing changes any more.
+    In linear time (output is joined once, at the end); after a terminal event nothing changes.
     """
 
     def __init__(self, context_id: str | None = None) -> None:
-        self._out: list[str] = []
-        self._err: list[str] = []
         self._run = ExecdRun(context_id=context_id)
+        self._fold = OutputFold(self._run)
 
     @property
     def complete(self) -> bool:
@@ -104,28 +103,24 @@ class RunCollector:
 
     def add(self, event: Event) -> None:
         """Fold one event into the run."""
-        run = self._run
+        run, fold = self._run, self._fold
         if run.complete:
             return
-        if event.type == "stdout":
-            self._out.append(event.text or "")
-        elif event.type == "stderr":
-            self._err.append(event.text or "")
+        if event.type in ("stdout", "stderr"):
+            fold.stream(event.type, event.text or "")
         elif event.type in ("result", "display_data") and event.data is not None:
-            run.results.append(event.data)
+            fold.result(event.data, main=event.type == "result")
         elif event.type == "execution_count" and event.execution_count is not None:
-            run.execution_count = event.execution_count
+            fold.count(event.execution_count)
         elif event.type == "error" and event.error is not None:
-            run.error = event.error
+            fold.error(event.error)
         elif event.type == "init" and event.text:
             run.context_id = event.text
         run.complete = event.terminal
 
     def result(self) -> ExecdRun:
         """The run so far, its output joined."""
-        self._out[:] = ["".join(self._out)]
-        self._err[:] = ["".join(self._err)]
-        self._run.stdout, self._run.stderr = self._out[0], self._err[0]
+        self._fold.finish()
         return self._run
 
 

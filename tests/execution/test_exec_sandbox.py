@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import os
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,6 +252,18 @@ def test_a_closed_sandbox_says_it_is_closed_not_that_it_was_never_started() -> N
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ConfigError, match="Unknown backend"):
         Sandbox("nope")
+
+
+def test_sandbox_writes_out_the_options_of_async_sandbox() -> None:
+    """``help(Sandbox)`` and IDEs show the options: the same parameters (names, defaults, kinds) as AsyncSandbox's."""
+
+    def parameters(init: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.default, p.kind) for p in inspect.signature(init).parameters.values()]
+
+    assert parameters(Sandbox.__init__) == parameters(AsyncSandbox.__init__)
+    assert len(parameters(Sandbox.__init__)) > 3, "written out, not **options"
+    with pytest.raises(ConfigError, match="timeout must be a positive number"):
+        Sandbox(timeout=0)
 
 
 def test_nothing_is_left_behind_by_failures_or_forgotten_sandboxes(docker_engine, own_containers) -> None:

@@ -58,11 +58,12 @@ def test_output_results_count_and_error_are_mapped() -> None:
         stdout="hello\n",
         stderr="warn\n",
         results=[{"text/plain": "4", "text/html": "<b>4</b>"}],
+        main_result={"text/plain": "4", "text/html": "<b>4</b>"},
         execution_count=7,
         error=ExecutionError("ValueError", "bad", "Traceback"),
         context_id="ctx-1",
     )
-    assert execution.error is not None
+    assert execution.error is not None and execution.text == "4"
     assert execution.complete and repr(execution).startswith("ExecdRun(stdout='hello\\n', stderr='warn\\n'")
 
 
@@ -213,9 +214,9 @@ def test_accumulation_is_linear() -> None:
     event = Event(type="stdout", text="x")
     for _ in range(200_000):
         collector.add(event)
-    assert len(collector._out) == 200_000, "every event must be kept as a chunk, not concatenated"
+    assert len(collector._fold._out) == 200_000, "every event must be kept as a chunk, not concatenated"
     assert collector.result().stdout == "x" * 200_000
-    assert len(collector._out) == 1, "the chunks are joined once, at the end"
+    assert len(collector._fold._out) == 1, "the chunks are joined once, at the end"
 
 
 def test_line_splitter_handles_any_chunking() -> None:

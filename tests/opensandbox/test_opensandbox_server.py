@@ -139,6 +139,22 @@ async def test_run_once(deployment: Any) -> None:
     assert seen[0] == "init" and seen[-1] == "execution_complete"
 
 
+async def test_an_execd_run_gives_the_last_expressions_text(deployment: Any) -> None:
+    """execd's ``result`` event is the cell's execute_result: folded as the execution API folds it, it is ``text``."""
+    options = deployment.options()
+    result = await run_once(
+        "print('hi')\n2+2",
+        api_base=deployment.api_base,
+        api_key=deployment.api_key,
+        client_options={"poll_interval": 0.2, "ready_timeout": 180},
+        image=options["image"],
+        entrypoint=options["entrypoint"],
+        metadata=options["metadata"],
+        resource_limits=options["resource_limits"],
+    )
+    assert (result.text, result.stdout, result.error) == ("4", "hi\n", None)
+
+
 # ---- the kernelspec through jupyter_client (provisioner -> launcher -> sandbox), both modes -------------
 
 MODES = ["execd", "websocket"]
