@@ -114,7 +114,7 @@ apt_install() {
 
 # True when use_venv can work: a virtual environment is active or made, or python3 can make one.
 venv_possible() {
-    [ -n "${VIRTUAL_ENV:-}" ] || .venv/bin/python -m pip --version >/dev/null 2>&1 \
+    [ -n "${VIRTUAL_ENV:-}" ] || .venv/bin/python -c "import pip" 2>/dev/null \
         || python3 -c 'import ensurepip' 2>/dev/null
 }
 
@@ -127,5 +127,5 @@ use_venv() {
         return
     fi
     PYTHON=.venv/bin/python
-    "${PYTHON}" -m pip --version >/dev/null 2>&1 || python3 -m venv .venv
+    "${PYTHON}" -c "import pip" 2>/dev/null || python3 -m venv .venv
 }
