@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shell functions shared by .ci/run (the tests) and ./quickstart (first contact); sourced, not run.
 # They expect `set -euo pipefail` and the checkout as the working directory.
 
