@@ -1,0 +1,132 @@
+# shellcheck shell=bash
+# Shell functions shared by .ci/run (the tests) and ./quickstart (first contact); sourced, not run.
+# They expect `set -euo pipefail` and the checkout as the working directory.
+
+DOCKERD_LOG=/var/log/kernel-sandbox-ci-dockerd.log
+
+phase() {
+    local name=$1 start=$SECONDS
+    shift
+    echo "=== ${name} ..."
+    "$@"
+    echo "=== ${name}: $((SECONDS - start)) s"
+}
+
+CONTAINERD_PID=/var/run/docker/containerd/containerd.pid
+
+alive() {
+    local pid=$1 name=$2
+    [ -n "${pid}" ] && [ "$(cat "/proc/${pid}/comm" 2>/dev/null)" = "${name}" ] \
+        && ! grep -q ') Z' "/proc/${pid}/stat" 2>/dev/null
+}
+
+wait_for_engine() {
+    local pid=$1 deadline=$((SECONDS + 90))
+    until docker info >/dev/null 2>&1; do
+        if ! alive "${pid}" dockerd || [ $SECONDS -ge $deadline ]; then
+            return 1
+        fi
+        sleep 1
+    done
+}
+
+stop_engine_leftovers() {
+    local pid
+    for pid in "$(cat /var/run/docker.pid 2>/dev/null)" "$(cat "${CONTAINERD_PID}" 2>/dev/null)"; do
+        if alive "${pid}" dockerd || alive "${pid}" containerd; then
+            kill -9 "${pid}" 2>/dev/null || true
+        fi
+    done
+    sleep 1
+    rm -f /var/run/docker.pid "${CONTAINERD_PID}"
+}
+
+# gVisor for the isolation tests, which run on runc and runsc: Debian's runsc, registered with
+# dockerd under the name runsc. Debian's runsc needs --network=none to start a container that has
+# no network (as every kernel container has); the merge keeps whatever else daemon.json holds.
+register_runsc() {
+    command -v runsc >/dev/null || apt_install runsc
+    local wanted
+    wanted=$(python3 - "$(command -v runsc)" <<'PY'
+import json, os, sys
+path = "/etc/docker/daemon.json"
+config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+entry = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+if config.get("runtimes", {}).get("runsc") != entry:
+    config.setdefault("runtimes", {})["runsc"] = entry
+    os.makedirs("/etc/docker", exist_ok=True)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(config, handle, indent=2)
+    os.replace(path + ".tmp", path)
+    print("reload")
+PY
+)
+    if [ "${wanted}" = "reload" ]; then
+        echo "registered runsc in /etc/docker/daemon.json; reloading dockerd (SIGHUP)"
+        kill -HUP "$(cat /var/run/docker.pid)"
+        local deadline=$((SECONDS + 30))
+        until docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc; do
+            [ $SECONDS -lt $deadline ] || { echo "dockerd did not pick up runsc" >&2; exit 1; }
+            sleep 1
+        done
+    fi
+    docker info --format 'runtimes: {{json .Runtimes}}'
+}
+
+start_docker_engine() {
+    if docker info >/dev/null 2>&1; then
+        echo "the Docker engine is running"
+        return
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "the Docker engine does not answer, and starting it needs root; \`kernel-sandbox doctor\` says why" >&2
+        exit 1
+    fi
+    local pid attempt
+    pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+    if alive "${pid}" dockerd; then
+        echo "dockerd (pid ${pid}) is running but not answering yet; waiting for it"
+        if wait_for_engine "${pid}"; then
+            docker version --format 'engine {{.Server.Version}} ready'
+            return
+        fi
+    fi
+    for attempt in 1 2; do
+        echo "clearing what an earlier dockerd left (its pid files, a dying containerd)"
+        stop_engine_leftovers
+        echo "starting dockerd, attempt ${attempt} (log: ${DOCKERD_LOG})"
+        nohup dockerd >"${DOCKERD_LOG}" 2>&1 &
+        pid=$!
+        if wait_for_engine "${pid}"; then
+            docker version --format 'engine {{.Server.Version}} ready'
+            return
+        fi
+        echo "dockerd did not become ready (or exited); its log:" >&2
+        tail -n 30 "${DOCKERD_LOG}" >&2
+        kill -9 "${pid}" 2>/dev/null || true
+    done
+    exit 1
+}
+
+# apt-get install, with an apt-get update first when the package lists do not have the packages.
+apt_install() {
+    apt-get install -y -q "$@" || { apt-get update -q && apt-get install -y -q "$@"; }
+}
+
+# True when use_venv can work: a virtual environment is active or made, or python3 can make one.
+venv_possible() {
+    [ -n "${VIRTUAL_ENV:-}" ] || .venv/bin/python -c "import pip" 2>/dev/null \
+        || python3 -c 'import ensurepip' 2>/dev/null
+}
+
+# Sets PYTHON to the interpreter to install into: the active virtual environment's, else that of
+# .venv/ in this checkout, made (or completed: a `python3 -m venv` that stopped for want of
+# ensurepip leaves one without pip) when it has no pip. Never the system's Python.
+use_venv() {
+    if [ -n "${VIRTUAL_ENV:-}" ]; then
+        PYTHON="${VIRTUAL_ENV}/bin/python"
+        return
+    fi
+    PYTHON=.venv/bin/python
+    "${PYTHON}" -c "import pip" 2>/dev/null || python3 -m venv .venv
+}
