@@ -10,6 +10,8 @@ _EXECUTION_API = (
     "AsyncSandbox",
     "AsyncSandboxPool",
     "CallTimeoutError",
+    "Checkpoint",
+    "CheckpointError",
     "DecodeLimits",
     "Execution",
     "ExecutionError",

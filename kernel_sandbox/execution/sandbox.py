@@ -37,6 +37,7 @@ from ..policy import OutputPolicy
 from ..results import Execution, ExecutionError, FileInfo, ToolResult
 from .backends import DEFAULT_BACKEND, kernel_manager
 from .backends import backend as backend_named
+from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint, restore_into, take
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
 from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
@@ -78,7 +79,8 @@ class AsyncSandbox:
     the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
     hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
     (decode values the data format cannot carry from pickles: off, see the README),
-    ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
+    ``output_policy`` (``strict``, the default, or ``trusted``), ``restore`` (a :class:`Checkpoint`
+    the new kernel loads at start: same image only); any other keyword goes to the
     backend's provisioner config. Docker and OpenSandbox options are checked here, before anything starts.
     """
 
@@ -101,9 +103,13 @@ class AsyncSandbox:
         decode_limits: DecodeLimits | None = None,
         unsafe_pickle: bool = False,
         output_policy: str | None = None,
+        restore: Checkpoint | None = None,
         **backend_options: Any,
     ) -> None:
         self._backend = backend_named(backend)
+        if restore is not None and not isinstance(restore, Checkpoint):
+            raise ConfigError(f"restore must be a Checkpoint (Checkpoint.load(path) reads one), not {type(restore).__name__}")
+        self._restore = restore
         for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
@@ -183,6 +189,8 @@ class AsyncSandbox:
             async with self._lock:
                 info = await self._open(time.monotonic() + self.start_timeout)
             self.work_dir = info["work"]
+            if self._restore is not None:
+                await restore_into(self, self._restore)
         except BaseException:
             await self.close()
             raise
@@ -975,6 +983,17 @@ class AsyncSandbox:
         except SandboxError as exc:
             return failed_skill("", str(exc))
         return skill_result(execution, files)
+
+    async def checkpoint(
+        self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None
+    ) -> Checkpoint:
+        """The kernel's state as a :class:`Checkpoint`, for ``AsyncSandbox(restore=...)`` in a new kernel.
+
+        The kernel pickles the names the user defined and packs the work directory's files; the host
+        keeps the blob unopened. Names that cannot be pickled are in ``not_saved`` with why. A blob
+        over ``max_bytes`` (1 GiB by default) is refused (:class:`CheckpointError`) before it is pulled.
+        """
+        return await take(self, max_bytes, timeout)
 
     async def reset(self) -> None:
         """Fresh interpreter and an empty work directory, for a pool's next user."""

@@ -14,6 +14,7 @@ from typing import IO, Any, TypeVar
 from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
 from .backends import DEFAULT_BACKEND
+from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint
 from .collector import Callback
 from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
 from .sandbox import AsyncSandbox
@@ -122,6 +123,10 @@ class Sandbox:
     def restart(self) -> None:
         """See :meth:`AsyncSandbox.restart`."""
         LoopThread.run(self._async.restart())
+
+    def checkpoint(self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None) -> Checkpoint:
+        """See :meth:`AsyncSandbox.checkpoint`."""
+        return LoopThread.run(self._async.checkpoint(max_bytes=max_bytes, timeout=timeout))
 
     def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
         """See :meth:`AsyncSandbox.upload`."""
