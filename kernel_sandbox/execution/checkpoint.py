@@ -21,7 +21,14 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CallTimeoutError, CheckpointError, ConfigError, FramingError, PathError, SandboxError
+from ..errors import (
+    CallTimeoutError,
+    CheckpointError,
+    ConfigError,
+    FramingError,
+    PathError,
+    SandboxError,
+)
 
 if TYPE_CHECKING:
     from .sandbox import AsyncSandbox
@@ -195,16 +202,19 @@ def _stated(report: Any) -> tuple[int, str]:
 
 async def _pull(sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float, deadline: float) -> bytes:
     """The blob, chunk by chunk; refused before a byte over ``max_bytes`` or ``size`` is kept."""
-    parts, offset, chunk = [], 0, sandbox._chunk()
+    parts: list[bytes] = []
+    offset, chunk = 0, sandbox._chunk()
     while offset < size:
-        request = {"op": "checkpoint", "action": "read", "offset": offset, "size": chunk}
-        total, data = await sandbox._op(request, (), seconds, deadline)
-        if not isinstance(data, bytes) or offset + len(data) > max_bytes:
+        asked = min(chunk, size - offset)
+        request = {"op": "checkpoint", "action": "read", "offset": offset, "size": asked}
+        answer = await sandbox._op(request, (), seconds, deadline)
+        data = answer[1] if isinstance(answer, list) and len(answer) == 2 else None
+        if not isinstance(data, bytes) or len(data) > asked or offset + len(data) > max_bytes:
             raise CheckpointError(
-                f"Refused the checkpoint: more than max_bytes={max_bytes} came (checkpoint(max_bytes=...)); "
-                "nothing past the limit was kept."
+                f"Refused the checkpoint: the kernel sent more than it stated ({size} bytes, under "
+                f"max_bytes={max_bytes}); nothing past the stated size was kept."
             )
-        if total != size or len(data) != min(chunk, size - offset):
+        if answer[0] != size or len(data) != asked:
             raise FramingError("The checkpoint changed in the sandbox while it was being pulled.")
         parts.append(data)
         offset += len(data)

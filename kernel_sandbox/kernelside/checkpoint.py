@@ -95,7 +95,7 @@ def _pickler_class():
 
         def __init__(self, file, ns, hidden):
             super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-            self.ns, self.hidden = ns, {id(value): name for name, value in hidden.items()}
+            self.ns, self.hidden = ns, {id(value): name for name, value in hidden.items() if _by_reference(value)}
             self.globals_ref[id(ns)] = ns  # what cloudpickle gives functions of ``ns`` as globals
 
         def persistent_id(self, obj):
@@ -107,12 +107,17 @@ def _pickler_class():
     return Pickler
 
 
+def _by_reference(value):
+    """True for IPython's objects and callables, never for values equal ones could share (``''``, ``0``)."""
+    return callable(value) or type(value).__module__ != "builtins"
+
+
 class _Discard(io.RawIOBase):
     def writable(self):
         return True
 
     def write(self, data):
-        return len(data)
+        return memoryview(data).nbytes
 
 
 def _reason(exc):
