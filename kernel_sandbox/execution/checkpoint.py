@@ -38,6 +38,8 @@ DEFAULT_MAX_CHECKPOINT_BYTES = 1024**3
 MAGIC = b"kernel-sandbox checkpoint 1\n"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_NAMES = 1_000_000
+ANSWER_ROOM = 64 * 1024
+"""Room left in a chunk for the rest of its answer, so that one chunk is one message (none is pulled in two)."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -203,7 +205,7 @@ def _stated(report: Any) -> tuple[int, str]:
 async def _pull(sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float, deadline: float) -> bytes:
     """The blob, chunk by chunk; refused before a byte over ``max_bytes`` or ``size`` is kept."""
     parts: list[bytes] = []
-    offset, chunk = 0, sandbox._chunk()
+    offset, chunk = 0, sandbox._chunk() - ANSWER_ROOM
     while offset < size:
         asked = min(chunk, size - offset)
         request = {"op": "checkpoint", "action": "read", "offset": offset, "size": asked}
@@ -236,10 +238,10 @@ async def restore_into(sandbox: AsyncSandbox, checkpoint: Checkpoint) -> None:
     assert sandbox._lock is not None
     async with sandbox._lock:
         try:
-            chunk = sandbox._chunk()
+            chunk, data = sandbox._chunk(), memoryview(checkpoint.data)
             for offset in range(0, max(checkpoint.size, 1), chunk):
                 request = {"op": "checkpoint", "action": "write", "offset": offset}
-                await sandbox._op(request, [checkpoint.data[offset : offset + chunk]], seconds, deadline)
+                await sandbox._op(request, [data[offset : offset + chunk]], seconds, deadline)
             request = {"op": "checkpoint", "action": "load", "sha256": checkpoint.sha256}
             await sandbox._op(request, (), seconds, deadline)
         except (CallTimeoutError, PathError):

@@ -208,6 +208,8 @@ class AsyncSandbox:
         from ..reattach import attach, find
 
         sandbox = cls(backend, **options)
+        if sandbox._restore is not None:
+            raise ConfigError("attach() takes over a live kernel with its own state; restore= is for a new sandbox")
         if not sandbox._backend.sandboxed:
             raise ConfigError(f"backend {backend!r} runs no sandboxed kernel to re-attach to")
         record = find(kernel_id)

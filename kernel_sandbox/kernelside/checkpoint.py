@@ -15,6 +15,7 @@ with the reason, never dropped silently. Names IPython keeps for itself (``In``,
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -200,6 +201,9 @@ def save(work):
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit, OSError)) or attempt:
                 drop()
+                if getattr(exc, "errno", None) == errno.ENOSPC:
+                    raise OSError(errno.ENOSPC, f"no room for the checkpoint in {area()} (on Docker: raise "
+                                  "home_size or memory)") from None
                 raise
             saved, not_saved = _picklable(pickler_class, ns, hidden, names)
     return {

@@ -49,6 +49,8 @@ gen = (i for i in range(3))
 import os
 os.makedirs("out", exist_ok=True)
 open("out/report.txt", "w").write("made before the checkpoint")
+os.symlink("/etc/passwd", "out/passwd")
+os.mkfifo("out/pipe")
 """
 COMPARE = STATE + """
 expected = {}
@@ -81,6 +83,7 @@ def test_state_comes_back_equal_in_a_new_container(made: tuple[Checkpoint, str],
     user = [name for name in checkpoint.saved if name not in ("np", "pd", "socket", "threading", "os", "Point", "build")]
     assert len(user) == 100 and {"array", "frame", "point", "triple", "alias"} <= set(user)
     assert checkpoint.files == 1 and checkpoint.image.startswith("sha256:")
+    assert checkpoint.files_not_saved == {"out/passwd": "a symbolic link", "out/pipe": "not a regular file"}
     path = tmp_path / "state.ckpt"
     checkpoint.save(path)
     assert path.stat().st_mode & 0o777 == 0o600
@@ -228,6 +231,8 @@ def test_a_tampered_checkpoint_is_refused(made: tuple[Checkpoint, str], tmp_path
 def test_bad_options_and_files_are_refused(made: tuple[Checkpoint, str], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="restore must be a Checkpoint"):
         Sandbox(restore=b"bytes")
+    with pytest.raises(ConfigError, match="restore= is for a new sandbox"):
+        Sandbox.attach("no-such-kernel", restore=made[0])
     path = tmp_path / "big.ckpt"
     made[0].save(path)
     with pytest.raises(CheckpointError, match=r"over max_bytes=100 \(Checkpoint.load"):
