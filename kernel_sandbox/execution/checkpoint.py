@@ -64,6 +64,9 @@ class Checkpoint:
     files_not_saved: dict[str, str] = field(default_factory=dict)
     created: str = ""
 
+    def __hash__(self) -> int:
+        return hash((self.sha256, self.image))
+
     @property
     def size(self) -> int:
         """Bytes of the blob."""
