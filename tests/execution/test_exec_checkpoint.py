@@ -161,14 +161,19 @@ def test_the_host_side_module_holds_no_deserialiser() -> None:
     assert relative == {"errors", "sandbox"}, "the errors, and the session's type for hints only"
 
 
+PATCHED_OPS = (
+    "import sys\nth = sys.modules['_kernel_sandbox_toolhost']\nck = sys.modules['_kernel_sandbox_checkpoint']\n"
+    "original = th.OPS['checkpoint']\n"
+)
+"""Kernel code an attacker's tests start with: the helper's checkpoint operation, to replace."""
+
+
 @pytest.mark.security("attack", "results")
 def test_a_checkpoint_over_the_cap_is_refused_before_it_is_pulled(sandbox: Sandbox) -> None:
     """The size the kernel states is checked first: no chunk of a blob over ``max_bytes`` is asked for."""
     sandbox.run(
-        "import sys\nth = sys.modules['_kernel_sandbox_toolhost']\nasked = []\n"
-        "original = th.OPS['checkpoint']\n"
+        PATCHED_OPS + "asked = []\nbig = bytes(2_000_000)\n"
         "th.OPS['checkpoint'] = lambda r, b: (asked.append(r['action']), original(r, b))[1]\n"
-        "big = bytes(2_000_000)\n"
     )
     with pytest.raises(CheckpointError, match=r"over max_bytes=1000000 \(checkpoint\(max_bytes=...\)\); nothing was pulled"):
         sandbox.checkpoint(max_bytes=1_000_000)
@@ -180,9 +185,7 @@ def test_a_checkpoint_over_the_cap_is_refused_before_it_is_pulled(sandbox: Sandb
 def test_a_kernel_that_understates_its_checkpoint_cannot_send_more(sandbox: Sandbox) -> None:
     """The kernel states 100 bytes and answers the read with megabytes: refused, nothing kept."""
     sandbox.run(
-        "import sys\nth = sys.modules['_kernel_sandbox_toolhost']\nck = sys.modules['_kernel_sandbox_checkpoint']\n"
-        "original = th.OPS['checkpoint']\n"
-        "def lying(r, b):\n"
+        PATCHED_OPS + "def lying(r, b):\n"
         "    if r['action'] == 'save':\n"
         "        return {'ok': {**ck.save(th._work()), 'size': 100}}\n"
         "    if r['action'] == 'read':\n"
