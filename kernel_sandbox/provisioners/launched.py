@@ -300,8 +300,6 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.exit_reason = self._read_exit(code)
             if code and not self._stopping:
                 self.log.error("Kernel %s ended: %s", self.kernel_id, self.exit_reason)
-            if not self._stopping:  # it ended on its own: its share of the budget goes back now, even if
-                self._reserve(None)  # its manager is never shut down (a restart asks anew); asked stops: cleanup()
         return code
 
     async def wait(self) -> int | None:
