@@ -127,7 +127,7 @@ class FramingError(SandboxError):
 
 
 class CheckpointError(SandboxError):
-    """A checkpoint was refused (over ``max_checkpoint_bytes``, its sha256 differs) or could not be made or loaded."""
+    """A checkpoint was refused (over ``checkpoint(max_bytes=)``, its sha256 differs) or could not be made or loaded."""
 
 
 class OpenSandboxError(KernelSandboxError):
