@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import bench_checkpoint
 import bench_egress
 import bench_execution
 import bench_metrics
@@ -39,7 +40,7 @@ ROUNDS = {  # quick, full
     "cold": (2, 10), "execute": (20, 200), "tools": (5, 50), "api": (10, 100),
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
     "egress": (10, bench_egress.ROUNDS),
-    "metrics": (20, 300),
+    "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -59,6 +60,7 @@ MEASURES = [
             "A local HTTP server on 127.0.0.1; the launcher's proxy code in process, the name resolved by a stub; "
             "each download on new connections, interleaved (bench_egress.py)."),
     *bench_metrics.MEASURES,
+    *bench_checkpoint.MEASURES,
 ]
 
 
@@ -104,6 +106,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("policy", ["policy"], lambda: asyncio.to_thread(lambda: bench_policy.rows(bench_policy.measure(pick["policy"])))),
         ("egress", ["egress"], lambda: _egress(pick["egress"])),
         ("metrics", ["metrics"], lambda: _metrics(pick["metrics"])),
+        ("checkpoint", ["checkpoint"], lambda: _checkpoint(pick["checkpoint"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -130,6 +133,10 @@ async def _metrics(rounds: int) -> list[Row]:
     return bench_metrics.rows(await bench_metrics.measure(rounds))
 
 
+async def _checkpoint(rounds: int) -> list[Row]:
+    return bench_checkpoint.rows(await bench_checkpoint.measure(rounds))
+
+
 async def _scale(kernels: int) -> list[Row]:
     return bench_scale.rows(await bench_scale.measure(kernels))
 
@@ -139,7 +146,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
-    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "metrics"],
+    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "metrics",
+                                                      "checkpoint"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

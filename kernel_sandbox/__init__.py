@@ -13,6 +13,8 @@ _EXECUTION_API = (
     "AsyncSandbox",
     "AsyncSandboxPool",
     "CallTimeoutError",
+    "Checkpoint",
+    "CheckpointError",
     "DecodeLimits",
     "Execution",
     "ExecutionError",

@@ -21,7 +21,8 @@ httpx, zmq) are wrapped, with the original kept as ``__cause__``::
     │   ├── CallTimeoutError         a call (file transfer, helper) did not finish before its deadline
     │   ├── UnsafePayloadError       a result from the sandbox was refused while decoding
     │   │   └── ResultLimitError     ... because it exceeds a decoding limit (``limit`` names it)
-    │   └── FramingError             a result frame was missing, duplicated or malformed
+    │   ├── FramingError             a result frame was missing, duplicated or malformed
+    │   └── CheckpointError          a checkpoint was refused (over its cap, tampered) or could not be made or loaded
     └── OpenSandboxError             the OpenSandbox clients
         ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL); also a ConfigError
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
@@ -123,6 +124,10 @@ class ResultLimitError(UnsafePayloadError):
 
 class FramingError(SandboxError):
     """A framed result from the sandbox was missing, malformed, duplicated or failed its digest."""
+
+
+class CheckpointError(SandboxError):
+    """A checkpoint was refused (over ``checkpoint(max_bytes=)``, its sha256 differs) or could not be made or loaded."""
 
 
 class OpenSandboxError(KernelSandboxError):

@@ -9,7 +9,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
-from ..errors import NetworkDisabledError
+from ..errors import NetworkDisabledError, SandboxError
 from ..kernelspecs import DOCKER_SPEC, shipped_spec
 from ..metrics import CgroupProbe, MetricsUnavailable
 from ..execution.backend import Backend, LauncherRequest, given
@@ -55,6 +55,16 @@ class DockerBackend(Backend):
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(request({"close": reply["window"]}))
+
+    async def image(self, provisioner: Any) -> tuple[str, str]:
+        """The id of the kernel container's image, as the engine reports it, and the image option."""
+        from .containers import docker_client
+
+        container_id = getattr(provisioner, "container_id", None)
+        if not container_id:
+            raise SandboxError("the kernel has no container (it is not running)")
+        found = await asyncio.to_thread(docker_client().api.inspect_container, container_id)
+        return str(found["Image"]), provisioner.settings().image
 
     def probe(self, provisioner: Any) -> CgroupProbe:
         """The cgroup of the kernel's container, found through the engine's inspect data."""

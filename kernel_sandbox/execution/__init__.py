@@ -3,6 +3,7 @@
 from .. import _EXECUTION_API
 from ..errors import (  # noqa: F401 (re-exported: the names in __all__)
     CallTimeoutError,
+    CheckpointError,
     FramingError,
     NetworkDisabledError,
     PathError,
@@ -12,6 +13,7 @@ from ..errors import (  # noqa: F401 (re-exported: the names in __all__)
     UnsafePayloadError,
 )
 from ..results import Execution, ExecutionError, FileInfo, ToolResult  # noqa: F401
+from .checkpoint import Checkpoint  # noqa: F401
 from .decode import DecodeLimits  # noqa: F401
 from .pool import AsyncSandboxPool, SandboxPool  # noqa: F401
 from .sandbox import AsyncSandbox  # noqa: F401

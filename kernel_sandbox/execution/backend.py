@@ -65,6 +65,11 @@ class Backend:
         ``seconds``, and close it after, also on error, timeout or cancel; here: nothing to open."""
         return contextlib.nullcontext()
 
+    async def image(self, provisioner: Any) -> tuple[str, str]:
+        """``(id, name)`` of the image the running kernel was started from (checkpoints restore into it only)."""
+        settings = provisioner.settings()
+        return settings.image, settings.image
+
     def probe(self, provisioner: Any) -> CgroupProbe:
         """The host's reader of the running kernel's usage (:class:`MetricsUnavailable` where there is none)."""
         raise MetricsUnavailable(f"the {self.name} backend offers no usage figures read by the host")

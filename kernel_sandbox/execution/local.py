@@ -18,6 +18,10 @@ class LocalBackend(Backend):
     name = "local"
     sandboxed = False
 
+    async def image(self, provisioner: Any) -> tuple[str, str]:
+        """This host's Python, which runs the kernel."""
+        return f"local:{sys.executable} {sys.version.split()[0]}", "local"
+
     def kernel_spec(self, options: dict[str, Any]) -> KernelSpec:
         return KernelSpec(
             argv=[sys.executable, *IPYKERNEL_ARGV],

@@ -41,6 +41,7 @@ from ..kernelside.toolhost import STATE_NOT_KEPT
 from ..results import Execution, ExecutionError, FileInfo, KernelDied, ToolResult
 from .backend import DEFAULT_BACKEND, kernel_manager
 from .backend import backend as backend_named
+from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint, restore_into, take
 from .channel import CHUNK
 from .decode import DecodeLimits, allowed_map
 from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
@@ -74,7 +75,8 @@ class AsyncSandbox(KernelExchange):
     the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
     hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
     (decode values the data format cannot carry from pickles: off, see the README),
-    ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
+    ``output_policy`` (``strict``, the default, or ``trusted``), ``restore`` (a :class:`Checkpoint`
+    the new kernel loads at start: same image only); any other keyword goes to the
     backend's provisioner config. Docker and OpenSandbox options are checked here, before anything starts.
     """
 
@@ -97,9 +99,13 @@ class AsyncSandbox(KernelExchange):
         decode_limits: DecodeLimits | None = None,
         unsafe_pickle: bool = False,
         output_policy: str | None = None,
+        restore: Checkpoint | None = None,
         **backend_options: Any,
     ) -> None:
         self._backend = backend_named(backend)
+        if restore is not None and not isinstance(restore, Checkpoint):
+            raise ConfigError(f"restore must be a Checkpoint (Checkpoint.load(path) reads one), not {type(restore).__name__}")
+        self._restore = restore
         for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
@@ -179,6 +185,8 @@ class AsyncSandbox(KernelExchange):
             async with self._lock:
                 info = await self._open(time.monotonic() + self.start_timeout)
             self.work_dir = info["work"]
+            if self._restore is not None:
+                await restore_into(self, self._restore)
         except BaseException:
             await self.close()
             raise
@@ -196,6 +204,8 @@ class AsyncSandbox(KernelExchange):
         from ..reattach import attach, find
 
         sandbox = cls(backend, **options)
+        if sandbox._restore is not None:
+            raise ConfigError("attach() takes over a live kernel with its own state; restore= is for a new sandbox")
         if not sandbox._backend.sandboxed:
             raise ConfigError(f"backend {backend!r} runs no sandboxed kernel to re-attach to")
         record = find(kernel_id)
@@ -640,6 +650,17 @@ class AsyncSandbox(KernelExchange):
         except SandboxError as exc:
             return failed_skill("", str(exc))
         return skill_result(execution, files)
+
+    async def checkpoint(
+        self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None
+    ) -> Checkpoint:
+        """The kernel's state as a :class:`Checkpoint`, for ``AsyncSandbox(restore=...)`` in a new kernel.
+
+        The kernel pickles the names the user defined and packs the work directory's files; the host
+        keeps the blob unopened. Names that cannot be pickled are in ``not_saved`` with why. A blob
+        over ``max_bytes`` (1 GiB by default) is refused (:class:`CheckpointError`) before it is pulled.
+        """
+        return await take(self, max_bytes, timeout)
 
     async def reset(self) -> None:
         """Fresh interpreter and an empty work directory, for a pool's next user."""

@@ -14,6 +14,7 @@ from typing import IO, Any, TypeVar
 from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
 from .backend import DEFAULT_BACKEND
+from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint
 from .collector import Callback
 from .decode import DecodeLimits
 from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
@@ -71,6 +72,7 @@ class Sandbox:
         decode_limits: DecodeLimits | None = None,
         unsafe_pickle: bool = False,
         output_policy: str | None = None,
+        restore: Checkpoint | None = None,
         **backend_options: Any,
     ) -> None:
         self._async = AsyncSandbox(
@@ -78,7 +80,7 @@ class Sandbox:
             env=env, mounts=mounts, timeout=timeout, start_timeout=start_timeout,
             max_output_bytes=max_output_bytes, interrupt_grace=interrupt_grace,
             allowed_classes=allowed_classes, decode_limits=decode_limits,
-            unsafe_pickle=unsafe_pickle, output_policy=output_policy, **backend_options,
+            unsafe_pickle=unsafe_pickle, output_policy=output_policy, restore=restore, **backend_options,
         )
 
     @classmethod
@@ -149,6 +151,10 @@ class Sandbox:
     def restart(self) -> None:
         """See :meth:`AsyncSandbox.restart`."""
         LoopThread.run(self._async.restart())
+
+    def checkpoint(self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None) -> Checkpoint:
+        """See :meth:`AsyncSandbox.checkpoint`."""
+        return LoopThread.run(self._async.checkpoint(max_bytes=max_bytes, timeout=timeout))
 
     def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
         """See :meth:`AsyncSandbox.upload`."""

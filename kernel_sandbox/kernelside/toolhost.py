@@ -1,6 +1,6 @@
 """The kernel side of the execution API: tool calls, per-call environments, files, packages.
 
-The host installs this module (with ``dataformat`` and ``files``) once per kernel and calls
+The host installs this module (with ``dataformat``, ``files`` and ``checkpoint``) once per kernel and calls
 :func:`install`. Requests then arrive as comm messages on the channel :func:`install` opens
 (``docker``, ``local``), handled between cells without IPython's per-execute work, or as
 :func:`text_request` cells on transports without comms (the OpenSandbox relay).
@@ -39,10 +39,11 @@ import traceback
 import types
 
 try:  # inside the kernel, the host installed the siblings under these names
+    import _kernel_sandbox_checkpoint as checkpoint
     import _kernel_sandbox_dataformat as dataformat
     import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import dataformat
+    from kernel_sandbox.kernelside import checkpoint, dataformat
     from kernel_sandbox.kernelside import workfiles as files
 
 VERSION = 2
@@ -411,12 +412,29 @@ def _file(request, buffers):
     return {"ok": None}
 
 
+def _checkpoint(request, buffers):
+    """Checkpoints: ``save`` the state into a blob, move it (``read``/``write`` of a chunk, as the
+    file operations do, in the checkpoint area), ``load`` it, ``drop`` it."""
+    action = request["action"]
+    if action == "save":
+        return {"ok": checkpoint.save(_work())}
+    if action == "read":
+        total, data = files.read_chunk(checkpoint.area(), checkpoint.BLOB, request["offset"], request["size"])
+        return {"ok": [total, data]}
+    if action == "write":
+        return {"ok": files.write_chunk(checkpoint.area(), checkpoint.BLOB, request["offset"], buffers[0])}
+    if action == "load":
+        return {"ok": checkpoint.load(_work(), request["sha256"])}
+    checkpoint.drop()
+    return {"ok": None}
+
+
 def _ready(request, buffers):
     return {"ok": None}
 
 
 OPS = {"ready": _ready, "call": _call, "env": _env, "install": _install, "prepare": _prepare,
-       "write": _file, "read": _file, "list": _file, "snapshot": _file, "wipe": _file}
+       "write": _file, "read": _file, "list": _file, "snapshot": _file, "wipe": _file, "checkpoint": _checkpoint}
 
 
 def handle(request, buffers):

@@ -110,8 +110,8 @@ class ExecdRelay:
         if channel not in ("shell", "control"):
             return  # stdin: nothing here ever asks for input
         try:
-            header = json.loads(parts[0])
-            content = json.loads(parts[3])
+            header = json.loads(bytes(parts[0]))
+            content = json.loads(bytes(parts[3]))  # a large frame may arrive as a memoryview
             msg_type = header["msg_type"]
         except (ValueError, KeyError, TypeError, RecursionError):
             log.warning("dropped a %s message the relay cannot read", channel)
