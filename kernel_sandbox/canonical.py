@@ -14,7 +14,7 @@ type dropped. The policy then cleans the values of this canonical form.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jupyter_client.adapter import V4toV5
@@ -119,7 +119,7 @@ class _Record:
 
     __slots__ = ("fields", "required")
 
-    def __init__(self, fields: dict[str, Callable[[Any], Any]], required: tuple[str, ...] = ()) -> None:
+    def __init__(self, fields: Mapping[str, Callable[[Any], Any]], required: tuple[str, ...] = ()) -> None:
         self.fields = fields
         self.required = required
 
@@ -184,7 +184,8 @@ _PAYLOADS = {
 
 
 def _payload(value: Any) -> Any:
-    kind = _PAYLOADS.get(value.get("source")) if isinstance(value, dict) and isinstance(value.get("source"), str) else None
+    source = value.get("source") if isinstance(value, dict) else None
+    kind = _PAYLOADS.get(source) if isinstance(source, str) else None
     return _DROP if kind is None else kind(value)
 
 
@@ -242,7 +243,7 @@ CONTENTS: dict[str, Callable[[Any], Any]] = {
 """Each message type's content: its allowed keys, each of its JSON type (lists of strings joined).
 A :class:`_Record`'s ``fields`` are the keys its content may have."""
 
-_OUTPUTS = {
+_OUTPUTS: dict[str, Callable[[Any], Any]] = {
     "stream": CONTENTS["stream"],
     "display_data": _record(_BUNDLE, ("data",)),
     "execute_result": _record({**_BUNDLE, "execution_count": _int_or_none}, ("data",)),
@@ -253,7 +254,9 @@ _OUTPUTS = {
 def canonical_content(msg_type: str, content: Any) -> dict[str, Any] | None:
     """The content of a ``msg_type`` message rebuilt from its allowed keys, or None (unknown type, or unusable)."""
     shape = CONTENTS.get(msg_type)
-    out = _DROP if shape is None else shape(content)
+    if shape is None:
+        return None
+    out = shape(content)
     return None if out is _DROP else out
 
 

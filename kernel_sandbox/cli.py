@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from . import __version__
@@ -254,6 +255,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 0 if result.error is None else 1
 
 
+def _doc(command: Callable[[argparse.Namespace], int]) -> str:
+    """A command's docstring, the start of its ``--help`` description (empty under ``python -OO``)."""
+    return command.__doc__ or ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kernel-sandbox``."""
     parser = argparse.ArgumentParser(
@@ -267,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         "lab", help=cmd_lab.__doc__, allow_abbrev=False,
         usage="kernel-sandbox lab [-h] [--locked-down] [--image IMAGE] [--prefix PREFIX | --user] [--install-engine] "
         "[JUPYTERLAB ARGUMENTS ...]",
-        description=cmd_lab.__doc__ + (
+        description=_doc(cmd_lab) + (
             " JupyterLab listens on 127.0.0.1 with a token; the URL is printed once it is up. Arguments this command"
             " does not know go to JupyterLab (e.g. --port 9999 --no-browser --notebook-dir ~/work --allow-root)."
             " JupyterLab comes with the extra: pip install 'kernel-sandbox[lab]'."
@@ -283,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     setup = sub.add_parser(
         "setup", help=cmd_setup.__doc__, allow_abbrev=False,
-        description=cmd_setup.__doc__ + " A second run changes nothing and takes seconds. Each step it cannot do"
+        description=_doc(cmd_setup) + " A second run changes nothing and takes seconds. Each step it cannot do"
         " fails with the command to run instead.",
     )
     _add_setup_arguments(setup)
@@ -293,14 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
         "image", help="Build the kernel image (`image build`).", description="Manage the kernel image."
     )
     image_sub = image.add_subparsers(dest="image_command", required=True)
-    build = image_sub.add_parser("build", help=cmd_image_build.__doc__, description=cmd_image_build.__doc__ + (
+    build = image_sub.add_parser("build", help=cmd_image_build.__doc__, description=_doc(cmd_image_build) + (
         " Nothing in the build reaches a package index: the wheels are downloaded on the host first."))
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image tag (default {DEFAULT_IMAGE})")
     build.add_argument("--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)")
     build.add_argument("--rebuild-base", action="store_true", help="bootstrap the fallback base image again")
     build.set_defaults(func=cmd_image_build)
 
-    inst = sub.add_parser("install", help=cmd_install.__doc__, description=cmd_install.__doc__ + (
+    inst = sub.add_parser("install", help=cmd_install.__doc__, description=_doc(cmd_install) + (
         " Options set the sandbox of every kernel started from that kernelspec; install one per configuration."))
     inst.add_argument(
         "--kernel",
@@ -353,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps = sub.add_parser("ps", help=cmd_ps.__doc__, description=cmd_ps.__doc__)
     ps.set_defaults(func=cmd_ps)
 
-    watch = sub.add_parser("top", help=cmd_top.__doc__, description=cmd_top.__doc__ + (
+    watch = sub.add_parser("top", help=cmd_top.__doc__, description=_doc(cmd_top) + (
         " The figures are read by the host from each container's cgroup: memory (without inactive file cache)"
         " against the memory limit, CPU in percent of one core against the cpus limit, processes and threads"
         " against pids_limit, each tmpfs's use, and OOM kills so far."))
@@ -364,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(default: the first running one)")
     watch.set_defaults(func=cmd_top)
 
-    run = sub.add_parser("run", help=cmd_run.__doc__, description=cmd_run.__doc__ + (
+    run = sub.add_parser("run", help=cmd_run.__doc__, description=_doc(cmd_run) + (
         " The output goes to NAME.out.ipynb next to the notebook unless -o or --inplace says otherwise;"
         " it is written even when a cell fails."))
     run.add_argument("notebook", help="the notebook to run (.ipynb)")
@@ -380,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     run.set_defaults(func=cmd_run)
 
-    exe = sub.add_parser("exec", help=cmd_exec.__doc__, description=cmd_exec.__doc__ + (
+    exe = sub.add_parser("exec", help=cmd_exec.__doc__, description=_doc(cmd_exec) + (
         " Stdout goes to stdout; stderr and tracebacks to stderr; the exit code is 1 on an error."))
     exe.add_argument("code", metavar="CODE|FILE.py|-", help="Python code, a .py file, or - to read standard input")
     exe.add_argument("-k", "--kernel", default=DOCKER_SPEC, help=f"kernelspec to run it on (default {DOCKER_SPEC})")

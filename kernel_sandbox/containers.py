@@ -43,7 +43,7 @@ API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
 
 
-def docker_client(timeout: float = API_TIMEOUT, environment: Mapping[str, str] | None = None) -> docker.DockerClient:
+def docker_client(timeout: int = API_TIMEOUT, environment: Mapping[str, str] | None = None) -> docker.DockerClient:
     """Connect to the Docker engine named by ``environment`` (default: this process's; ``DOCKER_HOST``)."""
     try:
         client = docker.from_env(timeout=timeout, environment=environment)
@@ -332,7 +332,7 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
     for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         if everything or is_orphan(container):
             remove_container(container)
-            report.containers.append(container.name)
+            report.containers.append(container.name or container.short_id)
     for path in abandoned_dirs():
         shutil.rmtree(path, ignore_errors=True)
         report.private_dirs.append(str(path))

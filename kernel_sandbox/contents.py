@@ -137,7 +137,8 @@ class RootConfinedCheckpoints(RootConfined, AsyncFileCheckpoints):
         return self._confined(super().checkpoint_path(checkpoint_id, path))
 
 
-class RootConfinedFileManager(RootConfined, AsyncLargeFileManager):
+# (ignored: jupyter_server's own bases disagree on resolve_path, one sync and one async)
+class RootConfinedFileManager(RootConfined, AsyncLargeFileManager):  # type: ignore[misc]
     """JupyterLab's default contents manager, refusing every path that resolves outside its root directory.
 
     Through /api/contents (read, save, rename, copy, checkpoints), /files/ and downloads (served

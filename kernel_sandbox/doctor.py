@@ -49,11 +49,11 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     )
     try:
         client = docker_client()
+        version = client.version().get("Version", "?")
     except EngineUnavailable as exc:
         checks.append(Check("docker engine", False, str(exc).split(". Start")[0], engine_fix(exc)))
         client = None
     else:
-        version = client.version().get("Version", "?")
         checks.append(Check("docker engine", True, f"reachable, version {version}"))
     if client is not None:
         try:

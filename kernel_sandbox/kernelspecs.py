@@ -82,7 +82,7 @@ def provisioner_settings(
     )
 
 
-class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
+class SandboxKernelSpecManager(KernelSpecManager):
     """A KernelSpecManager that also knows the kernelspecs shipped with kernel-sandbox.
 
     In-memory ``specs`` (the execution API's, built per sandbox) come first, then installed

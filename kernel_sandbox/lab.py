@@ -281,7 +281,7 @@ def _writable_through_contents(path: str, root: str) -> bool:
     return not is_hidden(real_path, real_root)
 
 
-LOCKED_DOWN = {
+LOCKED_DOWN: dict[str, Any] = {
     "ServerApp.terminals_enabled": False,
     "ServerApp.kernel_spec_manager_class": f"{__name__}.SandboxedKernelSpecManager",
     "ServerApp.allow_external_kernels": False,

@@ -236,6 +236,7 @@ async def async_run_notebook(
         if km.has_kernel:
             await km.shutdown_kernel(now=True)
     spec = km.kernel_spec
+    assert spec is not None  # the kernel started from it
     nb.metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
     out = Path(output) if output is not None else default_output_path(path)
     nbformat.write(nb, str(out))

@@ -278,7 +278,7 @@ for _tag in _SVG_TAGS:
     _HTML_ATTRIBUTES.setdefault(_tag, set()).update(_INLINE_SVG_ATTRIBUTES)
 # Classes: only pandas' own, never JupyterLab's (which could dress an output up as the app's UI).
 _CLASSES = {tag: {"dataframe"} for tag in ("table",)}
-_COMMON = dict(
+_COMMON: dict[str, Any] = dict(
     clean_content_tags={"script", "style"},
     url_schemes={"http", "https", "mailto", "data"},
     attribute_filter=_attribute_filter,
@@ -645,7 +645,7 @@ class OutputPolicy:
 
     def _error(self, content: dict[str, Any]) -> dict[str, Any]:
         """Error fields (of a canonical content) with their script links defused."""
-        fields = {k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if k in content}
+        fields: dict[str, Any] = {k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if k in content}
         if "traceback" in content:
             fields["traceback"] = [_defuse_autolinks(line) for line in content["traceback"]]
         return {**content, **fields} if fields else content
@@ -724,7 +724,7 @@ class OutputPolicy:
                 return content
             return self._widget_open(content, content["data"])
         # comm_msg
-        record = self._comms.get(comm_id)  # type: ignore[arg-type]
+        record = self._comms.get(comm_id)
         if record is not None and (record.refused or not record.widget):
             return None if record.refused else content
         if not isinstance(data, dict):

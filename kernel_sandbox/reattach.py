@@ -220,7 +220,9 @@ def take(km: AsyncKernelManager, record: Record) -> None:
     km.kernel_id = record.kernel_id
     km.provisioner = provisioner
     km.load_connection_info(info["connection_info"])
-    km._launch_args = {"env": {**os.environ, **record.env}, **({"cwd": record.cwd} if record.cwd else {})}
+    # typed here: jupyter_client annotates _launch_args as Dict[str, traitlets.Any] (the trait class)
+    launch_args: dict[str, Any] = {"env": {**os.environ, **record.env}, **({"cwd": record.cwd} if record.cwd else {})}
+    km._launch_args = launch_args
     km._attempted_start = True  # as after start_kernel: a shutdown or restart makes a fresh `ready`
     km._ready = _get_future()
     km._ready.set_result(None)

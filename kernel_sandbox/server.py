@@ -15,7 +15,6 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from jupyter_server.services.sessions.sessionmanager import SessionManager
-from jupyter_server.utils import ensure_async
 from tornado.ioloop import IOLoop
 from traitlets import Bool, default
 
@@ -23,7 +22,7 @@ from .errors import KernelLaunchError
 from .reattach import Record, records, session_database, take
 
 
-class ReattachingSessionManager(SessionManager):  # type: ignore[misc]
+class ReattachingSessionManager(SessionManager):
     """A SessionManager whose notebook sessions outlive the server (a database in the user's private root).
 
     Sessions whose kernel did not come back are pruned by jupyter_server itself when listed.
@@ -31,11 +30,11 @@ class ReattachingSessionManager(SessionManager):  # type: ignore[misc]
 
     @default("database_filepath")
     def _private_database(self) -> str:
-        runtime_dir = getattr(self.parent, "runtime_dir", None) or getattr(self.kernel_manager, "connection_dir", "")
+        runtime_dir = getattr(self.parent, "runtime_dir", "") or getattr(self.kernel_manager, "connection_dir", "")
         return session_database(runtime_dir)
 
 
-class ReattachingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
+class ReattachingKernelManager(AsyncMappingKernelManager):
     """A server's kernel manager that re-attaches, at start, the sandboxed kernels its runtime directory had.
 
     Records of another runtime directory, held by another owner, or refused (see the module) are
@@ -117,6 +116,7 @@ class ReattachingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
                     self.stop_watching_activity(kernel_id)
                     self._kernels.pop(kernel_id)
                     self.log.info("kernel-sandbox: left kernel %s running for the next server", kernel_id)
-        await ensure_async(super()._async_shutdown_all(now=now))
+        await super()._async_shutdown_all(now=now)
 
-    shutdown_all = _async_shutdown_all
+    # async, as AsyncMultiKernelManager's own (which has the same ignore)
+    shutdown_all = _async_shutdown_all  # type: ignore[assignment]

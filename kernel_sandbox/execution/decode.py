@@ -616,9 +616,10 @@ def rebuild(cls: type, fields: dict[str, Any]) -> Any:
     a field may not be named like a special attribute, nor shadow a method or other
     descriptor of the class (``is_admin`` cannot replace ``is_admin()``).
     """
-    if callable(getattr(cls, "model_validate", None)) and hasattr(cls, "__pydantic_fields__"):
+    validate = getattr(cls, "model_validate", None)
+    if callable(validate) and hasattr(cls, "__pydantic_fields__"):
         try:
-            return cls.model_validate(fields)
+            return validate(fields)
         except (ValueError, TypeError) as exc:
             raise _malformed(f"{class_name(cls)} refused the data: {str(exc)[:500]}") from None
     if any(name.startswith("__") and name.endswith("__") for name in fields):

@@ -507,7 +507,8 @@ class AsyncSandbox:
                 raise FramingError("The kernel-sandbox helper started but opened no channel.")
             self._channel, info = collector.opened
         else:
-            found = parse_text_frame(collector.text_answer, collector.marker) if collector.text_answer else None
+            text, marker = collector.text_answer, collector.marker
+            found = parse_text_frame(text, marker) if text and marker else None
             if found is None:
                 raise FramingError("The kernel-sandbox helper started but sent no answer.")
             info = found[0]

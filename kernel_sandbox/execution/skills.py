@@ -25,7 +25,7 @@ def file_entry(path: str, content: bytes) -> dict[str, str]:
 
 def figure_files(results: list[dict[str, Any]]) -> list[dict[str, str]]:
     """The images among displayed results, as files ``figure_1.png``, ``figure_2.svg``..."""
-    files = []
+    files: list[dict[str, str]] = []
     for bundle in results:
         for mime, ext in IMAGE_TYPES.items():
             if mime in bundle:

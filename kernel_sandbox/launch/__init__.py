@@ -207,14 +207,14 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     try:
         front.attach(link)
         started = asyncio.ensure_future(link.start(front))
-        await asyncio.wait([started, stop], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((started, stop), return_when=asyncio.FIRST_COMPLETED)
         if started.done():
             started.result()
             front.kernel_ready()
             _report_ready(status_fd)
             status_fd = None  # closed: its number may be reused by now
             ended = asyncio.ensure_future(link.ended())
-            await asyncio.wait([ended, stop], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((ended, stop), return_when=asyncio.FIRST_COMPLETED)
             status = ended.result() if ended.done() else ExitStatus(0, stop.result())
         else:
             started.cancel()

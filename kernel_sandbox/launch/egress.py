@@ -396,20 +396,21 @@ class Egress:
         """
         name = f"{host}:{port}"
         grants: list[tuple[Destination, Window | None]] = [(d, None) for d in self.allowed if d.matches(host, port)]
-        for window in self.windows.values():
-            grants += [(d, window) for d in window.destinations if d.matches(host, port)]
+        for open_window in self.windows.values():
+            grants += [(d, open_window) for d in open_window.destinations if d.matches(host, port)]
         if not grants:
-            why = "the kernel's network is off" if not self.allowed else "it is not on the kernel's network list"
-            raise Refusal(403, f"kernel-sandbox refused {name}: {why}{self.hint(host, port)}", name)
+            reason = "the kernel's network is off" if not self.allowed else "it is not on the kernel's network list"
+            raise Refusal(403, f"kernel-sandbox refused {name}: {reason}{self.hint(host, port)}", name)
         literal = literal_address(host)
         if literal is not None:
             return str(literal), grants[0][1]
         try:
             answers = await asyncio.wait_for(self.resolve(host, port), CONNECT_TIMEOUT)
-            addresses = [literal_address(answer) for answer in answers]
+            found = [literal_address(answer) for answer in answers]
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
             raise Refusal(502, f"kernel-sandbox: {host} could not be resolved on the host ({exc})", name) from None
-        if not addresses or None in addresses:
+        addresses = [address for address in found if address is not None]
+        if not addresses or len(addresses) < len(found):
             raise Refusal(502, f"kernel-sandbox: {host} did not resolve to an address", name)
         for destination, window in grants:
             bad = [(a, why) for a in addresses if (why := refused_address(a, self.own)) and not destination.permits(a)]

@@ -129,9 +129,9 @@ class RelayStream(asyncio.Protocol):
                 return
             reader = asyncio.StreamReader(limit=HEAD_LIMIT)
             protocol = asyncio.StreamReaderProtocol(reader)
-            connection = self.connections[ident] = _Connection(self, ident, protocol)
-            protocol.connection_made(connection)
-            writer = asyncio.StreamWriter(connection, protocol, reader, asyncio.get_running_loop())
+            opened = self.connections[ident] = _Connection(self, ident, protocol)
+            protocol.connection_made(opened)
+            writer = asyncio.StreamWriter(opened, protocol, reader, asyncio.get_running_loop())
             asyncio.ensure_future(self.egress.client(reader, writer))
             return
         connection = self.connections.get(ident)

@@ -184,7 +184,7 @@ class ExecdRelay:
 
     def _complete(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
         cursor = content.get("cursor_pos") if isinstance(content.get("cursor_pos"), int) else 0
-        reply = {"status": "ok", "matches": [], "cursor_start": cursor, "cursor_end": cursor, "metadata": {}}
+        reply: dict[str, Any] = {"status": "ok", "matches": [], "cursor_start": cursor, "cursor_end": cursor, "metadata": {}}
         self._reply(channel, idents, parent, "complete_reply", reply)
 
     def _comm_open(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:

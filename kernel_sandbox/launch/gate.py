@@ -35,7 +35,7 @@ import socket
 import struct
 import threading
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from ..errors import KernelLaunchError
 from .journal import note
@@ -115,9 +115,9 @@ def _table_address(family: int, packed: bytes, port: int) -> str:
 
 def table_owner(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
     """:func:`diag_owner` read from ``/proc/net/tcp{,6}`` (the row matched by both ends), for kernels without sock_diag."""
-    family, *mine = _endpoint(local)
-    _, *theirs = _endpoint(remote)
-    wanted = (_table_address(family, *mine), _table_address(family, *theirs))
+    family, mine, my_port = _endpoint(local)
+    _, theirs, their_port = _endpoint(remote)
+    wanted = (_table_address(family, mine, my_port), _table_address(family, theirs, their_port))
     table = "/proc/net/tcp6" if family == socket.AF_INET6 else "/proc/net/tcp"
     with open(table) as rows:
         next(rows)
@@ -343,7 +343,7 @@ class TcpGate:
         self.ipc_path = ipc_path
         self.uid = os.geteuid()
         self.admitted: collections.Counter[int] = collections.Counter()
-        self._work: set[asyncio.Future[object]] = set()
+        self._work: set[asyncio.Future[Any]] = set()
         self._loop = asyncio.get_running_loop()
         host = "0.0.0.0" if ip in ("*", "") else ip
         try:
@@ -354,7 +354,7 @@ class TcpGate:
         self._sock.setblocking(False)
         _the_doorkeeper().watch(self._sock, self)
 
-    def track(self, work: asyncio.Future[object]) -> None:
+    def track(self, work: asyncio.Future[Any]) -> None:
         """Keep ``work`` (a join) until it is done; :meth:`close` cancels what is left."""
         self._work.add(work)
         work.add_done_callback(self._work.discard)
@@ -378,7 +378,7 @@ class TcpGate:
             serving.add_done_callback(lambda done: self._never_opened(done, conn, uid))
             self.track(serving)
 
-    def _never_opened(self, serving: asyncio.Future[object], conn: socket.socket, uid: int) -> None:
+    def _never_opened(self, serving: asyncio.Future[Any], conn: socket.socket, uid: int) -> None:
         if serving.cancelled() or serving.exception() is not None:
             self.admitted[uid] -= 1
             conn.close()

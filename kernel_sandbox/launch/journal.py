@@ -48,7 +48,7 @@ class _Kind:
     more: int = 0
 
 
-class Journal(logging.StreamHandler):  # type: ignore[type-arg]
+class Journal(logging.StreamHandler):
     """A log handler that writes repeated events once per interval, within a budget, escaped."""
 
     def __init__(self, stream: IO[str], interval: float = INTERVAL, budget: int = BUDGET) -> None:

@@ -213,7 +213,7 @@ class WebsocketBridge:
         if channel == "stdin":
             idents = self._routes.get(parent_id) or self._last.get("stdin") or self._last.get("shell", [])
         else:
-            idents = self._routes.pop(parent_id, None) or self._last.get(channel, [])
+            idents = self._routes.pop(parent_id, []) or self._last.get(channel, [])
         if msg_type == "execute_reply" and b'"error"' in parts[3]:
             parts = self._short_reply(parts)
         self.front.from_kernel(channel, idents, parts)

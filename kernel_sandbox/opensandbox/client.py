@@ -21,6 +21,7 @@ import copy
 import email.utils
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -1197,7 +1198,7 @@ async def run_once(
                 await asyncio.shield(client.delete(sandbox.id))
             except Exception as cleanup:  # noqa: BLE001
                 log.error("deleting sandbox %s after a failed run failed too: %s", sandbox.id, cleanup)
-                with contextlib.suppress(AttributeError):
+                if sys.version_info >= (3, 11):  # add_note is new in 3.11
                     exc.add_note(f"deleting sandbox {sandbox.id} failed as well: {cleanup}")
             raise
         try:

@@ -209,7 +209,8 @@ class JupyterServer(HTTPClientBase):
             raise OpenSandboxConnectionError(f"websocket {url} was refused: {exc.code} {exc.message}") from exc
         except (OSError, tornado.websocket.WebSocketError) as exc:
             raise OpenSandboxConnectionError(f"websocket {url} failed: {type(exc).__name__}: {exc}") from exc
-        connection.protocol.set_nodelay(True)  # a message right behind another must not wait for a delayed ACK
+        if connection.protocol is not None:  # a message right behind another must not wait for a delayed ACK
+            connection.protocol.set_nodelay(True)
         socket._attach(connection)
         return socket
 

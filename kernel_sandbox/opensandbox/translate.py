@@ -250,7 +250,7 @@ class CellRelay:
             self._abort(asyncio.CancelledError())
             if hasattr(events, "aclose"):
                 try:
-                    await events.aclose()  # type: ignore[attr-defined]
+                    await events.aclose()
                 except Exception:  # noqa: BLE001,S110 (the stream's own cleanup must not cost the reply)
                     pass
         return translator.reply(failure)

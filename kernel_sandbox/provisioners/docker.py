@@ -49,6 +49,7 @@ class DockerProvisioner(LaunchedProvisioner):
 
     backend = DOCKER_PROVISIONER
     settings_model = DockerSettings
+    launch_timeout: float  # the trait made from the model's option (LaunchedProvisioner.__init_subclass__)
 
     def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
         """The mounts' host paths must exist, and ``mount_cwd`` mount only a folder the server serves."""

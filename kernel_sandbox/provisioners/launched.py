@@ -55,7 +55,7 @@ from .standby import POOL, Recipe, Standby
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
 
 
-class _Option(AnyTrait):  # type: ignore[misc]
+class _Option(AnyTrait):
     """A trait of any value whose default is a fresh copy for every provisioner (dicts, lists)."""
 
     default_value = Undefined
@@ -80,7 +80,7 @@ def _option_trait(option: dataclasses.Field[Any]) -> TraitType[Any, Any]:
     return _Option(metadata["default"], metadata["help"])
 
 
-class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
+class LaunchedProvisioner(LocalProvisioner):
     """Run the launcher for a kernelspec of ``backend`` (see the module docstring)."""
 
     backend: ClassVar[str]
@@ -168,12 +168,14 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.prepare(settings, cwd)
         kwargs = await KernelProvisionerBase.pre_launch(self, **kwargs)
         km = self.parent
+        assert km is not None  # jupyter_client's kernel manager makes itself its provisioner's parent
         self.exit_reason = self._exit_code = None
         self._stopping = False
         self._recipe = await self._standby_recipe(settings, kernel_env, kwargs["env"], cwd)
         if self.private is None and self._recipe is not None:  # a restart keeps its addresses: cold
             self._adopting = await self._take_standby(self._recipe, kernel_env.get("JPY_SESSION_NAME"))
             if self._adopting is not None:
+                assert self._adopting.process is not None  # a standby is taken once its launcher runs
                 self._reserve(self._adopting.take_reservation())
                 km.cleanup_connection_file()
                 return {**kwargs, "cmd": self._adopting.process.args}
@@ -241,6 +243,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             if code < 0:  # killed: it could not remove its container or sandbox itself
                 await self.remove_leftover({**self.launcher_state, "pid": self.pid})
             await self._forget()
+            assert self.parent is not None
             self.parent.cleanup_connection_file()
             raise _launch_error(recorded, reason)
         self._refill()
@@ -262,8 +265,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def _write_record(self) -> None:
         """Leave in the private directory what a later owner needs to re-attach (:mod:`kernel_sandbox.reattach`)."""
-        assert self.private is not None
         km = self.parent
+        assert self.private is not None and km is not None
         self.private.write_json(RECORD, {
             "kernel_id": self.kernel_id,
             "kernel_name": getattr(km, "kernel_name", ""),
@@ -451,7 +454,7 @@ _NAMINGS: set[asyncio.Task[None]] = set()
 """Session namings waiting for their reply (the reference keeps each task alive)."""
 
 
-def _name_session(info: dict[str, Any], name: str, timeout: float, log: Any) -> None:
+def _name_session(info: KernelConnectionInfo, name: str, timeout: float, log: Any) -> None:
     """Give an adopted kernel the client's ``JPY_SESSION_NAME`` (a cold one has it from its environment).
 
     One silent execute that stores no history: ``__session__`` as ipykernel sets it, and the variable.

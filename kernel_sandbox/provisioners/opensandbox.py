@@ -28,6 +28,7 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
 
     backend = OPENSANDBOX_PROVISIONER
     settings_model = OpenSandboxSettings
+    ready_timeout: float  # the trait made from the model's option (LaunchedProvisioner.__init_subclass__)
 
     @property
     def sandbox_id(self) -> str | None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.connect import write_connection_file
+from jupyter_client.connect import KernelConnectionInfo, write_connection_file
 from jupyter_client.session import new_id_bytes
 
 from ..containers import LABEL_KERNEL_ID, LABEL_PRIVATE_DIR
@@ -130,7 +130,7 @@ class Standby:
         self.kernel_id = STANDBY_ID_PREFIX + uuid.uuid4().hex
         self.private: PrivateDir | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self.connection_info: dict[str, Any] = {}
+        self.connection_info: KernelConnectionInfo = {}
         self.error: str | None = None
         self.started: concurrent.futures.Future[bool] = concurrent.futures.Future()
         """True once the kernel answers; False when it could not start (``error`` says why)."""
@@ -169,7 +169,8 @@ class Standby:
                 str(private / CONNECTION_FILE), transport="ipc", ip=str(private / "k"), key=new_id_bytes()
             )
             info.pop("kernel_name", None)
-            self.connection_info = {**info, "key": info["key"].encode()}
+            # as get_connection_info() gives it (bytes), though jupyter_client's TypedDict says str
+            self.connection_info = {**info, "key": info["key"].encode()}  # type: ignore[typeddict-item]
             config = write_launcher_config(
                 private, recipe.backend, recipe.settings, self.kernel_id, recipe.kernel_env, recipe.cwd
             )
@@ -319,8 +320,9 @@ class StandbyPool:
             if self._closed:
                 return
             standbys = self._families.pop(recipe.family, [])
-            self._families[recipe.family] = kept = []
-            stale = []
+            kept: list[Standby] = []
+            self._families[recipe.family] = kept
+            stale: list[Standby] = []
             for standby in standbys:
                 fine = standby.recipe.image == recipe.image and (not standby.started.done() or standby.alive())
                 (kept if fine and len(kept) < recipe.count else stale).append(standby)
