@@ -706,7 +706,7 @@ class OutputPolicy:
 
     # -- widgets ----------------------------------------------------------------------------------
 
-    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
+    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:  # noqa: C901
         comm_id = content.get("comm_id")
         data = content.get("data")
         if not isinstance(comm_id, str):

@@ -78,7 +78,7 @@ class Collector:
         self.answers += 1
         return self.answers == 1
 
-    async def handle(self, msg: dict[str, Any]) -> None:
+    async def handle(self, msg: dict[str, Any]) -> None:  # noqa: C901
         """Take one IOPub message of the request."""
         kind, content = msg["msg_type"], msg["content"]
         if not isinstance(content, dict):

@@ -608,6 +608,19 @@ def _class_attribute(cls: type, name: str) -> Any:
     return _MISSING
 
 
+def _check_declared(cls: type, fields: dict[str, Any]) -> None:
+    """Refuse, for a dataclass or attrs class, fields it does not declare and missing ones it needs."""
+    declared = _declared_fields(cls)
+    if declared is None:
+        return
+    unknown = sorted(set(fields) - set(declared))
+    missing = sorted(name for name, has_default in declared.items() if name not in fields and not has_default)
+    if unknown or missing:
+        what = (f"fields it does not declare ({', '.join(n[:40] for n in unknown[:5])})" if unknown
+                else f"no value for its fields {', '.join(missing[:5])}")
+        raise _malformed(f"a {class_name(cls)} with {what}")
+
+
 def rebuild(cls: type, fields: dict[str, Any]) -> Any:
     """A new ``cls`` instance holding ``fields``, made without running the class's own code.
 
@@ -626,16 +639,9 @@ def rebuild(cls: type, fields: dict[str, Any]) -> Any:
         raise _malformed(f"a {class_name(cls)} with a field named like a special attribute")
     if _is_enum(cls):
         raise _malformed(f"a {class_name(cls)} built field by field is not one of its members")
-    declared = _declared_fields(cls)
-    if declared is not None:
-        unknown = sorted(set(fields) - set(declared))
-        missing = sorted(name for name, has_default in declared.items() if name not in fields and not has_default)
-        if unknown or missing:
-            what = (f"fields it does not declare ({', '.join(n[:40] for n in unknown[:5])})" if unknown
-                    else f"no value for its fields {', '.join(missing[:5])}")
-            raise _malformed(f"a {class_name(cls)} with {what}")
+    _check_declared(cls, fields)
     try:
-        instance = object.__new__(cls)
+        instance: object = object.__new__(cls)
     except TypeError:
         raise UnsafePayloadError(
             f"Cannot rebuild a {class_name(cls)} from data: it is not a plain class "

@@ -549,7 +549,7 @@ class AsyncSandbox:
             raise FramingError("The answer did not come as the value of the request's cell.")
         return parse_text_frame(collector.text_answer, collector.marker or "")
 
-    async def _request(
+    async def _request(  # noqa: C901
         self,
         request: dict[str, Any],
         buffers: Sequence[Any] = (),

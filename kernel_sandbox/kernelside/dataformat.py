@@ -111,7 +111,7 @@ class _Encoder:
             return {TAG: tag, "b": self.buffer(bytes(data))}
         return {TAG: tag, "v": base64.b64encode(data).decode("ascii")}
 
-    def walk(self, value, depth):
+    def walk(self, value, depth):  # noqa: C901
         kind = type(value)
         if kind in _SCALARS:
             if kind is str and self.out_of_band is not None and len(value) > self.out_of_band // 4:

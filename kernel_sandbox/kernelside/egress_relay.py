@@ -55,7 +55,7 @@ def listen(port):
     return sock
 
 
-def serve(listener):
+def serve(listener):  # noqa: C901
     """Relay until the launcher's stream ends."""
     clients = {}
     reading = set()

@@ -158,7 +158,7 @@ def _restore_send_path(saved):
             setattr(session, name, value)
 
 
-def restore():
+def restore():  # noqa: C901
     """Put back what :func:`_capture` saved at install, and re-attach this channel."""
     saved = _state.originals
     if not saved:

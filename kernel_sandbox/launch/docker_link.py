@@ -341,7 +341,7 @@ def _container_netns(container: Any) -> int | None:
     return fd
 
 
-def _connect_in_netns(
+def _connect_in_netns(  # noqa: C901
     netns: int, port: int, wait_seconds: float, cancel: threading.Event
 ) -> asyncio.Future[socket.socket]:
     """A TCP connection to ``port`` on the container's own loopback, made from inside its namespace.
@@ -906,7 +906,7 @@ class DockerLink:
         except docker.errors.APIError as exc:
             log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: C901
         """Close every stream, end the kernel and remove its container."""
         if self._stopping:
             return

@@ -236,7 +236,7 @@ class Request:
     head: bytes = b""
 
 
-def parse_head(raw: bytes) -> Request:
+def parse_head(raw: bytes) -> Request:  # noqa: C901
     """Parse a request head (ending in CRLF CRLF), strictly: one request, CRLF lines, tokens only."""
     if b"\0" in raw:
         raise Refusal(400, "kernel-sandbox proxy: NUL in the request head")

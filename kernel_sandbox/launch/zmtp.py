@@ -189,7 +189,7 @@ class ZmtpPeer:
             self.buffer_updated(count)
             view = view[count:]
 
-    def _parse(self) -> None:
+    def _parse(self) -> None:  # noqa: C901
         view = self._view
         while self._large is None:
             start, available = self._start, self._end - self._start

@@ -167,7 +167,7 @@ def _volume_field(where: str, key: str, item: Any, volumes: Any) -> None:
         raise _refuse(where, volumes, "ossfs.bucket must have 3 to 63 characters")
 
 
-def _volumes(name: str, value: Any) -> tuple[dict[str, Any], ...]:
+def _volumes(name: str, value: Any) -> tuple[dict[str, Any], ...]:  # noqa: C901
     """Storage mounts as server 1.1.1 takes them: a list of ``{name, host|pvc|ossfs, mountPath, readOnly?, subPath?}``."""
     if isinstance(value, Mapping) or not isinstance(value, (list, tuple)):
         raise _refuse(name, value, "must be a list of volumes, e.g. [{'name': 'data', 'pvc': {'claimName': 'data'}, 'mountPath': '/data'}]")

@@ -198,7 +198,7 @@ class CellRelay:
             return True, exc
         return item.terminal, None
 
-    async def run(
+    async def run(  # noqa: C901
         self, events: AsyncIterator[Event], on_reply: Callable[[dict[str, Any]], None] | None = None
     ) -> dict[str, Any]:
         """Relay ``events`` and return the ``execute_reply`` content.
