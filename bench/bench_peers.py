@@ -51,9 +51,9 @@ from bench_execution import agent_tool
 from bench_relay import execute
 from peer_per_call import per_call_interpreter
 from report import Measure, Row, unavailable
-from kernel_sandbox.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE
 from kernel_sandbox.execution import AsyncSandbox
-from kernel_sandbox.execution.backends import kernel_manager, kernel_spec
+from kernel_sandbox.execution.backend import kernel_manager, kernel_spec
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install, started_client
 
 HERE = Path(__file__).resolve().parent
@@ -140,7 +140,7 @@ async def first_kernel_info(kc: AsyncKernelClient, alive: Callable[[], Awaitable
 
 def standby_supported() -> bool:
     """Whether the Docker provisioner has the ``standby`` option of issue 13 item 1."""
-    from kernel_sandbox.provisioners.docker import DockerProvisioner
+    from kernel_sandbox.docker.provisioner import DockerProvisioner
 
     return "standby" in DockerProvisioner.class_trait_names(config=True)
 

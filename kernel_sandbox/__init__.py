@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # the modules that moved into the backends' wings, at their old paths for one release
 
 _EXECUTION_API = (
     "AsyncSandbox",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .containers import DEFAULT_IMAGE, docker_client, gc
+from .docker.containers import DEFAULT_IMAGE, docker_client, gc
 from .controls import SafeWriter, escape_controls
 from .egress import PYPI, package_index
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
@@ -114,7 +114,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 def cmd_image_build(args: argparse.Namespace) -> int:
     """Build the kernel image."""
-    from .image import build_image
+    from .docker.image import build_image
 
     tag = build_image(tag=args.tag, base_image=args.base_image, rebuild_base=args.rebuild_base)
     print(f"Built {tag}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from .containers import (
+from .docker.containers import (
     DEFAULT_IMAGE,
     OURS,
     EngineUnavailable,
@@ -14,7 +14,9 @@ from .containers import (
     is_orphan,
     require_image,
 )
-from .kernelspecs import DOCKER_SPEC, SANDBOX_PROVISIONERS, installed
+from .backends import GROUP, provisioner_names
+from .errors import KernelLaunchError
+from .kernelspecs import DOCKER_SPEC, installed
 from .privdir import abandoned_dirs
 
 RUNSC_ARGS = ["--network=none"]
@@ -38,7 +40,11 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     """Check the provisioners, the Docker engine, the kernel image, leftovers and kernelspecs."""
     checks = []
     names = {ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")}
-    missing = SANDBOX_PROVISIONERS - names
+    try:
+        wanted = provisioner_names()
+    except KernelLaunchError:
+        wanted = {f"the {GROUP} entry points"}
+    missing = wanted - names
     checks.append(
         Check(
             "provisioners",

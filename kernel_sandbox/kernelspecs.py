@@ -1,7 +1,8 @@
 """Kernelspecs: the shipped ones, installing them, finding them, and starting a kernel from one.
 
-The one home of the provisioner names, of the kernelspec manager that falls back to the
-shipped kernelspecs, and of :func:`started_client` (start, wait until ready, stop).
+The one home of the provisioner names (which backend answers to each: :mod:`.backends`), of the
+kernelspec manager that falls back to the shipped kernelspecs, and of :func:`started_client`
+(start, wait until ready, stop).
 """
 
 from __future__ import annotations
@@ -14,26 +15,23 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any
 
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
+from . import backends
+from .backends import provisioner_settings
 from .errors import ConfigError, KernelLaunchError
 from .resources import data_path
-from .settings import DockerSettings
-
-if TYPE_CHECKING:
-    from .opensandbox.settings import OpenSandboxSettings
 
 DOCKER_SPEC = "sandboxed-python"
 OPENSANDBOX_SPEC = "sandboxed-python-opensandbox"
 DOCKER_PROVISIONER = "kernel-sandbox-docker"
 OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
-SANDBOX_PROVISIONERS = frozenset({DOCKER_PROVISIONER, OPENSANDBOX_PROVISIONER})
-"""The provisioners (entry points) that make a kernelspec sandboxed."""
+"""The provisioners' entry-point names, which kernelspecs select (never renamed)."""
 PYTHON_PLACEHOLDER = "{kernel_sandbox_python}"
 SPEC_DIR_PLACEHOLDER = "{kernel_sandbox_spec_dir}"
 """The shipped kernel.json files name the launcher with these; ``install`` writes absolute paths.
@@ -63,23 +61,8 @@ def is_sandboxed(spec: KernelSpec) -> bool:
 def _selects_sandbox(metadata: Any) -> bool:
     """True when a kernelspec's ``metadata`` (as read, of any shape) names a kernel-sandbox provisioner."""
     provisioner = metadata.get("kernel_provisioner") if isinstance(metadata, dict) else None
-    return isinstance(provisioner, dict) and provisioner.get("provisioner_name") in SANDBOX_PROVISIONERS
+    return isinstance(provisioner, dict) and backends.by_provisioner(provisioner.get("provisioner_name")) is not None
 
-
-def provisioner_settings(
-    provisioner_name: Any, config: Any
-) -> Union[DockerSettings, "OpenSandboxSettings"]:
-    """The checked settings of a kernelspec's provisioner config (ConfigError naming a bad option)."""
-    if provisioner_name == DOCKER_PROVISIONER:
-        return DockerSettings.from_config(config)
-    if provisioner_name == OPENSANDBOX_PROVISIONER:
-        from .opensandbox.settings import OpenSandboxSettings
-
-        return OpenSandboxSettings.from_config(config)
-    raise KernelLaunchError(
-        f"the kernelspec selects the provisioner {provisioner_name!r}, which kernel-sandbox does not know; "
-        f"use {DOCKER_PROVISIONER} or {OPENSANDBOX_PROVISIONER}"
-    )
 
 
 class SandboxKernelSpecManager(KernelSpecManager):

@@ -27,7 +27,7 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_core.paths import is_hidden, jupyter_config_path, jupyter_data_dir, jupyter_path
 from traitlets import default
 
-from .containers import DEFAULT_IMAGE, has_image
+from .docker.containers import DEFAULT_IMAGE, has_image
 from .doctor import Check, engine_fix, image_fix
 from .errors import EngineUnavailable, SetupError
 from .kernelspecs import DOCKER_SPEC, install, is_sandboxed
@@ -88,7 +88,7 @@ def _fail(check: Check) -> SetupError:
 
 
 def _engine_step(install_engine: bool, progress: Progress) -> Check:
-    from .engine import ensure_engine
+    from .docker.engine import ensure_engine
 
     try:
         client = ensure_engine(install_engine, lambda text: progress(f"       {text}"))
@@ -98,9 +98,9 @@ def _engine_step(install_engine: bool, progress: Progress) -> Check:
 
 
 def _image_step(image: str, progress: Progress) -> Check:
-    from .containers import docker_client
+    from .docker.containers import docker_client
     from .errors import ImageBuildError
-    from .image import build_image
+    from .docker.image import build_image
 
     if has_image(docker_client(), image):
         return Check("kernel image", True, f"{image} is present")

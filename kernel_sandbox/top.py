@@ -16,7 +16,7 @@ from typing import Any
 import docker.errors
 import requests.exceptions
 
-from .containers import OURS
+from .docker.containers import OURS, kernel_of
 from .errors import ConfigError, MetricsUnavailable
 from .metrics import CgroupProbe, Usage, cpu_text, memory_text, pids_text, size_text
 
@@ -66,8 +66,6 @@ class Sampler:
 
     def rows(self) -> list[Row]:
         """Every kernel container now, with its usage."""
-        from .provisioners.standby import kernel_of
-
         rows = []
         for summary in self.client.api.containers(all=True, filters={"label": OURS}):
             container_id, labels = summary["Id"], summary.get("Labels") or {}

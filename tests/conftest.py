@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import (
+from kernel_sandbox.docker.containers import (
     DEFAULT_IMAGE,
     LABEL_OWNER_PID,
     OURS,
@@ -20,7 +20,8 @@ from kernel_sandbox.containers import (
     require_image,
 )
 from kernel_sandbox.kernelspecs import install
-from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL, kernel_of
+from kernel_sandbox.docker.containers import kernel_of
+from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL
 
 IN_CI = bool(os.environ.get("CI"))
 

@@ -19,6 +19,10 @@ from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
 
+RUNTIMES = ("runc", "runsc")
+"""The OCI runtimes the container-facing tests run on: Docker's default and gVisor (.ci/run registers runsc)."""
+
+
 class ArgvKernel:
     """A kernelspec's argv started by hand, with a blocking client connected to the ports it was given.
 

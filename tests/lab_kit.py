@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.lab import LABEXTENSIONS
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -214,3 +214,30 @@ def in_frames(page: Any, selector: str, text: str | None = None, seconds: float 
         if found or time.monotonic() >= deadline:
             return found
         page.wait_for_timeout(250)
+
+
+def wait_for_kernel(page: Any, panel: Any) -> None:
+    """Wait until notebook ``panel`` has a connected, idle kernel.
+
+    The notebook's execution indicator says "idle" before a kernel is attached, and JupyterLab
+    silently leaves a cell unrun when it is run with no kernel yet ("[ ]:", nothing sent); the status
+    bar's "NAME | Idle" is the kernel's own status once it is connected.
+    """
+    panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+    page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()
+
+
+def run_cell(page: Any, panel: Any, code: str, shows: str) -> str:
+    """Type ``code`` into the last cell of notebook ``panel``, run it once its kernel is ready, and
+    return the text of the output that shows ``shows``; a failure quotes what the notebook shows."""
+    wait_for_kernel(page, panel)
+    panel.locator(".jp-Cell .cm-content").last.click()
+    page.keyboard.insert_text(code)
+    page.keyboard.press("Shift+Enter")
+    output = panel.locator(".jp-OutputArea-output", has_text=shows).last
+    try:
+        output.wait_for()
+    except Exception as exc:
+        raise AssertionError(f"no output showing {shows!r} after running {code!r}; the notebook shows:\n"
+                             f"{panel.inner_text()[-3000:]}") from exc
+    return output.inner_text()

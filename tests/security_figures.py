@@ -1,4 +1,4 @@
-"""The figures of SECURITY.md, from a real test run: what the tests tried and how it ended.
+"""The figures of the security page (docs/security.md), from a real test run: what the tests tried and how it ended.
 
 Mark a test, a class or a module (``pytestmark = ...``) with what it tries::
 
@@ -20,7 +20,7 @@ counts before and after.
 
 ``pytest -m security`` runs every test the figures count. Every run that ran a marked test merges its entries (by test id) into
 ``test-artifacts/security-figures.json`` (``--security-figures PATH`` to choose). Render the table
-into SECURITY.md with ``python tests/security_figures.py`` (``--check`` to only compare).
+into docs/security.md with ``python tests/security_figures.py`` (``--check`` to only compare).
 
 ``--full-size`` runs the load and fuzz tests at their full size (see tests/load/README.md); the
 default run uses a reduced size. Under ``--full-size`` hypothesis tests run with the ``full-size``
@@ -42,7 +42,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "test-artifacts" / "security-figures.json"
-SECURITY_MD = ROOT / "SECURITY.md"
+SECURITY_PAGE = ROOT / "docs" / "security.md"
 BEGIN, END = "<!-- security-figures:begin -->", "<!-- security-figures:end -->"
 FULL_SIZE_EXAMPLES = 2000
 
@@ -196,7 +196,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "security(kind, layer): a test SECURITY.md counts; kind in "
+        "security(kind, layer): a test the security figures count; kind in "
         f"{sorted(KINDS)}, layer in {sorted(LAYERS)} (see tests/security_figures.py)",
     )
     if full_size(config):
@@ -349,7 +349,7 @@ def _cases(entry: dict[str, Any]) -> int:
 
 
 def render(figures: dict[str, Any]) -> str:
-    """The Markdown block of SECURITY.md for the figures in ``figures`` (the JSON's content)."""
+    """The Markdown block of docs/security.md for the figures in ``figures`` (the JSON's content)."""
     tests = list(figures["tests"].values())
     held = {"passed", "xfailed"}
     lines = []
@@ -387,7 +387,7 @@ def render(figures: dict[str, Any]) -> str:
     lines.append("| **All layers** | " + " | ".join(f"**{ok} / {n}**" if n else "–" for ok, n in totals.values())
                  + f" | **{len(failed)}** | **{len(skipped)}** |")
     if untested:
-        lines += ["", f"No test of this run covers: {', '.join(untested)}. What SECURITY.md says of "
+        lines += ["", f"No test of this run covers: {', '.join(untested)}. What docs/security.md says of "
                   f"{'it' if len(untested) == 1 else 'them'} is design, not measurement."]
     loads = [t for t in tests if t["kind"] == "load" and "before" in t["properties"]]
     if loads:
@@ -417,10 +417,10 @@ def render(figures: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Render the figures JSON into the marked block of SECURITY.md."""
+    """Render the figures JSON into the marked block of docs/security.md."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="figures file (default: %(default)s)")
-    parser.add_argument("--markdown", type=Path, default=SECURITY_MD, help="file to update (default: %(default)s)")
+    parser.add_argument("--markdown", type=Path, default=SECURITY_PAGE, help="file to update (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only say whether the file is up to date")
     args = parser.parse_args(argv)
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, SandboxError
-from .backends import DEFAULT_BACKEND, backend
+from .backend import DEFAULT_BACKEND, backend
 from .sandbox import AsyncSandbox
 from .sync import LoopThread, Sandbox
 

@@ -35,8 +35,8 @@ from ..errors import (
 from ..metrics import CgroupProbe, Usage, near_misses
 from ..policy import OutputPolicy
 from ..results import Execution, ExecutionError, FileInfo, ToolResult
-from .backends import DEFAULT_BACKEND, kernel_manager
-from .backends import backend as backend_named
+from .backend import DEFAULT_BACKEND, kernel_manager
+from .backend import backend as backend_named
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
 from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
@@ -238,10 +238,8 @@ class AsyncSandbox:
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
         if not self._backend.comms_known:  # the launcher's execd relay has no comms; the websocket mode has
-            from ..launch.execd_relay import IMPLEMENTATION
-
             info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
-            self._comms = info["content"].get("implementation") != IMPLEMENTATION
+            self._comms = self._backend.speaks_comms(info["content"])
 
     def _disconnect(self) -> None:
         kc, context, self._kc, self._context = self._kc, self._context, None, None

@@ -13,7 +13,7 @@ from typing import IO, Any, TypeVar
 
 from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
-from .backends import DEFAULT_BACKEND
+from .backend import DEFAULT_BACKEND
 from .collector import Callback
 from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
 from .sandbox import AsyncSandbox

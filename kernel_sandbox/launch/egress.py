@@ -34,10 +34,13 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..egress import Address, Destination, literal_address, package_index, parse_destinations, split_host_port, valid_name
-from ..settings import HOME_DIR, DockerSettings
+from ..settings import HOME_DIR
+
+if TYPE_CHECKING:
+    from ..docker.settings import DockerSettings
 
 log = logging.getLogger("kernel_sandbox.launch")
 

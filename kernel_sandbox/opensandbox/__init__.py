@@ -1,22 +1,47 @@
-"""OpenSandbox backend: the async lifecycle and execd clients, and what they return.
+"""The OpenSandbox backend's wing: the launcher's link and execd relay, the provisioner, the
+execution API's adapter, and the async lifecycle and execd clients with what they return.
 
 The errors are in :mod:`kernel_sandbox.errors`; the event parser, the execd-to-Jupyter
 translation, the sandbox's Jupyter server client and the backend's settings are in their
-submodules. The kernel itself is run by the launcher (:mod:`kernel_sandbox.launch.opensandbox_link`).
+submodules. The core finds the wing through :data:`BACKEND` in the registry
+(:mod:`kernel_sandbox.backends`); the clients below are imported on first use, so that the
+registry's look-up does not import httpx.
 """
 
-from .client import Endpoint, ExecdClient, Limits, OpenSandboxClient, Sandbox, keep_alive, run_once, run_once_sync
-from .events import Event, ExecdRun
+from __future__ import annotations
 
-__all__ = [
-    "Endpoint",
-    "Event",
-    "ExecdClient",
-    "ExecdRun",
-    "Limits",
-    "OpenSandboxClient",
-    "Sandbox",
-    "keep_alive",
-    "run_once",
-    "run_once_sync",
-]
+import importlib
+from typing import Any
+
+from ..backends import BackendEntry
+from ..kernelspecs import OPENSANDBOX_PROVISIONER
+
+BACKEND = BackendEntry(
+    name="opensandbox",
+    provisioner=OPENSANDBOX_PROVISIONER,
+    settings="kernel_sandbox.opensandbox.settings:OpenSandboxSettings",
+    link="kernel_sandbox.opensandbox.link:OpenSandboxLink",
+    adapter="kernel_sandbox.opensandbox.execution:OpenSandboxBackend",
+)
+"""The OpenSandbox backend as the registry knows it (entry point ``opensandbox`` of :data:`~kernel_sandbox.backends.GROUP`)."""
+
+_CLIENT_API = {
+    "Endpoint": "client",
+    "ExecdClient": "client",
+    "Limits": "client",
+    "OpenSandboxClient": "client",
+    "Sandbox": "client",
+    "keep_alive": "client",
+    "run_once": "client",
+    "run_once_sync": "client",
+    "Event": "events",
+    "ExecdRun": "events",
+}
+__all__ = ["BACKEND", *sorted(_CLIENT_API)]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the clients on first use."""
+    if name in _CLIENT_API:
+        return getattr(importlib.import_module(f"{__name__}.{_CLIENT_API[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,7 @@ import re
 import socket
 from typing import Any
 
+from ..provisioners.process import pid_alive
 from .client import LABELS, OpenSandboxClient
 
 LABEL_KERNEL_ID = "kernel-sandbox-kernel-id"
@@ -35,11 +36,7 @@ def owner_metadata(kernel_id: str) -> dict[str, str]:
 
 def is_orphan(sandbox: dict[str, Any]) -> bool:
     """True when ``sandbox`` (as the server lists it) is of this host and its launcher is dead."""
-    from ..containers import pid_alive  # the docker SDK it imports is not for the launcher's start
-
-    metadata = sandbox.get("metadata")
-    if not isinstance(metadata, dict):
-        metadata = {}
+    metadata = sandbox.get("metadata") if isinstance(sandbox.get("metadata"), dict) else {}
     pid = str(metadata.get(LABEL_LAUNCHER_PID, ""))
     return metadata.get(LABEL_OWNER_HOST) == host_label() and pid.isdigit() and not pid_alive(int(pid))
 

@@ -1,7 +1,7 @@
 """The OpenSandbox backend's options: one model for the provisioner, the launcher, ``install`` and programs.
 
 :meth:`OpenSandboxSettings.from_config` checks every value before any sandbox exists, as
-:class:`~kernel_sandbox.settings.DockerSettings` does for Docker: a wrong type, an out-of-range
+:class:`~kernel_sandbox.docker.settings.DockerSettings` does for Docker: a wrong type, an out-of-range
 value or an unknown name raises :class:`~kernel_sandbox.errors.ConfigError` naming the option.
 ``api_base`` and ``api_key`` fall back to ``OPEN_SANDBOX_API_BASE`` and ``OPEN_SANDBOX_API_KEY``
 when the kernel starts (:meth:`OpenSandboxSettings.resolved`).

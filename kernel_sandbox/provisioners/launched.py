@@ -19,8 +19,6 @@ import dataclasses
 import os
 import queue
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +27,6 @@ from typing import Any, ClassVar
 import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.connect import KernelConnectionInfo
-from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Any as AnyTrait
@@ -37,10 +34,9 @@ from traitlets import CaselessStrEnum, TraitType, Undefined
 
 from .. import errors
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
-from ..launch import passed_env
+from ..launch.request import passed_env
 from ..privdir import (
     ADOPTED,
-    CONFIG,
     EXIT,
     LAUNCHER_LOCK,
     LAUNCHER_STATE,
@@ -50,6 +46,7 @@ from ..privdir import (
 )
 from ..settings import BackendSettings
 from .budget import BUDGET, Claim, Reservation
+from .process import launcher_command, read_status, start_launcher, write_launcher_config
 from .standby import POOL, Recipe, Standby
 
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
@@ -390,7 +387,11 @@ class LaunchedProvisioner(LocalProvisioner):
         kernel's launcher in ``private`` (Docker: the container's labels); blocking, a few ms."""
 
     def detach(self) -> None:
-        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new owner."""
+        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new owner.
+
+        Its share of this process's budget goes back: the kernel is no longer this process's.
+        """
+        self._reserve(None)
         if self.private is not None:
             self.private.release(OWNER_LOCK)
         self.private = None
@@ -416,38 +417,6 @@ def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:
         except TypeError:  # a class that needs more than a message
             pass
     return KernelLaunchError(reason)
-
-
-def write_launcher_config(
-    private: PrivateDir, backend: str, settings: dict[str, Any], kernel_id: str, env: dict[str, str], cwd: str | None
-) -> Path:
-    """The launcher's 0600 config file in ``private``: the settings, the kernel's id, environment and cwd."""
-    config = {"provisioner": backend, "settings": settings, "kernel_id": kernel_id, "env": env,
-              "cwd": str(cwd) if cwd else None}
-    return private.write_json(CONFIG, config)
-
-
-def launcher_command(connection_file: str, config_file: Path, status_fd: int) -> list[str]:
-    """The command that runs the launcher for a provisioner (``status_fd``: where it reports ``ready``)."""
-    return [
-        sys.executable, "-m", "kernel_sandbox.launch", "-f", connection_file,
-        "--config", str(config_file), "--status-fd", str(status_fd),
-    ]
-
-
-def start_launcher(cmd: list[str], status_fd: int, **kwargs: Any) -> subprocess.Popen[bytes]:
-    """Run the launcher as jupyter_client runs a local kernel (its own session), passing it ``status_fd``."""
-    try:
-        process: subprocess.Popen[bytes] = launch_kernel(cmd, pass_fds=(status_fd,), **kwargs)
-    finally:
-        os.close(status_fd)
-    return process
-
-
-def read_status(fd: int) -> bool:
-    """Block until the launcher reports ``ready`` on the pipe, or closes it (False)."""
-    with os.fdopen(fd, "rb") as pipe:
-        return pipe.readline().strip() == b"ready"
 
 
 _NAMINGS: set[asyncio.Task[None]] = set()

@@ -48,16 +48,15 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo, write_connection_file
 from jupyter_client.session import new_id_bytes
 
-from ..containers import LABEL_KERNEL_ID, LABEL_PRIVATE_DIR
 from ..errors import KernelSandboxError
-from ..privdir import ADOPTED, EXIT, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
+from ..privdir import EXIT, LAUNCHER_STATE, OWNER_LOCK, PrivateDir
 from .budget import BUDGET, Claim, Reservation
+from .process import launcher_command, read_status, start_launcher, write_launcher_config
 
 MAX_CONFIGURATIONS = 4
 """Configurations the pool keeps standbys for; the least recently launched one's are stopped first."""
@@ -150,13 +149,6 @@ class Standby:
 
         After an error the pool retires it (:meth:`StandbyPool.retire`).
         """
-        from .launched import (
-            launcher_command,
-            read_status,
-            start_launcher,
-            write_launcher_config,
-        )
-
         recipe = self.recipe
         try:
             if recipe.claim is not None:
@@ -427,21 +419,6 @@ class StandbyPool:
         with self._lock:
             self._closed = True
         self.clear(wait)
-
-
-def kernel_of(labels: Mapping[str, str]) -> str | None:
-    """The id of the kernel a container serves, read from its labels; None for a standby not adopted yet.
-
-    A standby's adoption is recorded in its private directory, which only this user can read.
-    """
-    kernel_id = labels.get(LABEL_KERNEL_ID, "?")
-    if not kernel_id.startswith(STANDBY_ID_PREFIX):
-        return kernel_id
-    try:
-        adopted = PrivateDir(Path(labels.get(LABEL_PRIVATE_DIR, ""))).read_json(ADOPTED)
-    except (OSError, ValueError, KernelSandboxError):
-        adopted = None
-    return str(adopted["kernel_id"]) if isinstance(adopted, dict) and "kernel_id" in adopted else None
 
 
 POOL = StandbyPool()

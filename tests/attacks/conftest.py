@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
 
 from kernel_sandbox.kernelspecs import install, started_client
 
 from attack_kit import HOST_PYTHON, OtherUser
+from kernel_kit import RUNTIMES
 from lab_kit import stop
 
 _POLICY = Path(__file__).resolve().parent.parent / "policy"
@@ -40,10 +42,12 @@ lab = policy_fixtures.lab
 widget_image = policy_fixtures.widget_image
 
 
-@pytest.fixture
-async def kernel(docker_engine, jupyter_prefix) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
-    """A Sandboxed Python kernel (the provisioner's path, launcher included) and a client of it."""
-    km = AsyncKernelManager(kernel_name="sandboxed-python")
+@pytest.fixture(params=RUNTIMES)
+async def kernel(request, docker_engine, jupyter_prefix) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """A Sandboxed Python kernel (the provisioner's path, launcher included) and a client of it, on
+    each runtime: the attacks from inside the container run on runc and on gVisor."""
+    options = {"runtime": request.param} if request.param != "runc" else {}
+    km = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": options}))
     async with started_client(km, timeout=90) as kc:
         yield km, kc
 

@@ -41,9 +41,9 @@ INJECTIONS = {
     # One frame that declares a length of 1 TiB, then 400 MiB of its body.
     "one frame declaring 1 TiB": "fd = hijack()\nos.write(fd, struct.pack('>BQ', 2, 1 << 40))\n"
                                  "sent = pour(fd, b'\\0' * (1 << 20), 400 << 20)",
-    # Frames of 1 MiB with MORE set, never a last one: one message without end (600 MiB sent).
+    # Frames of 1 MiB with MORE set, never a last one: one message without end (300 MiB sent, over twice the bound).
     "a message without end, 1 MiB frames": "fd = hijack()\n"
-                                           "sent = pour(fd, frame(b'\\0' * (1 << 20), more=True) * 4, 600 << 20)",
+                                           "sent = pour(fd, frame(b'\\0' * (1 << 20), more=True) * 4, 300 << 20)",
     # Ten million one-byte frames with MORE set: 30 MiB on the wire, each a Python object on the host.
     "ten million one-byte parts": "fd = hijack()\nsent = pour(fd, frame(b'x', more=True) * (1 << 18), 30 << 20)",
     # PING commands with a 1 MiB context while the connector reads nothing: PONGs pile up unsent.

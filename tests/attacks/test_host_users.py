@@ -21,7 +21,7 @@ import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install
 
@@ -177,6 +177,7 @@ print(json.dumps(reached))
 
 
 @pytest.mark.security("attack", "channel")
+@pytest.mark.parametrize("kernel", ["runc"], indirect=True)  # host files and sockets: the container's runtime plays no part
 async def test_another_account_finds_no_key_and_reaches_no_kernel(kernel, docker_engine, other_user, record_property) -> None:
     """Another account searches the shared places for keys and connects to every socket the launcher serves."""
     km, kc = kernel

@@ -33,7 +33,7 @@ import pytest
 from traitlets.config import Config
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import POOL

@@ -168,7 +168,7 @@ def test_the_launcher_applies_the_strict_policy_to_every_kernel(backend) -> None
     from kernel_sandbox.policy import OutputPolicy
 
     if backend == "docker":
-        from kernel_sandbox.settings import DockerSettings as settings_class
+        from kernel_sandbox.docker.settings import DockerSettings as settings_class
     else:
         from kernel_sandbox.opensandbox.settings import OpenSandboxSettings as settings_class
     policy = output_policy(settings_class.from_config({}))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import SandboxKernelSpecManager
 from kernel_sandbox.privdir import CONFIG, LAUNCHER_LOCK, LAUNCHER_STATE, RECORD, PrivateDir, user_root

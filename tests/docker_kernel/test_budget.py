@@ -14,14 +14,15 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
 from kernel_sandbox.errors import ConfigError, KernelBudgetExceeded, KernelLaunchError
 from kernel_sandbox.provisioners import budget as budget_module
-from kernel_sandbox.provisioners import docker as docker_provisioner
+from kernel_sandbox.docker import provisioner as docker_provisioner
 from kernel_sandbox.provisioners import launched, standby
 from kernel_sandbox.provisioners.budget import Claim, KernelBudget
 from kernel_sandbox.provisioners.standby import POOL, STANDBY_ID_PREFIX
-from kernel_sandbox.settings import MiB, DockerSettings
+from kernel_sandbox.docker.settings import DockerSettings
+from kernel_sandbox.settings import MiB
 
 from kernel_kit import run_cell
 
@@ -78,6 +79,14 @@ def test_a_reattached_kernel_is_counted_even_past_the_limit() -> None:
     first.release()
     again.release()
     assert budget.kernels == 0
+
+
+def test_a_kernel_let_go_for_the_next_server_gives_its_share_back(empty_budget: KernelBudget) -> None:
+    provisioner = docker_provisioner.DockerProvisioner(kernel_id="let-go", kernel_spec=None)
+    provisioner._reserve(empty_budget.hold(Claim(memory=0, max_kernels=None, max_memory=None)))
+    assert empty_budget.kernels == 1
+    provisioner.detach()  # what the server extension does on a shutdown that keeps kernels
+    assert empty_budget.kernels == 0
 
 
 async def test_a_waiting_launch_asks_for_room_from_idle_standbys() -> None:

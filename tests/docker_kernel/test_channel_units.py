@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kernel_sandbox.errors import ChannelProtocolError, KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source
-from kernel_sandbox.launch.docker_link import Demux
+from kernel_sandbox.docker.link import Demux
 from kernel_sandbox.launch.front import DELIM, Connection, Signer, split
 from kernel_sandbox.launch.zmtp import (
     GREETING,

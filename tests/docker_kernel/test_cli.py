@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import (
+from kernel_sandbox.docker.containers import (
     LABEL_KERNEL_ID,
     LABEL_LAUNCHER_PID,
     LABEL_OWNER_HOST,
@@ -19,7 +19,8 @@ from kernel_sandbox.containers import (
     resolve_mounts,
 )
 from kernel_sandbox.errors import ConfigError
-from kernel_sandbox.settings import WORK_DIR, DockerSettings
+from kernel_sandbox.docker.settings import DockerSettings
+from kernel_sandbox.settings import WORK_DIR
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

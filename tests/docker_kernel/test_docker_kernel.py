@@ -14,11 +14,11 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID, OURS
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID, OURS
 from kernel_sandbox.errors import ConfigError, ImageMissing, KernelLaunchError
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import CONFIG, user_root
-from kernel_sandbox.provisioners.standby import kernel_of
+from kernel_sandbox.docker.containers import kernel_of
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

@@ -18,9 +18,9 @@ import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install, started_client
-from kernel_sandbox.launch import docker_link
+from kernel_sandbox.docker import link as docker_link
 from kernel_sandbox.launch import serve, request_from_kernelspec
 from kernel_sandbox.launch.front import Connection
 
@@ -125,7 +125,7 @@ async def test_a_launch_failing_at_any_step_leaves_nothing(
     elif step == "kernel exits at once":
         config.update(kernel_cmd=["python", "-c", "raise SystemExit('kernel refuses to start')"])
     elif step == "limits check":
-        monkeypatch.setattr("kernel_sandbox.launch.docker_link.applied_limits", lambda *args: ["Memory is 0"])
+        monkeypatch.setattr("kernel_sandbox.docker.link.applied_limits", lambda *args: ["Memory is 0"])
     request = _request(tmp_path, **config)
     code = await serve(request)
     assert code == 1

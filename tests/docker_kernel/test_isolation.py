@@ -1,4 +1,4 @@
-"""Each promise of the README's security model, checked from inside the kernel, on runc and on gVisor.
+"""Each promise of the security model (docs/security.md), checked from inside the kernel, on runc and on gVisor.
 
 The code in these cells is the attacker's: it fills every writable place, plants symlinks,
 FIFOs and sockets wherever it can write, and looks for a way out. The tests then check from
@@ -22,15 +22,14 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
+from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
 from kernel_sandbox.privdir import user_root
-from kernel_sandbox.provisioners.standby import kernel_of
+from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
-from kernel_kit import run_cell
+from kernel_kit import RUNTIMES, run_cell
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
-RUNTIMES = ["runc", "runsc"]
 
 FACTS = r"""
 import ctypes, json, os, socket

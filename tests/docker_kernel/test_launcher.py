@@ -21,7 +21,7 @@ import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
 
-from kernel_sandbox.containers import LABEL_KERNEL_ID
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install
 
 from kernel_kit import ArgvKernel

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kernel_sandbox.errors import ConfigError
-from kernel_sandbox.provisioners.docker import check_served_cwd
+from kernel_sandbox.docker.provisioner import check_served_cwd
 
 
 def server(root: Path, allow_hidden: bool = False) -> SimpleNamespace:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -10,13 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_sandbox.containers import container_spec, run_as, unused_id
+from kernel_sandbox.docker.containers import container_spec, run_as, unused_id
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.kernelspecs import shipped_kernelspecs
-from kernel_sandbox.provisioners.docker import DockerProvisioner
-from kernel_sandbox.settings import HOME_DIR, MiB, OPTIONS, WORK_DIR, DockerSettings
+from kernel_sandbox.docker.provisioner import DockerProvisioner
+from kernel_sandbox.docker.settings import OPTIONS, DockerSettings
+from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def spec(**config: object) -> dict:
@@ -170,13 +172,16 @@ def test_sizes_read_as_docker_reads_them(number: int, unit: str) -> None:
     assert memory == parse_bytes(text)
 
 
-def test_every_option_is_a_provisioner_trait_and_in_the_readme() -> None:
+def test_every_option_is_a_provisioner_trait_and_on_the_options_page() -> None:
     traits = DockerProvisioner.class_traits(config=True)
     helps = {name: option.metadata["help"] for name, option in OPTIONS.items()}
     assert {name: traits[name].help for name in OPTIONS} == helps
-    readme = README.read_text()
-    missing = [name for name in OPTIONS if f"| `{name}` |" not in readme]
-    assert not missing, f"options missing from the README's table: {missing}"
+    spec = importlib.util.spec_from_file_location("options_hook", DOCS / "options_hook.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.on_page_markdown((DOCS / "options.md").read_text(), None, None, None)
+    missing = [name for name in OPTIONS if f"| `{name}` |" not in page]
+    assert not missing, f"options missing from the generated table of docs/options.md: {missing}"
 
 
 def test_the_provisioner_refuses_unknown_kernelspec_config() -> None:

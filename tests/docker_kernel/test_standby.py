@@ -25,7 +25,8 @@ from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS, kernel_of
+from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandboxPool
 from kernel_sandbox.kernelspecs import install
@@ -36,9 +37,8 @@ from kernel_sandbox.provisioners.standby import (
     POOL,
     STANDBY_ID_PREFIX,
     Standby,
-    kernel_of,
 )
-from kernel_sandbox.settings import MAX_STANDBY, DockerSettings
+from kernel_sandbox.settings import MAX_STANDBY
 
 from kernel_kit import run_cell
 

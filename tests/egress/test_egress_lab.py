@@ -15,7 +15,7 @@ import pytest
 from index_kit import Index, serve_index
 from kernel_sandbox.kernelspecs import install as install_kernelspec
 from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
-from lab_kit import chromium, jupyterlab, recording_page, remove_kernels_of
+from lab_kit import chromium, jupyterlab, recording_page, remove_kernels_of, run_cell
 
 pytestmark = pytest.mark.security("attack", "egress")
 
@@ -48,19 +48,9 @@ def test_a_notebook_pip_installs_from_the_listed_index_and_reaches_nothing_else(
             page.goto(f"{lab.url}/lab?token={lab.token}")
             page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python (index)"]').click()
             notebook = page.locator(".jp-NotebookPanel:visible")
-            notebook.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
-
-            def run(code: str, shows: str) -> str:
-                notebook.locator(".jp-Cell .cm-content").last.click()
-                page.keyboard.insert_text(code)
-                page.keyboard.press("Shift+Enter")
-                output = notebook.locator(".jp-OutputArea-output", has_text=shows).last
-                output.wait_for()
-                return output.inner_text()
-
-            assert "Successfully installed labpkg-0.1" in run("%pip install labpkg", "Successfully installed")
-            assert run("import labpkg\nprint('VALUE', labpkg.VALUE)", "VALUE").strip() == "VALUE 17"
-            refused = run(FETCH, "refused")
+            assert "Successfully installed labpkg-0.1" in run_cell(page, notebook, "%pip install labpkg", "Successfully installed")
+            assert run_cell(page, notebook, "import labpkg\nprint('VALUE', labpkg.VALUE)", "VALUE").strip() == "VALUE 17"
+            refused = run_cell(page, notebook, FETCH, "refused")
             assert refused.startswith("refused 403") and "kernel-sandbox refused elsewhere.test" in refused
             assert "'network' option" in refused, refused
         assert any(path.endswith("labpkg-0.1-py3-none-any.whl") for path in index.served)

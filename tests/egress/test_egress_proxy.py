@@ -27,7 +27,7 @@ from kernel_sandbox.launch.egress import (
     parse_head,
     Refusal,
 )
-from kernel_sandbox.settings import DockerSettings
+from kernel_sandbox.docker.settings import DockerSettings
 
 pytestmark = pytest.mark.security("attack", "egress")
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from kernel_sandbox.containers import LABEL, LABEL_OWNER_PID
+from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID
 from kernel_sandbox.execution import Sandbox
-from kernel_sandbox.provisioners.standby import kernel_of
+from kernel_sandbox.docker.containers import kernel_of
 
 
 @pytest.fixture(scope="module")

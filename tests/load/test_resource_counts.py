@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.containers import DEFAULT_IMAGE, remove_container
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, remove_container
 from resource_counts import LABEL, LABEL_OWNER_PID, Bounds, ResourceWatch, growth, private_host_dirs
 
 

@@ -17,8 +17,8 @@ import httpx
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
-from kernel_sandbox.containers import OURS
-from kernel_sandbox.provisioners.standby import kernel_of
+from kernel_sandbox.docker.containers import OURS
+from kernel_sandbox.docker.containers import kernel_of
 
 
 class KernelChannels:

@@ -24,9 +24,9 @@ import pytest
 from docker.errors import ImageNotFound
 from test_jupyter_server_api import KernelChannels
 
-from kernel_sandbox.containers import LABEL, has_image
+from kernel_sandbox.docker.containers import LABEL, has_image
 
-from lab_kit import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_lab, remove_kernels_of
+from lab_kit import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_lab, remove_kernels_of, run_cell, wait_for_kernel
 from nb_helpers import cli
 
 SPEC = "sandboxed-python"
@@ -178,14 +178,9 @@ def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: LabServer)
             page.locator('.lm-Menu-itemLabel:text-is("Notebook")').click()
             panel = page.locator(".jp-NotebookPanel:visible")
             panel.locator(".jp-Toolbar-kernelName", has_text="Sandboxed Python").wait_for()
-            panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+            wait_for_kernel(page, panel)
             assert page.locator(".jp-Dialog").count() == 0  # no "Select Kernel" question
-            panel.locator(".jp-Cell .cm-content").first.click()
-            page.keyboard.insert_text("import socket; print('host', socket.gethostname())")
-            page.keyboard.press("Shift+Enter")
-            output = panel.locator(".jp-OutputArea-output").first
-            output.filter(has_text="host").wait_for()
-            assert output.inner_text().strip() == "host sandbox"
+            assert run_cell(page, panel, "import socket; print('host', socket.gethostname())", "host").strip() == "host sandbox"
         except Exception:
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "kernel-sandbox-lab-new-notebook-failure.png"))

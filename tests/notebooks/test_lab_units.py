@@ -14,9 +14,9 @@ from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from traitlets import Unicode
 from traitlets.config import Configurable
 
-from kernel_sandbox import engine
+from kernel_sandbox.docker import engine
 from kernel_sandbox import lab as lab_module
-from kernel_sandbox.engine import Host, install_commands, start_command
+from kernel_sandbox.docker.engine import Host, install_commands, start_command
 from kernel_sandbox.errors import EngineUnavailable, SetupError
 from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.lab import LABEXTENSIONS, LOCKED_DOWN, SandboxedKernelSpecManager, lab_arguments

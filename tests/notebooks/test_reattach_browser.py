@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_sandbox.containers import LABEL, LABEL_KERNEL_ID
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.reattach import session_database
 
-from lab_kit import ARTIFACTS, LabServer, chromium, jupyterlab, kernel_sandbox_lab, recording_page
+from lab_kit import ARTIFACTS, LabServer, chromium, jupyterlab, kernel_sandbox_lab, recording_page, wait_for_kernel
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -49,7 +49,7 @@ def _run(page, server: LabServer, code: str, expect: str) -> str:
     page.goto(f"{server.url}/lab/tree/{NOTEBOOK}?token={server.token}")
     panel = page.locator(".jp-NotebookPanel:visible")
     panel.locator(".jp-Toolbar-kernelName", has_text="Sandboxed Python").wait_for()
-    panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+    wait_for_kernel(page, panel)
     editor = panel.locator(".jp-Cell .cm-content").first
     editor.click()
     page.keyboard.press("Control+A")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kernel_kit import memory_in_use
-from lab_kit import ARTIFACTS, chromium, recording_page
+from lab_kit import ARTIFACTS, chromium, recording_page, run_cell
 
 SMALL = 256 * 2**20
 
@@ -22,7 +22,7 @@ SMALL = 256 * 2**20
 def _kernel_container(engine, lab_server, kernel_id: str):
     labels = ["kernel-sandbox", f"kernel-sandbox.owner-pid={lab_server.process.pid}"]
     for container in engine.containers.list(filters={"label": labels}, ignore_removed=True):
-        from kernel_sandbox.provisioners.standby import kernel_of
+        from kernel_sandbox.docker.containers import kernel_of
 
         if kernel_of(container.labels) == kernel_id:
             return container
@@ -58,11 +58,7 @@ def test_the_usage_panel_shows_memory_against_the_sandboxes_limit(browser, lab_s
         page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python (small)"]').click()
         notebook = page.locator(".jp-NotebookPanel:visible")
         notebook.locator(".jp-Toolbar-kernelName", has_text="Sandboxed Python (small)").wait_for()
-        notebook.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
-        notebook.locator(".jp-Cell .cm-content").first.click()
-        page.keyboard.insert_text("hog = b'x' * (128 * 2**20)\nprint('allocated')")
-        page.keyboard.press("Shift+Enter")
-        notebook.locator(".jp-OutputArea-output", has_text="allocated").wait_for()
+        run_cell(page, notebook, "hog = b'x' * (128 * 2**20)\nprint('allocated')", "allocated")
         page.locator('.lm-TabBar-tab[title="Kernel Usage"]').click()
         usage = page.locator(".jp-KernelUsage-content")
         usage.filter(has_text="Kernel Host: sandbox").wait_for()

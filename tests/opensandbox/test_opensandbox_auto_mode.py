@@ -17,7 +17,7 @@ from opensandbox_fakes import FakeOpenSandbox
 from traitlets.config import Config
 
 from kernel_sandbox.kernelspecs import started_client
-from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
+from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
 from kernel_sandbox.opensandbox.settings import JUPYTER_PORT
 
 NOT_AVAILABLE = (

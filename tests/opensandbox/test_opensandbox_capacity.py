@@ -37,8 +37,11 @@ from kernel_sandbox.errors import (
     SandboxQuotaExceeded,
     SandboxTimeoutError,
 )
-from kernel_sandbox.execution.backends import BACKENDS
+from kernel_sandbox.backends import adapter
 from kernel_sandbox.opensandbox import client as client_module
+from kernel_sandbox.opensandbox import execd as execd_module
+from kernel_sandbox.opensandbox import http as http_module
+from kernel_sandbox.opensandbox import lifecycle as lifecycle_module
 from kernel_sandbox.opensandbox.client import CAPACITY_MAX_DELAY, build_create_body, retry_after
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
 
@@ -89,7 +92,8 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(client_module, "time", fake)
+    for module in (client_module, execd_module, http_module, lifecycle_module):  # the client's modules read the clock
+        monkeypatch.setattr(module, "time", fake)
     monkeypatch.setattr(client_module.asyncio, "sleep", fake.sleep)
     return fake
 
@@ -345,4 +349,4 @@ async def test_signed_endpoints_are_never_asked_through_the_server_proxy() -> No
 async def test_backends_that_cannot_pause_say_so() -> None:
     for name in ("docker", "local"):
         with pytest.raises(SandboxError, match="cannot pause a kernel; pause\\(\\) and resume\\(\\) are for the opensandbox"):
-            await BACKENDS[name].pause(None, True)
+            await adapter(name).pause(None, True)

@@ -19,7 +19,7 @@ import pytest
 
 from kernel_sandbox.errors import CallTimeoutError, NetworkDisabledError, SandboxError
 from kernel_sandbox.execution import AsyncSandbox
-from kernel_sandbox.execution.backends import backend
+from kernel_sandbox.execution.backend import backend
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
 
 INDEX = ["index.test", "files.index.test"]

@@ -28,9 +28,9 @@ from traitlets.config import Config
 
 from kernel_sandbox.errors import ConfigError, KernelLaunchError, OpenSandboxConfigError
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, started_client
-from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
+from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
 from kernel_sandbox.opensandbox.gc import host_label
-from kernel_sandbox.provisioners.opensandbox import OpenSandboxProvisioner
+from kernel_sandbox.opensandbox.provisioner import OpenSandboxProvisioner
 
 FAST = {"poll_interval": 0.05, "state_check_interval": 0.2, "mode": "execd"}
 

@@ -28,7 +28,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import started_client
-from kernel_sandbox.launch.execd_relay import IMPLEMENTATION
+from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
 from kernel_sandbox.policy import OutputPolicy
 
 POLICY_TESTS = Path(__file__).resolve().parents[1] / "policy"

@@ -60,7 +60,7 @@ def test_a_bad_option_is_refused_naming_it(config: dict[str, Any], named: str) -
 
 def test_the_output_policy_options_are_the_docker_backends_and_reach_the_launchers_policy() -> None:
     from kernel_sandbox.launch import output_policy
-    from kernel_sandbox.settings import OPTIONS as DOCKER_OPTIONS
+    from kernel_sandbox.docker.settings import OPTIONS as DOCKER_OPTIONS
 
     for name in ("output_policy", "allow_mime_types", "allow_widget_modules"):
         assert OPTIONS[name].metadata == DOCKER_OPTIONS[name].metadata, name

@@ -88,7 +88,7 @@ def markdown_problems(source: str) -> list[str]:
     """Render Markdown as a permissive frontend would (raw HTML kept, any link scheme) and check it.
 
     Remote images written in Markdown syntax (``![](https://...)``) are not counted: strict does
-    not block them (README, "Output policy"); raw ``<img>`` tags in Markdown are checked as HTML.
+    not block them (docs/security.md, "Output policy"); raw ``<img>`` tags in Markdown are checked as HTML.
     """
     return html_problems(_markdown(source), remote=False) + [
         p for p in html_problems(_raw_html(source)) if p.startswith("remote load")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kernel_sandbox.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, owner_labels
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
 from lab_kit import chromium, jupyterlab, remove_kernels_of
@@ -94,7 +95,8 @@ def kernel() -> Iterator[LocalKernel]:
 def widget_image(docker_engine) -> str:
     """The kernel image, which must have ipywidgets and tqdm (issue 16 item 2: they work in the sandbox)."""
     try:
-        docker_engine.containers.run(DEFAULT_IMAGE, ["python", "-c", "import ipywidgets, tqdm"], remove=True, network_mode="none")
+        docker_engine.containers.run(DEFAULT_IMAGE, ["python", "-c", "import ipywidgets, tqdm"], remove=True, network_mode="none",
+                                     labels=owner_labels("widget-probe", owner_pid=os.getpid()))  # gc removes it if we die
     except Exception as exc:
         pytest.fail(f"{DEFAULT_IMAGE} lacks ipywidgets or tqdm ({exc}): rebuild it with `kernel-sandbox image build`")
     return DEFAULT_IMAGE

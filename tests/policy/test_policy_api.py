@@ -61,7 +61,7 @@ def test_malformed_content_does_not_raise() -> None:
 def test_traitlets_option() -> None:
     from traitlets import TraitError
 
-    from kernel_sandbox.provisioners.docker import DockerProvisioner as Provisioner
+    from kernel_sandbox.docker.provisioner import DockerProvisioner as Provisioner
 
     assert Provisioner().output_policy == "strict"
     assert Provisioner(output_policy="TRUSTED").output_policy == "trusted"

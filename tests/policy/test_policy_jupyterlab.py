@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, in_frames, recording_page
+from lab_kit import ARTIFACTS, in_frames, recording_page, wait_for_kernel
 
 ARGV_SUFFIX = "-argv"
 """``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""
@@ -109,7 +109,7 @@ def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
     cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
     page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
     panel = page.locator(".jp-NotebookPanel:visible")
-    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for()  # the kernel is up
+    wait_for_kernel(page, panel)
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
     return panel

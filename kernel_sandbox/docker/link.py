@@ -2,15 +2,17 @@
 
 Inside the container ipykernel binds its five ports on the container's own loopback. For each
 channel the launcher opens an exec stream running :mod:`kernel_sandbox.kernelside.connector`
-against that channel's port and speaks ZMTP through it (:mod:`.zmtp`): one stream per channel,
-so heartbeats and control messages never queue behind a flood of output. Nothing of the host is
-mounted into the container for this, and no host path is involved: the streams are the engine's.
+against that channel's port and speaks ZMTP through it (:mod:`kernel_sandbox.launch.zmtp`): one
+stream per channel, so heartbeats and control messages never queue behind a flood of output.
+Nothing of the host is mounted into the container for this, and no host path is involved: the
+streams are the engine's (their framing: :mod:`.exec_stream`). As root on runc the launcher
+connects from a thread inside the container's network namespace instead (:mod:`.netns`).
 
 Each connector is also a lifeline: when the launcher ends, by any signal, the engine closes the
 connectors' stdin and they kill every process of the container; the container removes itself
 (auto-remove). The kernel can stop those processes (they run as its uid), and a container that
 is not started yet has none, so a host process the kernel cannot reach stands behind them: the
-launcher's :mod:`~kernel_sandbox.watchdog`, which removes the container once the launcher is gone.
+launcher's :mod:`~kernel_sandbox.docker.watchdog`, which removes the container once the launcher is gone.
 How the kernel ended (out of memory included) is read from the engine's events, since an
 auto-removed container cannot be inspected afterwards; an engine that stops answering (its
 connections open, nothing moving) is noticed by a ping every :data:`ENGINE_PROBE_INTERVAL` s.
@@ -20,25 +22,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import json
 import logging
 import os
 import secrets
 import socket
-import ssl
-import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import docker
 import docker.errors
 import requests.exceptions
 
-from .. import watchdog
-from ..containers import (
+from ..egress import WINDOW_REQUEST
+from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
+from ..kernelside import source
+from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
+from ..kernelside.connector import HELLO
+from ..launch import egress, journal
+from ..launch.front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
+from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
+from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
+from ..privdir import LAUNCHER_STATE
+from ..settings import MiB
+from . import watchdog
+from .containers import (
     applied_limits,
     check_engine,
     container_spec,
@@ -50,20 +60,12 @@ from ..containers import (
     resolve_mounts,
     run_as,
 )
-from ..egress import WINDOW_REQUEST
-from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
-from ..kernelside import source
-from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
-from ..kernelside.connector import HELLO, MAX_RETRY_SECONDS, RETRY_SECONDS, connect
-from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
-from ..privdir import LAUNCHER_STATE
-from ..settings import MiB, DockerSettings
-from . import egress, journal
-from .front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
-from .zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
+from .exec_stream import Demux, own_socket
+from .netns import connect_in_netns, container_netns, listen_in_netns, may_enter_netns
+from .settings import DockerSettings
 
 if TYPE_CHECKING:
-    from . import LaunchRequest
+    from ..launch.request import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -94,8 +96,6 @@ OUTPUT_CAP = 1 * MiB
 OUTPUT_TAIL_LINES = 40
 TAIL_LINE_CHARS = 4096
 """Characters of each of those last lines kept for an error message."""
-CLONE_NEWNET = 0x40000000
-EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
 LIFELINE_CHANNEL = "hb"
 """The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
 CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
@@ -103,7 +103,6 @@ INTERRUPT_DELAY = 0.2
 """Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see :meth:`DockerLink.interrupt`)."""
 ENGINE_TEXT_BYTES = 1000
 """Bytes of the engine's own error text (an exec that could not start) kept for the log."""
-_HEADER = struct.Struct(">BxxxL")
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> None:
@@ -112,56 +111,6 @@ def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *arg
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:
         pass
-
-
-def _own_socket(sdk_socket: Any) -> socket.socket:
-    """A plain non-blocking socket of our own for a stream the docker SDK hijacked from HTTP."""
-    raw = getattr(sdk_socket, "_sock", sdk_socket)
-    if not isinstance(raw, socket.socket) or isinstance(raw, ssl.SSLSocket):
-        sdk_socket.close()
-        raise EngineUnavailable(
-            f"the Docker engine at {engine_address()} is reached over a transport the launcher cannot "
-            "stream through (TLS or ssh); use a unix:// or tcp:// DOCKER_HOST"
-        )
-    ours = socket.socket(fileno=os.dup(raw.fileno()))
-    sdk_socket.close()
-    raw.close()
-    ours.setblocking(False)
-    return ours
-
-
-class Demux:
-    """Split Docker's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian length) by stream.
-
-    Payloads are passed on as they arrive, as views of the bytes given to :meth:`feed` (valid
-    during the call), so a large frame is not gathered here first.
-    """
-
-    def __init__(self, stdout: Callable[[memoryview], None], stderr: Callable[[memoryview], None]) -> None:
-        self._out = {1: stdout, 2: stderr}
-        self._header = bytearray()
-        self._kind = 0
-        self._left = 0
-
-    def feed(self, data: Any) -> None:
-        """Take the next bytes of the stream and hand on the payload bytes among them."""
-        view = memoryview(data).cast("B")
-        while view:
-            if not self._left:
-                need = _HEADER.size - len(self._header)
-                self._header += view[:need]
-                view = view[need:]
-                if len(self._header) < _HEADER.size:
-                    return
-                self._kind, self._left = _HEADER.unpack(self._header)
-                self._header.clear()
-                continue
-            count = min(self._left, len(view))
-            self._left -= count
-            handler = self._out.get(self._kind)
-            if handler is not None:
-                handler(view[:count])
-            view = view[count:]
 
 
 class _Channel(asyncio.BufferedProtocol):
@@ -209,7 +158,6 @@ class _Channel(asyncio.BufferedProtocol):
         assert self.peer is not None
         try:
             if self._demux is not None:
-                assert self._scratch is not None  # made with the demultiplexer
                 self._demux.feed(self._scratch[:nbytes])
             else:
                 self.peer.buffer_updated(nbytes)
@@ -311,119 +259,6 @@ class KernelOutput:
         return "\n".join([*self.tail, self._partial]).strip()
 
 
-def _may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
-    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack).
-
-    ``KERNEL_SANDBOX_TEST_EXEC_STREAMS`` in the launcher's environment makes tests take the exec
-    streams as root too, as every other user does."""
-    if os.environ.get(EXEC_STREAMS_ENV):
-        return False
-    runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
-    return os.geteuid() == 0 and runtime == "runc" and engine_address().startswith("unix://")
-
-
-def _container_netns(container: Any) -> int | None:
-    """An open handle on the container's network namespace, or None when it cannot be had safely.
-
-    The namespace is found through the container's init pid; the engine is asked again after
-    opening it, so a pid that was reused meanwhile is never taken for the container's.
-    """
-    container.reload()
-    pid = container.attrs["State"]["Pid"]
-    try:
-        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None  # not in the engine's pid namespace (say, a launcher inside a container)
-    container.reload()
-    if container.attrs["State"]["Pid"] != pid or not container.attrs["State"]["Running"]:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _connect_in_netns(  # noqa: C901
-    netns: int, port: int, wait_seconds: float, cancel: threading.Event
-) -> asyncio.Future[socket.socket]:
-    """A TCP connection to ``port`` on the container's own loopback, made from inside its namespace.
-
-    A fresh thread enters the namespace (setns changes only the calling thread) and connects,
-    retrying while the kernel starts, until ``wait_seconds`` pass or ``cancel`` is set; the
-    socket stays in that namespace wherever it is used afterwards.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[socket.socket] = loop.create_future()
-
-    def settle(sock: Any, error: BaseException | None) -> None:
-        if future.done():  # cancelled: the launcher stopped meanwhile
-            if sock is not None:
-                sock.close()
-        elif error is not None:
-            future.set_exception(error)
-        else:
-            ours = socket.socket(fileno=sock.detach())
-            ours.setblocking(False)
-            future.set_result(ours)
-
-    def enter_and_connect() -> None:
-        deadline = time.monotonic() + wait_seconds
-        error: OSError | None
-        try:
-            if _libc().setns(netns, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
-            delay = RETRY_SECONDS
-            while True:
-                try:
-                    sock = connect(port, 0)
-                    break
-                except OSError:
-                    if cancel.is_set() or time.monotonic() >= deadline:
-                        raise
-                    time.sleep(delay)
-                    delay = min(delay * 2, MAX_RETRY_SECONDS)
-        except OSError as exc:
-            sock, error = None, exc
-        else:
-            error = None
-        try:
-            loop.call_soon_threadsafe(settle, sock, error)
-        except RuntimeError:  # the loop is closed: the launch ended meanwhile, nobody waits
-            if sock is not None:
-                sock.close()
-
-    threading.Thread(target=enter_and_connect, name="netns-connect", daemon=True).start()
-    return future
-
-
-def _listen_in_netns(netns: int, port: int) -> socket.socket:
-    """A listening socket on ``port`` of the container's own loopback, made by a fresh thread inside
-    its namespace (setns changes only the calling thread); the socket stays in that namespace."""
-    made: dict[str, Any] = {}
-
-    def enter_and_listen() -> None:
-        try:
-            if _libc().setns(netns, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
-            sock = made["sock"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(128)
-        except OSError as exc:
-            made["error"] = exc
-
-    thread = threading.Thread(target=enter_and_listen, name="netns-listen", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in made:
-        if "sock" in made:
-            made["sock"].close()
-        raise made["error"]
-    made["sock"].setblocking(False)
-    return cast(socket.socket, made["sock"])
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 class DockerLink:
     """The kernel in a locked-down container on the Docker engine (see the module docstring)."""
 
@@ -476,7 +311,7 @@ class DockerLink:
         info = await asyncio.to_thread(client.info)
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
-        direct = _may_enter_netns(settings, info)
+        direct = may_enter_netns(settings, info)
         proxied = settings.network is not True
         spec = container_spec(
             settings,
@@ -511,7 +346,7 @@ class DockerLink:
                 hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
             raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
         if direct:
-            self._netns = await asyncio.to_thread(_container_netns, container)
+            self._netns = await asyncio.to_thread(container_netns, container)
         serving = asyncio.ensure_future(self._start_egress()) if proxied else None  # while the kernel starts
         opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
@@ -534,10 +369,10 @@ class DockerLink:
         proxy = self._egress = egress.Egress.for_settings(self.settings)
         try:
             if self._netns is not None:
-                sock = await asyncio.to_thread(_listen_in_netns, self._netns, egress.PROXY_PORT)
+                sock = await asyncio.to_thread(listen_in_netns, self._netns, egress.PROXY_PORT)
                 await proxy.serve(sock)
             else:
-                from .egress_stream import RelayStream
+                from ..launch.egress_stream import RelayStream
 
                 await proxy.serve(None)
                 command = ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
@@ -548,7 +383,7 @@ class DockerLink:
             raise KernelLaunchError(f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}") from exc
         self._front.requests[WINDOW_REQUEST] = proxy.answer
 
-    async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
+    async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
         for task in opening:
             if task.done() and not task.cancelled() and task.exception() is not None:
@@ -567,33 +402,33 @@ class DockerLink:
     def _exec_socket(self, cmd: list[str]) -> socket.socket:
         assert self._client is not None and self.container_id is not None
         exec_id = self._client.api.exec_create(self.container_id, cmd, stdin=True, stdout=True, stderr=True)["Id"]
-        return _own_socket(self._client.api.exec_start(exec_id, socket=True))
+        return own_socket(self._client.api.exec_start(exec_id, socket=True))
 
     async def _open_channel(self, name: str) -> None:
         port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
-        netns = None if name == LIFELINE_CHANNEL else self._netns
-        if netns is not None:
+        direct = self._netns is not None and name != LIFELINE_CHANNEL
+        if direct:
             # past the launch deadline, so that a kernel that never listens is reported as such
-            sock = await _connect_in_netns(netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
+            sock = await connect_in_netns(self._netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
         else:
             cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
             sock = await asyncio.to_thread(self._exec_socket, cmd)
         if self._stopping:
             sock.close()
             return
-        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=netns is None), sock)
+        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=not direct), sock)
 
     async def _attach_output(self) -> None:
-        assert self._client is not None and self.container_id is not None
+        assert self._client is not None
         params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
         sdk_socket = await asyncio.to_thread(self._client.api.attach_socket, self.container_id, params)
         transport, _ = await self._loop.connect_accepted_socket(
-            lambda: _OutputStream(self.output), _own_socket(sdk_socket)
+            lambda: _OutputStream(self.output), own_socket(sdk_socket)
         )
         self._streams.append(transport)
 
     async def _wait_until_ready(
-        self, container: Any, spec: dict[str, Any], opening: Sequence[asyncio.Future[None]]
+        self, container: Any, spec: dict[str, Any], opening: list[asyncio.Future[None]]
     ) -> None:
         limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
         deadline = time.monotonic() + self.settings.launch_timeout
@@ -610,8 +445,7 @@ class DockerLink:
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
                 # Only what is still pending: a finished future would end every wait at once (a busy loop).
-                watched: list[asyncio.Future[Any]] = [self._ready, self._informed, self._ended, *opening]
-                pending = [f for f in watched if not f.done()]
+                pending = [f for f in (self._ready, self._informed, self._ended, *opening) if not f.done()]
                 await asyncio.wait(pending, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
@@ -835,7 +669,6 @@ class DockerLink:
 
     async def _explain_loss(self, exc: BaseException | None) -> None:
         """The event stream ended while the kernel should be running: find out why, in bounded time."""
-        assert self.container_id is not None  # the events are those of its container
         try:
             client = await asyncio.to_thread(docker_client, ENGINE_CHECK_TIMEOUT)
             await asyncio.to_thread(client.containers.get, self.container_id)
@@ -866,7 +699,7 @@ class DockerLink:
                     ok = True
                 except Exception:  # any failure is the engine's: reported below as no answer
                     ok = False
-                _post(self._loop, lambda: None if answered.done() else answered.set_result(ok))
+                _post(self._loop, lambda: answered.done() or answered.set_result(ok))
 
             threading.Thread(target=ping, name="docker-ping", daemon=True).start()
             try:
@@ -906,7 +739,7 @@ class DockerLink:
         except docker.errors.APIError as exc:
             log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
 
-    async def stop(self) -> None:  # noqa: C901
+    async def stop(self) -> None:
         """Close every stream, end the kernel and remove its container."""
         if self._stopping:
             return

@@ -7,7 +7,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
-from . import Backend, given
+from .backend import Backend, given
 
 IPYKERNEL_ARGV = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
 

@@ -26,10 +26,10 @@ from typing import Any
 
 from .. import __version__
 from ..errors import CallDeadlineExceeded, OpenSandboxError, OutputLimitExceeded
-from ..opensandbox.client import ExecdClient
-from ..opensandbox.settings import OpenSandboxSettings
-from ..opensandbox.translate import CellRelay, CellTranslator
-from .front import PROTOCOL_VERSION, ExitStatus, Front, new_header
+from .client import ExecdClient
+from .settings import OpenSandboxSettings
+from .translate import CellRelay, CellTranslator
+from ..launch.front import PROTOCOL_VERSION, ExitStatus, Front, new_header
 
 log = logging.getLogger("kernel_sandbox.launch")
 

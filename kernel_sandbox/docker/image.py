@@ -22,8 +22,8 @@ import docker
 from docker.errors import APIError, DockerException
 
 from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image
-from .errors import ConfigError, ImageBuildError
-from .resources import data_path
+from ..errors import ConfigError, ImageBuildError
+from ..resources import data_path
 
 BASE_FALLBACK = "kernel-sandbox-base:bookworm"
 UPSTREAM_BASE = "python:3.11-slim"

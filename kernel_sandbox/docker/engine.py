@@ -20,8 +20,8 @@ from pathlib import Path
 import docker
 
 from .containers import docker_client
-from .doctor import ENGINE_FIX
-from .errors import EngineUnavailable
+from ..doctor import ENGINE_FIX
+from ..errors import EngineUnavailable
 
 LOCAL_ENGINES = ("unix:///var/run/docker.sock", "unix:///run/docker.sock")
 DOCKERD_LOG = Path("/var/log/kernel-sandbox-dockerd.log")

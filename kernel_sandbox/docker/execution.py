@@ -9,10 +9,10 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
-from ...errors import NetworkDisabledError
-from ...kernelspecs import DOCKER_SPEC, shipped_spec
-from ...metrics import CgroupProbe, MetricsUnavailable
-from . import Backend, LauncherRequest, given
+from ..errors import NetworkDisabledError
+from ..kernelspecs import DOCKER_SPEC, shipped_spec
+from ..metrics import CgroupProbe, MetricsUnavailable
+from ..execution.backend import Backend, LauncherRequest, given
 
 
 def docker_config(options: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +31,7 @@ class DockerBackend(Backend):
     pool_defaults = {"standby": 0}
 
     def check(self, options: dict[str, Any]) -> None:
-        from ...settings import DockerSettings
+        from .settings import DockerSettings
 
         DockerSettings.from_config(docker_config(options))
 
@@ -58,7 +58,7 @@ class DockerBackend(Backend):
 
     def probe(self, provisioner: Any) -> CgroupProbe:
         """The cgroup of the kernel's container, found through the engine's inspect data."""
-        from ...containers import docker_client
+        from .containers import docker_client
 
         container_id = getattr(provisioner, "container_id", None)
         if not container_id:
@@ -70,7 +70,7 @@ class DockerBackend(Backend):
         with contextlib.suppress(Exception):
             container_id = getattr(provisioner, "container_id", None)
             if container_id:
-                from ...containers import docker_client, remove_container
+                from .containers import docker_client, remove_container
 
                 remove_container(docker_client().containers.get(container_id))
         super().kill_now(provisioner)

@@ -1,6 +1,6 @@
 """The launcher's watchdog: it removes the kernel's container when the launcher dies, whatever kills it.
 
-The Docker link starts it (``python -m kernel_sandbox.watchdog LAUNCHER_PID KERNEL_ID``, in a
+The Docker link starts it (``python -m kernel_sandbox.docker.watchdog LAUNCHER_PID KERNEL_ID``, in a
 session of its own, so that a signal to the launcher's process group does not reach it) before
 it creates the container, and holds the write end of the pipe that is the watchdog's stdin.
 When the launcher ends, the pipe closes. After a clean end the launcher has written :data:`DONE`
@@ -36,7 +36,7 @@ RETRY = 10.0
 def start(kernel_id: str) -> subprocess.Popen[bytes]:
     """Start the watchdog of this launcher's containers for ``kernel_id``; write :data:`DONE` to its stdin at a clean end."""
     return subprocess.Popen(
-        [sys.executable, "-m", "kernel_sandbox.watchdog", str(os.getpid()), kernel_id],
+        [sys.executable, "-m", "kernel_sandbox.docker.watchdog", str(os.getpid()), kernel_id],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,  # it may outlive the launcher: it holds none of the launcher's pipes

@@ -11,10 +11,10 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 
-from ...egress import opensandbox_rules
-from ...errors import ConfigError, NetworkDisabledError, OpenSandboxError, SandboxError
-from ...kernelspecs import OPENSANDBOX_SPEC, shipped_spec
-from . import Backend, LauncherRequest, given
+from ..egress import opensandbox_rules
+from ..errors import ConfigError, NetworkDisabledError, OpenSandboxError, SandboxError
+from ..kernelspecs import OPENSANDBOX_SPEC, shipped_spec
+from ..execution.backend import Backend, LauncherRequest, given
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,13 @@ class OpenSandboxBackend(Backend):
     comms_known = False  # the launcher's execd relay has no comms; the websocket mode has
     package_window = True
 
+    def speaks_comms(self, kernel_info: dict[str, Any]) -> bool:
+        from .relay import IMPLEMENTATION  # the execd relay's kernel_info names it; the websocket mode's kernel does not
+
+        return kernel_info.get("implementation") != IMPLEMENTATION
+
     def check(self, options: dict[str, Any]) -> None:
-        from ...opensandbox.settings import OpenSandboxSettings
+        from .settings import OpenSandboxSettings
 
         OpenSandboxSettings.from_config(opensandbox_config(options))
 
@@ -63,7 +68,7 @@ class OpenSandboxBackend(Backend):
     @staticmethod
     def _client(provisioner: Any) -> Any:
         """A lifecycle client with the kernel's settings (the API key stays on the host)."""
-        from ...opensandbox.client import OpenSandboxClient
+        from .client import OpenSandboxClient
 
         settings = provisioner.settings()
         return OpenSandboxClient(

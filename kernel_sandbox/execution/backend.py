@@ -1,8 +1,8 @@
 """Sandbox backends as objects: everything in which ``docker``, ``opensandbox`` and ``local`` differ.
 
-Each backend is one module here holding one :class:`Backend`; adding a backend is adding a
-module and adding it to :data:`BACKENDS`. The session (:mod:`..sandbox`) asks its backend and
-never compares backend names.
+Each backend's wing holds one :class:`Backend` subclass (``local``'s is :mod:`.local`), found
+by name through the registry (:func:`kernel_sandbox.backends.adapter`). The session
+(:mod:`.sandbox`) asks its backend and never compares backend names.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from ...errors import ConfigError, SandboxError
-from ...kernelspecs import kernel_manager as spec_kernel_manager
-from ...metrics import CgroupProbe, MetricsUnavailable
+from ..backends import adapter
+from ..errors import SandboxError
+from ..kernelspecs import kernel_manager as spec_kernel_manager
+from ..metrics import CgroupProbe, MetricsUnavailable
 
 KERNEL_NAME = "kernel-sandbox-execution"
 LauncherRequest = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -38,6 +39,11 @@ class Backend:
     """True when the package index can be opened for one ``install()`` call (a network-off kernel)."""
     pool_defaults: dict[str, Any] = {}
     """Options a pool sets unless given, because the pool keeps its own ready kernels."""
+
+    def speaks_comms(self, kernel_info: dict[str, Any]) -> bool:
+        """Whether the running kernel, by the content of its ``kernel_info`` reply, speaks comms
+        (asked when :attr:`comms_known` is False)."""
+        return True
 
     def check(self, options: dict[str, Any]) -> None:
         """Refuse options that are unknown or out of range (ConfigError naming the option)."""
@@ -79,20 +85,9 @@ def given(options: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in options.items() if value is not None}
 
 
-from .docker import DockerBackend  # noqa: E402 (the backends build on Backend, defined above)
-from .local import LocalBackend  # noqa: E402
-from .opensandbox import OpenSandboxBackend  # noqa: E402
-
-BACKENDS: dict[str, Backend] = {b.name: b for b in (DockerBackend(), OpenSandboxBackend(), LocalBackend())}
-"""Every backend by name."""
-
-
 def backend(name: str) -> Backend:
     """The backend called ``name`` (ConfigError listing the known ones otherwise)."""
-    found = BACKENDS.get(name)
-    if found is None:
-        raise ConfigError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    return found
+    return adapter(name)
 
 
 def kernel_spec(name: str, options: dict[str, Any]) -> KernelSpec:

@@ -1,7 +1,7 @@
 """Kernel provisioner that runs each kernel in a fresh, locked-down Docker container.
 
 The container is started by the launcher (:mod:`kernel_sandbox.launch`), the one code path that
-sandboxes; this provisioner runs it as a local process (:class:`~.launched.LaunchedProvisioner`,
+sandboxes; this provisioner runs it as a local process (:class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`,
 shared with the OpenSandbox provisioner) and adds the Docker side: the options, the mounts
 checked before the launch, and the removal of a container whose launcher was killed.
 """
@@ -20,7 +20,7 @@ import docker.errors
 import requests.exceptions
 from jupyter_core.paths import is_hidden
 
-from ..containers import (
+from .containers import (
     LABEL,
     LABEL_KERNEL_ID,
     LABEL_LAUNCHER_PID,
@@ -34,15 +34,15 @@ from ..containers import (
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..privdir import CONFIG, PrivateDir
-from ..settings import DockerSettings
-from .budget import BUDGET, Claim
-from .launched import LaunchedProvisioner
+from .settings import DockerSettings
+from ..provisioners.budget import BUDGET, Claim
+from ..provisioners.launched import LaunchedProvisioner
 
 
 class DockerProvisioner(LaunchedProvisioner):
     """Launch the kernel of a kernelspec in a new container on the local Docker engine.
 
-    Every option of :class:`~kernel_sandbox.settings.DockerSettings` is a traitlet here
+    Every option of :class:`~kernel_sandbox.docker.settings.DockerSettings` is a traitlet here
     (``c.DockerProvisioner.memory = "2g"``) and a key of the kernelspec's provisioner config;
     they are checked together, and an unknown or bad one stops the launch with its name.
     """
@@ -77,7 +77,7 @@ class DockerProvisioner(LaunchedProvisioner):
         return Claim(memory=settings.memory or 0, max_kernels=settings.max_kernels, max_memory=settings.max_memory)
 
     async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
-        """Re-attach (see :class:`~.launched.LaunchedProvisioner`); the kernel runs already, so it is
+        """Re-attach (see :class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`); the kernel runs already, so it is
         counted in the kernel budget, room or not."""
         await super().load_provisioner_info(provisioner_info)
         if self._reservation is None:

@@ -12,7 +12,7 @@ Two modes carry the kernel's messages (``mode``):
   (the v1 wire format passes the client's parts through unparsed), so display data, comms and
   widgets, ``input()``, completion and inspection work as on a Docker kernel. Routing identities
   are kept by request id, so replies and ``input_request`` reach the client that asked.
-* **execd** (:class:`~kernel_sandbox.launch.execd_relay.ExecdRelay`): execd's ``/code`` only.
+* **execd** (:class:`~kernel_sandbox.opensandbox.relay.ExecdRelay`): execd's ``/code`` only.
 
 ``auto`` (the default) uses the websocket when the sandbox's Jupyter server answers within
 ``jupyter_wait`` seconds, else execd. Whatever the mode, what the sandbox sends is capped
@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
-from ..opensandbox.client import (
+from .client import (
     TERMINAL_STATES,
     ExecdClient,
     OpenSandboxClient,
@@ -42,17 +42,17 @@ from ..opensandbox.client import (
     note_unknown_state,
     sandbox_state,
 )
-from ..opensandbox.events import REPLY_TRACEBACK_CHARS, capped_error
-from ..opensandbox.gc import owner_metadata
-from ..opensandbox.jupyter import JupyterServer, KernelSocket
+from .events import REPLY_TRACEBACK_CHARS, capped_error
+from .gc import owner_metadata
+from .jupyter import JupyterServer, KernelSocket
 from ..metrics import Usage
-from ..opensandbox.settings import OpenSandboxSettings
+from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE
-from .execd_relay import ExecdRelay
-from .front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
+from .relay import ExecdRelay
+from ..launch.front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
 
 if TYPE_CHECKING:
-    from . import LaunchRequest
+    from ..launch.request import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
 

@@ -1,7 +1,7 @@
 """Kernel provisioner that runs each kernel in a fresh OpenSandbox sandbox.
 
 The sandbox is created, kept alive and deleted by the launcher (:mod:`kernel_sandbox.launch`),
-the same one code path the Docker provisioner runs (:class:`~.launched.LaunchedProvisioner`), so
+the same one code path the Docker provisioner runs (:class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`), so
 the output policy, the client-signature checks and re-signing apply here too. This class adds
 the OpenSandbox side: its options (``api_base``/``api_key`` from ``OPEN_SANDBOX_API_BASE`` /
 ``OPEN_SANDBOX_API_KEY`` when unset), and the deletion of a sandbox whose launcher was killed.
@@ -13,9 +13,9 @@ from typing import Any
 
 from ..errors import OpenSandboxError
 from ..kernelspecs import OPENSANDBOX_PROVISIONER
-from ..opensandbox.client import OpenSandboxClient
-from ..opensandbox.settings import OpenSandboxSettings
-from .launched import LaunchedProvisioner
+from .client import OpenSandboxClient
+from .settings import OpenSandboxSettings
+from ..provisioners.launched import LaunchedProvisioner
 
 
 class OpenSandboxProvisioner(LaunchedProvisioner):

@@ -21,11 +21,13 @@ import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
 
-from .errors import ConfigError, EngineUnavailable, ImageMissing
-from .kernelside import source
-from .kernelside.boot import KEY_ENV
-from .privdir import abandoned_dirs
-from .settings import DEFAULT_IMAGE, HOME_DIR, WORK_DIR, DockerSettings
+from ..errors import ConfigError, EngineUnavailable, ImageMissing, KernelSandboxError
+from ..kernelside import source
+from ..kernelside.boot import KEY_ENV
+from ..privdir import ADOPTED, PrivateDir, abandoned_dirs
+from ..provisioners.process import pid_alive
+from ..settings import HOME_DIR, WORK_DIR
+from .settings import DEFAULT_IMAGE, DockerSettings
 
 __all__ = ["DEFAULT_IMAGE", "HOME_DIR", "WORK_DIR"]
 
@@ -292,17 +294,6 @@ def remove_launcher_containers(client: docker.DockerClient, kernel_id: str, laun
         remove_container(container)
 
 
-def pid_alive(pid: int) -> bool:
-    """True when a process ``pid`` exists on this host (also one of another user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def is_orphan(container: Container) -> bool:
     """True when nothing on this host will remove ``container``: its launcher (owner) is dead.
 
@@ -337,3 +328,20 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
         shutil.rmtree(path, ignore_errors=True)
         report.private_dirs.append(str(path))
     return report
+
+
+def kernel_of(labels: Mapping[str, str]) -> str | None:
+    """The id of the kernel a container serves, read from its labels; None for a standby not adopted yet.
+
+    A standby's adoption is recorded in its private directory, which only this user can read.
+    """
+    from ..provisioners.standby import STANDBY_ID_PREFIX  # the standby pool is not for every engine call
+
+    kernel_id = labels.get(LABEL_KERNEL_ID, "?")
+    if not kernel_id.startswith(STANDBY_ID_PREFIX):
+        return kernel_id
+    try:
+        adopted = PrivateDir(Path(labels.get(LABEL_PRIVATE_DIR, ""))).read_json(ADOPTED)
+    except (OSError, ValueError, KernelSandboxError):
+        adopted = None
+    return str(adopted["kernel_id"]) if isinstance(adopted, dict) and "kernel_id" in adopted else None
