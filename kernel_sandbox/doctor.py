@@ -43,7 +43,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     try:
         wanted = provisioner_names()
     except KernelLaunchError:
-        wanted = {f"the {GROUP} entry points"}
+        wanted = frozenset({f"the {GROUP} entry points"})
     missing = wanted - names
     checks.append(
         Check(

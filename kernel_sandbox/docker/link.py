@@ -29,7 +29,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import docker
@@ -158,6 +158,7 @@ class _Channel(asyncio.BufferedProtocol):
         assert self.peer is not None
         try:
             if self._demux is not None:
+                assert self._scratch is not None  # made with the demultiplexer
                 self._demux.feed(self._scratch[:nbytes])
             else:
                 self.peer.buffer_updated(nbytes)
@@ -383,7 +384,7 @@ class DockerLink:
             raise KernelLaunchError(f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}") from exc
         self._front.requests[WINDOW_REQUEST] = proxy.answer
 
-    async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
+    async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
         for task in opening:
             if task.done() and not task.cancelled() and task.exception() is not None:
@@ -406,20 +407,20 @@ class DockerLink:
 
     async def _open_channel(self, name: str) -> None:
         port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
-        direct = self._netns is not None and name != LIFELINE_CHANNEL
-        if direct:
+        netns = None if name == LIFELINE_CHANNEL else self._netns
+        if netns is not None:
             # past the launch deadline, so that a kernel that never listens is reported as such
-            sock = await connect_in_netns(self._netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
+            sock = await connect_in_netns(netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
         else:
             cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
             sock = await asyncio.to_thread(self._exec_socket, cmd)
         if self._stopping:
             sock.close()
             return
-        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=not direct), sock)
+        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=netns is None), sock)
 
     async def _attach_output(self) -> None:
-        assert self._client is not None
+        assert self._client is not None and self.container_id is not None
         params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
         sdk_socket = await asyncio.to_thread(self._client.api.attach_socket, self.container_id, params)
         transport, _ = await self._loop.connect_accepted_socket(
@@ -428,7 +429,7 @@ class DockerLink:
         self._streams.append(transport)
 
     async def _wait_until_ready(
-        self, container: Any, spec: dict[str, Any], opening: list[asyncio.Future[None]]
+        self, container: Any, spec: dict[str, Any], opening: Sequence[asyncio.Future[None]]
     ) -> None:
         limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
         deadline = time.monotonic() + self.settings.launch_timeout
@@ -445,7 +446,8 @@ class DockerLink:
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
                 # Only what is still pending: a finished future would end every wait at once (a busy loop).
-                pending = [f for f in (self._ready, self._informed, self._ended, *opening) if not f.done()]
+                watched: list[asyncio.Future[Any]] = [self._ready, self._informed, self._ended, *opening]
+                pending = [f for f in watched if not f.done()]
                 await asyncio.wait(pending, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
@@ -669,6 +671,7 @@ class DockerLink:
 
     async def _explain_loss(self, exc: BaseException | None) -> None:
         """The event stream ended while the kernel should be running: find out why, in bounded time."""
+        assert self.container_id is not None  # the events are those of its container
         try:
             client = await asyncio.to_thread(docker_client, ENGINE_CHECK_TIMEOUT)
             await asyncio.to_thread(client.containers.get, self.container_id)
@@ -699,7 +702,7 @@ class DockerLink:
                     ok = True
                 except Exception:  # any failure is the engine's: reported below as no answer
                     ok = False
-                _post(self._loop, lambda: answered.done() or answered.set_result(ok))
+                _post(self._loop, lambda: None if answered.done() else answered.set_result(ok))
 
             threading.Thread(target=ping, name="docker-ping", daemon=True).start()
             try:
@@ -739,7 +742,7 @@ class DockerLink:
         except docker.errors.APIError as exc:
             log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: C901
         """Close every stream, end the kernel and remove its container."""
         if self._stopping:
             return

@@ -51,7 +51,7 @@ def container_netns(container: Any) -> int | None:
     return fd
 
 
-def connect_in_netns(
+def connect_in_netns(  # noqa: C901
     netns: int, port: int, wait_seconds: float, cancel: threading.Event
 ) -> asyncio.Future[socket.socket]:
     """A TCP connection to ``port`` on the container's own loopback, made from inside its namespace.
@@ -76,6 +76,7 @@ def connect_in_netns(
 
     def enter_and_connect() -> None:
         deadline = time.monotonic() + wait_seconds
+        error: OSError | None
         try:
             if _libc().setns(netns, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")

@@ -8,7 +8,7 @@ and every name of the three, importable from here as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -141,7 +141,7 @@ async def run_once(
                 await asyncio.shield(client.delete(sandbox.id))
             except Exception as cleanup:  # noqa: BLE001
                 log.error("deleting sandbox %s after a failed run failed too: %s", sandbox.id, cleanup)
-                with contextlib.suppress(AttributeError):
+                if sys.version_info >= (3, 11):  # add_note is new in 3.11
                     exc.add_note(f"deleting sandbox {sandbox.id} failed as well: {cleanup}")
             raise
         try:

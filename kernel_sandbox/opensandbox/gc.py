@@ -36,7 +36,9 @@ def owner_metadata(kernel_id: str) -> dict[str, str]:
 
 def is_orphan(sandbox: dict[str, Any]) -> bool:
     """True when ``sandbox`` (as the server lists it) is of this host and its launcher is dead."""
-    metadata = sandbox.get("metadata") if isinstance(sandbox.get("metadata"), dict) else {}
+    metadata = sandbox.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
     pid = str(metadata.get(LABEL_LAUNCHER_PID, ""))
     return metadata.get(LABEL_OWNER_HOST) == host_label() and pid.isdigit() and not pid_alive(int(pid))
 
