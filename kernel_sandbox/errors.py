@@ -77,15 +77,18 @@ class KernelBudgetExceeded(KernelLaunchError):
 
 
 class ChannelProtocolError(KernelSandboxError):
-    """A kernel broke ZMTP on one of its channels (a bad greeting, a bound exceeded); the launcher ends that kernel."""
+    """A kernel broke ZMTP on one of its channels (a bad greeting, a bound exceeded); the launcher
+    ends that kernel."""
 
 
 class SetupError(KernelSandboxError):
-    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run instead."""
+    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run
+    instead."""
 
 
 class MetricsUnavailable(KernelSandboxError):
-    """A sandbox's usage cannot be read by the host: its cgroup is not here, or its backend offers none."""
+    """A sandbox's usage cannot be read by the host: its cgroup is not here, or its backend offers
+    none."""
 
 
 class SandboxError(KernelSandboxError):
@@ -105,7 +108,8 @@ class NetworkDisabledError(SandboxError):
 
 
 class CallTimeoutError(SandboxError, TimeoutError):
-    """A call of the execution API (a file transfer, a helper) did not finish before its deadline."""
+    """A call of the execution API (a file transfer, a helper) did not finish before its
+    deadline."""
 
 
 class UnsafePayloadError(SandboxError):
@@ -113,7 +117,8 @@ class UnsafePayloadError(SandboxError):
 
 
 class ResultLimitError(UnsafePayloadError):
-    """A result from the sandbox exceeds a decoding limit; ``limit`` names it, ``value`` is its value."""
+    """A result from the sandbox exceeds a decoding limit; ``limit`` names it, ``value`` is its
+    value."""
 
     def __init__(self, message: str, *, limit: str, value: int) -> None:
         super().__init__(message)
@@ -130,7 +135,8 @@ class OpenSandboxError(KernelSandboxError):
 
 
 class OpenSandboxConfigError(OpenSandboxError, ConfigError):
-    """The client is missing configuration (for example the API base URL); also a :class:`ConfigError`."""
+    """The client is missing configuration (for example the API base URL); also a
+    :class:`ConfigError`."""
 
 
 class OpenSandboxAPIError(OpenSandboxError):
@@ -141,7 +147,9 @@ class OpenSandboxAPIError(OpenSandboxError):
     naming each refused field).
     """
 
-    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, response: Any, code: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.response = response
         self.status_code: int = response.status_code
@@ -154,8 +162,8 @@ class SandboxNotFound(OpenSandboxAPIError):
 
 
 class SandboxCapacityError(OpenSandboxAPIError):
-    """The server had no capacity for a new sandbox (429, or 503 with ``Retry-After``) until the launch
-    deadline ran out; the message says how often and how long it was retried."""
+    """The server had no capacity for a new sandbox (429, or 503 with ``Retry-After``) until the
+    launch deadline ran out; the message says how often and how long it was retried."""
 
 
 class SandboxQuotaExceeded(OpenSandboxAPIError):
@@ -164,14 +172,17 @@ class SandboxQuotaExceeded(OpenSandboxAPIError):
     ``quota`` is the quota's name as the server reported it (a Kubernetes ResourceQuota), or None.
     """
 
-    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, response: Any, code: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message, response=response, code=code, detail=detail)
         found = re.search(r"exceeded quota:\s*([A-Za-z0-9][-A-Za-z0-9_.]*)", detail or "")
         self.quota: str | None = found.group(1) if found else None
 
 
 class OpenSandboxProtocolError(OpenSandboxError):
-    """An answer the client cannot use: not JSON, the wrong JSON shape, bad values, or compressed."""
+    """An answer the client cannot use: not JSON, the wrong JSON shape, bad values, or
+    compressed."""
 
 
 class ResponseTooLarge(OpenSandboxProtocolError):
@@ -183,7 +194,8 @@ class ResponseTooLarge(OpenSandboxProtocolError):
 
 
 class OpenSandboxConnectionError(OpenSandboxError, ConnectionError):
-    """The lifecycle server or execd could not be reached, or hung up; the message names the call."""
+    """The lifecycle server or execd could not be reached, or hung up; the message names the
+    call."""
 
 
 class CallDeadlineExceeded(OpenSandboxError, TimeoutError):

@@ -27,7 +27,8 @@ def bundle_repr(bundle: dict[str, Any]) -> str:
 
 @dataclass(repr=False)
 class ExecutionError:
-    """An exception raised by code in the sandbox (or a timeout, kernel death or relay failure reported as one).
+    """An exception raised by code in the sandbox (or a timeout, kernel death or relay failure
+    reported as one).
 
     ``traceback`` is the whole traceback as one text (lines joined with newlines).
     """

@@ -48,7 +48,8 @@ class DockerBackend(Backend):
         if reply.get("status") != "ok":
             raise NetworkDisabledError(
                 "Cannot install packages: the launcher did not open the package index "
-                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in network."
+                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in "
+                "network."
             )
         try:
             yield

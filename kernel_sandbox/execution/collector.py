@@ -1,4 +1,5 @@
-"""The output collector: the IOPub messages of one request, gathered into an Execution under a byte cap."""
+"""The output collector: the IOPub messages of one request, gathered into an Execution under a byte
+cap."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ Callback = Callable[[Any], Any] | None
 
 
 async def call_back(callback: Callback, value: Any) -> None:
-    """Call ``callback`` with ``value`` (awaiting it when it is a coroutine function); None does nothing."""
+    """Call ``callback`` with ``value`` (awaiting it when it is a coroutine function); None does
+    nothing."""
     if callback is not None:
         outcome = callback(value)
         if inspect.isawaitable(outcome):
@@ -29,8 +31,12 @@ class Collector:
     """
 
     def __init__(
-        self, cap: int, callbacks: Mapping[str, Callback] | None = None, marker: str | None = None,
-        channel: str | None = None, policy: OutputPolicy | None = None,
+        self,
+        cap: int,
+        callbacks: Mapping[str, Callback] | None = None,
+        marker: str | None = None,
+        channel: str | None = None,
+        policy: OutputPolicy | None = None,
     ) -> None:
         self.execution = Execution()
         self.policy = policy
@@ -45,7 +51,8 @@ class Collector:
         self.text_answer: str | None = None
         self.opened: tuple[str, dict[str, Any]] | None = None
         self.finished = False
-        self.failed = False  # the host saw the request fail: it timed out, the kernel died, its cell's reply was not ok
+        # the host saw the request fail: it timed out, the kernel died, its cell's reply was not ok
+        self.failed = False
         self._stdout: list[str] = []
         self._stderr: list[str] = []
 
@@ -95,20 +102,30 @@ class Collector:
             if not isinstance(bundle, dict):
                 return
             text = bundle.get("text/plain")
-            if self.frame_prefix is not None and isinstance(text, str) and text.startswith(self.frame_prefix):
+            if (
+                self.frame_prefix is not None
+                and isinstance(text, str)
+                and text.startswith(self.frame_prefix)
+            ):
                 if self._count_answer() and kind == "execute_result":
                     self.text_answer = text
                 return
-            size = sum(len(value) if isinstance(value, str) else len(str(value)) for value in bundle.values())
+            size = sum(
+                len(value) if isinstance(value, str) else len(str(value))
+                for value in bundle.values()
+            )
             if self._admit(size):
-                bundle = dict(bundle if self.policy is None else self.policy.filter_bundle(bundle)[0])
+                bundle = dict(
+                    bundle if self.policy is None else self.policy.filter_bundle(bundle)[0]
+                )
                 self.execution.results.append(bundle)
                 if kind == "execute_result":
                     self.execution.main_result = bundle
                 await call_back(self.callbacks.get("on_result"), bundle)
         elif kind == "error":
             error = ExecutionError(
-                str(content.get("ename", ""))[:1000], str(content.get("evalue", ""))[:10000],
+                str(content.get("ename", ""))[:1000],
+                str(content.get("evalue", ""))[:10000],
                 "\n".join(str(line) for line in content.get("traceback", []))[-65536:],
             )
             if self._admit(len(error.value) + len(error.traceback)):
@@ -116,14 +133,26 @@ class Collector:
                 await call_back(self.callbacks.get("on_error"), error)
         elif kind == "execute_input":
             self.execution.execution_count = content.get("execution_count")
-        elif kind == "comm_msg" and self.channel is not None and content.get("comm_id") == self.channel:
+        elif (
+            kind == "comm_msg"
+            and self.channel is not None
+            and content.get("comm_id") == self.channel
+        ):
             data = content.get("data")
-            if isinstance(data, dict) and data.get("marker") == self.marker and self._count_answer():
+            if (
+                isinstance(data, dict)
+                and data.get("marker") == self.marker
+                and self._count_answer()
+            ):
                 buffers = msg.get("buffers") or []
                 self.answer = (data, buffers if sum(map(len, buffers)) <= 2 * CHUNK else [])
         elif kind == "comm_open" and content.get("target_name") == TARGET:
             data = content.get("data")
-            if isinstance(data, dict) and data.get("marker") == self.marker and self._count_answer():
+            if (
+                isinstance(data, dict)
+                and data.get("marker") == self.marker
+                and self._count_answer()
+            ):
                 self.opened = (str(content.get("comm_id")), data)
 
     async def finish(self) -> Execution:

@@ -1,4 +1,5 @@
-"""Sessions on a sandboxed kernel: run code, move files, install packages, call tools, run skills."""
+"""Sessions on a sandboxed kernel: run code, move files, install packages, call tools, run
+skills."""
 
 from __future__ import annotations
 
@@ -39,7 +40,15 @@ from .backend import DEFAULT_BACKEND, kernel_manager
 from .backend import backend as backend_named
 from .channel import CHUNK, VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .decode import DecodeLimits, allowed_map, decode
-from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
+from .files import (
+    MAX_FILE_BYTES,
+    MAX_SKILL_FILES_BYTES,
+    MAX_STREAM_BYTES,
+    NO_LIMIT,
+    Content,
+    chunks,
+    confine,
+)
 from .collector import Callback, Collector
 from .skills import failed_skill, figure_files, file_entry, skill_result
 from .tools import body_error, check_env, tool_payload
@@ -71,15 +80,16 @@ _LIVE: weakref.WeakSet[AsyncSandbox] = weakref.WeakSet()
 class AsyncSandbox:
     """A kernel in a sandbox (``docker``, ``opensandbox`` or ``local``), used with ``async with``.
 
-    Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by
-    default; True, or a list of destinations such as ``["api.example.com"]``), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
-    may take by default: 300; ``float("inf")`` for none), ``start_timeout``,
-    ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted call gets to stop before
-    the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
-    hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
-    (decode values the data format cannot carry from pickles: off, see the README),
-    ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword goes to the
-    backend's provisioner config. Docker and OpenSandbox options are checked here, before anything starts.
+    Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by default;
+    True, or a list of destinations such as ``["api.example.com"]``), ``env``, ``mounts``
+    ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call may take by default: 300;
+    ``float("inf")`` for none), ``start_timeout``, ``max_output_bytes``, ``interrupt_grace``
+    (seconds an interrupted call gets to stop before the kernel is restarted), ``allowed_classes``
+    (classes whose instances tool results may hold), ``decode_limits`` (:class:`DecodeLimits` for
+    tool results), ``unsafe_pickle`` (decode values the data format cannot carry from pickles: off,
+    see the README), ``output_policy`` (``strict``, the default, or ``trusted``); any other keyword
+    goes to the backend's provisioner config. Docker and OpenSandbox options are checked here,
+    before anything starts.
     """
 
     def __init__(
@@ -104,11 +114,20 @@ class AsyncSandbox:
         **backend_options: Any,
     ) -> None:
         self._backend = backend_named(backend)
-        for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
+        for name, value in (
+            ("timeout", timeout),
+            ("start_timeout", start_timeout),
+            ("interrupt_grace", interrupt_grace),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
+                raise ConfigError(
+                    f"{name} must be a positive number of seconds (float('inf') for no deadline), "
+                    f"not {value!r}"
+                )
         if decode_limits is not None and not isinstance(decode_limits, DecodeLimits):
-            raise ConfigError(f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}")
+            raise ConfigError(
+                f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}"
+            )
         self.backend = backend
         self.network = network if isinstance(network, bool) else list(network)
         self.timeout = float(timeout)
@@ -124,9 +143,15 @@ class AsyncSandbox:
             OutputPolicy.from_name(output_policy)
             backend_options["output_policy"] = output_policy
         self._options: dict[str, Any] = {
-            "image": image, "memory": memory, "cpus": cpus, "pids_limit": pids_limit,
-            "network": self.network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
-            "launch_timeout": start_timeout, **backend_options,
+            "image": image,
+            "memory": memory,
+            "cpus": cpus,
+            "pids_limit": pids_limit,
+            "network": self.network,
+            "env": dict(env or {}),
+            "mounts": list(mounts or []) or None,
+            "launch_timeout": start_timeout,
+            **backend_options,
         }
         self._backend.check(self._options)
         self._comms = self._backend.comms_known  # tool calls on a comm; else decided in _connect
@@ -139,22 +164,26 @@ class AsyncSandbox:
         self._channel: str | None = None
         self._installed = False
         self._restarts = 0
-        self._unanswered = False  # the helper could not answer: restart the kernel before the next request
+        # the helper could not answer: restart the kernel before the next request
+        self._unanswered = False
         self._kept_state: str | None = None
-        self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
+        # a per-call environment may still be set in the kernel (a cancelled call)
+        self._env_set = False
         self._probe: CgroupProbe | None = None
         self._checked = Usage()  # the counters when limits were last looked at: none yet
         self.work_dir: str = ""
         if not self._backend.sandboxed:
             warnings.warn(
-                f"kernel-sandbox backend {backend!r} runs an ordinary local kernel: it is NOT a sandbox "
-                "(no isolation, no limits). Use it for development only.",
+                f"kernel-sandbox backend {backend!r} runs an ordinary local kernel: it is NOT a "
+                "sandbox (no isolation, no limits). Use it for development only.",
                 stacklevel=2,
             )
 
     def __repr__(self) -> str:
         state = "started" if self._km is not None else "closed" if self._closed else "not started"
-        return f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
+        return (
+            f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -189,7 +218,9 @@ class AsyncSandbox:
         return self
 
     @classmethod
-    async def attach(cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any) -> AsyncSandbox:
+    async def attach(
+        cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any
+    ) -> AsyncSandbox:
         """Take over the live sandboxed kernel ``kernel_id`` whose owner (another process) is gone.
 
         Within the kernel's ``orphan_timeout`` of its owner's end: same container, same variables.
@@ -206,7 +237,9 @@ class AsyncSandbox:
         spec = sandbox._backend.kernel_spec(sandbox._options)
         provisioner = spec.metadata["kernel_provisioner"]
         if provisioner["provisioner_name"] != record.backend:
-            raise ConfigError(f"kernel {kernel_id} runs on {record.backend}, not on the {backend!r} backend")
+            raise ConfigError(
+                f"kernel {kernel_id} runs on {record.backend}, not on the {backend!r} backend"
+            )
         provisioner["config"] = record.settings
         sandbox._lock = asyncio.Lock()
         sandbox._km = kernel_manager(spec)
@@ -237,7 +270,8 @@ class AsyncSandbox:
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
-        if not self._backend.comms_known:  # the launcher's execd relay has no comms; the websocket mode has
+        # the launcher's execd relay has no comms; the websocket mode has
+        if not self._backend.comms_known:
             info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
             self._comms = self._backend.speaks_comms(info["content"])
 
@@ -256,7 +290,8 @@ class AsyncSandbox:
         await self._connect()
 
     async def pause(self) -> None:
-        """Pause the sandbox (opensandbox backend): it keeps its memory and runs nothing until :meth:`resume`.
+        """Pause the sandbox (opensandbox backend): it keeps its memory and runs nothing until
+        :meth:`resume`.
 
         Calls made while it is paused wait (their deadlines still count); the kernel is not dead.
         """
@@ -322,7 +357,8 @@ class AsyncSandbox:
         return probe.read()
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
-        """Say in ``error`` which limits the kernel hit since they were last looked at, as the host reads them."""
+        """Say in ``error`` which limits the kernel hit since they were last looked at, as the host
+        reads them."""
         if error is not None and error.name != "KernelDied":
             try:
                 usage = await asyncio.to_thread(self._sample)
@@ -339,7 +375,9 @@ class AsyncSandbox:
         """(seconds, monotonic deadline) for a call with ``timeout`` (None: the sandbox's)."""
         if self._km is None or self._lock is None:
             if self._closed:
-                raise SandboxError("This sandbox is closed: its kernel was shut down (start() starts a new one)")
+                raise SandboxError(
+                    "This sandbox is closed: its kernel was shut down (start() starts a new one)"
+                )
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
         seconds = self.timeout if timeout is None else timeout
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
@@ -359,7 +397,13 @@ class AsyncSandbox:
         return msg_id
 
     async def _exchange(
-        self, send: Callable[[], str], collector: Collector, seconds: float, deadline: float, *, reply: bool
+        self,
+        send: Callable[[], str],
+        collector: Collector,
+        seconds: float,
+        deadline: float,
+        *,
+        reply: bool,
     ) -> Execution:
         """Send one shell message and gather what it causes until the kernel is idle again.
 
@@ -376,7 +420,9 @@ class AsyncSandbox:
         collector.failed = outcome != "idle"
         if outcome == "timeout":
             await self._km.interrupt_kernel()
-            outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
+            outcome = await self._collect(
+                msg_id, collector, time.monotonic() + self.interrupt_grace
+            )
             lost = outcome != "idle"
             collector.finished = not lost
             action = "restarted (state lost)" if lost else "interrupted"
@@ -390,7 +436,9 @@ class AsyncSandbox:
             elif reply:
                 await self._drain_reply(msg_id, collector)
         elif outcome == "died":
-            reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
+            reason = (
+                getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
+            )
             execution.error = ExecutionError(
                 "KernelDied", f"The kernel died ({reason}); it was restarted and its state is lost."
             )
@@ -401,17 +449,21 @@ class AsyncSandbox:
         return await collector.finish()
 
     async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
-        """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel death."""
+        """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel
+        death."""
         next_check = time.monotonic() + LIVENESS_INTERVAL
         while True:
             now = time.monotonic()
             if now >= deadline:
                 return "timeout"
             try:
-                msg = await self._kc.get_iopub_msg(timeout=max(min(LIVENESS_INTERVAL, deadline - now), 0.001))
+                msg = await self._kc.get_iopub_msg(
+                    timeout=max(min(LIVENESS_INTERVAL, deadline - now), 0.001)
+                )
             except queue.Empty:
                 msg = None
-            except Exception:  # a message that does not deserialize (bad signature, bad JSON): dropped
+            # a message that does not deserialize (bad signature, bad JSON): dropped
+            except Exception:
                 msg = None
             if msg is not None and msg.get("parent_header", {}).get("msg_id") == msg_id:
                 if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
@@ -440,12 +492,15 @@ class AsyncSandbox:
                 collector.failed = collector.failed or content.get("status") != "ok"
                 if content.get("status") == "error" and execution.error is None:
                     execution.error = ExecutionError(
-                        str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
+                        str(content.get("ename", "Error"))[:1000],
+                        str(content.get("evalue", ""))[:10000],
                     )
                 return
         collector.failed = True
         if execution.error is None:
-            execution.error = ExecutionError("NoReply", "The kernel finished the request but sent no reply to it.")
+            execution.error = ExecutionError(
+                "NoReply", "The kernel finished the request but sent no reply to it."
+            )
 
     async def _recover(self, execution: Execution) -> None:
         execution.state_lost = True
@@ -468,7 +523,11 @@ class AsyncSandbox:
             collector = Collector(self.max_output_bytes, marker=marker)
             seconds = max(deadline - time.monotonic(), 0.001)
             execution = await self._exchange(
-                lambda: self._send_execute(code, silent=self._comms), collector, seconds, deadline, reply=True
+                lambda: self._send_execute(code, silent=self._comms),
+                collector,
+                seconds,
+                deadline,
+                reply=True,
             )
             if execution.state_lost:
                 continue
@@ -477,25 +536,34 @@ class AsyncSandbox:
                     self._installed = False
                     continue
                 if execution.error.name == "TimeoutError":
-                    raise CallTimeoutError(f"The kernel-sandbox helper did not start in time: {execution.error.value}")
+                    raise CallTimeoutError(
+                        f"The kernel-sandbox helper did not start in time: {execution.error.value}"
+                    )
                 if not restarted:
                     restarted = True
                     await self.restart()
                     continue
-                raise SandboxError(f"The kernel-sandbox helper could not start in the kernel: {execution.error}")
+                raise SandboxError(
+                    f"The kernel-sandbox helper could not start in the kernel: {execution.error}"
+                )
             info = self._opening(collector)
             self._installed = True
             if self._comms:
                 await self._settle(deadline)
             return info
-        raise SandboxError("The kernel-sandbox helper could not start in the kernel: the kernel kept restarting")
+        raise SandboxError(
+            "The kernel-sandbox helper could not start in the kernel: the kernel kept restarting"
+        )
 
     async def _settle(self, deadline: float) -> None:
-        """One empty request on the new channel, outside any cell, so the helper can finish setting up."""
+        """One empty request on the new channel, outside any cell, so the helper can finish setting
+        up."""
         collector = Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
         request = {"op": "ready", "marker": collector.marker}
         seconds = max(deadline - time.monotonic(), 0.001)
-        await self._exchange(lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False)
+        await self._exchange(
+            lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False
+        )
 
     def _opening(self, collector: Collector) -> dict[str, Any]:
         if collector.answers > 1:
@@ -515,7 +583,11 @@ class AsyncSandbox:
         return info
 
     async def _send_request(
-        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float,
+        self,
+        request: dict[str, Any],
+        buffers: Sequence[Any],
+        seconds: float,
+        deadline: float,
         callbacks: Mapping[str, Callback] | None = None,
     ) -> Collector:
         """Send one request (its marker is made here) and gather until the kernel is idle."""
@@ -525,10 +597,14 @@ class AsyncSandbox:
         request = {**request, "marker": marker}
         collector = Collector(self.max_output_bytes, callbacks, marker, self._channel)
         if self._comms:
-            await self._exchange(lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False)
+            await self._exchange(
+                lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False
+            )
         else:
             code = text_cell(request, buffers)
-            await self._exchange(lambda: self._send_execute(code), collector, seconds, deadline, reply=True)
+            await self._exchange(
+                lambda: self._send_execute(code), collector, seconds, deadline, reply=True
+            )
         return collector
 
     def _first(self, collector: Collector) -> tuple[dict[str, Any], list[Any]] | None:
@@ -578,10 +654,15 @@ class AsyncSandbox:
             collector = await self._send_request(request, buffers, seconds, deadline, callbacks)
             execution = collector.execution
             first = self._first(collector)
-            if first is not None and collector.failed:  # an answer, then a timeout or a failed cell: not taken
+            # an answer, then a timeout or a failed cell: not taken
+            if first is not None and collector.failed:
                 first = None
                 break
-            if first is not None or execution.error is not None and execution.error.name in ("TimeoutError", "KernelDied"):
+            if (
+                first is not None
+                or execution.error is not None
+                and execution.error.name in ("TimeoutError", "KernelDied")
+            ):
                 break
             if execution.state_lost:
                 break
@@ -595,15 +676,15 @@ class AsyncSandbox:
                 if self._restarts != restarts:
                     execution.error = ExecutionError(
                         "NoAnswer",
-                        "No answer came and the kernel no longer ran the kernel-sandbox helper, so it was "
-                        "restarted (state lost); the request was not sent again.",
+                        "No answer came and the kernel no longer ran the kernel-sandbox helper, "
+                        "so it was restarted (state lost); the request was not sent again.",
                     )
                     break
                 if info.get("seen") or attempt:
                     execution.error = ExecutionError(
                         "NoAnswer",
-                        "The request reached the kernel-sandbox helper but no answer came back (the code it "
-                        "ran may have broken the channel); the channel was reopened.",
+                        "The request reached the kernel-sandbox helper but no answer came back "
+                        "(the code it ran may have broken the channel); the channel was reopened.",
                     )
                     break
             else:
@@ -615,30 +696,44 @@ class AsyncSandbox:
             execution.state_lost = True
         if first is None:
             if execution.error is None:
-                execution.error = ExecutionError("NoAnswer", "The kernel-sandbox helper sent no answer.")
+                execution.error = ExecutionError(
+                    "NoAnswer", "The kernel-sandbox helper sent no answer."
+                )
             if execution.error.name == "NoAnswer" and not execution.state_lost:
                 self._unanswered = True
-                execution.error.value += " The kernel will be restarted before the next call (state lost)."
+                execution.error.value += (
+                    " The kernel will be restarted before the next call (state lost)."
+                )
             return None, execution
         answer = Answer.first(*first, limits)
         origin = collector.marker
         while answer.missing:
-            pulled = await self._send_request({"op": "pull", "of": origin, "offset": answer.received}, (), seconds, deadline)
+            pulled = await self._send_request(
+                {"op": "pull", "of": origin, "offset": answer.received}, (), seconds, deadline
+            )
             chunk = self._first(pulled)
             if chunk is None or not chunk[0].get("raw") or len(chunk[1]) != 1:
-                raise FramingError(f"Could not pull the rest of the answer ({pulled.execution.error or 'no chunk came'}).")
+                raise FramingError(
+                    "Could not pull the rest of the answer "
+                    f"({pulled.execution.error or 'no chunk came'})."
+                )
             answer.add(chunk[1][0])
         doc, parts = answer.parts()
         body = decode(doc, parts, allowed=allowed or {}, limits=limits, allow_pickle=allow_pickle)
         return body, execution
 
-    async def _op(self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float) -> Any:
-        """Run a helper operation (files, packages, environment); return its ``ok`` value or raise."""
+    async def _op(
+        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float
+    ) -> Any:
+        """Run a helper operation (files, packages, environment); return its ``ok`` value or
+        raise."""
         body, execution = await self._request(request, buffers, seconds, deadline)
         what = f"kernel-sandbox {request['op']}"
         error = execution.error
         if error is not None and error.name == "TimeoutError":
-            raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
+            raise CallTimeoutError(
+                f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}"
+            )
         if body is None:
             raise SandboxError(f"The {what} failed: {error}")
         if not isinstance(body, dict):
@@ -672,7 +767,12 @@ class AsyncSandbox:
         ``Execution.state_lost`` is True. The session stays usable either way. ``env`` sets
         environment variables for this run only; the values never appear in the cell.
         """
-        callbacks = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
+        callbacks = {
+            "on_stdout": on_stdout,
+            "on_stderr": on_stderr,
+            "on_result": on_result,
+            "on_error": on_error,
+        }
         values = check_env(env)
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
@@ -681,10 +781,16 @@ class AsyncSandbox:
                 await self._restore_env(Execution())
             if values:
                 self._env_set = True  # until it is taken away again, even if this call is cancelled
-                await self._op({"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline)
+                await self._op(
+                    {"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline
+                )
             collector = Collector(self.max_output_bytes, callbacks, policy=self._policy)
             execution = await self._exchange(
-                lambda: self._send_execute(code, store_history=True), collector, seconds, deadline, reply=True
+                lambda: self._send_execute(code, store_history=True),
+                collector,
+                seconds,
+                deadline,
+                reply=True,
             )
             if values and not execution.state_lost:
                 await self._restore_env(execution)
@@ -705,7 +811,9 @@ class AsyncSandbox:
     def _chunk(self) -> int:
         return CHUNK if self._comms else TEXT_CHUNK
 
-    async def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
+    async def upload(
+        self, files: Mapping[str, Content], *, timeout: float | None = None
+    ) -> list[str]:
         """Write ``{path: content}`` under the work directory; returns the relative paths written.
 
         Content is ``bytes``/``str``, a host path (``pathlib.Path``) or a binary file object;
@@ -727,13 +835,21 @@ class AsyncSandbox:
                     size = await self._op(request, [piece], seconds, deadline)
                     offset += len(piece)
                     if size != offset:
-                        raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being written")
+                        raise SandboxFileError(
+                            f"{rel!r} changed in the sandbox while it was being written"
+                        )
         return sorted(rel for rel, _ in targets)
 
     async def _read(
-        self, path: str, sink: Callable[[bytes], Any], limit: int, limit_name: str, timeout: float | None
+        self,
+        path: str,
+        sink: Callable[[bytes], Any],
+        limit: int,
+        limit_name: str,
+        timeout: float | None,
     ) -> int:
-        """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past ``limit``.
+        """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past
+        ``limit``.
 
         The limit is the host's: the size the kernel states is checked against it, and so is every
         byte that arrives (a kernel that patched its helper states what it likes).
@@ -749,45 +865,64 @@ class AsyncSandbox:
                 if total is None:
                     total = size
                 if type(size) is not int or size != total or not isinstance(data, bytes):
-                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                    raise SandboxFileError(
+                        f"{rel!r} changed in the sandbox while it was being read"
+                    )
                 if total > limit or offset + len(data) > limit:
                     raise SandboxFileError(
-                        f"Refused {rel!r}: it is {max(total, offset + len(data))} bytes, over the limit of "
-                        f"{limit} bytes ({limit_name}); nothing past the limit was kept."
+                        f"Refused {rel!r}: it is {max(total, offset + len(data))} bytes, over the "
+                        f"limit of {limit} bytes ({limit_name}); nothing past the limit was kept."
                     )
                 if len(data) != min(self._chunk(), total - offset):
-                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                    raise SandboxFileError(
+                        f"{rel!r} changed in the sandbox while it was being read"
+                    )
                 sink(data)
                 offset += len(data)
         return offset
 
     async def download(self, path: str, *, timeout: float | None = None) -> bytes:
-        """Read a file of the work directory into memory (up to 256 MiB; see :meth:`download_to`)."""
-        return await self._download(path, MAX_FILE_BYTES, "download's ceiling; download_to streams larger files", timeout)
+        """Read a file of the work directory into memory (up to 256 MiB; see
+        :meth:`download_to`)."""
+        return await self._download(
+            path, MAX_FILE_BYTES, "download's ceiling; download_to streams larger files", timeout
+        )
 
-    async def _download(self, path: str, limit: int, limit_name: str, timeout: float | None) -> bytes:
+    async def _download(
+        self, path: str, limit: int, limit_name: str, timeout: float | None
+    ) -> bytes:
         parts: list[bytes] = []
         await self._read(path, parts.append, limit, limit_name, timeout)
         return b"".join(parts)
 
     async def download_to(
-        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
+        self,
+        path: str,
+        destination: str | os.PathLike[str] | IO[bytes],
+        *,
+        timeout: float | None = None,
         max_bytes: int | None = MAX_STREAM_BYTES,
     ) -> int:
         """Stream a file of the work directory to a host path or binary file; returns its size.
 
         A file over ``max_bytes`` (2 GiB by default; None for no limit) is refused before anything
-        is written: the kernel decides how big its files claim to be (a sparse file costs it nothing).
-        A destination path is removed again if the download fails.
+        is written: the kernel decides how big its files claim to be (a sparse file costs it
+        nothing). A destination path is removed again if the download fails.
         """
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+        ):
             raise ConfigError(f"max_bytes must be a number of bytes or None, not {max_bytes!r}")
         limit = NO_LIMIT if max_bytes is None else max_bytes
         if not isinstance(destination, (str, os.PathLike)):
-            return await self._read(path, destination.write, limit, f"max_bytes={max_bytes}", timeout)
+            return await self._read(
+                path, destination.write, limit, f"max_bytes={max_bytes}", timeout
+            )
         try:
             with open(destination, "wb") as handle:
-                return await self._read(path, handle.write, limit, f"max_bytes={max_bytes}", timeout)
+                return await self._read(
+                    path, handle.write, limit, f"max_bytes={max_bytes}", timeout
+                )
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(destination)
@@ -811,7 +946,11 @@ class AsyncSandbox:
     # -- packages --------------------------------------------------------------------------
 
     async def install(
-        self, requirements: str | Iterable[str], *, pip_args: Iterable[str] = (), timeout: float | None = None
+        self,
+        requirements: str | Iterable[str],
+        *,
+        pip_args: Iterable[str] = (),
+        timeout: float | None = None,
     ) -> Execution:
         """pip-install ``requirements`` (names, or requirements.txt text) inside the sandbox.
 
@@ -825,8 +964,14 @@ class AsyncSandbox:
         self._check_package_index()
         text = requirements if isinstance(requirements, str) else "\n".join(requirements)
         seconds, deadline = self._deadline(timeout)
-        pip_args = [*PIP_RETRIES, *pip_args]  # a network-off kernel's pip does not retry; this one may
-        request = {"op": "install", "requirements": text, "pip_args": pip_args, "tail": PIP_OUTPUT_TAIL}
+        # a network-off kernel's pip does not retry; this one may
+        pip_args = [*PIP_RETRIES, *pip_args]
+        request = {
+            "op": "install",
+            "requirements": text,
+            "pip_args": pip_args,
+            "tail": PIP_OUTPUT_TAIL,
+        }
         assert self._lock is not None
         async with self._lock, self._package_index(seconds):
             body = await self._op(request, (), seconds, deadline)
@@ -838,16 +983,19 @@ class AsyncSandbox:
         return execution
 
     def _check_package_index(self) -> None:
-        """Refuse at once an install that cannot reach any index: network off on a backend without windows."""
+        """Refuse at once an install that cannot reach any index: network off on a backend without
+        windows."""
         if self.network is False and self._backend.sandboxed and not self._backend.package_window:
             raise NetworkDisabledError(
-                f"Cannot install packages: this sandbox's network is off and the {self.backend} backend cannot "
-                "open the package index for one call. Create it with the index in its network list "
-                "(e.g. Sandbox(network=['pypi.org', 'files.pythonhosted.org'])) or network=True."
+                f"Cannot install packages: this sandbox's network is off and the {self.backend} "
+                "backend cannot open the package index for one call. Create it with the index in "
+                "its network list (e.g. Sandbox(network=['pypi.org', 'files.pythonhosted.org'])) "
+                "or network=True."
             )
 
     def _package_index(self, seconds: float) -> contextlib.AbstractAsyncContextManager[None]:
-        """The backend's window on the package index for one call of at most ``seconds`` (plus a grace)."""
+        """The backend's window on the package index for one call of at most ``seconds`` (plus a
+        grace)."""
         if self.network is True or not self._backend.sandboxed:
             return contextlib.nullcontext()
         window = min(seconds + REPLY_GRACE, MAX_WINDOW)
@@ -883,12 +1031,12 @@ class AsyncSandbox:
     ) -> ToolResult:
         """Call ``tool`` (a function, or its source with ``name``) in the kernel with ``args``.
 
-        A tool with an ``agent_state`` parameter receives ``agent_state`` and its changes come
-        back. What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
-        ``allowed_classes`` (and the sandbox's), anything else raises
-        :class:`UnsafePayloadError`. ``env`` sets environment variables for this call only.
-        ``status`` is ``"success"`` only if the tool returned, exactly one answer came, and the host saw
-        the call end in time (an answer followed by a timeout, a death or a failed cell is an error).
+        A tool with an ``agent_state`` parameter receives ``agent_state`` and its changes come back.
+        What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
+        ``allowed_classes`` (and the sandbox's), anything else raises :class:`UnsafePayloadError`.
+        ``env`` sets environment variables for this call only. ``status`` is ``"success"`` only if
+        the tool returned, exactly one answer came, and the host saw the call end in time (an answer
+        followed by a timeout, a death or a failed cell is an error).
         """
         values = check_env(env)
         call, state = tool_payload(tool, args, agent_state, name, values)
@@ -900,20 +1048,34 @@ class AsyncSandbox:
         async with self._lock:
             for _ in range(2):
                 send_state = not keep or digest != self._kept_state
-                request = {"op": "call", "length": len(call), "pickle": self.unsafe_pickle,
-                           "state": {"length": len(state), "digest": digest, "keep": keep}}
+                request = {
+                    "op": "call",
+                    "length": len(call),
+                    "pickle": self.unsafe_pickle,
+                    "state": {"length": len(state), "digest": digest, "keep": keep},
+                }
                 body, execution = await self._request(
-                    request, [call, state] if send_state else [call], seconds, deadline,
-                    limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
+                    request,
+                    [call, state] if send_state else [call],
+                    seconds,
+                    deadline,
+                    limits=self.decode_limits,
+                    allowed=allowed,
+                    allow_pickle=self.unsafe_pickle,
                 )
                 error = body_error(body)
                 if not send_state and error is not None and error.name == "StateNotKept":
                     self._kept_state = None
                     continue
-                self._kept_state = digest if keep and body is not None and not execution.state_lost else None
+                self._kept_state = (
+                    digest if keep and body is not None and not execution.state_lost else None
+                )
                 break
         result = ToolResult(
-            "error", stdout=execution.stdout, stderr=execution.stderr, state_lost=execution.state_lost,
+            "error",
+            stdout=execution.stdout,
+            stderr=execution.stderr,
+            state_lost=execution.state_lost,
             truncated_bytes=execution.truncated_bytes,
         )
         if body is None:
@@ -944,12 +1106,16 @@ class AsyncSandbox:
         """Run skill ``code`` next to ``skill_files`` (LiteLLM's skills executor contract).
 
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
-        created or changed in the work directory (not the unchanged skill files) and the images
-        it displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
+        created or changed in the work directory (not the unchanged skill files) and the images it
+        displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
         The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
         arrive); past it the run fails with an error naming the limit.
         """
-        if isinstance(max_files_bytes, bool) or not isinstance(max_files_bytes, int) or max_files_bytes < 0:
+        if (
+            isinstance(max_files_bytes, bool)
+            or not isinstance(max_files_bytes, int)
+            or max_files_bytes < 0
+        ):
             raise ConfigError(f"max_files_bytes must be a number of bytes, not {max_files_bytes!r}")
         try:
             if skill_files:
@@ -966,7 +1132,11 @@ class AsyncSandbox:
             for path in sorted(after):
                 if before.get(path) != after[path]:
                     limit = min(room, MAX_FILE_BYTES)
-                    name = f"max_files_bytes={max_files_bytes}, {room} bytes left" if limit == room else "download's ceiling"
+                    name = (
+                        f"max_files_bytes={max_files_bytes}, {room} bytes left"
+                        if limit == room
+                        else "download's ceiling"
+                    )
                     content = await self._download(path, limit, f"run_skill's {name}", timeout)
                     room -= len(content)
                     files.append(file_entry(path, content))
