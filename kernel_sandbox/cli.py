@@ -198,9 +198,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
-        print(
-            f"{row.name}\t{row.status}\t{f'kernel {row.kernel}' if row.kernel else 'standby'}{note}\t{usage}"
-        )
+        kind = f"kernel {row.kernel}" if row.kernel else "standby"
+        print(f"{row.name}\t{row.status}\t{kind}{note}\t{usage}")
     return 0
 
 

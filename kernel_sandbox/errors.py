@@ -4,33 +4,33 @@
 httpx, zmq) are wrapped, with the original kept as ``__cause__``::
 
     KernelSandboxError
-    ├── ConfigError                  an option has a wrong type, an out-of-range value or an unknown name
+    ├── ConfigError                  an option of a wrong type or value, or an unknown option name
     ├── EngineUnavailable            the Docker engine cannot be reached
     ├── ImageError
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
-    ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
-    │   └── KernelBudgetExceeded     no room in this process's max_kernels / max_memory until launch_timeout
-    ├── ChannelProtocolError         a kernel broke ZMTP on one of its channels (the launcher ends it)
-    ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
-    ├── MetricsUnavailable           a sandbox's usage cannot be read by the host (no cgroup here, not offered)
+    ├── KernelLaunchError            a kernel could not start (the message says why and the fix)
+    │   └── KernelBudgetExceeded     no room in max_kernels / max_memory until launch_timeout
+    ├── ChannelProtocolError         a kernel broke ZMTP on a channel (the launcher ends it)
+    ├── SetupError                   a step of `setup` or `lab` failed (the message says the fix)
+    ├── MetricsUnavailable           the host cannot read a sandbox's usage (no cgroup, not offered)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
     │   ├── NetworkDisabledError     the operation needs the network, which is off
-    │   ├── CallTimeoutError         a call (file transfer, helper) did not finish before its deadline
+    │   ├── CallTimeoutError         a call (file transfer, helper) ran past its deadline
     │   ├── UnsafePayloadError       a result from the sandbox was refused while decoding
     │   │   └── ResultLimitError     ... because it exceeds a decoding limit (``limit`` names it)
     │   └── FramingError             a result frame was missing, duplicated or malformed
     └── OpenSandboxError             the OpenSandbox clients
-        ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL); also a ConfigError
+        ├── OpenSandboxConfigError   missing configuration (the API base URL...); also a ConfigError
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
         │   ├── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
         │   ├── SandboxCapacityError 429/503 to a create, still so when the launch deadline ran out
         │   └── SandboxQuotaExceeded 403 QUOTA_EXCEEDED to a create (``quota`` names the quota)
         ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
         │   └── ResponseTooLarge     an answer went over its byte cap
-        ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run: "the connection dropped")
+        ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run)
         ├── CallDeadlineExceeded     one call took longer than its overall deadline
         ├── SandboxStateError        a sandbox reached a state it cannot run code from
         ├── SandboxTimeoutError      a sandbox or execd was not ready in time

@@ -87,7 +87,8 @@ def text_cell(request: dict[str, Any], buffers: Sequence[bytes] = ()) -> str:
     """A cell that hands ``request`` to the installed helper; its value is the answer's text
     frame."""
     encoded = [base64.b64encode(bytes(buffer)).decode("ascii") for buffer in buffers]
-    return f"__import__('sys').modules['_kernel_sandbox_toolhost'].text_request({json.dumps(request)!r}, {encoded!r})"
+    helper = "__import__('sys').modules['_kernel_sandbox_toolhost']"
+    return f"{helper}.text_request({json.dumps(request)!r}, {encoded!r})"
 
 
 def parse_text_frame(text: str, marker: str) -> tuple[dict[str, Any], list[bytes]] | None:

@@ -554,7 +554,7 @@ class OpenSandboxClient(HTTPClientBase):
         )
         return True
 
-    # -- a running sandbox's egress policy (``/sandboxes/{id}/networkpolicy``, held by its sidecar) --
+    # -- a sandbox's egress policy (``/sandboxes/{id}/networkpolicy``, held by its sidecar) --
 
     async def network_policy(self, sandbox_id: str) -> dict[str, Any]:
         """The sandbox's egress policy as ``{"defaultAction"?, "egress": [{"action",
