@@ -17,8 +17,11 @@ from mkdocs.exceptions import PluginError
 from kernel_sandbox import backends
 from kernel_sandbox.settings import BackendSettings
 
-MODELS: dict[str, type[BackendSettings]] = {name: entry.settings_model() for name, entry in backends.entries().items()}
-"""Each registered backend's settings model, by its name (a new wing gets its table from the registry)."""
+MODELS: dict[str, type[BackendSettings]] = {
+    name: entry.settings_model() for name, entry in backends.entries().items()
+}
+"""Each registered backend's settings model, by its name (a new wing gets its table from the
+registry)."""
 _MARKER = re.compile(r"^<!-- options: (\w+) -->$", re.MULTILINE)
 
 FORMS = {

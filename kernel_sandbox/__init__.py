@@ -7,7 +7,8 @@ from typing import Any
 from . import _moved
 
 __version__ = "0.1.0"
-_moved.install()  # the modules that moved into the backends' wings, at their old paths for one release
+# the modules that moved into the backends' wings, at their old paths for one release
+_moved.install()
 
 _EXECUTION_API = (
     "AsyncSandbox",

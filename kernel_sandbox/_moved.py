@@ -34,7 +34,9 @@ MOVED = {
 class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old path of :data:`MOVED` and loads it as the module at its new path."""
 
-    def find_spec(self, fullname: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         """A spec for an old path (its package is a package, for the old subpaths beneath it)."""
         if fullname not in MOVED:
             return None

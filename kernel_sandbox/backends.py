@@ -63,22 +63,25 @@ class BackendEntry:
 
 @functools.cache
 def entries() -> dict[str, BackendEntry]:
-    """Every registered backend, by its execution API name (KernelLaunchError when there is none)."""
+    """Every registered backend, by its execution API name (KernelLaunchError when there is
+    none)."""
     found = {}
     for point in entry_points(group=GROUP):
         entry = point.load()
         found[entry.name] = entry
     if not found:
         raise KernelLaunchError(
-            f"no backend is registered under the entry-point group {GROUP}: the installed metadata is older "
-            "than the code; reinstall kernel-sandbox (`pip install -e .` in a checkout)"
+            f"no backend is registered under the entry-point group {GROUP}: the installed metadata "
+            "is older than the code; reinstall kernel-sandbox (`pip install -e .` in a checkout)"
         )
     return found
 
 
 def by_provisioner(provisioner_name: Any) -> BackendEntry | None:
     """The backend whose provisioner is ``provisioner_name`` (as a kernelspec names it), or None."""
-    return next((entry for entry in entries().values() if entry.provisioner == provisioner_name), None)
+    return next(
+        (entry for entry in entries().values() if entry.provisioner == provisioner_name), None
+    )
 
 
 def provisioner_names() -> frozenset[str]:
@@ -87,13 +90,14 @@ def provisioner_names() -> frozenset[str]:
 
 
 def provisioner_settings(provisioner_name: Any, config: Any) -> BackendSettings:
-    """The checked settings of a kernelspec's provisioner config (ConfigError naming a bad option)."""
+    """The checked settings of a kernelspec's provisioner config (ConfigError naming a bad
+    option)."""
     entry = by_provisioner(provisioner_name)
     if entry is None:
         known = " or ".join(sorted(provisioner_names()))
         raise KernelLaunchError(
-            f"the kernelspec selects the provisioner {provisioner_name!r}, which kernel-sandbox does not know; "
-            f"use {known}"
+            f"the kernelspec selects the provisioner {provisioner_name!r}, which kernel-sandbox "
+            f"does not know; use {known}"
         )
     return entry.settings_model().from_config(config)
 
@@ -109,13 +113,16 @@ def for_settings(settings: BackendSettings) -> BackendEntry:
 
 @functools.cache
 def adapter(name: str) -> Backend:
-    """The execution API's backend called ``name`` (ConfigError listing the known ones otherwise)."""
+    """The execution API's backend called ``name`` (ConfigError listing the known ones
+    otherwise)."""
     if name == LOCAL:
         from .execution.local import LocalBackend
 
         return LocalBackend()
     entry = entries().get(name)
     if entry is None:
-        raise ConfigError(f"Unknown backend {name!r}; choose one of {', '.join([*sorted(entries()), LOCAL])}")
+        raise ConfigError(
+            f"Unknown backend {name!r}; choose one of {', '.join([*sorted(entries()), LOCAL])}"
+        )
     made: Backend = _load(entry.adapter)()
     return made

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from . import __version__
@@ -40,10 +41,16 @@ def _install_config(args: argparse.Namespace) -> dict[str, Any]:
         config[key] = _config_value(value)
     allowed = list(args.allow)
     if args.allow_package_index:
-        allowed += [str(d) for d in package_index("package_index", config.get("package_index", PYPI)).destinations]
+        allowed += [
+            str(d)
+            for d in package_index("package_index", config.get("package_index", PYPI)).destinations
+        ]
     if allowed:
         if args.network is not None:
-            raise ConfigError("--network/--no-network and --allow/--allow-package-index both set the network: give one")
+            raise ConfigError(
+                "--network/--no-network and --allow/--allow-package-index both set the network: "
+                "give one"
+            )
         config["network"] = allowed
     return config
 
@@ -59,7 +66,8 @@ the kernelspec and opens JupyterLab with Sandboxed Python as the default kernel.
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """Check the engine, build the kernel image if missing, install the kernelspec: only what is not done yet."""
+    """Check the engine, build the kernel image if missing, install the kernelspec: only what is not
+    done yet."""
     from .lab import setup
 
     setup(image=args.image, prefix=args.prefix, user=args.user, install_engine=args.install_engine)
@@ -72,22 +80,34 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from .lab import lab
 
     return lab(
-        args.jupyterlab_args, locked_down=args.locked_down,
-        image=args.image, prefix=args.prefix, user=args.user, install_engine=args.install_engine,
+        args.jupyterlab_args,
+        locked_down=args.locked_down,
+        image=args.image,
+        prefix=args.prefix,
+        user=args.user,
+        install_engine=args.install_engine,
     )
 
 
 def _add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image",
-        help=f"kernel image, built when missing (default: the installed kernelspec's, else {DEFAULT_IMAGE})",
+        help="kernel image, built when missing (default: the installed kernelspec's, else "
+        f"{DEFAULT_IMAGE})",
     )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--prefix", help="install the kernelspec under this prefix (default: this Python's, sys.prefix)")
-    where.add_argument("--user", action="store_true", help="install the kernelspec for the current user instead")
+    where.add_argument(
+        "--prefix",
+        help="install the kernelspec under this prefix (default: this Python's, sys.prefix)",
+    )
+    where.add_argument(
+        "--user", action="store_true", help="install the kernelspec for the current user instead"
+    )
     parser.add_argument(
-        "--install-engine", action="store_true",
-        help="as root on Debian/Ubuntu: install docker.io and start the engine when none is reachable",
+        "--install-engine",
+        action="store_true",
+        help="as root on Debian/Ubuntu: install docker.io and start the engine when none is "
+        "reachable",
     )
 
 
@@ -148,7 +168,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
             print(f"removed container {name}")
         for path in report.private_dirs:
             print(f"removed private directory {path}")
-        print(f"{len(report.containers)} container(s), {len(report.private_dirs)} private directory(ies) removed")
+        print(
+            f"{len(report.containers)} container(s), {len(report.private_dirs)} private "
+            "directory(ies) removed"
+        )
     if api_base:
         deleted = asyncio.run(_gc_sandboxes(api_base, args.all))
         for sandbox_id in deleted:
@@ -171,15 +194,18 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from .top import INSPECT_TIMEOUT, Sampler, usage_columns
 
     waiting = _orphans()
-    for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():  # one listing: a container that hangs its inspect shows no usage
+    # one listing: a container that hangs its inspect shows no usage
+    for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
-        print(f"{row.name}\t{row.status}\t{f'kernel {row.kernel}' if row.kernel else 'standby'}{note}\t{usage}")
+        kind = f"kernel {row.kernel}" if row.kernel else "standby"
+        print(f"{row.name}\t{row.status}\t{kind}{note}\t{usage}")
     return 0
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    """Show every kernel container's memory, CPU, pids and tmpfs use, refreshed in place (q quits)."""
+    """Show every kernel container's memory, CPU, pids and tmpfs use, refreshed in place (q
+    quits)."""
     from pathlib import Path
 
     from .top import INSPECT_TIMEOUT, Recording, top
@@ -187,7 +213,9 @@ def cmd_top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise ConfigError(f"--interval must be a positive number of seconds, not {args.interval}")
     if not sys.stdout.isatty():
-        raise ConfigError("kernel-sandbox top draws on a terminal; use `kernel-sandbox ps` for one listing")
+        raise ConfigError(
+            "kernel-sandbox top draws on a terminal; use `kernel-sandbox ps` for one listing"
+        )
     recording = Recording(args.kernel) if args.plot else None
     top(docker_client(INSPECT_TIMEOUT), args.interval, args.duration, recording)
     if recording is not None:
@@ -197,7 +225,8 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def _orphans() -> dict[str, str]:
-    """For each of this user's kernels whose owner is gone: how long its launcher still waits for a new one."""
+    """For each of this user's kernels whose owner is gone: how long its launcher still waits for a
+    new one."""
     from .reattach import records
 
     found, _ = records()
@@ -205,7 +234,9 @@ def _orphans() -> dict[str, str]:
     for record in found:
         left = record.time_left()
         if record.orphaned is not None and not record.attached:
-            notes[record.kernel_id] = "\torphan: re-attach " + ("any time" if left is None else f"within {left:.0f} s")
+            notes[record.kernel_id] = "\torphan: re-attach " + (
+                "any time" if left is None else f"within {left:.0f} s"
+            )
     return notes
 
 
@@ -232,7 +263,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if run.error is not None:
         colour = sys.stderr.isatty()
         SafeWriter(sys.stderr, always=True, keep_colour=colour).write(run.report(colour=colour))
-        print(f"kernel-sandbox: {source} failed; the executed notebook is in {run.output_path}", file=sys.stderr)
+        print(
+            f"kernel-sandbox: {source} failed; the executed notebook is in {run.output_path}",
+            file=sys.stderr,
+        )
         return 1
     print(f"Wrote {run.output_path}", file=sys.stderr)
     return 0
@@ -250,58 +284,97 @@ def cmd_exec(args: argparse.Namespace) -> int:
         code = Path(args.code).read_text()
     else:
         code = args.code
-    result = exec_code(code, kernel_name=args.kernel, timeout=args.timeout, colour=sys.stderr.isatty(), standby=0)
+    result = exec_code(
+        code, kernel_name=args.kernel, timeout=args.timeout, colour=sys.stderr.isatty(), standby=0
+    )
     return 0 if result.error is None else 1
+
+
+def _doc(command: Callable[[argparse.Namespace], int]) -> str:
+    """A command's docstring, the start of its ``--help`` description (empty under ``python
+    -OO``)."""
+    return command.__doc__ or ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kernel-sandbox``."""
     parser = argparse.ArgumentParser(
-        prog="kernel-sandbox", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="kernel-sandbox",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="`kernel-sandbox COMMAND --help` shows a command's options.",
     )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     lab = sub.add_parser(
-        "lab", help=cmd_lab.__doc__, allow_abbrev=False,
-        usage="kernel-sandbox lab [-h] [--locked-down] [--image IMAGE] [--prefix PREFIX | --user] [--install-engine] "
-        "[JUPYTERLAB ARGUMENTS ...]",
-        description=cmd_lab.__doc__ + (
-            " JupyterLab listens on 127.0.0.1 with a token; the URL is printed once it is up. Arguments this command"
-            " does not know go to JupyterLab (e.g. --port 9999 --no-browser --notebook-dir ~/work --allow-root)."
-            " JupyterLab comes with the extra: pip install 'kernel-sandbox[lab]'."
+        "lab",
+        help=cmd_lab.__doc__,
+        allow_abbrev=False,
+        usage="kernel-sandbox lab [-h] [--locked-down] [--image IMAGE] [--prefix PREFIX | --user] "
+        "[--install-engine] [JUPYTERLAB ARGUMENTS ...]",
+        description=_doc(cmd_lab)
+        + (
+            " JupyterLab listens on 127.0.0.1 with a token; the URL is printed once it is up. "
+            "Arguments this command does not know go to JupyterLab (e.g. --port 9999 --no-browser "
+            "--notebook-dir ~/work --allow-root). JupyterLab comes with the extra: pip install "
+            "'kernel-sandbox[lab]'."
         ),
     )
     _add_setup_arguments(lab)
     lab.add_argument(
-        "--locked-down", action="store_true",
-        help="no terminals, only sandboxed kernelspecs (also through the REST API), no extension installs, no "
-        "language servers: what a script in the page could do is smaller (README: Security model)",
+        "--locked-down",
+        action="store_true",
+        help="no terminals, only sandboxed kernelspecs (also through the REST API), no extension "
+        "installs, no language servers: what a script in the page could do is smaller (README: "
+        "Security model)",
     )
     lab.set_defaults(func=cmd_lab, jupyterlab_args=[])
 
     setup = sub.add_parser(
-        "setup", help=cmd_setup.__doc__, allow_abbrev=False,
-        description=cmd_setup.__doc__ + " A second run changes nothing and takes seconds. Each step it cannot do"
+        "setup",
+        help=cmd_setup.__doc__,
+        allow_abbrev=False,
+        description=_doc(cmd_setup)
+        + " A second run changes nothing and takes seconds. Each step it cannot do"
         " fails with the command to run instead.",
     )
     _add_setup_arguments(setup)
     setup.set_defaults(func=cmd_setup)
 
     image = sub.add_parser(
-        "image", help="Build the kernel image (`image build`).", description="Manage the kernel image."
+        "image",
+        help="Build the kernel image (`image build`).",
+        description="Manage the kernel image.",
     )
     image_sub = image.add_subparsers(dest="image_command", required=True)
-    build = image_sub.add_parser("build", help=cmd_image_build.__doc__, description=cmd_image_build.__doc__ + (
-        " Nothing in the build reaches a package index: the wheels are downloaded on the host first."))
+    build = image_sub.add_parser(
+        "build",
+        help=cmd_image_build.__doc__,
+        description=_doc(cmd_image_build)
+        + (
+            " Nothing in the build reaches a package index: the wheels are downloaded on the host "
+            "first."
+        ),
+    )
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image tag (default {DEFAULT_IMAGE})")
-    build.add_argument("--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)")
-    build.add_argument("--rebuild-base", action="store_true", help="bootstrap the fallback base image again")
+    build.add_argument(
+        "--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)"
+    )
+    build.add_argument(
+        "--rebuild-base", action="store_true", help="bootstrap the fallback base image again"
+    )
     build.set_defaults(func=cmd_image_build)
 
-    inst = sub.add_parser("install", help=cmd_install.__doc__, description=cmd_install.__doc__ + (
-        " Options set the sandbox of every kernel started from that kernelspec; install one per configuration."))
+    inst = sub.add_parser(
+        "install",
+        help=cmd_install.__doc__,
+        description=_doc(cmd_install)
+        + (
+            " Options set the sandbox of every kernel started from that kernelspec; install one "
+            "per configuration."
+        ),
+    )
     inst.add_argument(
         "--kernel",
         default=DOCKER_SPEC,
@@ -311,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     where = inst.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--prefix", help="install under this prefix (e.g. a virtualenv)")
-    where.add_argument("--sys-prefix", action="store_true", help="install into this Python's prefix")
+    where.add_argument(
+        "--sys-prefix", action="store_true", help="install into this Python's prefix"
+    )
     inst.add_argument("--name", help="install under another kernelspec name")
     inst.add_argument("--display-name", help="name shown in the launcher")
     inst.add_argument("--image", help="kernel image")
@@ -319,20 +394,36 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--cpus", type=float, help="CPU limit in cores")
     inst.add_argument("--pids-limit", type=int, help="process limit")
     net = inst.add_mutually_exclusive_group()
-    net.add_argument("--network", dest="network", action="store_true", default=None, help="turn networking on")
-    net.add_argument("--no-network", dest="network", action="store_false", help="keep networking off")
-    inst.add_argument(
-        "--allow", action="append", default=[], metavar="HOST",
-        help="let the kernel reach HOST[:PORT][@ADDRESSES] (or *.domain) through the launcher's filtering proxy; repeatable",
+    net.add_argument(
+        "--network", dest="network", action="store_true", default=None, help="turn networking on"
+    )
+    net.add_argument(
+        "--no-network", dest="network", action="store_false", help="keep networking off"
     )
     inst.add_argument(
-        "--allow-package-index", action="store_true",
-        help="let the kernel reach the package index (package_index: PyPI by default), e.g. for %%pip install",
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="let the kernel reach HOST[:PORT][@ADDRESSES] (or *.domain) through the launcher's "
+        "filtering proxy; repeatable",
     )
-    inst.add_argument("--mount", action="append", default=[], help="bind mount HOST:CONTAINER[:ro|rw]")
-    inst.add_argument("--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder")
+    inst.add_argument(
+        "--allow-package-index",
+        action="store_true",
+        help="let the kernel reach the package index (package_index: PyPI by default), e.g. for "
+        "%%pip install",
+    )
+    inst.add_argument(
+        "--mount", action="append", default=[], help="bind mount HOST:CONTAINER[:ro|rw]"
+    )
+    inst.add_argument(
+        "--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder"
+    )
     inst.add_argument("--env", action="append", default=[], help="environment variable NAME=VALUE")
-    inst.add_argument("--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)")
+    inst.add_argument(
+        "--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)"
+    )
     inst.set_defaults(func=cmd_install)
 
     doctor = sub.add_parser("doctor", help=cmd_doctor.__doc__, description=cmd_doctor.__doc__)
@@ -341,49 +432,104 @@ def build_parser() -> argparse.ArgumentParser:
 
     collect = sub.add_parser("gc", help=cmd_gc.__doc__, description=cmd_gc.__doc__)
     collect.add_argument(
-        "--all", action="store_true", help="remove every kernel container and this host's sandboxes, live ones too"
+        "--all",
+        action="store_true",
+        help="remove every kernel container and this host's sandboxes, live ones too",
     )
     collect.add_argument(
-        "--api-base", metavar="URL",
-        help="also remove this host's OpenSandbox sandboxes whose launcher is dead, at this lifecycle API "
-        "(default $OPEN_SANDBOX_API_BASE; the key is $OPEN_SANDBOX_API_KEY)",
+        "--api-base",
+        metavar="URL",
+        help="also remove this host's OpenSandbox sandboxes whose launcher is dead, at this "
+        "lifecycle API (default $OPEN_SANDBOX_API_BASE; the key is $OPEN_SANDBOX_API_KEY)",
     )
     collect.set_defaults(func=cmd_gc)
 
     ps = sub.add_parser("ps", help=cmd_ps.__doc__, description=cmd_ps.__doc__)
     ps.set_defaults(func=cmd_ps)
 
-    watch = sub.add_parser("top", help=cmd_top.__doc__, description=cmd_top.__doc__ + (
-        " The figures are read by the host from each container's cgroup: memory (without inactive file cache)"
-        " against the memory limit, CPU in percent of one core against the cpus limit, processes and threads"
-        " against pids_limit, each tmpfs's use, and OOM kills so far."))
-    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    watch = sub.add_parser(
+        "top",
+        help=cmd_top.__doc__,
+        description=_doc(cmd_top)
+        + (
+            " The figures are read by the host from each container's cgroup: memory (without "
+            "inactive file cache) against the memory limit, CPU in percent of one core against "
+            "the cpus limit, processes and threads against pids_limit, each tmpfs's use, and OOM "
+            "kills so far."
+        ),
+    )
+    watch.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
+    )
     watch.add_argument("--duration", type=float, help="stop by itself after this many seconds")
-    watch.add_argument("--plot", metavar="FILE", help="record one kernel's memory and CPU; write them as a PNG at the end")
-    watch.add_argument("--kernel", help="the kernel --plot follows: a kernel id prefix or a container name "
-                                        "(default: the first running one)")
+    watch.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="record one kernel's memory and CPU; write them as a PNG at the end",
+    )
+    watch.add_argument(
+        "--kernel",
+        help="the kernel --plot follows: a kernel id prefix or a container name "
+        "(default: the first running one)",
+    )
     watch.set_defaults(func=cmd_top)
 
-    run = sub.add_parser("run", help=cmd_run.__doc__, description=cmd_run.__doc__ + (
-        " The output goes to NAME.out.ipynb next to the notebook unless -o or --inplace says otherwise;"
-        " it is written even when a cell fails."))
+    run = sub.add_parser(
+        "run",
+        help=cmd_run.__doc__,
+        description=_doc(cmd_run)
+        + (
+            " The output goes to NAME.out.ipynb next to the notebook unless -o or --inplace says "
+            "otherwise; it is written even when a cell fails."
+        ),
+    )
     run.add_argument("notebook", help="the notebook to run (.ipynb)")
     out = run.add_mutually_exclusive_group()
-    out.add_argument("-o", "--output", help="where to write the executed notebook (default NAME.out.ipynb)")
-    out.add_argument("--inplace", action="store_true", help="overwrite the notebook with the executed one")
-    run.add_argument("-k", "--kernel", default=DOCKER_SPEC, help=f"kernelspec to run it on (default {DOCKER_SPEC})")
+    out.add_argument(
+        "-o", "--output", help="where to write the executed notebook (default NAME.out.ipynb)"
+    )
+    out.add_argument(
+        "--inplace", action="store_true", help="overwrite the notebook with the executed one"
+    )
     run.add_argument(
-        "-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
-        help="set a parameter (injected after the cell tagged 'parameters'; VALUE is a Python literal or a string)",
+        "-k",
+        "--kernel",
+        default=DOCKER_SPEC,
+        help=f"kernelspec to run it on (default {DOCKER_SPEC})",
+    )
+    run.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a parameter (injected after the cell tagged 'parameters'; VALUE is a Python "
+        "literal or a string)",
     )
     run.add_argument("--timeout", type=float, help="seconds each cell may run (default: no limit)")
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     run.set_defaults(func=cmd_run)
 
-    exe = sub.add_parser("exec", help=cmd_exec.__doc__, description=cmd_exec.__doc__ + (
-        " Stdout goes to stdout; stderr and tracebacks to stderr; the exit code is 1 on an error."))
-    exe.add_argument("code", metavar="CODE|FILE.py|-", help="Python code, a .py file, or - to read standard input")
-    exe.add_argument("-k", "--kernel", default=DOCKER_SPEC, help=f"kernelspec to run it on (default {DOCKER_SPEC})")
+    exe = sub.add_parser(
+        "exec",
+        help=cmd_exec.__doc__,
+        description=_doc(cmd_exec)
+        + (
+            " Stdout goes to stdout; stderr and tracebacks to stderr; the exit code is 1 on an "
+            "error."
+        ),
+    )
+    exe.add_argument(
+        "code",
+        metavar="CODE|FILE.py|-",
+        help="Python code, a .py file, or - to read standard input",
+    )
+    exe.add_argument(
+        "-k",
+        "--kernel",
+        default=DOCKER_SPEC,
+        help=f"kernelspec to run it on (default {DOCKER_SPEC})",
+    )
     exe.add_argument("--timeout", type=float, help="interrupt the code after this many seconds")
     exe.set_defaults(func=cmd_exec)
     return parser

@@ -1,4 +1,5 @@
-"""A contents manager that serves nothing outside its root directory, whatever symlinks are planted in it.
+"""A contents manager that serves nothing outside its root directory, whatever symlinks are planted
+in it.
 
 jupyter_server's file contents manager checks a path's *name* against its root, then follows
 symlinks: a kernel that can write in the served directory (``mount_cwd: rw``) can plant
@@ -30,10 +31,13 @@ from traitlets import default
 
 
 class OutsideRoot(web.HTTPError, OSError):
-    """A path that resolves outside the served root: a 404 for the handlers, an unlistable entry for a directory listing."""
+    """A path that resolves outside the served root: a 404 for the handlers, an unlistable entry for
+    a directory listing."""
 
     def __init__(self, path: str) -> None:
-        web.HTTPError.__init__(self, 404, f"{path} resolves outside the root contents directory (a symlink)")
+        web.HTTPError.__init__(
+            self, 404, f"{path} resolves outside the root contents directory (a symlink)"
+        )
         self.errno = errno.EACCES
 
 
@@ -47,7 +51,8 @@ def _fd_path(fd: int) -> str:
 
 
 class RootConfined:
-    """What the contents manager and its checkpoints share: every path resolved, every open checked."""
+    """What the contents manager and its checkpoints share: every path resolved, every open
+    checked."""
 
     root_dir: str
 
@@ -55,7 +60,8 @@ class RootConfined:
         return os.path.realpath(self.root_dir)
 
     def _confined(self, os_path: str) -> str:
-        """``os_path`` unless it (or what of it exists) resolves outside the root; OutsideRoot then."""
+        """``os_path`` unless it (or what of it exists) resolves outside the root; OutsideRoot
+        then."""
         if not _inside(os.path.realpath(os_path), self._real_root()):
             raise OutsideRoot(os.path.relpath(os_path, os.path.abspath(self.root_dir)))
         return os_path
@@ -69,7 +75,8 @@ class RootConfined:
 
     @contextlib.contextmanager
     def open(self, os_path: str, *args: Any, **kwargs: Any) -> Iterator[IO[Any]]:
-        """Open ``os_path`` for reading (as FileManagerMixin.open), refusing a file that turned out to lie outside the root."""
+        """Open ``os_path`` for reading (as FileManagerMixin.open), refusing a file that turned out
+        to lie outside the root."""
         with self.perm_to_403(os_path), open(os_path, *args, **kwargs) as handle:  # type: ignore[attr-defined]
             self._check_fd(handle.fileno(), os_path)
             yield handle
@@ -86,8 +93,11 @@ class RootConfined:
             os.close(fd)
 
     @contextlib.contextmanager
-    def atomic_writing(self, os_path: str, text: bool = True, encoding: str = "utf-8", **kwargs: Any) -> Iterator[IO[Any]]:
-        """Write a new file next to ``os_path`` and rename it over ``os_path``: a symlink there is replaced, never followed.
+    def atomic_writing(
+        self, os_path: str, text: bool = True, encoding: str = "utf-8", **kwargs: Any
+    ) -> Iterator[IO[Any]]:
+        """Write a new file next to ``os_path`` and rename it over ``os_path``: a symlink there is
+        replaced, never followed.
 
         A link that resolves inside the root is written at its target, as jupyter_server does.
         """
@@ -100,9 +110,15 @@ class RootConfined:
                 existing = os.stat(name, dir_fd=directory, follow_symlinks=False)
             except FileNotFoundError:
                 existing = None
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=directory)
+            fd = os.open(
+                temporary,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                0o666,
+                dir_fd=directory,
+            )
             try:
-                if existing is not None and stat.S_ISREG(existing.st_mode):  # keep its mode and, where we may, its owner
+                # keep its mode and, where we may, its owner
+                if existing is not None and stat.S_ISREG(existing.st_mode):
                     os.fchmod(fd, stat.S_IMODE(existing.st_mode))
                     with contextlib.suppress(PermissionError):
                         os.fchown(fd, existing.st_uid, existing.st_gid)
@@ -125,24 +141,30 @@ class RootConfined:
 
     async def _copy(self, src: str, dest: str) -> None:
         """Copy ``src`` to ``dest``, both inside the root (a checkpoint, a copied file)."""
-        with self.open(self._confined(src), "rb") as source, self.atomic_writing(self._confined(dest), text=False) as target:
+        with (
+            self.open(self._confined(src), "rb") as source,
+            self.atomic_writing(self._confined(dest), text=False) as target,
+        ):
             shutil.copyfileobj(source, target)
 
 
 class RootConfinedCheckpoints(RootConfined, AsyncFileCheckpoints):
-    """File checkpoints (``.ipynb_checkpoints``) kept inside the root: a planted checkpoint folder link is refused."""
+    """File checkpoints (``.ipynb_checkpoints``) kept inside the root: a planted checkpoint folder
+    link is refused."""
 
     def checkpoint_path(self, checkpoint_id: str, path: str) -> str:
         """The checkpoint's file, refused when it (or its folder) resolves outside the root."""
         return self._confined(super().checkpoint_path(checkpoint_id, path))
 
 
-class RootConfinedFileManager(RootConfined, AsyncLargeFileManager):
-    """JupyterLab's default contents manager, refusing every path that resolves outside its root directory.
+# (ignored: jupyter_server's own bases disagree on resolve_path, one sync and one async)
+class RootConfinedFileManager(RootConfined, AsyncLargeFileManager):  # type: ignore[misc]
+    """JupyterLab's default contents manager, refusing every path that resolves outside its root
+    directory.
 
     Through /api/contents (read, save, rename, copy, checkpoints), /files/ and downloads (served
-    through this manager: :class:`~jupyter_server.files.handlers.FilesHandler`), /view and
-    nbconvert (which read through /files/ or this manager). A symlink that stays inside the root works.
+    through this manager: :class:`~jupyter_server.files.handlers.FilesHandler`), /view and nbconvert
+    (which read through /files/ or this manager). A symlink that stays inside the root works.
     """
 
     @default("checkpoints_class")
@@ -153,13 +175,20 @@ class RootConfinedFileManager(RootConfined, AsyncLargeFileManager):
     def _files_through_manager(self) -> type:
         return FilesHandler
 
-    async def _copy_dir(self, from_path: str, to_path_original: str, to_name: str, to_path: str) -> dict[str, Any]:
-        """Copy a folder keeping the symlinks in it as symlinks (jupyter_server copies their targets in)."""
+    async def _copy_dir(
+        self, from_path: str, to_path_original: str, to_name: str, to_path: str
+    ) -> dict[str, Any]:
+        """Copy a folder keeping the symlinks in it as symlinks (jupyter_server copies their targets
+        in)."""
         try:
             source = self._get_os_path(from_path.strip("/"))
-            shutil.copytree(source, f"{self._get_os_path(to_path_original.strip('/'))}/{to_name}", symlinks=True)
+            shutil.copytree(
+                source, f"{self._get_os_path(to_path_original.strip('/'))}/{to_name}", symlinks=True
+            )
         except OSError as exc:
-            raise web.HTTPError(400, f"Can't copy '{from_path}' into '{to_path}': {exc.strerror or exc}") from exc
+            raise web.HTTPError(
+                400, f"Can't copy '{from_path}' into '{to_path}': {exc.strerror or exc}"
+            ) from exc
         return await self.get(to_path, content=False)
 
     async def _save_large_file(self, os_path: str, content: str, format: str) -> None:
@@ -167,10 +196,18 @@ class RootConfinedFileManager(RootConfined, AsyncLargeFileManager):
         if format not in {"text", "base64"}:
             raise web.HTTPError(400, "Must specify format of file contents as 'text' or 'base64'")
         try:
-            data = content.encode("utf8") if format == "text" else base64.b64decode(content.encode("ascii"))
+            data = (
+                content.encode("utf8")
+                if format == "text"
+                else base64.b64decode(content.encode("ascii"))
+            )
         except (UnicodeError, ValueError) as exc:
             raise web.HTTPError(400, f"Encoding error saving {os_path}: {exc}") from exc
         with self.perm_to_403(os_path), self._directory(os_path) as directory:
-            fd = os.open(os.path.basename(os_path), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW, dir_fd=directory)
+            fd = os.open(
+                os.path.basename(os_path),
+                os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW,
+                dir_fd=directory,
+            )
             with open(fd, "ab") as handle:
                 handle.write(data)

@@ -26,7 +26,8 @@ def _escaped(match: re.Match[str]) -> str:
 
 
 def escape_controls(text: str, keep_colour: bool = False) -> str:
-    """``text`` with every control character but newline and tab escaped (``keep_colour``: SGR colour codes kept)."""
+    """``text`` with every control character but newline and tab escaped (``keep_colour``: SGR
+    colour codes kept)."""
     return (_CONTROL_OR_COLOUR if keep_colour else _CONTROL).sub(_escaped, text)
 
 
@@ -56,7 +57,8 @@ def _is_terminal(stream: IO[str]) -> bool:
 
 
 class ByteEscaper:
-    """Escape a stream of bytes (UTF-8, chunks split anywhere): invalid bytes become ``\\xNN`` too."""
+    """Escape a stream of bytes (UTF-8, chunks split anywhere): invalid bytes become ``\\xNN``
+    too."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")

@@ -43,31 +43,31 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     try:
         wanted = provisioner_names()
     except KernelLaunchError:
-        wanted = {f"the {GROUP} entry points"}
+        wanted = frozenset({f"the {GROUP} entry points"})
     missing = wanted - names
     checks.append(
         Check(
             "provisioners",
             not missing,
-            "registered with jupyter_client" if not missing else f"not registered: {sorted(missing)}",
+            "registered with jupyter_client"
+            if not missing
+            else f"not registered: {sorted(missing)}",
             "reinstall the package: `pip install kernel-sandbox` (or `pip install -e .`)",
         )
     )
     try:
         client = docker_client()
+        version = client.version().get("Version", "?")
     except EngineUnavailable as exc:
         checks.append(Check("docker engine", False, str(exc).split(". Start")[0], engine_fix(exc)))
         client = None
     else:
-        version = client.version().get("Version", "?")
         checks.append(Check("docker engine", True, f"reachable, version {version}"))
     if client is not None:
         try:
             require_image(client, image)
         except ImageMissing:
-            checks.append(
-                Check("kernel image", False, f"{image} is missing", image_fix(image))
-            )
+            checks.append(Check("kernel image", False, f"{image} is missing", image_fix(image)))
         else:
             checks.append(Check("kernel image", True, f"{image} is present"))
         ours = client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)
@@ -96,7 +96,8 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
 
 
 def runsc_check(runtimes: dict) -> Check:
-    """gVisor's runsc, when registered, must run ``--network none`` containers (Debian's needs a flag)."""
+    """gVisor's runsc, when registered, must run ``--network none`` containers (Debian's needs a
+    flag)."""
     if "runsc" not in runtimes:
         return Check("gVisor (runsc)", True, "not registered (optional: `runtime: runsc` needs it)")
     args = runtimes["runsc"].get("runtimeArgs") or []
@@ -110,12 +111,15 @@ def runsc_check(runtimes: dict) -> Check:
 
 
 ENGINE_FIX = (
-    "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; "
-    "not installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see https://docs.docker.com/engine/install/; "
-    "as root on Debian/Ubuntu, `kernel-sandbox setup --install-engine` does both; "
-    "a remote engine: export DOCKER_HOST"
+    "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; not "
+    "installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see "
+    "https://docs.docker.com/engine/install/; as root on Debian/Ubuntu, `kernel-sandbox setup "
+    "--install-engine` does both; a remote engine: export DOCKER_HOST"
 )
-KERNELSPEC_FIX = "`kernel-sandbox install --sys-prefix` (this Python environment) or `kernel-sandbox install --user`"
+KERNELSPEC_FIX = (
+    "`kernel-sandbox install --sys-prefix` (this Python environment) or `kernel-sandbox install "
+    "--user`"
+)
 SOCKET_FIX = (
     "let your user use the engine: `sudo usermod -aG docker $USER`, then log in again "
     "(the docker group is root-equivalent on this host); or run the command with sudo"
@@ -123,7 +127,8 @@ SOCKET_FIX = (
 
 
 def engine_fix(error: Exception) -> str:
-    """The fix for an unreachable engine: the docker group when the socket refused us, else starting it."""
+    """The fix for an unreachable engine: the docker group when the socket refused us, else starting
+    it."""
     return SOCKET_FIX if "Permission denied" in str(error) else ENGINE_FIX
 
 

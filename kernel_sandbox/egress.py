@@ -3,7 +3,8 @@
 ``network`` is ``false`` (no network: the default), ``true`` (the backend's open network), or a
 list of destinations the kernel may reach, each spelt ``HOST[:PORT][@ADDRESSES]``:
 
-- ``pypi.org``: that name; ``*.pythonhosted.org``: any name below that domain (not the domain itself);
+- ``pypi.org``: that name; ``*.pythonhosted.org``: any name below that domain (not the domain
+  itself);
 - ``:443``: that port only; without a port, 80 and 443 (:data:`DEFAULT_PORTS`);
 - ``@10.1.2.0/24`` (comma-separated networks or addresses): the name may resolve to these
   loopback, private or link-local addresses. Without it, a name that resolves to any address
@@ -68,7 +69,8 @@ def literal_address(host: str) -> Address | None:
 
 
 def split_host_port(text: str) -> tuple[str, int | None] | None:
-    """``HOST[:PORT]`` (``[V6]:PORT`` for IPv6) as (lower-case host, port or None); None if malformed."""
+    """``HOST[:PORT]`` (``[V6]:PORT`` for IPv6) as (lower-case host, port or None); None if
+    malformed."""
     if text.startswith("["):
         end = text.find("]")
         if end < 0:
@@ -110,7 +112,8 @@ class Destination:
         return literal_address(self.host)
 
     def matches(self, host: str, port: int) -> bool:
-        """True when a request for ``host:port`` (a normalised name or address) falls under this entry."""
+        """True when a request for ``host:port`` (a normalised name or address) falls under this
+        entry."""
         if port not in ((self.port,) if self.port is not None else DEFAULT_PORTS):
             return False
         if self.wildcard:
@@ -133,22 +136,36 @@ class Destination:
 def parse_destination(option: str, entry: Any) -> Destination:
     """Check one entry ``HOST[:PORT][@ADDRESSES]`` (see the module docstring)."""
     if not isinstance(entry, str) or not entry.strip() or len(entry) > 1000:
-        raise _refuse(option, entry, "must be a host name such as 'pypi.org', '*.example.com' or 'api.example.com:443'")
+        raise _refuse(
+            option,
+            entry,
+            "must be a host name such as 'pypi.org', '*.example.com' or 'api.example.com:443'",
+        )
     text, at, allowed = entry.strip().partition("@")
     if any(ch.isspace() for ch in text) or "/" in text:
-        raise _refuse(option, entry, "must be a host name, not a URL: write 'pypi.org' or 'pypi.org:443'")
+        raise _refuse(
+            option, entry, "must be a host name, not a URL: write 'pypi.org' or 'pypi.org:443'"
+        )
     parts = split_host_port(text)
     if parts is None:
-        raise _refuse(option, entry, "has a malformed port: write HOST:PORT with a port from 1 to 65535")
+        raise _refuse(
+            option, entry, "has a malformed port: write HOST:PORT with a port from 1 to 65535"
+        )
     host, port = parts
     address = literal_address(host)
     if address is not None:
         host = str(address)
     elif host.startswith("*."):
         if not valid_name(host[2:]) or host.count(".") < 2:
-            raise _refuse(option, entry, "is too broad or malformed: a wildcard is '*.' and a domain of two labels or more")
+            raise _refuse(
+                option,
+                entry,
+                "is too broad or malformed: a wildcard is '*.' and a domain of two labels or more",
+            )
     elif not valid_name(host) or host.replace(".", "").isdigit():
-        raise _refuse(option, entry, "is not a host name (letters, digits, hyphens and dots) or an IP address")
+        raise _refuse(
+            option, entry, "is not a host name (letters, digits, hyphens and dots) or an IP address"
+        )
     networks: list[Network] = []
     if at:
         if not allowed:
@@ -157,21 +174,29 @@ def parse_destination(option: str, entry: Any) -> Destination:
             try:
                 networks.append(ipaddress.ip_network(item.strip(), strict=False))
             except ValueError:
-                raise _refuse(option, entry, f"has {item!r} after '@', which is not an address or network") from None
+                raise _refuse(
+                    option, entry, f"has {item!r} after '@', which is not an address or network"
+                ) from None
     return Destination(host, port, tuple(networks))
 
 
 def parse_destinations(option: str, value: Iterable[Any]) -> tuple[Destination, ...]:
     """Check a list of entries; the same destination twice is kept once."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise _refuse_value(option, value, "must be true, false or a list of destinations such as ['pypi.org', '*.example.com:443']")
+        raise _refuse_value(
+            option,
+            value,
+            "must be true, false or a list of destinations such as ['pypi.org', "
+            "'*.example.com:443']",
+        )
     if len(value) > MAX_ENTRIES:
         raise ConfigError(f"{option}: at most {MAX_ENTRIES} destinations, not {len(value)}")
     return tuple(dict.fromkeys(parse_destination(option, entry) for entry in value))
 
 
 def parse_network(option: str, value: Any) -> bool | tuple[str, ...]:
-    """The ``network`` option: true, false, or the canonical spelling of each destination (an empty list is false)."""
+    """The ``network`` option: true, false, or the canonical spelling of each destination (an empty
+    list is false)."""
     if isinstance(value, bool):
         return value
     destinations = parse_destinations(option, value)
@@ -180,21 +205,27 @@ def parse_network(option: str, value: Any) -> bool | tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PackageIndex:
-    """Where pip finds packages: the destinations to open, and the index URL to give pip (None: PyPI)."""
+    """Where pip finds packages: the destinations to open, and the index URL to give pip (None:
+    PyPI)."""
 
     destinations: tuple[Destination, ...]
     url: str | None = None
 
 
 def parse_package_index(option: str, value: Any) -> tuple[str, ...]:
-    """The ``package_index`` option: destinations, and at most one index URL (``https://mirror/simple``).
+    """The ``package_index`` option: destinations, and at most one index URL
+    (``https://mirror/simple``).
 
     A URL opens its host and port (``@ADDRESSES`` entries for the same host let it be private).
     Kept as given, checked; :func:`package_index` reads it.
     """
     entries = [value] if isinstance(value, str) else value
     if not isinstance(entries, (list, tuple)) or not entries:
-        raise _refuse_value(option, value, "must be a package index URL or a list of destinations such as ['pypi.org']")
+        raise _refuse_value(
+            option,
+            value,
+            "must be a package index URL or a list of destinations such as ['pypi.org']",
+        )
     package_index(option, entries)
     return tuple(entry.strip() for entry in entries)
 
@@ -215,8 +246,17 @@ def package_index(option: str, entries: str | Sequence[str]) -> PackageIndex:
             port = parts.port
         except ValueError:
             port = -1
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or port == -1:
-            raise _refuse(option, url, "must be an http:// or https:// index URL such as https://mirror.example/simple")
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.username
+            or port == -1
+        ):
+            raise _refuse(
+                option,
+                url,
+                "must be an http:// or https:// index URL such as https://mirror.example/simple",
+            )
         default = 443 if parts.scheme == "https" else 80
         host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
         destinations.insert(0, parse_destination(option, f"{host}:{port or default}"))
@@ -224,14 +264,17 @@ def package_index(option: str, entries: str | Sequence[str]) -> PackageIndex:
 
 
 def opensandbox_rules(option: str, entries: Sequence[str]) -> list[dict[str, str]]:
-    """The destinations as OpenSandbox ``networkPolicy`` egress rules (names only: the sidecar filters by DNS name)."""
+    """The destinations as OpenSandbox ``networkPolicy`` egress rules (names only: the sidecar
+    filters by DNS name)."""
     rules = []
     for entry in entries:
         destination = parse_destination(option, entry)
         if destination.port is not None or destination.allow or destination.address is not None:
             raise _refuse(
-                option, entry, "cannot be enforced on OpenSandbox, whose egress rules take names and "
-                "'*.domain' only: drop the port, address or '@'"
+                option,
+                entry,
+                "cannot be enforced on OpenSandbox, whose egress rules take names and "
+                "'*.domain' only: drop the port, address or '@'",
             )
         rules.append({"action": "allow", "target": destination.host})
     return rules

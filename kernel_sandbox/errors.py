@@ -4,34 +4,34 @@
 httpx, zmq) are wrapped, with the original kept as ``__cause__``::
 
     KernelSandboxError
-    ├── ConfigError                  an option has a wrong type, an out-of-range value or an unknown name
+    ├── ConfigError                  an option of a wrong type or value, or an unknown option name
     ├── EngineUnavailable            the Docker engine cannot be reached
     ├── ImageError
     │   ├── ImageMissing             the kernel image is not on the engine
     │   └── ImageBuildError          `kernel-sandbox image build` failed
-    ├── KernelLaunchError            a kernel could not be started (the message says why and the fix)
-    │   └── KernelBudgetExceeded     no room in this process's max_kernels / max_memory until launch_timeout
-    ├── ChannelProtocolError         a kernel broke ZMTP on one of its channels (the launcher ends it)
-    ├── SetupError                   a step of `setup` or `lab` could not be done (the message says what to run)
-    ├── MetricsUnavailable           a sandbox's usage cannot be read by the host (no cgroup here, not offered)
+    ├── KernelLaunchError            a kernel could not start (the message says why and the fix)
+    │   └── KernelBudgetExceeded     no room in max_kernels / max_memory until launch_timeout
+    ├── ChannelProtocolError         a kernel broke ZMTP on a channel (the launcher ends it)
+    ├── SetupError                   a step of `setup` or `lab` failed (the message says the fix)
+    ├── MetricsUnavailable           the host cannot read a sandbox's usage (no cgroup, not offered)
     ├── SandboxError                 the execution API (Sandbox, AsyncSandbox, pools)
     │   ├── PathError                a path leaves the work directory
     │   ├── SandboxFileError         a file operation failed inside the sandbox
     │   ├── NetworkDisabledError     the operation needs the network, which is off
-    │   ├── CallTimeoutError         a call (file transfer, helper) did not finish before its deadline
+    │   ├── CallTimeoutError         a call (file transfer, helper) ran past its deadline
     │   ├── UnsafePayloadError       a result from the sandbox was refused while decoding
     │   │   └── ResultLimitError     ... because it exceeds a decoding limit (``limit`` names it)
     │   ├── FramingError             a result frame was missing, duplicated or malformed
-    │   └── CheckpointError          a checkpoint was refused (over its cap, tampered) or could not be made or loaded
+    │   └── CheckpointError          a checkpoint was refused (over its cap, tampered) or not made
     └── OpenSandboxError             the OpenSandbox clients
-        ├── OpenSandboxConfigError   missing configuration (e.g. the API base URL); also a ConfigError
+        ├── OpenSandboxConfigError   missing configuration (the API base URL...); also a ConfigError
         ├── OpenSandboxAPIError      a non-2xx answer from the lifecycle server or execd
         │   ├── SandboxNotFound      404 for a sandbox: never existed, deleted, or expired
         │   ├── SandboxCapacityError 429/503 to a create, still so when the launch deadline ran out
         │   └── SandboxQuotaExceeded 403 QUOTA_EXCEEDED to a create (``quota`` names the quota)
         ├── OpenSandboxProtocolError an answer of the wrong shape (named by its call)
         │   └── ResponseTooLarge     an answer went over its byte cap
-        ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run: "the connection dropped")
+        ├── OpenSandboxConnectionError  unreachable, or hung up (also mid-run)
         ├── CallDeadlineExceeded     one call took longer than its overall deadline
         ├── SandboxStateError        a sandbox reached a state it cannot run code from
         ├── SandboxTimeoutError      a sandbox or execd was not ready in time
@@ -78,15 +78,18 @@ class KernelBudgetExceeded(KernelLaunchError):
 
 
 class ChannelProtocolError(KernelSandboxError):
-    """A kernel broke ZMTP on one of its channels (a bad greeting, a bound exceeded); the launcher ends that kernel."""
+    """A kernel broke ZMTP on one of its channels (a bad greeting, a bound exceeded); the launcher
+    ends that kernel."""
 
 
 class SetupError(KernelSandboxError):
-    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run instead."""
+    """A step of ``kernel-sandbox setup`` or ``lab`` could not be done; the message says what to run
+    instead."""
 
 
 class MetricsUnavailable(KernelSandboxError):
-    """A sandbox's usage cannot be read by the host: its cgroup is not here, or its backend offers none."""
+    """A sandbox's usage cannot be read by the host: its cgroup is not here, or its backend offers
+    none."""
 
 
 class SandboxError(KernelSandboxError):
@@ -106,7 +109,8 @@ class NetworkDisabledError(SandboxError):
 
 
 class CallTimeoutError(SandboxError, TimeoutError):
-    """A call of the execution API (a file transfer, a helper) did not finish before its deadline."""
+    """A call of the execution API (a file transfer, a helper) did not finish before its
+    deadline."""
 
 
 class UnsafePayloadError(SandboxError):
@@ -114,7 +118,8 @@ class UnsafePayloadError(SandboxError):
 
 
 class ResultLimitError(UnsafePayloadError):
-    """A result from the sandbox exceeds a decoding limit; ``limit`` names it, ``value`` is its value."""
+    """A result from the sandbox exceeds a decoding limit; ``limit`` names it, ``value`` is its
+    value."""
 
     def __init__(self, message: str, *, limit: str, value: int) -> None:
         super().__init__(message)
@@ -127,7 +132,8 @@ class FramingError(SandboxError):
 
 
 class CheckpointError(SandboxError):
-    """A checkpoint was refused (over ``checkpoint(max_bytes=)``, its sha256 differs) or could not be made or loaded."""
+    """A checkpoint was refused (over ``checkpoint(max_bytes=)``, its sha256 differs) or could not
+    be made or loaded."""
 
 
 class OpenSandboxError(KernelSandboxError):
@@ -135,7 +141,8 @@ class OpenSandboxError(KernelSandboxError):
 
 
 class OpenSandboxConfigError(OpenSandboxError, ConfigError):
-    """The client is missing configuration (for example the API base URL); also a :class:`ConfigError`."""
+    """The client is missing configuration (for example the API base URL); also a
+    :class:`ConfigError`."""
 
 
 class OpenSandboxAPIError(OpenSandboxError):
@@ -146,7 +153,9 @@ class OpenSandboxAPIError(OpenSandboxError):
     naming each refused field).
     """
 
-    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, response: Any, code: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.response = response
         self.status_code: int = response.status_code
@@ -159,8 +168,8 @@ class SandboxNotFound(OpenSandboxAPIError):
 
 
 class SandboxCapacityError(OpenSandboxAPIError):
-    """The server had no capacity for a new sandbox (429, or 503 with ``Retry-After``) until the launch
-    deadline ran out; the message says how often and how long it was retried."""
+    """The server had no capacity for a new sandbox (429, or 503 with ``Retry-After``) until the
+    launch deadline ran out; the message says how often and how long it was retried."""
 
 
 class SandboxQuotaExceeded(OpenSandboxAPIError):
@@ -169,14 +178,17 @@ class SandboxQuotaExceeded(OpenSandboxAPIError):
     ``quota`` is the quota's name as the server reported it (a Kubernetes ResourceQuota), or None.
     """
 
-    def __init__(self, message: str, *, response: Any, code: str | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, response: Any, code: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message, response=response, code=code, detail=detail)
         found = re.search(r"exceeded quota:\s*([A-Za-z0-9][-A-Za-z0-9_.]*)", detail or "")
         self.quota: str | None = found.group(1) if found else None
 
 
 class OpenSandboxProtocolError(OpenSandboxError):
-    """An answer the client cannot use: not JSON, the wrong JSON shape, bad values, or compressed."""
+    """An answer the client cannot use: not JSON, the wrong JSON shape, bad values, or
+    compressed."""
 
 
 class ResponseTooLarge(OpenSandboxProtocolError):
@@ -188,7 +200,8 @@ class ResponseTooLarge(OpenSandboxProtocolError):
 
 
 class OpenSandboxConnectionError(OpenSandboxError, ConnectionError):
-    """The lifecycle server or execd could not be reached, or hung up; the message names the call."""
+    """The lifecycle server or execd could not be reached, or hung up; the message names the
+    call."""
 
 
 class CallDeadlineExceeded(OpenSandboxError, TimeoutError):

@@ -46,7 +46,8 @@ def shipped_kernelspecs() -> dict[str, Path]:
 
 
 def shipped_spec(name: str, config: dict[str, Any] | None = None) -> KernelSpec:
-    """The shipped kernelspec ``name`` (in memory), with ``config`` as its provisioner config when given."""
+    """The shipped kernelspec ``name`` (in memory), with ``config`` as its provisioner config when
+    given."""
     spec = KernelSpec.from_resource_dir(str(shipped_kernelspecs()[name]))
     if config is not None:
         spec.metadata["kernel_provisioner"]["config"] = config
@@ -59,13 +60,16 @@ def is_sandboxed(spec: KernelSpec) -> bool:
 
 
 def _selects_sandbox(metadata: Any) -> bool:
-    """True when a kernelspec's ``metadata`` (as read, of any shape) names a kernel-sandbox provisioner."""
+    """True when a kernelspec's ``metadata`` (as read, of any shape) names a kernel-sandbox
+    provisioner."""
     provisioner = metadata.get("kernel_provisioner") if isinstance(metadata, dict) else None
-    return isinstance(provisioner, dict) and backends.by_provisioner(provisioner.get("provisioner_name")) is not None
+    return (
+        isinstance(provisioner, dict)
+        and backends.by_provisioner(provisioner.get("provisioner_name")) is not None
+    )
 
 
-
-class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
+class SandboxKernelSpecManager(KernelSpecManager):
     """A KernelSpecManager that also knows the kernelspecs shipped with kernel-sandbox.
 
     In-memory ``specs`` (the execution API's, built per sandbox) come first, then installed
@@ -77,14 +81,16 @@ class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
         self._specs = dict(specs or {})
 
     def find_kernel_specs(self) -> dict[str, str]:
-        """The shipped kernelspecs, overridden by installed ones, and the in-memory ones (no directory)."""
+        """The shipped kernelspecs, overridden by installed ones, and the in-memory ones (no
+        directory)."""
         found = {name: str(path) for name, path in shipped_kernelspecs().items()}
         found.update(super().find_kernel_specs())
         found.update({name: "" for name in self._specs})
         return found
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        """The in-memory kernelspec ``kernel_name``, else the installed one, else the shipped one."""
+        """The in-memory kernelspec ``kernel_name``, else the installed one, else the shipped
+        one."""
         if kernel_name in self._specs:
             return self._specs[kernel_name]
         try:
@@ -97,9 +103,14 @@ class SandboxKernelSpecManager(KernelSpecManager):  # type: ignore[misc]
 
 
 def kernel_manager(
-    kernel_name: str = DOCKER_SPEC, *, spec: KernelSpec | None = None, standby: int | None = None, **kwargs: Any
+    kernel_name: str = DOCKER_SPEC,
+    *,
+    spec: KernelSpec | None = None,
+    standby: int | None = None,
+    **kwargs: Any,
 ) -> AsyncKernelManager:
-    """An AsyncKernelManager for ``kernel_name`` (``spec`` when given, else installed, else shipped).
+    """An AsyncKernelManager for ``kernel_name`` (``spec`` when given, else installed, else
+    shipped).
 
     ``standby``: the Docker provisioner's option, where the kernelspec does not set it (0 for a
     process that starts one kernel).
@@ -107,7 +118,9 @@ def kernel_manager(
     if standby is not None:
         kwargs["config"] = Config({"DockerProvisioner": {"standby": standby}})
     specs = {kernel_name: spec} if spec is not None else {}
-    return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(specs), **kwargs)
+    return AsyncKernelManager(
+        kernel_name=kernel_name, kernel_spec_manager=SandboxKernelSpecManager(specs), **kwargs
+    )
 
 
 @asynccontextmanager
@@ -117,7 +130,8 @@ async def started_client(
     """Start a kernel, wait until it answers, and yield its client; on the way out stop the
     client's channels and shut the kernel down (at once), unless it is already gone.
 
-    ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with ``kwargs``).
+    ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with
+    ``kwargs``).
     """
     km = kernel if isinstance(kernel, AsyncKernelManager) else kernel_manager(kernel, **kwargs)
     await km.start_kernel()
@@ -128,7 +142,8 @@ async def started_client(
         yield kc
     finally:
         kc.stop_channels()
-        if km.has_kernel:  # a kernel that ended (or was shut down) inside the block is not stopped again
+        # a kernel that ended (or was shut down) inside the block is not stopped again
+        if km.has_kernel:
             await km.shutdown_kernel(now=True)
 
 
@@ -162,7 +177,8 @@ def install(
         provisioner = spec["metadata"]["kernel_provisioner"]
         provisioner["config"].update(config or {})
         settings = provisioner_settings(provisioner["provisioner_name"], provisioner["config"])
-        spec["metadata"]["debugger"] = getattr(settings, "mode", "") != "execd"  # JupyterLab's debugger toggle reads it
+        # JupyterLab's debugger toggle reads it
+        spec["metadata"]["debugger"] = getattr(settings, "mode", "") != "execd"
         (staged / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
         destination = KernelSpecManager().install_kernel_spec(
             str(staged), install_as or name, user=user, prefix=prefix
@@ -175,19 +191,23 @@ def install(
 
 
 def launcher_argv(argv: list[str], spec_dir: Path) -> list[str]:
-    """``argv`` with the placeholders replaced by this interpreter and ``spec_dir``, both absolute."""
+    """``argv`` with the placeholders replaced by this interpreter and ``spec_dir``, both
+    absolute."""
     values = {PYTHON_PLACEHOLDER: sys.executable, SPEC_DIR_PLACEHOLDER: str(spec_dir)}
     return [values.get(part, part) for part in argv]
 
 
 def _require_isolated_import() -> None:
     """The launcher runs as ``python -I`` (no current directory on sys.path): it must import so."""
-    probe = subprocess.run([sys.executable, "-I", "-c", "import kernel_sandbox.launch"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-I", "-c", "import kernel_sandbox.launch"], capture_output=True, text=True
+    )
     if probe.returncode:
         raise KernelLaunchError(
-            f"{sys.executable} -I cannot import kernel_sandbox ({probe.stderr.strip().splitlines()[-1:]}); "
-            "the kernelspecs run the launcher in isolated mode, so install kernel-sandbox into a virtual "
-            "environment or the system site-packages rather than the user site"
+            f"{sys.executable} -I cannot import kernel_sandbox "
+            f"({probe.stderr.strip().splitlines()[-1:]}); the kernelspecs run the launcher in "
+            "isolated mode, so install kernel-sandbox into a virtual environment or the system "
+            "site-packages rather than the user site"
         )
 
 

@@ -1,10 +1,12 @@
-"""From a fresh machine to a sandboxed JupyterLab: ``kernel-sandbox setup`` and ``kernel-sandbox lab``.
+"""From a fresh machine to a sandboxed JupyterLab: ``kernel-sandbox setup`` and ``kernel-sandbox
+lab``.
 
 :func:`setup` makes sure of each thing a sandboxed kernel needs (the engine, the image, the
-kernelspec, the JupyterLab extension that frames its outputs) and does only what is missing; :func:`lab` then starts JupyterLab with
-Sandboxed Python as its default kernel. :class:`SandboxedKernelSpecManager` is the kernelspec
-manager of a locked-down server (``kernel-sandbox lab --locked-down``, or
-``jupyter_server_config.py`` for a server you run yourself).
+kernelspec, the JupyterLab extension that frames its outputs) and does only what is missing;
+:func:`lab` then starts JupyterLab with Sandboxed Python as its default kernel.
+:class:`SandboxedKernelSpecManager` is the kernelspec manager of a locked-down server
+(``kernel-sandbox lab --locked-down``, or ``jupyter_server_config.py`` for a server you run
+yourself).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def setup(
     install_engine: bool = False,
     progress: Progress = print,
 ) -> SetupResult:
-    """Make sure the engine runs, the kernel image exists, and the Sandboxed Python kernelspec and kernel-sandbox-frame are installed.
+    """Make sure the engine runs, the kernel image exists, and the Sandboxed Python kernelspec and
+    kernel-sandbox-frame are installed.
 
     Each step that is already done is left alone, so a second call changes nothing. The
     kernelspec goes into ``prefix`` (default ``sys.prefix``), or the user's data directory with
@@ -94,7 +97,9 @@ def _engine_step(install_engine: bool, progress: Progress) -> Check:
         client = ensure_engine(install_engine, lambda text: progress(f"       {text}"))
     except EngineUnavailable as exc:
         raise _fail(Check("docker engine", False, str(exc), engine_fix(exc))) from exc
-    return Check("docker engine", True, f"reachable, version {client.version().get('Version', '?')}")
+    return Check(
+        "docker engine", True, f"reachable, version {client.version().get('Version', '?')}"
+    )
 
 
 def _image_step(image: str, progress: Progress) -> Check:
@@ -114,7 +119,8 @@ def _image_step(image: str, progress: Progress) -> Check:
 
 
 def _kernels_dir(prefix: str | None) -> Path:
-    """Where ``install`` puts kernelspecs: under ``prefix``, or the user's data directory when it is None."""
+    """Where ``install`` puts kernelspecs: under ``prefix``, or the user's data directory when it is
+    None."""
     if prefix is None:
         return Path(KernelSpecManager().user_kernel_dir)
     return Path(prefix) / "share" / "jupyter" / "kernels"
@@ -123,31 +129,46 @@ def _kernels_dir(prefix: str | None) -> Path:
 def _tree(path: Path) -> dict[str, bytes]:
     if not path.is_dir():
         return {}
-    return {str(item.relative_to(path)): item.read_bytes() for item in sorted(path.rglob("*")) if item.is_file()}
+    return {
+        str(item.relative_to(path)): item.read_bytes()
+        for item in sorted(path.rglob("*"))
+        if item.is_file()
+    }
 
 
 def _kernelspec_step(target: Path, config: dict[str, Any], prefix: str | None) -> Check:
-    """Install the Sandboxed Python kernelspec at ``target`` unless what is there is what we would write."""
+    """Install the Sandboxed Python kernelspec at ``target`` unless what is there is what we would
+    write."""
     with tempfile.TemporaryDirectory(prefix="kernel-sandbox-spec-") as tmp:
         staged = Path(install(DOCKER_SPEC, prefix=tmp, config=config)).resolve()
         wanted = _tree(staged)
-        # the argv names the kernelspec's own directory: the staged copy's, where the target names its own
-        wanted["kernel.json"] = wanted["kernel.json"].replace(str(staged).encode(), str(target.resolve()).encode())
+        # the argv names the kernelspec's own directory: the staged copy's, where the target names
+        # its own
+        wanted["kernel.json"] = wanted["kernel.json"].replace(
+            str(staged).encode(), str(target.resolve()).encode()
+        )
         if wanted == _tree(target):
-            return Check("kernelspec", True, f"{DOCKER_SPEC} is up to date in {target}{_shadowed(target)}")
+            return Check(
+                "kernelspec", True, f"{DOCKER_SPEC} is up to date in {target}{_shadowed(target)}"
+            )
     try:
         path = Path(install(DOCKER_SPEC, user=prefix is None, prefix=prefix, config=config))
     except OSError as exc:
-        raise _fail(Check(
-            "kernelspec", False, f"cannot write {target} ({exc.strerror or exc})",
-            "use a virtual environment you own (`python -m venv ~/ks && ~/ks/bin/pip install 'kernel-sandbox[lab]'`), "
-            "or pass --user",
-        )) from exc
+        raise _fail(
+            Check(
+                "kernelspec",
+                False,
+                f"cannot write {target} ({exc.strerror or exc})",
+                "use a virtual environment you own (`python -m venv ~/ks && ~/ks/bin/pip install "
+                "'kernel-sandbox[lab]'`), or pass --user",
+            )
+        ) from exc
     return Check("kernelspec", True, f"{DOCKER_SPEC} installed in {path}{_shadowed(path)}")
 
 
 def _labextension_step(prefix: str | None) -> Check:
-    """Put kernel-sandbox-frame where JupyterLab looks (``prefix``'s, else the user's, labextensions) unless it is there."""
+    """Put kernel-sandbox-frame where JupyterLab looks (``prefix``'s, else the user's,
+    labextensions) unless it is there."""
     name = "kernel-sandbox-frame"
     data = Path(prefix) / "share" / "jupyter" if prefix is not None else Path(jupyter_data_dir())
     target = data / "labextensions" / name
@@ -158,15 +179,25 @@ def _labextension_step(prefix: str | None) -> Check:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
     except OSError as exc:
-        raise _fail(Check(
-            "lab extension", False, f"cannot write {target} ({exc.strerror or exc})",
-            "use a virtual environment you own, or pass --user (`kernel-sandbox lab` loads it from the package anyway)",
-        )) from exc
-    return Check("lab extension", True, f"{name} (outputs of sandboxed kernels in opaque-origin frames) installed in {target}")
+        raise _fail(
+            Check(
+                "lab extension",
+                False,
+                f"cannot write {target} ({exc.strerror or exc})",
+                "use a virtual environment you own, or pass --user (`kernel-sandbox lab` loads it "
+                "from the package anyway)",
+            )
+        ) from exc
+    return Check(
+        "lab extension",
+        True,
+        f"{name} (outputs of sandboxed kernels in opaque-origin frames) installed in {target}",
+    )
 
 
 def _shadowed(path: Path) -> str:
-    """A note when Jupyter, as configured here, finds another kernelspec of that name before ``path``."""
+    """A note when Jupyter, as configured here, finds another kernelspec of that name before
+    ``path``."""
     found = KernelSpecManager().find_kernel_specs().get(path.name)
     if found is None or Path(found).resolve() == path.resolve():
         return ""
@@ -187,11 +218,11 @@ def _installed_config(spec_dir: Path) -> dict[str, Any]:
 class SandboxedKernelSpecManager(KernelSpecManager):
     """Offers and starts only kernel-sandbox kernelspecs, as they were when the server started.
 
-    The kernelspecs are read once, at start. Any other name, including the built-in ``python3``,
-    is unknown: it is neither listed nor started, also not through ``POST /api/kernels`` or
-    ``/api/sessions`` (jupyter_client's own ``allowed_kernelspecs`` only filters the list).
-    A kernelspec the server's contents API could rewrite (inside its root directory and not
-    hidden) is refused, so no page can change how a kernel is sandboxed, for this server or the next.
+    The kernelspecs are read once, at start. Any other name, including the built-in ``python3``, is
+    unknown: it is neither listed nor started, also not through ``POST /api/kernels`` or
+    ``/api/sessions`` (jupyter_client's own ``allowed_kernelspecs`` only filters the list). A
+    kernelspec the server's contents API could rewrite (inside its root directory and not hidden) is
+    refused, so no page can change how a kernel is sandboxed, for this server or the next.
     """
 
     @default("ensure_native_kernel")
@@ -216,8 +247,9 @@ class SandboxedKernelSpecManager(KernelSpecManager):
                 self.refused[name] = "its provisioner is not installed"
             elif root and _writable_through_contents(resource_dir, root):
                 self.refused[name] = (
-                    f"it lies in {resource_dir}, inside the server's root directory {root}, where pages could "
-                    "rewrite it; install it elsewhere or serve another directory (--notebook-dir)"
+                    f"it lies in {resource_dir}, inside the server's root directory {root}, where "
+                    "pages could rewrite it; install it elsewhere or serve another directory "
+                    "(--notebook-dir)"
                 )
             else:
                 self._specs[name] = spec
@@ -229,19 +261,29 @@ class SandboxedKernelSpecManager(KernelSpecManager):
         return {name: spec.resource_dir for name, spec in self._specs.items()}
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        """A copy of the sandboxed kernelspec ``kernel_name`` as read at start; NoSuchKernel for any other."""
+        """A copy of the sandboxed kernelspec ``kernel_name`` as read at start; NoSuchKernel for any
+        other."""
         spec = self._specs.get(kernel_name.lower())
         if spec is None:
             raise NoSuchKernel(kernel_name)
-        return self.kernel_spec_class(resource_dir=spec.resource_dir, **copy.deepcopy(spec.to_dict()))
+        return self.kernel_spec_class(
+            resource_dir=spec.resource_dir, **copy.deepcopy(spec.to_dict())
+        )
 
     def get_all_specs(self) -> dict[str, Any]:
-        """The sandboxed kernelspecs as read at start, in ``KernelSpecManager.get_all_specs``'s form."""
-        return {name: {"resource_dir": spec.resource_dir, "spec": spec.to_dict()} for name, spec in self._specs.items()}
+        """The sandboxed kernelspecs as read at start, in ``KernelSpecManager.get_all_specs``'s
+        form."""
+        return {
+            name: {"resource_dir": spec.resource_dir, "spec": spec.to_dict()}
+            for name, spec in self._specs.items()
+        }
 
 
-def default_kernel_for_new_notebooks(model: dict[str, Any], path: str, contents_manager: Any, **kwargs: Any) -> None:
-    """A contents pre-save hook: a new, empty notebook gets the server's default kernel in its metadata.
+def default_kernel_for_new_notebooks(
+    model: dict[str, Any], path: str, contents_manager: Any, **kwargs: Any
+) -> None:
+    """A contents pre-save hook: a new, empty notebook gets the server's default kernel in its
+    metadata.
 
     JupyterLab's *File → New → Notebook* creates the file through the contents API and then
     starts the kernel its metadata names; with none named it asks, preselecting the first kernel
@@ -261,17 +303,28 @@ def default_kernel_for_new_notebooks(model: dict[str, Any], path: str, contents_
         spec = server.kernel_spec_manager.get_kernel_spec(name)
     except NoSuchKernel:
         return
-    metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
+    metadata["kernelspec"] = {
+        "name": name,
+        "display_name": spec.display_name,
+        "language": spec.language,
+    }
 
 
 def exposed_paths(root: str) -> list[str]:
-    """The server's Python environment and Jupyter data and config directories the contents API could change.
+    """The server's Python environment and Jupyter data and config directories the contents API
+    could change.
 
     That is, those inside ``root`` and not hidden: a page that can write there can change the
     server's code, its extensions (script in every page), its configuration or its kernelspecs.
     """
     candidates = [sys.prefix, *jupyter_path(), *jupyter_config_path()]
-    return sorted({path for path in candidates if os.path.exists(path) and _writable_through_contents(path, root)})
+    return sorted(
+        {
+            path
+            for path in candidates
+            if os.path.exists(path) and _writable_through_contents(path, root)
+        }
+    )
 
 
 def _writable_through_contents(path: str, root: str) -> bool:
@@ -281,7 +334,7 @@ def _writable_through_contents(path: str, root: str) -> bool:
     return not is_hidden(real_path, real_root)
 
 
-LOCKED_DOWN = {
+LOCKED_DOWN: dict[str, Any] = {
     "ServerApp.terminals_enabled": False,
     "ServerApp.kernel_spec_manager_class": f"{__name__}.SandboxedKernelSpecManager",
     "ServerApp.allow_external_kernels": False,
@@ -292,36 +345,55 @@ LOCKED_DOWN = {
     "LabApp.extension_manager": "readonly",
     "ServerApp.jpserver_extensions": {"jupyter_lsp": False},
 }
-"""The settings of ``kernel-sandbox lab --locked-down``, checked on the running server before it serves."""
+"""The settings of ``kernel-sandbox lab --locked-down``, checked on the running server before it
+serves."""
 
 
 REATTACH = {
-    "ServerApp.kernel_manager_class": ("kernel_sandbox.server.ReattachingKernelManager", ("--ServerApp.kernel_manager_class",)),
-    "ServerApp.session_manager_class": ("kernel_sandbox.server.ReattachingSessionManager", ("--ServerApp.session_manager_class",)),
+    "ServerApp.kernel_manager_class": (
+        "kernel_sandbox.server.ReattachingKernelManager",
+        ("--ServerApp.kernel_manager_class",),
+    ),
+    "ServerApp.session_manager_class": (
+        "kernel_sandbox.server.ReattachingSessionManager",
+        ("--ServerApp.session_manager_class",),
+    ),
 }
-"""Sandboxed kernels and notebook sessions that outlive the server (:mod:`kernel_sandbox.server`)."""
+"""Sandboxed kernels and notebook sessions that outlive the server
+(:mod:`kernel_sandbox.server`)."""
 
 
 DEFAULTS = {
     "ServerApp.ip": ("127.0.0.1", ("--ip", "--ServerApp.ip", "--NotebookApp.ip")),
-    "IdentityProvider.token": (None, ("--IdentityProvider.token", "--ServerApp.token", "--NotebookApp.token")),
-    "MappingKernelManager.default_kernel_name": (DOCKER_SPEC, ("--MappingKernelManager.default_kernel_name",)),
+    "IdentityProvider.token": (
+        None,
+        ("--IdentityProvider.token", "--ServerApp.token", "--NotebookApp.token"),
+    ),
+    "MappingKernelManager.default_kernel_name": (
+        DOCKER_SPEC,
+        ("--MappingKernelManager.default_kernel_name",),
+    ),
     **REATTACH,
 }
-"""What ``kernel-sandbox lab`` sets unless its command line already does (name: value, the options that set it).
-A token of ``None`` is made fresh for every start."""
+"""What ``kernel-sandbox lab`` sets unless its command line already does (name: value, the options
+that set it). A token of ``None`` is made fresh for every start."""
 
 
 LABEXTENSIONS = Path(__file__).parent / "labextensions"
-"""Where the prebuilt JupyterLab extension kernel-sandbox-frame lies in the package (the wheel also puts it in
-share/jupyter/labextensions, where plain ``jupyter lab`` finds it)."""
+"""Where the prebuilt JupyterLab extension kernel-sandbox-frame lies in the package (the wheel also
+puts it in share/jupyter/labextensions, where plain ``jupyter lab`` finds it)."""
 
-CONTENTS_MANAGER = ("kernel_sandbox.contents.RootConfinedFileManager", ("--ServerApp.contents_manager_class",))
-"""The contents manager ``kernel-sandbox lab`` sets unless its command line names another, and the options that do."""
+CONTENTS_MANAGER = (
+    "kernel_sandbox.contents.RootConfinedFileManager",
+    ("--ServerApp.contents_manager_class",),
+)
+"""The contents manager ``kernel-sandbox lab`` sets unless its command line names another, and the
+options that do."""
 
 
 def confinement_arguments(extra: Sequence[str]) -> list[str]:
-    """The frame extension on JupyterLab's labextensions path and, unless ``extra`` names one, the root-confined contents manager.
+    """The frame extension on JupyterLab's labextensions path and, unless ``extra`` names one, the
+    root-confined contents manager.
 
     Sandboxed kernels' outputs then render in opaque-origin frames (kernel-sandbox-frame), and no
     symlink planted in the served folder makes the server hand out a file outside it.
@@ -334,7 +406,8 @@ def confinement_arguments(extra: Sequence[str]) -> list[str]:
 
 
 def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
-    """JupyterLab's command line: our defaults (unless ``extra`` sets them), ``extra``, then the locked-down settings.
+    """JupyterLab's command line: our defaults (unless ``extra`` sets them), ``extra``, then the
+    locked-down settings.
 
     Raises SetupError when ``extra`` sets something ``--locked-down`` decides.
     """
@@ -347,18 +420,27 @@ def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
     if locked_down:
         for name, value in LOCKED_DOWN.items():
             if _sets(extra, (f"--{name}",)):
-                raise SetupError(f"--locked-down decides {name}; leave --{name} out of the arguments")
-            items = [f"{key}={item}" for key, item in value.items()] if isinstance(value, dict) else [value]
+                raise SetupError(
+                    f"--locked-down decides {name}; leave --{name} out of the arguments"
+                )
+            items = (
+                [f"{key}={item}" for key, item in value.items()]
+                if isinstance(value, dict)
+                else [value]
+            )
             arguments += [f"--{name}={item}" for item in items]
     return arguments
 
 
 def _sets(arguments: Sequence[str], options: Sequence[str]) -> bool:
-    return any(arg == option or arg.startswith(option + "=") for arg in arguments for option in options)
+    return any(
+        arg == option or arg.startswith(option + "=") for arg in arguments for option in options
+    )
 
 
 def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any) -> int:
-    """Set up as :func:`setup` does, then run JupyterLab in this process, print its URL, and serve until stopped.
+    """Set up as :func:`setup` does, then run JupyterLab in this process, print its URL, and serve
+    until stopped.
 
     ``extra`` are JupyterLab's own arguments. The data directory of the kernelspec :func:`setup`
     installed goes first on ``JUPYTER_PATH``, so that kernelspec is the one the server runs,
@@ -367,30 +449,37 @@ def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any
     try:
         from jupyterlab.labapp import LabApp
     except ImportError as exc:
-        raise SetupError(f"JupyterLab is not installed in {sys.prefix}.\n  fix: {LAB_INSTALL_FIX}") from exc
+        raise SetupError(
+            f"JupyterLab is not installed in {sys.prefix}.\n  fix: {LAB_INSTALL_FIX}"
+        ) from exc
     arguments = lab_arguments(extra, locked_down)
     result = setup(**setup_options)
     data_dir = str(result.kernelspec_dir.parents[1])
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [data_dir, os.environ.get("JUPYTER_PATH")]))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        filter(None, [data_dir, os.environ.get("JUPYTER_PATH")])
+    )
     server = LabApp.initialize_server(argv=arguments)
     if os.geteuid() == 0 and not server.allow_root:
         raise SetupError(
-            "JupyterLab does not run as root without --allow-root. The kernels still run as an unprivileged "
-            "user in their containers, but the server, and whatever a page does through it, would act as root.\n"
-            "  fix: run `kernel-sandbox lab` as a user in the docker group, or add --allow-root"
+            "JupyterLab does not run as root without --allow-root. The kernels still run as an "
+            "unprivileged user in their containers, but the server, and whatever a page does "
+            "through it, would act as root.\n  fix: run `kernel-sandbox lab` as a user in the "
+            "docker group, or add --allow-root"
         )
     differing = _not_locked_down(server) if locked_down else []
     if differing:
         raise SetupError(
-            f"--locked-down could not take effect: the server has {', '.join(differing)} (set by a Jupyter config "
-            "file, perhaps for a subclass such as FileContentsManager).\n  fix: remove those settings"
+            f"--locked-down could not take effect: the server has {', '.join(differing)} (set by a "
+            "Jupyter config file, perhaps for a subclass such as FileContentsManager).\n  fix: "
+            "remove those settings"
         )
     exposed = exposed_paths(server.root_dir) if locked_down else []
     if exposed:
         raise SetupError(
-            f"--locked-down will not serve {server.root_dir}: it contains {', '.join(exposed)}, the server's own "
-            "Python environment or Jupyter directories, which pages could change through the contents API.\n"
-            "  fix: serve a directory without them (--notebook-dir), or keep the environment in a hidden folder (.venv)"
+            f"--locked-down will not serve {server.root_dir}: it contains {', '.join(exposed)}, "
+            "the server's own Python environment or Jupyter directories, which pages could change "
+            "through the contents API.\n  fix: serve a directory without them (--notebook-dir), "
+            "or keep the environment in a hidden folder (.venv)"
         )
     server.contents_manager.register_pre_save_hook(default_kernel_for_new_notebooks)
     server.io_loop.add_callback(_announce, server, locked_down)
@@ -399,7 +488,8 @@ def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any
 
 
 def _not_locked_down(server: Any) -> list[str]:
-    """The LOCKED_DOWN settings the running server does not have, as ``name=value`` of what it has instead."""
+    """The LOCKED_DOWN settings the running server does not have, as ``name=value`` of what it has
+    instead."""
     from jupyterlab.labapp import LabApp
 
     owners = {
@@ -414,7 +504,9 @@ def _not_locked_down(server: Any) -> list[str]:
         if name == "ServerApp.kernel_spec_manager_class":
             actual, wanted = type(server.kernel_spec_manager), SandboxedKernelSpecManager
         elif name == "ServerApp.jpserver_extensions":
-            actual = {key: bool(server.extension_manager.linked_extensions.get(key)) for key in wanted}
+            actual = {
+                key: bool(server.extension_manager.linked_extensions.get(key)) for key in wanted
+            }
         if actual != wanted:
             differing.append(f"{name}={actual!r}")
     return differing
@@ -428,14 +520,20 @@ def _announce(server: Any, locked_down: bool) -> None:
     specs = server.kernel_spec_manager.find_kernel_specs()
     lines = [
         "",
-        f"JupyterLab is running, with {server.kernel_manager.default_kernel_name} as the default kernel:",
+        f"JupyterLab is running, with {server.kernel_manager.default_kernel_name} as the default "
+        "kernel:",
         f"    {url}",
     ]
     if locked_down:
-        lines.append(f"Locked down: no terminals; kernels offered: {', '.join(sorted(specs)) or 'none'}.")
+        lines.append(
+            f"Locked down: no terminals; kernels offered: {', '.join(sorted(specs)) or 'none'}."
+        )
         for name, reason in getattr(server.kernel_spec_manager, "refused", {}).items():
             lines.append(f"    not offered: {name}: {reason}")
     if not token:
-        lines.append("Warning: the server has no token; anyone who can reach the port can run code through it.")
+        lines.append(
+            "Warning: the server has no token; anyone who can reach the port can run code through "
+            "it."
+        )
     lines.append("Stop it with Control-C.")
     print("\n".join(lines), flush=True)

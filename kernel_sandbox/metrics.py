@@ -60,7 +60,8 @@ class TmpfsUsage:
 
 @dataclass(frozen=True, repr=False)
 class Usage:
-    """One sample of a sandbox's usage against its limits, read by the host (None: not known / no limit).
+    """One sample of a sandbox's usage against its limits, read by the host (None: not known / no
+    limit).
 
     ``memory`` is what ``docker stats`` shows (usage without inactive file cache), in bytes;
     ``cpu_percent`` is the share of one core used since the previous sample (the first sample:
@@ -121,7 +122,9 @@ def memory_text(usage: Usage) -> str:
         return "-"
     if not usage.memory_limit:
         return size_text(usage.memory)
-    return f"{size_text(usage.memory)}/{size_text(usage.memory_limit)} ({usage.memory_percent:.0f}%)"
+    return (
+        f"{size_text(usage.memory)}/{size_text(usage.memory_limit)} ({usage.memory_percent:.0f}%)"
+    )
 
 
 def cpu_text(usage: Usage) -> str:
@@ -148,11 +151,12 @@ class _Mount:
     point: str
 
     def host_path(self, cgroup_path: str) -> Path | None:
-        """Where ``cgroup_path`` (as /proc/PID/cgroup names it) is under this mount, if inside it."""
+        """Where ``cgroup_path`` (as /proc/PID/cgroup names it) is under this mount, if inside
+        it."""
         root = self.root.rstrip("/")
         if root and cgroup_path != root and not cgroup_path.startswith(root + "/"):
             return None
-        return Path(self.point + cgroup_path[len(root):])
+        return Path(self.point + cgroup_path[len(root) :])
 
 
 def cgroup_mounts(mountinfo: str) -> tuple[dict[str, _Mount], _Mount | None]:
@@ -201,14 +205,25 @@ def _number(text: str) -> int | None:
 
 def _keyed(text: str) -> dict[str, int]:
     pairs = (line.split() for line in text.splitlines())
-    return {pair[0]: int(pair[1]) for pair in pairs if len(pair) == 2 and pair[1].lstrip("-").isdigit()}
+    return {
+        pair[0]: int(pair[1]) for pair in pairs if len(pair) == 2 and pair[1].lstrip("-").isdigit()
+    }
 
 
 class CgroupProbe:
-    """The cgroup (and tmpfs mounts) of one running container, found once and read per :meth:`read`."""
+    """The cgroup (and tmpfs mounts) of one running container, found once and read per
+    :meth:`read`."""
 
-    def __init__(self, container_id: str, pid: int, dirs: Mapping[str, Path], version: int,
-                 tmpfs: Mapping[str, str], started: float, statfs: bool) -> None:
+    def __init__(
+        self,
+        container_id: str,
+        pid: int,
+        dirs: Mapping[str, Path],
+        version: int,
+        tmpfs: Mapping[str, str],
+        started: float,
+        statfs: bool,
+    ) -> None:
         self.container_id = container_id
         self.pid = pid
         self._dirs = dict(dirs)
@@ -248,12 +263,17 @@ class CgroupProbe:
                 dirs = dict.fromkeys(("memory", "cpu", "cpuacct", "pids"), path)
         if not dirs or any(container_id not in str(path) for path in dirs.values()):
             raise MetricsUnavailable(
-                f"the cgroup of the container {container_id[:12]} was not found under /sys/fs/cgroup "
-                f"(its init pid {pid} is in {own or unified!r})"
+                f"the cgroup of the container {container_id[:12]} was not found under "
+                f"/sys/fs/cgroup (its init pid {pid} is in {own or unified!r})"
             )
         runtime = (attrs.get("HostConfig") or {}).get("Runtime") or "runc"
-        mounts = {point: TMPFS_OPTIONS.get(point, "") for point in sorted((attrs.get("HostConfig") or {}).get("Tmpfs") or {})}
-        return cls(container_id, pid, dirs, version, mounts, _started(state), statfs=runtime == "runc")
+        mounts = {
+            point: TMPFS_OPTIONS.get(point, "")
+            for point in sorted((attrs.get("HostConfig") or {}).get("Tmpfs") or {})
+        }
+        return cls(
+            container_id, pid, dirs, version, mounts, _started(state), statfs=runtime == "runc"
+        )
 
     def _file(self, controller: str, name: str) -> str:
         return _read(self._dirs[controller] / name)
@@ -263,7 +283,9 @@ class CgroupProbe:
         try:
             usage = self._read_v1() if self.version == 1 else self._read_v2()
         except (OSError, ValueError, KeyError) as exc:
-            raise MetricsUnavailable(f"the container {self.container_id[:12]} is gone ({exc})") from exc
+            raise MetricsUnavailable(
+                f"the container {self.container_id[:12]} is gone ({exc})"
+            ) from exc
         return usage
 
     def _cpu_percent(self, cpu_seconds: float) -> float:
@@ -298,10 +320,14 @@ class CgroupProbe:
         cpu = _keyed(self._file("cpu", "cpu.stat"))
         quota, _, period = self._file("cpu", "cpu.max").partition(" ")
         return self._usage(
-            memory=max(int(self._file("memory", "memory.current")) - stat.get("inactive_file", 0), 0),
+            memory=max(
+                int(self._file("memory", "memory.current")) - stat.get("inactive_file", 0), 0
+            ),
             memory_limit=_number(self._file("memory", "memory.max")),
             cpu_seconds=cpu.get("usage_usec", 0) / 1e6,
-            cpu_limit=int(quota) / int(period) if quota.isdigit() and period.strip().isdigit() else None,
+            cpu_limit=int(quota) / int(period)
+            if quota.isdigit() and period.strip().isdigit()
+            else None,
             oom_kills=events.get("oom_kill", 0),
             memory_failcnt=events.get("max", 0),
             throttled_periods=cpu.get("nr_throttled", 0),
@@ -321,7 +347,8 @@ class CgroupProbe:
         )
 
     def _tmpfs_usage(self) -> tuple[TmpfsUsage, ...]:
-        """statvfs of each tmpfs through the init process's root, once its pid is still the container's."""
+        """statvfs of each tmpfs through the init process's root, once its pid is still the
+        container's."""
         if not self._statfs or not self._tmpfs:
             return ()
         root = f"/proc/{self.pid}/root"
@@ -346,7 +373,7 @@ def _started(state: Mapping[str, Any]) -> float:
         return time.time()
 
 
-# -- jupyter-resource-usage's kernel usage panel ----------------------------------------------------
+# -- jupyter-resource-usage's kernel usage panel ---------------------------------------------------
 
 
 def usage_reply(usage: Usage | None) -> dict[str, Any]:
@@ -354,13 +381,16 @@ def usage_reply(usage: Usage | None) -> dict[str, Any]:
 
     jupyter-resource-usage's panel shows ``kernel_cpu`` and ``kernel_memory``, and under "host"
     ``host_cpu_percent`` on ``cpu_count`` CPUs and ``host_virtual_memory``: here the sandbox's
-    limits stand for the host (its memory limit as the total, else the machine's memory). ``kernel_sandbox`` carries the whole
-    :class:`Usage`. Without figures the reply has only ``hostname``, and the panel says so.
+    limits stand for the host (its memory limit as the total, else the machine's memory).
+    ``kernel_sandbox`` carries the whole :class:`Usage`. Without figures the reply has only
+    ``hostname``, and the panel says so.
     """
     content: dict[str, Any] = {"hostname": "sandbox", "kernel_sandbox": None}
     if usage is None:
         return content
-    content["kernel_sandbox"] = {name: getattr(usage, name) for name in usage.__dataclass_fields__ if name != "tmpfs"}
+    content["kernel_sandbox"] = {
+        name: getattr(usage, name) for name in usage.__dataclass_fields__ if name != "tmpfs"
+    }
     content["kernel_sandbox"]["tmpfs"] = [vars(tmpfs) for tmpfs in usage.tmpfs]
     content["kernel_cpu"] = round(usage.cpu_percent or 0.0, 1)
     content["kernel_memory"] = usage.memory or 0
@@ -370,8 +400,13 @@ def usage_reply(usage: Usage | None) -> dict[str, Any]:
     total = usage.memory_limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     used = usage.memory or 0
     content["host_virtual_memory"] = {
-        "total": total, "available": max(total - used, 0), "free": max(total - used, 0), "used": used,
-        "active": used, "inactive": 0, "percent": round(100.0 * used / total, 1),
+        "total": total,
+        "available": max(total - used, 0),
+        "free": max(total - used, 0),
+        "used": used,
+        "active": used,
+        "inactive": 0,
+        "percent": round(100.0 * used / total, 1),
     }
     return content
 
@@ -380,7 +415,8 @@ def usage_reply(usage: Usage | None) -> dict[str, Any]:
 
 
 NO_SPACE = "No space left on device"
-"""strerror(ENOSPC): an error that says it names a tmpfs that is full even when it was full before."""
+"""strerror(ENOSPC): an error that says it names a tmpfs that is full even when it was full
+before."""
 
 
 def near_misses(before: Usage, after: Usage, error_text: str = "") -> list[str]:
@@ -393,16 +429,26 @@ def near_misses(before: Usage, after: Usage, error_text: str = "") -> list[str]:
     if after.pids_refused > before.pids_refused:
         refused = after.pids_refused - before.pids_refused
         notes.append(
-            f"process limit reached: {refused} fork(s) or thread(s) refused at pids_limit={after.pids_limit} "
-            "(EAGAIN); raise pids_limit"
+            f"process limit reached: {refused} fork(s) or thread(s) refused at "
+            f"pids_limit={after.pids_limit} (EAGAIN); raise pids_limit"
         )
-    was_full = {tmpfs.mount for tmpfs in before.tmpfs if tmpfs.full} if NO_SPACE not in error_text else set()
+    was_full = (
+        {tmpfs.mount for tmpfs in before.tmpfs if tmpfs.full}
+        if NO_SPACE not in error_text
+        else set()
+    )
     for tmpfs in after.tmpfs:
         if tmpfs.full and tmpfs.mount not in was_full:
             option = f"; raise {tmpfs.option}" if tmpfs.option else ""
             notes.append(f"the tmpfs {tmpfs.mount} is full ({size_text(tmpfs.size)}{option})")
     if after.oom_kills > before.oom_kills:
-        notes.append(f"out of memory: a process was killed at the memory limit ({size_text(after.memory_limit)}); raise memory")
+        notes.append(
+            "out of memory: a process was killed at the memory limit "
+            f"({size_text(after.memory_limit)}); raise memory"
+        )
     elif after.memory_failcnt > before.memory_failcnt and after.memory_limit and not notes:
-        notes.append(f"memory limit reached ({size_text(after.memory_limit)}): allocations had to wait for reclaim; raise memory")
+        notes.append(
+            f"memory limit reached ({size_text(after.memory_limit)}): allocations had to wait for "
+            "reclaim; raise memory"
+        )
     return notes

@@ -43,7 +43,9 @@ def parse_parameter(text: str) -> tuple[str, Any]:
     name, sep, raw = text.partition("=")
     name = name.strip()
     if not sep or not name.isidentifier():
-        raise ConfigError(f"Parameter {text!r} must look like NAME=VALUE with NAME a Python identifier")
+        raise ConfigError(
+            f"Parameter {text!r} must look like NAME=VALUE with NAME a Python identifier"
+        )
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -62,7 +64,9 @@ def inject_parameters(nb: nbformat.NotebookNode, parameters: Mapping[str, Any]) 
     lines = ["# Parameters"] + [f"{name} = {value!r}" for name, value in parameters.items()]
     cell = nbformat.v4.new_code_cell("\n".join(lines) + "\n", metadata={"tags": [INJECTED_TAG]})
     cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
-    tagged = [i for i, c in enumerate(cells) if PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+    tagged = [
+        i for i, c in enumerate(cells) if PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])
+    ]
     where = tagged[0] + 1 if tagged else 0
     cells.insert(where, cell)
     nb.cells = cells
@@ -72,14 +76,20 @@ def read_notebook(path: str | Path) -> nbformat.NotebookNode:
     """Read the notebook at ``path`` (ConfigError naming the file when it is not a notebook)."""
     try:
         return nbformat.read(str(path), as_version=4)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # nbformat's errors for a file that is not a notebook
+    # nbformat's errors for a file that is not a notebook
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConfigError(f"{path} is not a Jupyter notebook: {exc}") from exc
 
 
 def tagged_source(notebook: str | Path | nbformat.NotebookNode, tag: str) -> str:
-    """The source of the code cells tagged ``tag``, joined: ship a tool or skill prototyped in a notebook."""
+    """The source of the code cells tagged ``tag``, joined: ship a tool or skill prototyped in a
+    notebook."""
     nb = notebook if isinstance(notebook, nbformat.NotebookNode) else read_notebook(notebook)
-    parts = [c.source for c in nb.cells if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])]
+    parts = [
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])
+    ]
     if not parts:
         raise ConfigError(f"No code cell is tagged {tag!r}")
     return "\n\n".join(parts) + "\n"
@@ -91,7 +101,9 @@ def tagged_source(notebook: str | Path | nbformat.NotebookNode, tag: str) -> str
 class Progress:
     """A progress bar over code cells on stderr (tqdm when installed, else a plain line)."""
 
-    def __init__(self, total: int, label: str, stream: IO[str] | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self, total: int, label: str, stream: IO[str] | None = None, enabled: bool = True
+    ) -> None:
         self.total, self.done, self.label = total, 0, label
         self.stream = stream or sys.stderr
         self.enabled = enabled
@@ -109,7 +121,9 @@ class Progress:
     def _draw(self, final: bool = False) -> None:
         width = 30
         filled = width * self.done // max(self.total, 1)
-        line = f"{self.label}: [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} cells"
+        line = (
+            f"{self.label}: [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} cells"
+        )
         if self._tty:
             self.stream.write("\r" + line + ("\n" if final else ""))
         elif final or self.done == 0:
@@ -158,23 +172,36 @@ class NotebookRun:
             return ""
         source = self.notebook.cells[self.failed_cell].source if self.failed_cell >= 0 else ""
         tb = self.error.traceback or str(self.error)
-        text = f"Cell {self.failed_cell} failed:\n" + "-" * 60 + f"\n{source}\n" + "-" * 60 + f"\n{tb}\n"
+        text = (
+            f"Cell {self.failed_cell} failed:\n"
+            + "-" * 60
+            + f"\n{source}\n"
+            + "-" * 60
+            + f"\n{tb}\n"
+        )
         return text if colour else strip_ansi(text)
 
 
 def default_output_path(path: Path) -> Path:
     """``analysis.ipynb`` → ``analysis.out.ipynb`` next to it."""
-    return path.with_name(path.name[: -len(".ipynb")] + ".out.ipynb" if path.name.endswith(".ipynb") else path.name + ".out.ipynb")
+    return path.with_name(
+        path.name[: -len(".ipynb")] + ".out.ipynb"
+        if path.name.endswith(".ipynb")
+        else path.name + ".out.ipynb"
+    )
 
 
 def _failure(nb: nbformat.NotebookNode, exc: BaseException) -> tuple[int, ExecutionError]:
-    """The failed cell's index and its error (-1 and one made of ``exc`` when no output holds one)."""
+    """The failed cell's index and its error (-1 and one made of ``exc`` when no output holds
+    one)."""
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                return index, ExecutionError(output.ename, output.evalue, "\n".join(output.traceback))
+                return index, ExecutionError(
+                    output.ename, output.evalue, "\n".join(output.traceback)
+                )
     if isinstance(exc, CellTimeoutError | DeadKernelError):
         return -1, ExecutionError(type(exc).__name__, str(exc), str(exc))
     ename = getattr(exc, "ename", type(exc).__name__)
@@ -236,7 +263,12 @@ async def async_run_notebook(
         if km.has_kernel:
             await km.shutdown_kernel(now=True)
     spec = km.kernel_spec
-    nb.metadata["kernelspec"] = {"name": name, "display_name": spec.display_name, "language": spec.language}
+    assert spec is not None  # the kernel started from it
+    nb.metadata["kernelspec"] = {
+        "name": name,
+        "display_name": spec.display_name,
+        "language": spec.language,
+    }
     out = Path(output) if output is not None else default_output_path(path)
     nbformat.write(nb, str(out))
     return NotebookRun(nb, out, error, failed_cell)

@@ -29,41 +29,88 @@ from typing import Any, Literal
 
 import nh3
 
-from .canonical import PROTOCOL_VERSION, Message, canonical_content, canonical_message, canonical_output, joined_text
+from .canonical import (
+    PROTOCOL_VERSION,
+    Message,
+    canonical_content,
+    canonical_message,
+    canonical_output,
+    joined_text,
+)
 from .errors import ConfigError
 
-__all__ = ["MODES", "PASSED_MIME_TYPES", "PROTOCOL_VERSION", "STANDARD_WIDGET_MODULES", "OutputPolicy", "PolicyMode"]
+__all__ = [
+    "MODES",
+    "PASSED_MIME_TYPES",
+    "PROTOCOL_VERSION",
+    "STANDARD_WIDGET_MODULES",
+    "OutputPolicy",
+    "PolicyMode",
+]
 
 PolicyMode = Literal["strict", "trusted"]
 MODES: tuple[PolicyMode, ...] = ("strict", "trusted")
 
 #: MIME types strict passes unchanged: data its renderer draws without running kernel code.
-PASSED_MIME_TYPES = frozenset({
-    "image/png", "image/jpeg", "image/gif", "image/webp", "image/bmp",
-    "application/json", "application/vnd.dataresource+json",  # pandas table schema
-    "application/vnd.plotly.v1+json",
-    "application/vnd.vega.v5+json", "application/vnd.vega.v4+json",
-    "application/vnd.vegalite.v5+json", "application/vnd.vegalite.v4+json", "application/vnd.vegalite.v3+json",
-    "application/vnd.jupyter.widget-view+json",
-})
+PASSED_MIME_TYPES = frozenset(
+    {
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "image/bmp",
+        "application/json",
+        "application/vnd.dataresource+json",  # pandas table schema
+        "application/vnd.plotly.v1+json",
+        "application/vnd.vega.v5+json",
+        "application/vnd.vega.v4+json",
+        "application/vnd.vegalite.v5+json",
+        "application/vnd.vegalite.v4+json",
+        "application/vnd.vegalite.v3+json",
+        "application/vnd.jupyter.widget-view+json",
+    }
+)
 #: Plain text; passed with ``javascript://`` links (which JupyterLab would auto-link) defused.
-TEXT_MIME_TYPES = frozenset({"text/plain", "text/latex", "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr"})
+TEXT_MIME_TYPES = frozenset(
+    {"text/plain", "text/latex", "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr"}
+)
 #: Widget modules strict lets a kernel instantiate: the ipywidgets controls, nothing else.
-STANDARD_WIDGET_MODULES = frozenset({"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"})
+STANDARD_WIDGET_MODULES = frozenset(
+    {"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"}
+)
 
 _VEGA_TYPES = frozenset(t for t in PASSED_MIME_TYPES if ".vega" in t)
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-_JSON_TYPES = frozenset({"application/json", "application/vnd.dataresource+json", "application/vnd.plotly.v1+json"})
+_JSON_TYPES = frozenset(
+    {"application/json", "application/vnd.dataresource+json", "application/vnd.plotly.v1+json"}
+)
 
 _DISPLAY_TYPES = frozenset({"display_data", "update_display_data", "execute_result"})
 
 _WIDGET_TARGETS = frozenset({"jupyter.widget", "jupyter.widget.control"})
-_NAME_KEYS = frozenset({"_model_module", "_model_module_version", "_model_name", "_view_module", "_view_module_version", "_view_name"})
+_NAME_KEYS = frozenset(
+    {
+        "_model_module",
+        "_model_module_version",
+        "_model_name",
+        "_view_module",
+        "_view_module_version",
+        "_view_name",
+    }
+)
 _HTML_WIDGETS = frozenset({"HTMLModel", "HTMLMathModel", "HTMLView", "HTMLMathView"})
 # Widgets whose value is text (a view may write it into the page); their value must be a string.
 _STRING_VALUE_WIDGETS = _HTML_WIDGETS | {
-    "LabelModel", "TextModel", "TextareaModel", "PasswordModel", "ComboboxModel", "LabelView", "TextView",
-    "TextareaView", "PasswordView", "ComboboxView",
+    "LabelModel",
+    "TextModel",
+    "TextareaModel",
+    "PasswordModel",
+    "ComboboxModel",
+    "LabelView",
+    "TextView",
+    "TextareaView",
+    "PasswordView",
+    "ComboboxView",
 }
 # Text fields of every widget, and lists of text: of any other JSON type they are dropped (a list
 # in an HTML sink is joined by the browser with commas, past a check that cleans strings only).
@@ -72,7 +119,8 @@ _STRING_LIST_FIELDS = frozenset({"_options_labels", "tooltips", "icons", "option
 # Links copy a field of one widget into another in the browser (jslink/jsdlink), past the policy.
 _LINKS = {"LinkModel": ("source", "target"), "DirectionalLinkModel": ("target",)}
 _MODEL_REFERENCE = "IPY_MODEL_"
-# A widget module version as widgets write it ("2.0.0", "^1.5.0", "~0.9.*", "" for any): never a path or URL.
+# A widget module version as widgets write it ("2.0.0", "^1.5.0", "~0.9.*", "" for any): never a
+# path or URL.
 _MODULE_VERSION = re.compile(r"(?:[\^~]?\d+(?:\.(?:\d+|\*|x)){0,2}(?:-[0-9A-Za-z.]+)?|\*)?")
 _MAX_WIDGET_COMMS = 100_000
 
@@ -83,14 +131,20 @@ _MAX_WIDGET_COMMS = 100_000
 # ignored, and Markdown turns ``\:`` into ``:``. ``data:`` is allowed only for raster images.
 _GAP = r"[\t\n\r]*"
 _SCRIPT_URL = re.compile(
-    "(?:" + "|".join(_GAP.join(word) for word in ("javascript", "vbscript", "livescript")) + r")"
-    + _GAP + r"\\?(?=:)"
-    + "|" + _GAP.join("data") + _GAP + r"\\?(?=:(?![\t\n\r ]*image/(?:png|jpeg|gif|webp|bmp)[;,]))",
+    "(?:"
+    + "|".join(_GAP.join(word) for word in ("javascript", "vbscript", "livescript"))
+    + r")"
+    + _GAP
+    + r"\\?(?=:)"
+    + "|"
+    + _GAP.join("data")
+    + _GAP
+    + r"\\?(?=:(?![\t\n\r ]*image/(?:png|jpeg|gif|webp|bmp)[;,]))",
     re.IGNORECASE,
 )
 # A link JupyterLab's auto-linker (rendermime's ``webLinkRegex``: ``scheme://...``, ``data:...``,
-# ``www....``) would make that runs script or opens a document when clicked. Found anywhere (it
-# also flags a scheme the auto-linker would read as a longer one): breaking a harmless one costs nothing.
+# ``www....``) would make that runs script or opens a document when clicked. Found anywhere (it also
+# flags a scheme the auto-linker would read as a longer one): breaking a harmless one costs nothing.
 _BAD_LINK = re.compile(
     r"(?:javascript|vbscript|livescript)://|data:(?!image/(?:png|jpeg|gif|webp|bmp)[;,])[^\s\x00-\x20\x7f-\x9f]",
     re.IGNORECASE,
@@ -102,31 +156,35 @@ _ZWSP = "\u200b"
 
 
 def _has_script_link(text: str) -> bool:
-    """Whether JupyterLab's auto-linker could make a script (or document) link of ``text`` (escape codes removed)."""
+    """Whether JupyterLab's auto-linker could make a script (or document) link of ``text`` (escape
+    codes removed)."""
     if ":" not in text:
         return False
     visible = _ANSI.sub("", text) if "\x1b" in text else text
     lowered = visible.lower()
-    if "script://" not in lowered and "data:" not in lowered:  # what every such link has (a quick scan first)
+    # what every such link has (a quick scan first)
+    if "script://" not in lowered and "data:" not in lowered:
         return False
     return _BAD_LINK.search(visible) is not None
 
 
 def _defuse_autolinks(text: str) -> str:
-    """Text in which no frontend makes a clickable script link: a zero-width space after each scheme, if it had one."""
+    """Text in which no frontend makes a clickable script link: a zero-width space after each
+    scheme, if it had one."""
     if not _has_script_link(text):
         return text
     return _SCHEME_COLON.sub(_ZWSP + ":", text)
 
 
 def _compose(index: int, text: str, old: str) -> tuple[str, int]:
-    """JupyterLab's ``processText`` (outputarea's model): ``text`` written over ``old`` at ``index``, as a terminal.
+    """JupyterLab's ``processText`` (outputarea's model): ``text`` written over ``old`` at
+    ``index``, as a terminal.
 
-    ``\\r`` returns to the start of the line and later text overwrites it; ``\\b`` steps back; so one
-    stream message can rewrite what an earlier one wrote. Returns the new text and cursor.
+    ``\\r`` returns to the start of the line and later text overwrites it; ``\\b`` steps back; so
+    one stream message can rewrite what an earlier one wrote. Returns the new text and cursor.
     """
     start = old.rfind("\n", 0, index) + 1
-    done, line, cursor = [old[:start - 1]] if start else [], old[start:], index - start
+    done, line, cursor = [old[: start - 1]] if start else [], old[start:], index - start
     for piece in _CONTROL_CHAR.split(text):
         if piece == "\n":
             done.append(line)
@@ -135,15 +193,16 @@ def _compose(index: int, text: str, old: str) -> tuple[str, int]:
             cursor = 0
         elif piece == "\b":
             if cursor > 0:
-                line, cursor = line[:cursor - 1] + line[cursor + 1:], cursor - 1
+                line, cursor = line[: cursor - 1] + line[cursor + 1 :], cursor - 1
         elif piece:
-            line, cursor = line[:cursor] + piece + line[cursor + len(piece):], cursor + len(piece)
+            line, cursor = line[:cursor] + piece + line[cursor + len(piece) :], cursor + len(piece)
     head = "\n".join(done)
     return (head + "\n" + line if done else line), (len(head) + 1 if done else 0) + cursor
 
 
 _CONTROL_CHAR = re.compile(r"([\n\b\r])")
-_LINE_KEPT = 8 * 1024  # characters of a stream's last line the policy keeps to compose the next message on
+# characters of a stream's last line the policy keeps to compose the next message on
+_LINE_KEPT = 8 * 1024
 _STREAMS_KEPT = 256  # output areas (parent requests) whose last stream line the policy remembers
 
 
@@ -154,23 +213,30 @@ class _Stream:
     name: str
     line: str = ""
     cursor: int = 0
-    lost_head: bool = False  # the line was longer than the policy keeps: its start is unknown (cursor -1: so is the cursor)
+    # the line was longer than the policy keeps: its start is unknown (cursor -1: so is the cursor)
+    lost_head: bool = False
 
     def write(self, text: str) -> str:
-        """``text`` as it may be written here: with no script link in what the frontend composes of it."""
+        """``text`` as it may be written here: with no script link in what the frontend composes of
+        it."""
         rewrites = "\r" in text or "\b" in text
-        if self.cursor >= 0 and not rewrites:  # the common case: text written at the cursor, then new lines
+        # the common case: text written at the cursor, then new lines
+        if self.cursor >= 0 and not rewrites:
             head, newline, tail = text.partition("\n")
-            first = self.line[:self.cursor] + head + self.line[self.cursor + len(head):]
+            first = self.line[: self.cursor] + head + self.line[self.cursor + len(head) :]
             if not _has_script_link(first) and not (newline and _has_script_link(tail)):
-                self._keep(first + newline + tail[tail.rfind("\n") + 1:], self.cursor + len(head) if not newline else -2)
+                self._keep(
+                    first + newline + tail[tail.rfind("\n") + 1 :],
+                    self.cursor + len(head) if not newline else -2,
+                )
                 return text
         elif self.cursor >= 0 and not self.lost_head:
             composed, cursor = _compose(self.cursor, text, self.line)
             if not _has_script_link(composed):
                 self._keep(composed, cursor)
                 return text
-        # Written on a line of its own, as plain lines, its own links broken: it composes with nothing.
+        # Written on a line of its own, as plain lines, its own links broken: it composes with
+        # nothing.
         text = _defuse_autolinks(text.replace("\r", "\n").replace("\b", ""))
         if self.line or self.lost_head:
             text = "\n" + text
@@ -185,7 +251,8 @@ class _Stream:
             self.lost_head = False
         if len(line) > _LINE_KEPT:
             cut = len(line) - _LINE_KEPT
-            line, cursor, self.lost_head = line[cut:], (cursor - cut if cursor >= cut else -1), True  # -1: unknown
+            # -1: unknown
+            line, cursor, self.lost_head = line[cut:], (cursor - cut if cursor >= cut else -1), True
         self.line, self.cursor = line, cursor
 
 
@@ -207,7 +274,8 @@ _RASTER_DATA_URL = re.compile(r"data:image/(?:png|jpeg|gif|webp|bmp)[;,]", re.IG
 
 
 def _browser_url(value: str) -> str:
-    """A URL as a browser parses it: tab, CR and LF removed, C0 controls and spaces stripped at the ends."""
+    """A URL as a browser parses it: tab, CR and LF removed, C0 controls and spaces stripped at the
+    ends."""
     return re.sub(r"[\t\n\r]", "", value).strip("".join(map(chr, range(33))))
 
 
@@ -218,7 +286,9 @@ def _is_local(url: str) -> bool:
 
 
 _LOCAL_REFERENCE = re.compile(r"\s*url\(\s*['\"]?#[\w.:-]+['\"]?\s*\)\s*")
-_CSS_RISK = re.compile(r"expression|url\s*\(|@import|behavior|binding|javascript|\\|/\*", re.IGNORECASE)
+_CSS_RISK = re.compile(
+    r"expression|url\s*\(|@import|behavior|binding|javascript|\\|/\*", re.IGNORECASE
+)
 
 
 def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
@@ -240,35 +310,177 @@ def _attribute_filter(tag: str, attribute: str, value: str) -> str | None:
 # ---- sanitizers ---------------------------------------------------------------------------------
 
 _SVG_TAGS = {
-    "svg", "g", "defs", "symbol", "use", "title", "desc", "metadata", "path", "rect", "circle", "ellipse",
-    "line", "polyline", "polygon", "text", "tspan", "textPath", "clipPath", "mask", "pattern", "marker",
-    "linearGradient", "radialGradient", "stop", "image", "filter", "feGaussianBlur", "feOffset", "feBlend",
-    "feFlood", "feComposite", "feMerge", "feMergeNode", "feColorMatrix",
+    "svg",
+    "g",
+    "defs",
+    "symbol",
+    "use",
+    "title",
+    "desc",
+    "metadata",
+    "path",
+    "rect",
+    "circle",
+    "ellipse",
+    "line",
+    "polyline",
+    "polygon",
+    "text",
+    "tspan",
+    "textPath",
+    "clipPath",
+    "mask",
+    "pattern",
+    "marker",
+    "linearGradient",
+    "radialGradient",
+    "stop",
+    "image",
+    "filter",
+    "feGaussianBlur",
+    "feOffset",
+    "feBlend",
+    "feFlood",
+    "feComposite",
+    "feMerge",
+    "feMergeNode",
+    "feColorMatrix",
 }
 _SVG_ATTRIBUTES = {
-    "id", "x", "y", "x1", "y1", "x2", "y2", "cx", "cy", "r", "rx", "ry", "dx", "dy", "d", "points", "width",
-    "height", "viewBox", "preserveAspectRatio", "transform", "fill", "fill-opacity", "fill-rule", "stroke",
-    "stroke-width", "stroke-opacity", "stroke-linecap", "stroke-linejoin", "stroke-dasharray",
-    "stroke-dashoffset", "stroke-miterlimit", "opacity", "clip-path", "clip-rule", "clipPathUnits", "mask",
-    "font-family", "font-size", "font-weight", "font-style", "text-anchor", "dominant-baseline",
-    "alignment-baseline", "letter-spacing", "offset", "stop-color", "stop-opacity", "gradientUnits",
-    "gradientTransform", "patternUnits", "patternTransform", "markerWidth", "markerHeight", "refX", "refY",
-    "orient", "markerUnits", "href", "xlink:href", "version", "style", "stdDeviation", "in", "in2",
-    "result", "mode", "operator", "values", "type", "flood-color", "flood-opacity", "filter",
-    "vector-effect", "visibility", "display", "color", "lengthAdjust", "textLength", "startOffset",
+    "id",
+    "x",
+    "y",
+    "x1",
+    "y1",
+    "x2",
+    "y2",
+    "cx",
+    "cy",
+    "r",
+    "rx",
+    "ry",
+    "dx",
+    "dy",
+    "d",
+    "points",
+    "width",
+    "height",
+    "viewBox",
+    "preserveAspectRatio",
+    "transform",
+    "fill",
+    "fill-opacity",
+    "fill-rule",
+    "stroke",
+    "stroke-width",
+    "stroke-opacity",
+    "stroke-linecap",
+    "stroke-linejoin",
+    "stroke-dasharray",
+    "stroke-dashoffset",
+    "stroke-miterlimit",
+    "opacity",
+    "clip-path",
+    "clip-rule",
+    "clipPathUnits",
+    "mask",
+    "font-family",
+    "font-size",
+    "font-weight",
+    "font-style",
+    "text-anchor",
+    "dominant-baseline",
+    "alignment-baseline",
+    "letter-spacing",
+    "offset",
+    "stop-color",
+    "stop-opacity",
+    "gradientUnits",
+    "gradientTransform",
+    "patternUnits",
+    "patternTransform",
+    "markerWidth",
+    "markerHeight",
+    "refX",
+    "refY",
+    "orient",
+    "markerUnits",
+    "href",
+    "xlink:href",
+    "version",
+    "style",
+    "stdDeviation",
+    "in",
+    "in2",
+    "result",
+    "mode",
+    "operator",
+    "values",
+    "type",
+    "flood-color",
+    "flood-opacity",
+    "filter",
+    "vector-effect",
+    "visibility",
+    "display",
+    "color",
+    "lengthAdjust",
+    "textLength",
+    "startOffset",
 }
 # In HTML, no ids (they clobber `window.<id>`, as JupyterLab's own sanitizer knows) and no classes.
 _INLINE_SVG_ATTRIBUTES = _SVG_ATTRIBUTES - {"id"}
 # Inline CSS: colours, type, boxes and SVG paint; nothing that positions over the page.
 _STYLE_PROPERTIES = {
-    "color", "background-color", "text-align", "vertical-align", "font-family", "font-size", "font-weight",
-    "font-style", "text-decoration", "white-space", "width", "height", "max-width", "min-width", "padding",
-    "padding-left", "padding-right", "padding-top", "padding-bottom", "margin", "margin-left", "margin-right",
-    "margin-top", "margin-bottom", "border", "border-collapse", "border-left", "border-right", "border-top",
-    "border-bottom", "border-color", "border-width", "border-style", "line-height", "text-indent",
-    "fill", "fill-opacity", "fill-rule", "stroke", "stroke-width", "stroke-opacity", "stroke-linecap",
-    "stroke-linejoin", "stroke-dasharray", "stroke-dashoffset", "stroke-miterlimit", "opacity",
-    "text-anchor", "dominant-baseline",
+    "color",
+    "background-color",
+    "text-align",
+    "vertical-align",
+    "font-family",
+    "font-size",
+    "font-weight",
+    "font-style",
+    "text-decoration",
+    "white-space",
+    "width",
+    "height",
+    "max-width",
+    "min-width",
+    "padding",
+    "padding-left",
+    "padding-right",
+    "padding-top",
+    "padding-bottom",
+    "margin",
+    "margin-left",
+    "margin-right",
+    "margin-top",
+    "margin-bottom",
+    "border",
+    "border-collapse",
+    "border-left",
+    "border-right",
+    "border-top",
+    "border-bottom",
+    "border-color",
+    "border-width",
+    "border-style",
+    "line-height",
+    "text-indent",
+    "fill",
+    "fill-opacity",
+    "fill-rule",
+    "stroke",
+    "stroke-width",
+    "stroke-opacity",
+    "stroke-linecap",
+    "stroke-linejoin",
+    "stroke-dasharray",
+    "stroke-dashoffset",
+    "stroke-miterlimit",
+    "opacity",
+    "text-anchor",
+    "dominant-baseline",
 }
 _HTML_ATTRIBUTES = {tag: set(attrs) for tag, attrs in nh3.ALLOWED_ATTRIBUTES.items()}
 _HTML_ATTRIBUTES["*"] = {"title", "lang", "dir", "align", "style"}
@@ -278,7 +490,7 @@ for _tag in _SVG_TAGS:
     _HTML_ATTRIBUTES.setdefault(_tag, set()).update(_INLINE_SVG_ATTRIBUTES)
 # Classes: only pandas' own, never JupyterLab's (which could dress an output up as the app's UI).
 _CLASSES = {tag: {"dataframe"} for tag in ("table",)}
-_COMMON = dict(
+_COMMON: dict[str, Any] = dict(
     clean_content_tags={"script", "style"},
     url_schemes={"http", "https", "mailto", "data"},
     attribute_filter=_attribute_filter,
@@ -287,38 +499,56 @@ _COMMON = dict(
     link_rel="noopener noreferrer",
 )
 _HTML = nh3.Cleaner(
-    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS, attributes=_HTML_ATTRIBUTES, allowed_classes=_CLASSES, **_COMMON,
+    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS,
+    attributes=_HTML_ATTRIBUTES,
+    allowed_classes=_CLASSES,
+    **_COMMON,
 )
 _SVG = nh3.Cleaner(
-    tags=_SVG_TAGS, attributes={"*": _SVG_ATTRIBUTES},
-    set_tag_attribute_values={"svg": {"xmlns": "http://www.w3.org/2000/svg", "xmlns:xlink": "http://www.w3.org/1999/xlink"}},
+    tags=_SVG_TAGS,
+    attributes={"*": _SVG_ATTRIBUTES},
+    set_tag_attribute_values={
+        "svg": {
+            "xmlns": "http://www.w3.org/2000/svg",
+            "xmlns:xlink": "http://www.w3.org/1999/xlink",
+        }
+    },
     **_COMMON,
 )
 
 
 def _markdown_attribute_filter(tag: str, attribute: str, value: str) -> str | None:
     # Markdown may split a tag at a blank line: a "<" inside an attribute could start a new tag.
-    return None if "<" in value or ">" in value or "\n" in value else _attribute_filter(tag, attribute, value)
+    return (
+        None
+        if "<" in value or ">" in value or "\n" in value
+        else _attribute_filter(tag, attribute, value)
+    )
 
 
 _MARKDOWN_HTML = nh3.Cleaner(
-    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS, attributes=_HTML_ATTRIBUTES, allowed_classes=_CLASSES,
+    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS,
+    attributes=_HTML_ATTRIBUTES,
+    allowed_classes=_CLASSES,
     **{**_COMMON, "attribute_filter": _markdown_attribute_filter},
 )
 
 
 def sanitize_html(source: str) -> str:
-    """HTML with no script, event handler, frame, form, style element or script/remote-loading URL."""
+    """HTML with no script, event handler, frame, form, style element or script/remote-loading
+    URL."""
     return _HTML.clean(source)
 
 
 def sanitize_svg(source: str) -> str:
-    """An SVG document with only drawing elements left (no script, foreignObject, handlers, links out)."""
+    """An SVG document with only drawing elements left (no script, foreignObject, handlers, links
+    out)."""
     return _SVG.clean(source).replace("&nbsp;", "&#160;")  # the result is XML, which has no &nbsp;
 
 
 def sanitize_markdown(source: str) -> str:
-    """Markdown whose raw HTML is cleaned like :func:`sanitize_html` and whose links are not scripts.
+    """Markdown whose raw HTML is cleaned like :func:`sanitize_html` and whose links are not
+    scripts.
 
     When cleaning removes nothing, the source is kept as written, so code spans keep their ``<``.
     """
@@ -329,11 +559,16 @@ def sanitize_markdown(source: str) -> str:
     return _defuse_urls(source)
 
 
-_SANITIZERS = {"text/html": sanitize_html, "text/markdown": sanitize_markdown, "image/svg+xml": sanitize_svg}
+_SANITIZERS = {
+    "text/html": sanitize_html,
+    "text/markdown": sanitize_markdown,
+    "image/svg+xml": sanitize_svg,
+}
 
 
 def _same_if_equal(original: str, cleaned: str) -> str:
-    """The original object when cleaning changed nothing, so callers can tell "untouched" by identity."""
+    """The original object when cleaning changed nothing, so callers can tell "untouched" by
+    identity."""
     return original if cleaned == original else cleaned
 
 
@@ -341,26 +576,83 @@ def _same_if_equal(original: str, cleaned: str) -> str:
 
 #: The keys a Vega or Vega-Lite spec may have at its top: no ``usermeta`` (vega-embed reads its
 #: ``embedOptions``, which may name a loader, CSS or a URL of more options), nothing unknown.
-VEGA_TOP_KEYS = frozenset({
-    "$schema", "autosize", "background", "config", "data", "datasets", "description", "encoding", "height",
-    "mark", "name", "padding", "params", "projection", "resolve", "selection", "spacing", "title", "transform",
-    "view", "width", "layer", "facet", "spec", "repeat", "columns", "concat", "hconcat", "vconcat", "align",
-    "bounds", "center", "axes", "encode", "layout", "legends", "marks", "projections", "scales", "signals",
-})
+VEGA_TOP_KEYS = frozenset(
+    {
+        "$schema",
+        "autosize",
+        "background",
+        "config",
+        "data",
+        "datasets",
+        "description",
+        "encoding",
+        "height",
+        "mark",
+        "name",
+        "padding",
+        "params",
+        "projection",
+        "resolve",
+        "selection",
+        "spacing",
+        "title",
+        "transform",
+        "view",
+        "width",
+        "layer",
+        "facet",
+        "spec",
+        "repeat",
+        "columns",
+        "concat",
+        "hconcat",
+        "vconcat",
+        "align",
+        "bounds",
+        "center",
+        "axes",
+        "encode",
+        "layout",
+        "legends",
+        "marks",
+        "projections",
+        "scales",
+        "signals",
+    }
+)
 #: A data source may only name or hold its values (no ``url``: the loader would fetch it with the
 #: user's cookie from the server, or from anywhere).
-VEGA_DATA_KEYS = frozenset({"name", "values", "format", "sequence", "sphere", "graticule", "source", "transform", "on"})
+VEGA_DATA_KEYS = frozenset(
+    {"name", "values", "format", "sequence", "sphere", "graticule", "source", "transform", "on"}
+)
 _VEGA_SOURCES = frozenset({"name", "values", "sequence", "sphere", "graticule", "source"})
-VEGA_FORMAT_KEYS = frozenset({"type", "parse", "property", "feature", "mesh", "delimiter", "header", "filter", "copy"})
+VEGA_FORMAT_KEYS = frozenset(
+    {"type", "parse", "property", "feature", "mesh", "delimiter", "header", "filter", "copy"}
+)
 #: Keys whose value the renderer loads or navigates to: image marks' ``url``, links' ``href``.
 _VEGA_LOADING_KEYS = frozenset({"url", "href", "loader", "usermeta"})
 _VEGA_SCHEMA = re.compile(r"https://vega\.github\.io/schema/vega(?:-lite)?/v[\d.]+(?:\.json)?")
-#: vega-embed's options a kernel may set, each of an inert value; ``actions`` is always off
-#: (its "View Source" and "Open in Vega Editor" write the kernel's text into a page of the server's origin).
-VEGA_THEMES = frozenset({
-    "excel", "ggplot2", "quartz", "vox", "dark", "fivethirtyeight", "latimes", "urbaninstitute", "googlecharts",
-    "powerbi", "carbonwhite", "carbong10", "carbong90", "carbong100",
-})
+#: vega-embed's options a kernel may set, each of an inert value; ``actions`` is always off (its
+#: "View Source" and "Open in Vega Editor" write the kernel's text into a page of the server's
+#: origin).
+VEGA_THEMES = frozenset(
+    {
+        "excel",
+        "ggplot2",
+        "quartz",
+        "vox",
+        "dark",
+        "fivethirtyeight",
+        "latimes",
+        "urbaninstitute",
+        "googlecharts",
+        "powerbi",
+        "carbonwhite",
+        "carbong10",
+        "carbong90",
+        "carbong100",
+    }
+)
 
 
 def _number(value: Any) -> bool:
@@ -382,7 +674,9 @@ def embed_options(options: Any) -> dict[str, Any]:
     if _number(padding):
         kept["padding"] = padding
     elif isinstance(padding, dict):
-        kept["padding"] = {k: padding[k] for k in ("top", "bottom", "left", "right") if _number(padding.get(k))}
+        kept["padding"] = {
+            k: padding[k] for k in ("top", "bottom", "left", "right") if _number(padding.get(k))
+        }
     if isinstance(options.get("tooltip"), bool):
         kept["tooltip"] = options["tooltip"]
     kept["actions"] = False
@@ -390,7 +684,8 @@ def embed_options(options: Any) -> dict[str, Any]:
 
 
 def _vega_string(value: str) -> bool:
-    """A spec string that loads nothing: no CSS ``url(...)`` but a local reference, no script URL."""
+    """A spec string that loads nothing: no CSS ``url(...)`` but a local reference, no script
+    URL."""
     lowered = value.lower()
     if "url(" in lowered and not _LOCAL_REFERENCE.fullmatch(value):
         return False
@@ -398,11 +693,13 @@ def _vega_string(value: str) -> bool:
 
 
 _GONE = object()
-_VEGA_ROWS = frozenset({"values", "datasets"})  # data rows: drawn as text; nothing loads them once no channel links or loads
+# data rows: drawn as text; nothing loads them once no channel links or loads
+_VEGA_ROWS = frozenset({"values", "datasets"})
 
 
 def _vega_value(value: Any, key: str | None) -> Any:
-    """A spec's value (under ``key``) with every loading key and unsafe string removed; _GONE to remove it."""
+    """A spec's value (under ``key``) with every loading key and unsafe string removed; _GONE to
+    remove it."""
     if key in _VEGA_ROWS:
         return value
     if isinstance(value, str):
@@ -416,7 +713,11 @@ def _vega_value(value: Any, key: str | None) -> Any:
         if name in _VEGA_LOADING_KEYS or (key == "data" and name not in VEGA_DATA_KEYS):
             continue
         if key == "data" and name == "format":
-            item = {k: v for k, v in item.items() if k in VEGA_FORMAT_KEYS} if isinstance(item, dict) else item
+            item = (
+                {k: v for k, v in item.items() if k in VEGA_FORMAT_KEYS}
+                if isinstance(item, dict)
+                else item
+            )
         kept = _vega_value(item, name)
         if kept is not _GONE:
             out[name] = kept
@@ -426,7 +727,8 @@ def _vega_value(value: Any, key: str | None) -> Any:
 
 
 def vega_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """A Vega or Vega-Lite spec rebuilt from :data:`VEGA_TOP_KEYS`, its data inline only, loading nothing."""
+    """A Vega or Vega-Lite spec rebuilt from :data:`VEGA_TOP_KEYS`, its data inline only, loading
+    nothing."""
     out = {}
     for key, value in spec.items():
         if key == "$schema":
@@ -465,7 +767,8 @@ class _Comm:
     link_ends: tuple[str, ...] = ()  # for a link: the fields naming the ends it writes to
 
     def checked_fields(self) -> set[str]:
-        """The fields of this widget the policy checks: nothing may write to them behind its back."""
+        """The fields of this widget the policy checks: nothing may write to them behind its
+        back."""
         fields = {"description", "description_allow_html", *_NAME_KEYS}
         if self.html_value:
             fields.add("value")
@@ -502,28 +805,37 @@ class OutputPolicy:
     def from_name(cls, name: str | None, **options: Any) -> OutputPolicy:
         """The policy for an ``output_policy`` option value; ``None`` or ``""`` means ``strict``."""
         if name is not None and not isinstance(name, str):
-            raise ConfigError(f"output_policy must be a string ({' or '.join(MODES)}), not {type(name).__name__}")
+            raise ConfigError(
+                f"output_policy must be a string ({' or '.join(MODES)}), not {type(name).__name__}"
+            )
         return cls((name or "strict").strip().lower(), **options)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
-        extra = sorted(self.passed_mime_types - PASSED_MIME_TYPES) + sorted(self.widget_modules - STANDARD_WIDGET_MODULES)
+        extra = sorted(self.passed_mime_types - PASSED_MIME_TYPES) + sorted(
+            self.widget_modules - STANDARD_WIDGET_MODULES
+        )
         return f"OutputPolicy({self.mode!r}{', extra=' + repr(extra) if extra else ''})"
 
     def inspects(self, msg_type: str) -> bool:
-        """Whether :meth:`filter_message` may change a message of this type: in ``strict``, every one.
+        """Whether :meth:`filter_message` may change a message of this type: in ``strict``, every
+        one.
 
         Strict decides on the canonical form of every message (its header too), so it skips none;
         ``trusted`` inspects nothing, and the relay passes the kernel's bytes unparsed.
         """
         return self.mode != "trusted"
 
-    def filter_message(self, channel: str, header: Any, parent: Any, metadata: Any, content: Any) -> Message | None:
-        """A kernel message on ``channel`` as a client may see it: ``(header, parent_header, metadata, content)`` or None.
+    def filter_message(
+        self, channel: str, header: Any, parent: Any, metadata: Any, content: Any
+    ) -> Message | None:
+        """A kernel message on ``channel`` as a client may see it: ``(header, parent_header,
+        metadata, content)`` or None.
 
-        Strict first brings the message to its canonical form (:func:`~kernel_sandbox.canonical.canonical_message`:
-        protocol 4 translated as jupyter_client would, unknown types dropped, the header at
-        :data:`PROTOCOL_VERSION`, every field of the content of its type), then decides on that.
-        Parts left as they were are the same objects; ``trusted`` returns them all unchanged.
+        Strict first brings the message to its canonical form
+        (:func:`~kernel_sandbox.canonical.canonical_message`: protocol 4 translated as
+        jupyter_client would, unknown types dropped, the header at :data:`PROTOCOL_VERSION`, every
+        field of the content of its type), then decides on that. Parts left as they were are the
+        same objects; ``trusted`` returns them all unchanged.
         """
         if self.mode == "trusted":
             return header, parent, metadata, content
@@ -542,10 +854,12 @@ class OutputPolicy:
         )
 
     def filter(self, msg_type: str, content: Any) -> dict[str, Any] | None:
-        """The content a client may see: ``content`` itself when untouched, a cleaned canonical copy, or None.
+        """The content a client may see: ``content`` itself when untouched, a cleaned canonical
+        copy, or None.
 
         None means the message must be dropped: an unknown type, a content without a field its type
-        requires, a later message of a refused widget. (:meth:`filter_message` also checks the header.)
+        requires, a later message of a refused widget. (:meth:`filter_message` also checks the
+        header.)
         """
         if self.mode == "trusted":
             return content
@@ -555,8 +869,11 @@ class OutputPolicy:
             return None
         return content if decided == content else decided
 
-    def _decide(self, msg_type: str, content: dict[str, Any], area: str | None = None) -> dict[str, Any] | None:
-        """Clean the values of a canonical content; ``area``: the request whose output area shows it."""
+    def _decide(
+        self, msg_type: str, content: dict[str, Any], area: str | None = None
+    ) -> dict[str, Any] | None:
+        """Clean the values of a canonical content; ``area``: the request whose output area shows
+        it."""
         if msg_type in {"display_data", "execute_result", "error", "clear_output"}:
             self._streams.pop(area, None)  # the frontend's next stream output starts afresh
         if msg_type in _DISPLAY_TYPES:
@@ -582,7 +899,8 @@ class OutputPolicy:
     # -- MIME bundles -----------------------------------------------------------------------------
 
     def filter_bundle(self, data: Any, metadata: Any = None) -> tuple[dict[str, Any], Any]:
-        """A MIME bundle and its metadata as strict lets them through (the same objects when untouched)."""
+        """A MIME bundle and its metadata as strict lets them through (the same objects when
+        untouched)."""
         bundle = data if isinstance(data, dict) else {}
         out: dict[str, Any] = {}
         removed: list[str] = []
@@ -598,7 +916,10 @@ class OutputPolicy:
                 plain = out.get("text/plain")
                 out["text/plain"] = _note(removed) + ("\n" + plain if plain else "")
             listed = [kind[:100] for kind in removed[:10]]
-            meta = {**(meta if isinstance(meta, dict) else {}), "kernel_sandbox": {"removed": listed, "output_policy": self.mode}}
+            meta = {
+                **(meta if isinstance(meta, dict) else {}),
+                "kernel_sandbox": {"removed": listed, "output_policy": self.mode},
+            }
         changed = removed or bundle is not data or any(out[k] is not bundle[k] for k in out)
         return (out if changed else data), meta
 
@@ -623,7 +944,8 @@ class OutputPolicy:
         return None if clean is None else _same_if_equal(value, clean(value))
 
     def _metadata(self, data: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
-        """The bundle's metadata; a Vega output's own is its inert ``embed_options`` only (actions off)."""
+        """The bundle's metadata; a Vega output's own is its inert ``embed_options`` only (actions
+        off)."""
         vega = _VEGA_TYPES.intersection(data)
         if not vega:
             return metadata
@@ -635,7 +957,8 @@ class OutputPolicy:
         return {**metadata, **changed}
 
     def _bundle_message(self, content: dict[str, Any]) -> dict[str, Any]:
-        """A canonical content's ``data`` and ``metadata`` (a dict, empty if it had none) cleaned."""
+        """A canonical content's ``data`` and ``metadata`` (a dict, empty if it had none)
+        cleaned."""
         if "data" not in content:
             return content
         data, metadata = self.filter_bundle(content["data"], content.get("metadata", {}))
@@ -645,13 +968,16 @@ class OutputPolicy:
 
     def _error(self, content: dict[str, Any]) -> dict[str, Any]:
         """Error fields (of a canonical content) with their script links defused."""
-        fields = {k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if k in content}
+        fields: dict[str, Any] = {
+            k: _defuse_autolinks(content[k]) for k in ("ename", "evalue") if k in content
+        }
         if "traceback" in content:
             fields["traceback"] = [_defuse_autolinks(line) for line in content["traceback"]]
         return {**content, **fields} if fields else content
 
     def filter_output(self, output: Any) -> dict[str, Any] | None:
-        """One nbformat output (as in an Output widget's ``outputs``) as strict lets it through, or None."""
+        """One nbformat output (as in an Output widget's ``outputs``) as strict lets it through, or
+        None."""
         canonical = canonical_output(output)
         if canonical is None:
             return None
@@ -663,7 +989,8 @@ class OutputPolicy:
         return self._bundle_message(canonical)
 
     def _outputs(self, outputs: list[Any]) -> list[dict[str, Any]]:
-        """An Output widget's outputs; consecutive streams of one name composed as the frontend merges them."""
+        """An Output widget's outputs; consecutive streams of one name composed as the frontend
+        merges them."""
         kept: list[dict[str, Any]] = []
         stream: _Stream | None = None
         for output in map(canonical_output, outputs):
@@ -681,12 +1008,17 @@ class OutputPolicy:
     # -- replies ----------------------------------------------------------------------------------
 
     def _execute_reply(self, content: dict[str, Any]) -> dict[str, Any]:
-        """A "page" payload (`obj?`, `%pdoc`), shown by JupyterLab as a trusted output, and user expressions' bundles, cleaned."""
+        """A "page" payload (`obj?`, `%pdoc`), shown by JupyterLab as a trusted output, and user
+        expressions' bundles, cleaned."""
         out = dict(content)
         if "payload" in content:
-            out["payload"] = [self._bundle_message(p) if p["source"] == "page" else p for p in content["payload"]]
+            out["payload"] = [
+                self._bundle_message(p) if p["source"] == "page" else p for p in content["payload"]
+            ]
         if "user_expressions" in content:
-            out["user_expressions"] = {k: self._bundle_message(e) for k, e in content["user_expressions"].items()}
+            out["user_expressions"] = {
+                k: self._bundle_message(e) for k, e in content["user_expressions"].items()
+            }
         return out
 
     def _kernel_info(self, content: dict[str, Any]) -> dict[str, Any]:
@@ -697,41 +1029,49 @@ class OutputPolicy:
         return content if len(kept) == len(links) else {**content, "help_links": kept}
 
     def _debug(self, content: dict[str, Any]) -> dict[str, Any]:
-        """A debugger message; richInspectVariables' ``body.data``, which the debugger renders as a MIME bundle, cleaned."""
+        """A debugger message; richInspectVariables' ``body.data``, which the debugger renders as a
+        MIME bundle, cleaned."""
         body = content.get("body")
         if not isinstance(body, dict) or "data" not in body:
             return content
-        data, metadata = self.filter_bundle(body["data"], body.get("metadata") if isinstance(body.get("metadata"), dict) else {})
+        data, metadata = self.filter_bundle(
+            body["data"], body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        )
         return {**content, "body": {**body, "data": data, "metadata": metadata}}
 
     # -- widgets ----------------------------------------------------------------------------------
 
-    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
+    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:  # noqa: C901
         comm_id = content.get("comm_id")
         data = content.get("data")
         if not isinstance(comm_id, str):
-            return None  # the protocol's ids are strings; anything else would escape the records below
+            # the protocol's ids are strings; anything else would escape the records below
+            return None
         if msg_type == "comm_close":
             self._comms.pop(comm_id, None)
             return content
-        # (The canonical form has no target_module: a frontend with require.js would load and run it.)
+        # (The canonical form has no target_module: a frontend with require.js would load and run
+        # it.)
         if msg_type == "comm_open":
             if content["target_name"] not in _WIDGET_TARGETS:
-                self._remember(comm_id, _Comm(widget=False))  # e.g. a tool-call channel: never touched
+                # e.g. a tool-call channel: never touched
+                self._remember(comm_id, _Comm(widget=False))
                 return content
             content = {**content, "data": _widget_data(data)}
             if content["target_name"] != "jupyter.widget":
                 return content
             return self._widget_open(content, content["data"])
         # comm_msg
-        record = self._comms.get(comm_id)  # type: ignore[arg-type]
+        record = self._comms.get(comm_id)
         if record is not None and (record.refused or not record.widget):
             return None if record.refused else content
         if not isinstance(data, dict):
             return content
         method = data.get("method")
         if record is None and method not in {"update", "echo_update", "update_states"}:
-            return content  # no widget's state (e.g. the tool-call channel after a tool closed it): nothing to police
+            # no widget's state (e.g. the tool-call channel after a tool closed it): nothing to
+            # police
+            return content
         data = _widget_data(data)
         content = {**content, "data": data}
         if method == "update_states" and isinstance(data.get("states"), dict):
@@ -739,7 +1079,9 @@ class OutputPolicy:
         if method not in {"update", "echo_update"} or not isinstance(data.get("state"), dict):
             return content
         if record is None:  # a widget comm we never saw open: police its state blind
-            record = _Comm(html_value=True, output=True, allow_html=True, link_ends=("source", "target"))
+            record = _Comm(
+                html_value=True, output=True, allow_html=True, link_ends=("source", "target")
+            )
         if self._link_refusal(record.link_ends, data["state"]) is not None:
             return None  # a link pointed (anew) at a field the policy checks
         state = self._widget_state(record, data["state"], update=True)
@@ -769,14 +1111,21 @@ class OutputPolicy:
     def _update_states(self, content: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         """The control comm's full-state reply (JupyterLab asks for it when a page opens)."""
         states = data["states"]
-        paths = [p for p in data.get("buffer_paths") or [] if isinstance(p, list) and len(p) > 2 and p[1] == "state"]
+        paths = [
+            p
+            for p in data.get("buffer_paths") or []
+            if isinstance(p, list) and len(p) > 2 and p[1] == "state"
+        ]
         out = {}
         for model_id, entry in states.items():
             if not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
                 out[model_id] = entry
                 continue
             record = self._comms.get(model_id) or _Comm()
-            names = {"_model_name": entry.get("model_name"), "_model_module": entry.get("model_module")}
+            names = {
+                "_model_name": entry.get("model_name"),
+                "_model_module": entry.get("model_module"),
+            }
             mine = [p[2:] for p in paths if p[0] == model_id]
             if record.refused:
                 reason: str | None = "it was refused when it opened"
@@ -786,8 +1135,10 @@ class OutputPolicy:
                 record.refused = True
                 self._remember(model_id, record)
                 out[model_id] = {
-                    "model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls",
-                    "model_module_version": "2.0.0", "state": _note_widget(reason, "2"),
+                    "model_name": "HTMLModel",
+                    "model_module": "@jupyter-widgets/controls",
+                    "model_module_version": "2.0.0",
+                    "state": _note_widget(reason, "2"),
                 }
                 continue
             self._remember(model_id, record)
@@ -798,7 +1149,8 @@ class OutputPolicy:
         return {**content, "data": {**data, "states": out}}
 
     def _stream(self, area: str | None, name: str) -> _Stream:
-        """The stream output a message of stream ``name`` in ``area`` adds to, as the frontend merges them."""
+        """The stream output a message of stream ``name`` in ``area`` adds to, as the frontend
+        merges them."""
         stream = self._streams.get(area)
         if stream is None or stream.name != name:
             if area not in self._streams and len(self._streams) >= _STREAMS_KEPT:
@@ -814,16 +1166,24 @@ class OutputPolicy:
         """Why a widget may not be created, or None; fills in what ``record`` must remember."""
         for key in ("_model_module", "_view_module"):
             module = state.get(key)
-            if module is not None and (not isinstance(module, str) or module not in self.widget_modules):
+            if module is not None and (
+                not isinstance(module, str) or module not in self.widget_modules
+            ):
                 return f"its module {str(module)[:100]!r} is not one of the allowed widget modules"
         for key in ("_model_module_version", "_view_module_version"):
             version = state.get(key)
-            if version is not None and not (isinstance(version, str) and _MODULE_VERSION.fullmatch(version)):
+            if version is not None and not (
+                isinstance(version, str) and _MODULE_VERSION.fullmatch(version)
+            ):
                 return f"its {key} {str(version)[:60]!r} is not a version"
         code = sorted(k for k in state if _is_code_key(k))
         if code:
             return f"it carries code for the browser ({', '.join(code)})"
-        names = {name for name in (state.get("_model_name"), state.get("_view_name")) if isinstance(name, str)}
+        names = {
+            name
+            for name in (state.get("_model_name"), state.get("_view_name"))
+            if isinstance(name, str)
+        }
         record.html_value = bool(names & _HTML_WIDGETS)
         record.string_value = bool(names & _STRING_VALUE_WIDGETS)
         record.output = "OutputModel" in names
@@ -843,21 +1203,38 @@ class OutputPolicy:
             if end not in state:
                 continue
             target = state[end]
-            if not (isinstance(target, list) and len(target) == 2 and all(isinstance(part, str) for part in target)):
+            if not (
+                isinstance(target, list)
+                and len(target) == 2
+                and all(isinstance(part, str) for part in target)
+            ):
                 return f"its {end} is not [widget, field]"
             reference, name = target
-            record = self._comms.get(reference[len(_MODEL_REFERENCE):] if reference.startswith(_MODEL_REFERENCE) else reference)
+            record = self._comms.get(
+                reference[len(_MODEL_REFERENCE) :]
+                if reference.startswith(_MODEL_REFERENCE)
+                else reference
+            )
             if record is None or not record.widget or record.refused:
                 return f"its {end} is a widget the policy has not let through"
             if name in record.checked_fields() or _is_code_key(name):
-                return f"it would write the {name!r} of another widget in the browser, past the policy"
+                return (
+                    f"it would write the {name!r} of another widget in the browser, past the policy"
+                )
         return None
 
-    def _widget_state(self, record: _Comm, state: dict[str, Any], *, update: bool) -> dict[str, Any] | None:
-        """A widget state with code keys gone and its HTML and outputs cleaned (same object if untouched)."""
+    def _widget_state(
+        self, record: _Comm, state: dict[str, Any], *, update: bool
+    ) -> dict[str, Any] | None:
+        """A widget state with code keys gone and its HTML and outputs cleaned (same object if
+        untouched)."""
         out = dict(state)
         for key in list(out):
-            if _is_code_key(key) or (update and key in _NAME_KEYS) or not _field_shape(record, key, out[key]):
+            if (
+                _is_code_key(key)
+                or (update and key in _NAME_KEYS)
+                or not _field_shape(record, key, out[key])
+            ):
                 del out[key]
         if record.html_value and isinstance(out.get("value"), str):
             out["value"] = _same_if_equal(out["value"], sanitize_html(out["value"]))
@@ -866,9 +1243,14 @@ class OutputPolicy:
         if isinstance(out.get("description"), str):
             record.description = out["description"]
             if record.allow_html:
-                out["description"] = _same_if_equal(out["description"], sanitize_html(out["description"]))
-        elif record.allow_html and "description_allow_html" in out and record.description is not None:
-            out["description"] = sanitize_html(record.description)  # HTML turned on for the old text
+                out["description"] = _same_if_equal(
+                    out["description"], sanitize_html(out["description"])
+                )
+        elif (
+            record.allow_html and "description_allow_html" in out and record.description is not None
+        ):
+            # HTML turned on for the old text
+            out["description"] = sanitize_html(record.description)
         if record.output and isinstance(out.get("outputs"), list):
             out["outputs"] = self._outputs(out["outputs"])
         if out.keys() == state.keys() and all(out[k] is state[k] for k in out):
@@ -885,13 +1267,17 @@ def _has_string(value: Any) -> bool:
 
 
 def _field_shape(record: _Comm, key: str, value: Any) -> bool:
-    """Whether a widget state field has the JSON type its views expect (text fields: strings only)."""
+    """Whether a widget state field has the JSON type its views expect (text fields: strings
+    only)."""
     if key in _STRING_FIELDS:
-        return isinstance(value, str) or (value is None and key not in ("description", "placeholder"))
+        return isinstance(value, str) or (
+            value is None and key not in ("description", "placeholder")
+        )
     if key in _STRING_LIST_FIELDS:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if key == "value" and (record.string_value or record.html_value):
-        # A widget seen opening as a text widget: a string; one never seen (policed blind): no text but a string.
+        # A widget seen opening as a text widget: a string; one never seen (policed blind): no text
+        # but a string.
         return isinstance(value, str) or (not record.string_value and not _has_string(value))
     if key == "description_allow_html":
         return isinstance(value, bool)
@@ -901,11 +1287,16 @@ def _field_shape(record: _Comm, key: str, value: Any) -> bool:
 
 
 def _buffer_path(path: Any) -> bool:
-    return isinstance(path, list) and bool(path) and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
+    return (
+        isinstance(path, list)
+        and bool(path)
+        and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
+    )
 
 
 def _widget_data(data: Any) -> dict[str, Any]:
-    """The data of a widget comm message from its allowed keys: method, state(s), buffer paths, a custom content."""
+    """The data of a widget comm message from its allowed keys: method, state(s), buffer paths, a
+    custom content."""
     data = data if isinstance(data, dict) else {}
     out: dict[str, Any] = {}
     if isinstance(data.get("method"), str):
@@ -934,19 +1325,27 @@ def _touches_policed_buffers(buffer_paths: Any, record: _Comm) -> bool:
         policed.add("value")
     if record.output:
         policed.add("outputs")
-    return any(isinstance(p, list) and p and (p[0] in policed or _is_code_key(str(p[0]))) for p in buffer_paths)
+    return any(
+        isinstance(p, list) and p and (p[0] in policed or _is_code_key(str(p[0])))
+        for p in buffer_paths
+    )
 
 
 def _is_web_url(url: Any) -> bool:
     """An absolute http(s) URL with no characters a browser would silently drop."""
-    return isinstance(url, str) and re.fullmatch(r"https?://[^\s\x00-\x1f\\]+", url, re.IGNORECASE) is not None
+    return (
+        isinstance(url, str)
+        and re.fullmatch(r"https?://[^\s\x00-\x1f\\]+", url, re.IGNORECASE) is not None
+    )
 
 
 def _note(removed: list[str]) -> str:
-    kinds = _defuse_autolinks(", ".join(kind[:100] for kind in removed[:10]) + (", ..." if len(removed) > 10 else ""))
+    kinds = _defuse_autolinks(
+        ", ".join(kind[:100] for kind in removed[:10]) + (", ..." if len(removed) > 10 else "")
+    )
     return (
-        f"[kernel-sandbox: output of type {kinds} removed by the strict output policy: it could run code "
-        "in your browser. Use output_policy 'trusted' only for code you trust.]"
+        f"[kernel-sandbox: output of type {kinds} removed by the strict output policy: it could "
+        "run code in your browser. Use output_policy 'trusted' only for code you trust.]"
     )
 
 
@@ -955,7 +1354,13 @@ def _note_widget(reason: str, protocol_version: str) -> dict[str, Any]:
     controls = "2.0.0" if not protocol_version.startswith(("1", "2.0")) else "1.5.0"
     text = html.escape(f"kernel-sandbox: widget refused by the strict output policy: {reason}.")
     return {
-        "_model_module": "@jupyter-widgets/controls", "_model_module_version": controls, "_model_name": "HTMLModel",
-        "_view_module": "@jupyter-widgets/controls", "_view_module_version": controls, "_view_name": "HTMLView",
-        "value": f"<em>{text}</em>", "description": "", "placeholder": "",
+        "_model_module": "@jupyter-widgets/controls",
+        "_model_module_version": controls,
+        "_model_name": "HTMLModel",
+        "_view_module": "@jupyter-widgets/controls",
+        "_view_module_version": controls,
+        "_view_name": "HTMLView",
+        "value": f"<em>{text}</em>",
+        "description": "",
+        "placeholder": "",
     }

@@ -15,9 +15,9 @@ What one kernel's directory holds (:class:`PrivateDir` names them):
 * ``launcher.json`` (the launcher's pid and container id) and ``exit.json`` (why the kernel ended);
 * for a kernel that was a standby (:mod:`kernel_sandbox.provisioners.standby`): ``connection.json``,
   the connection file the pool wrote for it, and ``adopted.json``, the id of the kernel it became;
-* ``record.json``, what a later owner needs to re-attach (:mod:`kernel_sandbox.reattach`: the kernel's
-  id and kernelspec name, the runtime directory of its server, the provisioner's info with the
-  connection info, key included), and ``orphaned.json``, written by the launcher while no owner
+* ``record.json``, what a later owner needs to re-attach (:mod:`kernel_sandbox.reattach`: the
+  kernel's id and kernelspec name, the runtime directory of its server, the provisioner's info with
+  the connection info, key included), and ``orphaned.json``, written by the launcher while no owner
   holds the directory (since when, and for how long it waits).
 """
 
@@ -48,7 +48,8 @@ NEW_DIR_GRACE_SECONDS = 60
 
 
 def user_root() -> Path:
-    """The current user's root for private directories, created (0700) when missing, then checked."""
+    """The current user's root for private directories, created (0700) when missing, then
+    checked."""
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
     if runtime_dir and _is_private_dir(Path(runtime_dir)):
         root = Path(runtime_dir) / "kernel-sandbox"
@@ -71,7 +72,8 @@ def _is_private_dir(path: Path) -> bool:
 
 
 def require_private(path: Path) -> None:
-    """Raise :class:`KernelLaunchError` unless ``path`` is a real directory of this user, mode 0700."""
+    """Raise :class:`KernelLaunchError` unless ``path`` is a real directory of this user, mode
+    0700."""
     if not _is_private_dir(path):
         try:
             info = os.lstat(path)
@@ -79,9 +81,10 @@ def require_private(path: Path) -> None:
         except OSError as exc:
             found = exc.strerror or str(exc)
         raise KernelLaunchError(
-            f"{path} is not a private directory of uid {os.geteuid()} ({found}); kernel-sandbox keeps "
-            "kernel keys and sockets only in a directory that is the user's own with mode 0700. Another "
-            f"account may have made it first: remove it (as root) or set XDG_RUNTIME_DIR to a private directory."
+            f"{path} is not a private directory of uid {os.geteuid()} ({found}); kernel-sandbox "
+            "keeps kernel keys and sockets only in a directory that is the user's own with mode "
+            "0700. Another account may have made it first: remove it (as root) or set "
+            "XDG_RUNTIME_DIR to a private directory."
         )
 
 
@@ -125,7 +128,9 @@ class PrivateDir:
             return None
 
     def _open(self, name: str) -> int:
-        return os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return os.open(
+            self.path / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
 
     def hold(self, name: str) -> bool:
         """Take the lock ``name`` and keep it until :meth:`release`; False when another holds it."""
@@ -176,7 +181,10 @@ def abandoned_dirs() -> list[Path]:
     root = user_root()
     found = []
     for entry in root.iterdir():
-        if not _is_private_dir(entry) or time.time() - entry.stat().st_mtime < NEW_DIR_GRACE_SECONDS:
+        if (
+            not _is_private_dir(entry)
+            or time.time() - entry.stat().st_mtime < NEW_DIR_GRACE_SECONDS
+        ):
             continue
         directory = PrivateDir(entry)
         if not directory.held(OWNER_LOCK) and not directory.held(LAUNCHER_LOCK):

@@ -29,7 +29,8 @@ def bundle_repr(bundle: dict[str, Any]) -> str:
 
 @dataclass(repr=False)
 class ExecutionError:
-    """An exception raised by code in the sandbox (or a timeout, kernel death or relay failure reported as one).
+    """An exception raised by code in the sandbox (or a timeout, kernel death or relay failure
+    reported as one).
 
     ``traceback`` is the whole traceback as one text (lines joined with newlines).
     """
@@ -169,7 +170,9 @@ class OutputFold:
     """
 
     def __init__(
-        self, execution: Execution | None = None, cap: int | None = None,
+        self,
+        execution: Execution | None = None,
+        cap: int | None = None,
         bundle_filter: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.execution = Execution() if execution is None else execution
@@ -255,10 +258,13 @@ class OutputFold:
         if kind == "error":
             lines = content.get("traceback")
             lines = lines if isinstance(lines, list) else []
-            error = self.error(ExecutionError(
-                str(content.get("ename", ""))[:1000], str(content.get("evalue", ""))[:10000],
-                "\n".join(str(line) for line in lines)[-65536:],
-            ))
+            error = self.error(
+                ExecutionError(
+                    str(content.get("ename", ""))[:1000],
+                    str(content.get("evalue", ""))[:10000],
+                    "\n".join(str(line) for line in lines)[-65536:],
+                )
+            )
             return None if error is None else ("error", error)
         if kind == "execute_input":
             self.count(content.get("execution_count"))

@@ -1,11 +1,12 @@
 """What every backend's options share: :class:`BackendSettings` and the parsers of option values.
 
-A backend's model (:class:`~kernel_sandbox.docker.settings.DockerSettings`, OpenSandbox's) checks every value before any container exists: a wrong type,
-an out-of-range or empty value, a combination that cannot hold, or an unknown name raises
-:class:`~kernel_sandbox.errors.ConfigError` naming the option. A limit is lifted only when asked
-for in so many words: ``None`` or ``"unlimited"``; ``0``, negative and empty values are refused.
-The Docker backend's own options moved to :mod:`kernel_sandbox.docker.settings`; ``DockerSettings``
-and ``OPTIONS`` stay importable from here for one release.
+A backend's model (:class:`~kernel_sandbox.docker.settings.DockerSettings`, OpenSandbox's) checks
+every value before any container exists: a wrong type, an out-of-range or empty value, a combination
+that cannot hold, or an unknown name raises :class:`~kernel_sandbox.errors.ConfigError` naming the
+option. A limit is lifted only when asked for in so many words: ``None`` or ``"unlimited"``; ``0``,
+negative and empty values are refused. The Docker backend's own options moved to
+:mod:`kernel_sandbox.docker.settings`; ``DockerSettings`` and ``OPTIONS`` stay importable from here
+for one release.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ UNLIMITED = "unlimited"
 MiB = 2**20
 MIN_MEMORY = 32 * MiB
 MAX_SIZE = 2**50
-"""The largest memory limit or tmpfs size (1 PiB, more than any machine has; the engine refuses past 2**63)."""
+"""The largest memory limit or tmpfs size (1 PiB, more than any machine has; the engine refuses past
+2**63)."""
 MIN_PIDS = 16
 MAX_PIDS = 2**22
 """The largest pids_limit: Linux's PID_MAX_LIMIT (the cgroup refuses more)."""
@@ -66,7 +68,8 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def parse_size(name: str, value: Any) -> int:
-    """Bytes from ``value``: an int, or a string such as ``512m``, ``1.5g``, ``2GiB`` (binary units)."""
+    """Bytes from ``value``: an int, or a string such as ``512m``, ``1.5g``, ``2GiB`` (binary
+    units)."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
@@ -76,7 +79,9 @@ def parse_size(name: str, value: Any) -> int:
     if number <= 0:
         raise _refuse(name, value, f"must be more than 0; to lift the limit say {UNLIMITED!r}")
     if number > MAX_SIZE:
-        raise _refuse(name, value, f"must be at most {MAX_SIZE // 2**40}t ({MAX_SIZE} bytes, 1 PiB)")
+        raise _refuse(
+            name, value, f"must be at most {MAX_SIZE // 2**40}t ({MAX_SIZE} bytes, 1 PiB)"
+        )
     return number
 
 
@@ -114,9 +119,13 @@ def _pids(name: str, value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _refuse(name, value, "must be a whole number of processes")
     if value < MIN_PIDS:
-        raise _refuse(name, value, f"must be at least {MIN_PIDS} (the kernel needs threads), or {UNLIMITED!r}")
+        raise _refuse(
+            name, value, f"must be at least {MIN_PIDS} (the kernel needs threads), or {UNLIMITED!r}"
+        )
     if value > MAX_PIDS:
-        raise _refuse(name, value, f"must be at most {MAX_PIDS} (Linux's PID_MAX_LIMIT), or {UNLIMITED!r}")
+        raise _refuse(
+            name, value, f"must be at most {MAX_PIDS} (Linux's PID_MAX_LIMIT), or {UNLIMITED!r}"
+        )
     return value
 
 
@@ -141,7 +150,9 @@ def _user(name: str, value: Any) -> str:
     if not (uid.isdigit() and sep and gid.isdigit()) or max(int(uid), int(gid)) > _MAX_ID:
         raise _refuse(name, value, "must be a numeric UID:GID such as 1000:1000")
     if int(uid) == 0 or int(gid) == 0:
-        raise _refuse(name, value, "the kernel never runs as root: choose a uid and gid other than 0")
+        raise _refuse(
+            name, value, "the kernel never runs as root: choose a uid and gid other than 0"
+        )
     return f"{int(uid)}:{int(gid)}"
 
 
@@ -152,7 +163,11 @@ def _id_range(name: str, value: Any) -> tuple[int, int]:
         low, high = (int(part) for part in value.strip().split("-"))
     else:
         raise _refuse(name, value, "must be a range such as '100000-999999'")
-    if isinstance(low, bool) or isinstance(high, bool) or not (isinstance(low, int) and isinstance(high, int)):
+    if (
+        isinstance(low, bool)
+        or isinstance(high, bool)
+        or not (isinstance(low, int) and isinstance(high, int))
+    ):
         raise _refuse(name, value, "must be a range of whole numbers")
     if not 1000 <= low <= high <= _MAX_ID:
         raise _refuse(name, value, f"must lie within 1000-{_MAX_ID}, low end first")
@@ -170,7 +185,11 @@ def _choice(choices: tuple[str, ...]) -> Any:
 
 def _runtime(name: str, value: Any) -> str:
     if not isinstance(value, str) or (value and not _RUNTIME.fullmatch(value)):
-        raise _refuse(name, value, "must be the name of an OCI runtime registered with Docker, e.g. 'runsc', or ''")
+        raise _refuse(
+            name,
+            value,
+            "must be the name of an OCI runtime registered with Docker, e.g. 'runsc', or ''",
+        )
     return value
 
 
@@ -181,7 +200,11 @@ def _env(name: str, value: Any) -> dict[str, str]:
         if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise _refuse(name, value, f"{key!r} is not a valid variable name")
         if key.upper().startswith(RESERVED_ENV_PREFIX):
-            raise _refuse(name, value, f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are kernel-sandbox's own")
+            raise _refuse(
+                name,
+                value,
+                f"{key!r}: names starting with {RESERVED_ENV_PREFIX} are kernel-sandbox's own",
+            )
         if not isinstance(item, str) or "\0" in item:
             raise _refuse(name, value, f"the value of {key!r} must be a string without NUL")
     return dict(value)
@@ -218,7 +241,9 @@ def _names(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise _refuse(name, value, "must be a list of names")
     if not all(isinstance(part, str) and part.strip() and len(part) <= 200 for part in value):
-        raise _refuse(name, value, "every name must be a non-empty string of at most 200 characters")
+        raise _refuse(
+            name, value, "every name must be a non-empty string of at most 200 characters"
+        )
     return tuple(part.strip() for part in value)
 
 
@@ -249,7 +274,8 @@ class Mount:
 
 
 def parse_mount(name: str, spec: Any) -> Mount:
-    """Parse ``HOST:CONTAINER[:ro|rw]`` (or a dict with host/container/mode); read-only by default."""
+    """Parse ``HOST:CONTAINER[:ro|rw]`` (or a dict with host/container/mode); read-only by
+    default."""
     if isinstance(spec, Mount):
         return spec
     if isinstance(spec, Mapping):
@@ -261,7 +287,12 @@ def parse_mount(name: str, spec: Any) -> Mount:
         host, target, mode = parts[0], parts[1], parts[2] if len(parts) == 3 else "ro"
     else:
         raise _refuse(name, spec, "a mount must be 'HOST:CONTAINER[:ro|rw]' or a dict")
-    if not isinstance(host, str) or not host or not isinstance(target, str) or "\0" in host + target:
+    if (
+        not isinstance(host, str)
+        or not host
+        or not isinstance(target, str)
+        or "\0" in host + target
+    ):
         raise _refuse(name, spec, "a mount needs a host path")
     if mode not in ("ro", "rw"):
         raise _refuse(name, spec, f"mode must be 'ro' or 'rw', not {mode!r}")
@@ -275,7 +306,10 @@ def _mounts(name: str, value: Any) -> tuple[Mount, ...]:
 
 
 def _option(
-    default: Any, parse: Callable[[str, Any], Any], help: str, choices: tuple[str, ...] | None = None
+    default: Any,
+    parse: Callable[[str, Any], Any],
+    help: str,
+    choices: tuple[str, ...] | None = None,
 ) -> Any:
     factory = (lambda: dict(default)) if isinstance(default, dict) else None
     metadata = {"parse": parse, "help": help, "default": default}
@@ -291,7 +325,8 @@ _Settings = TypeVar("_Settings", bound="BackendSettings")
 
 @dataclass(frozen=True)
 class BackendSettings:
-    """What the settings of every backend share: the launcher's options, and reading and writing config.
+    """What the settings of every backend share: the launcher's options, and reading and writing
+    config.
 
     A backend's model subclasses this (its own options follow these) and names itself in ``title``.
     """
@@ -300,64 +335,97 @@ class BackendSettings:
     """The backend as error messages name it, e.g. ``the Docker backend``."""
 
     orphan_timeout: float | None = _option(
-        30.0, _orphan_seconds, "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'."
+        30.0,
+        _orphan_seconds,
+        "Seconds the kernel outlives the process that started it (to re-attach), or 'unlimited'.",
     )
     output_policy: str = _option(
-        "strict", _output_policy,
-        "What the kernel's outputs may do in the browser: 'strict' (default) cleans HTML, Markdown and SVG, "
-        "drops JavaScript and unknown MIME types and refuses widgets that carry code; 'trusted' passes "
-        "everything, so the kernel's outputs can run any script in the user's browser.",
+        "strict",
+        _output_policy,
+        "What the kernel's outputs may do in the browser: 'strict' (default) cleans HTML, "
+        "Markdown and SVG, drops JavaScript and unknown MIME types and refuses widgets that carry "
+        "code; 'trusted' passes everything, so the kernel's outputs can run any script in the "
+        "user's browser.",
         choices=POLICY_MODES,
     )
     allow_mime_types: tuple[str, ...] = _option(
-        (), _names, "MIME types the strict output policy passes unchanged besides its own list (renderers you trust)."
+        (),
+        _names,
+        "MIME types the strict output policy passes unchanged besides its own list (renderers you "
+        "trust).",
     )
     allow_widget_modules: tuple[str, ...] = _option(
-        (), _names, "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions you trust)."
+        (),
+        _names,
+        "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions "
+        "you trust).",
     )
     package_index: tuple[str, ...] = _option(
-        PYPI, parse_package_index,
+        PYPI,
+        parse_package_index,
         "Where pip finds packages: install() opens it for the call alone; an index URL "
         "(https://mirror.example/simple) or destinations; default PyPI's two hosts.",
     )
 
     @classmethod
     def options(cls) -> dict[str, dataclasses.Field[Any]]:
-        """Every option, by name; ``metadata`` holds its ``help``, ``default``, ``parse`` (and enum ``choices``)."""
+        """Every option, by name; ``metadata`` holds its ``help``, ``default``, ``parse`` (and enum
+        ``choices``)."""
         return {option.name: option for option in dataclasses.fields(cls)}
 
     @classmethod
     def check_names(cls, config: Mapping[str, Any]) -> None:
-        """Refuse names in ``config`` that are not options of this backend, suggesting the closest one."""
+        """Refuse names in ``config`` that are not options of this backend, suggesting the closest
+        one."""
         options = cls.options()
         unknown = sorted(set(config) - set(options), key=str)
         if unknown:
             name = unknown[0]
             close = difflib.get_close_matches(str(name), options, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{cls.title} has no option {name!r}{hint}; its options are {', '.join(options)}")
+            raise ConfigError(
+                f"{cls.title} has no option {name!r}{hint}; its options are {', '.join(options)}"
+            )
 
     @classmethod
     def from_config(cls: type[_Settings], config: Mapping[str, Any]) -> _Settings:
-        """Check ``config`` (option name → value) and return the settings; unset options keep their defaults."""
+        """Check ``config`` (option name → value) and return the settings; unset options keep their
+        defaults."""
         if not isinstance(config, Mapping):
-            raise ConfigError(f"{cls.title}'s config must be a mapping, not {type(config).__name__}")
+            raise ConfigError(
+                f"{cls.title}'s config must be a mapping, not {type(config).__name__}"
+            )
         cls.check_names(config)
         options = cls.options()
-        return cls(**{name: options[name].metadata["parse"](name, value) for name, value in config.items()})
+        return cls(
+            **{name: options[name].metadata["parse"](name, value) for name, value in config.items()}
+        )
 
     def resolved(self: _Settings) -> _Settings:
-        """These settings with what a backend takes from the environment filled in (nothing here)."""
+        """These settings with what a backend takes from the environment filled in (nothing
+        here)."""
         return self
 
     def to_config(self) -> dict[str, Any]:
-        """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
+        """The settings as JSON-ready config that :meth:`from_config` reads back to equal
+        settings."""
         config = dataclasses.asdict(self)
-        return {name: list(value) if isinstance(value, tuple) else value for name, value in config.items()}
+        return {
+            name: list(value) if isinstance(value, tuple) else value
+            for name, value in config.items()
+        }
 
 
-_MOVED = ("DockerSettings", "OPTIONS", "DEFAULT_IMAGE", "DEFAULT_KERNEL_CMD", "TMPFS_SHARE", "TMPFS_FALLBACK")
-"""Names that moved to :mod:`kernel_sandbox.docker.settings`, importable from here for one release."""
+_MOVED = (
+    "DockerSettings",
+    "OPTIONS",
+    "DEFAULT_IMAGE",
+    "DEFAULT_KERNEL_CMD",
+    "TMPFS_SHARE",
+    "TMPFS_FALLBACK",
+)
+"""Names that moved to :mod:`kernel_sandbox.docker.settings`, importable from here for one
+release."""
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,9 @@
-"""``kernel-sandbox ps`` usage columns and ``kernel-sandbox top``: every kernel container's usage, read by the host.
+"""``kernel-sandbox ps`` usage columns and ``kernel-sandbox top``: every kernel container's usage,
+read by the host.
 
 ``top`` redraws a table in place (curses) every ``--interval`` seconds until ``q`` or Ctrl-C;
-``--plot FILE`` records one kernel's memory and CPU meanwhile and writes them as a PNG on the way out.
+``--plot FILE`` records one kernel's memory and CPU meanwhile and writes them as a PNG on the way
+out.
 """
 
 from __future__ import annotations
@@ -26,15 +28,26 @@ WIDTHS = (30, 9, 12, 26, 11, 7, 34, 3)
 
 def tmpfs_text(usage: Usage) -> str:
     """Each tmpfs's use in percent, named by its option (``tmp:3% home:0% work:0%``)."""
-    return " ".join(f"{t.option.removesuffix('_size') or t.mount}:{100 * t.used // max(t.size, 1)}%"
-                    for t in sorted(usage.tmpfs, key=lambda t: t.mount)) or "-"
+    return (
+        " ".join(
+            f"{t.option.removesuffix('_size') or t.mount}:{100 * t.used // max(t.size, 1)}%"
+            for t in sorted(usage.tmpfs, key=lambda t: t.mount)
+        )
+        or "-"
+    )
 
 
 def usage_columns(usage: Usage | None) -> list[str]:
     """The MEMORY, CPU, PIDS, TMPFS and OOM columns of one kernel ("-" where unknown)."""
     if usage is None:
         return ["-"] * 5
-    return [memory_text(usage), cpu_text(usage), pids_text(usage), tmpfs_text(usage), str(usage.oom_kills)]
+    return [
+        memory_text(usage),
+        cpu_text(usage),
+        pids_text(usage),
+        tmpfs_text(usage),
+        str(usage.oom_kills),
+    ]
 
 
 @dataclass
@@ -50,7 +63,12 @@ class Row:
 
     def cells(self) -> list[str]:
         """The row's text, one item per :data:`COLUMNS`."""
-        return [self.name, self.status, self.kernel[:12] if self.kernel else "standby", *usage_columns(self.usage)]
+        return [
+            self.name,
+            self.status,
+            self.kernel[:12] if self.kernel else "standby",
+            *usage_columns(self.usage),
+        ]
 
 
 @dataclass
@@ -73,7 +91,11 @@ class Sampler:
             usage = self._usage_of(container_id) if summary.get("State") == "running" else None
             name = (summary.get("Names") or ["/?"])[0].lstrip("/")
             rows.append(Row(name, summary.get("State", "?"), kernel_id, container_id, usage))
-        self.probes = {row.container_id: self.probes[row.container_id] for row in rows if row.container_id in self.probes}
+        self.probes = {
+            row.container_id: self.probes[row.container_id]
+            for row in rows
+            if row.container_id in self.probes
+        }
         return rows
 
     def _usage_of(self, container_id: str) -> Usage | None:
@@ -86,7 +108,8 @@ class Sampler:
         return self.usage({"Id": container_id})
 
     def usage(self, attrs: Mapping[str, Any]) -> Usage | None:
-        """The usage of the container with inspect data ``attrs``; None when not running or out of reach."""
+        """The usage of the container with inspect data ``attrs``; None when not running or out of
+        reach."""
         container_id = attrs["Id"]
         try:
             probe = self.probes.get(container_id) or CgroupProbe.for_container(attrs)
@@ -99,6 +122,7 @@ class Sampler:
 
 def table(rows: list[Row]) -> list[str]:
     """The rows as aligned text lines under a header."""
+
     def line(cells: list[str] | tuple[str, ...]) -> str:
         return "  ".join(cell[:width].ljust(width) for cell, width in zip(cells, WIDTHS)).rstrip()
 
@@ -117,9 +141,13 @@ class Recording:
     name: str = ""
 
     def add(self, rows: list[Row]) -> None:
-        """Take the followed kernel's sample from ``rows`` (the first running kernel when none was named)."""
+        """Take the followed kernel's sample from ``rows`` (the first running kernel when none was
+        named)."""
         for row in rows:
-            if row.usage is None or (self.kernel and not ((row.kernel or "").startswith(self.kernel) or row.name == self.kernel)):
+            if row.usage is None or (
+                self.kernel
+                and not ((row.kernel or "").startswith(self.kernel) or row.name == self.kernel)
+            ):
                 continue
             if not self.name:
                 self.name = row.name
@@ -139,13 +167,21 @@ class Recording:
         import matplotlib.pyplot as plt
 
         if not self.times:
-            raise ConfigError(f"--plot {path}: no running kernel{f' {self.kernel!r}' if self.kernel else ''} was seen")
+            raise ConfigError(
+                f"--plot {path}: no running kernel{f' {self.kernel!r}' if self.kernel else ''} was "
+                "seen"
+            )
         start = self.times[0]
         seconds = [t - start for t in self.times]
         figure, (memory, cpu) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
         memory.plot(seconds, self.memory, label="memory")
         if self.limit:
-            memory.axhline(self.limit / 2**20, color="red", linestyle="--", label=f"limit {size_text(self.limit)}")
+            memory.axhline(
+                self.limit / 2**20,
+                color="red",
+                linestyle="--",
+                label=f"limit {size_text(self.limit)}",
+            )
         memory.set_ylabel("MiB")
         memory.legend(loc="upper left")
         cpu.plot(seconds, self.cpu, color="green")
@@ -157,16 +193,25 @@ class Recording:
 
 
 INSPECT_TIMEOUT = 10
-"""Seconds ``top`` waits for one engine call (a hung container's inspect must not freeze the screen)."""
+"""Seconds ``top`` waits for one engine call (a hung container's inspect must not freeze the
+screen)."""
 
 
-def top(client: Any, interval: float, duration: float | None = None, recording: Recording | None = None) -> None:
+def top(
+    client: Any, interval: float, duration: float | None = None, recording: Recording | None = None
+) -> None:
     """Redraw the kernels' usage in place every ``interval`` s until q, Ctrl-C or ``duration`` s."""
     sampler = Sampler(client)
     curses.wrapper(lambda screen: _loop(screen, sampler, interval, duration, recording))
 
 
-def _loop(screen: Any, sampler: Sampler, interval: float, duration: float | None, recording: Recording | None) -> None:
+def _loop(
+    screen: Any,
+    sampler: Sampler,
+    interval: float,
+    duration: float | None,
+    recording: Recording | None,
+) -> None:
     curses.curs_set(0)
     screen.timeout(int(interval * 1000))
     ends = None if duration is None else time.monotonic() + duration
@@ -176,7 +221,9 @@ def _loop(screen: Any, sampler: Sampler, interval: float, duration: float | None
         try:
             rows = sampler.rows()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            problem = f"the Docker engine did not answer ({type(exc).__name__}); showing the last figures"
+            problem = (
+                f"the Docker engine did not answer ({type(exc).__name__}); showing the last figures"
+            )
         if recording is not None and not problem:
             recording.add(rows)
         _draw(screen, rows, problem)

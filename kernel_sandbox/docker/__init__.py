@@ -16,4 +16,5 @@ BACKEND = BackendEntry(
     link="kernel_sandbox.docker.link:DockerLink",
     adapter="kernel_sandbox.docker.execution:DockerBackend",
 )
-"""The Docker backend as the registry knows it (entry point ``docker`` of :data:`~kernel_sandbox.backends.GROUP`)."""
+"""The Docker backend as the registry knows it (entry point ``docker`` of
+:data:`~kernel_sandbox.backends.GROUP`)."""

@@ -1,4 +1,5 @@
-"""Docker Engine calls shared by the launcher, the CLI and the garbage collector, and the container spec.
+"""Docker Engine calls shared by the launcher, the CLI and the garbage collector, and the container
+spec.
 
 :func:`container_spec` is a pure function from settings to the docker SDK's keyword arguments:
 what the sandbox is made of can be read (and unit-tested) without an engine.
@@ -45,8 +46,11 @@ API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
 
 
-def docker_client(timeout: float = API_TIMEOUT, environment: Mapping[str, str] | None = None) -> docker.DockerClient:
-    """Connect to the Docker engine named by ``environment`` (default: this process's; ``DOCKER_HOST``)."""
+def docker_client(
+    timeout: int = API_TIMEOUT, environment: Mapping[str, str] | None = None
+) -> docker.DockerClient:
+    """Connect to the Docker engine named by ``environment`` (default: this process's;
+    ``DOCKER_HOST``)."""
     try:
         client = docker.from_env(timeout=timeout, environment=environment)
         client.ping()
@@ -82,8 +86,11 @@ def require_image(client: docker.DockerClient, image: str) -> None:
         )
 
 
-def owner_labels(kernel_id: str, *, owner_pid: int, private_dir: Path | None = None) -> dict[str, str]:
-    """Labels that mark a container as ours and name the host, the asking process and the launcher."""
+def owner_labels(
+    kernel_id: str, *, owner_pid: int, private_dir: Path | None = None
+) -> dict[str, str]:
+    """Labels that mark a container as ours and name the host, the asking process and the
+    launcher."""
     labels = {
         LABEL: "true",
         LABEL_KERNEL_ID: kernel_id,
@@ -107,10 +114,19 @@ def _fields(path: Path) -> list[list[str]]:
 
 
 def _ids_in_use(etc: Path) -> tuple[set[int], list[range]]:
-    ids = {int(row[i]) for name, columns in (("passwd", (2, 3)), ("group", (2,)))
-           for row in _fields(etc / name) for i in columns if len(row) > i and row[i].isdigit()}
-    ranges = [range(int(row[1]), int(row[1]) + int(row[2])) for name in ("subuid", "subgid")
-              for row in _fields(etc / name) if len(row) == 3 and row[1].isdigit() and row[2].isdigit()]
+    ids = {
+        int(row[i])
+        for name, columns in (("passwd", (2, 3)), ("group", (2,)))
+        for row in _fields(etc / name)
+        for i in columns
+        if len(row) > i and row[i].isdigit()
+    }
+    ranges = [
+        range(int(row[1]), int(row[1]) + int(row[2]))
+        for name in ("subuid", "subgid")
+        for row in _fields(etc / name)
+        if len(row) == 3 and row[1].isdigit() and row[2].isdigit()
+    ]
     return ids, ranges
 
 
@@ -154,7 +170,9 @@ def resolve_mounts(settings: DockerSettings, cwd: str | None) -> list[tuple[str,
     for host, target, mode in mounts:
         path = Path(host).expanduser().resolve()
         if not path.exists():
-            raise ConfigError(f"mounts: the host path {path} does not exist (from {host}:{target}:{mode})")
+            raise ConfigError(
+                f"mounts: the host path {path} does not exist (from {host}:{target}:{mode})"
+            )
         resolved.append((str(path), target, mode))
     return resolved
 
@@ -169,7 +187,8 @@ def container_spec(
     mounts: Iterable[tuple[str, str, str]],
     labels: Mapping[str, str],
 ) -> dict[str, Any]:
-    """Keyword arguments for ``client.containers.create(settings.image, **spec)``: the whole sandbox.
+    """Keyword arguments for ``client.containers.create(settings.image, **spec)``: the whole
+    sandbox.
 
     ``env`` is what the kernelspec passes on (the host's environment never is); ``mounts`` come
     from :func:`resolve_mounts`; ``kernel_key`` is the kernel's own signing key, not the client's.
@@ -240,8 +259,9 @@ def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
     for option, wanted, capability in needs:
         if wanted and info.get(capability) is False:
             raise ConfigError(
-                f"{option}: this Docker engine cannot enforce it ({capability} is off in `docker info`); "
-                f"enable the cgroup controller, or set {option}='unlimited' to run without that limit"
+                f"{option}: this Docker engine cannot enforce it ({capability} is off in `docker "
+                f"info`); enable the cgroup controller, or set {option}='unlimited' to run without "
+                "that limit"
             )
     cores = info.get("NCPU")
     if settings.cpus is not None and isinstance(cores, int) and settings.cpus > cores:
@@ -249,7 +269,8 @@ def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
 
 
 def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
-    """The limits of ``spec`` that the engine did not apply, read from the container's HostConfig."""
+    """The limits of ``spec`` that the engine did not apply, read from the container's
+    HostConfig."""
     expected = {
         "Memory": spec.get("mem_limit", 0),
         "MemorySwap": spec.get("memswap_limit", 0),
@@ -258,10 +279,15 @@ def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> l
         "NetworkMode": spec["network_mode"],
         "IpcMode": spec["ipc_mode"],
     }
-    wrong = [f"{key} is {host_config.get(key)!r}, not {value!r}" for key, value in expected.items()
-             if (host_config.get(key) or 0) != (value or 0)]
+    wrong = [
+        f"{key} is {host_config.get(key)!r}, not {value!r}"
+        for key, value in expected.items()
+        if (host_config.get(key) or 0) != (value or 0)
+    ]
     if (host_config.get("PidsLimit") or 0) != spec.get("pids_limit", 0):
-        wrong.append(f"PidsLimit is {host_config.get('PidsLimit')!r}, not {spec.get('pids_limit')!r}")
+        wrong.append(
+            f"PidsLimit is {host_config.get('PidsLimit')!r}, not {spec.get('pids_limit')!r}"
+        )
     if sorted(host_config.get("CapDrop") or []) != ["ALL"]:
         wrong.append(f"CapDrop is {host_config.get('CapDrop')!r}")
     if "no-new-privileges" not in (host_config.get("SecurityOpt") or []):
@@ -270,7 +296,8 @@ def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> l
 
 
 def remove_container(container: Container) -> None:
-    """Force-remove a container and return once it is gone (the engine may be removing it already)."""
+    """Force-remove a container and return once it is gone (the engine may be removing it
+    already)."""
     try:
         container.remove(force=True)
     except docker.errors.NotFound:
@@ -287,10 +314,15 @@ def remove_container(container: Container) -> None:
 # -- leftovers -------------------------------------------------------------------------------
 
 
-def remove_launcher_containers(client: docker.DockerClient, kernel_id: str, launcher_pid: int | str) -> None:
-    """Remove every container one launcher made for ``kernel_id``, found by their labels (it may not have said which)."""
+def remove_launcher_containers(
+    client: docker.DockerClient, kernel_id: str, launcher_pid: int | str
+) -> None:
+    """Remove every container one launcher made for ``kernel_id``, found by their labels (it may not
+    have said which)."""
     labels = [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_LAUNCHER_PID}={launcher_pid}"]
-    for container in client.containers.list(all=True, filters={"label": labels}, ignore_removed=True):
+    for container in client.containers.list(
+        all=True, filters={"label": labels}, ignore_removed=True
+    ):
         remove_container(container)
 
 
@@ -318,12 +350,13 @@ class GcReport:
 
 
 def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
-    """Remove kernel containers whose owner is dead (all of them when ``everything``) and abandoned dirs."""
+    """Remove kernel containers whose owner is dead (all of them when ``everything``) and abandoned
+    dirs."""
     report = GcReport()
     for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         if everything or is_orphan(container):
             remove_container(container)
-            report.containers.append(container.name)
+            report.containers.append(container.name or container.short_id)
     for path in abandoned_dirs():
         shutil.rmtree(path, ignore_errors=True)
         report.private_dirs.append(str(path))
@@ -331,11 +364,13 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
 
 
 def kernel_of(labels: Mapping[str, str]) -> str | None:
-    """The id of the kernel a container serves, read from its labels; None for a standby not adopted yet.
+    """The id of the kernel a container serves, read from its labels; None for a standby not adopted
+    yet.
 
     A standby's adoption is recorded in its private directory, which only this user can read.
     """
-    from ..provisioners.standby import STANDBY_ID_PREFIX  # the standby pool is not for every engine call
+    # the standby pool is not for every engine call
+    from ..provisioners.standby import STANDBY_ID_PREFIX
 
     kernel_id = labels.get(LABEL_KERNEL_ID, "?")
     if not kernel_id.startswith(STANDBY_ID_PREFIX):
@@ -344,4 +379,6 @@ def kernel_of(labels: Mapping[str, str]) -> str | None:
         adopted = PrivateDir(Path(labels.get(LABEL_PRIVATE_DIR, ""))).read_json(ADOPTED)
     except (OSError, ValueError, KernelSandboxError):
         adopted = None
-    return str(adopted["kernel_id"]) if isinstance(adopted, dict) and "kernel_id" in adopted else None
+    return (
+        str(adopted["kernel_id"]) if isinstance(adopted, dict) and "kernel_id" in adopted else None
+    )

@@ -1,4 +1,5 @@
-"""Install and start Debian's Docker engine (``docker.io``), for ``kernel-sandbox setup --install-engine``.
+"""Install and start Debian's Docker engine (``docker.io``), for ``kernel-sandbox setup
+--install-engine``.
 
 Only as root on Debian or Ubuntu, and only this machine's engine (not one ``DOCKER_HOST`` names).
 With systemd the engine is started as its service; without (containers, CI machines)
@@ -47,7 +48,8 @@ class Host:
         """Look at this machine."""
         return cls(
             root=os.geteuid() == 0,
-            debian_like=_debian_like(Path("/etc/os-release")) and shutil.which("apt-get") is not None,
+            debian_like=_debian_like(Path("/etc/os-release"))
+            and shutil.which("apt-get") is not None,
             has_dockerd=_which("dockerd") is not None,
             systemd=Path("/run/systemd/system").is_dir(),
         )
@@ -76,20 +78,23 @@ def install_commands(host: Host) -> list[list[str]]:
     if not host.debian_like:
         raise EngineUnavailable(
             "--install-engine knows Debian and Ubuntu only; install Docker Engine as "
-            "https://docs.docker.com/engine/install/ describes for this system, then run this command again"
+            "https://docs.docker.com/engine/install/ describes for this system, then run this "
+            "command again"
         )
     return [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "docker.io"]]
 
 
 def start_command(host: Host) -> list[str]:
-    """The command that starts the engine on ``host``: its service under systemd, else ``dockerd``."""
+    """The command that starts the engine on ``host``: its service under systemd, else
+    ``dockerd``."""
     if not host.root:
         raise EngineUnavailable(f"starting the Docker engine needs root; {ENGINE_FIX}")
     return ["systemctl", "start", "docker"] if host.systemd else [_which("dockerd") or "dockerd"]
 
 
 def ensure_engine(install: bool, progress: Progress) -> docker.DockerClient:
-    """Return a client of a reachable engine; with ``install``, install and start one first if needed."""
+    """Return a client of a reachable engine; with ``install``, install and start one first if
+    needed."""
     try:
         return docker_client()
     except EngineUnavailable:
@@ -98,8 +103,8 @@ def ensure_engine(install: bool, progress: Progress) -> docker.DockerClient:
     where = os.environ.get("DOCKER_HOST")
     if where and where not in LOCAL_ENGINES:
         raise EngineUnavailable(
-            f"DOCKER_HOST is {where}, and --install-engine installs and starts only this machine's engine: "
-            "start the engine there, or unset DOCKER_HOST"
+            f"DOCKER_HOST is {where}, and --install-engine installs and starts only this machine's "
+            "engine: start the engine there, or unset DOCKER_HOST"
         )
     host = Host.probe()
     for command in install_commands(host):
@@ -119,7 +124,9 @@ def _run(command: list[str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **APT_ENV})
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-20:])
-        raise EngineUnavailable(f"`{' '.join(command)}` failed with exit code {result.returncode}:\n{tail}")
+        raise EngineUnavailable(
+            f"`{' '.join(command)}` failed with exit code {result.returncode}:\n{tail}"
+        )
 
 
 def _alive(pid: int, name: str) -> bool:
@@ -142,11 +149,14 @@ def _pid_in(path: Path) -> int | None:
 
 def _running(name: str) -> list[int]:
     """The live processes whose program is ``name``."""
-    return sorted(int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _alive(int(entry), name))
+    return sorted(
+        int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _alive(int(entry), name)
+    )
 
 
 def _clear_leftovers() -> None:
-    """With no dockerd running: stop the containerd a dead dockerd started, and remove both pid files."""
+    """With no dockerd running: stop the containerd a dead dockerd started, and remove both pid
+    files."""
     pid = _pid_in(CONTAINERD_PID)
     if pid is not None and _alive(pid, "containerd"):
         os.kill(pid, 9)
@@ -177,15 +187,19 @@ def _start_dockerd(command: list[str], progress: Progress) -> None:
         if _wait_for_engine(None):
             return
         raise EngineUnavailable(
-            f"dockerd (pid {', '.join(map(str, running))}) runs but does not answer; it is left alone. "
-            f"Look at its log, or stop it (`kill {running[0]}`) and run this command again"
+            f"dockerd (pid {', '.join(map(str, running))}) runs but does not answer; it is left "
+            f"alone. Look at its log, or stop it (`kill {running[0]}`) and run this command again"
         )
     for attempt in (1, 2):
         _clear_leftovers()
         progress(f"starting dockerd in the background, attempt {attempt} (log: {DOCKERD_LOG})")
         with open(DOCKERD_LOG, "ab") as log:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         if _wait_for_engine(process):
             return

@@ -22,8 +22,8 @@ def own_socket(sdk_socket: Any) -> socket.socket:
     if not isinstance(raw, socket.socket) or isinstance(raw, ssl.SSLSocket):
         sdk_socket.close()
         raise EngineUnavailable(
-            f"the Docker engine at {engine_address()} is reached over a transport the launcher cannot "
-            "stream through (TLS or ssh); use a unix:// or tcp:// DOCKER_HOST"
+            f"the Docker engine at {engine_address()} is reached over a transport the launcher "
+            "cannot stream through (TLS or ssh); use a unix:// or tcp:// DOCKER_HOST"
         )
     ours = socket.socket(fileno=os.dup(raw.fileno()))
     sdk_socket.close()
@@ -33,13 +33,16 @@ def own_socket(sdk_socket: Any) -> socket.socket:
 
 
 class Demux:
-    """Split Docker's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian length) by stream.
+    """Split Docker's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian length) by
+    stream.
 
     Payloads are passed on as they arrive, as views of the bytes given to :meth:`feed` (valid
     during the call), so a large frame is not gathered here first.
     """
 
-    def __init__(self, stdout: Callable[[memoryview], None], stderr: Callable[[memoryview], None]) -> None:
+    def __init__(
+        self, stdout: Callable[[memoryview], None], stderr: Callable[[memoryview], None]
+    ) -> None:
         self._out = {1: stdout, 2: stderr}
         self._header = bytearray()
         self._kind = 0

@@ -48,7 +48,8 @@ class DockerBackend(Backend):
         if reply.get("status") != "ok":
             raise NetworkDisabledError(
                 "Cannot install packages: the launcher did not open the package index "
-                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in network."
+                f"({reply.get('evalue', 'no answer')}). Set network=True, or list the index in "
+                "network."
             )
         try:
             yield
@@ -57,7 +58,8 @@ class DockerBackend(Backend):
                 await asyncio.shield(request({"close": reply["window"]}))
 
     async def image(self, provisioner: Any) -> tuple[str, str]:
-        """The id of the kernel container's image, as the engine reports it, and the image option."""
+        """The id of the kernel container's image, as the engine reports it, and the image
+        option."""
         from .containers import docker_client
 
         container_id = getattr(provisioner, "container_id", None)

@@ -1,4 +1,5 @@
-"""Build the kernel image from ``docker/`` where neither a registry nor a package index may be reachable.
+"""Build the kernel image from ``docker/`` where neither a registry nor a package index may be
+reachable.
 
 The base image is ``python:3.11-slim`` when the engine has it or can pull it, else a Debian
 bookworm made with debootstrap and imported into the engine. The Python packages are downloaded
@@ -28,7 +29,11 @@ from ..resources import data_path
 BASE_FALLBACK = "kernel-sandbox-base:bookworm"
 UPSTREAM_BASE = "python:3.11-slim"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-WHEEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernel-sandbox" / "wheelhouse"
+WHEEL_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "kernel-sandbox"
+    / "wheelhouse"
+)
 
 _PROBE = (
     "import json, os, platform, sys;"
@@ -57,7 +62,8 @@ def build_image(
     """
     if rebuild_base and base_image not in (None, BASE_FALLBACK):
         raise ConfigError(
-            f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with base_image={base_image!r}"
+            f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with "
+            f"base_image={base_image!r}"
         )
     client = docker_client()
     if rebuild_base:
@@ -65,7 +71,8 @@ def build_image(
     elif base_image:
         if not has_image(client, base_image):
             raise ImageBuildError(
-                f"base image {base_image!r} is not in the local Docker engine; `docker pull {base_image}` first"
+                f"base image {base_image!r} is not in the local Docker engine; `docker pull "
+                f"{base_image}` first"
             )
         base = base_image
     else:
@@ -74,7 +81,9 @@ def build_image(
     progress(f"base image {base}: Python {target['python']}, {target['libc']}, {target['machine']}")
     with tempfile.TemporaryDirectory(prefix="kernel-sandbox-build-") as tmp:
         context = Path(tmp) / "context"
-        shutil.copytree(data_path("docker"), context, ignore=shutil.ignore_patterns("wheelhouse", "__pycache__"))
+        shutil.copytree(
+            data_path("docker"), context, ignore=shutil.ignore_patterns("wheelhouse", "__pycache__")
+        )
         _fill_wheelhouse(context / "wheelhouse", context / "requirements.txt", target, progress)
         _docker_build(client, context, tag, base, progress)
     return tag
@@ -106,9 +115,14 @@ def _debian_mirror() -> str:
     for path in sorted((apt / "sources.list.d").glob("*.sources")):
         for stanza in path.read_text(errors="replace").split("\n\n"):
             fields = dict(
-                (key.strip(), value.split()) for key, _, value in (line.partition(":") for line in stanza.splitlines())
+                (key.strip(), value.split())
+                for key, _, value in (line.partition(":") for line in stanza.splitlines())
             )
-            if "deb" in fields.get("Types", []) and "bookworm" in fields.get("Suites", []) and fields.get("URIs"):
+            if (
+                "deb" in fields.get("Types", [])
+                and "bookworm" in fields.get("Suites", [])
+                and fields.get("URIs")
+            ):
                 return fields["URIs"][0]
     return DEFAULT_MIRROR
 
@@ -118,14 +132,22 @@ def _bootstrap_base(client: docker.DockerClient, progress: Progress) -> str:
     if debootstrap is None or os.geteuid() != 0:
         why = "debootstrap is not installed" if debootstrap is None else "debootstrap needs root"
         raise ImageBuildError(
-            f"no base image: {UPSTREAM_BASE} is not present and cannot be pulled, and {why} to make "
-            f"{BASE_FALLBACK}. Fix one of: run `apt-get install debootstrap` and build again as root; "
-            f"`docker pull {UPSTREAM_BASE}`; or pass --base-image with a local Debian-based image that has python3-venv"
+            f"no base image: {UPSTREAM_BASE} is not present and cannot be pulled, and {why} to "
+            f"make {BASE_FALLBACK}. Fix one of: run `apt-get install debootstrap` and build again "
+            f"as root; `docker pull {UPSTREAM_BASE}`; or pass --base-image with a local "
+            "Debian-based image that has python3-venv"
         )
     mirror = _debian_mirror()
     progress(f"making {BASE_FALLBACK} with debootstrap from {mirror} (about a minute) ...")
     with tempfile.TemporaryDirectory(prefix="kernel-sandbox-rootfs-") as root:
-        cmd = [debootstrap, "--variant=minbase", "--include=python3,python3-venv", "bookworm", root, mirror]
+        cmd = [
+            debootstrap,
+            "--variant=minbase",
+            "--include=python3,python3-venv",
+            "bookworm",
+            root,
+            mirror,
+        ]
         _run_streamed(cmd, progress, "debootstrap")
         for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for item in Path(root, cache).glob("*"):
@@ -143,12 +165,15 @@ def _bootstrap_base(client: docker.DockerClient, progress: Progress) -> str:
             tar.stdout.close()
             tar.wait()
         if tar.returncode != 0 or not has_image(client, BASE_FALLBACK):
-            raise ImageBuildError(f"importing the debootstrap root failed (tar exit code {tar.returncode}): {answer}")
+            raise ImageBuildError(
+                f"importing the debootstrap root failed (tar exit code {tar.returncode}): {answer}"
+            )
     return BASE_FALLBACK
 
 
 def _run_streamed(cmd: list[str], progress: Progress, name: str) -> None:
-    """Run ``cmd``, showing the first line of each phase (its leading verb); raise with the output's tail on failure."""
+    """Run ``cmd``, showing the first line of each phase (its leading verb); raise with the output's
+    tail on failure."""
     tail: deque[str] = deque(maxlen=40)
     seen: set[str] = set()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
@@ -169,7 +194,11 @@ def _run_streamed(cmd: list[str], progress: Progress, name: str) -> None:
 def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
     try:
         out = client.containers.run(
-            base, ["python3", "-c", _PROBE], remove=True, network_mode="none", labels={LABEL: "true"}
+            base,
+            ["python3", "-c", _PROBE],
+            remove=True,
+            network_mode="none",
+            labels={LABEL: "true"},
         )
     except DockerException as exc:
         raise ImageBuildError(
@@ -179,23 +208,43 @@ def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
 
 
 def _platform_args(target: dict[str, str]) -> list[str]:
-    """pip's --platform flags for every manylinux tag the base's glibc accepts (pip does not expand them itself)."""
+    """pip's --platform flags for every manylinux tag the base's glibc accepts (pip does not expand
+    them itself)."""
     machine = target["machine"]
     libc_name, _, libc_version = target["libc"].partition(" ")
     if libc_name != "glibc":
-        raise ImageBuildError(f"the base image uses {target['libc']!r}; only glibc-based images are supported")
+        raise ImageBuildError(
+            f"the base image uses {target['libc']!r}; only glibc-based images are supported"
+        )
     minor = int(libc_version.split(".")[1])
-    tags = [f"manylinux_2_{m}_{machine}" for m in range(minor, 16, -1)] + [f"manylinux2014_{machine}"]
+    tags = [f"manylinux_2_{m}_{machine}" for m in range(minor, 16, -1)] + [
+        f"manylinux2014_{machine}"
+    ]
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
-def _fill_wheelhouse(wheelhouse: Path, requirements: Path, target: dict[str, str], progress: Progress) -> None:
-    """Put the wheels of ``requirements`` for the base's Python into ``wheelhouse``, via the cache in WHEEL_CACHE."""
+def _fill_wheelhouse(
+    wheelhouse: Path, requirements: Path, target: dict[str, str], progress: Progress
+) -> None:
+    """Put the wheels of ``requirements`` for the base's Python into ``wheelhouse``, via the cache
+    in WHEEL_CACHE."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     pip = [
-        sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
-        "--only-binary=:all:", "--implementation", "cp", "--python-version", target["python"],
-        *_platform_args(target), "-r", str(requirements),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        target["python"],
+        *_platform_args(target),
+        "-r",
+        str(requirements),
     ]
     offline = [*pip, "--no-index", "--find-links", str(WHEEL_CACHE), "-d", str(wheelhouse)]
     if subprocess.run(offline, capture_output=True, text=True).returncode == 0:
@@ -205,21 +254,34 @@ def _fill_wheelhouse(wheelhouse: Path, requirements: Path, target: dict[str, str
     _run_streamed([*pip, "-d", str(WHEEL_CACHE)], progress, "pip download")
     result = subprocess.run(offline, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ImageBuildError(f"pip could not assemble the wheelhouse:\n{result.stdout}{result.stderr}")
+        raise ImageBuildError(
+            f"pip could not assemble the wheelhouse:\n{result.stdout}{result.stderr}"
+        )
     progress(f"wheelhouse: {len(list(wheelhouse.glob('*.whl')))} wheels")
 
 
-def _docker_build(client: docker.DockerClient, context: Path, tag: str, base: str, progress: Progress) -> None:
-    """Run the Dockerfile with the legacy builder, showing each step; raise with the failing step's output."""
+def _docker_build(
+    client: docker.DockerClient, context: Path, tag: str, base: str, progress: Progress
+) -> None:
+    """Run the Dockerfile with the legacy builder, showing each step; raise with the failing step's
+    output."""
     step = "(before the first step)"
     output: list[str] = []
     stream = client.api.build(
-        path=str(context), tag=tag, buildargs={"BASE_IMAGE": base}, rm=True, forcerm=True, pull=False, decode=True
+        path=str(context),
+        tag=tag,
+        buildargs={"BASE_IMAGE": base},
+        rm=True,
+        forcerm=True,
+        pull=False,
+        decode=True,
     )
     for chunk in stream:
         if "error" in chunk:
             detail = "".join(output).strip()
-            raise ImageBuildError(f"docker build failed at {step}: {chunk['error'].strip()}\n{detail}")
+            raise ImageBuildError(
+                f"docker build failed at {step}: {chunk['error'].strip()}\n{detail}"
+            )
         text = chunk.get("stream", "")
         if text.startswith("Step "):
             step = text.strip()

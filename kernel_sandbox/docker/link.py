@@ -10,10 +10,10 @@ connects from a thread inside the container's network namespace instead (:mod:`.
 
 Each connector is also a lifeline: when the launcher ends, by any signal, the engine closes the
 connectors' stdin and they kill every process of the container; the container removes itself
-(auto-remove). The kernel can stop those processes (they run as its uid), and a container that
-is not started yet has none, so a host process the kernel cannot reach stands behind them: the
-launcher's :mod:`~kernel_sandbox.docker.watchdog`, which removes the container once the launcher is gone.
-How the kernel ended (out of memory included) is read from the engine's events, since an
+(auto-remove). The kernel can stop those processes (they run as its uid), and a container that is
+not started yet has none, so a host process the kernel cannot reach stands behind them: the
+launcher's :mod:`~kernel_sandbox.docker.watchdog`, which removes the container once the launcher is
+gone. How the kernel ended (out of memory included) is read from the engine's events, since an
 auto-removed container cannot be inspected afterwards; an engine that stops answering (its
 connections open, nothing moving) is noticed by a ping every :data:`ENGINE_PROBE_INTERVAL` s.
 """
@@ -29,7 +29,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import docker
@@ -42,7 +42,16 @@ from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import HELLO
 from ..launch import egress, journal
-from ..launch.front import DELIM, PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, Signer, _msg_type, unpack
+from ..launch.front import (
+    DELIM,
+    PROTOCOL_VERSION,
+    REQUEST_CHANNELS,
+    ExitStatus,
+    Front,
+    Signer,
+    _msg_type,
+    unpack,
+)
 from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
 from ..privdir import LAUNCHER_STATE
@@ -70,17 +79,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("kernel_sandbox.launch")
 
 ROUTING_ID = b"kernel-sandbox-launcher"
-"""One routing id for the shell, control and stdin sockets, so ipykernel's stdin requests reach us."""
+"""One routing id for the shell, control and stdin sockets, so ipykernel's stdin requests reach
+us."""
 PROBE = b"kernel-sandbox-probe"
 PROBE_INTERVAL = 0.5
 REOPEN_DELAY = 0.2
-"""Seconds before a kernel stream that ended is opened again; doubled after each loss, up to :data:`REOPEN_MAX_DELAY`."""
+"""Seconds before a kernel stream that ended is opened again; doubled after each loss, up to
+:data:`REOPEN_MAX_DELAY`."""
 REOPEN_MAX_DELAY = 5.0
 REOPEN_LIMIT = 10
-"""Losses of one channel in a row (none of them open for :data:`REOPEN_STABLE` s) that end the kernel."""
+"""Losses of one channel in a row (none of them open for :data:`REOPEN_STABLE` s) that end the
+kernel."""
 REOPEN_STABLE = 10.0
 WAITING_LIMIT = 1000
-"""Client messages kept per channel while its stream is not open yet (ZMQ's own default queue size)."""
+"""Client messages kept per channel while its stream is not open yet (ZMQ's own default queue
+size)."""
 ENGINE_CHECK_TIMEOUT = 10
 ENGINE_PROBE_INTERVAL = 10.0
 """Seconds between two pings of the engine while the kernel runs: a hung engine (connections
@@ -98,15 +111,19 @@ TAIL_LINE_CHARS = 4096
 """Characters of each of those last lines kept for an error message."""
 LIFELINE_CHANNEL = "hb"
 """The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
-CHANNEL_PORTS = {channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")}
+CHANNEL_PORTS = {
+    channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")
+}
 INTERRUPT_DELAY = 0.2
-"""Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see :meth:`DockerLink.interrupt`)."""
+"""Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see
+:meth:`DockerLink.interrupt`)."""
 ENGINE_TEXT_BYTES = 1000
 """Bytes of the engine's own error text (an exec that could not start) kept for the log."""
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> None:
-    """Call ``callback`` on ``loop`` from another thread; nothing when the loop is closed (the launcher is exiting)."""
+    """Call ``callback`` on ``loop`` from another thread; nothing when the loop is closed (the
+    launcher is exiting)."""
     try:
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:
@@ -158,11 +175,14 @@ class _Channel(asyncio.BufferedProtocol):
         assert self.peer is not None
         try:
             if self._demux is not None:
+                assert self._scratch is not None  # made with the demultiplexer
                 self._demux.feed(self._scratch[:nbytes])
             else:
                 self.peer.buffer_updated(nbytes)
         except ChannelProtocolError as exc:
-            self.link._broken(ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped"))
+            self.link._broken(
+                ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped")
+            )
             if self.transport is not None:
                 self.transport.abort()  # the connector's stdin closes: it ends the kernel
 
@@ -187,7 +207,9 @@ class _Channel(asyncio.BufferedProtocol):
         try:
             self.link._from_kernel(self.name, frames)
         except Exception:  # whatever the kernel sent: one message is lost, never the channel
-            log.exception("dropped a message from the kernel's %s channel: relaying it failed", self.name)
+            log.exception(
+                "dropped a message from the kernel's %s channel: relaying it failed", self.name
+            )
 
     def _stderr(self, data: memoryview) -> None:
         log.debug("%s connector: %s", self.name, bytes(data[:500]).decode(errors="replace").strip())
@@ -213,7 +235,9 @@ class _OutputStream(asyncio.Protocol):
     """The container's attached stdout and stderr, demultiplexed into a :class:`KernelOutput`."""
 
     def __init__(self, output: KernelOutput) -> None:
-        self._demux = Demux(lambda data: output.write(bytes(data)), lambda data: output.write(bytes(data)))
+        self._demux = Demux(
+            lambda data: output.write(bytes(data)), lambda data: output.write(bytes(data))
+        )
 
     def data_received(self, data: bytes) -> None:
         self._demux.feed(data)
@@ -264,7 +288,8 @@ class DockerLink:
 
     def __init__(self, request: LaunchRequest) -> None:
         self.request = request
-        self.settings = cast(DockerSettings, request.settings)  # make_link chose this link by their type
+        # make_link chose this link by their type
+        self.settings = cast(DockerSettings, request.settings)
         self.container_id: str | None = None
         self.output = KernelOutput()
         self._key = secrets.token_hex(32)
@@ -272,7 +297,9 @@ class DockerLink:
         self._client: docker.DockerClient | None = None
         self._front: Front | None = None
         self._channels: dict[str, _Channel] = {}
-        self._waiting: dict[str, collections.deque[list[Any]]] = {name: collections.deque() for name in CHANNEL_PORTS}
+        self._waiting: dict[str, collections.deque[list[Any]]] = {
+            name: collections.deque() for name in CHANNEL_PORTS
+        }
         self._streams: list[asyncio.BaseTransport] = []
         self._events: Any = None
         self._oom = False
@@ -327,15 +354,21 @@ class DockerLink:
             ),
         )
         self._watchdog = watchdog.start(request.kernel_id)  # before the container exists
-        self._creating = asyncio.ensure_future(asyncio.to_thread(client.containers.create, settings.image, **spec))
+        self._creating = asyncio.ensure_future(
+            asyncio.to_thread(client.containers.create, settings.image, **spec)
+        )
         try:
             container = await asyncio.shield(self._creating)
         except docker.errors.APIError as exc:
             reason = exc.explanation or exc
-            raise KernelLaunchError(f"Docker refused to create the kernel's container: {reason}") from exc
+            raise KernelLaunchError(
+                f"Docker refused to create the kernel's container: {reason}"
+            ) from exc
         self.container_id = container.id
         if request.private is not None:
-            request.private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id})
+            request.private.write_json(
+                LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id}
+            )
         await asyncio.to_thread(self._watch_events)
         await self._attach_output()
         try:
@@ -343,11 +376,17 @@ class DockerLink:
         except docker.errors.APIError as exc:
             hint = ""
             if settings.runtime == "runsc":
-                hint = ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see `kernel-sandbox doctor`)'
-            raise KernelLaunchError(f"The kernel's container did not start: {exc.explanation or exc}{hint}") from exc
+                hint = (
+                    ' (gVisor\'s runsc needs runtimeArgs ["--network=none"] here: see '
+                    '`kernel-sandbox doctor`)'
+                )
+            raise KernelLaunchError(
+                f"The kernel's container did not start: {exc.explanation or exc}{hint}"
+            ) from exc
         if direct:
             self._netns = await asyncio.to_thread(container_netns, container)
-        serving = asyncio.ensure_future(self._start_egress()) if proxied else None  # while the kernel starts
+        # while the kernel starts
+        serving = asyncio.ensure_future(self._start_egress()) if proxied else None
         opening = [asyncio.ensure_future(self._open_channel(name)) for name in CHANNEL_PORTS]
         self.heartbeat([PROBE, b"ping"])
         try:
@@ -361,10 +400,10 @@ class DockerLink:
         self._probing = asyncio.ensure_future(self._probe_engine())
 
     async def _start_egress(self) -> None:
-        """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before the
-        kernel answers, so before any of the user's code runs (nothing else holds its port then):
-        listening in the container's namespace, or through a relay in the container over an exec
-        stream (:mod:`.egress_stream`)."""
+        """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before
+        the kernel answers, so before any of the user's code runs (nothing else holds its port
+        then): listening in the container's namespace, or through a relay in the container over an
+        exec stream (:mod:`.egress_stream`)."""
         assert self._front is not None
         proxy = self._egress = egress.Egress.for_settings(self.settings)
         try:
@@ -375,16 +414,28 @@ class DockerLink:
                 from ..launch.egress_stream import RelayStream
 
                 await proxy.serve(None)
-                command = ["python", "-I", "-S", "-c", source("egress_relay"), str(egress.PROXY_PORT)]
+                command = [
+                    "python",
+                    "-I",
+                    "-S",
+                    "-c",
+                    source("egress_relay"),
+                    str(egress.PROXY_PORT),
+                ]
                 relay = await asyncio.to_thread(self._exec_socket, command)
-                transport, _ = await self._loop.connect_accepted_socket(lambda: RelayStream(proxy, Demux), relay)
+                transport, _ = await self._loop.connect_accepted_socket(
+                    lambda: RelayStream(proxy, Demux), relay
+                )
                 self._streams.append(transport)
         except (OSError, docker.errors.APIError) as exc:
-            raise KernelLaunchError(f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}") from exc
+            raise KernelLaunchError(
+                f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"
+            ) from exc
         self._front.requests[WINDOW_REQUEST] = proxy.answer
 
-    async def _channels_failed(self, opening: list[asyncio.Future[None]]) -> None:
-        """Raise when a channel could not be opened: the kernel's own end if it died, else the error."""
+    async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
+        """Raise when a channel could not be opened: the kernel's own end if it died, else the
+        error."""
         for task in opening:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 exc = task.exception()
@@ -392,49 +443,61 @@ class DockerLink:
                     await asyncio.wait_for(asyncio.shield(self._ended), EXIT_REPORT_WAIT)
                 except asyncio.TimeoutError:
                     reason = getattr(exc, "explanation", None) or exc
-                    raise KernelLaunchError(f"Could not reach the kernel's channels: {reason}") from exc
+                    raise KernelLaunchError(
+                        f"Could not reach the kernel's channels: {reason}"
+                    ) from exc
                 raise self._start_failure() from exc
 
     def _start_failure(self) -> KernelLaunchError:
         status = self._ended.result()
-        return KernelLaunchError(f"The kernel exited during start-up ({status.reason}).\n{self.output.text()}".strip())
+        return KernelLaunchError(
+            f"The kernel exited during start-up ({status.reason}).\n{self.output.text()}".strip()
+        )
 
     def _exec_socket(self, cmd: list[str]) -> socket.socket:
         assert self._client is not None and self.container_id is not None
-        exec_id = self._client.api.exec_create(self.container_id, cmd, stdin=True, stdout=True, stderr=True)["Id"]
+        exec_id = self._client.api.exec_create(
+            self.container_id, cmd, stdin=True, stdout=True, stderr=True
+        )["Id"]
         return own_socket(self._client.api.exec_start(exec_id, socket=True))
 
     async def _open_channel(self, name: str) -> None:
         port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
-        direct = self._netns is not None and name != LIFELINE_CHANNEL
-        if direct:
+        netns = None if name == LIFELINE_CHANNEL else self._netns
+        if netns is not None:
             # past the launch deadline, so that a kernel that never listens is reported as such
-            sock = await connect_in_netns(self._netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
+            sock = await connect_in_netns(netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
         else:
             cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
             sock = await asyncio.to_thread(self._exec_socket, cmd)
         if self._stopping:
             sock.close()
             return
-        await self._loop.connect_accepted_socket(lambda: _Channel(self, name, multiplexed=not direct), sock)
+        await self._loop.connect_accepted_socket(
+            lambda: _Channel(self, name, multiplexed=netns is None), sock
+        )
 
     async def _attach_output(self) -> None:
-        assert self._client is not None
+        assert self._client is not None and self.container_id is not None
         params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
-        sdk_socket = await asyncio.to_thread(self._client.api.attach_socket, self.container_id, params)
+        sdk_socket = await asyncio.to_thread(
+            self._client.api.attach_socket, self.container_id, params
+        )
         transport, _ = await self._loop.connect_accepted_socket(
             lambda: _OutputStream(self.output), own_socket(sdk_socket)
         )
         self._streams.append(transport)
 
     async def _wait_until_ready(
-        self, container: Any, spec: dict[str, Any], opening: list[asyncio.Future[None]]
+        self, container: Any, spec: dict[str, Any], opening: Sequence[asyncio.Future[None]]
     ) -> None:
         limits = asyncio.ensure_future(asyncio.to_thread(self._check_limits, container, spec))
         deadline = time.monotonic() + self.settings.launch_timeout
         self._ask_kernel_info()
         try:
-            while not (self._ready.done() and self._informed.done()) or not all(task.done() for task in opening):
+            while not (self._ready.done() and self._informed.done()) or not all(
+                task.done() for task in opening
+            ):
                 await self._channels_failed(opening)
                 if self._ended.done():
                     raise self._start_failure()
@@ -444,14 +507,26 @@ class DockerLink:
                         f"{self.settings.launch_timeout:g} s. Check that the image runs ipykernel "
                         "(`kernel-sandbox doctor`), or raise launch_timeout.\n" + self.output.text()
                     )
-                # Only what is still pending: a finished future would end every wait at once (a busy loop).
-                pending = [f for f in (self._ready, self._informed, self._ended, *opening) if not f.done()]
-                await asyncio.wait(pending, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
+                # Only what is still pending: a finished future would end every wait at once (a busy
+                # loop).
+                watched: list[asyncio.Future[Any]] = [
+                    self._ready,
+                    self._informed,
+                    self._ended,
+                    *opening,
+                ]
+                pending = [f for f in watched if not f.done()]
+                await asyncio.wait(
+                    pending, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+                )
                 if not self._ready.done():
                     self.heartbeat([PROBE, b"ping"])
             log.debug("the kernel answers; waiting for its IOPub welcome")
             await asyncio.wait([self._welcomed], timeout=WELCOME_WAIT)
-            log.debug("IOPub %s", "welcomed" if self._welcomed.done() else "not welcomed: starting without")
+            log.debug(
+                "IOPub %s",
+                "welcomed" if self._welcomed.done() else "not welcomed: starting without",
+            )
             await limits
         finally:
             limits.cancel()
@@ -459,12 +534,18 @@ class DockerLink:
     def _ask_kernel_info(self) -> None:
         """Send the launcher's own kernel_info_request (it waits for the shell stream to open).
 
-        The kernel is ready when it answers: ipykernel's heartbeat and IOPub start before the rest of
-        its initialisation, and a signal in between ends it with a traceback (jupyter_client
+        The kernel is ready when it answers: ipykernel's heartbeat and IOPub start before the rest
+        of its initialisation, and a signal in between ends it with a traceback (jupyter_client
         interrupts every kernel it shuts down, so a restart right after a start would).
         """
-        header = {"msg_id": self._info_id, "msg_type": "kernel_info_request", "username": "kernel-sandbox",
-                  "session": self._info_id, "date": "", "version": PROTOCOL_VERSION}
+        header = {
+            "msg_id": self._info_id,
+            "msg_type": "kernel_info_request",
+            "username": "kernel-sandbox",
+            "session": self._info_id,
+            "date": "",
+            "version": PROTOCOL_VERSION,
+        }
         parts = [json.dumps(header).encode(), b"{}", b"{}", b"{}"]
         self._send("shell", [DELIM, self._signer.sign(parts), *parts])
 
@@ -472,7 +553,9 @@ class DockerLink:
         container.reload()
         wrong = applied_limits(container.attrs["HostConfig"], spec)
         if wrong:
-            raise KernelLaunchError("The Docker engine did not apply the kernel's limits: " + "; ".join(wrong))
+            raise KernelLaunchError(
+                "The Docker engine did not apply the kernel's limits: " + "; ".join(wrong)
+            )
         try:
             self._cgroup = CgroupProbe.for_container(container.attrs)
         except MetricsUnavailable as exc:
@@ -490,7 +573,8 @@ class DockerLink:
             return None
 
     def limits_hit(self, error_text: str = "") -> list[str]:
-        """The limits the kernel ran into since this was last asked, read from the host (see :func:`near_misses`)."""
+        """The limits the kernel ran into since this was last asked, read from the host (see
+        :func:`near_misses`)."""
         usage = self.usage()
         if usage is None:
             return []
@@ -513,7 +597,8 @@ class DockerLink:
         return self._stopping or self._ended.done() or self._shutdown_asked
 
     def _open_failed(self, name: str, reason: object) -> None:
-        """Log a kernel stream that could not be (re)opened: a warning only when nothing explains it."""
+        """Log a kernel stream that could not be (re)opened: a warning only when nothing explains
+        it."""
         if self._expected_loss():
             log.debug("the kernel's %s stream did not open while the kernel ends: %s", name, reason)
         else:
@@ -524,14 +609,22 @@ class DockerLink:
             del self._channels[channel.name]
         if channel.engine_text is not None:
             text = channel.engine_text.decode(errors="replace").strip()
-            self._open_failed(channel.name, f"the Docker engine could not start its connector ({text})")
+            self._open_failed(
+                channel.name, f"the Docker engine could not start its connector ({text})"
+            )
         if self._stopping or self._ended.done():
             return
         name = channel.name
         stable = time.monotonic() - channel.opened >= REOPEN_STABLE
         losses = self._losses[name] = 1 if stable else self._losses[name] + 1
         if losses > REOPEN_LIMIT:
-            self._end(ExitStatus(1, f"the kernel's {name} stream ended {REOPEN_LIMIT} times in a row; it was stopped"))
+            self._end(
+                ExitStatus(
+                    1,
+                    f"the kernel's {name} stream ended {REOPEN_LIMIT} times in a row; it was "
+                    "stopped",
+                )
+            )
             return
         delay = min(REOPEN_DELAY * 2 ** (losses - 1), REOPEN_MAX_DELAY)
         log.debug("the kernel's %s stream ended; opening another in %.1f s", name, delay)
@@ -541,7 +634,8 @@ class DockerLink:
             if not (self._stopping or self._ended.done()):
                 try:
                     await self._open_channel(name)
-                except Exception as exc:  # judged after the failure: stop() cancels a connect in flight
+                # judged after the failure: stop() cancels a connect in flight
+                except Exception as exc:
                     self._open_failed(name, exc)
 
         task = asyncio.ensure_future(reopen())
@@ -584,7 +678,8 @@ class DockerLink:
         self._front.from_kernel(channel, idents, parts)
 
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
-        """Sign a client message with the kernel's key and send it on (noting a shutdown request)."""
+        """Sign a client message with the kernel's key and send it on (noting a shutdown
+        request)."""
         header = parts[0]
         if channel != "stdin" and isinstance(header, bytes) and b"shutdown_request" in header:
             self._shutdown_asked = self._shutdown_asked or _msg_type(header) == "shutdown_request"
@@ -595,7 +690,8 @@ class DockerLink:
         self._send("hb", list(frames))
 
     def pause_reading(self, channel: str, paused: bool) -> None:
-        """Stop (resume) reading ``channel``'s stream: the kernel's own socket then holds or drops its messages."""
+        """Stop (resume) reading ``channel``'s stream: the kernel's own socket then holds or drops
+        its messages."""
         if paused:
             self._paused.add(channel)
         else:
@@ -611,7 +707,8 @@ class DockerLink:
     # -- life and death ------------------------------------------------------------------------
 
     def _watch_events(self) -> None:
-        """Follow the container's events from a thread (subscribed before it starts: nothing is missed)."""
+        """Follow the container's events from a thread (subscribed before it starts: nothing is
+        missed)."""
         assert self._client is not None
         stream = self._client.events(filters={"container": self.container_id}, decode=True)
         self._events = stream
@@ -642,7 +739,8 @@ class DockerLink:
             self._end(ExitStatus(code or (137 if self._oom else 0), self._ending(code)))
 
     def _broken(self, status: ExitStatus) -> None:
-        """A channel's stream broke: the kernel's doing, unless the engine reports another end meanwhile.
+        """A channel's stream broke: the kernel's doing, unless the engine reports another end
+        meanwhile.
 
         A container killed from outside breaks its streams before the engine's events say so;
         the engine's word (kill, OOM) wins when it comes within :data:`EXIT_REPORT_WAIT` s.
@@ -653,14 +751,21 @@ class DockerLink:
         self._loop.call_later(EXIT_REPORT_WAIT, self._end, status)
 
     def _ending(self, code: int) -> str:
-        """How the container ended, in words, from what the engine reported (never from the kernel)."""
+        """How the container ended, in words, from what the engine reported (never from the
+        kernel)."""
         if self._oom:
             limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
             return f"out of memory{limit}; raise memory"
         if self._killed is not None and self._killed not in ("2", "SIGINT"):
-            return f"killed through the Docker engine (signal {self._killed}: a `docker kill`, `docker stop` or `docker rm -f`)"
+            return (
+                f"killed through the Docker engine (signal {self._killed}: a `docker kill`, "
+                "`docker stop` or `docker rm -f`)"
+            )
         if code in (137, 128 + 9):
-            return "killed with SIGKILL by the container runtime or the host's kernel, not through the engine"
+            return (
+                "killed with SIGKILL by the container runtime or the host's kernel, not through "
+                "the engine"
+            )
         return "the kernel shut down" if code == 0 else f"exit code {code}"
 
     def _on_events_lost(self, exc: BaseException | None) -> None:
@@ -668,12 +773,16 @@ class DockerLink:
             asyncio.ensure_future(self._explain_loss(exc))
 
     async def _explain_loss(self, exc: BaseException | None) -> None:
-        """The event stream ended while the kernel should be running: find out why, in bounded time."""
+        """The event stream ended while the kernel should be running: find out why, in bounded
+        time."""
+        assert self.container_id is not None  # the events are those of its container
         try:
             client = await asyncio.to_thread(docker_client, ENGINE_CHECK_TIMEOUT)
             await asyncio.to_thread(client.containers.get, self.container_id)
         except EngineUnavailable as error:
-            self._end(ExitStatus(1, f"the Docker engine became unreachable ({error.__cause__ or error})"))
+            self._end(
+                ExitStatus(1, f"the Docker engine became unreachable ({error.__cause__ or error})")
+            )
         except docker.errors.NotFound:
             self._end(ExitStatus(1, "the kernel's container was removed"))
         except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
@@ -688,7 +797,8 @@ class DockerLink:
         nothing for the launcher's exit to wait for.
         """
         assert self._client is not None
-        client = docker.from_env(timeout=ENGINE_CHECK_TIMEOUT, version=self._client.api.api_version)  # no engine call
+        # no engine call
+        client = docker.from_env(timeout=ENGINE_CHECK_TIMEOUT, version=self._client.api.api_version)
         while not (self._stopping or self._ended.done()):
             await asyncio.sleep(ENGINE_PROBE_INTERVAL)
             answered: asyncio.Future[bool] = self._loop.create_future()
@@ -699,7 +809,7 @@ class DockerLink:
                     ok = True
                 except Exception:  # any failure is the engine's: reported below as no answer
                     ok = False
-                _post(self._loop, lambda: answered.done() or answered.set_result(ok))
+                _post(self._loop, lambda: None if answered.done() else answered.set_result(ok))
 
             threading.Thread(target=ping, name="docker-ping", daemon=True).start()
             try:
@@ -708,8 +818,13 @@ class DockerLink:
                 ok = False
             if not ok and not (self._stopping or self._ended.done()):
                 self._engine_hung = True
-                self._end(ExitStatus(1, f"the Docker engine at {engine_address()} stopped answering "
-                                        f"(no reply to a ping within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped"))
+                self._end(
+                    ExitStatus(
+                        1,
+                        f"the Docker engine at {engine_address()} stopped answering (no reply to a "
+                        f"ping within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped",
+                    )
+                )
 
     def _end(self, status: ExitStatus) -> None:
         if not self._ended.done():
@@ -720,7 +835,8 @@ class DockerLink:
         return await asyncio.shield(self._ended)
 
     async def interrupt(self) -> None:
-        """Send SIGINT to the kernel through the container's init, unless it is idle and being shut down.
+        """Send SIGINT to the kernel through the container's init, unless it is idle and being shut
+        down.
 
         jupyter_client interrupts every kernel it shuts down, just before its ``shutdown_request``;
         an idle ipykernel that a SIGINT catches in the tail of a handler (the reply sent, its idle
@@ -739,7 +855,7 @@ class DockerLink:
         except docker.errors.APIError as exc:
             log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: C901
         """Close every stream, end the kernel and remove its container."""
         if self._stopping:
             return
@@ -749,7 +865,10 @@ class DockerLink:
             self._probing.cancel()
         for task in self._reopening:
             task.cancel()
-        for transport in [*self._streams, *(channel.transport for channel in self._channels.values())]:
+        for transport in [
+            *self._streams,
+            *(channel.transport for channel in self._channels.values()),
+        ]:
             if transport is not None:
                 transport.close()
         if self.container_id is None and self._creating is not None:
@@ -759,16 +878,23 @@ class DockerLink:
                 pass
         removed = True
         if self._engine_hung:
-            removed = False  # no call to a hung engine here: the watchdog removes the container when it answers
+            # no call to a hung engine here: the watchdog removes the container when it answers
+            removed = False
         elif self._client is not None and self.container_id is not None:
             try:
                 container = await asyncio.to_thread(self._client.containers.get, self.container_id)
                 await asyncio.to_thread(remove_container, container)
             except docker.errors.NotFound:
                 pass
-            except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            except (
+                KernelSandboxError,
+                docker.errors.DockerException,
+                requests.exceptions.RequestException,
+            ) as exc:
                 removed = False
-                log.error("could not remove the kernel's container %s: %s", self.container_id[:12], exc)
+                log.error(
+                    "could not remove the kernel's container %s: %s", self.container_id[:12], exc
+                )
         if self._egress is not None:
             await self._egress.close()
         watchdog.release(self._watchdog, done=removed)

@@ -22,7 +22,8 @@ EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
 
 
 def may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
-    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network stack).
+    """The direct path needs root on the engine's own host and runc (gVisor keeps its own network
+    stack).
 
     ``KERNEL_SANDBOX_TEST_EXEC_STREAMS`` in the launcher's environment makes tests take the exec
     streams as root too, as every other user does."""
@@ -51,7 +52,7 @@ def container_netns(container: Any) -> int | None:
     return fd
 
 
-def connect_in_netns(
+def connect_in_netns(  # noqa: C901
     netns: int, port: int, wait_seconds: float, cancel: threading.Event
 ) -> asyncio.Future[socket.socket]:
     """A TCP connection to ``port`` on the container's own loopback, made from inside its namespace.
@@ -76,9 +77,12 @@ def connect_in_netns(
 
     def enter_and_connect() -> None:
         deadline = time.monotonic() + wait_seconds
+        error: OSError | None
         try:
             if _libc().setns(netns, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+                raise OSError(
+                    ctypes.get_errno(), "setns into the kernel's network namespace failed"
+                )
             delay = RETRY_SECONDS
             while True:
                 try:
@@ -111,7 +115,9 @@ def listen_in_netns(netns: int, port: int) -> socket.socket:
     def enter_and_listen() -> None:
         try:
             if _libc().setns(netns, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns into the kernel's network namespace failed")
+                raise OSError(
+                    ctypes.get_errno(), "setns into the kernel's network namespace failed"
+                )
             sock = made["sock"] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", port))
             sock.listen(128)

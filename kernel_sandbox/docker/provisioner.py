@@ -1,9 +1,10 @@
 """Kernel provisioner that runs each kernel in a fresh, locked-down Docker container.
 
 The container is started by the launcher (:mod:`kernel_sandbox.launch`), the one code path that
-sandboxes; this provisioner runs it as a local process (:class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`,
-shared with the OpenSandbox provisioner) and adds the Docker side: the options, the mounts
-checked before the launch, and the removal of a container whose launcher was killed.
+sandboxes; this provisioner runs it as a local process
+(:class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`, shared with the OpenSandbox
+provisioner) and adds the Docker side: the options, the mounts checked before the launch, and the
+removal of a container whose launcher was killed.
 """
 
 from __future__ import annotations
@@ -49,22 +50,33 @@ class DockerProvisioner(LaunchedProvisioner):
 
     backend = DOCKER_PROVISIONER
     settings_model = DockerSettings
+    # the trait made from the model's option (LaunchedProvisioner.__init_subclass__)
+    launch_timeout: float
 
     def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
-        """The mounts' host paths must exist, and ``mount_cwd`` mount only a folder the server serves."""
+        """The mounts' host paths must exist, and ``mount_cwd`` mount only a folder the server
+        serves."""
         if settings.mount_cwd != "off" and cwd:
             check_served_cwd(settings.mount_cwd, cwd, getattr(self.parent, "parent", None))
         resolve_mounts(settings, cwd)
 
-    async def standby_image(self, settings: DockerSettings, launcher_env: Mapping[str, str]) -> str | None:
-        """The id of the image standbys run now: a rebuilt image replaces them. None when it cannot be read."""
+    async def standby_image(
+        self, settings: DockerSettings, launcher_env: Mapping[str, str]
+    ) -> str | None:
+        """The id of the image standbys run now: a rebuilt image replaces them. None when it cannot
+        be read."""
         try:
             return await asyncio.to_thread(_image_id, settings.image, _engine_env(launcher_env))
-        except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
+        except (
+            KernelSandboxError,
+            docker.errors.DockerException,
+            requests.exceptions.RequestException,
+        ):
             return None  # the cold start reports what is wrong
 
     def standby_context(self, settings: DockerSettings, cwd: str | None) -> Any:
-        """The bind mounts, resolved: a standby serves every working directory that mounts the same."""
+        """The bind mounts, resolved: a standby serves every working directory that mounts the
+        same."""
         return resolve_mounts(settings, cwd)
 
     def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool]:
@@ -72,12 +84,17 @@ class DockerProvisioner(LaunchedProvisioner):
         return functools.partial(_remove_left, _engine_env(launcher_env))
 
     def budget_claim(self, settings: DockerSettings) -> Claim:
-        """One kernel and its ``memory`` limit, under the settings' ``max_kernels`` and ``max_memory``."""
-        return Claim(memory=settings.memory or 0, max_kernels=settings.max_kernels, max_memory=settings.max_memory)
+        """One kernel and its ``memory`` limit, under the settings' ``max_kernels`` and
+        ``max_memory``."""
+        return Claim(
+            memory=settings.memory or 0,
+            max_kernels=settings.max_kernels,
+            max_memory=settings.max_memory,
+        )
 
     async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
-        """Re-attach (see :class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`); the kernel runs already, so it is
-        counted in the kernel budget, room or not."""
+        """Re-attach (see :class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`); the
+        kernel runs already, so it is counted in the kernel budget, room or not."""
         await super().load_provisioner_info(provisioner_info)
         if self._reservation is None:
             self._reserve(BUDGET.hold(self.budget_claim(self.settings())))
@@ -88,10 +105,13 @@ class DockerProvisioner(LaunchedProvisioner):
         return self.launcher_state.get("container_id")
 
     def check_orphan(self, state: dict[str, Any], private: PrivateDir) -> None:
-        """The container the launcher recorded must be labelled as that launcher's, of that directory and kernel."""
+        """The container the launcher recorded must be labelled as that launcher's, of that
+        directory and kernel."""
         container_id, pid = state.get("container_id"), state.get("pid")
         if not isinstance(container_id, str) or not isinstance(pid, int):
-            raise KernelLaunchError(f"{private.path}: the launcher recorded no container: nothing to re-attach to")
+            raise KernelLaunchError(
+                f"{private.path}: the launcher recorded no container: nothing to re-attach to"
+            )
         config = private.read_json(CONFIG)
         wanted = {
             LABEL: "true",
@@ -103,18 +123,27 @@ class DockerProvisioner(LaunchedProvisioner):
         try:
             container = docker_client().containers.get(container_id)
         except docker.errors.NotFound:
-            raise KernelLaunchError(f"{private.path}: its container {container_id[:12]} is gone") from None
-        except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise KernelLaunchError(
+                f"{private.path}: its container {container_id[:12]} is gone"
+            ) from None
+        except (
+            KernelSandboxError,
+            docker.errors.DockerException,
+            requests.exceptions.RequestException,
+        ) as exc:
             raise KernelLaunchError(f"{private.path}: cannot look at its container: {exc}") from exc
-        wrong = sorted(name for name, value in wanted.items() if container.labels.get(name) != value)
+        wrong = sorted(
+            name for name, value in wanted.items() if container.labels.get(name) != value
+        )
         if wrong:
             raise KernelLaunchError(
-                f"{private.path}: container {container_id[:12]} is not this kernel's ({', '.join(wrong)} differ): "
-                "refusing to re-attach to it"
+                f"{private.path}: container {container_id[:12]} is not this kernel's "
+                f"({', '.join(wrong)} differ): refusing to re-attach to it"
             )
 
     async def remove_leftover(self, state: dict[str, Any]) -> None:
-        """Remove the container of a launcher that could not (it was killed), by its id or its labels."""
+        """Remove the container of a launcher that could not (it was killed), by its id or its
+        labels."""
         if state.get("container_id"):
             await asyncio.to_thread(_remove_quietly, state["container_id"], self.log)
         if state.get("pid"):
@@ -126,7 +155,8 @@ class DockerProvisioner(LaunchedProvisioner):
 
 
 def check_served_cwd(mode: str, cwd: str, kernel_managers: Any) -> None:
-    """Raise ConfigError when a Jupyter server's kernel would mount (``mount_cwd``) a folder it does not serve.
+    """Raise ConfigError when a Jupyter server's kernel would mount (``mount_cwd``) a folder it does
+    not serve.
 
     A page of the server chooses the kernel's working directory (``path`` of ``POST /api/kernels``),
     and jupyter_server keeps it neither inside its ``root_dir`` nor out of hidden folders. So a
@@ -140,21 +170,28 @@ def check_served_cwd(mode: str, cwd: str, kernel_managers: Any) -> None:
     literal, real = Path(os.path.normpath(os.path.abspath(cwd))), Path(cwd).resolve()
     root_literal, root_real = Path(os.path.normpath(os.path.abspath(root))), Path(root).resolve()
     refuse = f"mount_cwd={mode!r}: the kernel's working directory {literal}"
-    fix = f"open the notebook from a visible folder inside {root_literal}, or set mount_cwd to 'off'"
+    fix = (
+        f"open the notebook from a visible folder inside {root_literal}, or set mount_cwd to 'off'"
+    )
     if not (literal.is_relative_to(root_literal) and real.is_relative_to(root_real)):
-        raise ConfigError(f"{refuse} is outside the Jupyter server's root {root_literal}, so it is not mounted: {fix}")
+        raise ConfigError(
+            f"{refuse} is outside the Jupyter server's root {root_literal}, so it is not mounted: "
+            f"{fix}"
+        )
     contents = getattr(getattr(kernel_managers, "parent", None), "contents_manager", None)
     if not getattr(contents, "allow_hidden", False) and (
         is_hidden(str(literal), str(root_literal)) or is_hidden(str(real), str(root_real))
     ):
         raise ConfigError(
-            f"{refuse} is hidden (a name starting with '.') in the Jupyter server's root, which the server "
-            f"does not serve (ContentsManager.allow_hidden), so it is not mounted: {fix}"
+            f"{refuse} is hidden (a name starting with '.') in the Jupyter server's root, which "
+            f"the server does not serve (ContentsManager.allow_hidden), so it is not mounted: {fix}"
         )
 
 
 def _engine_env(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((name, value) for name, value in environ.items() if name.startswith("DOCKER_")))
+    return tuple(
+        sorted((name, value) for name, value in environ.items() if name.startswith("DOCKER_"))
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -167,7 +204,8 @@ def _image_id(image: str, environment: tuple[tuple[str, str], ...]) -> str:
 
 
 def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]) -> bool:
-    """Remove the container named in a launcher's state; False when the engine cannot be asked now."""
+    """Remove the container named in a launcher's state; False when the engine cannot be asked
+    now."""
     if not state.get("container_id"):
         return True
     try:
@@ -175,13 +213,18 @@ def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]
         remove_container(client.containers.get(state["container_id"]))
     except docker.errors.NotFound:
         return True
-    except (KernelSandboxError, docker.errors.DockerException, requests.exceptions.RequestException):
+    except (
+        KernelSandboxError,
+        docker.errors.DockerException,
+        requests.exceptions.RequestException,
+    ):
         return False
     return True
 
 
 def _remove_launchers(kernel_id: str, launcher_pid: int, log: Any) -> None:
-    """Remove the containers a launcher made for ``kernel_id`` (it may have been killed before it recorded one)."""
+    """Remove the containers a launcher made for ``kernel_id`` (it may have been killed before it
+    recorded one)."""
     try:
         remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
     except (KernelSandboxError, docker.errors.DockerException) as exc:

@@ -1,4 +1,5 @@
-"""The Docker backend's options: one model for the provisioner, the launcher, ``install`` and programs.
+"""The Docker backend's options: one model for the provisioner, the launcher, ``install`` and
+programs.
 
 :meth:`DockerSettings.from_config` checks every value before any container exists (see
 :mod:`kernel_sandbox.settings` for the rules every backend's options follow).
@@ -42,8 +43,14 @@ from ..settings import (
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
 TMPFS_SHARE = {"tmp_size": 1 / 16, "shm_size": 1 / 16, "home_size": 1 / 4, "work_size": 3 / 8}
-"""Default share of the memory limit for each writable tmpfs (``/dev/shm`` too); together 3/4, the rest is the kernel's."""
-TMPFS_FALLBACK = {"tmp_size": 128 * MiB, "shm_size": 64 * MiB, "home_size": 256 * MiB, "work_size": 384 * MiB}
+"""Default share of the memory limit for each writable tmpfs (``/dev/shm`` too); together 3/4, the
+rest is the kernel's."""
+TMPFS_FALLBACK = {
+    "tmp_size": 128 * MiB,
+    "shm_size": 64 * MiB,
+    "home_size": 256 * MiB,
+    "work_size": 384 * MiB,
+}
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
 
 
@@ -55,68 +62,104 @@ class DockerSettings(BackendSettings):
 
     image: str = _option(DEFAULT_IMAGE, _text, "Docker image that runs the kernel.")
     network: bool | tuple[str, ...] = _option(
-        False, parse_network,
+        False,
+        parse_network,
         "false: no network; true: a bridge with open outbound access; or a list of destinations "
         "(HOST[:PORT][@ADDRESSES], *.domain) reached through the launcher's filtering proxy.",
     )
-    memory: int | None = _option("1g", _memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'.")
+    memory: int | None = _option(
+        "1g", _memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'."
+    )
     cpus: float | None = _option(1.0, _cpus, "CPU limit in cores, or 'unlimited'.")
-    pids_limit: int | None = _option(256, _pids, "Maximum number of processes and threads, or 'unlimited'.")
+    pids_limit: int | None = _option(
+        256, _pids, "Maximum number of processes and threads, or 'unlimited'."
+    )
     user: str = _option(
-        "", _user, "uid:gid the kernel runs as; empty: the host user's, or one from uid_range for root."
+        "",
+        _user,
+        "uid:gid the kernel runs as; empty: the host user's, or one from uid_range for root.",
     )
     uid_range: tuple[int, int] = _option(
-        "100000-999999", _id_range, "When Jupyter runs as root: the range the kernel's unused uid:gid is picked from."
+        "100000-999999",
+        _id_range,
+        "When Jupyter runs as root: the range the kernel's unused uid:gid is picked from.",
     )
     read_only: bool = _option(True, _flag, "Mount the image's root filesystem read-only.")
-    tmp_size: int | None = _option("auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/16.")
-    shm_size: int | None = _option("auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16.")
-    home_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/4.")
-    work_size: int | None = _option("auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory.")
-    mounts: tuple[Mount, ...] = _option((), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'.")
+    tmp_size: int | None = _option(
+        "auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/16."
+    )
+    shm_size: int | None = _option(
+        "auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16."
+    )
+    home_size: int | None = _option(
+        "auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/4."
+    )
+    work_size: int | None = _option(
+        "auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory."
+    )
+    mounts: tuple[Mount, ...] = _option(
+        (), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'."
+    )
     mount_cwd: str = _option(
-        "off", _choice(("off", "ro", "rw")),
+        "off",
+        _choice(("off", "ro", "rw")),
         "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw.",
     )
     env: dict[str, str] = _option({}, _env, "Environment variables given to the kernel.")
-    runtime: str = _option("", _runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default.")
+    runtime: str = _option(
+        "", _runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default."
+    )
     launch_timeout: float = _option(60.0, _seconds, "Seconds to wait for the kernel to come up.")
     kernel_cmd: tuple[str, ...] = _option(
-        DEFAULT_KERNEL_CMD, _argv, "The kernel's command inside the container; {connection_file} is replaced."
+        DEFAULT_KERNEL_CMD,
+        _argv,
+        "The kernel's command inside the container; {connection_file} is replaced.",
     )
     standby: int = _option(
-        1, _standby, "Kernels kept started and idle for this configuration in the client's process, each handed "
-        "whole to one launch (then replaced); 0: off."
+        1,
+        _standby,
+        "Kernels kept started and idle for this configuration in the client's process, each handed "
+        "whole to one launch (then replaced); 0: off.",
     )
     max_kernels: int | None = _option(
-        UNLIMITED, _max_kernels, "Docker kernels the client's process may run at once, standbys included; past it "
-        "a launch waits up to launch_timeout for one to end. 'unlimited': no limit."
+        UNLIMITED,
+        _max_kernels,
+        "Docker kernels the client's process may run at once, standbys included; past it "
+        "a launch waits up to launch_timeout for one to end. 'unlimited': no limit.",
     )
     max_memory: int | None = _option(
-        UNLIMITED, _max_memory, "Sum of the memory limits of the Docker kernels the client's process may run at "
-        "once, standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no limit."
+        UNLIMITED,
+        _max_memory,
+        "Sum of the memory limits of the Docker kernels the client's process may run at once, "
+        "standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no "
+        "limit.",
     )
 
     def __post_init__(self) -> None:
-        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, one mount of the work directory."""
+        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, one
+        mount of the work directory."""
         sizes = self.tmpfs_sizes()
         if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
             used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
             raise ConfigError(
-                f"{used} must fit in 3/4 of memory={self.memory // MiB}m, so that a full disk is ENOSPC "
-                "and not an out-of-memory kill: raise memory or lower the sizes"
+                f"{used} must fit in 3/4 of memory={self.memory // MiB}m, so that a full disk is "
+                "ENOSPC and not an out-of-memory kill: raise memory or lower the sizes"
             )
         if self.max_memory is not None and (self.memory is None or self.memory > self.max_memory):
             asked = UNLIMITED if self.memory is None else f"{self.memory // MiB}m"
             raise ConfigError(
-                f"memory={asked!r} does not fit in max_memory={self.max_memory // MiB}m: give every kernel a "
-                "memory limit no larger than max_memory, or set max_memory to 'unlimited'"
+                f"memory={asked!r} does not fit in max_memory={self.max_memory // MiB}m: give "
+                "every kernel a memory limit no larger than max_memory, or set max_memory to "
+                "'unlimited'"
             )
         if self.mount_cwd != "off" and any(mount.target == WORK_DIR for mount in self.mounts):
-            raise ConfigError(f"mount_cwd={self.mount_cwd!r} and mounts both mount the work directory {WORK_DIR}")
+            raise ConfigError(
+                f"mount_cwd={self.mount_cwd!r} and mounts both mount the work directory {WORK_DIR}"
+            )
 
     def tmpfs_sizes(self) -> dict[str, int]:
-        """The size in bytes of each writable tmpfs (``tmp_size``, ``shm_size``, ``home_size``, ``work_size``)."""
+        """The size in bytes of each writable tmpfs (``tmp_size``, ``shm_size``, ``home_size``,
+        ``work_size``)."""
         sizes = {}
         for name, share in TMPFS_SHARE.items():
             size = getattr(self, name)
@@ -129,11 +172,13 @@ class DockerSettings(BackendSettings):
 
     @property
     def work_mounted(self) -> bool:
-        """True when a bind mount (or ``mount_cwd``) takes the place of the work directory's tmpfs."""
+        """True when a bind mount (or ``mount_cwd``) takes the place of the work directory's
+        tmpfs."""
         return self.mount_cwd != "off" or any(mount.target == WORK_DIR for mount in self.mounts)
 
     def to_config(self) -> dict[str, Any]:
-        """The settings as JSON-ready config that :meth:`from_config` reads back to equal settings."""
+        """The settings as JSON-ready config that :meth:`from_config` reads back to equal
+        settings."""
         config = super().to_config()
         config["mounts"] = [str(mount) for mount in self.mounts]
         config["uid_range"] = "{}-{}".format(*self.uid_range)

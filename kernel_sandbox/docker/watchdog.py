@@ -1,4 +1,5 @@
-"""The launcher's watchdog: it removes the kernel's container when the launcher dies, whatever kills it.
+"""The launcher's watchdog: it removes the kernel's container when the launcher dies, whatever kills
+it.
 
 The Docker link starts it (``python -m kernel_sandbox.docker.watchdog LAUNCHER_PID KERNEL_ID``, in a
 session of its own, so that a signal to the launcher's process group does not reach it) before
@@ -34,12 +35,14 @@ RETRY = 10.0
 
 
 def start(kernel_id: str) -> subprocess.Popen[bytes]:
-    """Start the watchdog of this launcher's containers for ``kernel_id``; write :data:`DONE` to its stdin at a clean end."""
+    """Start the watchdog of this launcher's containers for ``kernel_id``; write :data:`DONE` to its
+    stdin at a clean end."""
     return subprocess.Popen(
         [sys.executable, "-m", "kernel_sandbox.docker.watchdog", str(os.getpid()), kernel_id],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,  # it may outlive the launcher: it holds none of the launcher's pipes
+        # it may outlive the launcher: it holds none of the launcher's pipes
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
 
@@ -66,7 +69,8 @@ def main(argv: list[str]) -> int:
         said = (said + chunk)[: len(DONE) + 1]
     if said == DONE:
         return 0
-    from .containers import docker_client, remove_launcher_containers  # the Docker SDK only when needed
+    # the Docker SDK only when needed
+    from .containers import docker_client, remove_launcher_containers
 
     deadline = time.monotonic() + PATIENCE
     while True:

@@ -1,4 +1,5 @@
-"""Sandbox backends as objects: everything in which ``docker``, ``opensandbox`` and ``local`` differ.
+"""Sandbox backends as objects: everything in which ``docker``, ``opensandbox`` and ``local``
+differ.
 
 Each backend's wing holds one :class:`Backend` subclass (``local``'s is :mod:`.local`), found
 by name through the registry (:func:`kernel_sandbox.backends.adapter`). The session
@@ -23,7 +24,8 @@ from ..metrics import CgroupProbe, MetricsUnavailable
 
 KERNEL_NAME = "kernel-sandbox-execution"
 LauncherRequest = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-"""The session's egress request to its launcher (control channel, signed with the connection key)."""
+"""The session's egress request to its launcher (control channel, signed with the connection
+key)."""
 DEFAULT_BACKEND = "docker"
 
 
@@ -32,11 +34,13 @@ class Backend:
 
     name = ""
     sandboxed = True
-    """False for a kernel that is not isolated at all (warned about; the output policy runs on the host)."""
+    """False for a kernel that is not isolated at all (warned about; the output policy runs on the
+    host)."""
     comms_known = True
     """False when only the running kernel can say whether it speaks comms (asked after start)."""
     package_window = False
-    """True when the package index can be opened for one ``install()`` call (a network-off kernel)."""
+    """True when the package index can be opened for one ``install()`` call (a network-off
+    kernel)."""
     pool_defaults: dict[str, Any] = {}
     """Options a pool sets unless given, because the pool keeps its own ready kernels."""
 
@@ -55,7 +59,8 @@ class Backend:
     async def pause(self, provisioner: Any, paused: bool) -> None:
         """Pause (``paused``) or resume the kernel's sandbox; a backend that cannot says so."""
         raise SandboxError(
-            f"the {self.name} backend cannot pause a kernel; pause() and resume() are for the opensandbox backend"
+            f"the {self.name} backend cannot pause a kernel; pause() and resume() are for the "
+            "opensandbox backend"
         )
 
     def index_window(
@@ -66,13 +71,17 @@ class Backend:
         return contextlib.nullcontext()
 
     async def image(self, provisioner: Any) -> tuple[str, str]:
-        """``(id, name)`` of the image the running kernel was started from (checkpoints restore into it only)."""
+        """``(id, name)`` of the image the running kernel was started from (checkpoints restore into
+        it only)."""
         settings = provisioner.settings()
         return settings.image, settings.image
 
     def probe(self, provisioner: Any) -> CgroupProbe:
-        """The host's reader of the running kernel's usage (:class:`MetricsUnavailable` where there is none)."""
-        raise MetricsUnavailable(f"the {self.name} backend offers no usage figures read by the host")
+        """The host's reader of the running kernel's usage (:class:`MetricsUnavailable` where there
+        is none)."""
+        raise MetricsUnavailable(
+            f"the {self.name} backend offers no usage figures read by the host"
+        )
 
     def kill_now(self, provisioner: Any) -> None:
         """Stop the kernel without an event loop (garbage collection, interpreter exit): kill its
@@ -96,7 +105,8 @@ def backend(name: str) -> Backend:
 
 
 def kernel_spec(name: str, options: dict[str, Any]) -> KernelSpec:
-    """Build the kernelspec for backend ``name`` with the sandbox ``options`` mapped onto its provisioner."""
+    """Build the kernelspec for backend ``name`` with the sandbox ``options`` mapped onto its
+    provisioner."""
     return backend(name).kernel_spec(options)
 
 

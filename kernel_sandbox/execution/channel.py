@@ -63,23 +63,32 @@ result = None if channel else sys.modules["_kernel_sandbox_toolhost"].frame(mark
 """
 
 
-def bootstrap_cell(marker: str, work: str | None, probe: str | None, channel: bool, install: bool) -> str:
+def bootstrap_cell(
+    marker: str, work: str | None, probe: str | None, channel: bool, install: bool
+) -> str:
     """A one-expression cell that installs the kernel-side modules (if needed) and starts serving.
 
     On the channel, the answer is the comm's open message; otherwise the cell's value is a
     text frame. The names it uses stay in a private namespace.
     """
     namespace = {
-        "marker": marker, "work": work, "probe": probe, "channel": channel, "version": VERSION,
-        "install": install, "sources": _sources() if install else {},
+        "marker": marker,
+        "work": work,
+        "probe": probe,
+        "channel": channel,
+        "version": VERSION,
+        "install": install,
+        "sources": _sources() if install else {},
     }
     return f"(lambda ns: exec({BOOT!r}, ns) or ns['result'])({namespace!r})"
 
 
 def text_cell(request: dict[str, Any], buffers: Sequence[bytes] = ()) -> str:
-    """A cell that hands ``request`` to the installed helper; its value is the answer's text frame."""
+    """A cell that hands ``request`` to the installed helper; its value is the answer's text
+    frame."""
     encoded = [base64.b64encode(bytes(buffer)).decode("ascii") for buffer in buffers]
-    return f"__import__('sys').modules['_kernel_sandbox_toolhost'].text_request({json.dumps(request)!r}, {encoded!r})"
+    helper = "__import__('sys').modules['_kernel_sandbox_toolhost']"
+    return f"{helper}.text_request({json.dumps(request)!r}, {encoded!r})"
 
 
 def parse_text_frame(text: str, marker: str) -> tuple[dict[str, Any], list[bytes]] | None:
@@ -91,7 +100,9 @@ def parse_text_frame(text: str, marker: str) -> tuple[dict[str, Any], list[bytes
     if match is None:
         raise FramingError("The answer's frame has no valid length and digest.")
     body = text[match.end() : len(text) - len(end)]
-    if len(body) != int(match.group(1)) or hashlib.sha256(body.encode("ascii", "replace")).hexdigest() != match.group(2):
+    if len(body) != int(match.group(1)) or hashlib.sha256(
+        body.encode("ascii", "replace")
+    ).hexdigest() != match.group(2):
         raise FramingError("The answer's frame failed its length or digest check.")
     try:
         parsed = json.loads(body)
@@ -118,8 +129,11 @@ class Answer:
     received: int = 0
 
     @classmethod
-    def first(cls, meta: dict[str, Any], buffers: Sequence[bytes | memoryview], limits: DecodeLimits) -> Answer:
-        """Check the first message of an answer; raise :class:`FramingError` if it does not add up."""
+    def first(
+        cls, meta: dict[str, Any], buffers: Sequence[bytes | memoryview], limits: DecodeLimits
+    ) -> Answer:
+        """Check the first message of an answer; raise :class:`FramingError` if it does not add
+        up."""
         lengths = meta.get("lengths")
         if (
             not isinstance(lengths, list)

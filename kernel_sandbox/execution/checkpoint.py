@@ -1,4 +1,5 @@
-"""Checkpoints of a kernel's state, opaque to the host (the kernel side: :mod:`..kernelside.checkpoint`).
+"""Checkpoints of a kernel's state, opaque to the host (the kernel side:
+:mod:`..kernelside.checkpoint`).
 
 The kernel pickles its namespace and packs its work directory into one blob; the host pulls the
 blob through the helper's file channel, one chunk at a time, after checking the size the kernel
@@ -34,18 +35,21 @@ if TYPE_CHECKING:
     from .sandbox import AsyncSandbox
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 1024**3
-"""The largest checkpoint :meth:`AsyncSandbox.checkpoint` pulls (and :meth:`Checkpoint.load` reads) unless told."""
+"""The largest checkpoint :meth:`AsyncSandbox.checkpoint` pulls (and :meth:`Checkpoint.load` reads)
+unless told."""
 MAGIC = b"kernel-sandbox checkpoint 1\n"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_NAMES = 1_000_000
 ANSWER_ROOM = 64 * 1024
-"""Room left in a chunk for the rest of its answer, so that one chunk is one message (none is pulled in two)."""
+"""Room left in a chunk for the rest of its answer, so that one chunk is one message (none is pulled
+in two)."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, repr=False)
 class Checkpoint:
-    """A kernel's state as an opaque blob: the user's names (pickled in the sandbox) and the work directory's files.
+    """A kernel's state as an opaque blob: the user's names (pickled in the sandbox) and the work
+    directory's files.
 
     ``data`` is never opened on the host. ``image`` is the id of the image it was made in (a
     checkpoint restores into that image only); ``saved`` the names in it; ``not_saved`` the
@@ -73,43 +77,75 @@ class Checkpoint:
         return len(self.data)
 
     def __repr__(self) -> str:
-        names = ", ".join(self.saved[:8]) + (f", ... ({len(self.saved) - 8} more)" if len(self.saved) > 8 else "")
-        parts = [f"size={self.size}", f"sha256={self.sha256[:12]}...", f"image={self.image_name!r} ({self.image[:19]})",
-                 f"saved=[{names}]", f"files={self.files}"]
+        names = ", ".join(self.saved[:8]) + (
+            f", ... ({len(self.saved) - 8} more)" if len(self.saved) > 8 else ""
+        )
+        parts = [
+            f"size={self.size}",
+            f"sha256={self.sha256[:12]}...",
+            f"image={self.image_name!r} ({self.image[:19]})",
+            f"saved=[{names}]",
+            f"files={self.files}",
+        ]
         if self.not_saved:
-            parts.append("not_saved={" + ", ".join(f"{n}: {why[:60]}" for n, why in list(self.not_saved.items())[:8]) + "}")
+            parts.append(
+                "not_saved={"
+                + ", ".join(f"{n}: {why[:60]}" for n, why in list(self.not_saved.items())[:8])
+                + "}"
+            )
         if self.files_not_saved:
             parts.append(f"files_not_saved={sorted(self.files_not_saved)[:8]}")
         return f"Checkpoint({', '.join(parts)})"
 
     def _header(self) -> dict[str, Any]:
-        return {"size": self.size, "sha256": self.sha256, "image": self.image, "image_name": self.image_name,
-                "backend": self.backend, "saved": list(self.saved), "not_saved": self.not_saved,
-                "files": self.files, "files_not_saved": self.files_not_saved, "created": self.created}
+        return {
+            "size": self.size,
+            "sha256": self.sha256,
+            "image": self.image,
+            "image_name": self.image_name,
+            "backend": self.backend,
+            "saved": list(self.saved),
+            "not_saved": self.not_saved,
+            "files": self.files,
+            "files_not_saved": self.files_not_saved,
+            "created": self.created,
+        }
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the checkpoint to a new file at ``path`` (0600): a JSON header, then the blob as it is."""
+        """Write the checkpoint to a new file at ``path`` (0600): a JSON header, then the blob as it
+        is."""
         header = json.dumps(self._header()).encode()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
         with os.fdopen(fd, "wb") as handle:
             handle.write(MAGIC + struct.pack(">Q", len(header)) + header)
             handle.write(self.data)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES) -> Checkpoint:
-        """Read a checkpoint :meth:`save` wrote; the blob is read as bytes, refused over ``max_bytes`` or
-        when its sha256 is not the recorded one (:class:`CheckpointError`)."""
+    def load(
+        cls, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
+    ) -> Checkpoint:
+        """Read a checkpoint :meth:`save` wrote; the blob is read as bytes, refused over
+        ``max_bytes`` or when its sha256 is not the recorded one (:class:`CheckpointError`)."""
         _check_cap(max_bytes)
         with open(path, "rb") as handle:
             if handle.read(len(MAGIC)) != MAGIC:
-                raise CheckpointError(f"{os.fspath(path)!r} is not a kernel-sandbox checkpoint file")
+                raise CheckpointError(
+                    f"{os.fspath(path)!r} is not a kernel-sandbox checkpoint file"
+                )
             (length,) = struct.unpack(">Q", handle.read(8).rjust(8, b"\0"))
             if length > MAX_HEADER_BYTES:
-                raise CheckpointError(f"{os.fspath(path)!r}: its header claims {length} bytes, over {MAX_HEADER_BYTES}")
+                raise CheckpointError(
+                    f"{os.fspath(path)!r}: its header claims {length} bytes, over "
+                    f"{MAX_HEADER_BYTES}"
+                )
             try:
                 header = json.loads(handle.read(length))
             except ValueError as exc:
-                raise CheckpointError(f"{os.fspath(path)!r}: its header is not valid JSON ({exc})") from None
+                raise CheckpointError(
+                    f"{os.fspath(path)!r}: its header is not valid JSON ({exc})"
+                ) from None
             if not isinstance(header, dict) or type(header.get("size")) is not int:
                 raise CheckpointError(f"{os.fspath(path)!r}: its header has no size")
             if header["size"] > max_bytes:
@@ -119,15 +155,18 @@ class Checkpoint:
                 )
             data = handle.read(header["size"] + 1)
         if len(data) != header["size"]:
-            raise CheckpointError(f"{os.fspath(path)!r}: the blob is not the size its header records")
+            raise CheckpointError(
+                f"{os.fspath(path)!r}: the blob is not the size its header records"
+            )
         return _from_header(header, data)
 
     def verify(self) -> None:
-        """Raise :class:`CheckpointError` unless the blob's sha256 is the recorded one (a tampered checkpoint)."""
+        """Raise :class:`CheckpointError` unless the blob's sha256 is the recorded one (a tampered
+        checkpoint)."""
         if hashlib.sha256(self.data).hexdigest() != self.sha256:
             raise CheckpointError(
-                "Refused the checkpoint: the sha256 of its blob is not the one recorded when it was made "
-                "(it was changed or damaged since)."
+                "Refused the checkpoint: the sha256 of its blob is not the one recorded when it "
+                "was made (it was changed or damaged since)."
             )
 
 
@@ -137,14 +176,19 @@ def _check_cap(max_bytes: Any) -> None:
 
 
 def _strings(value: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or len(value) > MAX_NAMES or not all(isinstance(v, str) for v in value):
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_NAMES
+        or not all(isinstance(v, str) for v in value)
+    ):
         raise FramingError(f"The checkpoint's {what} are not a list of names.")
     return tuple(value)
 
 
 def _reasons(value: Any, what: str) -> dict[str, str]:
     if (
-        not isinstance(value, dict) or len(value) > MAX_NAMES
+        not isinstance(value, dict)
+        or len(value) > MAX_NAMES
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     ):
         raise FramingError(f"The checkpoint's {what} are not names with reasons.")
@@ -153,12 +197,18 @@ def _reasons(value: Any, what: str) -> dict[str, str]:
 
 def _from_header(header: dict[str, Any], data: bytes) -> Checkpoint:
     try:
-        fields = {name: header[name] for name in ("sha256", "image", "image_name", "backend", "created")}
+        fields = {
+            name: header[name] for name in ("sha256", "image", "image_name", "backend", "created")
+        }
         if not all(isinstance(v, str) for v in fields.values()) or type(header["files"]) is not int:
             raise FramingError("a field has the wrong type")
         checkpoint = Checkpoint(
-            data, saved=_strings(header["saved"], "names saved"), not_saved=_reasons(header["not_saved"], "names not saved"),
-            files=header["files"], files_not_saved=_reasons(header["files_not_saved"], "files not saved"), **fields,
+            data,
+            saved=_strings(header["saved"], "names saved"),
+            not_saved=_reasons(header["not_saved"], "names not saved"),
+            files=header["files"],
+            files_not_saved=_reasons(header["files_not_saved"], "files not saved"),
+            **fields,
         )
     except (KeyError, FramingError) as exc:
         raise CheckpointError(f"The checkpoint's header is malformed ({exc}).") from None
@@ -174,22 +224,32 @@ async def take(sandbox: AsyncSandbox, max_bytes: int, timeout: float | None) -> 
     assert sandbox._lock is not None
     async with sandbox._lock:
         try:
-            report = await sandbox._op({"op": "checkpoint", "action": "save"}, (), seconds, deadline)
+            report = await sandbox._op(
+                {"op": "checkpoint", "action": "save"}, (), seconds, deadline
+            )
             size, digest = _stated(report)
             if size > max_bytes:
                 raise CheckpointError(
-                    f"Refused the checkpoint: the kernel states it is {size} bytes, over max_bytes={max_bytes} "
-                    "(checkpoint(max_bytes=...)); nothing was pulled."
+                    f"Refused the checkpoint: the kernel states it is {size} bytes, over "
+                    f"max_bytes={max_bytes} (checkpoint(max_bytes=...)); nothing was pulled."
                 )
             data = await _pull(sandbox, size, max_bytes, seconds, deadline)
         finally:
             with contextlib.suppress(SandboxError):
                 await sandbox._op({"op": "checkpoint", "action": "drop"}, (), seconds, deadline)
     if hashlib.sha256(data).hexdigest() != digest:
-        raise FramingError("The checkpoint changed in the sandbox while it was being pulled (its sha256 differs).")
+        raise FramingError(
+            "The checkpoint changed in the sandbox while it was being pulled (its sha256 differs)."
+        )
     return Checkpoint(
-        data, digest, image, image_name, sandbox.backend, _strings(report.get("saved"), "names saved"),
-        _reasons(report.get("not_saved"), "names not saved"), report.get("files") if type(report.get("files")) is int else 0,
+        data,
+        digest,
+        image,
+        image_name,
+        sandbox.backend,
+        _strings(report.get("saved"), "names saved"),
+        _reasons(report.get("not_saved"), "names not saved"),
+        report.get("files") if type(report.get("files")) is int else 0,
         _reasons(report.get("files_not_saved"), "files not saved"),
         datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
@@ -200,12 +260,19 @@ def _stated(report: Any) -> tuple[int, str]:
     if not isinstance(report, dict):
         raise FramingError("The checkpoint's report is not a mapping.")
     size, digest = report.get("size"), report.get("sha256")
-    if type(size) is not int or size < 0 or not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+    if (
+        type(size) is not int
+        or size < 0
+        or not isinstance(digest, str)
+        or not _SHA256.fullmatch(digest)
+    ):
         raise FramingError("The checkpoint's report states no size or sha256.")
     return size, digest
 
 
-async def _pull(sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float, deadline: float) -> bytes:
+async def _pull(
+    sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float, deadline: float
+) -> bytes:
     """The blob, chunk by chunk; refused before a byte over ``max_bytes`` or ``size`` is kept."""
     parts: list[bytes] = []
     offset, chunk = 0, sandbox._chunk() - ANSWER_ROOM
@@ -227,14 +294,16 @@ async def _pull(sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float
 
 
 async def restore_into(sandbox: AsyncSandbox, checkpoint: Checkpoint) -> None:
-    """Load ``checkpoint`` into ``sandbox``'s fresh kernel, if it was made in the image the kernel runs."""
+    """Load ``checkpoint`` into ``sandbox``'s fresh kernel, if it was made in the image the kernel
+    runs."""
     image, image_name = await sandbox._backend.image(sandbox._km.provisioner)
     if image != checkpoint.image:
         raise ConfigError(
-            f"Refused restore=: the checkpoint was made in image {checkpoint.image_name!r} ({checkpoint.image}, "
-            f"{checkpoint.backend} backend) and this sandbox runs {image_name!r} ({image}); a checkpoint restores "
-            f"only into the image it was made in: start the sandbox with image={checkpoint.image_name!r} "
-            "(that image, unchanged) on the same backend."
+            f"Refused restore=: the checkpoint was made in image {checkpoint.image_name!r} "
+            f"({checkpoint.image}, {checkpoint.backend} backend) and this sandbox runs "
+            f"{image_name!r} ({image}); a checkpoint restores only into the image it was made in: "
+            f"start the sandbox with image={checkpoint.image_name!r} (that image, unchanged) on "
+            "the same backend."
         )
     checkpoint.verify()
     seconds, deadline = sandbox._deadline(None)

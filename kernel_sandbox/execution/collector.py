@@ -1,4 +1,5 @@
-"""The output collector: the IOPub messages of one request, gathered into an Execution under a byte cap."""
+"""The output collector: the IOPub messages of one request, gathered into an Execution under a byte
+cap."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ Callback = Callable[[Any], Any] | None
 
 
 async def call_back(callback: Callback, value: Any) -> None:
-    """Call ``callback`` with ``value`` (awaiting it when it is a coroutine function); None does nothing."""
+    """Call ``callback`` with ``value`` (awaiting it when it is a coroutine function); None does
+    nothing."""
     if callback is not None:
         outcome = callback(value)
         if inspect.isawaitable(outcome):
@@ -30,8 +32,12 @@ class Collector:
     """
 
     def __init__(
-        self, cap: int, callbacks: Mapping[str, Callback] | None = None, marker: str | None = None,
-        channel: str | None = None, policy: OutputPolicy | None = None,
+        self,
+        cap: int,
+        callbacks: Mapping[str, Callback] | None = None,
+        marker: str | None = None,
+        channel: str | None = None,
+        policy: OutputPolicy | None = None,
     ) -> None:
         bundle_filter = None if policy is None else lambda bundle: policy.filter_bundle(bundle)[0]
         self.fold = OutputFold(cap=cap, bundle_filter=bundle_filter)
@@ -45,7 +51,8 @@ class Collector:
         self.text_answer: str | None = None
         self.opened: tuple[str, dict[str, Any]] | None = None
         self.finished = False
-        self.failed = False  # the host saw the request fail: it timed out, the kernel died, its cell's reply was not ok
+        # the host saw the request fail: it timed out, the kernel died, its cell's reply was not ok
+        self.failed = False
 
     def _count_answer(self) -> bool:
         self.answers += 1
@@ -67,8 +74,9 @@ class Collector:
         kind, content = msg["msg_type"], msg["content"]
         if not isinstance(content, dict):
             return
-        data = content.get("data")
-        marked = isinstance(data, dict) and data.get("marker") == self.marker
+        found = content.get("data")
+        data: dict[str, Any] = found if isinstance(found, dict) else {}
+        marked = bool(data) and data.get("marker") == self.marker
         if kind == "comm_msg":
             on_channel = self.channel is not None and content.get("comm_id") == self.channel
             if on_channel and marked and self._count_answer():

@@ -80,7 +80,9 @@ class DecodeLimits:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if type(value) is not int or value < 1:
-                raise ConfigError(f"DecodeLimits.{field.name} must be a positive int, not {value!r}")
+                raise ConfigError(
+                    f"DecodeLimits.{field.name} must be a positive int, not {value!r}"
+                )
 
 
 def _limit(limits: DecodeLimits, name: str, what: str) -> ResultLimitError:
@@ -94,7 +96,9 @@ def _limit(limits: DecodeLimits, name: str, what: str) -> ResultLimitError:
 
 
 def _malformed(what: str) -> UnsafePayloadError:
-    return UnsafePayloadError(f"Refused a malformed result from the sandbox: {what}. Nothing was run on the host.")
+    return UnsafePayloadError(
+        f"Refused a malformed result from the sandbox: {what}. Nothing was run on the host."
+    )
 
 
 def allowed_map(classes: Iterable[type]) -> dict[str, type]:
@@ -129,11 +133,14 @@ class _Scan:
         self.string = 0  # characters (at most) of the string still open at the window's end
         self.digits = 0  # digits of the number still running at the window's end
         # a run within one window is found by search; one across windows by the carried count
-        self.too_many_digits = b"0" * (limits.max_int_digits + 1) if limits.max_int_digits < window else None
+        self.too_many_digits = (
+            b"0" * (limits.max_int_digits + 1) if limits.max_int_digits < window else None
+        )
 
     def window(self, text: bytes) -> None:
         """Take the next window of the document; it never ends inside an escape."""
-        text = text.replace(b"\\\\", b"_").replace(b'\\"', b"_")  # an escaped backslash or quote: one character
+        # an escaped backslash or quote: one character
+        text = text.replace(b"\\\\", b"_").replace(b'\\"', b"_")
         parts = text.split(b'"')  # now every quote opens or closes a string
         first = 0
         if self.in_string:
@@ -161,10 +168,13 @@ class _Scan:
 
     def check_string(self, chars: int) -> None:
         if chars > self.limits.max_str_length:
-            raise _limit(self.limits, "max_str_length", f"the length of a string (about {chars} characters)")
+            raise _limit(
+                self.limits, "max_str_length", f"the length of a string (about {chars} characters)"
+            )
 
     def structure(self, bare: bytes) -> None:
-        """Count the items, brackets and digit runs of the window's structure (its strings emptied)."""
+        """Count the items, brackets and digit runs of the window's structure (its strings
+        emptied)."""
         limits = self.limits
         self.items += bare.count(b",") + bare.count(b"[") + bare.count(b"{")
         if self.items > limits.max_items:
@@ -184,11 +194,16 @@ class _Scan:
         else:
             longest = self.digits + lead
             self.digits = len(runs) - len(runs.rstrip(b"0"))
-        if longest > limits.max_int_digits or self.too_many_digits is not None and self.too_many_digits in runs:
+        if (
+            longest > limits.max_int_digits
+            or self.too_many_digits is not None
+            and self.too_many_digits in runs
+        ):
             raise _limit(limits, "max_int_digits", "the number of digits of a number")
 
     def depth(self) -> None:
-        """Peel the brackets level by level (at most ``2 * max_items`` bytes: every opening one was counted)."""
+        """Peel the brackets level by level (at most ``2 * max_items`` bytes: every opening one was
+        counted)."""
         if self.opened != self.closed:
             raise _malformed("unbalanced brackets")
         brackets = b"".join(self.brackets)
@@ -224,7 +239,8 @@ def measure(doc: bytes, buffer_bytes: int, limits: DecodeLimits) -> None:
         window = doc[start : start + WINDOW]
         start += len(window)
         if start < len(doc) and (len(window) - len(window.rstrip(b"\\"))) % 2:
-            window, start = window[:-1], start - 1  # an escape's backslash stays with what it escapes
+            # an escape's backslash stays with what it escapes
+            window, start = window[:-1], start - 1
         scan.window(window)
     scan.depth()
 
@@ -253,7 +269,8 @@ def decode(
         return json.loads(text, object_hook=hook if hooked else None, parse_constant=_no_constant)
     except (UnsafePayloadError, ResultLimitError, MemoryError):
         raise
-    except Exception as exc:  # the parser's own errors, and those of allowed classes' __hash__/__eq__ on the data
+    # the parser's own errors, and those of allowed classes' __hash__/__eq__ on the data
+    except Exception as exc:
         raise _malformed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
@@ -274,7 +291,9 @@ def _distinct_hashes(keys: Iterable[Any]) -> None:
         try:
             digest = hash(key)
         except Exception:  # unhashable, or an allowed class's __hash__ failing on the data
-            raise _malformed(f"an unhashable {type(key).__name__} is used as a key or set item") from None
+            raise _malformed(
+                f"an unhashable {type(key).__name__} is used as a key or set item"
+            ) from None
         seen = counts.get(digest, 0) + 1
         if seen > MAX_SAME_HASH:
             raise _malformed(f"more than {MAX_SAME_HASH} keys or set items share one hash")
@@ -289,7 +308,8 @@ def _number(value: Any) -> float | int:
 
 _Decoder = TypeVar("_Decoder", bound=Callable[..., Any])
 _DECODERS: dict[str, tuple[tuple[frozenset[str], ...], Callable[[_Tags, dict[str, Any]], Any]]] = {}
-"""Each tag's decoder and the key sets its objects may have (the tag included), filled by :func:`_decodes`."""
+"""Each tag's decoder and the key sets its objects may have (the tag included), filled by
+:func:`_decodes`."""
 
 
 def _decodes(*tags: str, keys: tuple[str, ...] = ("v",)) -> Callable[[_Decoder], _Decoder]:
@@ -311,8 +331,13 @@ def _decodes(*tags: str, keys: tuple[str, ...] = ("v",)) -> Callable[[_Decoder],
 class _Tags:
     """The JSON object hook: plain objects pass through, tagged objects become their values."""
 
-    def __init__(self, buffers: Sequence[bytes | memoryview], classes: Mapping[str, type],
-                 limits: DecodeLimits, allow_pickle: bool) -> None:
+    def __init__(
+        self,
+        buffers: Sequence[bytes | memoryview],
+        classes: Mapping[str, type],
+        limits: DecodeLimits,
+        allow_pickle: bool,
+    ) -> None:
         self.buffers = buffers
         self.used: set[int] = set()
         self.classes = classes
@@ -348,13 +373,19 @@ class _Tags:
         if "b" in obj:
             data = self.buffer(obj["b"])
             if len(data) > self.limits.max_bytes_length:
-                raise _limit(self.limits, "max_bytes_length", f"the length of a bytes value ({len(data)})")
+                raise _limit(
+                    self.limits, "max_bytes_length", f"the length of a bytes value ({len(data)})"
+                )
             return bytes(data)
         text = obj["v"]
         if type(text) is not str:
             raise _malformed("a bytes value is not base64 text")
         if len(text) // 4 * 3 > self.limits.max_bytes_length:
-            raise _limit(self.limits, "max_bytes_length", f"the length of a bytes value (about {len(text) // 4 * 3})")
+            raise _limit(
+                self.limits,
+                "max_bytes_length",
+                f"the length of a bytes value (about {len(text) // 4 * 3})",
+            )
         try:
             return base64.b64decode(text, validate=True)
         except ValueError:
@@ -369,7 +400,8 @@ class _Tags:
             shown = name[:200].replace(":", ".", 1)
             raise UnsafePayloadError(
                 f"Refused a result from the sandbox that holds a {shown}, which is not in "
-                "allowed_classes. If it is your own type, pass it in allowed_classes. Nothing was run on the host."
+                "allowed_classes. If it is your own type, pass it in allowed_classes. Nothing was "
+                "run on the host."
             )
         return found
 
@@ -451,7 +483,9 @@ class _Tags:
         except UnicodeDecodeError:
             raise _malformed("a string buffer is not UTF-8") from None
         if len(text) > self.limits.max_str_length:
-            raise _limit(self.limits, "max_str_length", f"the length of a string ({len(text)} characters)")
+            raise _limit(
+                self.limits, "max_str_length", f"the length of a string ({len(text)} characters)"
+            )
         return text
 
     @_decodes("float")
@@ -484,7 +518,12 @@ class _Tags:
     @_decodes("fraction")
     def fraction(self, obj: dict[str, Any]) -> fractions.Fraction:
         parts = self.items(obj)
-        if len(parts) != 2 or type(parts[0]) is not int or type(parts[1]) is not int or parts[1] == 0:
+        if (
+            len(parts) != 2
+            or type(parts[0]) is not int
+            or type(parts[1]) is not int
+            or parts[1] == 0
+        ):
             raise _malformed("a Fraction that is not [numerator, non-zero denominator]")
         return fractions.Fraction(parts[0], parts[1])
 
@@ -552,8 +591,8 @@ class _Tags:
     def pickle(self, obj: dict[str, Any]) -> Any:
         if not self.allow_pickle:
             raise UnsafePayloadError(
-                "Refused a pickled value from the sandbox: pickles are decoded only when you opt in "
-                "with unsafe_pickle=True. Nothing was run on the host."
+                "Refused a pickled value from the sandbox: pickles are decoded only when you opt "
+                "in with unsafe_pickle=True. Nothing was run on the host."
             )
         from .unpickler import restricted_loads
 
@@ -581,14 +620,17 @@ _MISSING = object()
 
 
 def _declared_fields(cls: type) -> dict[str, bool] | None:
-    """``{field: has a class-level default}`` for a dataclass or attrs class; None for other classes.
+    """``{field: has a class-level default}`` for a dataclass or attrs class; None for other
+    classes.
 
     A field without a class-level default (none at all, or a ``default_factory``) must come with
     the data: an instance made without it would lack the attribute.
     """
     if dataclasses.is_dataclass(cls):
-        return {f.name: _class_attribute(cls, f.name) is not _MISSING and not _is_slot(cls, f.name)
-                for f in dataclasses.fields(cls)}
+        return {
+            f.name: _class_attribute(cls, f.name) is not _MISSING and not _is_slot(cls, f.name)
+            for f in dataclasses.fields(cls)
+        }
     attributes = cls.__dict__.get("__attrs_attrs__")
     if attributes is not None:
         return {a.name: False for a in attributes}
@@ -608,6 +650,25 @@ def _class_attribute(cls: type, name: str) -> Any:
     return _MISSING
 
 
+def _check_declared(cls: type, fields: dict[str, Any]) -> None:
+    """Refuse, for a dataclass or attrs class, fields it does not declare and missing ones it
+    needs."""
+    declared = _declared_fields(cls)
+    if declared is None:
+        return
+    unknown = sorted(set(fields) - set(declared))
+    missing = sorted(
+        name for name, has_default in declared.items() if name not in fields and not has_default
+    )
+    if unknown or missing:
+        what = (
+            f"fields it does not declare ({', '.join(n[:40] for n in unknown[:5])})"
+            if unknown
+            else f"no value for its fields {', '.join(missing[:5])}"
+        )
+        raise _malformed(f"a {class_name(cls)} with {what}")
+
+
 def rebuild(cls: type, fields: dict[str, Any]) -> Any:
     """A new ``cls`` instance holding ``fields``, made without running the class's own code.
 
@@ -616,25 +677,19 @@ def rebuild(cls: type, fields: dict[str, Any]) -> Any:
     a field may not be named like a special attribute, nor shadow a method or other
     descriptor of the class (``is_admin`` cannot replace ``is_admin()``).
     """
-    if callable(getattr(cls, "model_validate", None)) and hasattr(cls, "__pydantic_fields__"):
+    validate = getattr(cls, "model_validate", None)
+    if callable(validate) and hasattr(cls, "__pydantic_fields__"):
         try:
-            return cls.model_validate(fields)
+            return validate(fields)
         except (ValueError, TypeError) as exc:
             raise _malformed(f"{class_name(cls)} refused the data: {str(exc)[:500]}") from None
     if any(name.startswith("__") and name.endswith("__") for name in fields):
         raise _malformed(f"a {class_name(cls)} with a field named like a special attribute")
     if _is_enum(cls):
         raise _malformed(f"a {class_name(cls)} built field by field is not one of its members")
-    declared = _declared_fields(cls)
-    if declared is not None:
-        unknown = sorted(set(fields) - set(declared))
-        missing = sorted(name for name, has_default in declared.items() if name not in fields and not has_default)
-        if unknown or missing:
-            what = (f"fields it does not declare ({', '.join(n[:40] for n in unknown[:5])})" if unknown
-                    else f"no value for its fields {', '.join(missing[:5])}")
-            raise _malformed(f"a {class_name(cls)} with {what}")
+    _check_declared(cls, fields)
     try:
-        instance = object.__new__(cls)
+        instance: object = object.__new__(cls)
     except TypeError:
         raise UnsafePayloadError(
             f"Cannot rebuild a {class_name(cls)} from data: it is not a plain class "
@@ -648,8 +703,12 @@ def rebuild(cls: type, fields: dict[str, Any]) -> Any:
             descriptor.__set__(instance, value)
             continue
         attribute = _class_attribute(cls, name)
-        if attribute is not _MISSING and (callable(attribute) or hasattr(type(attribute), "__get__")):
-            raise _malformed(f"a {class_name(cls)} field named {name[:80]!r} would shadow a method or descriptor")
+        if attribute is not _MISSING and (
+            callable(attribute) or hasattr(type(attribute), "__get__")
+        ):
+            raise _malformed(
+                f"a {class_name(cls)} field named {name[:80]!r} would shadow a method or descriptor"
+            )
         if state is None:
             try:
                 state = object.__getattribute__(instance, "__dict__")

@@ -80,7 +80,9 @@ class KernelExchange(abc.ABC):
         """(seconds, monotonic deadline) for a call with ``timeout`` (None: the sandbox's)."""
         if self._km is None or self._lock is None:
             if self._closed:
-                raise SandboxError("This sandbox is closed: its kernel was shut down (start() starts a new one)")
+                raise SandboxError(
+                    "This sandbox is closed: its kernel was shut down (start() starts a new one)"
+                )
             raise SandboxError("The sandbox is not started (use `async with` or `await start()`)")
         seconds = self.timeout if timeout is None else timeout
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
@@ -100,7 +102,13 @@ class KernelExchange(abc.ABC):
         return msg_id
 
     async def _exchange(
-        self, send: Callable[[], str], collector: Collector, seconds: float, deadline: float, *, reply: bool
+        self,
+        send: Callable[[], str],
+        collector: Collector,
+        seconds: float,
+        deadline: float,
+        *,
+        reply: bool,
     ) -> Execution:
         """Send one shell message and gather what it causes until the kernel is idle again.
 
@@ -117,7 +125,9 @@ class KernelExchange(abc.ABC):
         collector.failed = outcome != "idle"
         if outcome == "timeout":
             await self._km.interrupt_kernel()
-            outcome = await self._collect(msg_id, collector, time.monotonic() + self.interrupt_grace)
+            outcome = await self._collect(
+                msg_id, collector, time.monotonic() + self.interrupt_grace
+            )
             lost = outcome != "idle"
             collector.finished = not lost
             action = "restarted (state lost)" if lost else "interrupted"
@@ -130,7 +140,9 @@ class KernelExchange(abc.ABC):
             elif reply:
                 await self._drain_reply(msg_id, collector)
         elif outcome == "died":
-            reason = getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
+            reason = (
+                getattr(self._km.provisioner, "exit_reason", None) or "the kernel process ended"
+            )
             execution.error = KernelDied(
                 f"The kernel died ({reason}); it was restarted and its state is lost."
             )
@@ -141,17 +153,21 @@ class KernelExchange(abc.ABC):
         return await collector.finish()
 
     async def _collect(self, msg_id: str, collector: Collector, deadline: float) -> str:
-        """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel death."""
+        """Handle iopub messages of ``msg_id`` until idle ("idle"), the deadline, or kernel
+        death."""
         next_check = time.monotonic() + LIVENESS_INTERVAL
         while True:
             now = time.monotonic()
             if now >= deadline:
                 return "timeout"
             try:
-                msg = await self._kc.get_iopub_msg(timeout=max(min(LIVENESS_INTERVAL, deadline - now), 0.001))
+                msg = await self._kc.get_iopub_msg(
+                    timeout=max(min(LIVENESS_INTERVAL, deadline - now), 0.001)
+                )
             except queue.Empty:
                 msg = None
-            except Exception:  # a message that does not deserialize (bad signature, bad JSON): dropped
+            # a message that does not deserialize (bad signature, bad JSON): dropped
+            except Exception:
                 msg = None
             if msg is not None and msg.get("parent_header", {}).get("msg_id") == msg_id:
                 if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
@@ -180,7 +196,8 @@ class KernelExchange(abc.ABC):
                 collector.failed = collector.failed or content.get("status") != "ok"
                 if content.get("status") == "error" and execution.error is None:
                     execution.error = ExecutionError(
-                        str(content.get("ename", "Error"))[:1000], str(content.get("evalue", ""))[:10000]
+                        str(content.get("ename", "Error"))[:1000],
+                        str(content.get("evalue", ""))[:10000],
                     )
                 return
         collector.failed = True
@@ -208,7 +225,11 @@ class KernelExchange(abc.ABC):
             collector = Collector(self.max_output_bytes, marker=marker)
             seconds = max(deadline - time.monotonic(), 0.001)
             execution = await self._exchange(
-                lambda: self._send_execute(code, silent=self._comms), collector, seconds, deadline, reply=True
+                lambda: self._send_execute(code, silent=self._comms),
+                collector,
+                seconds,
+                deadline,
+                reply=True,
             )
             if execution.state_lost:
                 continue
@@ -217,25 +238,34 @@ class KernelExchange(abc.ABC):
                     self._installed = False
                     continue
                 if isinstance(execution.error, TimedOut):
-                    raise CallTimeoutError(f"The kernel-sandbox helper did not start in time: {execution.error.value}")
+                    raise CallTimeoutError(
+                        f"The kernel-sandbox helper did not start in time: {execution.error.value}"
+                    )
                 if not restarted:
                     restarted = True
                     await self.restart()
                     continue
-                raise SandboxError(f"The kernel-sandbox helper could not start in the kernel: {execution.error}")
+                raise SandboxError(
+                    f"The kernel-sandbox helper could not start in the kernel: {execution.error}"
+                )
             info = self._opening(collector)
             self._installed = True
             if self._comms:
                 await self._settle(deadline)
             return info
-        raise SandboxError("The kernel-sandbox helper could not start in the kernel: the kernel kept restarting")
+        raise SandboxError(
+            "The kernel-sandbox helper could not start in the kernel: the kernel kept restarting"
+        )
 
     async def _settle(self, deadline: float) -> None:
-        """One empty request on the new channel, outside any cell, so the helper can finish setting up."""
+        """One empty request on the new channel, outside any cell, so the helper can finish setting
+        up."""
         collector = Collector(self.max_output_bytes, marker=new_marker(), channel=self._channel)
         request = {"op": "ready", "marker": collector.marker}
         seconds = max(deadline - time.monotonic(), 0.001)
-        await self._exchange(lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False)
+        await self._exchange(
+            lambda: self._send_comm(request, ()), collector, seconds, deadline, reply=False
+        )
 
     def _opening(self, collector: Collector) -> dict[str, Any]:
         if collector.answers > 1:
@@ -255,7 +285,11 @@ class KernelExchange(abc.ABC):
         return info
 
     async def _send_request(
-        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float,
+        self,
+        request: dict[str, Any],
+        buffers: Sequence[Any],
+        seconds: float,
+        deadline: float,
         callbacks: Mapping[str, Callback] | None = None,
     ) -> Collector:
         """Send one request (its marker is made here) and gather until the kernel is idle."""
@@ -265,10 +299,14 @@ class KernelExchange(abc.ABC):
         request = {**request, "marker": marker}
         collector = Collector(self.max_output_bytes, callbacks, marker, self._channel)
         if self._comms:
-            await self._exchange(lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False)
+            await self._exchange(
+                lambda: self._send_comm(request, buffers), collector, seconds, deadline, reply=False
+            )
         else:
             code = text_cell(request, buffers)
-            await self._exchange(lambda: self._send_execute(code), collector, seconds, deadline, reply=True)
+            await self._exchange(
+                lambda: self._send_execute(code), collector, seconds, deadline, reply=True
+            )
         return collector
 
     def _first(self, collector: Collector) -> tuple[dict[str, Any], list[Any]] | None:
@@ -338,7 +376,9 @@ class KernelExchange(abc.ABC):
         if first is None:
             self._unanswerable(execution)
             return None, execution
-        answer = await self._whole(Answer.first(*first, limits), collector.marker, seconds, deadline)
+        answer = await self._whole(
+            Answer.first(*first, limits), collector.marker, seconds, deadline
+        )
         doc, parts = answer.parts()
         body = decode(doc, parts, allowed=allowed or {}, limits=limits, allow_pickle=allow_pickle)
         return body, execution
@@ -363,18 +403,21 @@ class KernelExchange(abc.ABC):
             )
         if info.get("seen") or attempt:
             return NoAnswer(
-                "The request reached the kernel-sandbox helper but no answer came back (the code it "
-                "ran may have broken the channel); the channel was reopened.",
+                "The request reached the kernel-sandbox helper but no answer came back (the code "
+                "it ran may have broken the channel); the channel was reopened.",
             )
         return None
 
     def _unanswerable(self, execution: Execution) -> None:
-        """A request without an answer: say so; restart the kernel before the next one (unless it was)."""
+        """A request without an answer: say so; restart the kernel before the next one (unless it
+        was)."""
         if execution.error is None:
             execution.error = NoAnswer("The kernel-sandbox helper sent no answer.")
         if isinstance(execution.error, NoAnswer) and not execution.state_lost:
             self._unanswered = True
-            execution.error.value += " The kernel will be restarted before the next call (state lost)."
+            execution.error.value += (
+                " The kernel will be restarted before the next call (state lost)."
+            )
 
     async def _whole(
         self, answer: Answer, origin: str | None, seconds: float, deadline: float
@@ -390,13 +433,18 @@ class KernelExchange(abc.ABC):
             answer.add(chunk[1][0])
         return answer
 
-    async def _op(self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float) -> Any:
-        """Run a helper operation (files, packages, environment); return its ``ok`` value or raise."""
+    async def _op(
+        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float
+    ) -> Any:
+        """Run a helper operation (files, packages, environment); return its ``ok`` value or
+        raise."""
         body, execution = await self._request(request, buffers, seconds, deadline)
         what = f"kernel-sandbox {request['op']}"
         error = execution.error
         if isinstance(error, TimedOut):
-            raise CallTimeoutError(f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}")
+            raise CallTimeoutError(
+                f"The {what} did not finish within {seconds:g} s (timeout=): {error.value}"
+            )
         if body is None:
             raise SandboxError(f"The {what} failed: {error}")
         if not isinstance(body, dict):

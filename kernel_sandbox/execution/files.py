@@ -17,7 +17,8 @@ from ..errors import PathError
 MAX_FILE_BYTES = 256 * 1024 * 1024
 """The largest file ``download`` reads into memory."""
 MAX_STREAM_BYTES = 2 * 1024 * 1024 * 1024
-"""The largest file ``download_to`` writes by default (the kernel decides how big a file claims to be)."""
+"""The largest file ``download_to`` writes by default (the kernel decides how big a file claims to
+be)."""
 MAX_SKILL_FILES_BYTES = 256 * 1024 * 1024
 """The default of ``run_skill``'s ``max_files_bytes``: the files of one skill run, all together."""
 NO_LIMIT = 2**62
@@ -59,7 +60,10 @@ def chunks(content: Content, size: int) -> Iterator[memoryview]:
             yield from chunks(handle, size)
         return
     if not callable(getattr(content, "read", None)):
-        raise TypeError(f"upload content must be bytes, str, a path or a binary file, not {type(content).__name__}")
+        raise TypeError(
+            "upload content must be bytes, str, a path or a binary file, not "
+            f"{type(content).__name__}"
+        )
     piece = content.read(size)
     yield memoryview(piece)
     while True:

@@ -27,15 +27,20 @@ class AsyncSandboxPool:
     """Keep ``size`` started :class:`AsyncSandbox` kernels ready for ``acquire()``.
 
     A kernel handed back is never given to anyone else with its state: after ``max_uses``
-    acquisitions (default 1) it is closed and a fresh one is started in the background; below
-    that it is restarted and its work directory emptied first. A ready kernel idle for longer
-    than ``idle_timeout`` seconds is replaced by a fresh one. Other keywords are
-    :class:`AsyncSandbox` options; a backend may set defaults for pooled kernels (Docker: ``standby`` 0, the
-    pool keeps its own ready kernels).
+    acquisitions (default 1) it is closed and a fresh one is started in the background; below that
+    it is restarted and its work directory emptied first. A ready kernel idle for longer than
+    ``idle_timeout`` seconds is replaced by a fresh one. Other keywords are :class:`AsyncSandbox`
+    options; a backend may set defaults for pooled kernels (Docker: ``standby`` 0, the pool keeps
+    its own ready kernels).
     """
 
     def __init__(
-        self, size: int = 4, *, max_uses: int = 1, idle_timeout: float | None = None, **sandbox_options: Any
+        self,
+        size: int = 4,
+        *,
+        max_uses: int = 1,
+        idle_timeout: float | None = None,
+        **sandbox_options: Any,
     ) -> None:
         if size < 1 or max_uses < 1:
             raise ConfigError("size and max_uses must be at least 1")
@@ -117,7 +122,9 @@ class AsyncSandboxPool:
             await asyncio.sleep(max(self.idle_timeout / 4, 0.05))
             now = time.monotonic()
             async with self._cond:
-                stale = [entry for entry in self._ready if now - entry.ready_since > self.idle_timeout]
+                stale = [
+                    entry for entry in self._ready if now - entry.ready_since > self.idle_timeout
+                ]
                 for entry in stale:
                     self._ready.remove(entry)
             for entry in stale:

@@ -44,7 +44,15 @@ from .backend import backend as backend_named
 from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint, restore_into, take
 from .channel import CHUNK
 from .decode import DecodeLimits, allowed_map
-from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, NO_LIMIT, Content, chunks, confine
+from .files import (
+    MAX_FILE_BYTES,
+    MAX_SKILL_FILES_BYTES,
+    MAX_STREAM_BYTES,
+    NO_LIMIT,
+    Content,
+    chunks,
+    confine,
+)
 from .collector import Callback, Collector
 from .exchange import DEFAULT_CALL_TIMEOUT, REPLY_GRACE, KernelExchange
 from .skills import failed_skill, figure_files, file_entry, skill_result
@@ -68,16 +76,17 @@ _LIVE: weakref.WeakSet[AsyncSandbox] = weakref.WeakSet()
 class AsyncSandbox(KernelExchange):
     """A kernel in a sandbox (``docker``, ``opensandbox`` or ``local``), used with ``async with``.
 
-    Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by
-    default; True, or a list of destinations such as ``["api.example.com"]``), ``env``, ``mounts`` ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call
-    may take by default: 300; ``float("inf")`` for none), ``start_timeout``,
-    ``max_output_bytes``, ``interrupt_grace`` (seconds an interrupted call gets to stop before
-    the kernel is restarted), ``allowed_classes`` (classes whose instances tool results may
-    hold), ``decode_limits`` (:class:`DecodeLimits` for tool results), ``unsafe_pickle``
-    (decode values the data format cannot carry from pickles: off, see the README),
-    ``output_policy`` (``strict``, the default, or ``trusted``), ``restore`` (a :class:`Checkpoint`
-    the new kernel loads at start: same image only); any other keyword goes to the
-    backend's provisioner config. Docker and OpenSandbox options are checked here, before anything starts.
+    Options: ``image``, ``memory`` ("512m"), ``cpus``, ``pids_limit``, ``network`` (off by default;
+    True, or a list of destinations such as ``["api.example.com"]``), ``env``, ``mounts``
+    ("HOST:CONTAINER[:ro|rw]"), ``timeout`` (seconds every call may take by default: 300;
+    ``float("inf")`` for none), ``start_timeout``, ``max_output_bytes``, ``interrupt_grace``
+    (seconds an interrupted call gets to stop before the kernel is restarted), ``allowed_classes``
+    (classes whose instances tool results may hold), ``decode_limits`` (:class:`DecodeLimits` for
+    tool results), ``unsafe_pickle`` (decode values the data format cannot carry from pickles: off,
+    see the README), ``output_policy`` (``strict``, the default, or ``trusted``), ``restore`` (a
+    :class:`Checkpoint` the new kernel loads at start: same image only); any other keyword goes to
+    the backend's provisioner config. Docker and OpenSandbox options are checked here, before
+    anything starts.
     """
 
     def __init__(
@@ -104,13 +113,25 @@ class AsyncSandbox(KernelExchange):
     ) -> None:
         self._backend = backend_named(backend)
         if restore is not None and not isinstance(restore, Checkpoint):
-            raise ConfigError(f"restore must be a Checkpoint (Checkpoint.load(path) reads one), not {type(restore).__name__}")
+            raise ConfigError(
+                "restore must be a Checkpoint (Checkpoint.load(path) reads one), not "
+                f"{type(restore).__name__}"
+            )
         self._restore = restore
-        for name, value in (("timeout", timeout), ("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
+        for name, value in (
+            ("timeout", timeout),
+            ("start_timeout", start_timeout),
+            ("interrupt_grace", interrupt_grace),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds (float('inf') for no deadline), not {value!r}")
+                raise ConfigError(
+                    f"{name} must be a positive number of seconds (float('inf') for no deadline), "
+                    f"not {value!r}"
+                )
         if decode_limits is not None and not isinstance(decode_limits, DecodeLimits):
-            raise ConfigError(f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}")
+            raise ConfigError(
+                f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}"
+            )
         self.backend = backend
         self.network = network if isinstance(network, bool) else list(network)
         self.timeout = float(timeout)
@@ -126,9 +147,15 @@ class AsyncSandbox(KernelExchange):
             OutputPolicy.from_name(output_policy)
             backend_options["output_policy"] = output_policy
         self._options: dict[str, Any] = {
-            "image": image, "memory": memory, "cpus": cpus, "pids_limit": pids_limit,
-            "network": self.network, "env": dict(env or {}), "mounts": list(mounts or []) or None,
-            "launch_timeout": start_timeout, **backend_options,
+            "image": image,
+            "memory": memory,
+            "cpus": cpus,
+            "pids_limit": pids_limit,
+            "network": self.network,
+            "env": dict(env or {}),
+            "mounts": list(mounts or []) or None,
+            "launch_timeout": start_timeout,
+            **backend_options,
         }
         self._backend.check(self._options)
         self._comms = self._backend.comms_known  # tool calls on a comm; else decided in _connect
@@ -141,22 +168,26 @@ class AsyncSandbox(KernelExchange):
         self._channel: str | None = None
         self._installed = False
         self._restarts = 0
-        self._unanswered = False  # the helper could not answer: restart the kernel before the next request
+        # the helper could not answer: restart the kernel before the next request
+        self._unanswered = False
         self._kept_state: str | None = None
-        self._env_set = False  # a per-call environment may still be set in the kernel (a cancelled call)
+        # a per-call environment may still be set in the kernel (a cancelled call)
+        self._env_set = False
         self._probe: CgroupProbe | None = None
         self._checked = Usage()  # the counters when limits were last looked at: none yet
         self.work_dir: str = ""
         if not self._backend.sandboxed:
             warnings.warn(
-                f"kernel-sandbox backend {backend!r} runs an ordinary local kernel: it is NOT a sandbox "
-                "(no isolation, no limits). Use it for development only.",
+                f"kernel-sandbox backend {backend!r} runs an ordinary local kernel: it is NOT a "
+                "sandbox (no isolation, no limits). Use it for development only.",
                 stacklevel=2,
             )
 
     def __repr__(self) -> str:
         state = "started" if self._km is not None else "closed" if self._closed else "not started"
-        return f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
+        return (
+            f"<{type(self).__name__} backend={self.backend!r} {state} work_dir={self.work_dir!r}>"
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -193,7 +224,9 @@ class AsyncSandbox(KernelExchange):
         return self
 
     @classmethod
-    async def attach(cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any) -> AsyncSandbox:
+    async def attach(
+        cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any
+    ) -> AsyncSandbox:
         """Take over the live sandboxed kernel ``kernel_id`` whose owner (another process) is gone.
 
         Within the kernel's ``orphan_timeout`` of its owner's end: same container, same variables.
@@ -205,14 +238,19 @@ class AsyncSandbox(KernelExchange):
 
         sandbox = cls(backend, **options)
         if sandbox._restore is not None:
-            raise ConfigError("attach() takes over a live kernel with its own state; restore= is for a new sandbox")
+            raise ConfigError(
+                "attach() takes over a live kernel with its own state; restore= is for a new "
+                "sandbox"
+            )
         if not sandbox._backend.sandboxed:
             raise ConfigError(f"backend {backend!r} runs no sandboxed kernel to re-attach to")
         record = find(kernel_id)
         spec = sandbox._backend.kernel_spec(sandbox._options)
         provisioner = spec.metadata["kernel_provisioner"]
         if provisioner["provisioner_name"] != record.backend:
-            raise ConfigError(f"kernel {kernel_id} runs on {record.backend}, not on the {backend!r} backend")
+            raise ConfigError(
+                f"kernel {kernel_id} runs on {record.backend}, not on the {backend!r} backend"
+            )
         provisioner["config"] = record.settings
         sandbox._lock = asyncio.Lock()
         sandbox._km = kernel_manager(spec)
@@ -243,7 +281,8 @@ class AsyncSandbox(KernelExchange):
             await self._kc.wait_for_ready(timeout=self.start_timeout)
         except RuntimeError as exc:
             raise SandboxError(f"The kernel did not become ready: {exc}") from exc
-        if not self._backend.comms_known:  # the launcher's execd relay has no comms; the websocket mode has
+        # the launcher's execd relay has no comms; the websocket mode has
+        if not self._backend.comms_known:
             info = await self._kc.kernel_info(reply=True, timeout=self.start_timeout)
             self._comms = self._backend.speaks_comms(info["content"])
 
@@ -262,7 +301,8 @@ class AsyncSandbox(KernelExchange):
         await self._connect()
 
     async def pause(self) -> None:
-        """Pause the sandbox (opensandbox backend): it keeps its memory and runs nothing until :meth:`resume`.
+        """Pause the sandbox (opensandbox backend): it keeps its memory and runs nothing until
+        :meth:`resume`.
 
         Calls made while it is paused wait (their deadlines still count); the kernel is not dead.
         """
@@ -328,7 +368,8 @@ class AsyncSandbox(KernelExchange):
         return probe.read()
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
-        """Say in ``error`` which limits the kernel hit since they were last looked at, as the host reads them."""
+        """Say in ``error`` which limits the kernel hit since they were last looked at, as the host
+        reads them."""
         if error is not None and not isinstance(error, KernelDied):
             try:
                 usage = await asyncio.to_thread(self._sample)
@@ -359,7 +400,12 @@ class AsyncSandbox(KernelExchange):
         ``Execution.state_lost`` is True. The session stays usable either way. ``env`` sets
         environment variables for this run only; the values never appear in the cell.
         """
-        callbacks = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
+        callbacks = {
+            "on_stdout": on_stdout,
+            "on_stderr": on_stderr,
+            "on_result": on_result,
+            "on_error": on_error,
+        }
         values = check_env(env)
         seconds, deadline = self._deadline(timeout)
         assert self._lock is not None
@@ -368,10 +414,16 @@ class AsyncSandbox(KernelExchange):
                 await self._restore_env(Execution())
             if values:
                 self._env_set = True  # until it is taken away again, even if this call is cancelled
-                await self._op({"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline)
+                await self._op(
+                    {"op": "env", "action": "set"}, [json.dumps(values).encode()], seconds, deadline
+                )
             collector = Collector(self.max_output_bytes, callbacks, policy=self._policy)
             execution = await self._exchange(
-                lambda: self._send_execute(code, store_history=True), collector, seconds, deadline, reply=True
+                lambda: self._send_execute(code, store_history=True),
+                collector,
+                seconds,
+                deadline,
+                reply=True,
             )
             if values and not execution.state_lost:
                 await self._restore_env(execution)
@@ -382,7 +434,9 @@ class AsyncSandbox(KernelExchange):
     def _chunk(self) -> int:
         return CHUNK if self._comms else TEXT_CHUNK
 
-    async def upload(self, files: Mapping[str, Content], *, timeout: float | None = None) -> list[str]:
+    async def upload(
+        self, files: Mapping[str, Content], *, timeout: float | None = None
+    ) -> list[str]:
         """Write ``{path: content}`` under the work directory; returns the relative paths written.
 
         Content is ``bytes``/``str``, a host path (``pathlib.Path``) or a binary file object;
@@ -404,13 +458,21 @@ class AsyncSandbox(KernelExchange):
                     size = await self._op(request, [piece], seconds, deadline)
                     offset += len(piece)
                     if size != offset:
-                        raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being written")
+                        raise SandboxFileError(
+                            f"{rel!r} changed in the sandbox while it was being written"
+                        )
         return sorted(rel for rel, _ in targets)
 
     async def _read(
-        self, path: str, sink: Callable[[bytes], Any], limit: int, limit_name: str, timeout: float | None
+        self,
+        path: str,
+        sink: Callable[[bytes], Any],
+        limit: int,
+        limit_name: str,
+        timeout: float | None,
     ) -> int:
-        """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past ``limit``.
+        """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past
+        ``limit``.
 
         The limit is the host's: the size the kernel states is checked against it, and so is every
         byte that arrives (a kernel that patched its helper states what it likes).
@@ -426,45 +488,64 @@ class AsyncSandbox(KernelExchange):
                 if total is None:
                     total = size
                 if type(size) is not int or size != total or not isinstance(data, bytes):
-                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                    raise SandboxFileError(
+                        f"{rel!r} changed in the sandbox while it was being read"
+                    )
                 if total > limit or offset + len(data) > limit:
                     raise SandboxFileError(
-                        f"Refused {rel!r}: it is {max(total, offset + len(data))} bytes, over the limit of "
-                        f"{limit} bytes ({limit_name}); nothing past the limit was kept."
+                        f"Refused {rel!r}: it is {max(total, offset + len(data))} bytes, over the "
+                        f"limit of {limit} bytes ({limit_name}); nothing past the limit was kept."
                     )
                 if len(data) != min(self._chunk(), total - offset):
-                    raise SandboxFileError(f"{rel!r} changed in the sandbox while it was being read")
+                    raise SandboxFileError(
+                        f"{rel!r} changed in the sandbox while it was being read"
+                    )
                 sink(data)
                 offset += len(data)
         return offset
 
     async def download(self, path: str, *, timeout: float | None = None) -> bytes:
-        """Read a file of the work directory into memory (up to 256 MiB; see :meth:`download_to`)."""
-        return await self._download(path, MAX_FILE_BYTES, "download's ceiling; download_to streams larger files", timeout)
+        """Read a file of the work directory into memory (up to 256 MiB; see
+        :meth:`download_to`)."""
+        return await self._download(
+            path, MAX_FILE_BYTES, "download's ceiling; download_to streams larger files", timeout
+        )
 
-    async def _download(self, path: str, limit: int, limit_name: str, timeout: float | None) -> bytes:
+    async def _download(
+        self, path: str, limit: int, limit_name: str, timeout: float | None
+    ) -> bytes:
         parts: list[bytes] = []
         await self._read(path, parts.append, limit, limit_name, timeout)
         return b"".join(parts)
 
     async def download_to(
-        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
+        self,
+        path: str,
+        destination: str | os.PathLike[str] | IO[bytes],
+        *,
+        timeout: float | None = None,
         max_bytes: int | None = MAX_STREAM_BYTES,
     ) -> int:
         """Stream a file of the work directory to a host path or binary file; returns its size.
 
         A file over ``max_bytes`` (2 GiB by default; None for no limit) is refused before anything
-        is written: the kernel decides how big its files claim to be (a sparse file costs it nothing).
-        A destination path is removed again if the download fails.
+        is written: the kernel decides how big its files claim to be (a sparse file costs it
+        nothing). A destination path is removed again if the download fails.
         """
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+        ):
             raise ConfigError(f"max_bytes must be a number of bytes or None, not {max_bytes!r}")
         limit = NO_LIMIT if max_bytes is None else max_bytes
         if not isinstance(destination, (str, os.PathLike)):
-            return await self._read(path, destination.write, limit, f"max_bytes={max_bytes}", timeout)
+            return await self._read(
+                path, destination.write, limit, f"max_bytes={max_bytes}", timeout
+            )
         try:
             with open(destination, "wb") as handle:
-                return await self._read(path, handle.write, limit, f"max_bytes={max_bytes}", timeout)
+                return await self._read(
+                    path, handle.write, limit, f"max_bytes={max_bytes}", timeout
+                )
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(destination)
@@ -488,7 +569,11 @@ class AsyncSandbox(KernelExchange):
     # -- packages --------------------------------------------------------------------------
 
     async def install(
-        self, requirements: str | Iterable[str], *, pip_args: Iterable[str] = (), timeout: float | None = None
+        self,
+        requirements: str | Iterable[str],
+        *,
+        pip_args: Iterable[str] = (),
+        timeout: float | None = None,
     ) -> Execution:
         """pip-install ``requirements`` (names, or requirements.txt text) inside the sandbox.
 
@@ -502,8 +587,14 @@ class AsyncSandbox(KernelExchange):
         self._check_package_index()
         text = requirements if isinstance(requirements, str) else "\n".join(requirements)
         seconds, deadline = self._deadline(timeout)
-        pip_args = [*PIP_RETRIES, *pip_args]  # a network-off kernel's pip does not retry; this one may
-        request = {"op": "install", "requirements": text, "pip_args": pip_args, "tail": PIP_OUTPUT_TAIL}
+        # a network-off kernel's pip does not retry; this one may
+        pip_args = [*PIP_RETRIES, *pip_args]
+        request = {
+            "op": "install",
+            "requirements": text,
+            "pip_args": pip_args,
+            "tail": PIP_OUTPUT_TAIL,
+        }
         assert self._lock is not None
         async with self._lock, self._package_index(seconds):
             body = await self._op(request, (), seconds, deadline)
@@ -515,16 +606,19 @@ class AsyncSandbox(KernelExchange):
         return execution
 
     def _check_package_index(self) -> None:
-        """Refuse at once an install that cannot reach any index: network off on a backend without windows."""
+        """Refuse at once an install that cannot reach any index: network off on a backend without
+        windows."""
         if self.network is False and self._backend.sandboxed and not self._backend.package_window:
             raise NetworkDisabledError(
-                f"Cannot install packages: this sandbox's network is off and the {self.backend} backend cannot "
-                "open the package index for one call. Create it with the index in its network list "
-                "(e.g. Sandbox(network=['pypi.org', 'files.pythonhosted.org'])) or network=True."
+                f"Cannot install packages: this sandbox's network is off and the {self.backend} "
+                "backend cannot open the package index for one call. Create it with the index in "
+                "its network list (e.g. Sandbox(network=['pypi.org', 'files.pythonhosted.org'])) "
+                "or network=True."
             )
 
     def _package_index(self, seconds: float) -> contextlib.AbstractAsyncContextManager[None]:
-        """The backend's window on the package index for one call of at most ``seconds`` (plus a grace)."""
+        """The backend's window on the package index for one call of at most ``seconds`` (plus a
+        grace)."""
         if self.network is True or not self._backend.sandboxed:
             return contextlib.nullcontext()
         window = min(seconds + REPLY_GRACE, MAX_WINDOW)
@@ -560,12 +654,12 @@ class AsyncSandbox(KernelExchange):
     ) -> ToolResult:
         """Call ``tool`` (a function, or its source with ``name``) in the kernel with ``args``.
 
-        A tool with an ``agent_state`` parameter receives ``agent_state`` and its changes come
-        back. What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
-        ``allowed_classes`` (and the sandbox's), anything else raises
-        :class:`UnsafePayloadError`. ``env`` sets environment variables for this call only.
-        ``status`` is ``"success"`` only if the tool returned, exactly one answer came, and the host saw
-        the call end in time (an answer followed by a timeout, a death or a failed cell is an error).
+        A tool with an ``agent_state`` parameter receives ``agent_state`` and its changes come back.
+        What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
+        ``allowed_classes`` (and the sandbox's), anything else raises :class:`UnsafePayloadError`.
+        ``env`` sets environment variables for this call only. ``status`` is ``"success"`` only if
+        the tool returned, exactly one answer came, and the host saw the call end in time (an answer
+        followed by a timeout, a death or a failed cell is an error).
         """
         values = check_env(env)
         call, state = tool_payload(tool, args, agent_state, name, values)
@@ -577,19 +671,33 @@ class AsyncSandbox(KernelExchange):
         async with self._lock:
             for _ in range(2):
                 send_state = not keep or digest != self._kept_state
-                request = {"op": "call", "length": len(call), "pickle": self.unsafe_pickle,
-                           "state": {"length": len(state), "digest": digest, "keep": keep}}
+                request = {
+                    "op": "call",
+                    "length": len(call),
+                    "pickle": self.unsafe_pickle,
+                    "state": {"length": len(state), "digest": digest, "keep": keep},
+                }
                 body, execution = await self._request(
-                    request, [call, state] if send_state else [call], seconds, deadline,
-                    limits=self.decode_limits, allowed=allowed, allow_pickle=self.unsafe_pickle,
+                    request,
+                    [call, state] if send_state else [call],
+                    seconds,
+                    deadline,
+                    limits=self.decode_limits,
+                    allowed=allowed,
+                    allow_pickle=self.unsafe_pickle,
                 )
                 if not send_state and isinstance(body, dict) and body.get(STATE_NOT_KEPT) is True:
                     self._kept_state = None
                     continue
-                self._kept_state = digest if keep and body is not None and not execution.state_lost else None
+                self._kept_state = (
+                    digest if keep and body is not None and not execution.state_lost else None
+                )
                 break
         result = ToolResult(
-            "error", stdout=execution.stdout, stderr=execution.stderr, state_lost=execution.state_lost,
+            "error",
+            stdout=execution.stdout,
+            stderr=execution.stderr,
+            state_lost=execution.state_lost,
             truncated_bytes=execution.truncated_bytes,
         )
         if body is None:
@@ -620,12 +728,16 @@ class AsyncSandbox(KernelExchange):
         """Run skill ``code`` next to ``skill_files`` (LiteLLM's skills executor contract).
 
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
-        created or changed in the work directory (not the unchanged skill files) and the images
-        it displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
+        created or changed in the work directory (not the unchanged skill files) and the images it
+        displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
         The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
         arrive); past it the run fails with an error naming the limit.
         """
-        if isinstance(max_files_bytes, bool) or not isinstance(max_files_bytes, int) or max_files_bytes < 0:
+        if (
+            isinstance(max_files_bytes, bool)
+            or not isinstance(max_files_bytes, int)
+            or max_files_bytes < 0
+        ):
             raise ConfigError(f"max_files_bytes must be a number of bytes, not {max_files_bytes!r}")
         try:
             if skill_files:
@@ -642,7 +754,11 @@ class AsyncSandbox(KernelExchange):
             for path in sorted(after):
                 if before.get(path) != after[path]:
                     limit = min(room, MAX_FILE_BYTES)
-                    name = f"max_files_bytes={max_files_bytes}, {room} bytes left" if limit == room else "download's ceiling"
+                    name = (
+                        f"max_files_bytes={max_files_bytes}, {room} bytes left"
+                        if limit == room
+                        else "download's ceiling"
+                    )
                     content = await self._download(path, limit, f"run_skill's {name}", timeout)
                     room -= len(content)
                     files.append(file_entry(path, content))
@@ -654,11 +770,13 @@ class AsyncSandbox(KernelExchange):
     async def checkpoint(
         self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None
     ) -> Checkpoint:
-        """The kernel's state as a :class:`Checkpoint`, for ``AsyncSandbox(restore=...)`` in a new kernel.
+        """The kernel's state as a :class:`Checkpoint`, for ``AsyncSandbox(restore=...)`` in a new
+        kernel.
 
         The kernel pickles the names the user defined and packs the work directory's files; the host
         keeps the blob unopened. Names that cannot be pickled are in ``not_saved`` with why. A blob
-        over ``max_bytes`` (1 GiB by default) is refused (:class:`CheckpointError`) before it is pulled.
+        over ``max_bytes`` (1 GiB by default) is refused (:class:`CheckpointError`) before it is
+        pulled.
         """
         return await take(self, max_bytes, timeout)
 

@@ -25,14 +25,16 @@ def file_entry(path: str, content: bytes) -> dict[str, str]:
 
 def figure_files(results: list[dict[str, Any]]) -> list[dict[str, str]]:
     """The images among displayed results, as files ``figure_1.png``, ``figure_2.svg``..."""
-    files = []
+    files: list[dict[str, str]] = []
     for bundle in results:
         for mime, ext in IMAGE_TYPES.items():
             if mime in bundle:
                 data = bundle[mime]
                 encoded = base64.b64encode(data.encode()).decode() if ext == "svg" else data.strip()
                 name = f"figure_{len(files) + 1}.{ext}"
-                files.append({"name": name, "path": name, "content_base64": encoded, "mime_type": mime})
+                files.append(
+                    {"name": name, "path": name, "content_base64": encoded, "mime_type": mime}
+                )
                 break
     return files
 
@@ -47,4 +49,9 @@ def skill_result(execution: Execution, files: list[dict[str, str]]) -> dict[str,
     error = execution.stderr
     if execution.error is not None:
         error += execution.error.traceback or str(execution.error)
-    return {"success": execution.error is None, "output": execution.stdout, "error": error, "files": files}
+    return {
+        "success": execution.error is None,
+        "output": execution.stdout,
+        "error": error,
+        "files": files,
+    }

@@ -35,7 +35,9 @@ class LoopThread:
         with cls._guard:
             if cls._loop is None or cls._loop.is_closed():
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="kernel-sandbox-loop", daemon=True).start()
+                threading.Thread(
+                    target=loop.run_forever, name="kernel-sandbox-loop", daemon=True
+                ).start()
                 cls._loop = loop
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, cls._loop)  # type: ignore[arg-type]
         return future.result()
@@ -76,11 +78,24 @@ class Sandbox:
         **backend_options: Any,
     ) -> None:
         self._async = AsyncSandbox(
-            backend, image=image, memory=memory, cpus=cpus, pids_limit=pids_limit, network=network,
-            env=env, mounts=mounts, timeout=timeout, start_timeout=start_timeout,
-            max_output_bytes=max_output_bytes, interrupt_grace=interrupt_grace,
-            allowed_classes=allowed_classes, decode_limits=decode_limits,
-            unsafe_pickle=unsafe_pickle, output_policy=output_policy, restore=restore, **backend_options,
+            backend,
+            image=image,
+            memory=memory,
+            cpus=cpus,
+            pids_limit=pids_limit,
+            network=network,
+            env=env,
+            mounts=mounts,
+            timeout=timeout,
+            start_timeout=start_timeout,
+            max_output_bytes=max_output_bytes,
+            interrupt_grace=interrupt_grace,
+            allowed_classes=allowed_classes,
+            decode_limits=decode_limits,
+            unsafe_pickle=unsafe_pickle,
+            output_policy=output_policy,
+            restore=restore,
+            **backend_options,
         )
 
     @classmethod
@@ -92,7 +107,8 @@ class Sandbox:
 
     @classmethod
     def attach(cls, kernel_id: str, backend: str = DEFAULT_BACKEND, **options: Any) -> Sandbox:
-        """Take over the live sandboxed kernel ``kernel_id`` whose owner is gone (:meth:`AsyncSandbox.attach`)."""
+        """Take over the live sandboxed kernel ``kernel_id`` whose owner is gone
+        (:meth:`AsyncSandbox.attach`)."""
         return cls.wrapping(LoopThread.run(AsyncSandbox.attach(kernel_id, backend, **options)))
 
     @property
@@ -118,7 +134,10 @@ class Sandbox:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -134,7 +153,9 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
     ) -> Execution:
         """See :meth:`AsyncSandbox.run`."""
-        return LoopThread.run(self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env))
+        return LoopThread.run(
+            self._async.run(code, timeout, on_stdout, on_stderr, on_result, on_error, env=env)
+        )
 
     def pause(self) -> None:
         """Pause the sandbox (opensandbox backend) until :meth:`resume`."""
@@ -152,7 +173,9 @@ class Sandbox:
         """See :meth:`AsyncSandbox.restart`."""
         LoopThread.run(self._async.restart())
 
-    def checkpoint(self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None) -> Checkpoint:
+    def checkpoint(
+        self, *, max_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES, timeout: float | None = None
+    ) -> Checkpoint:
         """See :meth:`AsyncSandbox.checkpoint`."""
         return LoopThread.run(self._async.checkpoint(max_bytes=max_bytes, timeout=timeout))
 
@@ -165,18 +188,28 @@ class Sandbox:
         return LoopThread.run(self._async.download(path, timeout=timeout))
 
     def download_to(
-        self, path: str, destination: str | os.PathLike[str] | IO[bytes], *, timeout: float | None = None,
+        self,
+        path: str,
+        destination: str | os.PathLike[str] | IO[bytes],
+        *,
+        timeout: float | None = None,
         max_bytes: int | None = MAX_STREAM_BYTES,
     ) -> int:
         """See :meth:`AsyncSandbox.download_to`."""
-        return LoopThread.run(self._async.download_to(path, destination, timeout=timeout, max_bytes=max_bytes))
+        return LoopThread.run(
+            self._async.download_to(path, destination, timeout=timeout, max_bytes=max_bytes)
+        )
 
     def list_files(self, path: str = ".", *, timeout: float | None = None) -> list[FileInfo]:
         """See :meth:`AsyncSandbox.list_files`."""
         return LoopThread.run(self._async.list_files(path, timeout=timeout))
 
     def install(
-        self, requirements: str | Iterable[str], *, pip_args: Iterable[str] = (), timeout: float | None = None
+        self,
+        requirements: str | Iterable[str],
+        *,
+        pip_args: Iterable[str] = (),
+        timeout: float | None = None,
     ) -> Execution:
         """See :meth:`AsyncSandbox.install`."""
         return LoopThread.run(self._async.install(requirements, pip_args=pip_args, timeout=timeout))
@@ -195,7 +228,13 @@ class Sandbox:
         """See :meth:`AsyncSandbox.run_tool`."""
         return LoopThread.run(
             self._async.run_tool(
-                tool, args, agent_state, name, timeout=timeout, allowed_classes=allowed_classes, env=env
+                tool,
+                args,
+                agent_state,
+                name,
+                timeout=timeout,
+                allowed_classes=allowed_classes,
+                env=env,
             )
         )
 
@@ -210,5 +249,7 @@ class Sandbox:
     ) -> dict[str, Any]:
         """See :meth:`AsyncSandbox.run_skill`."""
         return LoopThread.run(
-            self._async.run_skill(code, skill_files, requirements, timeout=timeout, max_files_bytes=max_files_bytes)
+            self._async.run_skill(
+                code, skill_files, requirements, timeout=timeout, max_files_bytes=max_files_bytes
+            )
         )

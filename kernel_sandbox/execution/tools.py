@@ -33,7 +33,9 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
         if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
             raise ConfigError(f"env: {str(name)[:100]!r} is not a valid environment variable name")
         if not isinstance(value, str) or "\x00" in value:
-            raise ConfigError(f"env[{name!r}] must be a string without NUL characters (value not shown)")
+            raise ConfigError(
+                f"env[{name!r}] must be a string without NUL characters (value not shown)"
+            )
         checked[name] = value
     return checked
 
@@ -57,7 +59,8 @@ def _dumps_by_value(objects: Iterable[Any], modules: Iterable[str]) -> list[byte
 
 
 def _local_modules(*objects: Any) -> set[str]:
-    """Modules whose functions/classes must travel by value: the caller's own, not installed ones."""
+    """Modules whose functions/classes must travel by value: the caller's own, not installed
+    ones."""
     names = set()
     for obj in objects:
         for candidate in (obj, type(obj)):
@@ -70,11 +73,18 @@ def _local_modules(*objects: Any) -> set[str]:
 def _is_installed(module_name: str) -> bool:
     module = sys.modules[module_name]
     path = getattr(module, "__file__", None) or ""
-    return module_name.split(".")[0] in sys.stdlib_module_names or "site-packages" in path or "dist-packages" in path
+    return (
+        module_name.split(".")[0] in sys.stdlib_module_names
+        or "site-packages" in path
+        or "dist-packages" in path
+    )
 
 
 def tool_payload(
-    tool: Callable[..., Any] | str, args: Mapping[str, Any] | None, agent_state: Any, name: str | None,
+    tool: Callable[..., Any] | str,
+    args: Mapping[str, Any] | None,
+    agent_state: Any,
+    name: str | None,
     env: dict[str, str],
 ) -> tuple[bytes, bytes]:
     """The pickled call (function or source and name, arguments, environment) and the pickled state.
@@ -101,4 +111,6 @@ def body_error(body: Any) -> ExecutionError | None:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
         return None
-    return ExecutionError(str(error.get("name")), str(error.get("value")), str(error.get("traceback", "")))
+    return ExecutionError(
+        str(error.get("name")), str(error.get("value")), str(error.get("traceback", ""))
+    )

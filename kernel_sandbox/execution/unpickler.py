@@ -24,17 +24,37 @@ from ..errors import UnsafePayloadError
 SAFE_GLOBALS: dict[tuple[str, str], Any] = {
     ("builtins", obj.__name__): obj
     for obj in (
-        dict, list, tuple, set, frozenset, bytearray, bytes, str,
-        int, float, complex, bool, range, slice,
+        dict,
+        list,
+        tuple,
+        set,
+        frozenset,
+        bytearray,
+        bytes,
+        str,
+        int,
+        float,
+        complex,
+        bool,
+        range,
+        slice,
     )
 }
 SAFE_GLOBALS.update(
     {
         (cls.__module__, cls.__qualname__): cls
         for cls in (
-            datetime.date, datetime.time, datetime.datetime, datetime.timedelta,
-            datetime.timezone, decimal.Decimal, fractions.Fraction, uuid.UUID,
-            collections.OrderedDict, collections.defaultdict, collections.deque,
+            datetime.date,
+            datetime.time,
+            datetime.datetime,
+            datetime.timedelta,
+            datetime.timezone,
+            decimal.Decimal,
+            fractions.Fraction,
+            uuid.UUID,
+            collections.OrderedDict,
+            collections.defaultdict,
+            collections.deque,
             collections.Counter,
         )
     }
@@ -43,10 +63,38 @@ SAFE_GLOBALS[("uuid", "SafeUUID")] = uuid.SafeUUID
 
 DANGEROUS_MODULES = frozenset(
     {
-        "os", "posix", "nt", "subprocess", "sys", "importlib", "shutil", "socket", "ctypes",
-        "pty", "runpy", "code", "codeop", "pickle", "_pickle", "marshal", "types", "functools",
-        "operator", "io", "_io", "builtins", "__builtin__", "signal", "multiprocessing",
-        "webbrowser", "pdb", "timeit", "cloudpickle", "asyncio", "threading", "platform",
+        "os",
+        "posix",
+        "nt",
+        "subprocess",
+        "sys",
+        "importlib",
+        "shutil",
+        "socket",
+        "ctypes",
+        "pty",
+        "runpy",
+        "code",
+        "codeop",
+        "pickle",
+        "_pickle",
+        "marshal",
+        "types",
+        "functools",
+        "operator",
+        "io",
+        "_io",
+        "builtins",
+        "__builtin__",
+        "signal",
+        "multiprocessing",
+        "webbrowser",
+        "pdb",
+        "timeit",
+        "cloudpickle",
+        "asyncio",
+        "threading",
+        "platform",
     }
 )
 
@@ -84,7 +132,8 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def restricted_loads(data: bytes, allowed: Iterable[type] = ()) -> Any:
-    """Unpickle ``data`` with :class:`RestrictedUnpickler`; malformed data is a payload error too."""
+    """Unpickle ``data`` with :class:`RestrictedUnpickler`; malformed data is a payload error
+    too."""
     try:
         return RestrictedUnpickler(io.BytesIO(data), allowed).load()
     except UnsafePayloadError:

@@ -16,7 +16,13 @@ import os
 import runpy
 import sys
 
-PORTS = {"shell_port": 20001, "iopub_port": 20002, "stdin_port": 20003, "control_port": 20004, "hb_port": 20005}
+PORTS = {
+    "shell_port": 20001,
+    "iopub_port": 20002,
+    "stdin_port": 20003,
+    "control_port": 20004,
+    "hb_port": 20005,
+}
 """Below Linux's ephemeral port range, so a connection attempt can never take a kernel's port."""
 KEY_ENV = "KERNEL_SANDBOX_KEY"
 SIGNATURE_SCHEME = "hmac-sha256"
@@ -43,7 +49,8 @@ def kernel_argv(cmd, connection_file):
 
 
 class DropLoopbackWarning(logging.Filter):
-    """Drop ipykernel's warning about TCP without encryption: here TCP is the container's loopback."""
+    """Drop ipykernel's warning about TCP without encryption: here TCP is the container's
+    loopback."""
 
     def filter(self, record):
         return not record.getMessage().startswith(LOOPBACK_WARNING)
@@ -60,8 +67,9 @@ def run(argv):
 
 
 def make_package_dir(path):
-    """Create the directory ``%pip install`` puts packages in (``PIP_TARGET``, on ``PYTHONPATH``), so
-    that what pip installs there imports at once: a directory missing at start is never looked in again."""
+    """Create the directory ``%pip install`` puts packages in (``PIP_TARGET``, on ``PYTHONPATH``),
+    so that what pip installs there imports at once: a directory missing at start is never looked in
+    again."""
     if path:
         os.makedirs(path, exist_ok=True)
         sys.path_importer_cache.pop(path, None)
@@ -71,7 +79,9 @@ def main(cmd):
     """Write the connection file from the environment and run the kernel command ``cmd``."""
     key = os.environ.pop(KEY_ENV, "")
     if not key or not cmd:
-        sys.stderr.write(f"kernel-sandbox boot: no {KEY_ENV} in the environment or no kernel command\n")
+        sys.stderr.write(
+            f"kernel-sandbox boot: no {KEY_ENV} in the environment or no kernel command\n"
+        )
         return 2
     write_connection_file(CONNECTION_FILE, connection_info(key))
     make_package_dir(os.environ.get("PIP_TARGET"))

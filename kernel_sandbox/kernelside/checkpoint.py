@@ -1,4 +1,5 @@
-"""Checkpoints of a kernel's state (kernel side): the user's namespace and the work directory's files.
+"""Checkpoints of a kernel's state (kernel side): the user's namespace and the work directory's
+files.
 
 :func:`save` writes one blob, a ZIP archive (stored, not compressed) holding ``namespace.pickle``
 (the names the user defined, pickled together with cloudpickle, so shared objects stay shared and
@@ -51,7 +52,10 @@ def area():
         if os.path.isdir(root) and os.access(root, os.W_OK):
             candidates.append((shutil.disk_usage(root).free, root))
     if not candidates:
-        raise OSError("no writable directory for a checkpoint (home and the temporary directory are read-only)")
+        raise OSError(
+            "no writable directory for a checkpoint (home and the temporary directory are "
+            "read-only)"
+        )
     path = tempfile.mkdtemp(prefix=".kernel-sandbox-checkpoint-", dir=max(candidates)[1])
     if holder is not None:
         setattr(holder, _AREA, path)
@@ -82,7 +86,8 @@ def namespace():
 def user_names(ns, hidden):
     """The names of ``ns`` the user defined, sorted."""
     return sorted(
-        name for name, value in ns.items()
+        name
+        for name, value in ns.items()
         if isinstance(name, str) and not _IPYTHON_NAMES.fullmatch(name) and name not in hidden
     )
 
@@ -92,11 +97,15 @@ def _pickler_class():
 
     class Pickler(cloudpickle.Pickler):
         """cloudpickle, with the namespace itself and IPython's own values by reference: functions
-        defined here get the new kernel's namespace as their globals, and ``get_ipython`` its own."""
+        defined here get the new kernel's namespace as their globals, and ``get_ipython`` its
+        own."""
 
         def __init__(self, file, ns, hidden):
             super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-            self.ns, self.hidden = ns, {id(value): name for name, value in hidden.items() if _by_reference(value)}
+            self.ns, self.hidden = (
+                ns,
+                {id(value): name for name, value in hidden.items() if _by_reference(value)},
+            )
             self.globals_ref[id(ns)] = ns  # what cloudpickle gives functions of ``ns`` as globals
 
         def persistent_id(self, obj):
@@ -109,7 +118,8 @@ def _pickler_class():
 
 
 def _by_reference(value):
-    """True for IPython's objects and callables, never for values equal ones could share (``''``, ``0``)."""
+    """True for IPython's objects and callables, never for values equal ones could share (``''``,
+    ``0``)."""
     return callable(value) or type(value).__module__ != "builtins"
 
 
@@ -165,7 +175,9 @@ def _work_files(work, skip):
             if stat.S_ISREG(info.st_mode):
                 found.append((relative, path))
             else:
-                left[relative] = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+                left[relative] = (
+                    "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+                )
     return found, left
 
 
@@ -202,13 +214,20 @@ def save(work):
             if isinstance(exc, (KeyboardInterrupt, SystemExit, OSError)) or attempt:
                 drop()
                 if getattr(exc, "errno", None) == errno.ENOSPC:
-                    raise OSError(errno.ENOSPC, f"no room for the checkpoint in {area()} (on Docker: raise "
-                                  "home_size or memory)") from None
+                    raise OSError(
+                        errno.ENOSPC,
+                        f"no room for the checkpoint in {area()} (on Docker: raise "
+                        "home_size or memory)",
+                    ) from None
                 raise
             saved, not_saved = _picklable(pickler_class, ns, hidden, names)
     return {
-        "size": os.path.getsize(target), "sha256": digest(target), "saved": saved, "not_saved": not_saved,
-        "files": len(found), "files_not_saved": files_left,
+        "size": os.path.getsize(target),
+        "sha256": digest(target),
+        "saved": saved,
+        "not_saved": not_saved,
+        "files": len(found),
+        "files_not_saved": files_left,
     }
 
 
@@ -233,9 +252,13 @@ def load(work, sha256):
         if digest(target) != sha256:
             raise ValueError("the checkpoint did not arrive intact (its sha256 differs)")
         with zipfile.ZipFile(target) as archive:
-            members = [info for info in archive.infolist() if info.filename.startswith(FILES) and not info.is_dir()]
+            members = [
+                info
+                for info in archive.infolist()
+                if info.filename.startswith(FILES) and not info.is_dir()
+            ]
             for info in members:
-                relative = info.filename[len(FILES):]
+                relative = info.filename[len(FILES) :]
                 files.inside(work, relative)
                 offset = 0
                 with archive.open(info) as stream:

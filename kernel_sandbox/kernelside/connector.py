@@ -27,7 +27,8 @@ import time
 CHUNK = 256 * 1024
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.05
-"""Refused connections are retried after 5 ms, doubling up to 50 ms (a slow start is not spun on)."""
+"""Refused connections are retried after 5 ms, doubling up to 50 ms (a slow start is not spun
+on)."""
 HELLO = b"kernel-sandbox connector\n"
 """The connector's first bytes on stdout: the exec started, what follows is the kernel's port."""
 
@@ -57,11 +58,12 @@ def write_all(fd, data):
     """Write every byte of ``data`` to ``fd``."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def pump(sock, fd_in=0, fd_out=1):
-    """Copy ``fd_in`` to ``sock`` and ``sock`` to ``fd_out``; return True when ``fd_in`` ended first."""
+    """Copy ``fd_in`` to ``sock`` and ``sock`` to ``fd_out``; return True when ``fd_in`` ended
+    first."""
     sock_fd = sock.fileno()
     while True:
         ready, _, _ = select.select([fd_in, sock_fd], [], [])
@@ -83,7 +85,8 @@ def end_everything():
 
 
 def main(argv):
-    """Once stdin has data, connect to the port in ``argv[0]`` (waiting up to ``argv[1]`` s) and pump."""
+    """Once stdin has data, connect to the port in ``argv[0]`` (waiting up to ``argv[1]`` s) and
+    pump."""
     port, wait_seconds = int(argv[0]), float(argv[1])
     select.select([0], [], [])
     write_all(1, HELLO)

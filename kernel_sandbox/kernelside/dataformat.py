@@ -57,14 +57,25 @@ import uuid
 TAG = "$"
 OUT_OF_BAND_BYTES = 64 * 1024
 MAX_DEPTH = 500
-FACTORIES = {"list": list, "dict": dict, "set": set, "int": int, "float": float, "str": str,
-             "tuple": tuple, "frozenset": frozenset, "bytes": bytes, "bool": bool}
+FACTORIES = {
+    "list": list,
+    "dict": dict,
+    "set": set,
+    "int": int,
+    "float": float,
+    "str": str,
+    "tuple": tuple,
+    "frozenset": frozenset,
+    "bytes": bytes,
+    "bool": bool,
+}
 _FACTORY_NAMES = {factory: name for name, factory in FACTORIES.items()}
 _SCALARS = frozenset({type(None), bool, int, str})
 
 
 class EncodeError(TypeError):
-    """A value cannot be sent back in the data-only format; ``inside`` lists the classes around it."""
+    """A value cannot be sent back in the data-only format; ``inside`` lists the classes around
+    it."""
 
     def __init__(self, message):
         super().__init__(message)
@@ -91,7 +102,9 @@ def encode(value, *, out_of_band=OUT_OF_BAND_BYTES, allow_pickle=False):
     """
     encoder = _Encoder(out_of_band, allow_pickle)
     tree = encoder.walk(value, 0)
-    text = json.dumps(tree, ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
+    text = json.dumps(
+        tree, ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":")
+    )
     return text.encode("ascii"), encoder.buffers
 
 
@@ -111,7 +124,7 @@ class _Encoder:
             return {TAG: tag, "b": self.buffer(bytes(data))}
         return {TAG: tag, "v": base64.b64encode(data).decode("ascii")}
 
-    def walk(self, value, depth):
+    def walk(self, value, depth):  # noqa: C901
         kind = type(value)
         if kind in _SCALARS:
             if kind is str and self.out_of_band is not None and len(value) > self.out_of_band // 4:
@@ -139,12 +152,19 @@ class _Encoder:
             return {TAG: "path", "v": value.as_posix()}
         if isinstance(value, float):
             return self.walk(float(value), depth)
-        if kind.__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        if (
+            kind.__module__ == "numpy"
+            and getattr(value, "ndim", None) == 0
+            and hasattr(value, "item")
+        ):
             return self.walk(value.item(), depth)
         builtin = next((base for base in kind.__mro__[:-1] if base.__module__ == "builtins"), None)
         if builtin is not None:
-            return self.fallback(value, f"a {kind.__qualname__}" + (
-                f" (a subclass of {builtin.__name__})" if builtin is not kind else ""))
+            return self.fallback(
+                value,
+                f"a {kind.__qualname__}"
+                + (f" (a subclass of {builtin.__name__})" if builtin is not kind else ""),
+            )
         return self.tracked(value, self.instance, kind, depth + 1)
 
     def tracked(self, value, encode, kind, depth):
@@ -183,7 +203,11 @@ class _Encoder:
             factory = value.default_factory
             if factory is not None and factory not in _FACTORY_NAMES:
                 return self.fallback(value, f"a defaultdict whose factory is {factory!r}")
-            return {TAG: "defaultdict", "f": _FACTORY_NAMES.get(factory), "v": self.pairs(value, depth)}
+            return {
+                TAG: "defaultdict",
+                "f": _FACTORY_NAMES.get(factory),
+                "v": self.pairs(value, depth),
+            }
         return {TAG: "deque", "v": self.items(value, depth), "m": value.maxlen}
 
     def named_tuple(self, value, kind, depth):
@@ -194,8 +218,11 @@ class _Encoder:
             fields = instance_fields(value)
         except EncodeError as exc:
             return self.fallback(value, str(exc))
-        return {TAG: "obj", "c": class_name(kind),
-                "v": {name: self.walk(item, depth) for name, item in fields.items()}}
+        return {
+            TAG: "obj",
+            "c": class_name(kind),
+            "v": {name: self.walk(item, depth) for name, item in fields.items()},
+        }
 
     def fallback(self, value, what):
         if not self.allow_pickle:
@@ -208,19 +235,42 @@ class _Encoder:
         return self.binary("pickle", pickle.dumps(value, protocol=4))
 
 
-_CONTAINERS = frozenset({list, dict, tuple, set, frozenset, collections.OrderedDict, collections.Counter,
-                         collections.defaultdict, collections.deque})
+_CONTAINERS = frozenset(
+    {
+        list,
+        dict,
+        tuple,
+        set,
+        frozenset,
+        collections.OrderedDict,
+        collections.Counter,
+        collections.defaultdict,
+        collections.deque,
+    }
+)
 _ATOMS = {
     bytes: lambda enc, value, depth: enc.binary("bytes", value),
     bytearray: lambda enc, value, depth: enc.binary("bytearray", value),
     memoryview: lambda enc, value, depth: enc.binary("bytes", value.tobytes()),
-    complex: lambda enc, value, depth: {TAG: "complex", "v": [enc.walk(value.real, depth), enc.walk(value.imag, depth)]},
+    complex: lambda enc, value, depth: {
+        TAG: "complex",
+        "v": [enc.walk(value.real, depth), enc.walk(value.imag, depth)],
+    },
     decimal.Decimal: lambda enc, value, depth: {TAG: "decimal", "v": str(value)},
-    fractions.Fraction: lambda enc, value, depth: {TAG: "fraction", "v": [value.numerator, value.denominator]},
-    datetime.datetime: lambda enc, value, depth: {TAG: "datetime", "v": datetime.datetime.isoformat(value)},
+    fractions.Fraction: lambda enc, value, depth: {
+        TAG: "fraction",
+        "v": [value.numerator, value.denominator],
+    },
+    datetime.datetime: lambda enc, value, depth: {
+        TAG: "datetime",
+        "v": datetime.datetime.isoformat(value),
+    },
     datetime.date: lambda enc, value, depth: {TAG: "date", "v": datetime.date.isoformat(value)},
     datetime.time: lambda enc, value, depth: {TAG: "time", "v": datetime.time.isoformat(value)},
-    datetime.timedelta: lambda enc, value, depth: {TAG: "timedelta", "v": [value.days, value.seconds, value.microseconds]},
+    datetime.timedelta: lambda enc, value, depth: {
+        TAG: "timedelta",
+        "v": [value.days, value.seconds, value.microseconds],
+    },
     uuid.UUID: lambda enc, value, depth: {TAG: "uuid", "v": value.hex},
 }
 
@@ -243,19 +293,31 @@ def instance_fields(value):
         fields.update(getattr(value, "__pydantic_extra__", None) or {})
         return fields
     getstate = getattr(kind, "__getstate__", None)
-    custom = getstate is not None and getstate is not getattr(object, "__getstate__", None) and getattr(
-        getstate, "__name__", "") != "_dataclass_getstate"
+    custom = (
+        getstate is not None
+        and getstate is not getattr(object, "__getstate__", None)
+        and getattr(getstate, "__name__", "") != "_dataclass_getstate"
+    )
     if custom:
         state = value.__getstate__()
-        if isinstance(state, tuple) and len(state) == 2 and all(part is None or type(part) is dict for part in state):
+        if (
+            isinstance(state, tuple)
+            and len(state) == 2
+            and all(part is None or type(part) is dict for part in state)
+        ):
             return {**(state[0] or {}), **(state[1] or {})}
         if type(state) is not dict:
-            raise EncodeError(f"{kind.__qualname__}.__getstate__ returned a {type(state).__name__}, not a dict")
+            raise EncodeError(
+                f"{kind.__qualname__}.__getstate__ returned a {type(state).__name__}, not a dict"
+            )
         return dict(state)
     fields = dict(vars(value)) if hasattr(value, "__dict__") else None
     slots = list(_slot_names(kind))
     if fields is None and not slots:
-        raise EncodeError(f"cannot send a {kind.__module__}.{kind.__qualname__} back from the sandbox: it has no fields")
+        raise EncodeError(
+            f"cannot send a {kind.__module__}.{kind.__qualname__} back from the sandbox: it has no "
+            "fields"
+        )
     fields = fields or {}
     for name in slots:
         try:

@@ -28,7 +28,7 @@ def write_all(fd, data):
     """Write every byte of ``data`` to ``fd``."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def send(kind, ident, payload=b""):
@@ -37,13 +37,14 @@ def send(kind, ident, payload=b""):
 
 
 def frames(buffer):
-    """Take the complete frames at the start of ``buffer`` (a bytearray, consumed); yield (kind, id, payload)."""
+    """Take the complete frames at the start of ``buffer`` (a bytearray, consumed); yield (kind, id,
+    payload)."""
     while len(buffer) >= HEADER.size:
         ident, kind, length = HEADER.unpack_from(buffer)
         if len(buffer) < HEADER.size + length:
             return
-        payload = bytes(buffer[HEADER.size:HEADER.size + length])
-        del buffer[:HEADER.size + length]
+        payload = bytes(buffer[HEADER.size : HEADER.size + length])
+        del buffer[: HEADER.size + length]
         yield kind, ident, payload
 
 
@@ -55,7 +56,7 @@ def listen(port):
     return sock
 
 
-def serve(listener):
+def serve(listener):  # noqa: C901
     """Relay until the launcher's stream ends."""
     clients = {}
     reading = set()

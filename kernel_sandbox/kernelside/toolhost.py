@@ -1,8 +1,8 @@
 """The kernel side of the execution API: tool calls, per-call environments, files, packages.
 
-The host installs this module (with ``dataformat``, ``files`` and ``checkpoint``) once per kernel and calls
-:func:`install`. Requests then arrive as comm messages on the channel :func:`install` opens
-(``docker``, ``local``), handled between cells without IPython's per-execute work, or as
+The host installs this module (with ``dataformat``, ``files`` and ``checkpoint``) once per kernel
+and calls :func:`install`. Requests then arrive as comm messages on the channel :func:`install`
+opens (``docker``, ``local``), handled between cells without IPython's per-execute work, or as
 :func:`text_request` cells on transports without comms (the OpenSandbox relay).
 
 A request is ``{"op", "marker", ...}`` plus binary buffers. Every answer is one message
@@ -75,6 +75,7 @@ _state = _holder()
 
 # -- restoring what a tool may break -----------------------------------------------------------
 
+
 def _ipython():
     try:
         from IPython import get_ipython
@@ -87,11 +88,21 @@ def _capture():
     """The objects the channel and the next calls rely on, as they are now."""
     shell = _ipython()
     kernel = getattr(shell, "kernel", None)
-    saved = {"sys": {name: getattr(sys, name) for name in ("stdout", "stderr", "displayhook", "excepthook")}}
+    saved = {
+        "sys": {
+            name: getattr(sys, name) for name in ("stdout", "stderr", "displayhook", "excepthook")
+        }
+    }
     if shell is not None:
-        saved["shell"] = (shell, {name: getattr(shell, name, None) for name in ("displayhook", "display_pub")})
+        saved["shell"] = (
+            shell,
+            {name: getattr(shell, name, None) for name in ("displayhook", "display_pub")},
+        )
     if kernel is not None:
-        handlers = {"shell_handlers": dict(kernel.shell_handlers), "control_handlers": dict(kernel.control_handlers)}
+        handlers = {
+            "shell_handlers": dict(kernel.shell_handlers),
+            "control_handlers": dict(kernel.control_handlers),
+        }
         saved["kernel"] = (kernel, getattr(kernel, "comm_manager", None), handlers)
     try:
         import comm
@@ -104,14 +115,30 @@ def _capture():
     return saved
 
 
-SESSION_FIELDS = ("key", "auth", "pack", "unpack", "digest_mod", "signature_scheme", "session", "bsession", "username")
+SESSION_FIELDS = (
+    "key",
+    "auth",
+    "pack",
+    "unpack",
+    "digest_mod",
+    "signature_scheme",
+    "session",
+    "bsession",
+    "username",
+)
 
 
 def _send_path(kernel):
     """What an answer goes through (the session, the IOPub socket and their classes, the comm
     classes the requests arrive through), as it is now."""
     session, socket = kernel.session, kernel.iopub_socket
-    objects = [kernel, session, socket, getattr(socket, "io_thread", None), getattr(kernel, "comm_manager", None)]
+    objects = [
+        kernel,
+        session,
+        socket,
+        getattr(socket, "io_thread", None),
+        getattr(kernel, "comm_manager", None),
+    ]
     objects = [obj for obj in objects if obj is not None]
     classes = [type(obj) for obj in objects[1:]]
     try:
@@ -122,7 +149,10 @@ def _send_path(kernel):
         pass
     methods = {}
     for cls in {klass for root in classes for klass in root.__mro__ if klass is not object}:
-        methods[cls] = (set(vars(cls)), {name: value for name, value in vars(cls).items() if _is_code(value)})
+        methods[cls] = (
+            set(vars(cls)),
+            {name: value for name, value in vars(cls).items() if _is_code(value)},
+        )
     return {
         "kernel": (kernel, session, socket),
         "session": {name: getattr(session, name, None) for name in SESSION_FIELDS},
@@ -132,7 +162,8 @@ def _send_path(kernel):
 
 
 def _clean(obj, names):
-    """Remove what was set on ``obj`` since it had the attributes ``names`` and shadows a method of its class."""
+    """Remove what was set on ``obj`` since it had the attributes ``names`` and shadows a method of
+    its class."""
     current = vars(obj)
     for name in current.keys() - names:
         if callable(current[name]) and _is_code(getattr(type(obj), name, None)):
@@ -164,7 +195,7 @@ def _restore_send_path(saved):
             setattr(session, name, value)
 
 
-def restore():
+def restore():  # noqa: C901
     """Put back what :func:`_capture` saved at install, and re-attach this channel."""
     saved = _state.originals
     if not saved:
@@ -242,7 +273,8 @@ def _bounded_output():
 
 
 def _unshadow(stream):
-    """Drop an instance attribute ``write`` that is the old, unwrapped method (IPython's leftover)."""
+    """Drop an instance attribute ``write`` that is the old, unwrapped method (IPython's
+    leftover)."""
     method = getattr(stream, "__dict__", {}).get("write")
     current = getattr(type(stream), "write", None)
     if getattr(method, "__func__", None) is getattr(current, "kernel_sandbox", object()):
@@ -260,10 +292,17 @@ def _flush():
 
 # -- answers -----------------------------------------------------------------------------------
 
+
 def _error(exc):
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     value = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted"
-    return {"error": {"name": type(exc).__name__, "value": value[:TEXT_LIMIT], "traceback": text[-TEXT_LIMIT:]}}
+    return {
+        "error": {
+            "name": type(exc).__name__,
+            "value": value[:TEXT_LIMIT],
+            "traceback": text[-TEXT_LIMIT:],
+        }
+    }
 
 
 def answer(marker, body, allow_pickle=False):
@@ -289,13 +328,14 @@ def _pull(request, buffers):
     if blob is None:
         raise LookupError("no answer is waiting to be pulled for that call")
     offset = int(request["offset"])
-    chunk = blob[offset:offset + CHUNK]
+    chunk = blob[offset : offset + CHUNK]
     if offset + CHUNK >= len(blob):
         _state.pending.clear()
     return {"marker": request["marker"], "lengths": [len(chunk)], "raw": True}, [chunk]
 
 
 # -- requests ----------------------------------------------------------------------------------
+
 
 def _work():
     return _state.work or os.getcwd()
@@ -376,8 +416,19 @@ def _install(request, buffers):
     os.makedirs(PACKAGES, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write(request["requirements"])
-    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-               "--target", PACKAGES, "-r", handle.name, *request["pip_args"]]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--target",
+        PACKAGES,
+        "-r",
+        handle.name,
+        *request["pip_args"],
+    ]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, cwd=_work())
     finally:
@@ -387,7 +438,13 @@ def _install(request, buffers):
             sys.path.insert(0, PACKAGES)
         importlib.invalidate_caches()
     tail = request["tail"]
-    return {"ok": {"returncode": proc.returncode, "stdout": proc.stdout[-tail:], "stderr": proc.stderr[-tail:]}}
+    return {
+        "ok": {
+            "returncode": proc.returncode,
+            "stdout": proc.stdout[-tail:],
+            "stderr": proc.stderr[-tail:],
+        }
+    }
 
 
 def _prepare(request, buffers):
@@ -419,10 +476,16 @@ def _checkpoint(request, buffers):
     if action == "save":
         return {"ok": checkpoint.save(_work())}
     if action == "read":
-        total, data = files.read_chunk(checkpoint.area(), checkpoint.BLOB, request["offset"], request["size"])
+        total, data = files.read_chunk(
+            checkpoint.area(), checkpoint.BLOB, request["offset"], request["size"]
+        )
         return {"ok": [total, data]}
     if action == "write":
-        return {"ok": files.write_chunk(checkpoint.area(), checkpoint.BLOB, request["offset"], buffers[0])}
+        return {
+            "ok": files.write_chunk(
+                checkpoint.area(), checkpoint.BLOB, request["offset"], buffers[0]
+            )
+        }
     if action == "load":
         return {"ok": checkpoint.load(_work(), request["sha256"])}
     checkpoint.drop()
@@ -433,8 +496,19 @@ def _ready(request, buffers):
     return {"ok": None}
 
 
-OPS = {"ready": _ready, "call": _call, "env": _env, "install": _install, "prepare": _prepare,
-       "write": _file, "read": _file, "list": _file, "snapshot": _file, "wipe": _file, "checkpoint": _checkpoint}
+OPS = {
+    "ready": _ready,
+    "call": _call,
+    "env": _env,
+    "install": _install,
+    "prepare": _prepare,
+    "write": _file,
+    "read": _file,
+    "list": _file,
+    "snapshot": _file,
+    "wipe": _file,
+    "checkpoint": _checkpoint,
+}
 
 
 def handle(request, buffers):
@@ -463,6 +537,7 @@ def handle(request, buffers):
 
 # -- transports --------------------------------------------------------------------------------
 
+
 def _on_msg(msg):
     data = msg["content"].get("data") or {}
     meta, buffers = handle(data, msg.get("buffers") or [])
@@ -472,7 +547,14 @@ def _on_msg(msg):
         return
     _channel, comm_id, topic, _names = saved["channel"]
     _kernel, session, socket = saved["send"]["kernel"]
-    session.send(socket, "comm_msg", {"data": meta, "comm_id": comm_id}, parent=msg, ident=topic, buffers=buffers)
+    session.send(
+        socket,
+        "comm_msg",
+        {"data": meta, "comm_id": comm_id},
+        parent=msg,
+        ident=topic,
+        buffers=buffers,
+    )
 
 
 class _Frame:
@@ -487,7 +569,9 @@ class _Frame:
 
 def frame(marker, meta, buffers):
     """The text frame ``BEGIN-marker length sha256 body END-marker`` of an answer."""
-    body = json.dumps({"meta": meta, "parts": [base64.b64encode(part).decode("ascii") for part in buffers]})
+    body = json.dumps(
+        {"meta": meta, "parts": [base64.b64encode(part).decode("ascii") for part in buffers]}
+    )
     digest = hashlib.sha256(body.encode("ascii")).hexdigest()
     return _Frame(f"BEGIN-{marker} {len(body)} {digest} {body} END-{marker}")
 

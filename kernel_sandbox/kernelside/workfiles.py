@@ -30,7 +30,9 @@ def inside(work, relative):
 
 def _open_regular(path, flags, mode=0o644):
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+        fd = os.open(
+            path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode
+        )
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO without a reader
             raise Refused(f"{os.path.basename(path)!r} is not a regular file") from None
@@ -72,7 +74,8 @@ def write_chunk(work, relative, offset, data):
 
 
 def read_chunk(work, relative, offset, size):
-    """Read up to ``size`` bytes at ``offset``; returns ``(file size, data)`` (the host applies its limits)."""
+    """Read up to ``size`` bytes at ``offset``; returns ``(file size, data)`` (the host applies its
+    limits)."""
     real = inside(work, relative)
     try:
         fd = _open_regular(real, os.O_RDONLY)
@@ -89,7 +92,8 @@ def read_chunk(work, relative, offset, size):
 
 
 def listing(work, relative):
-    """``[name, path, size, is_dir]`` for each entry of a directory (symlinks listed, not followed)."""
+    """``[name, path, size, is_dir]`` for each entry of a directory (symlinks listed, not
+    followed)."""
     real = inside(work, relative)
     if not os.path.isdir(real):
         raise NotADirectoryError(f"{relative!r} is not a directory in the work directory")
@@ -112,7 +116,10 @@ def snapshot(work):
             path = os.path.join(folder, name)
             info = os.lstat(path)
             if stat.S_ISREG(info.st_mode):
-                found[os.path.relpath(path, root).replace(os.sep, "/")] = [info.st_size, info.st_mtime_ns]
+                found[os.path.relpath(path, root).replace(os.sep, "/")] = [
+                    info.st_size,
+                    info.st_mtime_ns,
+                ]
     return found
 
 

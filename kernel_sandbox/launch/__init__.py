@@ -1,4 +1,5 @@
-"""The launcher: ``python -m kernel_sandbox.launch -f CONNECTION_FILE (--kernelspec DIR | --config FILE)``.
+"""The launcher: ``python -m kernel_sandbox.launch -f CONNECTION_FILE (--kernelspec DIR | --config
+FILE)``.
 
 The one code path that sandboxes a kernel. Given the connection file a Jupyter client wrote, it
 starts the kernel in a container with the kernelspec's provisioner settings and serves the
@@ -6,10 +7,11 @@ client's five channels by relaying them to it. Clients that launch a kernelspec'
 themselves (VS Code, PyCharm) run it with ``--kernelspec``; the Docker provisioner runs it with
 ``--config``, a 0600 file in the kernel's private directory holding its effective settings.
 
-The kernelspec's provisioner picks the backend, through the registry (:mod:`kernel_sandbox.backends`):
-``kernel-sandbox-docker`` runs the kernel in a Docker container (:mod:`kernel_sandbox.docker.link`),
-``kernel-sandbox-opensandbox`` in an OpenSandbox sandbox (:mod:`kernel_sandbox.opensandbox.link`);
-the OpenSandbox provisioner runs the launcher the same way.
+The kernelspec's provisioner picks the backend, through the registry
+(:mod:`kernel_sandbox.backends`): ``kernel-sandbox-docker`` runs the kernel in a Docker container
+(:mod:`kernel_sandbox.docker.link`), ``kernel-sandbox-opensandbox`` in an OpenSandbox sandbox
+(:mod:`kernel_sandbox.opensandbox.link`); the OpenSandbox provisioner runs the launcher the same
+way.
 
 Lifecycle: SIGINT interrupts the running cell; SIGTERM, a ``shutdown_request`` or the end of
 the launcher ends the kernel and removes its container or sandbox (a SIGKILLed launcher's
@@ -55,12 +57,14 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 
 def make_link(request: LaunchRequest) -> KernelLink:
-    """The kernel link of the request's backend (the registry imports its wing now: each pulls in its SDK)."""
+    """The kernel link of the request's backend (the registry imports its wing now: each pulls in
+    its SDK)."""
     return backends.for_settings(request.settings).make_link(request)
 
 
 def output_policy(settings: Settings) -> OutputPolicy:
-    """A new output policy for one kernel connection with these settings (it tracks widget comms)."""
+    """A new output policy for one kernel connection with these settings (it tracks widget
+    comms)."""
     return OutputPolicy.from_name(
         settings.output_policy,
         allow_mime_types=settings.allow_mime_types,
@@ -84,18 +88,23 @@ async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> Non
                 (private / ORPHANED).unlink(missing_ok=True)
             free_since = None
         else:
-            if free_since is None:  # for `kernel-sandbox ps`: an orphan waiting to be re-attached, and until when
-                with contextlib.suppress(OSError):  # the directory may be gone: the countdown goes on
+            # for `kernel-sandbox ps`: an orphan waiting to be re-attached, and until when
+            if free_since is None:
+                # the directory may be gone: the countdown goes on
+                with contextlib.suppress(OSError):
                     private.write_json(ORPHANED, {"since": time.time(), "timeout": timeout})
             free_since = free_since or time.monotonic()
             if timeout is not None and time.monotonic() - free_since >= timeout:
-                gone.set_result(f"the process that started the kernel has been gone for {timeout:g} s")
+                gone.set_result(
+                    f"the process that started the kernel has been gone for {timeout:g} s"
+                )
                 return
         await asyncio.sleep(OWNER_CHECK_INTERVAL)
 
 
 async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
-    """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit code."""
+    """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit
+    code."""
     loop = asyncio.get_running_loop()
     private = request.private
     if private is not None:
@@ -122,14 +131,14 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     try:
         front.attach(link)
         started = asyncio.ensure_future(link.start(front))
-        await asyncio.wait([started, stop], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((started, stop), return_when=asyncio.FIRST_COMPLETED)
         if started.done():
             started.result()
             front.kernel_ready()
             _report_ready(status_fd)
             status_fd = None  # closed: its number may be reused by now
             ended = asyncio.ensure_future(link.ended())
-            await asyncio.wait([ended, stop], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((ended, stop), return_when=asyncio.FIRST_COMPLETED)
             status = ended.result() if ended.done() else ExitStatus(0, stop.result())
         else:
             started.cancel()
@@ -154,11 +163,13 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
 
 
 def _finish(private: PrivateDir | None, status: ExitStatus) -> None:
-    """Leave the exit status for the provisioner that owns the directory, or remove the directory."""
+    """Leave the exit status for the provisioner that owns the directory, or remove the
+    directory."""
     if private is None:
         return
     if private.held(OWNER_LOCK):
-        reason = escape_controls(status.reason)  # the server logs it, a program raises it: shown, never obeyed
+        # the server logs it, a program raises it: shown, never obeyed
+        reason = escape_controls(status.reason)
         private.write_json(EXIT, {"code": status.code, "reason": reason, "error": status.error})
         private.release(LAUNCHER_LOCK)
     else:
@@ -183,12 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The launcher's command line."""
     parser = argparse.ArgumentParser(
         prog="python -m kernel_sandbox.launch",
-        description="Start a sandboxed kernel for the client that wrote CONNECTION_FILE and relay its channels.",
+        description="Start a sandboxed kernel for the client that wrote CONNECTION_FILE and relay "
+        "its channels.",
     )
-    parser.add_argument("-f", dest="connection_file", required=True, help="the client's connection file")
+    parser.add_argument(
+        "-f", dest="connection_file", required=True, help="the client's connection file"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--kernelspec", metavar="DIR", help="kernelspec directory whose kernel.json holds the settings")
-    source.add_argument("--config", metavar="FILE", help="effective settings written by the provisioner (0600)")
+    source.add_argument(
+        "--kernelspec",
+        metavar="DIR",
+        help="kernelspec directory whose kernel.json holds the settings",
+    )
+    source.add_argument(
+        "--config", metavar="FILE", help="effective settings written by the provisioner (0600)"
+    )
     parser.add_argument("--status-fd", type=int, help=argparse.SUPPRESS)
     return parser
 

@@ -1,15 +1,15 @@
 """The kernel's filtering HTTP(S) proxy: egress by name for a container that has no network.
 
 The launcher listens on the container's own loopback (:data:`PROXY_PORT`): from a thread in the
-container's network namespace where it may (root, runc), else through a relay in the container
-over one exec stream (:mod:`.egress_stream`); the kernel's environment points ``HTTP(S)_PROXY`` there, so
-pip, requests, httpx and urllib use it unchanged. Each connection carries one request:
-``CONNECT host:port`` (a tunnel, TLS inside it is not inspected) or a plain-HTTP request with an
-absolute URI. The launcher decides on the host (:meth:`Egress.decide`): the destination must be
-on the kernel's ``network`` list or in an open install window (:meth:`Egress.open_window`); the
-name is resolved once on the host (:data:`Resolver`), refused when any address is not global or
-is the host's own unless the entry allows it, and the connection goes to the address that was
-resolved, never to a second lookup's. Everything else is answered ``403`` with the option to change.
+container's network namespace where it may (root, runc), else through a relay in the container over
+one exec stream (:mod:`.egress_stream`); the kernel's environment points ``HTTP(S)_PROXY`` there, so
+pip, requests, httpx and urllib use it unchanged. Each connection carries one request: ``CONNECT
+host:port`` (a tunnel, TLS inside it is not inspected) or a plain-HTTP request with an absolute URI.
+The launcher decides on the host (:meth:`Egress.decide`): the destination must be on the kernel's
+``network`` list or in an open install window (:meth:`Egress.open_window`); the name is resolved
+once on the host (:data:`Resolver`), refused when any address is not global or is the host's own
+unless the entry allows it, and the connection goes to the address that was resolved, never to a
+second lookup's. Everything else is answered ``403`` with the option to change.
 
 Every outbound connection is made by :func:`open_outbound`, the one function that connects.
 Bounds: :data:`MAX_CONNECTIONS` per kernel, :data:`HEAD_LIMIT` bytes and :data:`HEAD_TIMEOUT`
@@ -36,7 +36,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..egress import Address, Destination, literal_address, package_index, parse_destinations, split_host_port, valid_name
+from ..egress import (
+    Address,
+    Destination,
+    literal_address,
+    package_index,
+    parse_destinations,
+    split_host_port,
+    valid_name,
+)
 from ..settings import HOME_DIR
 
 if TYPE_CHECKING:
@@ -48,7 +56,8 @@ PROXY_PORT = 20080
 """The proxy's port on the container's loopback: below the ephemeral range, like the kernel's."""
 MAX_CONNECTIONS = 64
 BACKLOG = 1024
-"""Connections the kernel may have waiting to be accepted (each then answered, refused past :data:`MAX_CONNECTIONS`)."""
+"""Connections the kernel may have waiting to be accepted (each then answered, refused past
+:data:`MAX_CONNECTIONS`)."""
 HEAD_LIMIT = 16 * 1024
 """Bytes of a request line and its headers together."""
 MAX_HEADERS = 64
@@ -62,21 +71,29 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 4 * 2**20
 LOG_EVERY = 60.0
 LOG_NAMES = 256
-"""Names whose last refusal is remembered; refusals of others are counted and summed up once per :data:`LOG_EVERY`."""
+"""Names whose last refusal is remembered; refusals of others are counted and summed up once per
+:data:`LOG_EVERY`."""
 TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
 PACKAGES_DIR = f"{HOME_DIR}/.local/kernel-sandbox-packages"
 """Where pip installs in the kernel (the tool host's ``install`` uses the same directory)."""
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 NO_PROXY = "localhost,127.0.0.1,::1"
 _TOKEN = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
-               "te", "trailer", "upgrade"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+}
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
-"""Resolve a host name to its addresses (``host``, ``port``): the one place the launcher asks DNS."""
+"""Resolve a host name to its addresses (``host``, ``port``): the one place the launcher asks
+DNS."""
 Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-
-
 
 
 def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, str]:
@@ -85,9 +102,12 @@ def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, st
     ``package_index``'s URL when it names one."""
     url = f"http://127.0.0.1:{port}"
     env = dict.fromkeys(PROXY_ENV, url)
-    env.update(NO_PROXY=NO_PROXY, no_proxy=NO_PROXY, PIP_TARGET=PACKAGES_DIR, PYTHONPATH=PACKAGES_DIR)
+    env.update(
+        NO_PROXY=NO_PROXY, no_proxy=NO_PROXY, PIP_TARGET=PACKAGES_DIR, PYTHONPATH=PACKAGES_DIR
+    )
     if settings.network is False:
-        env["PIP_RETRIES"] = "1"  # every request is refused: pip says why once (its retry warning), not five times
+        # every request is refused: pip says why once (its retry warning), not five times
+        env["PIP_RETRIES"] = "1"
     index = package_index("package_index", settings.package_index)
     if index.url is not None:
         env["PIP_INDEX_URL"] = index.url
@@ -102,9 +122,13 @@ async def system_resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-async def open_outbound(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def open_outbound(
+    address: str, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connect to ``address:port``: every outbound connection of the proxy is made here."""
-    return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK), CONNECT_TIMEOUT)
+    return await asyncio.wait_for(
+        asyncio.open_connection(address, port, limit=CHUNK), CONNECT_TIMEOUT
+    )
 
 
 class GuardError(OSError):
@@ -114,7 +138,9 @@ class GuardError(OSError):
 def guarded(connect: Connector, fired: Callable[[str], None]) -> Connector:
     """``connect``, refusing (and reporting through ``fired``) any address outside 127.0.0.0/8."""
 
-    async def connect_loopback(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect_loopback(
+        address: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if ipaddress.ip_address(address) not in ipaddress.ip_network("127.0.0.0/8"):
             fired(f"{address}:{port}")
             raise GuardError(f"the test guard refused {address}:{port}")
@@ -123,7 +149,9 @@ def guarded(connect: Connector, fired: Callable[[str], None]) -> Connector:
     return connect_loopback
 
 
-def test_hooks(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[Resolver, Connector] | None:
+def test_hooks(
+    environ: dict[str, str] | os._Environ[str] = os.environ,
+) -> tuple[Resolver, Connector] | None:
     """The resolver and guarded connector of a test run (``KERNEL_SANDBOX_TEST_RESOLVER``), or None.
 
     The map is JSON ``{"name": ["address", ...]}`` in a file of the launcher's own user that no
@@ -134,7 +162,9 @@ def test_hooks(environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple
         return None
     info = os.stat(path)
     if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(f"{TEST_RESOLVER_ENV}={path}: must be this user's file, writable by no one else")
+        raise PermissionError(
+            f"{TEST_RESOLVER_ENV}={path}: must be this user's file, writable by no one else"
+        )
 
     async def resolve(host: str, port: int) -> list[str]:
         with open(path) as handle:
@@ -158,7 +188,10 @@ def host_addresses() -> frozenset[Address]:
     try:
         for _, name in socket.if_nameindex():
             try:
-                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                # SIOCGIFADDR
+                packed = fcntl.ioctl(
+                    probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15])
+                )
                 found.add(ipaddress.ip_address(packed[20:24]))
             except OSError:
                 pass
@@ -166,18 +199,25 @@ def host_addresses() -> frozenset[Address]:
         probe.close()
     try:
         with open("/proc/net/if_inet6") as handle:
-            found.update(ipaddress.ip_address(bytes.fromhex(line.split()[0])) for line in handle if line.strip())
+            found.update(
+                ipaddress.ip_address(bytes.fromhex(line.split()[0]))
+                for line in handle
+                if line.strip()
+            )
     except OSError:
         pass
     try:
-        found.update(ipaddress.ip_address(a) for a in socket.gethostbyname_ex(socket.gethostname())[2])
+        found.update(
+            ipaddress.ip_address(a) for a in socket.gethostbyname_ex(socket.gethostname())[2]
+        )
     except OSError:
         pass
     return frozenset(found)
 
 
 def refused_address(address: Address, own: frozenset[Address]) -> str | None:
-    """Why ``address`` may not be reached by default (None: it is a global address of someone else)."""
+    """Why ``address`` may not be reached by default (None: it is a global address of someone
+    else)."""
     if address in own:
         return "is this host's own address"
     if address.is_multicast:
@@ -202,7 +242,8 @@ class Refusal(Exception):
 
 
 class RefusalLog:
-    """Log each refused name at most once per :data:`LOG_EVERY` s, remembering at most :data:`LOG_NAMES` names."""
+    """Log each refused name at most once per :data:`LOG_EVERY` s, remembering at most
+    :data:`LOG_NAMES` names."""
 
     def __init__(self, every: float = LOG_EVERY, names: int = LOG_NAMES) -> None:
         self.every = every
@@ -224,8 +265,11 @@ class RefusalLog:
         self._unlogged += 1
         if now - self._summary >= self.every:
             self._summary = now
-            log.warning("egress: %d more refusals, not logged one by one (at most one line per name a minute)",
-                        self._unlogged)
+            log.warning(
+                "egress: %d more refusals, not logged one by one (at most one line per name a "
+                "minute)",
+                self._unlogged,
+            )
             self._unlogged = 0
 
 
@@ -239,8 +283,9 @@ class Request:
     head: bytes = b""
 
 
-def parse_head(raw: bytes) -> Request:
-    """Parse a request head (ending in CRLF CRLF), strictly: one request, CRLF lines, tokens only."""
+def parse_head(raw: bytes) -> Request:  # noqa: C901
+    """Parse a request head (ending in CRLF CRLF), strictly: one request, CRLF lines, tokens
+    only."""
     if b"\0" in raw:
         raise Refusal(400, "kernel-sandbox proxy: NUL in the request head")
     try:
@@ -253,7 +298,12 @@ def parse_head(raw: bytes) -> Request:
     if len(lines) - 1 > MAX_HEADERS:
         raise Refusal(431, f"kernel-sandbox proxy: more than {MAX_HEADERS} headers")
     parts = lines[0].split(" ")
-    if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[0] or set(parts[0]) - _TOKEN:
+    if (
+        len(parts) != 3
+        or parts[2] not in ("HTTP/1.1", "HTTP/1.0")
+        or not parts[0]
+        or set(parts[0]) - _TOKEN
+    ):
         raise Refusal(400, "kernel-sandbox proxy: malformed request line")
     method, target, version = parts
     if any(ord(ch) <= 32 or ord(ch) == 127 for ch in target):
@@ -272,8 +322,10 @@ def parse_head(raw: bytes) -> Request:
             raise Refusal(400, "kernel-sandbox proxy: CONNECT needs HOST:PORT")
         return Request(host_port[0], host_port[1], True)
     if not target.startswith("http://"):
-        raise Refusal(400, "kernel-sandbox proxy: only CONNECT and absolute http:// URIs are proxied")
-    authority, slash, path = target[len("http://"):].partition("/")
+        raise Refusal(
+            400, "kernel-sandbox proxy: only CONNECT and absolute http:// URIs are proxied"
+        )
+    authority, slash, path = target[len("http://") :].partition("/")
     host_port = split_host_port(authority)
     if host_port is None or "@" in authority or not _host_ok(host_port[0]):
         raise Refusal(400, "kernel-sandbox proxy: malformed host in the request URI")
@@ -281,12 +333,21 @@ def parse_head(raw: bytes) -> Request:
     for name, value in headers:
         given = split_host_port(value.lower()) if name.lower() == "host" else (host, port)
         if given is None or given[0] != host or (given[1] or 80) != port:
-            raise Refusal(400, "kernel-sandbox proxy: the Host header differs from the request URI's host")
+            raise Refusal(
+                400, "kernel-sandbox proxy: the Host header differs from the request URI's host"
+            )
     kept = [(name, value) for name, value in headers if name.lower() not in _HOP_BY_HOP]
     if not any(name.lower() == "host" for name, _ in kept):
         kept.insert(0, ("Host", authority.lower()))
-    head = "\r\n".join([f"{method} /{path if slash else ''} {version}", *(f"{n}: {v}" for n, v in kept),
-                        "Connection: close", "", ""])
+    head = "\r\n".join(
+        [
+            f"{method} /{path if slash else ''} {version}",
+            *(f"{n}: {v}" for n, v in kept),
+            "Connection: close",
+            "",
+            "",
+        ]
+    )
     return Request(host, port, False, head.encode("ascii"))
 
 
@@ -305,7 +366,8 @@ class Window:
 
 
 class Egress:
-    """One kernel's filtering proxy: the decision (:meth:`decide`) and the connections (:meth:`serve`)."""
+    """One kernel's filtering proxy: the decision (:meth:`decide`) and the connections
+    (:meth:`serve`)."""
 
     def __init__(
         self,
@@ -339,8 +401,15 @@ class Egress:
     @classmethod
     def for_settings(cls, settings: DockerSettings) -> Egress:
         """The proxy of a kernel with these settings (``network`` false or a list)."""
-        allowed = parse_destinations("network", settings.network) if isinstance(settings.network, tuple) else ()
-        return cls(allowed, package_index=package_index("package_index", settings.package_index).destinations)
+        allowed = (
+            parse_destinations("network", settings.network)
+            if isinstance(settings.network, tuple)
+            else ()
+        )
+        return cls(
+            allowed,
+            package_index=package_index("package_index", settings.package_index).destinations,
+        )
 
     # -- install windows -------------------------------------------------------------------
 
@@ -351,16 +420,28 @@ class Egress:
             return {"status": "error", "evalue": "the request's content must be an object"}
         if "open" in content:
             seconds = content["open"]
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 86400:
-                return {"status": "error", "evalue": "'open' must be a number of seconds from 0 to 86400"}
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, (int, float))
+                or not 0 < seconds <= 86400
+            ):
+                return {
+                    "status": "error",
+                    "evalue": "'open' must be a number of seconds from 0 to 86400",
+                }
             token = self.open_window(self.package_index, float(seconds))
-            return {"status": "ok", "window": token, "destinations": [str(d) for d in self.package_index]}
+            return {
+                "status": "ok",
+                "window": token,
+                "destinations": [str(d) for d in self.package_index],
+            }
         if "close" in content:
             return {"status": "ok", "closed": self.close_window(str(content["close"]))}
         return {"status": "error", "evalue": "the request must hold 'open' or 'close'"}
 
     def open_window(self, destinations: Sequence[Destination], seconds: float) -> str:
-        """Allow ``destinations`` for at most ``seconds`` (or until :meth:`close_window`); return its id."""
+        """Allow ``destinations`` for at most ``seconds`` (or until :meth:`close_window`); return
+        its id."""
         self._serial += 1
         token = f"w{self._serial}"
         window = self.windows[token] = Window(tuple(destinations))
@@ -386,42 +467,64 @@ class Egress:
     def hint(self, host: str, port: int) -> str:
         """What to change so that ``host:port`` is reachable, in one sentence."""
         if any(d.matches(host, port) for d in self.package_index):
-            return ("; for packages, use Sandbox.install(), or allow the index in the kernel's 'network' option "
-                    "(kernel-sandbox install --allow-package-index)")
+            return (
+                "; for packages, use Sandbox.install(), or allow the index in the kernel's "
+                "'network' option (kernel-sandbox install --allow-package-index)"
+            )
         entry = host if port in (80, 443) else f"{host}:{port}"
-        return (f"; to allow it, add {entry!r} to the kernel's 'network' option "
-                f"(kernel-sandbox install --allow {entry}, or Sandbox(network=[{entry!r}]))")
+        return (
+            f"; to allow it, add {entry!r} to the kernel's 'network' option "
+            f"(kernel-sandbox install --allow {entry}, or Sandbox(network=[{entry!r}]))"
+        )
 
     async def decide(self, host: str, port: int) -> tuple[str, Window | None]:
-        """The address to connect to for ``host:port``, and the window that allows it (None: the list).
+        """The address to connect to for ``host:port``, and the window that allows it (None: the
+        list).
 
         Raises :class:`Refusal` when the destination is not allowed or resolves where it may not go.
         """
         name = f"{host}:{port}"
-        grants: list[tuple[Destination, Window | None]] = [(d, None) for d in self.allowed if d.matches(host, port)]
-        for window in self.windows.values():
-            grants += [(d, window) for d in window.destinations if d.matches(host, port)]
+        grants: list[tuple[Destination, Window | None]] = [
+            (d, None) for d in self.allowed if d.matches(host, port)
+        ]
+        for open_window in self.windows.values():
+            grants += [(d, open_window) for d in open_window.destinations if d.matches(host, port)]
         if not grants:
-            why = "the kernel's network is off" if not self.allowed else "it is not on the kernel's network list"
-            raise Refusal(403, f"kernel-sandbox refused {name}: {why}{self.hint(host, port)}", name)
+            reason = (
+                "the kernel's network is off"
+                if not self.allowed
+                else "it is not on the kernel's network list"
+            )
+            raise Refusal(
+                403, f"kernel-sandbox refused {name}: {reason}{self.hint(host, port)}", name
+            )
         literal = literal_address(host)
         if literal is not None:
             return str(literal), grants[0][1]
         try:
             answers = await asyncio.wait_for(self.resolve(host, port), CONNECT_TIMEOUT)
-            addresses = [literal_address(answer) for answer in answers]
+            found = [literal_address(answer) for answer in answers]
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
-            raise Refusal(502, f"kernel-sandbox: {host} could not be resolved on the host ({exc})", name) from None
-        if not addresses or None in addresses:
+            raise Refusal(
+                502, f"kernel-sandbox: {host} could not be resolved on the host ({exc})", name
+            ) from None
+        addresses = [address for address in found if address is not None]
+        if not addresses or len(addresses) < len(found):
             raise Refusal(502, f"kernel-sandbox: {host} did not resolve to an address", name)
         for destination, window in grants:
-            bad = [(a, why) for a in addresses if (why := refused_address(a, self.own)) and not destination.permits(a)]
+            bad = [
+                (a, why)
+                for a in addresses
+                if (why := refused_address(a, self.own)) and not destination.permits(a)
+            ]
             if not bad:
                 return str(addresses[0]), window
         address, why = bad[0]
         raise Refusal(
-            403, f"kernel-sandbox refused {name}: it resolves to {address}, which {why}; to allow it, "
-            f"list it as '{host}@{address}' in the kernel's 'network' option", name,
+            403,
+            f"kernel-sandbox refused {name}: it resolves to {address}, which {why}; to allow it, "
+            f"list it as '{host}@{address}' in the kernel's 'network' option",
+            name,
         )
 
     # -- the connections -------------------------------------------------------------------
@@ -430,7 +533,9 @@ class Egress:
         """Serve the proxy until :meth:`close`: on the listening socket ``sock``, or (None) only the
         connections handed to :meth:`client` (the exec-stream relay's)."""
         if sock is not None:
-            self._server = await asyncio.start_server(self.client, sock=sock, limit=HEAD_LIMIT, backlog=BACKLOG)
+            self._server = await asyncio.start_server(
+                self.client, sock=sock, limit=HEAD_LIMIT, backlog=BACKLOG
+            )
         self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def _sweep(self) -> None:
@@ -442,9 +547,16 @@ class Egress:
                     writer.transport.abort()
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Serve one connection from the kernel: refused past :attr:`max_connections`, else one request."""
+        """Serve one connection from the kernel: refused past :attr:`max_connections`, else one
+        request."""
         if len(self._clients) >= self.max_connections:
-            await self._answer(writer, Refusal(503, f"kernel-sandbox: more than {self.max_connections} proxy connections at once"))
+            await self._answer(
+                writer,
+                Refusal(
+                    503,
+                    f"kernel-sandbox: more than {self.max_connections} proxy connections at once",
+                ),
+            )
             return
         self._clients[writer] = time.monotonic()
         task = asyncio.current_task()
@@ -463,7 +575,11 @@ class Egress:
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.head_timeout)
         except asyncio.LimitOverrunError:
-            await self._answer(writer, Refusal(431, f"kernel-sandbox proxy: request head over {HEAD_LIMIT} bytes"), reader)
+            await self._answer(
+                writer,
+                Refusal(431, f"kernel-sandbox proxy: request head over {HEAD_LIMIT} bytes"),
+                reader,
+            )
             return
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             return
@@ -473,7 +589,10 @@ class Egress:
             try:
                 upstream_reader, upstream = await self.connect(address, request.port)
             except (OSError, asyncio.TimeoutError) as exc:
-                raise Refusal(502, f"kernel-sandbox: could not connect to {request.host}:{request.port} ({exc})") from None
+                raise Refusal(
+                    502,
+                    f"kernel-sandbox: could not connect to {request.host}:{request.port} ({exc})",
+                ) from None
         except Refusal as refusal:
             if refusal.name:
                 self.refusals.refused(refusal.name, refusal.reason)
@@ -489,13 +608,17 @@ class Egress:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 upstream.write(request.head)
-            await asyncio.gather(self._pipe(reader, upstream, writer), self._pipe(upstream_reader, writer, writer))
+            await asyncio.gather(
+                self._pipe(reader, upstream, writer), self._pipe(upstream_reader, writer, writer)
+            )
         finally:
             if window is not None:
                 window.connections.discard(writer)
             upstream.transport.abort()
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter
+    ) -> None:
         try:
             while data := await source.read(CHUNK):
                 self._clients[client] = time.monotonic()
@@ -506,14 +629,21 @@ class Egress:
         except (ConnectionError, OSError):
             sink.transport.abort()
 
-    async def _answer(self, writer: asyncio.StreamWriter, refusal: Refusal, reader: asyncio.StreamReader | None = None) -> None:
-        """Answer ``refusal`` and close; what the client still sends is read and dropped for a moment
-        (:data:`LINGER_SECONDS`, :data:`LINGER_BYTES`), so that closing does not reset the answer away."""
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        refusal: Refusal,
+        reader: asyncio.StreamReader | None = None,
+    ) -> None:
+        """Answer ``refusal`` and close; what the client still sends is read and dropped for a
+        moment (:data:`LINGER_SECONDS`, :data:`LINGER_BYTES`), so that closing does not reset the
+        answer away."""
         reason = refusal.reason.replace("\r", " ").replace("\n", " ")[:400]
         body = (reason + "\n").encode("ascii", "replace")
         writer.write(
-            f"HTTP/1.1 {refusal.status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode("ascii", "replace") + body
+            f"HTTP/1.1 {refusal.status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: "
+            f"{len(body)}\r\nConnection: close\r\n\r\n".encode("ascii", "replace")
+            + body
         )
         try:
             await asyncio.wait_for(writer.drain(), LINGER_SECONDS)

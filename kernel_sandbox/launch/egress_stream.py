@@ -1,11 +1,12 @@
-"""The egress proxy over one Docker exec stream, for a launcher that cannot enter the container's namespace.
+"""The egress proxy over one Docker exec stream, for a launcher that cannot enter the container's
+namespace.
 
-The kernel side (:mod:`kernel_sandbox.kernelside.egress_relay`) listens on the container's
-loopback and sends each connection's bytes as frames; :class:`RelayStream` turns every
-connection back into an asyncio stream pair and hands it to :meth:`.Egress.client`, so both
-paths decide with the same code. What comes over the stream is the kernel's: frames over
-:data:`MAX_FRAME` end the stream, a connection that receives more than :data:`MAX_UNREAD` bytes
-after a pause (the relay ignored it) is closed, and at most :data:`~.egress.BACKLOG` connections are held.
+The kernel side (:mod:`kernel_sandbox.kernelside.egress_relay`) listens on the container's loopback
+and sends each connection's bytes as frames; :class:`RelayStream` turns every connection back into
+an asyncio stream pair and hands it to :meth:`.Egress.client`, so both paths decide with the same
+code. What comes over the stream is the kernel's: frames over :data:`MAX_FRAME` end the stream, a
+connection that receives more than :data:`MAX_UNREAD` bytes after a pause (the relay ignored it) is
+closed, and at most :data:`~.egress.BACKLOG` connections are held.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 MAX_FRAME = 1024 * 1024
 MAX_UNREAD = 2 * MAX_FRAME
-"""Bytes a connection may still receive after it was paused (those in flight) before it is closed."""
+"""Bytes a connection may still receive after it was paused (those in flight) before it is
+closed."""
 
 
 class _Connection(asyncio.Transport):
     """One kernel connection as a transport: writes become frames on the relay's stream."""
 
-    def __init__(self, relay: RelayStream, ident: int, protocol: asyncio.StreamReaderProtocol) -> None:
+    def __init__(
+        self, relay: RelayStream, ident: int, protocol: asyncio.StreamReaderProtocol
+    ) -> None:
         super().__init__()
         self.relay = relay
         self.ident = ident
@@ -84,7 +88,8 @@ class _Connection(asyncio.Transport):
 
 
 class RelayStream(asyncio.Protocol):
-    """The relay's exec stream (Docker-multiplexed): frames in, frames out, one stream pair per connection."""
+    """The relay's exec stream (Docker-multiplexed): frames in, frames out, one stream pair per
+    connection."""
 
     def __init__(self, egress: Egress, demux_factory: Any) -> None:
         self.egress = egress
@@ -113,13 +118,15 @@ class RelayStream(asyncio.Protocol):
         while len(self._pending) >= HEADER.size:
             ident, kind, length = HEADER.unpack_from(self._pending)
             if length > MAX_FRAME:
-                log.warning("egress relay: a frame of %d bytes; the relay's stream is closed", length)
+                log.warning(
+                    "egress relay: a frame of %d bytes; the relay's stream is closed", length
+                )
                 self.close()
                 return
             if len(self._pending) < HEADER.size + length:
                 return
-            payload = bytes(self._pending[HEADER.size:HEADER.size + length])
-            del self._pending[:HEADER.size + length]
+            payload = bytes(self._pending[HEADER.size : HEADER.size + length])
+            del self._pending[: HEADER.size + length]
             self._frame(kind, ident, payload)
 
     def _frame(self, kind: int, ident: int, payload: bytes) -> None:
@@ -129,9 +136,9 @@ class RelayStream(asyncio.Protocol):
                 return
             reader = asyncio.StreamReader(limit=HEAD_LIMIT)
             protocol = asyncio.StreamReaderProtocol(reader)
-            connection = self.connections[ident] = _Connection(self, ident, protocol)
-            protocol.connection_made(connection)
-            writer = asyncio.StreamWriter(connection, protocol, reader, asyncio.get_running_loop())
+            opened = self.connections[ident] = _Connection(self, ident, protocol)
+            protocol.connection_made(opened)
+            writer = asyncio.StreamWriter(opened, protocol, reader, asyncio.get_running_loop())
             asyncio.ensure_future(self.egress.client(reader, writer))
             return
         connection = self.connections.get(ident)

@@ -1,4 +1,5 @@
-"""The launcher's client side: the five channels a Jupyter client connects to, relayed to a kernel link.
+"""The launcher's client side: the five channels a Jupyter client connects to, relayed to a kernel
+link.
 
 The front binds the channels named in the client's connection file and relays messages, not
 bytes: a client message is checked against the client's key and handed to the link, which signs
@@ -47,7 +48,8 @@ REQUEST_CHANNELS = ("shell", "control", "stdin")
 CHANNELS = (*REQUEST_CHANNELS, "iopub", "hb")
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 INLINE_BYTES = 32 * 1024
-"""Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a thread."""
+"""Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a
+thread."""
 HELD_BYTES = 64 * 2**20
 """Bytes of a channel's messages held while one ahead of them waits; past it, newer messages are
 dropped (as a ZMQ queue at its high-water mark drops them), with a warning. Each message counts
@@ -57,9 +59,11 @@ CLIENT_QUEUE = 16
 """Messages ZMQ queues per client and channel, each way (its default is 1000, of any size)."""
 CLIENT_MAX_BYTES = MAX_MESSAGE_BYTES
 """The largest message a client may send (``ZMQ_MAXMSGSIZE``): libzmq drops the connection of a
-client that announces more, before reading it (it would otherwise assemble it, unsigned, in memory)."""
+client that announces more, before reading it (it would otherwise assemble it, unsigned, in
+memory)."""
 ERROR_TEXT_BYTES = 4096
-"""Bytes of a kernel error's content kept to explain it (see :func:`kernel_sandbox.metrics.near_misses`)."""
+"""Bytes of a kernel error's content kept to explain it (see
+:func:`kernel_sandbox.metrics.near_misses`)."""
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
@@ -70,7 +74,8 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 
 class Signer:
-    """HMAC signatures of Jupyter messages with one key (an empty key signs nothing, as in Jupyter)."""
+    """HMAC signatures of Jupyter messages with one key (an empty key signs nothing, as in
+    Jupyter)."""
 
     def __init__(self, key: bytes, scheme: str = "hmac-sha256") -> None:
         algorithm = scheme.partition("hmac-")[2]
@@ -88,14 +93,18 @@ class Signer:
         return digest.hexdigest().encode()
 
     def verify(self, signature: Any, parts: Frames) -> bool:
-        """True when ``signature`` is this key's signature of ``parts`` (one of the wrong length costs no digest)."""
+        """True when ``signature`` is this key's signature of ``parts`` (one of the wrong length
+        costs no digest)."""
         if self._hmac is None:
             return True
-        return len(signature) == self._hmac.digest_size * 2 and hmac.compare_digest(bytes(signature), self.sign(parts))
+        return len(signature) == self._hmac.digest_size * 2 and hmac.compare_digest(
+            bytes(signature), self.sign(parts)
+        )
 
 
 def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], list[bytes]] | None:
-    """Routing identities and parts of a message signed by ``signer``; None (logged) for anything else."""
+    """Routing identities and parts of a message signed by ``signer``; None (logged) for anything
+    else."""
     message = split(frames)
     if message is None:
         return None
@@ -118,7 +127,8 @@ def split(frames: Frames) -> tuple[list[bytes], bytes, list[bytes]] | None:
 
 @dataclass(frozen=True)
 class ExitStatus:
-    """How a kernel ended: the launcher's exit code, the reason in words, and the error's class name."""
+    """How a kernel ended: the launcher's exit code, the reason in words, and the error's class
+    name."""
 
     code: int
     reason: str
@@ -133,7 +143,8 @@ class KernelLink(Protocol):
     """
 
     async def start(self, front: Front) -> None:
-        """Start the kernel (the sandbox with it) and connect to it; raise with the reason on failure."""
+        """Start the kernel (the sandbox with it) and connect to it; raise with the reason on
+        failure."""
 
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
         """Send a client message (already verified, unsigned parts) to the kernel."""
@@ -142,7 +153,8 @@ class KernelLink(Protocol):
         """Pass a heartbeat ping to the kernel; its echo comes back through ``heartbeat_reply``."""
 
     def pause_reading(self, channel: str, paused: bool) -> None:
-        """Stop (and resume) taking the kernel's messages on ``channel``: its clients cannot take more."""
+        """Stop (and resume) taking the kernel's messages on ``channel``: its clients cannot take
+        more."""
 
     async def interrupt(self) -> None:
         """Interrupt the running cell (SIGINT to the kernel)."""
@@ -157,8 +169,9 @@ class KernelLink(Protocol):
         """The sandbox's usage now, read by the host (None where it cannot be)."""
 
     def limits_hit(self, error_text: str = "") -> list[str]:
-        """The limits the kernel ran into since this was last asked, read by the host (say, pids_limit);
-        ``error_text`` is the error being explained (see :func:`kernel_sandbox.metrics.near_misses`)."""
+        """The limits the kernel ran into since this was last asked, read by the host (say,
+        pids_limit); ``error_text`` is the error being explained (see
+        :func:`kernel_sandbox.metrics.near_misses`)."""
 
 
 class Reader:
@@ -166,7 +179,9 @@ class Reader:
 
     BATCH = 64
 
-    def __init__(self, name: str, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]) -> None:
+    def __init__(
+        self, name: str, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]
+    ) -> None:
         self.name = name
         self.sock = sock
         self._handle = handle
@@ -177,13 +192,15 @@ class Reader:
         self.kick()
 
     def kick(self) -> None:
-        """Drain soon: call after sending on the socket, whose file descriptor only signals edges."""
+        """Drain soon: call after sending on the socket, whose file descriptor only signals
+        edges."""
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._drain)
 
     def send(self, frames: list[Any]) -> bool:
-        """Send ``frames`` without blocking; False when the queue to the client is full (nothing sent).
+        """Send ``frames`` without blocking; False when the queue to the client is full (nothing
+        sent).
 
         A message for a client that is gone is dropped (True). Large frames are not copied: ZMQ
         keeps a reference until they are sent.
@@ -200,7 +217,8 @@ class Reader:
         return True
 
     def pause(self, paused: bool) -> None:
-        """Stop taking messages while ``paused`` (they wait in ZMQ's bounded queues), resume after."""
+        """Stop taking messages while ``paused`` (they wait in ZMQ's bounded queues), resume
+        after."""
         self.paused = paused
         if not paused:
             self.kick()
@@ -214,7 +232,9 @@ class Reader:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._handle([frame.buffer if len(frame) >= LARGE_FRAME else frame.bytes for frame in frames])
+            self._handle(
+                [frame.buffer if len(frame) >= LARGE_FRAME else frame.bytes for frame in frames]
+            )
         self.kick()
 
     def close(self) -> None:
@@ -245,12 +265,19 @@ class Connection:
         except (KeyError, TypeError, ValueError) as exc:
             raise KernelLaunchError(f"connection file: missing or bad port ({exc})") from None
         key = info.get("key", "")
-        key = key.encode() if isinstance(key, str) else bytes(key) if isinstance(key, bytes | bytearray) else b""
+        key = (
+            key.encode()
+            if isinstance(key, str)
+            else bytes(key)
+            if isinstance(key, bytes | bytearray)
+            else b""
+        )
         if not key:
             raise ConfigError(
-                "connection file: the key is empty, so the client would not sign its messages and any process "
-                "that reaches a port could run code in the kernel; the launcher refuses unsigned channels. "
-                "Let the client write a key (jupyter_client does by default: do not set Session.key to '')"
+                "connection file: the key is empty, so the client would not sign its messages and "
+                "any process that reaches a port could run code in the kernel; the launcher "
+                "refuses unsigned channels. Let the client write a key (jupyter_client does by "
+                "default: do not set Session.key to '')"
             )
         return cls(
             transport=transport,
@@ -289,8 +316,9 @@ class Front:
         self._gates: list[TcpGate] = []
         self._gate_dir: PrivateDir | None = None
         self.requests: dict[str, Callable[[Any], dict[str, Any]]] = {"usage_request": self._usage}
-        """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` → ``x_reply``):
-        only a client holding the connection key can send them; the kernel never sees them."""
+        """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` →
+        ``x_reply``): only a client holding the connection key can send them; the kernel never sees
+        them."""
         self._failed: tuple[bytes, str] | None = None
         """The parent header and text of the last error published, until its request goes idle."""
 
@@ -300,13 +328,20 @@ class Front:
         Every socket refuses messages over :data:`CLIENT_MAX_BYTES` and queues at most
         :data:`CLIENT_QUEUE` messages per client; past that the channel's messages are held up to
         :data:`HELD_BYTES` (see :meth:`from_kernel`), so the launcher holds a bounded amount per
-        channel whatever the kernel sends and however slowly clients read. On TCP the ports admit this user's own processes
-        only (:mod:`.gate`); the ZMQ sockets then sit in a private directory.
+        channel whatever the kernel sends and however slowly clients read. On TCP the ports admit
+        this user's own processes only (:mod:`.gate`); the ZMQ sockets then sit in a private
+        directory.
         """
         if self.connection.transport == "tcp":
             self._gate_dir = PrivateDir.create()
             self._gate_dir.hold(LAUNCHER_LOCK)  # not abandoned while the launcher runs
-        kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER, "iopub": zmq.XPUB, "hb": zmq.ROUTER}
+        kinds = {
+            "shell": zmq.ROUTER,
+            "control": zmq.ROUTER,
+            "stdin": zmq.ROUTER,
+            "iopub": zmq.XPUB,
+            "hb": zmq.ROUTER,
+        }
         handlers = {"iopub": self._subscribed, "hb": self._ping}
         for channel, kind in kinds.items():
             sock = self._context.socket(kind)
@@ -326,14 +361,21 @@ class Front:
                 else:
                     sock.bind(self._gate_dir.ipc(channel))
                     self._gates.append(
-                        TcpGate(channel, self.connection.ip, self.connection.ports[channel], self._gate_dir / channel)
+                        TcpGate(
+                            channel,
+                            self.connection.ip,
+                            self.connection.ports[channel],
+                            self._gate_dir / channel,
+                        )
                     )
             except (zmq.ZMQError, KernelLaunchError) as exc:
                 sock.close(linger=0)
                 self.close()
                 if isinstance(exc, KernelLaunchError):
                     raise
-                raise KernelLaunchError(f"cannot listen on {address} for the {channel} channel: {exc}") from exc
+                raise KernelLaunchError(
+                    f"cannot listen on {address} for the {channel} channel: {exc}"
+                ) from exc
             handler = handlers.get(channel) or self._request_handler(channel)
             self._readers[channel] = Reader(f"client {channel}", sock, handler)
 
@@ -353,7 +395,8 @@ class Front:
         return handle
 
     def _answer(self, idents: list[bytes], parts: list[bytes]) -> bool:
-        """Answer a control request addressed to the launcher (see :attr:`requests`); False for any other."""
+        """Answer a control request addressed to the launcher (see :attr:`requests`); False for any
+        other."""
         msg_type = _msg_type(parts[0])
         handler = self.requests.get(msg_type or "")
         if handler is None or msg_type is None:
@@ -370,7 +413,8 @@ class Front:
         return True
 
     def _usage(self, content: Any) -> dict[str, Any]:
-        """Answer jupyter-resource-usage's ``usage_request`` from the host's reading of the cgroup."""
+        """Answer jupyter-resource-usage's ``usage_request`` from the host's reading of the
+        cgroup."""
         assert self._link is not None
         return usage_reply(self._link.usage())
 
@@ -384,9 +428,16 @@ class Front:
         many errors the kernel publishes."""
         header = parts[0]
         if b'"error"' in header and _msg_type(header) == "error":
-            self._failed = (bytes(parts[1]), bytes(parts[3][:ERROR_TEXT_BYTES]).decode(errors="replace"))
-        elif self._failed is not None and b'"status"' in header and _msg_type(header) == "status" \
-                and b'"idle"' in bytes(parts[3][:200]):
+            self._failed = (
+                bytes(parts[1]),
+                bytes(parts[3][:ERROR_TEXT_BYTES]).decode(errors="replace"),
+            )
+        elif (
+            self._failed is not None
+            and b'"status"' in header
+            and _msg_type(header) == "status"
+            and b'"idle"' in bytes(parts[3][:200])
+        ):
             (parent, text), self._failed = self._failed, None
             assert self._link is not None
             for note in self._link.limits_hit(text):
@@ -415,17 +466,26 @@ class Front:
             reader.pause(paused)
 
     def heartbeat_reply(self, frames: list[Any]) -> None:
-        """Send the kernel's heartbeat echo back to the client that pinged (dropped if its queue is full)."""
+        """Send the kernel's heartbeat echo back to the client that pinged (dropped if its queue is
+        full)."""
         self._readers["hb"].send(frames)
 
     def _subscribed(self, frames: list[Any]) -> None:
-        """Greet each new IOPub subscription with ``iopub_welcome`` (JEP 65), as ipykernel 7 does."""
+        """Greet each new IOPub subscription with ``iopub_welcome`` (JEP 65), as ipykernel 7
+        does."""
         event = bytes(frames[0])
         if not event or event[0] != 1:
             return
         topic = event[1:]
-        parts = [self._header("iopub_welcome"), b"{}", b"{}", _dumps({"subscription": topic.decode(errors="replace")})]
-        self._readers["iopub"].send([*([topic] if topic else []), DELIM, self._signer.sign(parts), *parts])
+        parts = [
+            self._header("iopub_welcome"),
+            b"{}",
+            b"{}",
+            _dumps({"subscription": topic.decode(errors="replace")}),
+        ]
+        self._readers["iopub"].send(
+            [*([topic] if topic else []), DELIM, self._signer.sign(parts), *parts]
+        )
 
     def from_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
         """Pass a kernel message (verified by the link) through the output policy to the clients.
@@ -450,7 +510,10 @@ class Front:
             size = sum(map(len, parts)) + HELD_OVERHEAD
             if self._held_bytes[channel] + size > HELD_BYTES:
                 if not self._dropping.get(channel):
-                    log.warning("dropping %s messages: the kernel sends faster than its clients take them", channel)
+                    log.warning(
+                        "dropping %s messages: the kernel sends faster than its clients take them",
+                        channel,
+                    )
                 self._dropping[channel] = True
                 return
             held.append((idents, parts))
@@ -464,15 +527,23 @@ class Front:
         try:
             msg_type = _msg_type(parts[0])
             if msg_type is None:
-                log.warning("dropped a %s message from the kernel: its header has no msg_type", channel)
+                log.warning(
+                    "dropped a %s message from the kernel: its header has no msg_type", channel
+                )
                 return
             if channel == "iopub" and msg_type == "iopub_welcome":
                 return  # the front welcomes its own subscribers
             if channel == "control" and msg_type == "usage_reply":
-                log.debug("dropped a usage_reply from the kernel: the launcher answers usage requests")
+                log.debug(
+                    "dropped a usage_reply from the kernel: the launcher answers usage requests"
+                )
                 return
             if channel != "iopub" and msg_type in COMM_TYPES:
-                log.warning("dropped a %s on %s: kernels send comm messages on IOPub only", msg_type, channel)
+                log.warning(
+                    "dropped a %s on %s: kernels send comm messages on IOPub only",
+                    msg_type,
+                    channel,
+                )
                 return
             if not self.policy.inspects(msg_type):
                 self._send(channel, idents, parts)
@@ -480,12 +551,20 @@ class Front:
                 self._send(channel, idents, filter_parts(self.policy, channel, msg_type, parts))
             else:
                 self._wait(channel)
-                work = self._loop.run_in_executor(None, filter_parts, self.policy, channel, msg_type, parts)
+                work = self._loop.run_in_executor(
+                    None, filter_parts, self.policy, channel, msg_type, parts
+                )
                 work.add_done_callback(lambda done: self._filtered(channel, idents, parts, done))
         except Exception:  # whatever the kernel sent: one message is lost, never the session
             log.exception("dropped a %s message from the kernel: relaying it failed", channel)
 
-    def _filtered(self, channel: str, idents: list[bytes], parts: list[bytes], done: asyncio.Future[list[bytes] | None]) -> None:
+    def _filtered(
+        self,
+        channel: str,
+        idents: list[bytes],
+        parts: list[bytes],
+        done: asyncio.Future[list[bytes] | None],
+    ) -> None:
         """A thread has filtered a large message: send it, then what the channel held meanwhile."""
         self._waiting.discard(channel)
         try:
@@ -521,13 +600,15 @@ class Front:
         self._release(channel)
 
     def _wait(self, channel: str) -> None:
-        """The channel's next message waits: hold the later ones (and stop reading a request channel)."""
+        """The channel's next message waits: hold the later ones (and stop reading a request
+        channel)."""
         self._waiting.add(channel)
         if self._link is not None and channel != "iopub":
             self._link.pause_reading(channel, True)
 
     def _release(self, channel: str) -> None:
-        """Relay what the channel held, until one of its messages has to wait again; then read on."""
+        """Relay what the channel held, until one of its messages has to wait again; then read
+        on."""
         held = self._held[channel]
         while held and channel not in self._waiting:
             idents, parts = held.popleft()
@@ -567,7 +648,8 @@ def _dumps(value: Any) -> bytes:
 
 
 def _json(raw: bytes) -> Any:
-    """A message part parsed as clients parse it, but strictly: UTF-8 only; None when it is not JSON."""
+    """A message part parsed as clients parse it, but strictly: UTF-8 only; None when it is not
+    JSON."""
     try:
         return json.loads(raw.decode())
     except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past Python's stack
@@ -580,8 +662,11 @@ def _msg_type(header: bytes) -> str | None:
     return msg_type if isinstance(msg_type, str) else None
 
 
-def filter_parts(policy: OutputPolicy, channel: str, msg_type: str, parts: list[bytes]) -> list[bytes] | None:
-    """A message's parts as ``policy`` lets them through: each part the kernel's own bytes when untouched, or None (drop).
+def filter_parts(
+    policy: OutputPolicy, channel: str, msg_type: str, parts: list[bytes]
+) -> list[bytes] | None:
+    """A message's parts as ``policy`` lets them through: each part the kernel's own bytes when
+    untouched, or None (drop).
 
     Content that is not UTF-8 JSON is dropped: what the policy cannot read, no client may see.
     A parent header or metadata that is not a JSON object becomes ``{}``.
@@ -598,8 +683,15 @@ def filter_parts(policy: OutputPolicy, channel: str, msg_type: str, parts: list[
     if filtered is None:
         return None
     try:
-        out = [raw if new is old else _dumps(new) for raw, old, new in zip(parts, (header, parent, metadata, content), filtered)]
+        out = [
+            raw if new is old else _dumps(new)
+            for raw, old, new in zip(parts, (header, parent, metadata, content), filtered)
+        ]
     except (ValueError, RecursionError):
-        log.warning("dropped a %s from the kernel: its content cannot be written as JSON (NaN, or nested too deep)", msg_type)
+        log.warning(
+            "dropped a %s from the kernel: its content cannot be written as JSON (NaN, or nested "
+            "too deep)",
+            msg_type,
+        )
         return None
     return out + (parts[4:] if filtered[0].get("msg_type") in BUFFER_TYPES else [])

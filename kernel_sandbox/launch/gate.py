@@ -35,7 +35,7 @@ import socket
 import struct
 import threading
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from ..errors import KernelLaunchError
 from .journal import note
@@ -81,12 +81,18 @@ def diag_owner(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, in
     _, dst, dport = _endpoint(remote)
     request = (
         _DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF)
-        + _PORTS.pack(sport, dport) + src.ljust(16, b"\0") + dst.ljust(16, b"\0")
+        + _PORTS.pack(sport, dport)
+        + src.ljust(16, b"\0")
+        + dst.ljust(16, b"\0")
         + _DIAG_TAIL.pack(0, NO_COOKIE, NO_COOKIE)
     )
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as diag:
         diag.settimeout(DIAG_TIMEOUT)
-        diag.sendto(_NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request, (0, 0))
+        diag.sendto(
+            _NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
+            + request,
+            (0, 0),
+        )
         answer = diag.recv(65536)
     _, kind, _, _, _ = _NLMSG.unpack_from(answer)
     body = _NLMSG.size
@@ -114,10 +120,11 @@ def _table_address(family: int, packed: bytes, port: int) -> str:
 
 
 def table_owner(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
-    """:func:`diag_owner` read from ``/proc/net/tcp{,6}`` (the row matched by both ends), for kernels without sock_diag."""
-    family, *mine = _endpoint(local)
-    _, *theirs = _endpoint(remote)
-    wanted = (_table_address(family, *mine), _table_address(family, *theirs))
+    """:func:`diag_owner` read from ``/proc/net/tcp{,6}`` (the row matched by both ends), for
+    kernels without sock_diag."""
+    family, mine, my_port = _endpoint(local)
+    _, theirs, their_port = _endpoint(remote)
+    wanted = (_table_address(family, mine, my_port), _table_address(family, theirs, their_port))
     table = "/proc/net/tcp6" if family == socket.AF_INET6 else "/proc/net/tcp"
     with open(table) as rows:
         next(rows)
@@ -129,7 +136,8 @@ def table_owner(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, i
 
 
 def peer_owner(sock_name: tuple[str, int], peer_name: tuple[str, int]) -> tuple[int, int] | None:
-    """State and uid of the local socket at the other end of our connection ``sock_name`` ↔ ``peer_name``.
+    """State and uid of the local socket at the other end of our connection ``sock_name`` ↔
+    ``peer_name``.
 
     None when no local socket is it, or it cannot be told (read as "refuse").
     """
@@ -143,13 +151,15 @@ def peer_owner(sock_name: tuple[str, int], peer_name: tuple[str, int]) -> tuple[
 
 
 class _Side(asyncio.Protocol):
-    """One end of a joined pair: what it reads goes to the other end, with flow control both ways."""
+    """One end of a joined pair: what it reads goes to the other end, with flow control both
+    ways."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.other: _Side | None = None
         self.ended = False
-        """True once this end has read the end of its stream (half-closed: the other may still write)."""
+        """True once this end has read the end of its stream (half-closed: the other may still
+        write)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -196,7 +206,8 @@ class _Side(asyncio.Protocol):
 
 
 class _Door(_Side):
-    """An admitted client connection (of ``uid``, counted in by the gate), joined to the channel's ZMQ socket."""
+    """An admitted client connection (of ``uid``, counted in by the gate), joined to the channel's
+    ZMQ socket."""
 
     def __init__(self, gate: TcpGate, uid: int) -> None:
         super().__init__()
@@ -215,7 +226,9 @@ class _Door(_Side):
 
     async def _join(self) -> None:
         try:
-            _, inner = await asyncio.get_running_loop().create_unix_connection(_Side, str(self._gate.ipc_path))
+            _, inner = await asyncio.get_running_loop().create_unix_connection(
+                _Side, str(self._gate.ipc_path)
+            )
         except OSError as exc:
             log.warning("could not join a %s connection to its socket: %s", self._gate.channel, exc)
             if self.transport is not None:
@@ -256,11 +269,14 @@ class _Doorkeeper:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
-        self._changes: queue.SimpleQueue[tuple[socket.socket, TcpGate | None, threading.Event]] = queue.SimpleQueue()
+        self._changes: queue.SimpleQueue[tuple[socket.socket, TcpGate | None, threading.Event]] = (
+            queue.SimpleQueue()
+        )
         threading.Thread(target=self._run, name="tcp-gate", daemon=True).start()
 
     def watch(self, sock: socket.socket, gate: TcpGate | None) -> None:
-        """Start (``gate``) or stop (None: the socket is closed) accepting on ``sock``; return once done."""
+        """Start (``gate``) or stop (None: the socket is closed) accepting on ``sock``; return once
+        done."""
         done = threading.Event()
         self._changes.put((sock, gate, done))
         self._wake_write.send(b"x")
@@ -298,12 +314,20 @@ class _Doorkeeper:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of file descriptors, say: the connection waits in the backlog
-                note(log, logging.WARNING, "could not accept a connection to the %s channel: %s", gate.channel, exc)
+            # out of file descriptors, say: the connection waits in the backlog
+            except OSError as exc:
+                note(
+                    log,
+                    logging.WARNING,
+                    "could not accept a connection to the %s channel: %s",
+                    gate.channel,
+                    exc,
+                )
                 return
             try:
                 self._decide(conn, gate)
-            except Exception:  # whatever went wrong, the thread goes on and the connection is not admitted
+            # whatever went wrong, the thread goes on and the connection is not admitted
+            except Exception:
                 log.exception("could not check a connection to the %s channel", gate.channel)
                 conn.close()
 
@@ -316,7 +340,9 @@ class _Doorkeeper:
         if owner is None:
             _refuse(conn, gate.channel, "no live socket of this host is its peer")
         elif owner[0] != ESTABLISHED:
-            _refuse(conn, gate.channel, f"the peer's socket is not connected (TCP state {owner[0]})")
+            _refuse(
+                conn, gate.channel, f"the peer's socket is not connected (TCP state {owner[0]})"
+            )
         elif owner[1] != gate.uid:
             _refuse(conn, gate.channel, f"a process of uid {owner[1]}, not this user's")
         else:
@@ -336,31 +362,35 @@ def _the_doorkeeper() -> _Doorkeeper:
 
 
 class TcpGate:
-    """Listen on ``ip``:``port`` and join each live connection of this user's processes to ``ipc_path``."""
+    """Listen on ``ip``:``port`` and join each live connection of this user's processes to
+    ``ipc_path``."""
 
     def __init__(self, channel: str, ip: str, port: int, ipc_path: Path) -> None:
         self.channel = channel
         self.ipc_path = ipc_path
         self.uid = os.geteuid()
         self.admitted: collections.Counter[int] = collections.Counter()
-        self._work: set[asyncio.Future[object]] = set()
+        self._work: set[asyncio.Future[Any]] = set()
         self._loop = asyncio.get_running_loop()
         host = "0.0.0.0" if ip in ("*", "") else ip
         try:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
             self._sock: socket.socket | None = socket.create_server((host, port), family=family)
         except OSError as exc:
-            raise KernelLaunchError(f"cannot listen on {ip}:{port} for the {channel} channel: {exc}") from exc
+            raise KernelLaunchError(
+                f"cannot listen on {ip}:{port} for the {channel} channel: {exc}"
+            ) from exc
         self._sock.setblocking(False)
         _the_doorkeeper().watch(self._sock, self)
 
-    def track(self, work: asyncio.Future[object]) -> None:
+    def track(self, work: asyncio.Future[Any]) -> None:
         """Keep ``work`` (a join) until it is done; :meth:`close` cancels what is left."""
         self._work.add(work)
         work.add_done_callback(self._work.discard)
 
     def hand_over(self, conn: socket.socket, uid: int) -> None:
-        """From the doorkeeper's thread: serve an admitted connection of ``uid`` on the event loop."""
+        """From the doorkeeper's thread: serve an admitted connection of ``uid`` on the event
+        loop."""
         try:
             self._loop.call_soon_threadsafe(self._admit, conn, uid)
         except RuntimeError:  # the loop is closed: the launcher is ending
@@ -374,11 +404,13 @@ class TcpGate:
         else:
             conn.setblocking(False)
             self.admitted[uid] += 1  # counted out when the door closes, or now if it never opens
-            serving = asyncio.ensure_future(self._loop.connect_accepted_socket(lambda: _Door(self, uid), conn))
+            serving = asyncio.ensure_future(
+                self._loop.connect_accepted_socket(lambda: _Door(self, uid), conn)
+            )
             serving.add_done_callback(lambda done: self._never_opened(done, conn, uid))
             self.track(serving)
 
-    def _never_opened(self, serving: asyncio.Future[object], conn: socket.socket, uid: int) -> None:
+    def _never_opened(self, serving: asyncio.Future[Any], conn: socket.socket, uid: int) -> None:
         if serving.cancelled() or serving.exception() is not None:
             self.admitted[uid] -= 1
             conn.close()

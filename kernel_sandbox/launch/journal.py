@@ -1,4 +1,5 @@
-"""The launcher's log on its stderr: one line per kind of event per interval, a byte budget, escaped.
+"""The launcher's log on its stderr: one line per kind of event per interval, a byte budget,
+escaped.
 
 What a kernel does can make the launcher log: wrongly signed messages, output the policy cannot
 read, knocks on the TCP gate, the container's own stdout and stderr. A kernel that repeats such a
@@ -41,14 +42,15 @@ _installed: Journal | None = None
 
 @dataclass
 class _Kind:
-    """One kind of event: when its interval began, how many more came in it, and the latest record of it."""
+    """One kind of event: when its interval began, how many more came in it, and the latest record
+    of it."""
 
     since: float
     record: logging.LogRecord = field(repr=False)
     more: int = 0
 
 
-class Journal(logging.StreamHandler):  # type: ignore[type-arg]
+class Journal(logging.StreamHandler):
     """A log handler that writes repeated events once per interval, within a budget, escaped."""
 
     def __init__(self, stream: IO[str], interval: float = INTERVAL, budget: int = BUDGET) -> None:
@@ -67,7 +69,8 @@ class Journal(logging.StreamHandler):  # type: ignore[type-arg]
         return name, level, msg if isinstance(msg, str) else type(msg)
 
     def counted(self, key: tuple[str, int, Any]) -> bool:
-        """Count one more event of ``key`` if its interval is running with one written already; True then."""
+        """Count one more event of ``key`` if its interval is running with one written already; True
+        then."""
         with self.lock:  # type: ignore[union-attr]
             kind = self._kinds.get(key)
             if kind is None or time.monotonic() - kind.since >= self.interval:
@@ -110,7 +113,8 @@ class Journal(logging.StreamHandler):  # type: ignore[type-arg]
     def _close_interval(self, key: tuple[str, int, Any], kind: _Kind, now: float) -> None:
         if kind.more:
             self._summary(kind, now)
-            self._kinds[key] = _Kind(now, kind.record)  # still busy: the next ones are counted into the next line
+            # still busy: the next ones are counted into the next line
+            self._kinds[key] = _Kind(now, kind.record)
         else:
             del self._kinds[key]
 
@@ -145,8 +149,9 @@ class Journal(logging.StreamHandler):  # type: ignore[type-arg]
         if not self._spent_said:
             self._spent_said = True
             self._put(
-                f"[kernel-sandbox WARNING] the launcher's log budget for this kernel ({self.budget // 2**20} MiB) is "
-                "spent: its further warnings and container output are dropped, errors are still written\n"
+                "[kernel-sandbox WARNING] the launcher's log budget for this kernel "
+                f"({self.budget // 2**20} MiB) is spent: its further warnings and container output "
+                "are dropped, errors are still written\n"
             )
         return False
 
@@ -187,8 +192,9 @@ def installed() -> Journal:
 
 
 def note(logger: logging.Logger, level: int, msg: str, *args: Any) -> None:
-    """``logger.log(level, msg, *args)`` for an event a kernel can repeat at will: a repeat within its
-    interval is counted without making a log record (no formatting, no time, no frame lookup)."""
+    """``logger.log(level, msg, *args)`` for an event a kernel can repeat at will: a repeat within
+    its interval is counted without making a log record (no formatting, no time, no frame
+    lookup)."""
     if not logger.isEnabledFor(level):
         return
     journal = _installed

@@ -26,7 +26,8 @@ Settings = BackendSettings
 """A backend's settings (each backend's wing has its model)."""
 
 FORWARDED_ENV = ("JPY_SESSION_NAME",)
-"""Besides the kernelspec's own ``env``, the one variable of the client's passed into the container."""
+"""Besides the kernelspec's own ``env``, the one variable of the client's passed into the
+container."""
 
 
 @dataclass
@@ -58,13 +59,17 @@ def passed_env(spec_env: Iterable[str], environ: Mapping[str, str]) -> dict[str,
     return {name: environ[name] for name in [*spec_env, *FORWARDED_ENV] if name in environ}
 
 
-def request_from_kernelspec(connection: Connection, connection_file: str, spec_dir: str) -> LaunchRequest:
+def request_from_kernelspec(
+    connection: Connection, connection_file: str, spec_dir: str
+) -> LaunchRequest:
     """A launch by a client that ran the kernelspec's argv: the settings are kernel.json's own."""
     spec = _read_json(str(Path(spec_dir) / "kernel.json"), "kernelspec")
     provisioner = spec.get("metadata", {}).get("kernel_provisioner", {})
-    settings = settings_from_config(provisioner.get("provisioner_name"), provisioner.get("config", {}))
+    settings = settings_from_config(
+        provisioner.get("provisioner_name"), provisioner.get("config", {})
+    )
     stem = Path(connection_file).stem
-    kernel_id = stem[len("kernel-"):] if stem.startswith("kernel-") else uuid.uuid4().hex
+    kernel_id = stem[len("kernel-") :] if stem.startswith("kernel-") else uuid.uuid4().hex
     return LaunchRequest(
         connection=connection,
         settings=settings,
@@ -75,7 +80,8 @@ def request_from_kernelspec(connection: Connection, connection_file: str, spec_d
 
 
 def settings_from_config(provisioner_name: Any, config: Any) -> Settings:
-    """The checked settings of ``provisioner_name``'s kernel (OpenSandbox's with the API base resolved)."""
+    """The checked settings of ``provisioner_name``'s kernel (OpenSandbox's with the API base
+    resolved)."""
     return provisioner_settings(provisioner_name, config).resolved()
 
 
@@ -87,7 +93,9 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
         raise ConfigError(f"{config_file} holds no 'settings' mapping")
     return LaunchRequest(
         connection=connection,
-        settings=settings_from_config(config.get("provisioner", DOCKER_PROVISIONER), config["settings"]),
+        settings=settings_from_config(
+            config.get("provisioner", DOCKER_PROVISIONER), config["settings"]
+        ),
         kernel_id=str(config.get("kernel_id") or uuid.uuid4().hex),
         env=dict(config.get("env") or {}),
         cwd=config.get("cwd"),
@@ -96,7 +104,8 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
 
 
 def read_request(args: argparse.Namespace) -> LaunchRequest:
-    """Build the launch request from the command line (first thing: the client is the parent now)."""
+    """Build the launch request from the command line (first thing: the client is the parent
+    now)."""
     connection = Connection.from_info(_read_json(args.connection_file, "connection file"))
     if args.config:
         return request_from_config(connection, args.config)

@@ -27,7 +27,8 @@ GREETING = SIGNATURE + bytes([3, 0]) + b"NULL".ljust(20, b"\x00") + b"\x00" + b"
 GREETING_SIZE = len(GREETING)
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 MAX_MESSAGE_BYTES = 64 * 2**20
-"""The largest message taken from a kernel (frames and their overhead): past it the connection is refused.
+"""The largest message taken from a kernel (frames and their overhead): past it the connection is
+refused.
 
 Well above what Jupyter clients receive in one message in practice (the execution API's file
 chunks are 4 MiB, streams are flushed every 64 KiB, a figure is a few MB), and what a hostile
@@ -39,14 +40,16 @@ MAX_COMMAND_BYTES = 64 * 1024
 MAX_PING_CONTEXT = 16
 """A PING's context is echoed in the PONG up to this many bytes (ZMTP 3.1's limit)."""
 FRAME_OVERHEAD = 64
-"""Bytes each frame counts against :data:`MAX_MESSAGE_BYTES` besides its body (so empty frames count too)."""
+"""Bytes each frame counts against :data:`MAX_MESSAGE_BYTES` besides its body (so empty frames count
+too)."""
 LARGE_FRAME = 64 * 1024
 """Frames from this size on are read straight into a buffer of their own."""
 GROW_FROM = 2**20
 """A large frame's buffer starts at this size (or the frame's) and doubles as bytes arrive: a
 frame header claiming many megabytes costs nothing until they are sent."""
 READ_SIZE = 256 * 1024
-"""The scratch buffer headers and small frames are read into (more than a large frame's threshold)."""
+"""The scratch buffer headers and small frames are read into (more than a large frame's
+threshold)."""
 SUBSCRIBE_ALL = b"\x01"
 """A ZMTP 3.0 subscription to every topic, sent as a message by a SUB peer."""
 _LONG_SIZE = struct.Struct(">Q")
@@ -69,7 +72,9 @@ def ready(socket_type: bytes, identity: bytes = b"") -> bytes:
     properties = [(b"Socket-Type", socket_type)]
     if identity:
         properties.append((b"Identity", identity))
-    body = b"".join(_short_string(name) + struct.pack(">I", len(value)) + value for name, value in properties)
+    body = b"".join(
+        _short_string(name) + struct.pack(">I", len(value)) + value for name, value in properties
+    )
     return command(b"READY", body)
 
 
@@ -154,21 +159,26 @@ class ZmtpPeer:
     # -- receiving ---------------------------------------------------------------------------
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where the next bytes from the peer go: a large frame's own buffer, or the scratch buffer."""
+        """Where the next bytes from the peer go: a large frame's own buffer, or the scratch
+        buffer."""
         if self._large is not None:
             if self._large_filled == len(self._large):  # grow (no view of it is held between reads)
-                self._large.extend(bytes(min(len(self._large), self._large_size - len(self._large))))
+                self._large.extend(
+                    bytes(min(len(self._large), self._large_size - len(self._large)))
+                )
             return memoryview(self._large)[self._large_filled :]
         if self._start == self._end:
             self._start = self._end = 0
         elif self._end > READ_SIZE - LARGE_FRAME:  # keep room: move the unparsed tail to the front
             tail = self._end - self._start
-            self._scratch[:tail] = bytes(self._view[self._start : self._end])  # copied first: the ranges overlap
+            # copied first: the ranges overlap
+            self._scratch[:tail] = bytes(self._view[self._start : self._end])
             self._start, self._end = 0, tail
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        """``nbytes`` more bytes are in the buffer :meth:`get_buffer` gave; raise :class:`ChannelProtocolError` when they break ZMTP."""
+        """``nbytes`` more bytes are in the buffer :meth:`get_buffer` gave; raise
+        :class:`ChannelProtocolError` when they break ZMTP."""
         if self._large is not None:
             self._large_filled += nbytes
             if self._large_filled < self._large_size:
@@ -180,7 +190,8 @@ class ZmtpPeer:
         self._parse()
 
     def feed(self, data: Any) -> None:
-        """Take bytes from the peer (any buffer); raise :class:`ChannelProtocolError` when they break ZMTP."""
+        """Take bytes from the peer (any buffer); raise :class:`ChannelProtocolError` when they
+        break ZMTP."""
         view = memoryview(data).cast("B")
         while view:
             with self.get_buffer(len(view)) as target:
@@ -189,7 +200,7 @@ class ZmtpPeer:
             self.buffer_updated(count)
             view = view[count:]
 
-    def _parse(self) -> None:
+    def _parse(self) -> None:  # noqa: C901
         view = self._view
         while self._large is None:
             start, available = self._start, self._end - self._start
@@ -197,8 +208,15 @@ class ZmtpPeer:
                 if available < GREETING_SIZE:
                     return
                 greeting = view[start : start + GREETING_SIZE]
-                if greeting[0] != 0xFF or greeting[9] != 0x7F or greeting[10] < 3 or greeting[12:16] != b"NULL":
-                    raise ChannelProtocolError("the peer did not greet as a ZMTP 3 NULL-mechanism socket")
+                if (
+                    greeting[0] != 0xFF
+                    or greeting[9] != 0x7F
+                    or greeting[10] < 3
+                    or greeting[12:16] != b"NULL"
+                ):
+                    raise ChannelProtocolError(
+                        "the peer did not greet as a ZMTP 3 NULL-mechanism socket"
+                    )
                 self._greeted = True
                 self._start += GREETING_SIZE
                 continue
@@ -235,12 +253,18 @@ class ZmtpPeer:
                 frame[:have] = view[body : body + have]
                 self._start = body + have
                 if have < size:
-                    self._large, self._large_size, self._large_filled, self._large_more = frame, size, have, more
+                    self._large, self._large_size, self._large_filled, self._large_more = (
+                        frame,
+                        size,
+                        have,
+                        more,
+                    )
                     return
                 self._take(frame, more)
                 continue
             if self._end < body + size:
-                self._message_bytes -= size + FRAME_OVERHEAD  # counted again once the frame is whole
+                # counted again once the frame is whole
+                self._message_bytes -= size + FRAME_OVERHEAD
                 return
             self._start = body + size
             self._take(bytes(view[body : body + size]), more)

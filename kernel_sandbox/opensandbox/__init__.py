@@ -23,7 +23,8 @@ BACKEND = BackendEntry(
     link="kernel_sandbox.opensandbox.link:OpenSandboxLink",
     adapter="kernel_sandbox.opensandbox.execution:OpenSandboxBackend",
 )
-"""The OpenSandbox backend as the registry knows it (entry point ``opensandbox`` of :data:`~kernel_sandbox.backends.GROUP`)."""
+"""The OpenSandbox backend as the registry knows it (entry point ``opensandbox`` of
+:data:`~kernel_sandbox.backends.GROUP`)."""
 
 _CLIENT_API = {
     "Endpoint": "client",

@@ -8,7 +8,7 @@ and every name of the three, importable from here as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -84,7 +84,8 @@ async def keep_alive(
     interval: float | None = None,
     on_lost: LostCallback | None = None,
 ) -> None:
-    """Renew the sandbox's expiration every ``interval`` s (default ``seconds / 3``) until cancelled.
+    """Renew the sandbox's expiration every ``interval`` s (default ``seconds / 3``) until
+    cancelled.
 
     Any error but cancellation is logged and survived. ``on_lost(reason)`` is called once when the
     sandbox can no longer be renewed: it is gone (404; the loop then ends), or every renewal has
@@ -108,8 +109,9 @@ async def keep_alive(
                 reported = True
                 await _emit(
                     on_lost,
-                    f"sandbox {sandbox_id} could not be renewed for {time.monotonic() - renewed_at:.0f} s "
-                    f"(its timeout is {seconds:g} s); it has probably expired. Last error: {exc}",
+                    f"sandbox {sandbox_id} could not be renewed for "
+                    f"{time.monotonic() - renewed_at:.0f} s (its timeout is {seconds:g} s); it has "
+                    f"probably expired. Last error: {exc}",
                 )
         else:
             renewed_at, reported = time.monotonic(), False
@@ -132,7 +134,9 @@ async def run_once(
     ``cleanup_error`` (and logged); after a failed run it is logged and the run's error is raised.
     ``client_options`` go to :class:`OpenSandboxClient` (polling, :class:`Limits`...).
     """
-    async with OpenSandboxClient(api_base, api_key, http=http, **dict(client_options or {})) as client:
+    async with OpenSandboxClient(
+        api_base, api_key, http=http, **dict(client_options or {})
+    ) as client:
         sandbox = await client.create(**create_options)
         try:
             result = await client.run_code(sandbox, code, language=language, on_event=on_event)
@@ -140,14 +144,18 @@ async def run_once(
             try:
                 await asyncio.shield(client.delete(sandbox.id))
             except Exception as cleanup:  # noqa: BLE001
-                log.error("deleting sandbox %s after a failed run failed too: %s", sandbox.id, cleanup)
-                with contextlib.suppress(AttributeError):
+                log.error(
+                    "deleting sandbox %s after a failed run failed too: %s", sandbox.id, cleanup
+                )
+                if sys.version_info >= (3, 11):  # add_note is new in 3.11
                     exc.add_note(f"deleting sandbox {sandbox.id} failed as well: {cleanup}")
             raise
         try:
             await asyncio.shield(client.delete(sandbox.id))
         except Exception as cleanup:  # noqa: BLE001
-            log.error("deleting sandbox %s failed; the run's result is kept: %s", sandbox.id, cleanup)
+            log.error(
+                "deleting sandbox %s failed; the run's result is kept: %s", sandbox.id, cleanup
+            )
             result.cleanup_error = cleanup
         return result
 

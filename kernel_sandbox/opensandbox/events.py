@@ -25,11 +25,14 @@ _CONTROL_PREFIXES = ("event:", "id:", "retry:", ":")
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 TERMINAL_TYPES = frozenset({"execution_complete", "error"})
 MAX_TRACEBACK_CHARS = 64 * 1024
-"""Cap on one traceback, in bytes: its lines' UTF-8 and :data:`LINE_COST` per line; past it the oldest lines are dropped."""
+"""Cap on one traceback, in bytes: its lines' UTF-8 and :data:`LINE_COST` per line; past it the
+oldest lines are dropped."""
 LINE_COST = 4
-"""What a traceback line costs besides its bytes (its quotes and comma in JSON, its newline joined): empty lines count too."""
+"""What a traceback line costs besides its bytes (its quotes and comma in JSON, its newline joined):
+empty lines count too."""
 REPLY_TRACEBACK_CHARS = 2 * 1024
-"""Cap on the traceback an ``execute_reply`` repeats (its tail): the whole one is in the IOPub ``error``."""
+"""Cap on the traceback an ``execute_reply`` repeats (its tail): the whole one is in the IOPub
+``error``."""
 _CUT_NOTE_CHARS = 120
 MAX_ERROR_FIELD_CHARS = 8 * 1024
 """Cap on an error's name and value."""
@@ -49,7 +52,9 @@ def clean_text(text: str) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + f"[... {len(text) - limit} characters cut]"
+    return (
+        text if len(text) <= limit else text[:limit] + f"[... {len(text) - limit} characters cut]"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,8 @@ class LineSplitter:
 
 
 def parse_line(line: str | bytes) -> dict[str, Any] | None:
-    """Return the JSON object carried by one stream line, or None for blank, control and junk lines."""
+    """Return the JSON object carried by one stream line, or None for blank, control and junk
+    lines."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", errors="replace")
     line = line.strip()
@@ -199,7 +205,8 @@ def _is_json_mime(key: str) -> bool:
 
 
 def clean_bundle(bundle: dict[str, Any]) -> dict[str, Any]:
-    """Clean a MIME bundle: text values cleaned, JSON types kept depth-limited, anything else dropped.
+    """Clean a MIME bundle: text values cleaned, JSON types kept depth-limited, anything else
+    dropped.
 
     execd renames ``text/plain`` to ``text``; it is renamed back.
     """
@@ -239,12 +246,14 @@ def _line_cost(line: str) -> int:
 
 
 def traceback_fits(lines: list[Any], limit: int = MAX_TRACEBACK_CHARS) -> bool:
-    """Whether ``lines`` are within ``limit`` (bytes and lines, see :data:`MAX_TRACEBACK_CHARS`); cheap for a long list."""
+    """Whether ``lines`` are within ``limit`` (bytes and lines, see :data:`MAX_TRACEBACK_CHARS`);
+    cheap for a long list."""
     return len(lines) * LINE_COST <= limit and sum(_line_cost(str(line)) for line in lines) <= limit
 
 
 def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[str]:
-    """Keep the last lines of a traceback within ``limit`` (bytes and lines), with a note of what was cut.
+    """Keep the last lines of a traceback within ``limit`` (bytes and lines), with a note of what
+    was cut.
 
     Only the kept lines (and one more) are looked at, however many the traceback has.
     """
@@ -258,7 +267,9 @@ def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[st
         if size + cost > budget:
             if not kept:
                 room = max(budget - LINE_COST, 0)
-                tail = line.encode("utf-8", "surrogatepass")[len(line.encode("utf-8", "surrogatepass")) - room :]
+                tail = line.encode("utf-8", "surrogatepass")[
+                    len(line.encode("utf-8", "surrogatepass")) - room :
+                ]
                 kept.append(tail.decode("utf-8", "ignore") if room else "")
             break
         kept.append(line)
@@ -268,7 +279,9 @@ def cap_traceback(lines: list[str], limit: int = MAX_TRACEBACK_CHARS) -> list[st
     return [note[:limit], *kept[::-1]]
 
 
-def capped_error(content: dict[str, Any], traceback_limit: int = MAX_TRACEBACK_CHARS) -> dict[str, Any]:
+def capped_error(
+    content: dict[str, Any], traceback_limit: int = MAX_TRACEBACK_CHARS
+) -> dict[str, Any]:
     """An ``error`` / error ``execute_reply`` content within the caps: ``ename`` and ``evalue`` at
     :data:`MAX_ERROR_FIELD_CHARS`, the traceback's last lines within ``traceback_limit``.
 
@@ -303,8 +316,11 @@ def _error(obj: dict[str, Any]) -> ExecutionError:
         traceback = traceback.splitlines()
     elif not isinstance(traceback, list):
         traceback = []
-    lines = [line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS]
-             for line in traceback if isinstance(line, (str, int, float))]
+    lines = [
+        line if isinstance(line, str) else json.dumps(line)[:MAX_ERROR_FIELD_CHARS]
+        for line in traceback
+        if isinstance(line, (str, int, float))
+    ]
     return ExecutionError(
         name=_clip(clean_text("Error" if name is None else str(name)), MAX_ERROR_FIELD_CHARS),
         value=_clip(clean_text("" if value is None else str(value)), MAX_ERROR_FIELD_CHARS),
@@ -324,7 +340,9 @@ def to_event(obj: dict[str, Any]) -> Event | None:
         text = obj.get("text")
         return Event(type=kind, text="" if text is None else clean_text(str(text)))
     if kind in ("result", "display_data", "execute_result"):
-        return Event(type="display_data" if kind == "display_data" else "result", data=_mime_bundle(obj))
+        return Event(
+            type="display_data" if kind == "display_data" else "result", data=_mime_bundle(obj)
+        )
     if kind == "execution_count":
         count = as_int(obj.get("execution_count"))
         return Event(type=kind, execution_count=count) if count is not None else None
@@ -345,7 +363,8 @@ def parse_event(line: str | bytes) -> Event | None:
 
 
 def parse_lines(lines: Iterable[str | bytes]) -> ExecdRun:
-    """Collect a whole stream, given as lines, into an :class:`ExecdRun` (up to its terminal event)."""
+    """Collect a whole stream, given as lines, into an :class:`ExecdRun` (up to its terminal
+    event)."""
     collector = RunCollector()
     for line in lines:
         event = parse_event(line)

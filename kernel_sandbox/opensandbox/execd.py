@@ -23,7 +23,19 @@ from ..errors import (
     OutputLimitExceeded,
 )
 from .events import Event, ExecdRun, LineSplitter, RunCollector, parse_event
-from .http import HTTPClientBase, Limits, _emit, _on_event, _read_capped, _refuse_encoded, _where, describe_transport_error, json_object, raise_for_status, url_segment
+from .http import (
+    HTTPClientBase,
+    Limits,
+    _emit,
+    _on_event,
+    _read_capped,
+    _refuse_encoded,
+    _where,
+    describe_transport_error,
+    json_object,
+    raise_for_status,
+    url_segment,
+)
 
 DRAIN_TIMEOUT = 5.0
 DEFAULT_BUSY_WAIT = 10.0
@@ -62,7 +74,9 @@ def endpoint_url(endpoint: str, api_base: str) -> str:
         or parts.query
         or parts.fragment
     ):
-        raise OpenSandboxProtocolError(f"the server returned an unusable execd endpoint {endpoint[:200]!r}")
+        raise OpenSandboxProtocolError(
+            f"the server returned an unusable execd endpoint {endpoint[:200]!r}"
+        )
     return url
 
 
@@ -98,8 +112,11 @@ class ExecdClient(HTTPClientBase):
         status fails at once. The timeout error says what was tried, how often and for how long.
         """
         return await self._poll_ready(
-            "/ping", ready_timeout, poll_interval,
-            f"execd at {self.url} did not become ready", f" (ready_timeout {ready_timeout:g} s)",
+            "/ping",
+            ready_timeout,
+            poll_interval,
+            f"execd at {self.url} did not become ready",
+            f" (ready_timeout {ready_timeout:g} s)",
         )
 
     async def stream(
@@ -115,10 +132,11 @@ class ExecdClient(HTTPClientBase):
         After the terminal event the generator reads the rest of execd's answer (execd frees the
         context only then) before it ends: iterate it to its end before the next run.
 
-        ``on_sent`` is called when the request has been written (before execd answers), so a
-        caller can do its own work while execd runs the code. Raises :class:`OutputLimitExceeded` past ``max_output_bytes``,
-        :class:`OpenSandboxConnectionError` when the stream ends (or breaks) before a terminal
-        event, :class:`CallDeadlineExceeded` when no event arrives for ``stream_idle_timeout``.
+        ``on_sent`` is called when the request has been written (before execd answers), so a caller
+        can do its own work while execd runs the code. Raises :class:`OutputLimitExceeded` past
+        ``max_output_bytes``, :class:`OpenSandboxConnectionError` when the stream ends (or breaks)
+        before a terminal event, :class:`CallDeadlineExceeded` when no event arrives for
+        ``stream_idle_timeout``.
         """
         context: dict[str, str] = {"language": language}
         if context_id:
@@ -130,7 +148,9 @@ class ExecdClient(HTTPClientBase):
             json={"code": code, "context": context},
             headers={**self.headers, "Accept-Encoding": "identity"},
             timeout=httpx.Timeout(self.limits.request_timeout, read=None),
-            extensions={"trace": _on_event("send_request_body.complete", on_sent)} if on_sent else None,
+            extensions={"trace": _on_event("send_request_body.complete", on_sent)}
+            if on_sent
+            else None,
         )
         what = _where(request)
         busy_until = time.monotonic() + self.busy_wait
@@ -153,27 +173,40 @@ class ExecdClient(HTTPClientBase):
             if ended:
                 return
             raise OpenSandboxConnectionError(
-                f"{what}: the connection to execd dropped before the run ended (the stream closed without an "
-                "execution_complete or error event); the code may still be running in the sandbox"
+                f"{what}: the connection to execd dropped before the run ended (the stream closed "
+                "without an execution_complete or error event); the code may still be running in "
+                "the sandbox"
             )
         except httpx.TransportError as exc:
             raise OpenSandboxConnectionError(
-                f"{what}: the connection to execd dropped while the code ran: {describe_transport_error(exc)}"
+                f"{what}: the connection to execd dropped while the code ran: "
+                f"{describe_transport_error(exc)}"
             ) from exc
         finally:
             await response.aclose()
 
-    async def _open_stream(self, client: httpx.AsyncClient, request: httpx.Request, what: str) -> httpx.Response:
+    async def _open_stream(
+        self, client: httpx.AsyncClient, request: httpx.Request, what: str
+    ) -> httpx.Response:
         deadline = self.limits.request_timeout
         try:
-            return await asyncio.wait_for(client.send(request, stream=True, follow_redirects=False), deadline)
+            return await asyncio.wait_for(
+                client.send(request, stream=True, follow_redirects=False), deadline
+            )
         except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(f"{what}: execd did not start answering within {deadline:g} s") from None
+            raise CallDeadlineExceeded(
+                f"{what}: execd did not start answering within {deadline:g} s"
+            ) from None
         except httpx.TransportError as exc:
-            raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
+            raise OpenSandboxConnectionError(
+                f"{what} failed: {describe_transport_error(exc)}"
+            ) from exc
 
-    async def _error_answer(self, response: httpx.Response, request: httpx.Request, what: str) -> OpenSandboxError:
-        """The error for a non-2xx answer to ``POST /code`` (its body read capped, within the deadline)."""
+    async def _error_answer(
+        self, response: httpx.Response, request: httpx.Request, what: str
+    ) -> OpenSandboxError:
+        """The error for a non-2xx answer to ``POST /code`` (its body read capped, within the
+        deadline)."""
         limits = self.limits
         try:
             body = await asyncio.wait_for(
@@ -189,7 +222,9 @@ class ExecdClient(HTTPClientBase):
             return OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}")
         try:
             raise_for_status(
-                httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
+                httpx.Response(
+                    response.status_code, headers=response.headers, content=body, request=request
+                )
             )
         except OpenSandboxAPIError as exc:
             return exc
@@ -264,14 +299,18 @@ class ExecdClient(HTTPClientBase):
             await _emit(on_event, event)
         return collector.result()
 
-    async def create_context(self, language: str = "python", *, timeout: float | None = None) -> str:
+    async def create_context(
+        self, language: str = "python", *, timeout: float | None = None
+    ) -> str:
         """Create a fresh code context and return its id.
 
         execd starts a kernel for it, which takes long on a busy host: ``timeout`` (default
         ``request_timeout``) bounds the call; the launcher gives it ``ready_timeout``.
         """
         what = f"POST {self.url}/code/context"
-        response = await self._call("POST", "/code/context", json={"language": language}, timeout=timeout)
+        response = await self._call(
+            "POST", "/code/context", json={"language": language}, timeout=timeout
+        )
         raise_for_status(response)
         context_id = json_object(response, what, "id")["id"]
         url_segment(context_id, f"{what}: the context id")
@@ -279,7 +318,9 @@ class ExecdClient(HTTPClientBase):
 
     async def delete_context(self, context_id: str) -> bool:
         """Delete a code context; False when it was already gone."""
-        response = await self._call("DELETE", f"/code/contexts/{url_segment(context_id, 'context id')}")
+        response = await self._call(
+            "DELETE", f"/code/contexts/{url_segment(context_id, 'context id')}"
+        )
         if response.status_code == 404:
             return False
         raise_for_status(response)

@@ -1,4 +1,5 @@
-"""The ``opensandbox`` backend: the OpenSandbox provisioner's kernelspec (limits as Kubernetes quantities)."""
+"""The ``opensandbox`` backend: the OpenSandbox provisioner's kernelspec (limits as Kubernetes
+quantities)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _k8s_memory(size: str) -> str:
 
 
 def opensandbox_config(options: dict[str, Any]) -> dict[str, Any]:
-    """The Sandbox options as the OpenSandbox provisioner's config (limits as Kubernetes quantities)."""
+    """The Sandbox options as the OpenSandbox provisioner's config (limits as Kubernetes
+    quantities)."""
     config = given(options)
     if config.pop("mounts", None):
         raise ConfigError("The opensandbox backend does not take mounts; upload files instead")
@@ -46,14 +48,16 @@ def opensandbox_config(options: dict[str, Any]) -> dict[str, Any]:
 
 
 class OpenSandboxBackend(Backend):
-    """A kernel in an OpenSandbox sandbox; its sandbox expires by itself when the launcher is gone."""
+    """A kernel in an OpenSandbox sandbox; its sandbox expires by itself when the launcher is
+    gone."""
 
     name = "opensandbox"
     comms_known = False  # the launcher's execd relay has no comms; the websocket mode has
     package_window = True
 
     def speaks_comms(self, kernel_info: dict[str, Any]) -> bool:
-        from .relay import IMPLEMENTATION  # the execd relay's kernel_info names it; the websocket mode's kernel does not
+        # the execd relay's kernel_info names it; the websocket mode's kernel does not
+        from .relay import IMPLEMENTATION
 
         return kernel_info.get("implementation") != IMPLEMENTATION
 
@@ -72,8 +76,11 @@ class OpenSandboxBackend(Backend):
 
         settings = provisioner.settings()
         return OpenSandboxClient(
-            settings.api_base, settings.api_key, limits=settings.limits,
-            poll_interval=min(settings.poll_interval, 0.5), ready_timeout=settings.ready_timeout,
+            settings.api_base,
+            settings.api_key,
+            limits=settings.limits,
+            poll_interval=min(settings.poll_interval, 0.5),
+            ready_timeout=settings.ready_timeout,
         )
 
     @staticmethod
@@ -84,7 +91,8 @@ class OpenSandboxBackend(Backend):
         return str(sandbox_id)
 
     async def pause(self, provisioner: Any, paused: bool) -> None:
-        """Pause or resume the kernel's sandbox on the server and wait until it is Paused or Running."""
+        """Pause or resume the kernel's sandbox on the server and wait until it is Paused or
+        Running."""
         sandbox_id = self._sandbox_id(provisioner)
         async with self._client(provisioner) as client:
             await (client.pause(sandbox_id) if paused else client.resume(sandbox_id))
@@ -111,7 +119,10 @@ class OpenSandboxBackend(Backend):
             except OpenSandboxError as exc:
                 raise _no_window(exc) from exc
             targets = {rule["target"] for rule in rules}
-            opened = {**before, "egress": rules + [r for r in before["egress"] if r["target"] not in targets]}
+            opened = {
+                **before,
+                "egress": rules + [r for r in before["egress"] if r["target"] not in targets],
+            }
             finished = False
             try:
                 try:
@@ -124,17 +135,22 @@ class OpenSandboxBackend(Backend):
                 try:
                     await asyncio.shield(client.replace_network_policy(sandbox_id, before))
                 except Exception as exc:
-                    log.error("sandbox %s: could not put its egress policy back after install(): %s", sandbox_id, exc)
+                    log.error(
+                        "sandbox %s: could not put its egress policy back after install(): %s",
+                        sandbox_id,
+                        exc,
+                    )
                     if finished:
                         raise SandboxError(
-                            f"The package index could not be closed again on sandbox {sandbox_id} ({exc}): "
-                            "it may still reach package_index; close the sandbox."
+                            f"The package index could not be closed again on sandbox {sandbox_id} "
+                            f"({exc}): it may still reach package_index; close the sandbox."
                         ) from exc
 
 
 def _no_window(exc: BaseException) -> NetworkDisabledError:
     return NetworkDisabledError(
-        "Cannot install packages: the OpenSandbox server could not open package_index for this call "
-        f"through the sandbox's /networkpolicy API ({exc}). Create the sandbox with the index in network "
-        "(network=['pypi.org', 'files.pythonhosted.org']), give a network_policy that allows it, or network=True."
+        "Cannot install packages: the OpenSandbox server could not open package_index for this "
+        f"call through the sandbox's /networkpolicy API ({exc}). Create the sandbox with the index "
+        "in network (network=['pypi.org', 'files.pythonhosted.org']), give a network_policy that "
+        "allows it, or network=True."
     )

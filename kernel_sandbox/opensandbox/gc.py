@@ -24,25 +24,35 @@ _NOT_IN_LABELS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def host_label() -> str:
-    """This host's name as a label value: up to 63 of ``A-Z a-z 0-9 - _ .``, alphanumeric at both ends."""
+    """This host's name as a label value: up to 63 of ``A-Z a-z 0-9 - _ .``, alphanumeric at both
+    ends."""
     name = _NOT_IN_LABELS.sub("-", socket.gethostname())[:63].strip("-_.")
     return name or "unnamed-host"
 
 
 def owner_metadata(kernel_id: str) -> dict[str, str]:
     """The metadata that names a kernel's sandbox as ours, with its kernel, host and launcher."""
-    return {LABEL_KERNEL_ID: kernel_id, LABEL_OWNER_HOST: host_label(), LABEL_LAUNCHER_PID: str(os.getpid())}
+    return {
+        LABEL_KERNEL_ID: kernel_id,
+        LABEL_OWNER_HOST: host_label(),
+        LABEL_LAUNCHER_PID: str(os.getpid()),
+    }
 
 
 def is_orphan(sandbox: dict[str, Any]) -> bool:
     """True when ``sandbox`` (as the server lists it) is of this host and its launcher is dead."""
-    metadata = sandbox.get("metadata") if isinstance(sandbox.get("metadata"), dict) else {}
+    metadata = sandbox.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
     pid = str(metadata.get(LABEL_LAUNCHER_PID, ""))
-    return metadata.get(LABEL_OWNER_HOST) == host_label() and pid.isdigit() and not pid_alive(int(pid))
+    return (
+        metadata.get(LABEL_OWNER_HOST) == host_label() and pid.isdigit() and not pid_alive(int(pid))
+    )
 
 
 async def collect_garbage(client: OpenSandboxClient, *, everything: bool = False) -> list[str]:
-    """Delete this host's kernel sandboxes whose launcher is dead (all of this host's with ``everything``).
+    """Delete this host's kernel sandboxes whose launcher is dead (all of this host's with
+    ``everything``).
 
     Returns the ids deleted (a sandbox already gone counts as deleted).
     """

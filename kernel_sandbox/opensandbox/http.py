@@ -36,16 +36,19 @@ from ..errors import (
 )
 
 log = logging.getLogger("kernel_sandbox.opensandbox.client")
-"""The clients' logger (one name for :mod:`.http`, :mod:`.execd` and :mod:`.lifecycle`, as when they were one module)."""
+"""The clients' logger (one name for :mod:`.http`, :mod:`.execd` and :mod:`.lifecycle`, as when they
+were one module)."""
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_STREAM_IDLE_TIMEOUT = 60.0
 DEFAULT_MAX_STREAM_BYTES = 16 * 1024 * 1024
-"""Byte cap on one execd event stream (JSON-encoded output, base64 images, pings), not on kept output."""
+"""Byte cap on one execd event stream (JSON-encoded output, base64 images, pings), not on kept
+output."""
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 CAPACITY_FIRST_DELAY = 1.0
 CAPACITY_MAX_DELAY = 30.0
-"""Seconds between create attempts when the server gives no ``Retry-After`` (doubling), and the most."""
+"""Seconds between create attempts when the server gives no ``Retry-After`` (doubling), and the
+most."""
 RETRY_STATUSES = frozenset({404, 502, 503, 504})
 """Answers a starting sandbox (or a proxy in front of it) gives before it is ready: retried."""
 _ID_MAX = 256
@@ -98,7 +101,10 @@ _TRANSPORT_WORDS = {
 
 def describe_transport_error(exc: BaseException) -> str:
     """A non-empty description of an httpx transport error (httpx's own text is often empty)."""
-    words = next((text for kind, text in _TRANSPORT_WORDS.items() if isinstance(exc, kind)), "transport error")
+    words = next(
+        (text for kind, text in _TRANSPORT_WORDS.items() if isinstance(exc, kind)),
+        "transport error",
+    )
     detail = str(exc) or str(exc.__cause__ or "")
     return f"{words} ({type(exc).__name__}{': ' + detail[:300] if detail else ''})"
 
@@ -108,7 +114,8 @@ def _where(request: httpx.Request) -> str:
 
 
 def _detail_message(detail: Any) -> str | None:
-    """FastAPI's ``{"detail": [{"loc", "msg"}...]}`` as "field: problem; ..."; a string detail as is."""
+    """FastAPI's ``{"detail": [{"loc", "msg"}...]}`` as "field: problem; ..."; a string detail as
+    is."""
     if isinstance(detail, str):
         return detail
     if not isinstance(detail, list):
@@ -123,15 +130,17 @@ def _detail_message(detail: Any) -> str | None:
             else []
         )
         field_name = ".".join(loc) or "request"
-        parts.append(f"field {field_name!r}: {str(item.get('msg') or item.get('type') or 'invalid')[:200]}")
+        parts.append(
+            f"field {field_name!r}: {str(item.get('msg') or item.get('type') or 'invalid')[:200]}"
+        )
     return "; ".join(parts) or None
 
 
 _EGRESS_HINT = (
     "This server has no egress sidecar configured, so it refuses any networkPolicy, including the "
-    "default-deny policy kernel-sandbox sends. Fix one of: configure `[egress] image` on the server "
-    "(then egress is enforced); or set allow_internet=True to send no policy (the sandbox then has "
-    "whatever network the server gives it, unrestricted)."
+    "default-deny policy kernel-sandbox sends. Fix one of: configure `[egress] image` on the "
+    "server (then egress is enforced); or set allow_internet=True to send no policy (the sandbox "
+    "then has whatever network the server gives it, unrestricted)."
 )
 
 
@@ -147,33 +156,46 @@ def _error_body(response: httpx.Response) -> tuple[str | None, str | None]:
     message = body.get("message")
     if message is None:
         message = _detail_message(body.get("detail"))
-    return (None if code is None else str(code)[:200]), (None if message is None else str(message)[:2000])
+    return (None if code is None else str(code)[:200]), (
+        None if message is None else str(message)[:2000]
+    )
 
 
 def raise_for_status(response: httpx.Response) -> None:
-    """Raise :class:`OpenSandboxAPIError` (:class:`SandboxNotFound` for a sandbox's 404) for a non-2xx response."""
+    """Raise :class:`OpenSandboxAPIError` (:class:`SandboxNotFound` for a sandbox's 404) for a
+    non-2xx response."""
     if response.is_success:
         return
     code, message = _error_body(response)
     request = response.request
     detail = " ".join(part for part in (code and f"{code}:", message) if part)
     text = f"{_where(request)} answered {response.status_code}" + (f" ({detail})" if detail else "")
-    if response.status_code == 400 and message and "egress" in message and "networkPolicy" in message:
+    if (
+        response.status_code == 400
+        and message
+        and "egress" in message
+        and "networkPolicy" in message
+    ):
         text += ". " + _EGRESS_HINT
     kind = OpenSandboxAPIError
-    if response.status_code == 404 and "/sandboxes/" in request.url.path and "/proxy/" not in request.url.path:
+    if (
+        response.status_code == 404
+        and "/sandboxes/" in request.url.path
+        and "/proxy/" not in request.url.path
+    ):
         kind = SandboxNotFound
     elif response.status_code == 403 and (code or "").upper().endswith("QUOTA_EXCEEDED"):
         kind = SandboxQuotaExceeded
         text += (
-            ". The deployment's quota for sandboxes is used up: delete sandboxes you no longer need, "
-            "ask for a larger quota, or ask for smaller resource_limits"
+            ". The deployment's quota for sandboxes is used up: delete sandboxes you no longer "
+            "need, ask for a larger quota, or ask for smaller resource_limits"
         )
     raise kind(text, response=response, code=code, detail=message)
 
 
 def retry_after(response: httpx.Response, default: float) -> float:
-    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date), else ``default``.
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date), else
+    ``default``.
 
     Whatever the header holds, the answer is finite and from 0 to :data:`CAPACITY_MAX_DELAY`.
     """
@@ -208,14 +230,17 @@ async def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ResponseTooLarge(
-            f"{what}: the answer declares {declared} bytes, over the cap of {limit} bytes (max_response_bytes)", limit
+            f"{what}: the answer declares {declared} bytes, over the cap of {limit} bytes "
+            "(max_response_bytes)",
+            limit,
         )
     body = bytearray()
     async for chunk in response.aiter_raw():
         body += chunk
         if len(body) > limit:
             raise ResponseTooLarge(
-                f"{what}: the answer exceeded the cap of {limit} bytes (max_response_bytes); it was not read further",
+                f"{what}: the answer exceeded the cap of {limit} bytes (max_response_bytes); it "
+                "was not read further",
                 limit,
             )
     return bytes(body)
@@ -227,7 +252,9 @@ class CappedHTTP:
     def __init__(self, http: httpx.AsyncClient | None, limits: Limits) -> None:
         self.limits = limits
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(limits.request_timeout), follow_redirects=False)
+        self._http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(limits.request_timeout), follow_redirects=False
+        )
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -243,7 +270,8 @@ class CappedHTTP:
         params: Any = None,
         timeout: float | None = None,
     ) -> httpx.Response:
-        """One request, its whole answer read (capped) within ``timeout`` (default: request_timeout).
+        """One request, its whole answer read (capped) within ``timeout`` (default:
+        request_timeout).
 
         Returns a response whose body is in memory; raises for transport errors and the deadline,
         never for an HTTP status.
@@ -265,7 +293,9 @@ class CappedHTTP:
                 body = await _read_capped(response, self.limits.max_response_bytes, what)
             finally:
                 await response.aclose()
-            return httpx.Response(response.status_code, headers=response.headers, content=body, request=request)
+            return httpx.Response(
+                response.status_code, headers=response.headers, content=body, request=request
+            )
 
         try:
             return await asyncio.wait_for(send(), deadline)
@@ -274,7 +304,9 @@ class CappedHTTP:
                 f"{what}: no complete answer within {deadline:g} s (request_timeout, per call)"
             ) from None
         except httpx.TransportError as exc:
-            raise OpenSandboxConnectionError(f"{what} failed: {describe_transport_error(exc)}") from exc
+            raise OpenSandboxConnectionError(
+                f"{what} failed: {describe_transport_error(exc)}"
+            ) from exc
 
 
 def _json(response: httpx.Response, what: str) -> Any:
@@ -282,15 +314,19 @@ def _json(response: httpx.Response, what: str) -> Any:
         return response.json()
     except (ValueError, RecursionError) as exc:
         raise OpenSandboxProtocolError(
-            f"{what} answered {response.status_code} with a body that is not JSON ({type(exc).__name__})"
+            f"{what} answered {response.status_code} with a body that is not JSON "
+            f"({type(exc).__name__})"
         ) from None
 
 
 def json_object(response: httpx.Response, what: str, *required: str) -> dict[str, Any]:
-    """The answer as a JSON object having ``required`` keys, or OpenSandboxProtocolError naming the call."""
+    """The answer as a JSON object having ``required`` keys, or OpenSandboxProtocolError naming the
+    call."""
     answer = _json(response, what)
     if not isinstance(answer, dict):
-        raise OpenSandboxProtocolError(f"{what} answered with a JSON {type(answer).__name__}, expected an object")
+        raise OpenSandboxProtocolError(
+            f"{what} answered with a JSON {type(answer).__name__}, expected an object"
+        )
     missing = [key for key in required if not answer.get(key)]
     if missing:
         raise OpenSandboxProtocolError(f"{what} answered without {', '.join(missing)}")
@@ -305,8 +341,11 @@ async def _emit(callback: Callable[[Any], Awaitable[None] | None] | None, value:
         await result
 
 
-def _on_event(suffix: str, callback: Callable[[], None]) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-    """An httpcore ``trace`` extension that calls ``callback`` on each event whose name ends with ``suffix``."""
+def _on_event(
+    suffix: str, callback: Callable[[], None]
+) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` extension that calls ``callback`` on each event whose name ends with
+    ``suffix``."""
 
     async def trace(name: str, info: dict[str, Any]) -> None:
         if name.endswith(suffix):
@@ -323,7 +362,12 @@ class HTTPClientBase:
     ``url`` carrying ``headers``, polling for readiness, closing, ``async with``."""
 
     def __init__(
-        self, url: str, headers: Mapping[str, str] | None, *, http: httpx.AsyncClient | None, limits: Limits
+        self,
+        url: str,
+        headers: Mapping[str, str] | None,
+        *,
+        http: httpx.AsyncClient | None,
+        limits: Limits,
     ) -> None:
         self.url = url.rstrip("/")
         self.headers = as_str_dict(headers)
@@ -347,7 +391,9 @@ class HTTPClientBase:
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return await self._http.call(method, f"{self.url}{path}", headers=self.headers, **kwargs)
 
-    async def _poll_ready(self, path: str, wait: float, poll_interval: float, failure: str, limit: str = "") -> int:
+    async def _poll_ready(
+        self, path: str, wait: float, poll_interval: float, failure: str, limit: str = ""
+    ) -> int:
         """Poll ``GET path`` until it answers 200 and return the number of attempts; connection
         errors, per-call deadlines and 404/502/503/504 are retried for ``wait`` seconds, then
         :class:`SandboxTimeoutError` starts with ``failure``; any other status raises at once."""
@@ -370,6 +416,7 @@ class HTTPClientBase:
             elapsed = time.monotonic() - started
             if elapsed >= wait:
                 raise SandboxTimeoutError(
-                    f"{failure}: GET {path} tried {attempts} times over {elapsed:.1f} s{limit}; last: {last}"
+                    f"{failure}: GET {path} tried {attempts} times over {elapsed:.1f} s{limit}; "
+                    f"last: {last}"
                 )
             await asyncio.sleep(min(poll_interval, max(0.0, wait - elapsed)))

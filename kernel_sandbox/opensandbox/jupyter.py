@@ -68,11 +68,19 @@ def decode_v1(data: bytes | str) -> tuple[str, list[bytes]]:
     if not 6 <= count <= MAX_PARTS + 2 or len(data) < 8 * (count + 1):
         raise OpenSandboxProtocolError(f"a kernel websocket frame (v1) declares {count} offsets")
     offsets = struct.unpack_from(f"<{count}Q", data, 8)
-    if offsets[0] != 8 * (count + 1) or offsets[-1] != len(data) or any(b < a for a, b in itertools.pairwise(offsets)):
-        raise OpenSandboxProtocolError("a kernel websocket frame (v1) has offsets outside the frame")
+    if (
+        offsets[0] != 8 * (count + 1)
+        or offsets[-1] != len(data)
+        or any(b < a for a, b in itertools.pairwise(offsets))
+    ):
+        raise OpenSandboxProtocolError(
+            "a kernel websocket frame (v1) has offsets outside the frame"
+        )
     channel = data[offsets[0] : offsets[1]].decode("ascii", errors="replace")
     if channel not in CHANNELS:
-        raise OpenSandboxProtocolError(f"a kernel websocket frame names no channel of a kernel: {channel[:40]!r}")
+        raise OpenSandboxProtocolError(
+            f"a kernel websocket frame names no channel of a kernel: {channel[:40]!r}"
+        )
     return channel, [data[offsets[i] : offsets[i + 1]] for i in range(1, count - 1)]
 
 
@@ -105,13 +113,19 @@ def decode_legacy(data: str | bytes) -> tuple[str, list[bytes]]:
     buffers: list[bytes] = []
     if isinstance(data, bytes):
         if len(data) < 4:
-            raise OpenSandboxProtocolError("a kernel websocket frame (legacy binary) is shorter than its header")
+            raise OpenSandboxProtocolError(
+                "a kernel websocket frame (legacy binary) is shorter than its header"
+            )
         (count,) = struct.unpack_from("!I", data)
         if not 1 <= count <= MAX_PARTS or len(data) < 4 * (count + 1):
-            raise OpenSandboxProtocolError(f"a kernel websocket frame (legacy binary) declares {count} parts")
+            raise OpenSandboxProtocolError(
+                f"a kernel websocket frame (legacy binary) declares {count} parts"
+            )
         offsets = [*struct.unpack_from(f"!{count}I", data, 4), len(data)]
         if offsets[0] < 4 * (count + 1) or any(b < a for a, b in itertools.pairwise(offsets)):
-            raise OpenSandboxProtocolError("a kernel websocket frame (legacy binary) has offsets outside the frame")
+            raise OpenSandboxProtocolError(
+                "a kernel websocket frame (legacy binary) has offsets outside the frame"
+            )
         text: str | bytes = data[offsets[0] : offsets[1]]
         buffers = [data[offsets[i] : offsets[i + 1]] for i in range(1, count)]
     else:
@@ -124,14 +138,20 @@ def decode_legacy(data: str | bytes) -> tuple[str, list[bytes]]:
         raise OpenSandboxProtocolError("a kernel websocket frame (legacy) is not a JSON object")
     channel = message.get("channel")
     if channel not in CHANNELS:
-        raise OpenSandboxProtocolError(f"a kernel websocket frame names no channel of a kernel: {str(channel)[:40]!r}")
+        raise OpenSandboxProtocolError(
+            f"a kernel websocket frame names no channel of a kernel: {str(channel)[:40]!r}"
+        )
     fields = [message.get(name) for name in ("header", "parent_header", "metadata", "content")]
     if not all(isinstance(value, dict) for value in fields):
-        raise OpenSandboxProtocolError("a kernel websocket frame (legacy) lacks a header, parent, metadata or content")
+        raise OpenSandboxProtocolError(
+            "a kernel websocket frame (legacy) lacks a header, parent, metadata or content"
+        )
     try:
         return channel, [*(_dumps(value) for value in fields), *buffers]
     except (ValueError, RecursionError):
-        raise OpenSandboxProtocolError("a kernel websocket frame (legacy) holds JSON nested too deeply") from None
+        raise OpenSandboxProtocolError(
+            "a kernel websocket frame (legacy) holds JSON nested too deeply"
+        ) from None
 
 
 # ---- the server --------------------------------------------------------------------------------
@@ -148,15 +168,26 @@ class JupyterServer(HTTPClientBase):
         *,
         limits: Limits = Limits(),
     ) -> None:
-        super().__init__(url, {**as_str_dict(headers), "Authorization": f"token {token}"}, http=None, limits=limits)
+        super().__init__(
+            url,
+            {**as_str_dict(headers), "Authorization": f"token {token}"},
+            http=None,
+            limits=limits,
+        )
 
     async def wait_ready(self, wait: float, poll_interval: float = 0.1) -> None:
-        """Poll ``GET /api/status`` until it answers 200 (404/502/503/504 and connection errors retried).
+        """Poll ``GET /api/status`` until it answers 200 (404/502/503/504 and connection errors
+        retried).
 
         Raises :class:`SandboxTimeoutError` after ``wait`` seconds, saying what was tried, and
         :class:`OpenSandboxAPIError` at once for any other answer (403: the token was refused).
         """
-        await self._poll_ready("/api/status", wait, poll_interval, f"the sandbox's Jupyter server at {self.url} did not answer")
+        await self._poll_ready(
+            "/api/status",
+            wait,
+            poll_interval,
+            f"the sandbox's Jupyter server at {self.url} did not answer",
+        )
 
     async def start_kernel(self, name: str) -> str:
         """Start a kernel of kernelspec ``name``; return its id."""
@@ -165,7 +196,9 @@ class JupyterServer(HTTPClientBase):
         raise_for_status(response)
         kernel_id = str(json_object(response, what, "id")["id"])
         if len(kernel_id) > 256 or quote(kernel_id, safe="-") != kernel_id:
-            raise OpenSandboxProtocolError(f"{what} answered with a kernel id that cannot be used in a URL")
+            raise OpenSandboxProtocolError(
+                f"{what} answered with a kernel id that cannot be used in a URL"
+            )
         return kernel_id
 
     async def interrupt_kernel(self, kernel_id: str) -> None:
@@ -185,7 +218,10 @@ class JupyterServer(HTTPClientBase):
 
         Pings every ``request_timeout`` seconds close a connection whose peer stopped answering.
         """
-        url = self.url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={session_id}"
+        url = (
+            self.url.replace("http", "ws", 1)
+            + f"/api/kernels/{kernel_id}/channels?session_id={session_id}"
+        )
         deadline = self.limits.request_timeout
         request = tornado.httpclient.HTTPRequest(
             url, headers=self.headers, connect_timeout=deadline, request_timeout=deadline
@@ -204,18 +240,27 @@ class JupyterServer(HTTPClientBase):
                 deadline,
             )
         except asyncio.TimeoutError:
-            raise CallDeadlineExceeded(f"websocket {url}: no connection within {deadline:g} s") from None
+            raise CallDeadlineExceeded(
+                f"websocket {url}: no connection within {deadline:g} s"
+            ) from None
         except tornado.httpclient.HTTPClientError as exc:
-            raise OpenSandboxConnectionError(f"websocket {url} was refused: {exc.code} {exc.message}") from exc
+            raise OpenSandboxConnectionError(
+                f"websocket {url} was refused: {exc.code} {exc.message}"
+            ) from exc
         except (OSError, tornado.websocket.WebSocketError) as exc:
-            raise OpenSandboxConnectionError(f"websocket {url} failed: {type(exc).__name__}: {exc}") from exc
-        connection.protocol.set_nodelay(True)  # a message right behind another must not wait for a delayed ACK
+            raise OpenSandboxConnectionError(
+                f"websocket {url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        # a message right behind another must not wait for a delayed ACK
+        if connection.protocol is not None:
+            connection.protocol.set_nodelay(True)
         socket._attach(connection)
         return socket
 
 
 class KernelSocket:
-    """An open kernel websocket: :meth:`send` client messages; kernel messages go to ``on_message``."""
+    """An open kernel websocket: :meth:`send` client messages; kernel messages go to
+    ``on_message``."""
 
     def __init__(self, on_message: OnMessage, on_close: Callable[[str], None]) -> None:
         self._on_message = on_message
@@ -250,7 +295,9 @@ class KernelSocket:
             log.warning("dropped a message from the sandbox's kernel websocket: %s", exc)
             return
         if len(parts) < 4:
-            log.warning("dropped a message of %d parts from the sandbox's kernel websocket", len(parts))
+            log.warning(
+                "dropped a message of %d parts from the sandbox's kernel websocket", len(parts)
+            )
             return
         self._dispatch(channel, parts)
 

@@ -31,13 +31,27 @@ from ..errors import (
 )
 from .events import ExecdRun
 from .execd import EXECD_PORT, Endpoint, EventCallback, ExecdClient, endpoint_url
-from .http import CAPACITY_FIRST_DELAY, CAPACITY_MAX_DELAY, HTTPClientBase, Limits, RETRY_STATUSES, _error_body, as_str_dict, json_object, log, raise_for_status, retry_after, url_segment
+from .http import (
+    CAPACITY_FIRST_DELAY,
+    CAPACITY_MAX_DELAY,
+    HTTPClientBase,
+    Limits,
+    RETRY_STATUSES,
+    _error_body,
+    as_str_dict,
+    json_object,
+    log,
+    raise_for_status,
+    retry_after,
+    url_segment,
+)
 
 ENV_API_BASE = "OPEN_SANDBOX_API_BASE"
 ENV_API_KEY = "OPEN_SANDBOX_API_KEY"
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 DEFAULT_SANDBOX_IMAGE = "opensandbox/code-interpreter:v1.1.0"
-"""The OpenSandbox sandbox image (the Docker backend's kernel image is ``settings.DEFAULT_IMAGE``)."""
+"""The OpenSandbox sandbox image (the Docker backend's kernel image is
+``settings.DEFAULT_IMAGE``)."""
 DEFAULT_ENTRYPOINT: tuple[str, ...] = ("/opt/code-interpreter/code-interpreter.sh",)
 DEFAULT_SANDBOX_TIMEOUT = 300
 """A sandbox's lifetime in seconds (renewed while used); not a per-call deadline."""
@@ -47,13 +61,27 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_DELETE_ATTEMPTS = 4
 LABELS: Mapping[str, str] = MappingProxyType({"kernel-sandbox": "true"})
 TERMINAL_STATES = frozenset({"Failed", "Stopping", "Terminated"})
-KNOWN_STATES = frozenset({"Pending", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Terminated", "Failed", "Unknown"})
-"""The states server 1.1.1 documents; any other is waited through like ``Unknown`` (and logged once)."""
+KNOWN_STATES = frozenset(
+    {
+        "Pending",
+        "Running",
+        "Pausing",
+        "Paused",
+        "Resuming",
+        "Stopping",
+        "Terminated",
+        "Failed",
+        "Unknown",
+    }
+)
+"""The states server 1.1.1 documents; any other is waited through like ``Unknown`` (and logged
+once)."""
 WAITING_STATES = frozenset({"Pending", "Unknown", "Resuming", "Pausing"})
 """States worth waiting through after create (``Unknown``: the runtime could not tell, for now)."""
 PAUSED_STATES = frozenset({"Paused"})
 CAPACITY_STATUSES = frozenset({429, 503})
-"""Answers to ``POST /sandboxes`` that mean "no room now, try later" (pool capacity, an engine busy)."""
+"""Answers to ``POST /sandboxes`` that mean "no room now, try later" (pool capacity, an engine
+busy)."""
 
 
 @dataclass
@@ -67,7 +95,8 @@ class Sandbox:
 
 
 def resolve_api_base(api_base: str | None = None) -> str:
-    """Return the API base URL from the argument or ``OPEN_SANDBOX_API_BASE``, without a trailing slash."""
+    """Return the API base URL from the argument or ``OPEN_SANDBOX_API_BASE``, without a trailing
+    slash."""
     base = api_base or os.environ.get(ENV_API_BASE, "")
     if not base:
         raise OpenSandboxConfigError(
@@ -94,12 +123,15 @@ def sandbox_state(info: Mapping[str, Any] | None) -> str | None:
 
 
 def note_unknown_state(sandbox_id: str, state: str | None, seen: set[str | None]) -> None:
-    """Log a state the client does not know (the API says to tolerate them), once per state in ``seen``."""
+    """Log a state the client does not know (the API says to tolerate them), once per state in
+    ``seen``."""
     if state not in KNOWN_STATES and state not in seen:
         seen.add(state)
         log.warning(
-            "sandbox %s is in state %r, which this client does not know; treating it as not ready yet",
-            sandbox_id, state if state is None else state[:64],
+            "sandbox %s is in state %r, which this client does not know; treating it as not ready "
+            "yet",
+            sandbox_id,
+            state if state is None else state[:64],
         )
 
 
@@ -161,21 +193,35 @@ def policy_of(answer: Mapping[str, Any], what: str) -> dict[str, Any]:
     and ``egress`` rules of ``{"action": allow|deny, "target": name}``; anything else raises."""
     default = answer.get("defaultAction")
     rules = answer.get("egress") or []
-    if default not in (None, "allow", "deny") or not isinstance(rules, list) or len(rules) > MAX_POLICY_RULES:
-        raise OpenSandboxProtocolError(f"{what}: not a networkPolicy (defaultAction allow|deny, egress a list of rules)")
+    if (
+        default not in (None, "allow", "deny")
+        or not isinstance(rules, list)
+        or len(rules) > MAX_POLICY_RULES
+    ):
+        raise OpenSandboxProtocolError(
+            f"{what}: not a networkPolicy (defaultAction allow|deny, egress a list of rules)"
+        )
     egress = []
     for rule in rules:
-        if (not isinstance(rule, Mapping) or rule.get("action") not in ("allow", "deny")
-                or not isinstance(rule.get("target"), str) or not 0 < len(rule["target"]) <= 253):
+        if (
+            not isinstance(rule, Mapping)
+            or rule.get("action") not in ("allow", "deny")
+            or not isinstance(rule.get("target"), str)
+            or not 0 < len(rule["target"]) <= 253
+        ):
             raise OpenSandboxProtocolError(
-                f"{what}: an egress rule is not {{action: allow|deny, target: name}}: {str(rule)[:200]}"
+                f"{what}: an egress rule is not {{action: allow|deny, target: name}}: "
+                f"{str(rule)[:200]}"
             )
         egress.append({"action": rule["action"], "target": rule["target"]})
     return {**({"defaultAction": default} if default else {}), "egress": egress}
 
 
-async def _retrying_delete(attempt: Callable[[], Awaitable[bool]], attempts: int, what: str) -> bool:
-    """Run ``attempt`` up to ``attempts`` times with backoff (0.5, 1, 2... s) on transient failures."""
+async def _retrying_delete(
+    attempt: Callable[[], Awaitable[bool]], attempts: int, what: str
+) -> bool:
+    """Run ``attempt`` up to ``attempts`` times with backoff (0.5, 1, 2... s) on transient
+    failures."""
     delay = 0.5
     for number in range(1, attempts + 1):
         try:
@@ -187,8 +233,17 @@ async def _retrying_delete(attempt: Callable[[], Awaitable[bool]], attempts: int
                 raise
             failure = exc
         if number == attempts:
-            raise type(failure)(f"{failure} (gave up after {attempts} attempts)", **_error_kwargs(failure)) from failure
-        log.warning("%s failed (attempt %d of %d), retrying in %g s: %s", what, number, attempts, delay, failure)
+            raise type(failure)(
+                f"{failure} (gave up after {attempts} attempts)", **_error_kwargs(failure)
+            ) from failure
+        log.warning(
+            "%s failed (attempt %d of %d), retrying in %g s: %s",
+            what,
+            number,
+            attempts,
+            delay,
+            failure,
+        )
         await asyncio.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
@@ -221,13 +276,19 @@ class OpenSandboxClient(HTTPClientBase):
         signed_endpoints: float = 0.0,
     ) -> None:
         key = resolve_api_key(api_key)
-        super().__init__(resolve_api_base(api_base), {API_KEY_HEADER: key} if key else {}, http=http, limits=limits)
+        super().__init__(
+            resolve_api_base(api_base),
+            {API_KEY_HEADER: key} if key else {},
+            http=http,
+            limits=limits,
+        )
         self.use_server_proxy = use_server_proxy
         self.poll_interval = poll_interval
         self.ready_timeout = ready_timeout
         self.delete_attempts = max(1, delete_attempts)
         self.signed_endpoints = 0.0 if use_server_proxy else float(signed_endpoints)
-        """Seconds a signed endpoint (``?expires=``) should stay valid; 0: ask for plain endpoints."""
+        """Seconds a signed endpoint (``?expires=``) should stay valid; 0: ask for plain
+        endpoints."""
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._call(method, path, **kwargs)
@@ -237,8 +298,11 @@ class OpenSandboxClient(HTTPClientBase):
     def _path(self, sandbox_id: str, *rest: str) -> str:
         return "/".join(["/sandboxes", url_segment(sandbox_id, "sandbox id"), *rest])
 
-    async def create(self, *, created: Callable[[str], None] | None = None, **options: Any) -> Sandbox:
-        """Create a sandbox, wait until it is Running, resolve its execd endpoint and wait for execd.
+    async def create(
+        self, *, created: Callable[[str], None] | None = None, **options: Any
+    ) -> Sandbox:
+        """Create a sandbox, wait until it is Running, resolve its execd endpoint and wait for
+        execd.
 
         ``options`` are :func:`build_create_body`'s (image, entrypoint, timeout, resource limits,
         env, metadata, network...). ``created(sandbox_id)`` is called as soon as the server has
@@ -255,14 +319,17 @@ class OpenSandboxClient(HTTPClientBase):
                 created(sandbox_id)
             info = await self.wait_running(sandbox_id, info)
             endpoint = await self.endpoint(sandbox_id)
-            await self.execd(endpoint).wait_ready(self.ready_timeout, min(self.poll_interval, 0.1) or 0.1)
+            await self.execd(endpoint).wait_ready(
+                self.ready_timeout, min(self.poll_interval, 0.1) or 0.1
+            )
         except BaseException:
             await asyncio.shield(self._delete_quietly(sandbox_id))
             raise
         return Sandbox(id=sandbox_id, state=sandbox_state(info), info=info, endpoint=endpoint)
 
     async def _post_create(self, body: dict[str, Any]) -> httpx.Response:
-        """``POST /sandboxes``, retried while the server has no capacity (429, 503) until ``ready_timeout``.
+        """``POST /sandboxes``, retried while the server has no capacity (429, 503) until
+        ``ready_timeout``.
 
         The wait between attempts is the answer's ``Retry-After`` (else 1, 2, 4... s, at most
         :data:`CAPACITY_MAX_DELAY`), cut short at the deadline; when the deadline runs out,
@@ -286,14 +353,23 @@ class OpenSandboxClient(HTTPClientBase):
                 raise SandboxCapacityError(
                     f"POST {self.url}/sandboxes answered {response.status_code}"
                     + (f" ({detail})" if detail else "")
-                    + f": the server had no capacity for a new sandbox; tried {attempts} times over {elapsed:.1f} s "
-                    f"and the launch deadline (ready_timeout {self.ready_timeout:g} s) ran out. Raise ready_timeout "
-                    "to wait longer, or free capacity on the deployment (its pools, its nodes)",
-                    response=response, code=code, detail=message,
+                    + f": the server had no capacity for a new sandbox; tried {attempts} times "
+                    f"over {elapsed:.1f} s and the launch deadline (ready_timeout "
+                    f"{self.ready_timeout:g} s) ran out. Raise ready_timeout to wait longer, or "
+                    "free capacity on the deployment (its pools, its nodes)",
+                    response=response,
+                    code=code,
+                    detail=message,
                 )
             (log.warning if attempts == 1 else log.debug)(
-                "POST %s/sandboxes answered %d (no capacity now); retrying in %.1f s (attempt %d, %.1f s of "
-                "ready_timeout %g s spent)", self.url, response.status_code, wait, attempts, elapsed, self.ready_timeout,
+                "POST %s/sandboxes answered %d (no capacity now); retrying in %.1f s (attempt %d, "
+                "%.1f s of ready_timeout %g s spent)",
+                self.url,
+                response.status_code,
+                wait,
+                attempts,
+                elapsed,
+                self.ready_timeout,
             )
             await asyncio.sleep(min(wait, self.ready_timeout - elapsed))
 
@@ -309,7 +385,11 @@ class OpenSandboxClient(HTTPClientBase):
         return json_object(await self._request("GET", path), f"GET {self.url}{path}")
 
     async def list_sandboxes(
-        self, *, metadata: Mapping[str, str] | None = None, states: list[str] | None = None, max_pages: int = 1000
+        self,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        states: list[str] | None = None,
+        max_pages: int = 1000,
     ) -> list[dict[str, Any]]:
         """List sandboxes, optionally filtered by metadata labels and states (all pages)."""
         items: list[dict[str, Any]] = []
@@ -323,13 +403,17 @@ class OpenSandboxClient(HTTPClientBase):
             page_items = answer.get("items") or []
             pagination = answer.get("pagination") or {}
             if not isinstance(page_items, list) or not isinstance(pagination, dict):
-                raise OpenSandboxProtocolError(f"{what} answered with items or pagination of the wrong type")
+                raise OpenSandboxProtocolError(
+                    f"{what} answered with items or pagination of the wrong type"
+                )
             items.extend(item for item in page_items if isinstance(item, dict))
             if not pagination.get("hasNextPage") or not page_items:
                 return items
         return items
 
-    async def wait_running(self, sandbox_id: str, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def wait_running(
+        self, sandbox_id: str, info: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Poll until the sandbox is Running and return its description.
 
         ``Pending``, ``Unknown``, ``Pausing``, ``Resuming`` and states the client does not know
@@ -340,10 +424,15 @@ class OpenSandboxClient(HTTPClientBase):
         return await self.wait_state(sandbox_id, "Running", info, paused_fails=True)
 
     async def wait_state(
-        self, sandbox_id: str, wanted: str, info: dict[str, Any] | None = None, *, paused_fails: bool = False
+        self,
+        sandbox_id: str,
+        wanted: str,
+        info: dict[str, Any] | None = None,
+        *,
+        paused_fails: bool = False,
     ) -> dict[str, Any]:
-        """Poll until the sandbox is in state ``wanted`` and return its description, as :meth:`wait_running`
-        does (``Paused`` raises only with ``paused_fails``)."""
+        """Poll until the sandbox is in state ``wanted`` and return its description, as
+        :meth:`wait_running` does (``Paused`` raises only with ``paused_fails``)."""
         started = time.monotonic()
         if info is None:
             info = await self.get(sandbox_id)
@@ -359,7 +448,8 @@ class OpenSandboxClient(HTTPClientBase):
                 raise SandboxStateError(
                     sandbox_id,
                     state,
-                    f"it cannot run code while paused; resume it (POST /sandboxes/{sandbox_id}/resume) or delete it",
+                    "it cannot run code while paused; resume it (POST "
+                    f"/sandboxes/{sandbox_id}/resume) or delete it",
                 )
             elapsed = time.monotonic() - started
             if elapsed >= self.ready_timeout:
@@ -395,12 +485,17 @@ class OpenSandboxClient(HTTPClientBase):
                     answer = json_object(response, what)
                     if answer.get("endpoint"):
                         if not isinstance(answer["endpoint"], str):
-                            raise OpenSandboxProtocolError(f"{what} answered with an endpoint that is not a string")
+                            raise OpenSandboxProtocolError(
+                                f"{what} answered with an endpoint that is not a string"
+                            )
                         headers = answer.get("headers") or {}
                         if not isinstance(headers, dict):
-                            raise OpenSandboxProtocolError(f"{what} answered with headers that are not an object")
+                            raise OpenSandboxProtocolError(
+                                f"{what} answered with headers that are not an object"
+                            )
                         return Endpoint(
-                            url=endpoint_url(answer["endpoint"], self.url), headers=as_str_dict(headers)
+                            url=endpoint_url(answer["endpoint"], self.url),
+                            headers=as_str_dict(headers),
                         )
                     last = f"{what} answered without an endpoint"
                 elif response.status_code in RETRY_STATUSES:
@@ -410,27 +505,32 @@ class OpenSandboxClient(HTTPClientBase):
             elapsed = time.monotonic() - started
             if elapsed >= self.ready_timeout:
                 raise SandboxTimeoutError(
-                    f"execd endpoint (port {port}) of sandbox {sandbox_id} was not ready: tried {attempts} times "
-                    f"over {elapsed:.1f} s (ready_timeout {self.ready_timeout:g} s); last: {last}"
+                    f"execd endpoint (port {port}) of sandbox {sandbox_id} was not ready: tried "
+                    f"{attempts} times over {elapsed:.1f} s (ready_timeout {self.ready_timeout:g} "
+                    f"s); last: {last}"
                 )
             await asyncio.sleep(self.poll_interval)
 
     async def pause(self, sandbox_id: str, *, wait: bool = True) -> dict[str, Any]:
-        """Pause a sandbox (``POST /sandboxes/{id}/pause``); with ``wait``, poll until it is ``Paused``.
+        """Pause a sandbox (``POST /sandboxes/{id}/pause``); with ``wait``, poll until it is
+        ``Paused``.
 
         Returns the last description. A sandbox that is not running answers 409
-        (:class:`OpenSandboxAPIError`); the wait ends with :class:`SandboxTimeoutError` after the ready timeout.
+        (:class:`OpenSandboxAPIError`); the wait ends with :class:`SandboxTimeoutError` after the
+        ready timeout.
         """
         await self._request("POST", self._path(sandbox_id, "pause"))
         return await self.wait_state(sandbox_id, "Paused") if wait else await self.get(sandbox_id)
 
     async def resume(self, sandbox_id: str, *, wait: bool = True) -> dict[str, Any]:
-        """Resume a paused sandbox (``POST /sandboxes/{id}/resume``); with ``wait``, until it is ``Running``."""
+        """Resume a paused sandbox (``POST /sandboxes/{id}/resume``); with ``wait``, until it is
+        ``Running``."""
         await self._request("POST", self._path(sandbox_id, "resume"))
         return await self.wait_state(sandbox_id, "Running") if wait else await self.get(sandbox_id)
 
     def _endpoint_params(self) -> dict[str, str]:
-        """The endpoint lookup's query: ``expires`` (now + ``signed_endpoints`` s) while signing is asked for."""
+        """The endpoint lookup's query: ``expires`` (now + ``signed_endpoints`` s) while signing is
+        asked for."""
         params = {"use_server_proxy": "true" if self.use_server_proxy else "false"}
         if self.signed_endpoints:
             params["expires"] = str(int(time.time() + self.signed_endpoints))
@@ -438,7 +538,8 @@ class OpenSandboxClient(HTTPClientBase):
 
     def _signing_refused(self, response: httpx.Response) -> bool:
         """True (and signing off for this client, logged once) when the server does not offer signed
-        endpoints: a 400 to ``expires`` (the Docker runtime; Kubernetes without an ingress gateway)."""
+        endpoints: a 400 to ``expires`` (the Docker runtime; Kubernetes without an ingress
+        gateway)."""
         if not self.signed_endpoints or response.status_code != 400:
             return False
         code, message = _error_body(response)
@@ -446,14 +547,19 @@ class OpenSandboxClient(HTTPClientBase):
         if "signed route" not in words and "expires" not in words:
             return False
         self.signed_endpoints = 0.0
-        log.warning("%s: the server offers no signed endpoints (%s); using plain endpoints", self.url, message)
+        log.warning(
+            "%s: the server offers no signed endpoints (%s); using plain endpoints",
+            self.url,
+            message,
+        )
         return True
 
-    # -- a running sandbox's egress policy (``/sandboxes/{id}/networkpolicy``, held by its sidecar) --
+    # -- a sandbox's egress policy (``/sandboxes/{id}/networkpolicy``, held by its sidecar) --
 
     async def network_policy(self, sandbox_id: str) -> dict[str, Any]:
-        """The sandbox's egress policy as ``{"defaultAction"?, "egress": [{"action", "target"}...]}``,
-        rebuilt from the answer (anything else in it is dropped; a malformed answer raises)."""
+        """The sandbox's egress policy as ``{"defaultAction"?, "egress": [{"action",
+        "target"}...]}``, rebuilt from the answer (anything else in it is dropped; a malformed
+        answer raises)."""
         path = self._path(sandbox_id, "networkpolicy")
         what = f"GET {self.url}{path}"
         answer = json_object(await self._request("GET", path), what)
@@ -461,7 +567,9 @@ class OpenSandboxClient(HTTPClientBase):
 
     async def replace_network_policy(self, sandbox_id: str, policy: Mapping[str, Any]) -> None:
         """Replace the sandbox's egress policy (``PUT``: the sidecar takes the whole policy)."""
-        await self._request("PUT", self._path(sandbox_id, "networkpolicy"), json=policy_of(policy, "the policy"))
+        await self._request(
+            "PUT", self._path(sandbox_id, "networkpolicy"), json=policy_of(policy, "the policy")
+        )
 
     async def renew(self, sandbox_id: str, seconds: float) -> str:
         """Move the sandbox's expiration to ``seconds`` from now; return the new ``expiresAt``."""
@@ -492,8 +600,11 @@ class OpenSandboxClient(HTTPClientBase):
         return await _retrying_delete(attempt, self.delete_attempts, f"DELETE {self.url}{path}")
 
     def execd(self, endpoint: Endpoint) -> ExecdClient:
-        """Return an :class:`ExecdClient` for ``endpoint`` that shares this client's connection pool."""
-        return ExecdClient(endpoint.url, endpoint.headers, http=self._http._http, limits=self.limits)
+        """Return an :class:`ExecdClient` for ``endpoint`` that shares this client's connection
+        pool."""
+        return ExecdClient(
+            endpoint.url, endpoint.headers, http=self._http._http, limits=self.limits
+        )
 
     async def run_code(
         self,
@@ -510,4 +621,6 @@ class OpenSandboxClient(HTTPClientBase):
         else:
             endpoint = sandbox.endpoint or await self.endpoint(sandbox.id)
             sandbox.endpoint = endpoint
-        return await self.execd(endpoint).run(code, context_id=context_id, language=language, on_event=on_event)
+        return await self.execd(endpoint).run(
+            code, context_id=context_id, language=language, on_event=on_event
+        )

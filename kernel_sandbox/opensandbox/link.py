@@ -1,4 +1,5 @@
-"""The OpenSandbox link: a kernel in an OpenSandbox sandbox, reached through the sandbox's endpoints.
+"""The OpenSandbox link: a kernel in an OpenSandbox sandbox, reached through the sandbox's
+endpoints.
 
 The link creates the sandbox (labelled ``kernel-sandbox``, egress denied unless configured,
 a fresh ``JUPYTER_TOKEN`` in its environment), renews its expiration while the launcher lives,
@@ -33,7 +34,13 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import KernelLaunchError, KernelSandboxError, OpenSandboxError, SandboxNotFound, SandboxTimeoutError
+from ..errors import (
+    KernelLaunchError,
+    KernelSandboxError,
+    OpenSandboxError,
+    SandboxNotFound,
+    SandboxTimeoutError,
+)
 from .client import (
     TERMINAL_STATES,
     ExecdClient,
@@ -76,7 +83,8 @@ def _dumps(value: Any) -> bytes:
 
 
 class WebsocketBridge:
-    """Bridge the client's channels to a kernel of the sandbox's Jupyter server, over its websocket."""
+    """Bridge the client's channels to a kernel of the sandbox's Jupyter server, over its
+    websocket."""
 
     def __init__(
         self,
@@ -88,7 +96,8 @@ class WebsocketBridge:
     ) -> None:
         self.front = front
         self.running = running or asyncio.Event()
-        """Set while the sandbox is not paused: a websocket lost while it is paused is reopened after resume."""
+        """Set while the sandbox is not paused: a websocket lost while it is paused is reopened
+        after resume."""
         if running is None:
             self.running.set()
         self.jupyter = jupyter
@@ -122,13 +131,15 @@ class WebsocketBridge:
             self._probed = loop.create_future()
             self._probe()
             try:
-                await asyncio.wait_for(asyncio.shield(self._probed), min(2.0, max(0.1, deadline - loop.time())))
+                await asyncio.wait_for(
+                    asyncio.shield(self._probed), min(2.0, max(0.1, deadline - loop.time()))
+                )
                 return
             except asyncio.TimeoutError:
                 if loop.time() >= deadline:
                     raise SandboxTimeoutError(
-                        f"the kernel of the sandbox's Jupyter server did not answer kernel_info within "
-                        f"{self.settings.ready_timeout:g} s (ready_timeout)"
+                        "the kernel of the sandbox's Jupyter server did not answer kernel_info "
+                        f"within {self.settings.ready_timeout:g} s (ready_timeout)"
                     ) from None
 
     async def _connect(self) -> None:
@@ -211,9 +222,13 @@ class WebsocketBridge:
                 self._probed.set_result(None)
             return
         if channel == "stdin":
-            idents = self._routes.get(parent_id) or self._last.get("stdin") or self._last.get("shell", [])
+            idents = (
+                self._routes.get(parent_id)
+                or self._last.get("stdin")
+                or self._last.get("shell", [])
+            )
         else:
-            idents = self._routes.pop(parent_id, None) or self._last.get(channel, [])
+            idents = self._routes.pop(parent_id, []) or self._last.get(channel, [])
         if msg_type == "execute_reply" and b'"error"' in parts[3]:
             parts = self._short_reply(parts)
         self.front.from_kernel(channel, idents, parts)
@@ -222,7 +237,8 @@ class WebsocketBridge:
 
     @staticmethod
     def _capped_error(parts: list[bytes]) -> list[bytes]:
-        """An IOPub ``error`` within the caps (traceback 64 KiB, its last lines; name and value 8 KiB)."""
+        """An IOPub ``error`` within the caps (traceback 64 KiB, its last lines; name and value 8
+        KiB)."""
         try:
             if json.loads(parts[0]).get("msg_type") != "error":
                 return parts
@@ -252,22 +268,27 @@ class WebsocketBridge:
         self._reconnecting = asyncio.ensure_future(self._reconnect(reason))
 
     def _too_many_losses(self, reason: str) -> bool:
-        """Count one loss of the websocket; past RECONNECT_ATTEMPTS within RECONNECT_WINDOW, end the kernel."""
+        """Count one loss of the websocket; past RECONNECT_ATTEMPTS within RECONNECT_WINDOW, end the
+        kernel."""
         now = asyncio.get_running_loop().time()
         self._losses = [when for when in self._losses if now - when < RECONNECT_WINDOW] + [now]
         if len(self._losses) <= RECONNECT_ATTEMPTS:
             return False
-        self._end(ExitStatus(1, f"{reason} {len(self._losses)} times within {RECONNECT_WINDOW:g} s"))
+        self._end(
+            ExitStatus(1, f"{reason} {len(self._losses)} times within {RECONNECT_WINDOW:g} s")
+        )
         return True
 
     async def _reconnect(self, reason: str) -> None:
-        """Open the websocket again with the same session id, so the sandbox's Jupyter server replays
-        what the kernel sent meanwhile; end the link if it cannot be opened or keeps closing."""
+        """Open the websocket again with the same session id, so the sandbox's Jupyter server
+        replays what the kernel sent meanwhile; end the link if it cannot be opened or keeps
+        closing."""
         delay = 0.2
         try:
             for attempt in range(1, RECONNECT_ATTEMPTS + 1):
                 await asyncio.sleep(delay)
-                await self.running.wait()  # a paused sandbox answers nothing: reopen once it is resumed
+                # a paused sandbox answers nothing: reopen once it is resumed
+                await self.running.wait()
                 if self._closing:
                     return
                 try:
@@ -308,7 +329,8 @@ class OpenSandboxLink:
 
     def __init__(self, request: LaunchRequest) -> None:
         self.request = request
-        self.settings = cast(OpenSandboxSettings, request.settings)  # make_link chose this link by their type
+        # make_link chose this link by their type
+        self.settings = cast(OpenSandboxSettings, request.settings)
         self.sandbox_id: str | None = None
         self.mode: str | None = None
         self._token = secrets.token_hex(32)
@@ -319,7 +341,8 @@ class OpenSandboxLink:
         self._bridge: WebsocketBridge | ExecdRelay | None = None
         self._waiting: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
         self._running = asyncio.Event()
-        """Set while the sandbox is not known to be paused; cleared, client messages wait in ``_waiting``."""
+        """Set while the sandbox is not known to be paused; cleared, client messages wait in
+        ``_waiting``."""
         self._running.set()
         self._tasks: list[asyncio.Future[Any]] = []
         self._creating: asyncio.Future[Any] | None = None
@@ -330,7 +353,8 @@ class OpenSandboxLink:
     # -- starting --------------------------------------------------------------------------------
 
     async def start(self, front: Front) -> None:
-        """Create the sandbox, connect in the configured mode, and return once the kernel answers."""
+        """Create the sandbox, connect in the configured mode, and return once the kernel
+        answers."""
         self._front = front
         settings = self.settings
         client = self._client = OpenSandboxClient(
@@ -377,8 +401,15 @@ class OpenSandboxLink:
         try:
             self._bridge = await self._connect(client, sandbox.id)
         except OpenSandboxError as exc:
-            raise KernelLaunchError(f"the kernel in sandbox {sandbox.id} did not come up: {exc}") from exc
-        log.info("kernel %s runs in OpenSandbox sandbox %s (%s mode)", self.request.kernel_id, sandbox.id, self.mode)
+            raise KernelLaunchError(
+                f"the kernel in sandbox {sandbox.id} did not come up: {exc}"
+            ) from exc
+        log.info(
+            "kernel %s runs in OpenSandbox sandbox %s (%s mode)",
+            self.request.kernel_id,
+            sandbox.id,
+            self.mode,
+        )
         self._flush()
 
     def _created(self, sandbox_id: str) -> None:
@@ -387,24 +418,32 @@ class OpenSandboxLink:
         self._record(sandbox_id)
 
     def _record(self, sandbox_id: str | None) -> None:
-        """Tell the provisioner (its private directory) which sandbox to delete should the launcher be killed."""
+        """Tell the provisioner (its private directory) which sandbox to delete should the launcher
+        be killed."""
         private = self.request.private
         if private is not None:
             private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
 
-    async def _connect(self, client: OpenSandboxClient, sandbox_id: str) -> WebsocketBridge | ExecdRelay:
+    async def _connect(
+        self, client: OpenSandboxClient, sandbox_id: str
+    ) -> WebsocketBridge | ExecdRelay:
         settings = self.settings
         assert self._front is not None and self._execd is not None
         if settings.mode == "websocket":
             await self._find_jupyter(client, sandbox_id, settings.ready_timeout)
         elif settings.mode == "auto":
             try:
-                await asyncio.wait_for(self._find_jupyter(client, sandbox_id, settings.jupyter_wait), settings.jupyter_wait)
+                await asyncio.wait_for(
+                    self._find_jupyter(client, sandbox_id, settings.jupyter_wait),
+                    settings.jupyter_wait,
+                )
             except (OpenSandboxError, asyncio.TimeoutError) as exc:
                 reason = str(exc) or f"no answer within jupyter_wait ({settings.jupyter_wait:g} s)"
                 log.warning(
-                    "the sandbox's Jupyter server (port %d) was not found: %s; using execd's /code instead "
-                    "(mode 'execd': no display data, comms, stdin)", settings.jupyter_port, reason,
+                    "the sandbox's Jupyter server (port %d) was not found: %s; using execd's "
+                    "/code instead (mode 'execd': no display data, comms, stdin)",
+                    settings.jupyter_port,
+                    reason,
                 )
                 self._jupyter = None
         if self._jupyter is not None:
@@ -413,11 +452,14 @@ class OpenSandboxLink:
             await bridge.start()
             return bridge
         self.mode = "execd"
-        context_id = await self._execd.create_context(settings.language, timeout=settings.ready_timeout)
+        context_id = await self._execd.create_context(
+            settings.language, timeout=settings.ready_timeout
+        )
         return ExecdRelay(self._front, self._execd, context_id, settings, self._end)
 
     async def _find_jupyter(self, client: OpenSandboxClient, sandbox_id: str, wait: float) -> None:
-        """Look up the Jupyter port's endpoint and wait for its server (``self._jupyter`` once it answers)."""
+        """Look up the Jupyter port's endpoint and wait for its server (``self._jupyter`` once it
+        answers)."""
         settings = self.settings
         endpoint = await client.endpoint(sandbox_id, settings.jupyter_port)
         jupyter = JupyterServer(endpoint.url, self._token, endpoint.headers, limits=client.limits)
@@ -441,7 +483,8 @@ class OpenSandboxLink:
         )
 
     async def _watch(self) -> None:
-        """End the link when the sandbox is gone (404) or in a terminal state; note pauses and resumes.
+        """End the link when the sandbox is gone (404) or in a terminal state; note pauses and
+        resumes.
 
         Paused (or Pausing) is not gone: client messages wait until it runs again. A state this
         client does not know is logged once and changes nothing.
@@ -453,7 +496,11 @@ class OpenSandboxLink:
             try:
                 state = sandbox_state(await self._client.get(self.sandbox_id))
             except SandboxNotFound:
-                self._end(ExitStatus(1, f"sandbox {self.sandbox_id} is gone (404: it expired or was deleted)"))
+                self._end(
+                    ExitStatus(
+                        1, f"sandbox {self.sandbox_id} is gone (404: it expired or was deleted)"
+                    )
+                )
                 return
             except OpenSandboxError as exc:
                 log.warning("checking sandbox %s failed: %s", self.sandbox_id, exc)
@@ -463,10 +510,18 @@ class OpenSandboxLink:
                 return
             note_unknown_state(self.sandbox_id, state, unknown)
             if state in PAUSE_STATES and self._running.is_set():
-                log.warning("sandbox %s is %s: client messages wait until it is resumed", self.sandbox_id, state)
+                log.warning(
+                    "sandbox %s is %s: client messages wait until it is resumed",
+                    self.sandbox_id,
+                    state,
+                )
                 self._running.clear()
             elif state == "Running" and not self._running.is_set():
-                log.warning("sandbox %s runs again: passing on %d waiting messages", self.sandbox_id, len(self._waiting))
+                log.warning(
+                    "sandbox %s runs again: passing on %d waiting messages",
+                    self.sandbox_id,
+                    len(self._waiting),
+                )
                 self._running.set()
                 self._flush()
 
@@ -481,7 +536,8 @@ class OpenSandboxLink:
     # -- messages --------------------------------------------------------------------------------
 
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
-        """Pass a client message on (kept until the kernel is connected and its sandbox not paused)."""
+        """Pass a client message on (kept until the kernel is connected and its sandbox not
+        paused)."""
         if self._bridge is not None and self._running.is_set():
             self._bridge.send(channel, idents, parts)
         elif len(self._waiting) < WAITING_LIMIT:
@@ -489,7 +545,10 @@ class OpenSandboxLink:
             if self._bridge is not None:
                 self._note_paused(channel, parts)
         else:
-            log.warning("dropped a %s message: the kernel is not connected yet or its sandbox is paused", channel)
+            log.warning(
+                "dropped a %s message: the kernel is not connected yet or its sandbox is paused",
+                channel,
+            )
 
     def _flush(self) -> None:
         """Pass on the client messages that waited (for the connection, or for a paused sandbox)."""
@@ -497,7 +556,8 @@ class OpenSandboxLink:
             self._bridge.send(*self._waiting.popleft())
 
     def _note_paused(self, channel: str, parts: list[Any]) -> None:
-        """Tell the client that its request waits for a paused sandbox: ``status: busy`` and a stderr note."""
+        """Tell the client that its request waits for a paused sandbox: ``status: busy`` and a
+        stderr note."""
         if channel != "shell" or self._front is None:
             return
         try:
@@ -506,32 +566,43 @@ class OpenSandboxLink:
         except (ValueError, AttributeError, TypeError, RecursionError, IndexError):
             return
         text = (
-            f"[kernel-sandbox] sandbox {self.sandbox_id} is paused; this request waits until it is resumed "
-            "(POST /sandboxes/<id>/resume, or Sandbox.resume())\n"
+            f"[kernel-sandbox] sandbox {self.sandbox_id} is paused; this request waits until it is "
+            "resumed (POST /sandboxes/<id>/resume, or Sandbox.resume())\n"
         )
         for msg_type, content in (
             ("status", {"execution_state": "busy"}),
             ("stream", {"name": "stderr", "text": text}),
         ):
             header = {
-                "msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "kernel-sandbox",
-                "session": session, "date": datetime.now(timezone.utc).isoformat(), "version": PROTOCOL_VERSION,
+                "msg_id": uuid.uuid4().hex,
+                "msg_type": msg_type,
+                "username": "kernel-sandbox",
+                "session": session,
+                "date": datetime.now(timezone.utc).isoformat(),
+                "version": PROTOCOL_VERSION,
             }
-            self._front.from_kernel("iopub", [], [_dumps(header), bytes(parts[0]), b"{}", _dumps(content)])
+            self._front.from_kernel(
+                "iopub", [], [_dumps(header), bytes(parts[0]), b"{}", _dumps(content)]
+            )
 
     def heartbeat(self, frames: list[Any]) -> None:
-        """Echo a ping while the kernel is reachable or only paused (its Jupyter server restarts a dead kernel itself)."""
+        """Echo a ping while the kernel is reachable or only paused (its Jupyter server restarts a
+        dead kernel itself)."""
         bridge = self._bridge
-        reachable = isinstance(bridge, ExecdRelay) or (bridge is not None and (bridge.alive or not self._running.is_set()))
+        reachable = isinstance(bridge, ExecdRelay) or (
+            bridge is not None and (bridge.alive or not self._running.is_set())
+        )
         if self._front is not None and reachable:
             self._front.heartbeat_reply(frames)
 
     def pause_reading(self, channel: str, paused: bool) -> None:
         """Not paused per channel (the channels share one websocket, or execd's HTTP streams): while
-        a client takes nothing, the front holds up to its ``HELD_BYTES`` per channel and drops the rest."""
+        a client takes nothing, the front holds up to its ``HELD_BYTES`` per channel and drops the
+        rest."""
 
     def usage(self) -> Usage | None:
-        """None: the host has no reading of a sandbox's usage (execd's ``/metrics`` is the sandbox's own word)."""
+        """None: the host has no reading of a sandbox's usage (execd's ``/metrics`` is the sandbox's
+        own word)."""
         return None
 
     def limits_hit(self, error_text: str = "") -> list[str]:
@@ -560,7 +631,9 @@ class OpenSandboxLink:
         if creating is not None and not creating.done():
             if self.sandbox_id is None:  # the create is in flight: wait until it names the sandbox
                 named = asyncio.ensure_future(self._named.wait())
-                await asyncio.wait([creating, named], timeout=STOP_WAIT, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [creating, named], timeout=STOP_WAIT, return_when=asyncio.FIRST_COMPLETED
+                )
                 named.cancel()
             creating.cancel()
             await asyncio.gather(creating, return_exceptions=True)

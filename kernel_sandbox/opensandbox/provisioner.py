@@ -1,10 +1,11 @@
 """Kernel provisioner that runs each kernel in a fresh OpenSandbox sandbox.
 
-The sandbox is created, kept alive and deleted by the launcher (:mod:`kernel_sandbox.launch`),
-the same one code path the Docker provisioner runs (:class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`), so
-the output policy, the client-signature checks and re-signing apply here too. This class adds
-the OpenSandbox side: its options (``api_base``/``api_key`` from ``OPEN_SANDBOX_API_BASE`` /
-``OPEN_SANDBOX_API_KEY`` when unset), and the deletion of a sandbox whose launcher was killed.
+The sandbox is created, kept alive and deleted by the launcher (:mod:`kernel_sandbox.launch`), the
+same one code path the Docker provisioner runs
+(:class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`), so the output policy, the
+client-signature checks and re-signing apply here too. This class adds the OpenSandbox side: its
+options (``api_base``/``api_key`` from ``OPEN_SANDBOX_API_BASE`` / ``OPEN_SANDBOX_API_KEY`` when
+unset), and the deletion of a sandbox whose launcher was killed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
 
     backend = OPENSANDBOX_PROVISIONER
     settings_model = OpenSandboxSettings
+    # the trait made from the model's option (LaunchedProvisioner.__init_subclass__)
+    ready_timeout: float
 
     @property
     def sandbox_id(self) -> str | None:
@@ -35,15 +38,20 @@ class OpenSandboxProvisioner(LaunchedProvisioner):
         return self.launcher_state.get("sandbox_id")
 
     async def remove_leftover(self, state: dict[str, Any]) -> None:
-        """Delete the sandbox of a launcher that could not (it was killed); one already gone is fine."""
+        """Delete the sandbox of a launcher that could not (it was killed); one already gone is
+        fine."""
         if not state.get("sandbox_id"):
             return
         try:
             settings = self.settings()
-            async with OpenSandboxClient(settings.api_base, settings.api_key, limits=settings.limits) as client:
+            async with OpenSandboxClient(
+                settings.api_base, settings.api_key, limits=settings.limits
+            ) as client:
                 await client.delete(state["sandbox_id"])
         except OpenSandboxError as exc:
-            self.log.warning("could not delete the kernel's sandbox %s: %s", state["sandbox_id"], exc)
+            self.log.warning(
+                "could not delete the kernel's sandbox %s: %s", state["sandbox_id"], exc
+            )
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """The launch already waits for the kernel; allow for the sandbox's creation."""

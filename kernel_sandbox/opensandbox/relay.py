@@ -34,7 +34,8 @@ from ..launch.front import PROTOCOL_VERSION, ExitStatus, Front, new_header
 log = logging.getLogger("kernel_sandbox.launch")
 
 IMPLEMENTATION = "kernel-sandbox-opensandbox"
-"""``implementation`` in the execd relay's ``kernel_info_reply``: a kernel without comms or stdin."""
+"""``implementation`` in the execd relay's ``kernel_info_reply``: a kernel without comms or
+stdin."""
 LANGUAGE_INFO = {
     "name": "python",
     "mimetype": "text/x-python",
@@ -70,7 +71,9 @@ class ExecdRelay:
         self._end = end
         self._session = uuid.uuid4().hex
         self.execution_count = 0
-        self._queue: collections.deque[tuple[list[Any], bytes, dict[str, Any]]] = collections.deque()
+        self._queue: collections.deque[tuple[list[Any], bytes, dict[str, Any]]] = (
+            collections.deque()
+        )
         self._wakeup = asyncio.Event()
         self._cell: CellRelay | None = None
         self._worker = asyncio.ensure_future(self._run_cells())
@@ -79,7 +82,9 @@ class ExecdRelay:
             "is_complete_request": self._is_complete,
             "comm_info_request": self._simple("comm_info_reply", {"status": "ok", "comms": {}}),
             "history_request": self._simple("history_reply", {"status": "ok", "history": []}),
-            "inspect_request": self._simple("inspect_reply", {"status": "ok", "found": False, "data": {}, "metadata": {}}),
+            "inspect_request": self._simple(
+                "inspect_reply", {"status": "ok", "found": False, "data": {}, "metadata": {}}
+            ),
             "complete_request": self._complete,
             "comm_open": self._comm_open,
             "interrupt_request": self._interrupt_request,
@@ -89,15 +94,21 @@ class ExecdRelay:
 
     # -- messages out ----------------------------------------------------------------------------
 
-    def _message(self, msg_type: str, parent: bytes, content: dict[str, Any], metadata: bytes = _EMPTY) -> list[bytes]:
+    def _message(
+        self, msg_type: str, parent: bytes, content: dict[str, Any], metadata: bytes = _EMPTY
+    ) -> list[bytes]:
         return [_dumps(new_header(msg_type, self._session)), parent, metadata, _dumps(content)]
 
     def publish(self, msg_type: str, parent: bytes, content: dict[str, Any]) -> None:
         """Send an IOPub message whose parent is the request with header bytes ``parent``."""
         self.front.from_kernel("iopub", [], self._message(msg_type, parent, content))
 
-    def _reply(self, channel: str, idents: list[Any], parent: bytes, msg_type: str, content: dict[str, Any]) -> None:
-        metadata = _EMPTY if msg_type != "execute_reply" else _dumps({"status": content.get("status")})
+    def _reply(
+        self, channel: str, idents: list[Any], parent: bytes, msg_type: str, content: dict[str, Any]
+    ) -> None:
+        metadata = (
+            _EMPTY if msg_type != "execute_reply" else _dumps({"status": content.get("status")})
+        )
         self.front.from_kernel(channel, idents, self._message(msg_type, parent, content, metadata))
 
     def _status(self, parent: bytes, state: str) -> None:
@@ -130,20 +141,25 @@ class ExecdRelay:
         if handler is None:
             log.debug("no answer for %s on %s", msg_type, channel)
             return
-        quiet = self._cell is not None  # busy/idle of a side request would hide the running cell's state
+        # busy/idle of a side request would hide the running cell's state
+        quiet = self._cell is not None
         if not quiet:
             self._status(parent, "busy")
         handler(channel, idents, parent, content)
         if not quiet:
             self._status(parent, "idle")
 
-    def _simple(self, msg_type: str, content: dict[str, Any]) -> Callable[[str, list[Any], bytes, dict[str, Any]], None]:
+    def _simple(
+        self, msg_type: str, content: dict[str, Any]
+    ) -> Callable[[str, list[Any], bytes, dict[str, Any]], None]:
         def answer(channel: str, idents: list[Any], parent: bytes, request: dict[str, Any]) -> None:
             self._reply(channel, idents, parent, msg_type, content)
 
         return answer
 
-    def _kernel_info(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+    def _kernel_info(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
         self._reply(
             channel,
             idents,
@@ -162,17 +178,32 @@ class ExecdRelay:
             },
         )
 
-    def _no_debugger(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
-        """A Debug Adapter Protocol error response: execd runs code without a debugger (the websocket mode has one)."""
+    def _no_debugger(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
+        """A Debug Adapter Protocol error response: execd runs code without a debugger (the
+        websocket mode has one)."""
         seq = content.get("seq")
         command = content.get("command")
-        self._reply(channel, idents, parent, "debug_reply", {
-            "type": "response", "seq": 0, "request_seq": seq if isinstance(seq, int) else 0,
-            "command": command if isinstance(command, str) else "", "success": False,
-            "message": "the execd mode has no debugger; set the OpenSandbox option mode to 'websocket' for one",
-        })
+        self._reply(
+            channel,
+            idents,
+            parent,
+            "debug_reply",
+            {
+                "type": "response",
+                "seq": 0,
+                "request_seq": seq if isinstance(seq, int) else 0,
+                "command": command if isinstance(command, str) else "",
+                "success": False,
+                "message": "the execd mode has no debugger; set the OpenSandbox option mode to "
+                "'websocket' for one",
+            },
+        )
 
-    def _is_complete(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+    def _is_complete(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
         from IPython.core.inputtransformer2 import TransformerManager
 
         code = content.get("code")
@@ -182,28 +213,47 @@ class ExecdRelay:
             reply["indent"] = " " * (indent or 0)
         self._reply(channel, idents, parent, "is_complete_reply", reply)
 
-    def _complete(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+    def _complete(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
         cursor = content.get("cursor_pos") if isinstance(content.get("cursor_pos"), int) else 0
-        reply = {"status": "ok", "matches": [], "cursor_start": cursor, "cursor_end": cursor, "metadata": {}}
+        reply: dict[str, Any] = {
+            "status": "ok",
+            "matches": [],
+            "cursor_start": cursor,
+            "cursor_end": cursor,
+            "metadata": {},
+        }
         self._reply(channel, idents, parent, "complete_reply", reply)
 
-    def _comm_open(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+    def _comm_open(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
         comm_id = content.get("comm_id")
         if isinstance(comm_id, str):
             self.publish("comm_close", parent, {"comm_id": comm_id, "data": {}})
 
-    def _interrupt_request(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+    def _interrupt_request(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
         async def interrupt_and_reply() -> None:
             reply: dict[str, Any] = {"status": "ok"}
             try:
                 await self.interrupt()
             except OpenSandboxError as exc:
-                reply = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+                reply = {
+                    "status": "error",
+                    "ename": type(exc).__name__,
+                    "evalue": str(exc),
+                    "traceback": [],
+                }
             self._reply(channel, idents, parent, "interrupt_reply", reply)
 
         asyncio.ensure_future(interrupt_and_reply())
 
-    def _shutdown(self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]) -> None:
+    def _shutdown(
+        self, channel: str, idents: list[Any], parent: bytes, content: dict[str, Any]
+    ) -> None:
         reply = {"status": "ok", "restart": bool(content.get("restart", False))}
         self._reply(channel, idents, parent, "shutdown_reply", reply)
         self.publish("shutdown_reply", parent, reply)
@@ -211,7 +261,13 @@ class ExecdRelay:
 
     def _aborted(self, idents: list[Any], parent: bytes) -> None:
         self._status(parent, "busy")
-        self._reply("shell", idents, parent, "execute_reply", {"status": "aborted", "execution_count": self.execution_count})
+        self._reply(
+            "shell",
+            idents,
+            parent,
+            "execute_reply",
+            {"status": "aborted", "execution_count": self.execution_count},
+        )
         self._status(parent, "idle")
 
     # -- cells -----------------------------------------------------------------------------------
@@ -259,20 +315,29 @@ class ExecdRelay:
 
         def finish(reply: dict[str, Any]) -> None:
             nonlocal replied
-            self._cell = None  # the cell is over for the client (an interrupt from now on finds nothing to stop)
+            # the cell is over for the client (an interrupt from now on finds nothing to stop)
+            self._cell = None
             announce()
             self._reply("shell", idents, parent, "execute_reply", reply)
             self._status(parent, "idle")
             replied = True
-            if reply["status"] == "error" and not silent and content.get("stop_on_error", True) is not False:
+            if (
+                reply["status"] == "error"
+                and not silent
+                and content.get("stop_on_error", True) is not False
+            ):
                 self._abort_queued()
 
         translator = CellTranslator(publish, execution_count=count, silent=silent)
         if code.strip():
             self._cell = cell = CellRelay(translator)
-            try:  # busy and execute_input go out once the request is on its way to execd, the reply at its last event
+            # busy and execute_input go out once the request is on its way to execd, the reply at
+            # its last event
+            try:
                 language = self.settings.language
-                stream = self.execd.stream(code, context_id=self.context_id, language=language, on_sent=announce)
+                stream = self.execd.stream(
+                    code, context_id=self.context_id, language=language, on_sent=announce
+                )
                 reply = await cell.run(stream, on_reply=finish)
             finally:
                 self._cell = None
@@ -284,13 +349,18 @@ class ExecdRelay:
             finish(reply)
 
     async def interrupt(self) -> None:
-        """Interrupt the running cell, if any: execd ``DELETE /code``, and end it ourselves after the grace."""
+        """Interrupt the running cell, if any: execd ``DELETE /code``, and end it ourselves after
+        the grace."""
         cell = self._cell
         if cell is None:
             return
         grace = self.settings.interrupt_grace
         cell.abort_later(
-            grace, OpenSandboxError(f"execd did not end the cell within {grace:g} s of the interrupt; the relay stopped waiting")
+            grace,
+            OpenSandboxError(
+                f"execd did not end the cell within {grace:g} s of the interrupt; the relay "
+                "stopped waiting"
+            ),
         )
         await self.execd.interrupt(self.context_id)
 

@@ -41,14 +41,17 @@ def failure_error(failure: BaseException) -> ExecutionError:
         value = str(failure) or name
     else:
         name = "SandboxError"
-        value = f"the relay failed while reading execd's answer: {type(failure).__name__}: {failure}"
+        value = (
+            f"the relay failed while reading execd's answer: {type(failure).__name__}: {failure}"
+        )
     value = clean_text(value[:MAX_ERROR_FIELD_CHARS])
     return ExecutionError(name, value, f"{name}: {value}")
 
 
 @dataclass
 class _Held:
-    """Text of one stream held back to go out as one message: the stream, since when, the parts, their length."""
+    """Text of one stream held back to go out as one message: the stream, since when, the parts,
+    their length."""
 
     name: str
     since: float = field(default_factory=time.monotonic)
@@ -109,7 +112,10 @@ class CellTranslator:
             return
         if event.type == "result" and event.data:
             self.flush()
-            self._send("execute_result", {"data": event.data, "metadata": {}, "execution_count": self.execution_count})
+            self._send(
+                "execute_result",
+                {"data": event.data, "metadata": {}, "execution_count": self.execution_count},
+            )
         elif event.type == "display_data" and event.data:
             self.flush()
             self._send("display_data", {"data": event.data, "metadata": {}, "transient": {}})
@@ -118,7 +124,8 @@ class CellTranslator:
             self.error = event.error
 
     def reply(self, failure: BaseException | None = None) -> dict[str, Any]:
-        """Flush, publish the error (once) and return the ``execute_reply`` content (always the same one)."""
+        """Flush, publish the error (once) and return the ``execute_reply`` content (always the same
+        one)."""
         if self._reply is not None:
             return self._reply
         self.flush()
@@ -168,7 +175,8 @@ class CellRelay:
         self._loop.call_soon_threadsafe(self._abort, reason)
 
     def abort_later(self, delay: float, reason: BaseException) -> None:
-        """Call :meth:`abort` after ``delay`` seconds unless the cell has ended by then (thread-safe)."""
+        """Call :meth:`abort` after ``delay`` seconds unless the cell has ended by then
+        (thread-safe)."""
         self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._abort, reason)
 
     def _abort(self, reason: BaseException) -> None:
@@ -198,13 +206,14 @@ class CellRelay:
             return True, exc
         return item.terminal, None
 
-    async def run(
+    async def run(  # noqa: C901
         self, events: AsyncIterator[Event], on_reply: Callable[[dict[str, Any]], None] | None = None
     ) -> dict[str, Any]:
         """Relay ``events`` and return the ``execute_reply`` content.
 
         ``on_reply`` gets the reply as soon as the terminal event is taken, while the stream still
-        ends (what follows the terminal event is read to the end, as execd needs, before this returns).
+        ends (what follows the terminal event is read to the end, as execd needs, before this
+        returns).
         """
         translator = self.translator
         pump = asyncio.ensure_future(self._pump(events))
@@ -213,10 +222,13 @@ class CellRelay:
         replied = False
         try:
             while True:
-                # one pending get() survives a flush timeout, so no item is ever lost to a cancellation
+                # one pending get() survives a flush timeout, so no item is ever lost to a
+                # cancellation
                 getter = getter or asyncio.ensure_future(self._queue.get())
                 done, _ = await asyncio.wait(
-                    {getter, self._aborted}, timeout=translator.flush_due_in(), return_when=asyncio.FIRST_COMPLETED
+                    {getter, self._aborted},
+                    timeout=translator.flush_due_in(),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
                 if self._aborted in done:
                     failure = self._aborted.result()
@@ -226,7 +238,8 @@ class CellRelay:
                     continue
                 item, getter = getter.result(), None
                 ended, failure = self._take(item)
-                while not ended and not self._queue.empty():  # a burst is handled without a wait per event
+                # a burst is handled without a wait per event
+                while not ended and not self._queue.empty():
                     item = self._queue.get_nowait()
                     ended, failure = self._take(item)
                 if ended:
@@ -235,7 +248,8 @@ class CellRelay:
                         replied = True
                     break
         finally:
-            if replied:  # the pump reads the rest of the stream and ends on its own (bounded by the client)
+            # the pump reads the rest of the stream and ends on its own (bounded by the client)
+            if replied:
                 if getter is not None:
                     getter.cancel()
                 try:
@@ -250,14 +264,15 @@ class CellRelay:
             self._abort(asyncio.CancelledError())
             if hasattr(events, "aclose"):
                 try:
-                    await events.aclose()  # type: ignore[attr-defined]
+                    await events.aclose()
                 except Exception:  # noqa: BLE001,S110 (the stream's own cleanup must not cost the reply)
                     pass
         return translator.reply(failure)
 
 
 async def relay_cell(events: AsyncIterator[Event], translator: CellTranslator) -> dict[str, Any]:
-    """Relay one cell's ``events`` through ``translator``; return its one ``execute_reply`` content."""
+    """Relay one cell's ``events`` through ``translator``; return its one ``execute_reply``
+    content."""
     return await CellRelay(translator).run(events)
 
 

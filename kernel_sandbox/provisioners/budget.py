@@ -1,4 +1,5 @@
-"""The local kernel budget: how many Docker kernels, and how much of their memory limits, one process runs.
+"""The local kernel budget: how many Docker kernels, and how much of their memory limits, one
+process runs.
 
 Every Docker kernel that a provisioner of this process starts, and every standby kernel its pool
 keeps, holds a :class:`Reservation` of the process-wide :data:`BUDGET` from its launch until its
@@ -26,7 +27,8 @@ from ..settings import MiB
 POLL = 0.05
 """Seconds between looks for room while a launch waits."""
 EVICT_EVERY = 2.0
-"""Seconds between stopping idle standbys to make room for a waiting launch (each takes a moment to end)."""
+"""Seconds between stopping idle standbys to make room for a waiting launch (each takes a moment to
+end)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ def _size(size: int) -> str:
 
 
 class KernelBudget:
-    """The reservations of this process (see the module docstring); one per process: :data:`BUDGET`."""
+    """The reservations of this process (see the module docstring); one per process:
+    :data:`BUDGET`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -78,15 +81,20 @@ class KernelBudget:
             return sum(reservation.claim.memory for reservation in self._held)
 
     def _refusal(self, claim: Claim) -> str | None:
-        """Why ``claim`` does not fit now (naming the option), or None when it does. Call with the lock held."""
+        """Why ``claim`` does not fit now (naming the option), or None when it does. Call with the
+        lock held."""
         kernels = len(self._held)
         memory = sum(reservation.claim.memory for reservation in self._held)
         if claim.max_kernels is not None and kernels + 1 > claim.max_kernels:
-            return f"max_kernels={claim.max_kernels}: this process runs {kernels} Docker kernels (standbys included)"
+            return (
+                f"max_kernels={claim.max_kernels}: this process runs {kernels} Docker kernels "
+                "(standbys included)"
+            )
         if claim.max_memory is not None and memory + claim.memory > claim.max_memory:
             return (
-                f"max_memory={_size(claim.max_memory)}: the Docker kernels of this process (standbys included) "
-                f"hold {_size(memory)} of memory limits and this one asks for {_size(claim.memory)}"
+                f"max_memory={_size(claim.max_memory)}: the Docker kernels of this process "
+                f"(standbys included) hold {_size(memory)} of memory limits and this one asks for "
+                f"{_size(claim.memory)}"
             )
         return None
 
@@ -100,13 +108,16 @@ class KernelBudget:
             return reservation
 
     def hold(self, claim: Claim) -> Reservation:
-        """A reservation for a kernel that runs already (one re-attached after a restart), room or not."""
+        """A reservation for a kernel that runs already (one re-attached after a restart), room or
+        not."""
         reservation = Reservation(self, claim)
         with self._lock:
             self._held.add(reservation)
         return reservation
 
-    async def acquire(self, claim: Claim, wait: float, make_room: Callable[[], bool] | None = None) -> Reservation:
+    async def acquire(
+        self, claim: Claim, wait: float, make_room: Callable[[], bool] | None = None
+    ) -> Reservation:
         """A reservation for ``claim``, waiting up to ``wait`` seconds for room.
 
         ``make_room()`` is called now and then while there is none (it stops an idle standby and
@@ -126,8 +137,9 @@ class KernelBudget:
                 with self._lock:
                     why = self._refusal(claim)
                 raise KernelBudgetExceeded(
-                    f"{why or 'the kernel budget is full'}, and none ended within {wait:g} s (launch_timeout). "
-                    "Shut a kernel down, or raise the limit (max_kernels, max_memory) or the memory it counts"
+                    f"{why or 'the kernel budget is full'}, and none ended within {wait:g} s "
+                    "(launch_timeout). Shut a kernel down, or raise the limit (max_kernels, "
+                    "max_memory) or the memory it counts"
                 )
             await asyncio.sleep(POLL)
 

@@ -1,4 +1,5 @@
-"""What both provisioners share: they run the launcher (:mod:`kernel_sandbox.launch`) as a local process.
+"""What both provisioners share: they run the launcher (:mod:`kernel_sandbox.launch`) as a local
+process.
 
 The launcher is the one code path that sandboxes. :class:`LaunchedProvisioner` runs it as
 ``LocalProvisioner`` runs a kernel, and adds what a provisioner-aware client can use: the
@@ -52,7 +53,7 @@ from .standby import POOL, Recipe, Standby
 _BASE_KWARGS = {"kernel_id", "kernel_spec", "parent", "config", "log"}
 
 
-class _Option(AnyTrait):  # type: ignore[misc]
+class _Option(AnyTrait):
     """A trait of any value whose default is a fresh copy for every provisioner (dicts, lists)."""
 
     default_value = Undefined
@@ -69,15 +70,20 @@ class _Option(AnyTrait):  # type: ignore[misc]
 
 
 def _option_trait(option: dataclasses.Field[Any]) -> TraitType[Any, Any]:
-    """A configurable trait for one option of a settings model: an enum of its ``choices`` when it has
-    them (a wrong one is a TraitError on assignment), else any value, checked by the model."""
+    """A configurable trait for one option of a settings model: an enum of its ``choices`` when it
+    has them (a wrong one is a TraitError on assignment), else any value, checked by the model."""
     metadata = option.metadata
     if "choices" in metadata:
-        return CaselessStrEnum(metadata["choices"], default_value=metadata["default"], config=True, help=metadata["help"])
+        return CaselessStrEnum(
+            metadata["choices"],
+            default_value=metadata["default"],
+            config=True,
+            help=metadata["help"],
+        )
     return _Option(metadata["default"], metadata["help"])
 
 
-class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
+class LaunchedProvisioner(LocalProvisioner):
     """Run the launcher for a kernelspec of ``backend`` (see the module docstring)."""
 
     backend: ClassVar[str]
@@ -93,14 +99,17 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
     _recipe: Recipe | None = None
     _adopting: Standby | None = None
     _reservation: Reservation | None = None
-    """This kernel's share of the process's kernel budget (:mod:`.budget`), held until its launcher ended."""
+    """This kernel's share of the process's kernel budget (:mod:`.budget`), held until its launcher
+    ended."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Declare a configurable trait for every option of ``settings_model`` the subclass does not define.
+        """Declare a configurable trait for every option of ``settings_model`` the subclass does not
+        define.
 
-        So ``c.DockerProvisioner.memory = "2g"`` and a kernel.json provisioner config both set options,
-        with the model's help and default. traitlets' metaclass calls ``class_init`` only on the traits
-        of the class body; these are set later (this runs inside ``type.__new__``), so they get it here.
+        So ``c.DockerProvisioner.memory = "2g"`` and a kernel.json provisioner config both set
+        options, with the model's help and default. traitlets' metaclass calls ``class_init`` only
+        on the traits of the class body; these are set later (this runs inside ``type.__new__``), so
+        they get it here.
         """
         super().__init_subclass__(**kwargs)
         for name, option in cls.settings_model.options().items():
@@ -110,14 +119,19 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
                 setattr(cls, name, trait)
 
     def __init__(self, **kwargs: Any) -> None:
-        self.settings_model.check_names({key: value for key, value in kwargs.items() if key not in _BASE_KWARGS})
+        self.settings_model.check_names(
+            {key: value for key, value in kwargs.items() if key not in _BASE_KWARGS}
+        )
         super().__init__(**kwargs)
         self.settings_model.check_names(self.config.get(type(self).__name__, {}))
 
     def settings(self) -> Any:
-        """The effective settings: traitlets configuration and kernel.json, checked, and resolved from the environment."""
+        """The effective settings: traitlets configuration and kernel.json, checked, and resolved
+        from the environment."""
         options = self.settings_model.options()
-        return self.settings_model.from_config({name: getattr(self, name) for name in options}).resolved()
+        return self.settings_model.from_config(
+            {name: getattr(self, name) for name in options}
+        ).resolved()
 
     def prepare(self, settings: Any, cwd: str | None) -> None:
         """Check what only the host can tell before the launcher starts (mounts exist...)."""
@@ -139,19 +153,24 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         return state if isinstance(state, dict) else {}
 
     async def standby_image(self, settings: Any, launcher_env: Mapping[str, str]) -> str | None:
-        """What the settings' image stands for now, for standbys (Docker: its id); None: no standby."""
+        """What the settings' image stands for now, for standbys (Docker: its id); None: no
+        standby."""
         return None
 
     def standby_context(self, settings: Any, cwd: str | None) -> Any:
         """What else a kernel of ``settings`` started in ``cwd`` is made of (Docker: its mounts)."""
         return cwd
 
-    def standby_cleanup(self, launcher_env: Mapping[str, str]) -> Callable[[dict[str, Any]], bool] | None:
-        """What removes the container or sandbox a standby's launcher left (given its state); None: nothing."""
+    def standby_cleanup(
+        self, launcher_env: Mapping[str, str]
+    ) -> Callable[[dict[str, Any]], bool] | None:
+        """What removes the container or sandbox a standby's launcher left (given its state); None:
+        nothing."""
         return None
 
     def budget_claim(self, settings: Any) -> Claim | None:
-        """What a kernel of ``settings`` takes from this process's kernel budget; None: it is not counted."""
+        """What a kernel of ``settings`` takes from this process's kernel budget; None: it is not
+        counted."""
         return None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -165,12 +184,18 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.prepare(settings, cwd)
         kwargs = await KernelProvisionerBase.pre_launch(self, **kwargs)
         km = self.parent
+        # jupyter_client's kernel manager makes itself its provisioner's parent
+        assert km is not None
         self.exit_reason = self._exit_code = None
         self._stopping = False
         self._recipe = await self._standby_recipe(settings, kernel_env, kwargs["env"], cwd)
         if self.private is None and self._recipe is not None:  # a restart keeps its addresses: cold
-            self._adopting = await self._take_standby(self._recipe, kernel_env.get("JPY_SESSION_NAME"))
+            self._adopting = await self._take_standby(
+                self._recipe, kernel_env.get("JPY_SESSION_NAME")
+            )
             if self._adopting is not None:
+                # a standby is taken once its launcher runs
+                assert self._adopting.process is not None
                 self._reserve(self._adopting.take_reservation())
                 km.cleanup_connection_file()
                 return {**kwargs, "cmd": self._adopting.process.args}
@@ -195,7 +220,11 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         return {**kwargs, "cmd": cmd, "cwd": str(self.private.path)}
 
     async def _standby_recipe(
-        self, settings: Any, kernel_env: dict[str, str], launcher_env: dict[str, str], cwd: str | None
+        self,
+        settings: Any,
+        kernel_env: dict[str, str],
+        launcher_env: dict[str, str],
+        cwd: str | None,
     ) -> Recipe | None:
         count = getattr(settings, "standby", 0)
         if not count:
@@ -204,21 +233,32 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         if image is None:
             return None
         return Recipe.make(
-            backend=self.backend, settings=settings.to_config(), image=image,
-            context=self.standby_context(settings, cwd), kernel_env=kernel_env, launcher_env=launcher_env,
-            cwd=cwd, count=count, log=self.log, cleanup=self.standby_cleanup(launcher_env),
+            backend=self.backend,
+            settings=settings.to_config(),
+            image=image,
+            context=self.standby_context(settings, cwd),
+            kernel_env=kernel_env,
+            launcher_env=launcher_env,
+            cwd=cwd,
+            count=count,
+            log=self.log,
+            cleanup=self.standby_cleanup(launcher_env),
             claim=self.budget_claim(settings),
         )
 
     async def _take_standby(self, recipe: Recipe, session_name: str | None) -> Standby | None:
-        """A standby of ``recipe`` ready to be adopted, named after the client's session; None: start cold."""
+        """A standby of ``recipe`` ready to be adopted, named after the client's session; None:
+        start cold."""
         standby = await POOL.take(recipe)
         if standby is not None and session_name:
-            _name_session(standby.connection_info, session_name, self.get_stable_start_time(), self.log)
+            _name_session(
+                standby.connection_info, session_name, self.get_stable_start_time(), self.log
+            )
         return standby
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Adopt the standby, or run the launcher and wait until its kernel answers (else raise its reason)."""
+        """Adopt the standby, or run the launcher and wait until its kernel answers (else raise its
+        reason)."""
         if self._adopting is not None:
             return await self._adopt(self._adopting)
         assert self._status_fd is not None
@@ -238,6 +278,7 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             if code < 0:  # killed: it could not remove its container or sandbox itself
                 await self.remove_leftover({**self.launcher_state, "pid": self.pid})
             await self._forget()
+            assert self.parent is not None
             self.parent.cleanup_connection_file()
             raise _launch_error(recorded, reason)
         self._refill()
@@ -245,7 +286,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         return self.connection_info
 
     async def _adopt(self, standby: Standby) -> KernelConnectionInfo:
-        """Make a standby this provisioner's kernel: its directory (owner lock held), launcher and addresses."""
+        """Make a standby this provisioner's kernel: its directory (owner lock held), launcher and
+        addresses."""
         self._adopting = None
         assert standby.private is not None and standby.process is not None
         self.private, self.process = standby.private, standby.process
@@ -258,15 +300,21 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         return self.connection_info
 
     async def _write_record(self) -> None:
-        """Leave in the private directory what a later owner needs to re-attach (:mod:`kernel_sandbox.reattach`)."""
-        assert self.private is not None
+        """Leave in the private directory what a later owner needs to re-attach
+        (:mod:`kernel_sandbox.reattach`)."""
         km = self.parent
-        self.private.write_json(RECORD, {
-            "kernel_id": self.kernel_id,
-            "kernel_name": getattr(km, "kernel_name", ""),
-            "runtime_dir": os.path.dirname(os.path.realpath(km.connection_file)) if km.connection_file else "",
-            "provisioner_info": _as_json(await self.get_provisioner_info()),
-        })
+        assert self.private is not None and km is not None
+        self.private.write_json(
+            RECORD,
+            {
+                "kernel_id": self.kernel_id,
+                "kernel_name": getattr(km, "kernel_name", ""),
+                "runtime_dir": os.path.dirname(os.path.realpath(km.connection_file))
+                if km.connection_file
+                else "",
+                "provisioner_info": _as_json(await self.get_provisioner_info()),
+            },
+        )
 
     def _refill(self) -> None:
         if self._recipe is not None:
@@ -289,7 +337,9 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         elif self.pid is not None and self.private is not None:
             self.private.hold(OWNER_LOCK)
             recorded = self.private.read_json(EXIT)
-            code = None if self.private.held(LAUNCHER_LOCK) else int((recorded or {}).get("code", 1))
+            code = (
+                None if self.private.held(LAUNCHER_LOCK) else int((recorded or {}).get("code", 1))
+            )
         else:
             return 0
         if code is not None:
@@ -319,7 +369,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         await super().send_signal(signum)
 
     async def kill(self, restart: bool = False) -> None:
-        """SIGKILL the launcher (its watchdog and :meth:`cleanup` remove the container), also one found by re-attach."""
+        """SIGKILL the launcher (its watchdog and :meth:`cleanup` remove the container), also one
+        found by re-attach."""
         if self.process is None:
             await self.send_signal(signal.SIGKILL)
         else:
@@ -333,7 +384,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
             await super().terminate(restart)
 
     async def cleanup(self, restart: bool = False) -> None:
-        """Make sure the container or sandbox is gone; unless restarting, remove the private directory too."""
+        """Make sure the container or sandbox is gone; unless restarting, remove the private
+        directory too."""
         state = self.launcher_state
         if state and (self.private is None or not self.private.held(LAUNCHER_LOCK)):
             await self.remove_leftover(state)
@@ -359,7 +411,8 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         return max(recommended, 5.0)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
-        """What a restarted server needs to re-attach: the private directory and the launcher's pid."""
+        """What a restarted server needs to re-attach: the private directory and the launcher's
+        pid."""
         info = await super().get_provisioner_info()
         info.update(private_dir=str(self.private.path) if self.private else None)
         return info
@@ -380,11 +433,13 @@ class LaunchedProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.private.hold(OWNER_LOCK)
 
     def check_orphan(self, state: dict[str, Any], private: PrivateDir) -> None:
-        """Raise KernelLaunchError unless the launcher's ``state`` names this backend's resource of this
-        kernel's launcher in ``private`` (Docker: the container's labels); blocking, a few ms."""
+        """Raise KernelLaunchError unless the launcher's ``state`` names this backend's resource of
+        this kernel's launcher in ``private`` (Docker: the container's labels); blocking, a few
+        ms."""
 
     def detach(self) -> None:
-        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new owner.
+        """Let go of the kernel without stopping it: its launcher waits ``orphan_timeout`` for a new
+        owner.
 
         Its share of this process's budget goes back: the kernel is no longer this process's.
         """
@@ -405,7 +460,8 @@ def _as_json(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _launch_error(recorded: Any, reason: str) -> KernelSandboxError:
-    """The error the launcher reported (same class: ImageMissing, ConfigError...), or a launch error."""
+    """The error the launcher reported (same class: ImageMissing, ConfigError...), or a launch
+    error."""
     name = recorded.get("error", "") if isinstance(recorded, dict) else ""
     kind = getattr(errors, name, None)
     if isinstance(kind, type) and issubclass(kind, KernelSandboxError):
@@ -420,13 +476,14 @@ _NAMINGS: set[asyncio.Task[None]] = set()
 """Session namings waiting for their reply (the reference keeps each task alive)."""
 
 
-def _name_session(info: dict[str, Any], name: str, timeout: float, log: Any) -> None:
-    """Give an adopted kernel the client's ``JPY_SESSION_NAME`` (a cold one has it from its environment).
+def _name_session(info: KernelConnectionInfo, name: str, timeout: float, log: Any) -> None:
+    """Give an adopted kernel the client's ``JPY_SESSION_NAME`` (a cold one has it from its
+    environment).
 
-    One silent execute that stores no history: ``__session__`` as ipykernel sets it, and the variable.
-    It is sent before the launch returns, and not waited for (that would cost the start one more
-    round trip): the kernel handles shell requests in the order they reach it, so the client's
-    requests, sent later, run after it. A refusal or no reply within ``timeout`` is logged.
+    One silent execute that stores no history: ``__session__`` as ipykernel sets it, and the
+    variable. It is sent before the launch returns, and not waited for (that would cost the start
+    one more round trip): the kernel handles shell requests in the order they reach it, so the
+    client's requests, sent later, run after it. A refusal or no reply within ``timeout`` is logged.
     """
     code = f"__session__ = {name!r}; __import__('os').environ['JPY_SESSION_NAME'] = __session__"
     client = AsyncKernelClient(context=zmq.asyncio.Context.instance())
@@ -447,9 +504,15 @@ async def _named(client: AsyncKernelClient, msg_id: str, timeout: float, log: An
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
     except queue.Empty:
-        log.warning("kernel-sandbox: an adopted standby did not confirm its session name within %g s", timeout)
+        log.warning(
+            "kernel-sandbox: an adopted standby did not confirm its session name within %g s",
+            timeout,
+        )
         return
     finally:
         client.stop_channels()
     if reply["content"].get("status") != "ok":
-        log.warning("kernel-sandbox: an adopted standby refused its session name (%s)", reply["content"].get("evalue"))
+        log.warning(
+            "kernel-sandbox: an adopted standby refused its session name (%s)",
+            reply["content"].get("evalue"),
+        )

@@ -17,24 +17,44 @@ from ..privdir import CONFIG, PrivateDir
 
 
 def write_launcher_config(
-    private: PrivateDir, backend: str, settings: dict[str, Any], kernel_id: str, env: dict[str, str], cwd: str | None
+    private: PrivateDir,
+    backend: str,
+    settings: dict[str, Any],
+    kernel_id: str,
+    env: dict[str, str],
+    cwd: str | None,
 ) -> Path:
-    """The launcher's 0600 config file in ``private``: the settings, the kernel's id, environment and cwd."""
-    config = {"provisioner": backend, "settings": settings, "kernel_id": kernel_id, "env": env,
-              "cwd": str(cwd) if cwd else None}
+    """The launcher's 0600 config file in ``private``: the settings, the kernel's id, environment
+    and cwd."""
+    config = {
+        "provisioner": backend,
+        "settings": settings,
+        "kernel_id": kernel_id,
+        "env": env,
+        "cwd": str(cwd) if cwd else None,
+    }
     return private.write_json(CONFIG, config)
 
 
 def launcher_command(connection_file: str, config_file: Path, status_fd: int) -> list[str]:
-    """The command that runs the launcher for a provisioner (``status_fd``: where it reports ``ready``)."""
+    """The command that runs the launcher for a provisioner (``status_fd``: where it reports
+    ``ready``)."""
     return [
-        sys.executable, "-m", "kernel_sandbox.launch", "-f", connection_file,
-        "--config", str(config_file), "--status-fd", str(status_fd),
+        sys.executable,
+        "-m",
+        "kernel_sandbox.launch",
+        "-f",
+        connection_file,
+        "--config",
+        str(config_file),
+        "--status-fd",
+        str(status_fd),
     ]
 
 
 def start_launcher(cmd: list[str], status_fd: int, **kwargs: Any) -> subprocess.Popen[bytes]:
-    """Run the launcher as jupyter_client runs a local kernel (its own session), passing it ``status_fd``."""
+    """Run the launcher as jupyter_client runs a local kernel (its own session), passing it
+    ``status_fd``."""
     try:
         process: subprocess.Popen[bytes] = launch_kernel(cmd, pass_fds=(status_fd,), **kwargs)
     finally:

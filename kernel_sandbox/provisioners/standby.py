@@ -1,4 +1,5 @@
-"""Standby kernels: launchers started ahead of need in this process, each handed whole to one launch.
+"""Standby kernels: launchers started ahead of need in this process, each handed whole to one
+launch.
 
 A provisioner whose settings ask for ``standby = N`` keeps N launchers of its exact configuration
 started and idle in the process that runs it (the Jupyter server, a program using nbclient or the
@@ -50,7 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_client.connect import write_connection_file
+from jupyter_client.connect import KernelConnectionInfo, write_connection_file
 from jupyter_client.session import new_id_bytes
 
 from ..errors import KernelSandboxError
@@ -59,17 +60,21 @@ from .budget import BUDGET, Claim, Reservation
 from .process import launcher_command, read_status, start_launcher, write_launcher_config
 
 MAX_CONFIGURATIONS = 4
-"""Configurations the pool keeps standbys for; the least recently launched one's are stopped first."""
+"""Configurations the pool keeps standbys for; the least recently launched one's are stopped
+first."""
 CLOSE_WAIT = 30.0
-"""Seconds the process waits at exit for its standbys' containers to be removed (then their launchers finish alone)."""
+"""Seconds the process waits at exit for its standbys' containers to be removed (then their
+launchers finish alone)."""
 STOP_WAIT = 60.0
-"""Seconds a stopped standby's launcher has to end before the pool lets it finish alone (in the background)."""
+"""Seconds a stopped standby's launcher has to end before the pool lets it finish alone (in the
+background)."""
 REFILL_DELAY = 1.0
-"""Seconds a refill waits before it starts, so that the kernel just launched answers its first messages
-without competing with the next standby's start for the CPU and the engine. A launch that needs the
-standby meanwhile starts it at once."""
+"""Seconds a refill waits before it starts, so that the kernel just launched answers its first
+messages without competing with the next standby's start for the CPU and the engine. A launch that
+needs the standby meanwhile starts it at once."""
 LEFTOVER_RETRY = 300.0
-"""Seconds the pool retries removing what a standby's launcher left (then ``kernel-sandbox gc`` does)."""
+"""Seconds the pool retries removing what a standby's launcher left (then ``kernel-sandbox gc``
+does)."""
 STANDBY_ID_PREFIX = "standby-"
 """The kernel id a standby's launcher gets (its container's ``kernel-sandbox.kernel-id`` label)."""
 CONNECTION_FILE = "connection.json"
@@ -90,7 +95,8 @@ class Recipe:
     image: str
     """What the settings' image name stands for now (Docker: the image id)."""
     context: Any
-    """What else the kernel is made of that the settings do not say (Docker: the resolved mounts)."""
+    """What else the kernel is made of that the settings do not say (Docker: the resolved
+    mounts)."""
     kernel_env: dict[str, str]
     """The variables passed into the kernel (the launch's, per-launch ones left out)."""
     launcher_env: dict[str, str]
@@ -98,22 +104,29 @@ class Recipe:
     cwd: str | None
     count: int
     log: Any = field(default=log, compare=False, repr=False)
-    cleanup: Callable[[dict[str, Any]], bool] | None = field(default=None, compare=False, repr=False)
-    """Removes what an ended launcher left (given its ``launcher.json`` state); False: not now (engine away)."""
+    cleanup: Callable[[dict[str, Any]], bool] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Removes what an ended launcher left (given its ``launcher.json`` state); False: not now
+    (engine away)."""
     claim: Claim | None = field(default=None, compare=False, repr=False)
-    """What a standby of it takes from the process's kernel budget (:mod:`.budget`); None: not counted."""
+    """What a standby of it takes from the process's kernel budget (:mod:`.budget`); None: not
+    counted."""
 
     @property
     def family(self) -> str:
         """The configuration without the image: standbys of an older image of it are stale."""
         described = [self.backend, self.settings, self.context, self.kernel_env, self.launcher_env]
-        return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps(described, sort_keys=True, default=str).encode()
+        ).hexdigest()
 
     @classmethod
     def make(
         cls, *, kernel_env: Mapping[str, str], launcher_env: Mapping[str, str], **fields: Any
     ) -> Recipe:
-        """A recipe with the per-launch variables (:data:`PER_LAUNCH_ENV`) left out of both environments."""
+        """A recipe with the per-launch variables (:data:`PER_LAUNCH_ENV`) left out of both
+        environments."""
 
         def steady(env: Mapping[str, str]) -> dict[str, str]:
             return {name: value for name, value in env.items() if name not in PER_LAUNCH_ENV}
@@ -129,7 +142,7 @@ class Standby:
         self.kernel_id = STANDBY_ID_PREFIX + uuid.uuid4().hex
         self.private: PrivateDir | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self.connection_info: dict[str, Any] = {}
+        self.connection_info: KernelConnectionInfo = {}
         self.error: str | None = None
         self.started: concurrent.futures.Future[bool] = concurrent.futures.Future()
         """True once the kernel answers; False when it could not start (``error`` says why)."""
@@ -140,12 +153,19 @@ class Standby:
         self._reservation: Reservation | None = None
 
     def __repr__(self) -> str:
-        state = "starting" if not self.started.done() else "ready" if self.started.result() else "failed"
+        state = (
+            "starting"
+            if not self.started.done()
+            else "ready"
+            if self.started.result()
+            else "failed"
+        )
         pid = self.process.pid if self.process else None
         return f"<Standby {self.kernel_id} {state} launcher pid {pid}>"
 
     def start(self) -> None:
-        """Start the launcher and block until its kernel answers, or set :attr:`error`; never raises.
+        """Start the launcher and block until its kernel answers, or set :attr:`error`; never
+        raises.
 
         After an error the pool retires it (:meth:`StandbyPool.retire`).
         """
@@ -154,16 +174,27 @@ class Standby:
             if recipe.claim is not None:
                 self._reservation = BUDGET.try_acquire(recipe.claim)
                 if self._reservation is None:
-                    raise RuntimeError("no room in the kernel budget (max_kernels, max_memory) for a standby")
+                    raise RuntimeError(
+                        "no room in the kernel budget (max_kernels, max_memory) for a standby"
+                    )
             private = self.private = PrivateDir.create()
             private.hold(OWNER_LOCK)
             connection_file, info = write_connection_file(
-                str(private / CONNECTION_FILE), transport="ipc", ip=str(private / "k"), key=new_id_bytes()
+                str(private / CONNECTION_FILE),
+                transport="ipc",
+                ip=str(private / "k"),
+                key=new_id_bytes(),
             )
             info.pop("kernel_name", None)
-            self.connection_info = {**info, "key": info["key"].encode()}
+            # as get_connection_info() gives it (bytes), though jupyter_client's TypedDict says str
+            self.connection_info = {**info, "key": info["key"].encode()}  # type: ignore[typeddict-item]
             config = write_launcher_config(
-                private, recipe.backend, recipe.settings, self.kernel_id, recipe.kernel_env, recipe.cwd
+                private,
+                recipe.backend,
+                recipe.settings,
+                self.kernel_id,
+                recipe.kernel_env,
+                recipe.cwd,
             )
             read_end, write_end = os.pipe()
             cmd = launcher_command(connection_file, config, write_end)
@@ -181,7 +212,8 @@ class Standby:
             recorded = private.read_json(EXIT)
             reason = recorded.get("reason") if isinstance(recorded, dict) else None
             self.error = str(reason or f"the launcher exited with code {code}")
-        except (OSError, RuntimeError, KernelSandboxError) as exc:  # costs a cold start, nothing more
+        # costs a cold start, nothing more
+        except (OSError, RuntimeError, KernelSandboxError) as exc:
             self.error = str(exc)
 
     def take_reservation(self) -> Reservation | None:
@@ -190,7 +222,8 @@ class Standby:
         return reservation
 
     def _let_go(self) -> None:
-        """Give this standby's share of the kernel budget back (its launcher has ended, or is let go)."""
+        """Give this standby's share of the kernel budget back (its launcher has ended, or is let
+        go)."""
         reservation, self._reservation = self._reservation, None
         if reservation is not None:
             reservation.release()
@@ -205,7 +238,8 @@ class Standby:
         return self.process is not None and self.process.poll() is None
 
     def terminate(self) -> None:
-        """Ask the launcher to stop (SIGTERM: it removes the container); a starting one stops starting."""
+        """Ask the launcher to stop (SIGTERM: it removes the container); a starting one stops
+        starting."""
         with self._lock:
             self._stopped = True
             process = self.process
@@ -217,7 +251,8 @@ class Standby:
                 pass
 
     def release(self, wait: float, retry: float | None = None) -> None:
-        """:meth:`discard` the standby once its launcher has ended within ``wait`` seconds, else let go of it.
+        """:meth:`discard` the standby once its launcher has ended within ``wait`` seconds, else let
+        go of it.
 
         Let go: the owner lock is released, so the launcher removes its directory itself when done.
         ``retry``: how long :meth:`discard` retries (default: what is left of ``wait``).
@@ -248,8 +283,10 @@ class Standby:
             while not cleanup(state):
                 if time.monotonic() + pause > deadline:
                     self.recipe.log.warning(
-                        "kernel-sandbox: could not remove what standby %s left (%s); `kernel-sandbox gc` removes it",
-                        self.kernel_id, state,
+                        "kernel-sandbox: could not remove what standby %s left (%s); "
+                        "`kernel-sandbox gc` removes it",
+                        self.kernel_id,
+                        state,
                     )
                     break
                 time.sleep(pause)
@@ -311,10 +348,13 @@ class StandbyPool:
             if self._closed:
                 return
             standbys = self._families.pop(recipe.family, [])
-            self._families[recipe.family] = kept = []
-            stale = []
+            kept: list[Standby] = []
+            self._families[recipe.family] = kept
+            stale: list[Standby] = []
             for standby in standbys:
-                fine = standby.recipe.image == recipe.image and (not standby.started.done() or standby.alive())
+                fine = standby.recipe.image == recipe.image and (
+                    not standby.started.done() or standby.alive()
+                )
                 (kept if fine and len(kept) < recipe.count else stale).append(standby)
             while len(self._families) > MAX_CONFIGURATIONS:
                 stale.extend(self._families.popitem(last=False)[1])
@@ -323,11 +363,13 @@ class StandbyPool:
         for standby in stale:
             self.retire(standby)
         for standby in new:
-            threading.Thread(target=self._start, args=(standby,), name="kernel-sandbox-standby", daemon=True).start()
+            threading.Thread(
+                target=self._start, args=(standby,), name="kernel-sandbox-standby", daemon=True
+            ).start()
 
     def evict_one(self) -> bool:
-        """Stop one ready, idle standby (of the least recently launched configuration) to make room in the
-        kernel budget for a launch that matches none; True when one was stopped."""
+        """Stop one ready, idle standby (of the least recently launched configuration) to make room
+        in the kernel budget for a launch that matches none; True when one was stopped."""
         with self._lock:
             for standbys in self._families.values():
                 standby = next((s for s in standbys if s.started.done() and s.alive()), None)
@@ -336,7 +378,10 @@ class StandbyPool:
                     break
             else:
                 return False
-        standby.recipe.log.info("kernel-sandbox: stopping standby %s to make room in the kernel budget", standby.kernel_id)
+        standby.recipe.log.info(
+            "kernel-sandbox: stopping standby %s to make room in the kernel budget",
+            standby.kernel_id,
+        )
         self.retire(standby)
         return True
 
@@ -364,18 +409,22 @@ class StandbyPool:
             if first:
                 standby.recipe.log.warning(
                     "kernel-sandbox: a standby kernel could not be started (%s); kernels of this "
-                    "configuration start cold meanwhile", standby.error,
+                    "configuration start cold meanwhile",
+                    standby.error,
                 )
         standby.started.set_result(standby.error is None)
 
     def retire(self, standby: Standby) -> None:
-        """Stop a standby that left the pool (its launcher removes the container) and forget it in a thread.
+        """Stop a standby that left the pool (its launcher removes the container) and forget it in a
+        thread.
 
-        Never blocks (it is called on the event loop): the thread waits up to :data:`STOP_WAIT` for the
-        launcher, then removes what it left; :meth:`clear` waits for these threads too.
+        Never blocks (it is called on the event loop): the thread waits up to :data:`STOP_WAIT` for
+        the launcher, then removes what it left; :meth:`clear` waits for these threads too.
         """
         standby.terminate()
-        thread = threading.Thread(target=self._release, args=(standby,), name="kernel-sandbox-standby-stop", daemon=True)
+        thread = threading.Thread(
+            target=self._release, args=(standby,), name="kernel-sandbox-standby-stop", daemon=True
+        )
         with self._lock:
             self._retiring.add(thread)
         try:
@@ -393,8 +442,8 @@ class StandbyPool:
                 self._retiring.discard(threading.current_thread())
 
     def clear(self, wait: float = 0.0) -> None:
-        """Stop every standby, waiting up to ``wait`` seconds in all for their containers to go (and for
-        those of standbys stopped earlier).
+        """Stop every standby, waiting up to ``wait`` seconds in all for their containers to go (and
+        for those of standbys stopped earlier).
 
         The pool refills on the next launch (unless closed).
         """
@@ -413,7 +462,8 @@ class StandbyPool:
                 thread.join(max(deadline - time.monotonic(), 0))
 
     def close(self, wait: float = CLOSE_WAIT) -> None:
-        """Stop every standby, start no more, and wait for their containers to go (at interpreter exit)."""
+        """Stop every standby, start no more, and wait for their containers to go (at interpreter
+        exit)."""
         with self._lock:
             self._closed = True
         self.clear(wait)
