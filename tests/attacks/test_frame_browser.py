@@ -24,7 +24,7 @@ from ipykernel.kernelspec import get_kernel_dict
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.lab import confinement_arguments
 
-from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of
+from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of, run_cell
 from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -228,3 +228,73 @@ def test_a_plain_kernels_outputs_render_as_before(browser, frame_lab) -> None:
         panel.locator("b", has_text="plain-html").wait_for()
         assert page.evaluate("document.body.dataset.kernelSandboxFrame") == "active"
         assert panel.locator("iframe.kernel-sandbox-frame").count() == 0
+
+
+def _hostile_inspect(url: str) -> str:
+    """Kernel code answering every inspect_request whose code names a bundle with that bundle (the tooltip's, the inspector's)."""
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "data": {"url": f"{url}/files/probe-tip-vega.csv"},
+            "mark": "bar", "encoding": {"x": {"field": "a", "type": "nominal"}, "y": {"field": "b", "type": "quantitative"}},
+            "usermeta": {"embedOptions": {"actions": True}}}
+    bundles = {
+        "tiphtml": {"text/html": f'<img src=x onerror="{html.escape(_frame_attack("tiphtml", url))}"><b>tip-html</b>'
+                                 f'<script>{_frame_attack("tipscript", url)}</script>', "text/plain": "tip"},
+        "tipvega": {"application/vnd.vegalite.v5+json": spec, "text/plain": "tip"},
+        "tipjs": {"application/javascript": _frame_attack("tipjs", url), "text/plain": "tip"},
+        "tipmd": {"text/markdown": f'<img src=x onerror="{html.escape(_frame_attack("tipmd", url))}">**tip-md**', "text/plain": "tip"},
+        "tipplain": {"text/plain": "benign-tip-text"},
+    }
+    return (f"BUNDLES = {bundles!r}\n"
+            "async def hostile_inspect(code, cursor_pos, detail_level=0, omit_sections=()):\n"
+            "    name = next((n for n in BUNDLES if n in code), None)\n"
+            "    return {'status': 'ok', 'found': name is not None, 'data': BUNDLES.get(name, {}), 'metadata': {}}\n"
+            "get_ipython().kernel.do_inspect = hostile_inspect\nprint('inspect-' + 'ready')")
+
+
+@pytest.mark.security("attack", "policy")
+def test_tooltips_and_the_inspector_render_a_sandboxed_kernels_help_in_frames(browser, frame_lab) -> None:
+    """A kernel answering inspect_request with HTML, Vega (data URL, actions), JavaScript and Markdown: the Shift+Tab
+    tooltip and the Contextual Help panel draw it in frames (the policy is ``trusted``: the frame alone); plain text as before."""
+    lab = frame_lab
+    put_notebook(lab, "frame-inspect.ipynb", "frame-trusted", [""])
+    with recording_page(browser, "frame-inspect-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        answered: list[str] = []
+        page.on("response", lambda response: answered.append(response.url))
+        panel = run_all_cells(page, lab, "frame-inspect", "frame-inspect.ipynb")
+        run_cell(page, panel, _hostile_inspect(lab["url"]), "inspect-ready")
+        tooltip = page.locator(".jp-Tooltip")
+        for name in ("tiphtml", "tipvega", "tipjs", "tipmd", "tipplain"):
+            panel.locator(".jp-Cell .cm-content").last.click()
+            page.keyboard.press("ControlOrMeta+a")
+            page.keyboard.insert_text(f"probe_{name}")
+            page.keyboard.press("Shift+Tab")
+            tooltip.wait_for()
+            if name == "tipplain":
+                tooltip.locator(".jp-RenderedText", has_text="benign-tip-text").wait_for()
+                assert tooltip.locator("iframe").count() == 0
+            else:
+                frame = tooltip.locator("iframe.kernel-sandbox-frame")
+                frame.wait_for()
+                assert frame.get_attribute("sandbox") == "allow-scripts"
+                assert "default-src 'none'" in frame.get_attribute("srcdoc")
+                if name == "tiphtml":
+                    assert in_frames(page, "b", "tip-html", seconds=15) >= 1
+            page.keyboard.press("Escape")
+            tooltip.wait_for(state="detached")
+        # the inspector (Help > Show Contextual Help) follows the cursor
+        page.locator(".lm-MenuBar-itemLabel", has_text="Help").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Show Contextual Help").first.click()
+        inspector = page.locator(".jp-Inspector")
+        for name in ("tipvega", "tiphtml"):
+            panel.locator(".jp-Cell .cm-content").last.click()
+            page.keyboard.press("ControlOrMeta+a")
+            page.keyboard.insert_text(f"probe_{name}")
+            inspector.locator("iframe.kernel-sandbox-frame").first.wait_for()
+        assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
+        assert in_frames(page, ".vega-actions, .vega-embed details") == 0
+        markers, written = script_traces(page, lab, 5)
+        assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
+        probes = [url for url in answered if "probe-" in url]
+        logged = [line for line in lab["log"].read_text().splitlines() if "probe-" in line]
+        assert probes == [] and logged == [], f"help reached the server: {probes} {logged}"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "frame-inspect.png"), full_page=True)
