@@ -207,10 +207,12 @@ function isSandboxedSpec(spec) {
   return Array.isArray(spec.argv) && spec.argv.some(arg => typeof arg === 'string' && arg.includes('kernel_sandbox.launch'));
 }
 
-// The HTML of ipywidgets' HTML and HTMLMath views goes into the page (they are widget views, not outputs):
-// in a sandboxed panel each change of it is neutralised before any of its handlers can run (a
-// MutationObserver runs before the events, which come in later tasks).
-const WIDGET_HTML = '.widget-html-content, .widget-htmlmath-content';
+// The HTML of ipywidgets' HTML and HTMLMath views, and descriptions with description_allow_html (the
+// label of every described control, a Checkbox's span: ipywidgets' inline_sanitize puts the $...$
+// parts back unsanitized and keeps inline styles), go into the page (they are widget views, not
+// outputs): in a sandboxed panel each change of them is neutralised before any of its handlers can
+// run (a MutationObserver runs before the events, which come in later tasks).
+const WIDGET_HTML = '.widget-html-content, .widget-htmlmath-content, .widget-label, .widget-label-basic';
 const ACTIVE = new Set(['script', 'iframe', 'frame', 'object', 'embed', 'style', 'link', 'meta', 'base', 'form', 'portal']);
 const URL_ATTRIBUTES = new Set(['href', 'xlink:href', 'src', 'action', 'formaction', 'data', 'srcdoc', 'srcset', 'poster', 'background', 'to', 'values', 'from', 'by']);
 
