@@ -297,6 +297,15 @@ def test_tooltips_and_the_inspector_render_a_sandboxed_kernels_help_in_frames(br
         probes = [url for url in answered if "probe-" in url]
         logged = [line for line in lab["log"].read_text().splitlines() if "probe-" in line]
         assert probes == [] and logged == [], f"help reached the server: {probes} {logged}"
+        # the user's own Markdown cell renders in the page, as before
+        panel.locator(".jp-Cell .cm-content").last.click()
+        page.keyboard.press("ControlOrMeta+a")
+        page.keyboard.insert_text("**markdown-cell-bold**")
+        page.keyboard.press("Escape")
+        page.keyboard.press("m")
+        page.keyboard.press("Shift+Enter")
+        panel.locator(".jp-MarkdownOutput strong", has_text="markdown-cell-bold").wait_for()
+        assert panel.locator(".jp-MarkdownOutput iframe").count() == 0
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "frame-inspect.png"), full_page=True)
 
