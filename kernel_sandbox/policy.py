@@ -631,6 +631,39 @@ VEGA_FORMAT_KEYS = frozenset(
 )
 #: Keys whose value the renderer loads or navigates to: image marks' ``url``, links' ``href``.
 _VEGA_LOADING_KEYS = frozenset({"url", "href", "loader", "usermeta"})
+#: Keys whose string Vega evaluates as an expression (signals' ``init``/``update``, event handlers,
+#: transforms' ``calculate``/``filter``/``expr``, conditions' ``test``, selections'
+#: ``toggle``/``clear``, event streams' filters, data triggers).
+_VEGA_EXPRESSION_KEYS = frozenset(
+    {
+        "expr",
+        "update",
+        "init",
+        "signal",
+        "calculate",
+        "filter",
+        "test",
+        "toggle",
+        "clear",
+        "on",
+        "events",
+        "trigger",
+        "insert",
+        "remove",
+        "modify",
+    }
+)
+#: What lets an expression reach the window, a URL or a loader: ``event`` (a DOM event:
+#: ``event.view`` is the window), the page's globals, prototype tricks, loading and navigation
+#: names, a URL, or a member access whose key is computed (``datum['con' + 'structor']``), or a
+#: backslash (``\u0065vent`` is ``event``). An expression with one is dropped.
+_VEGA_REACH = re.compile(
+    r"\b(?:event|window|view|document|location|open|href|url|src|top|opener|frames|self|globalThis|constructor|prototype|__\w+__|fetch|eval|Function|import|load|loader|sanitize|postMessage|setTimeout|setInterval|XMLHttpRequest|navigator)\b|//|\\|[\w$)\]]\s*\[(?!\s*(?:\d+|'[^'\\]*'|\"[^\"\\]*\")\s*\])"
+)
+#: Event streams (``window:mouseup[!event.item]``): their sources are names, their filters
+#: expressions.
+_VEGA_EVENT_KEYS = frozenset({"on", "events"})
+_EVENT_SOURCE = re.compile(r"\b(?:window|view|scope)\s*:")
 _VEGA_SCHEMA = re.compile(r"https://vega\.github\.io/schema/vega(?:-lite)?/v[\d.]+(?:\.json)?")
 #: vega-embed's options a kernel may set, each of an inert value; ``actions`` is always off (its
 #: "View Source" and "Open in Vega Editor" write the kernel's text into a page of the server's
@@ -697,18 +730,23 @@ _GONE = object()
 _VEGA_ROWS = frozenset({"values", "datasets"})
 
 
-def _vega_value(value: Any, key: str | None) -> Any:
+def _vega_value(value: Any, key: str | None) -> Any:  # noqa: C901
     """A spec's value (under ``key``) with every loading key and unsafe string removed; _GONE to
     remove it."""
-    if key in _VEGA_ROWS:
+    if key in _VEGA_ROWS and not isinstance(value, str):
+        # (a string of values is CSV text, or a data trigger's expression: checked as one)
         return value
     if isinstance(value, str):
+        expression = _EVENT_SOURCE.sub("", value) if key in _VEGA_EVENT_KEYS else value
+        if (key in _VEGA_EXPRESSION_KEYS or key in _VEGA_ROWS) and _VEGA_REACH.search(expression):
+            return _GONE
         return value if _vega_string(value) else _GONE
     if isinstance(value, list):
         return [kept for item in value if (kept := _vega_value(item, key)) is not _GONE]
     if not isinstance(value, dict):
         return value
     out = {}
+    dropped_expression = False
     for name, item in value.items():
         if name in _VEGA_LOADING_KEYS or (key == "data" and name not in VEGA_DATA_KEYS):
             continue
@@ -721,6 +759,12 @@ def _vega_value(value: Any, key: str | None) -> Any:
         kept = _vega_value(item, name)
         if kept is not _GONE:
             out[name] = kept
+        elif name in _VEGA_EXPRESSION_KEYS:
+            dropped_expression = True
+    if dropped_expression and "name" not in out:
+        # a handler, transform, condition or {"signal": ...} without its expression: gone whole; a
+        # signal stays
+        return _GONE
     if key == "data" and not out.keys() & _VEGA_SOURCES:
         out["values"] = []  # its URL was removed: an empty data set, which Vega draws without error
     return out
@@ -728,7 +772,7 @@ def _vega_value(value: Any, key: str | None) -> Any:
 
 def vega_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """A Vega or Vega-Lite spec rebuilt from :data:`VEGA_TOP_KEYS`, its data inline only, loading
-    nothing."""
+    nothing, without expressions that could reach the window or a URL."""
     out = {}
     for key, value in spec.items():
         if key == "$schema":

@@ -1,13 +1,15 @@
 // kernel-sandbox-frame: the rich outputs of sandboxed kernels render in opaque-origin iframes.
 //
 // For every notebook and console, each renderer of a mime type that can run script or lay out HTML
-// is wrapped: when the output (not a Markdown cell) comes from a kernel whose kernelspec names a
-// kernel-sandbox provisioner, or whose kernelspec is not known (fail closed), it is drawn inside
+// is wrapped: when what it draws (an output, a tooltip, the inspector's help: anything but a Markdown
+// cell's own source) comes from a kernel whose kernelspec names a kernel-sandbox provisioner, or whose
+// kernelspec is not known (fail closed), it is drawn inside
 // <iframe sandbox="allow-scripts"> (no allow-same-origin: an opaque origin, so no cookie, no
 // same-origin request, no access to the page) whose document forbids every network load by its CSP.
 // Other kernels' outputs render as before. The frame reports its height by postMessage.
 import { IConsoleTracker } from '@jupyterlab/console';
 import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
+import { ITooltipManager } from '@jupyterlab/tooltip';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
 // Rendered by JupyterLab without script or page-wide layout: left as they are.
@@ -157,9 +159,11 @@ async function renderInFrame(renderer, mimeType, model, options) {
   node.appendChild(frame);
 }
 
-function isOutput(model) {
-  // OutputModel has a type (display_data, execute_result...); a Markdown cell's MimeModel has none
-  return typeof model.type === 'string';
+// The user's own Markdown cell: its MimeModel has no output type (display_data, execute_result...) and
+// the cell marks its renderer before rendering. Everything else a panel's rendermime draws is the
+// kernel's: outputs, the tooltip's and the inspector's inspect_reply bundles (MimeModels too).
+function isMarkdownCell(renderer, model) {
+  return typeof model.type !== 'string' && renderer.hasClass('jp-MarkdownOutput');
 }
 
 // A factory that makes the original renderer, whose renderModel draws into a frame when `framed()`.
@@ -172,10 +176,22 @@ function framingFactory(original, mimeType, framed) {
       const renderer = original.createRenderer(options);
       const render = renderer.renderModel.bind(renderer);
       renderer.renderModel = model =>
-        isOutput(model) && framed() ? renderInFrame(renderer, options.mimeType, model, options) : render(model);
+        !isMarkdownCell(renderer, model) && framed() ? renderInFrame(renderer, options.mimeType, model, options) : render(model);
       return renderer;
     }
   };
+}
+
+// Wraps, in place, every factory of `rendermime` that can run script or lay out HTML.
+function frameFactories(rendermime, framed) {
+  for (const mimeType of rendermime.mimeTypes) {
+    if (INERT.has(mimeType)) {
+      continue;
+    }
+    const original = rendermime.getFactory(mimeType);
+    const rank = rendermime.getRank(mimeType);
+    rendermime.addFactory(framingFactory(original, mimeType, framed), rank);
+  }
 }
 
 function kernelspecOf(specs, name) {
@@ -191,10 +207,12 @@ function isSandboxedSpec(spec) {
   return Array.isArray(spec.argv) && spec.argv.some(arg => typeof arg === 'string' && arg.includes('kernel_sandbox.launch'));
 }
 
-// The HTML of ipywidgets' HTML and HTMLMath views goes into the page (they are widget views, not outputs):
-// in a sandboxed panel each change of it is neutralised before any of its handlers can run (a
-// MutationObserver runs before the events, which come in later tasks).
-const WIDGET_HTML = '.widget-html-content, .widget-htmlmath-content';
+// The HTML of ipywidgets' HTML and HTMLMath views, and descriptions with description_allow_html (the
+// label of every described control, a Checkbox's span: ipywidgets' inline_sanitize puts the $...$
+// parts back unsanitized and keeps inline styles), go into the page (they are widget views, not
+// outputs): in a sandboxed panel each change of them is neutralised before any of its handlers can
+// run (a MutationObserver runs before the events, which come in later tasks).
+const WIDGET_HTML = '.widget-html-content, .widget-htmlmath-content, .widget-label, .widget-label-basic';
 const ACTIVE = new Set(['script', 'iframe', 'frame', 'object', 'embed', 'style', 'link', 'meta', 'base', 'form', 'portal']);
 const URL_ATTRIBUTES = new Set(['href', 'xlink:href', 'src', 'action', 'formaction', 'data', 'srcdoc', 'srcset', 'poster', 'background', 'to', 'values', 'from', 'by']);
 
@@ -246,6 +264,11 @@ function watchWidgetHtml(node, framed) {
 
 const wrapped = new WeakSet();
 
+function isSandboxedKernel(app, name) {
+  const spec = kernelspecOf(app.serviceManager.kernelspecs.specs, name);
+  return spec === undefined || isSandboxedSpec(spec);
+}
+
 function guard(app, node, rendermime, sessionContext, documentKernel) {
   if (wrapped.has(rendermime)) {
     return;
@@ -253,19 +276,27 @@ function guard(app, node, rendermime, sessionContext, documentKernel) {
   wrapped.add(rendermime);
   const framed = () => {
     const session = sessionContext.session;
-    const name = (session && session.kernel && session.kernel.name) || documentKernel();
-    const spec = kernelspecOf(app.serviceManager.kernelspecs.specs, name);
-    return spec === undefined || isSandboxedSpec(spec);
+    return isSandboxedKernel(app, (session && session.kernel && session.kernel.name) || documentKernel());
   };
-  for (const mimeType of rendermime.mimeTypes) {
-    if (INERT.has(mimeType)) {
-      continue;
-    }
-    const original = rendermime.getFactory(mimeType);
-    const rank = rendermime.getRank(mimeType);
-    rendermime.addFactory(framingFactory(original, mimeType, framed), rank);
-  }
+  frameFactories(rendermime, framed);
   watchWidgetHtml(node, framed);
+}
+
+// A tooltip renders the kernel's inspect_reply with the rendermime its caller hands over: a notebook's or
+// console's (wrapped above), or, for a file editor's, the application's own. For a sandboxed kernel the
+// latter is swapped for a framing copy.
+function guardTooltips(app, manager) {
+  const invoke = manager.invoke.bind(manager);
+  manager.invoke = options => {
+    const { kernel, rendermime } = options;
+    if (!rendermime || wrapped.has(rendermime) || !isSandboxedKernel(app, kernel && kernel.name)) {
+      return invoke(options);
+    }
+    const framing = rendermime.clone();
+    frameFactories(framing, () => true);
+    wrapped.add(framing);
+    return invoke({ ...options, rendermime: framing });
+  };
 }
 
 function guardNotebook(app, panel) {
@@ -285,9 +316,12 @@ const plugin = {
   description: 'Renders the rich outputs of sandboxed kernels in opaque-origin sandbox iframes.',
   autoStart: true,
   requires: [INotebookWidgetFactory, INotebookTracker],
-  optional: [IConsoleTracker],
-  activate(app, notebookFactory, notebooks, consoles) {
+  optional: [IConsoleTracker, ITooltipManager],
+  activate(app, notebookFactory, notebooks, consoles, tooltips) {
     window.addEventListener('message', onMessage);
+    if (tooltips) {
+      guardTooltips(app, tooltips);
+    }
     // widgetCreated fires as the panel is made, before its notebook loads; the tracker is the fallback
     notebookFactory.widgetCreated.connect((_, panel) => guardNotebook(app, panel));
     notebooks.widgetAdded.connect((_, panel) => guardNotebook(app, panel));

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from ipykernel.kernelspec import get_kernel_dict
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.lab import confinement_arguments
 
-from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of
+from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of, run_cell
 from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -228,3 +229,171 @@ def test_a_plain_kernels_outputs_render_as_before(browser, frame_lab) -> None:
         panel.locator("b", has_text="plain-html").wait_for()
         assert page.evaluate("document.body.dataset.kernelSandboxFrame") == "active"
         assert panel.locator("iframe.kernel-sandbox-frame").count() == 0
+
+
+def _hostile_inspect(url: str) -> str:
+    """Kernel code answering every inspect_request whose code names a bundle with that bundle (the tooltip's, the inspector's)."""
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "data": {"url": f"{url}/files/probe-tip-vega.csv"},
+            "mark": "bar", "encoding": {"x": {"field": "a", "type": "nominal"}, "y": {"field": "b", "type": "quantitative"}},
+            "usermeta": {"embedOptions": {"actions": True}}}
+    bundles = {
+        "tiphtml": {"text/html": f'<img src=x onerror="{html.escape(_frame_attack("tiphtml", url))}"><b>tip-html</b>'
+                                 f'<script>{_frame_attack("tipscript", url)}</script>', "text/plain": "tip"},
+        "tipvega": {"application/vnd.vegalite.v5+json": spec, "text/plain": "tip"},
+        "tipjs": {"application/javascript": _frame_attack("tipjs", url), "text/plain": "tip"},
+        "tipmd": {"text/markdown": f'<img src=x onerror="{html.escape(_frame_attack("tipmd", url))}">**tip-md**', "text/plain": "tip"},
+        "tipplain": {"text/plain": "benign-tip-text"},
+    }
+    return (f"BUNDLES = {bundles!r}\n"
+            "async def hostile_inspect(code, cursor_pos, detail_level=0, omit_sections=()):\n"
+            "    name = next((n for n in BUNDLES if n in code), None)\n"
+            "    return {'status': 'ok', 'found': name is not None, 'data': BUNDLES.get(name, {}), 'metadata': {}}\n"
+            "get_ipython().kernel.do_inspect = hostile_inspect\nprint('inspect-' + 'ready')")
+
+
+@pytest.mark.security("attack", "policy")
+def test_tooltips_and_the_inspector_render_a_sandboxed_kernels_help_in_frames(browser, frame_lab) -> None:
+    """A kernel answering inspect_request with HTML, Vega (data URL, actions), JavaScript and Markdown: the Shift+Tab
+    tooltip and the Contextual Help panel draw it in frames (the policy is ``trusted``: the frame alone); plain text as before."""
+    lab = frame_lab
+    put_notebook(lab, "frame-inspect.ipynb", "frame-trusted", [""])
+    with recording_page(browser, "frame-inspect-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        answered: list[str] = []
+        page.on("response", lambda response: answered.append(response.url))
+        panel = run_all_cells(page, lab, "frame-inspect", "frame-inspect.ipynb")
+        run_cell(page, panel, _hostile_inspect(lab["url"]), "inspect-ready")
+        tooltip = page.locator(".jp-Tooltip")
+        for name in ("tiphtml", "tipvega", "tipjs", "tipmd", "tipplain"):
+            panel.locator(".jp-Cell .cm-content").last.click()
+            page.keyboard.press("ControlOrMeta+a")
+            page.keyboard.insert_text(f"probe_{name}")
+            page.keyboard.press("Shift+Tab")
+            tooltip.wait_for()
+            if name == "tipplain":
+                tooltip.locator(".jp-RenderedText", has_text="benign-tip-text").wait_for()
+                assert tooltip.locator("iframe").count() == 0
+            else:
+                frame = tooltip.locator("iframe.kernel-sandbox-frame")
+                frame.wait_for()
+                assert frame.get_attribute("sandbox") == "allow-scripts"
+                assert "default-src 'none'" in frame.get_attribute("srcdoc")
+                if name == "tiphtml":
+                    assert in_frames(page, "b", "tip-html", seconds=15) >= 1
+            page.keyboard.press("Escape")
+            tooltip.wait_for(state="detached")
+        # the inspector (Help > Show Contextual Help) follows the cursor
+        page.locator(".lm-MenuBar-itemLabel", has_text="Help").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Show Contextual Help").first.click()
+        inspector = page.locator(".jp-Inspector")
+        for name in ("tipvega", "tiphtml"):
+            panel.locator(".jp-Cell .cm-content").last.click()
+            page.keyboard.press("ControlOrMeta+a")
+            page.keyboard.insert_text(f"probe_{name}")
+            inspector.locator("iframe.kernel-sandbox-frame").first.wait_for()
+        assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
+        assert in_frames(page, ".vega-actions, .vega-embed details") == 0
+        markers, written = script_traces(page, lab, 5)
+        assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
+        probes = [url for url in answered if "probe-" in url]
+        logged = [line for line in lab["log"].read_text().splitlines() if "probe-" in line]
+        assert probes == [] and logged == [], f"help reached the server: {probes} {logged}"
+        # the user's own Markdown cell renders in the page, as before
+        panel.locator(".jp-Cell .cm-content").last.click()
+        page.keyboard.press("ControlOrMeta+a")
+        page.keyboard.insert_text("**markdown-cell-bold**")
+        page.keyboard.press("Escape")
+        page.keyboard.press("m")
+        page.keyboard.press("Shift+Enter")
+        panel.locator(".jp-MarkdownOutput strong", has_text="markdown-cell-bold").wait_for()
+        assert panel.locator(".jp-MarkdownOutput iframe").count() == 0
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "frame-inspect.png"), full_page=True)
+
+
+def _widget_html(url: str) -> str:
+    """Standard widgets whose descriptions, labels and values carry HTML: ipywidgets' inline_sanitize puts ``$...$`` back raw."""
+    attack = lambda name: html.escape(_frame_attack(name, url))  # noqa: E731
+    overlay = '<span style="position:fixed;inset:0;z-index:2147483647;background:red">desc-overlay</span>'
+    return ("import ipywidgets as w\n"
+            f"s = w.IntSlider(value=3, description={'$<img src=x onerror=' + chr(34) + attack('desc') + chr(34) + '>$' + overlay!r},"
+            " description_allow_html=True)\n"
+            f"c = w.Checkbox(value=True, description={'$<img src=x onerror=' + chr(34) + attack('check') + chr(34) + '>$'!r},"
+            " description_allow_html=True)\n"
+            f"b = w.Button(description={'<img src=x onerror=' + chr(34) + attack('button') + chr(34) + '>button-text'!r})\n"
+            f"m = w.HTMLMath({'$x^2$ <img src=x onerror=' + chr(34) + attack('math') + chr(34) + '>math-text'!r})\n"
+            f"l = w.Label({'$<img src=x onerror=' + chr(34) + attack('label') + chr(34) + '>$label-text'!r})\n"
+            "display(s, c, b, m, l)\n"
+            "o = w.Output()\ndisplay(w.IntSlider(value=4, description='benign-slider'), w.IntProgress(value=7, max=10), o)\n"
+            "with o:\n    print('output-printed')")
+
+
+def _vega_expressions(url: str) -> str:
+    """Charts that draw (a Vega-Lite ``href`` encoding and a URL computed by a transform; a Vega rect that links and
+    whose click handler navigates) and charts that load (a parameter reaching the window, image and data URLs as signals)."""
+    schema = "https://vega.github.io/schema/vega"
+    bars = {"mark": "bar", "encoding": {"x": {"field": "a", "type": "nominal"}, "y": {"field": "b", "type": "quantitative"},
+                                        "href": {"field": "link"}}}
+    lite = {"$schema": f"{schema}-lite/v5.json", "width": 300, "height": 150, **bars,
+            "data": {"values": [{"a": "x", "b": 2, "link": f"{url}/files/probe-vl-href"}]},
+            "transform": [{"calculate": f"'{url}/files/probe-vl-calc'", "as": "link2"}]}
+    param = {"$schema": f"{schema}-lite/v5.json", **bars, "data": {"values": [{"a": "x", "b": 2}]},
+             "params": [{"name": "p", "expr": f"event.view.fetch('{url}/files/probe-vl-param')"}]}
+    rect = {"type": "rect", "from": {"data": "t"}, "encode": {"enter": {
+        "x": {"value": 0}, "y": {"value": 0}, "width": {"value": 300}, "height": {"value": 150},
+        "fill": {"value": "steelblue"}, "href": {"field": "link"}}}}
+    linked = {"$schema": f"{schema}/v5.json", "width": 300, "height": 150,
+              "signals": [{"name": "leak", "value": 0, "on": [{"events": "click",
+                                                               "update": f"event.view.location.assign('{url}/files/probe-v-nav')"}]}],
+              "data": [{"name": "t", "values": [{"link": f"{url}/files/probe-v-href"}]}], "marks": [rect]}
+    loading = {"$schema": f"{schema}/v5.json", "width": 30, "height": 30,
+               "signals": [{"name": "img", "update": f"'{url}/files/probe-v-image'"}],
+               "data": [{"name": "remote", "url": {"signal": f"'{url}/files/probe-v-data'"}}],
+               "marks": [{"type": "image", "encode": {"enter": {"url": {"signal": "img"}, "width": {"value": 9}}}}]}
+    return ("from IPython.display import display\n"
+            f"for mime, spec in [('vegalite', {lite!r}), ('vega', {linked!r}), ('vegalite', {param!r}), ('vega', {loading!r})]:\n"
+            "    display({f'application/vnd.{mime}.v5+json': spec}, raw=True)")
+
+
+@pytest.mark.security("attack", "policy")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_widget_descriptions_and_vega_expressions_stay_inert(browser, frame_lab, policy: str) -> None:
+    """HTML in widget descriptions, labels and HTMLMath, and Vega expressions, links and URLs that reach the window or
+    the server: no script in the page, no overlay, nothing requested, no navigation; a slider, a progress bar, an
+    Output widget printing text and the charts still render."""
+    lab = frame_lab
+    name = f"frame-expr-{policy}"
+    put_notebook(lab, f"{name}.ipynb", f"frame-{policy}", [_widget_html(lab["url"]), _vega_expressions(lab["url"])])
+    with recording_page(browser, f"{name}-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        answered: list[str] = []
+        page.on("response", lambda response: answered.append(response.url))
+        panel = run_all_cells(page, lab, name, f"{name}.ipynb")
+        panel.locator(".jp-RenderedText", has_text="output-printed").wait_for()
+        charts = ".vega-embed canvas, .vega-embed svg.marks"
+        deadline = time.monotonic() + 60
+        while in_frames(page, charts) < 2 and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert in_frames(page, charts) >= 2, "the linked charts draw"
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
+            ".every(p => /\\[\\d+\\]/.test(p.textContent))")
+        for frame in panel.locator("iframe.kernel-sandbox-frame").all():  # click the charts' links and handlers
+            box = frame.bounding_box()
+            if box and box["height"] > 40:
+                for dx, dy in ((0.1, 0.3), (0.3, 0.6), (0.5, 0.5)):
+                    page.mouse.click(box["x"] + box["width"] * dx, box["y"] + box["height"] * dy)
+        panel.locator("button", has_text="button-text").click()
+        markers, written = script_traces(page, lab, 5)
+        assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
+        probes = [url for url in answered if "probe-" in url]
+        logged = [line for line in lab["log"].read_text().splitlines() if "probe-" in line]
+        assert probes == [] and logged == [], f"a widget or chart reached the server: {probes} {logged}"
+        assert page.url.startswith(f"{lab['url']}/lab/workspaces/{name}") and len(page.context.pages) == 1
+        assert page.evaluate("document.elementFromPoint(640, 10).textContent.includes('desc-overlay')") is False
+        assert panel.locator(".jupyter-widgets [style*='fixed'], .jupyter-widgets img[onerror]").count() == 0
+        # the standard widgets work: the button's HTML description is text, the slider, progress bar and Output render
+        assert panel.locator(".widget-label", has_text="benign-slider").count() == 1
+        assert panel.locator(".widget-slider, .widget-hslider").count() >= 2
+        assert panel.locator(".widget-hprogress, .widget-progress").count() == 1
+        assert panel.locator(".widget-htmlmath-content", has_text="math-text").count() == 1
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

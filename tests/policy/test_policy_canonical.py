@@ -301,3 +301,38 @@ def test_vega_specs_load_nothing_and_embed_options_are_inert() -> None:
     # no embed_options at all: JupyterLab's default would show the actions
     bare = OutputPolicy().filter("display_data", {"data": {VEGA: {"mark": "bar"}}, "metadata": {}})
     assert bare["metadata"][VEGA] == {"embed_options": {"actions": False}}
+
+
+def test_vega_expressions_that_reach_the_window_or_a_url_are_dropped() -> None:
+    """Signals, event handlers, transforms and tests whose expression names ``event`` (``event.view`` is the window),
+    a global, a loading or navigation name, a URL or a computed member go (the handler, transform or condition
+    whole, so the spec still parses; a signal keeps its name); ordinary expressions stay."""
+    spec = {
+        "signals": [
+            {"name": "leak", "update": "event.view.fetch('/files/x')"},
+            {"name": "nav", "value": 0, "on": [{"events": "click", "update": "window.open('/lab')"},
+                                               {"events": "window:mouseup", "update": "datum.a + 1"},
+                                               {"events": "mousedown[event.view.fetch('/x')]", "update": "1"}]},
+            {"name": "proto", "init": "datum['con' + 'structor']"}, {"name": "ok", "update": "width / 2"},
+        ],
+        "transform": [{"calculate": "'http://127.0.0.1:1/files/x'", "as": "link"}, {"calculate": "datum['b'] * 2", "as": "c"},
+                      {"filter": "datum.url"}, {"filter": "datum.a > 1"}, {"type": "formula", "expr": "__proto__", "as": "d"}],
+        "encoding": {"color": {"condition": {"test": "item[k]", "value": "red"}, "value": "blue"},
+                     "size": {"condition": {"test": "inrange(datum.x, [0, 10])", "value": 3}}},
+        "title": "open the window view",  # text, not an expression
+        "data": [{"name": "csv", "values": "a,b\n1,2", "format": {"type": "csv"}},
+                 {"name": "t", "on": [{"trigger": "\\u0065vent.view.open('/lab')", "insert": "{}"}, {"trigger": "x", "remove": True}]}],
+    }
+    out = OutputPolicy().filter("display_data", {"data": {VEGA: spec}, "metadata": {}})["data"][VEGA]
+    assert out == {
+        "signals": [
+            {"name": "leak"},
+            {"name": "nav", "value": 0, "on": [{"events": "window:mouseup", "update": "datum.a + 1"}]},
+            {"name": "proto"}, {"name": "ok", "update": "width / 2"},
+        ],
+        "transform": [{"calculate": "datum['b'] * 2", "as": "c"}, {"filter": "datum.a > 1"}],
+        "encoding": {"color": {"value": "blue"},
+                     "size": {"condition": {"test": "inrange(datum.x, [0, 10])", "value": 3}}},
+        "title": "open the window view",
+        "data": [{"name": "csv", "values": "a,b\n1,2", "format": {"type": "csv"}}, {"name": "t", "on": [{"trigger": "x", "remove": True}]}],
+    }
