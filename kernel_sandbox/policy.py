@@ -1114,8 +1114,8 @@ class OutputPolicy:
         method = data.get("method")
         if record is None and method not in {"update", "echo_update", "update_states"}:
             # no widget's state (e.g. the tool-call channel after a tool closed it): nothing to
-            # police
-            return content
+            # police; a state without a method no frontend applies, so it is not passed on unpoliced
+            return None if "state" in data else content
         data = _widget_data(data)
         content = {**content, "data": data}
         if method == "update_states" and isinstance(data.get("states"), dict):
