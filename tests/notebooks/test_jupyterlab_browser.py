@@ -9,9 +9,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, LABEL_OWNER_PID
+from kernel_sandbox.docker.containers import LABEL_OWNER_PID, kernel_of
 
-from lab_kit import ARTIFACTS, chromium, recording_page, run_cell
+from lab_kit import ARTIFACTS, LabServer, chromium, recording_page, run_cell
 
 CODE = "import os, socket\nprint('hostname:', socket.gethostname())\nprint('interfaces:', sorted(os.listdir('/sys/class/net')))"
 
@@ -22,6 +22,10 @@ def browser():
         yield browser
 
 
+def _sessions(lab: LabServer) -> list[dict]:
+    return httpx.get(f"{lab.url}/api/sessions", headers=lab.headers).json()
+
+
 def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_server, docker_engine) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     with recording_page(browser, "jupyterlab-failure.png") as (page, requests):
@@ -30,6 +34,7 @@ def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_ser
         card.wait_for()
         assert page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python (small)"]').count() == 1
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-launcher.png"))
+        before = {s["id"] for s in _sessions(lab_server)}
         card.click()
 
         panel = page.locator(".jp-NotebookPanel:visible")
@@ -40,11 +45,11 @@ def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_ser
         assert "hostname: sandbox" in text
         assert "interfaces: ['lo']" in text
 
-        sessions = httpx.get(f"{lab_server.url}/api/sessions", headers=lab_server.headers).json()
-        kernel_ids = [s["kernel"]["id"] for s in sessions if s["kernel"]["name"] == "sandboxed-python"]
-        assert kernel_ids
-        for kernel_id in kernel_ids:  # each notebook's kernel runs in a container owned by the server
-            owned = {"label": [f"{LABEL_KERNEL_ID}={kernel_id}", f"{LABEL_OWNER_PID}={lab_server.process.pid}"]}
-            assert len(docker_engine.containers.list(filters=owned, ignore_removed=True)) == 1, kernel_id
+        (session,) = [s for s in _sessions(lab_server) if s["id"] not in before]  # (the server is shared)
+        assert session["kernel"]["name"] == "sandboxed-python"
+        owned = {"label": f"{LABEL_OWNER_PID}={lab_server.process.pid}"}
+        containers = docker_engine.containers.list(filters=owned, ignore_removed=True)
+        kernels = [c for c in containers if kernel_of(c.labels) == session["kernel"]["id"]]  # (an adopted standby too)
+        assert len(kernels) == 1  # the notebook's kernel runs in a container owned by the server
     outside = [url for url in requests if not url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))]
     assert outside == []  # the page loaded nothing from anywhere but the local server
