@@ -631,12 +631,12 @@ class Front:
             self._gate_dir = None
 
 
-def new_header(msg_type: str, session: str) -> dict[str, Any]:
-    """A fresh message header of ``session``, as a kernel writes it."""
+def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[str, Any]:
+    """A fresh message header of ``session``, as a kernel (or ``username``) writes it."""
     return {
         "msg_id": uuid.uuid4().hex,
         "msg_type": msg_type,
-        "username": "kernel",
+        "username": username,
         "session": session,
         "date": datetime.now(timezone.utc).isoformat(),
         "version": PROTOCOL_VERSION,

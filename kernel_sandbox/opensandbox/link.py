@@ -31,7 +31,6 @@ import os
 import secrets
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import (
@@ -56,7 +55,7 @@ from ..metrics import Usage
 from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE
 from .relay import ExecdRelay
-from ..launch.front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
+from ..launch.front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front, new_header
 
 if TYPE_CHECKING:
     from ..launch.request import LaunchRequest
@@ -573,14 +572,7 @@ class OpenSandboxLink:
             ("status", {"execution_state": "busy"}),
             ("stream", {"name": "stderr", "text": text}),
         ):
-            header = {
-                "msg_id": uuid.uuid4().hex,
-                "msg_type": msg_type,
-                "username": "kernel-sandbox",
-                "session": session,
-                "date": datetime.now(timezone.utc).isoformat(),
-                "version": PROTOCOL_VERSION,
-            }
+            header = new_header(msg_type, session, username="kernel-sandbox")
             self._front.from_kernel(
                 "iopub", [], [_dumps(header), bytes(parts[0]), b"{}", _dumps(content)]
             )
