@@ -23,6 +23,11 @@ RUNTIMES = ("runc", "runsc")
 """The OCI runtimes the container-facing tests run on: Docker's default and gVisor (.ci/run registers runsc)."""
 
 
+def runtime_option(runtime: str) -> dict[str, str]:
+    """The ``runtime`` option that selects ``runtime`` (none for runc, the engine's default)."""
+    return {"runtime": runtime} if runtime != "runc" else {}
+
+
 class ArgvKernel:
     """A kernelspec's argv started by hand, with a blocking client connected to the ports it was given.
 

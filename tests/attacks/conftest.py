@@ -27,7 +27,7 @@ from traitlets.config import Config
 from kernel_sandbox.kernelspecs import install, started_client
 
 from attack_kit import HOST_PYTHON, OtherUser
-from kernel_kit import RUNTIMES
+from kernel_kit import RUNTIMES, runtime_option
 from lab_kit import stop
 
 _POLICY = Path(__file__).resolve().parent.parent / "policy"
@@ -46,8 +46,8 @@ widget_image = policy_fixtures.widget_image
 async def kernel(request, docker_engine, jupyter_prefix) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """A Sandboxed Python kernel (the provisioner's path, launcher included) and a client of it, on
     each runtime: the attacks from inside the container run on runc and on gVisor."""
-    options = {"runtime": request.param} if request.param != "runc" else {}
-    km = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": options}))
+    config = Config({"DockerProvisioner": runtime_option(request.param)})
+    km = AsyncKernelManager(kernel_name="sandboxed-python", config=config)
     async with started_client(km, timeout=90) as kc:
         yield km, kc
 

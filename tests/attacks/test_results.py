@@ -17,7 +17,7 @@ import os
 import pytest
 
 from host_memory import MiB, RssPeak
-from kernel_kit import RUNTIMES
+from kernel_kit import RUNTIMES, runtime_option
 from kernel_sandbox.errors import ResultLimitError, SandboxFileError, UnsafePayloadError
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool, SandboxError
 from kernel_sandbox.execution.decode import decode
@@ -185,7 +185,7 @@ async def test_a_kernel_cannot_plant_a_cached_agent_state_for_the_next_user(dock
 async def test_a_sparse_file_cannot_fill_the_hosts_disk(docker_engine, tmp_path, record_property, runtime: str) -> None:
     """The kernel makes a 64 GiB sparse file; the program downloads it to disk: refused at a limit, not streamed."""
     destination = tmp_path / "result.csv"
-    async with AsyncSandbox(timeout=20, **({"runtime": runtime} if runtime != "runc" else {})) as sandbox:
+    async with AsyncSandbox(timeout=20, **runtime_option(runtime)) as sandbox:
         await sandbox.run("import os\nwith open('result.csv', 'wb') as f:\n    f.truncate(64 << 30)")
         try:
             await sandbox.download_to("result.csv", destination)

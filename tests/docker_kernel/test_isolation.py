@@ -27,7 +27,7 @@ from kernel_sandbox.privdir import user_root
 from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
 
-from kernel_kit import RUNTIMES, run_cell
+from kernel_kit import RUNTIMES, run_cell, runtime_option
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
@@ -97,7 +97,7 @@ async def run(km: AsyncKernelManager, code: str, timeout: float = 120) -> str:
 
 
 def manager(runtime: str, **config: object) -> AsyncKernelManager:
-    options = {"runtime": runtime, **config} if runtime != "runc" else config
+    options = {**runtime_option(runtime), **config}
     return AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": options}))
 
 
