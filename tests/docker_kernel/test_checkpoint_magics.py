@@ -28,6 +28,7 @@ import kernel_sandbox.docker.blobs as blobs
 import kernel_sandbox.launch.checkpoints as store
 from kernel_sandbox.execution import Checkpoint
 from kernel_sandbox.kernelside.magics import REQUEST
+from kernel_sandbox.kernelspecs import started_client
 
 from kernel_kit import RUNTIMES, runtime_option
 
@@ -101,26 +102,15 @@ async def restart(km: AsyncKernelManager, kc: Any) -> None:
 async def session() -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     """A kernel (1 MiB checkpoint cap) with the forging helpers defined, and its client."""
     km = manager(checkpoint_max_bytes="1m")
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=120)
+    async with started_client(km) as kc:
         assert (await cell(kc, FORGE))[1]["status"] == "ok"
         yield km, kc
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 async def test_variables_and_files_come_back_in_the_restarted_kernels_new_container(runtime: str) -> None:
     km = manager(**runtime_option(runtime))
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=120)
+    async with started_client(km) as kc:
         await cell(kc, MADE)
         first_container = km.provisioner.container_id
         text, reply = await cell(kc, "%checkpoint")
@@ -147,9 +137,6 @@ async def test_variables_and_files_come_back_in_the_restarted_kernels_new_contai
         assert after == "42 84 7 66 made before the checkpoint False\n"
         assert km.provisioner.container_id != first_container, "the kernel was not restarted"
         assert kept.exists(), "a restore keeps the checkpoint for the next restart"
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
     assert not kept.exists(), "the checkpoint goes with the kernel's shutdown"
 
 
@@ -296,11 +283,7 @@ async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no
 
 async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoint() -> None:
     km = manager(memory="256m", checkpoint_on_oom=True)
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        await kc.wait_for_ready(timeout=120)
+    async with started_client(km) as kc:
         assert (await cell(kc, "kept = 'before the hog'\n%checkpoint"))[1]["status"] == "ok"
         kc.execute("hog = 'x' * (1024 ** 3)")
         deadline = time.monotonic() + 60
@@ -314,9 +297,6 @@ async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoi
         assert (await cell(kc, "print('second')"))[0] == "second\n", "said once"
         text, reply = await cell(kc, "%restore\nprint(kept)")
         assert reply["status"] == "ok" and text.endswith("before the hog\n"), text
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 async def test_without_checkpoint_on_oom_an_out_of_memory_restart_offers_nothing(tmp_path: Path) -> None:
