@@ -757,6 +757,10 @@ class DockerLink:
             code = int(attributes.get("exitCode", 1))
             if self._broken_by is not None and not self._oom and self._killed is None:
                 self._end(self._broken_by)
+            if code and self._shutdown_asked and not self._oom and self._killed is None:
+                # asked to shut down, it did: an abort in the interpreter's teardown is no crash
+                log.info("the kernel exited with code %d on its way out after shutdown", code)
+                code = 0
             self._end(ExitStatus(code or (137 if self._oom else 0), self._ending(code)))
 
     def _broken(self, status: ExitStatus) -> None:
