@@ -24,7 +24,7 @@ except ImportError:  # on the host (tests run this module as code)
 
 REQUEST = "kernel_sandbox_checkpoint"
 """The IOPub message type of a request to the launcher."""
-ANSWER_TIMEOUT = 900.0
+ANSWER_TIMEOUT = 300.0
 """Seconds to wait for the launcher's answer (it moves up to its size cap meanwhile)."""
 ANSWER_BYTES = 1024 * 1024
 POLL_SECONDS = 0.02
