@@ -63,6 +63,27 @@ def user_root() -> Path:
     return root
 
 
+def checkpoint_root() -> Path:
+    """Where the launchers keep kernels' checkpoints (``%checkpoint``): on disk, in
+    ``$XDG_STATE_HOME`` (else ``~/.local/state``) ``/kernel-sandbox/checkpoints``, 0700, not in the
+    private directories, which are often on a small tmpfs (``$XDG_RUNTIME_DIR``)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(state) / "kernel-sandbox" / "checkpoints"
+
+
+def kept_checkpoint(private: Path) -> Path:
+    """The file of the checkpoint kept for the kernel whose private directory is ``private``."""
+    return checkpoint_root() / f"{private.name}.checkpoint"
+
+
+def remove_private(path: Path) -> None:
+    """Delete a kernel's private directory with everything in it, and the checkpoint kept for it."""
+    shutil.rmtree(path, ignore_errors=True)
+    kept_checkpoint(path).unlink(missing_ok=True)
+
+
 def _is_private_dir(path: Path) -> bool:
     try:
         info = os.lstat(path)
@@ -173,7 +194,7 @@ class PrivateDir:
         """Release every lock and delete the directory with everything in it."""
         for name in list(self._held):
             self.release(name)
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_private(self.path)
 
 
 def abandoned_dirs() -> list[Path]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import socket
 import uuid
 from collections.abc import Iterable, Mapping
@@ -26,7 +25,7 @@ from docker.models.containers import Container
 from ..errors import ConfigError, EngineUnavailable, ImageMissing, KernelSandboxError
 from ..kernelside import MAGICS, source, sources
 from ..kernelside.boot import KEY_ENV, MODULES_ENV
-from ..privdir import ADOPTED, PrivateDir, abandoned_dirs
+from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_private
 from ..provisioners.process import pid_alive
 from ..settings import HOME_DIR, WORK_DIR
 from .settings import DEFAULT_IMAGE, DockerSettings
@@ -360,7 +359,7 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
             remove_container(container)
             report.containers.append(container.name or container.short_id)
     for path in abandoned_dirs():
-        shutil.rmtree(path, ignore_errors=True)
+        remove_private(path)
         report.private_dirs.append(str(path))
     return report
 

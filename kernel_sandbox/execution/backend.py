@@ -9,7 +9,6 @@ by name through the registry (:func:`kernel_sandbox.backends.adapter`). The sess
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -21,6 +20,7 @@ from ..backends import adapter
 from ..errors import SandboxError
 from ..kernelspecs import kernel_manager as spec_kernel_manager
 from ..metrics import CgroupProbe, MetricsUnavailable
+from ..privdir import remove_private
 
 KERNEL_NAME = "kernel-sandbox-execution"
 LauncherRequest = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -91,7 +91,7 @@ class Backend:
             process.kill()
         private = getattr(provisioner, "private", None)
         if private is not None:
-            shutil.rmtree(private.path, ignore_errors=True)
+            remove_private(private.path)
 
 
 def given(options: dict[str, Any]) -> dict[str, Any]:

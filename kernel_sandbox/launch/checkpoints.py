@@ -2,10 +2,11 @@
 ``%restore`` (the kernel side: :mod:`kernel_sandbox.kernelside.magics`).
 
 A request is an IOPub message of the kernel's, of type :data:`REQUEST`, which the front hands here
-and never to a client (:attr:`Front.kernel_requests`). The store keeps one checkpoint per kernel,
-in the kernel's private directory on the host (:data:`KEPT`, 0600, in the format of
-:meth:`Checkpoint.save`, so :meth:`Checkpoint.load` reads it): the next ``%checkpoint`` replaces it,
-a restart of the kernel keeps it, and it goes with the directory when the kernel is shut down.
+and never to a client (:attr:`Front.kernel_requests`). The store keeps one checkpoint per kernel on
+the host, on disk (:func:`~kernel_sandbox.privdir.kept_checkpoint`: a 0600 file in a 0700
+directory, in the format of :meth:`Checkpoint.save`, so :meth:`Checkpoint.load` reads it): the next
+``%checkpoint`` replaces it, a restart of the kernel keeps it, and it goes with the kernel's private
+directory when the kernel is shut down (or by ``kernel-sandbox gc``).
 
 Everything in a request is untrusted. Each field is checked for type and size; the blob is pulled
 only when the size the kernel states is within ``checkpoint_max_bytes``, is counted as it arrives
@@ -32,10 +33,9 @@ from typing import Any, BinaryIO, Protocol, TypeGuard
 
 from ..errors import CheckpointError, FramingError, KernelSandboxError
 from ..kernelside.magics import REQUEST
+from ..privdir import kept_checkpoint, require_private
 from .journal import note
 
-KEPT = "checkpoint"
-"""The kept checkpoint's file in the kernel's private directory."""
 OFFER = "checkpoint-offer.json"
 """Left in the private directory by a kernel that ran out of memory with ``checkpoint_on_oom``."""
 MAX_PATH = 4096
@@ -43,7 +43,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger("kernel_sandbox.launch")
 
-__all__ = ["KEPT", "OFFER", "REQUEST", "BlobChannel", "CheckpointStore"]
+__all__ = ["OFFER", "REQUEST", "BlobChannel", "CheckpointStore"]
 
 
 class BlobChannel(Protocol):
@@ -63,10 +63,10 @@ class BlobChannel(Protocol):
 
 
 class CheckpointStore:
-    """One kernel's kept checkpoint in ``directory`` (its private directory)."""
+    """The kept checkpoint of the kernel whose private directory is ``directory``."""
 
     def __init__(self, directory: Path, channel: BlobChannel, max_bytes: int, backend: str) -> None:
-        self.path = directory / KEPT
+        self.path = kept_checkpoint(directory)
         self.offer_path = directory / OFFER
         self.channel = channel
         self.max_bytes = max_bytes
@@ -114,7 +114,7 @@ class CheckpointStore:
             log.warning("could not answer the kernel's checkpoint request: %s", exc)
 
     async def _keep(self, content: dict[str, Any]) -> dict[str, Any]:
-        """Pull the blob the kernel made into :data:`KEPT`, replacing the one kept before."""
+        """Pull the blob the kernel made into the kept file, replacing the one kept before."""
         header = _stated(content)
         if header["size"] > self.max_bytes:
             raise CheckpointError(
@@ -131,7 +131,9 @@ class CheckpointStore:
         )
         from ..execution.checkpoint import write_header
 
-        part = self.path.with_name(KEPT + ".part")
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        require_private(self.path.parent)
+        part = self.path.with_name(self.path.name + ".part")
         part.unlink(missing_ok=True)
         digest = hashlib.sha256()
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -29,6 +29,7 @@ import kernel_sandbox.launch.checkpoints as store
 from kernel_sandbox.execution import Checkpoint
 from kernel_sandbox.kernelside.magics import REQUEST
 from kernel_sandbox.kernelspecs import started_client
+from kernel_sandbox.privdir import kept_checkpoint, remove_private
 
 from kernel_kit import RUNTIMES, runtime_option
 
@@ -118,8 +119,8 @@ async def test_variables_and_files_come_back_in_the_restarted_kernels_new_contai
         assert "Checkpoint kept by the host: 9 names" in text
         assert "Not saved: sock (TypeError: cannot pickle 'socket' object)" in text
         assert "Not saved: worker (" in text
-        kept = km.provisioner.private.path / store.KEPT
-        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        kept = kept_checkpoint(km.provisioner.private.path)
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
         checkpoint = Checkpoint.load(kept)  # the kept file is a checkpoint file, hash checked
         assert set(checkpoint.saved) == {"Point", "array", "np", "os", "point", "socket", "threading", "triple", "x"}
         assert set(checkpoint.not_saved) == {"sock", "worker"} and checkpoint.backend == "docker"
@@ -160,8 +161,8 @@ async def test_a_checkpoint_over_the_cap_is_refused_before_it_is_pulled(
     text, reply = await cell(kc, "big = os.urandom(2 * 1024 * 1024)\n%checkpoint")
     assert reply["status"] == "error"
     assert "over checkpoint_max_bytes=1048576; nothing was pulled" in text
-    assert not (km.provisioner.private.path / store.KEPT).exists()
-    assert not list(km.provisioner.private.path.glob("checkpoint*"))
+    assert not (kept_checkpoint(km.provisioner.private.path)).exists()
+    assert not list(kept_checkpoint(km.provisioner.private.path).parent.glob(km.provisioner.private.path.name + "*"))
 
 
 @pytest.mark.security("attack", "results")
@@ -170,7 +171,7 @@ async def test_a_kernel_that_understates_its_blob_cannot_send_more_or_replace_th
 ) -> None:
     km, kc = session
     assert (await cell(kc, "y = 1\n%checkpoint"))[1]["status"] == "ok"
-    kept = km.provisioner.private.path / store.KEPT
+    kept = kept_checkpoint(km.provisioner.private.path)
     good = kept.read_bytes()
     code = (
         "open('/tmp/blob', 'wb').write(bytes(range(256)) * 400)\n"
@@ -184,7 +185,7 @@ async def test_a_kernel_that_understates_its_blob_cannot_send_more_or_replace_th
     assert "the file in the container is 102400 bytes, not the 1000 stated; nothing was kept" in first
     assert "not the one the kernel stated" in second
     assert kept.read_bytes() == good, "a refused checkpoint leaves the kept one as it was"
-    assert not list(km.provisioner.private.path.glob("checkpoint.part*"))
+    assert not kept.with_name(kept.name + ".part").exists()
 
 
 @pytest.mark.security("attack", "container")
@@ -203,7 +204,7 @@ async def test_a_blob_path_that_is_a_symlink_or_a_fifo_is_refused_and_blocks_not
     assert "'status': 'error'" in link and "Too many levels of symbolic links" in link
     assert "'status': 'error'" in fifo and "is not a regular file" in fifo
     assert "No checkpoint is kept" in restore
-    assert not (km.provisioner.private.path / store.KEPT).exists()
+    assert not (kept_checkpoint(km.provisioner.private.path)).exists()
 
 
 SHAPES = [
@@ -246,7 +247,7 @@ async def test_malformed_requests_are_refused_and_the_launcher_serves_on(
     assert (await cell(kc, code))[1]["status"] == "ok"
     text, reply = await cell(kc, "%checkpoint")
     assert reply["status"] == "ok", text
-    assert not list(km.provisioner.private.path.glob("*.part*"))
+    assert not kept_checkpoint(km.provisioner.private.path).with_suffix(".checkpoint.part").exists()
 
 
 @pytest.mark.security("load", "results")
@@ -278,7 +279,7 @@ async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no
     answered = int((await cell(kc, count))[0])
     assert 1 <= answered < 100, f"{answered} of 2000 forged requests were served"
     assert (await cell(kc, "print(1 + 1)"))[0] == "2\n"
-    assert (km.provisioner.private.path / store.KEPT).stat().st_size > 900_000
+    assert (kept_checkpoint(km.provisioner.private.path)).stat().st_size > 900_000
 
 
 async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoint() -> None:
@@ -299,15 +300,24 @@ async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoi
         assert reply["status"] == "ok" and text.endswith("before the hog\n"), text
 
 
-async def test_without_checkpoint_on_oom_an_out_of_memory_restart_offers_nothing(tmp_path: Path) -> None:
-    """The offer is opt-in: the store leaves one only when the link asks (unit, no container)."""
-    kept = store.CheckpointStore(tmp_path, None, 100, "docker")  # type: ignore[arg-type]
+async def test_the_offer_is_said_once_and_only_with_a_checkpoint_and_gc_removes_what_a_kernel_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's offer and the removal of a private directory with its kept checkpoint (unit, no
+    container)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    private = tmp_path / "k1"
+    private.mkdir(mode=0o700)
+    kept = store.CheckpointStore(private, None, 100, "docker")  # type: ignore[arg-type]
     kept.leave_offer("out of memory")
     assert kept.take_offer() is None, "no checkpoint kept: nothing to offer"
-    (tmp_path / store.KEPT).write_bytes(b"")
+    kept.path.parent.mkdir(parents=True)
+    kept.path.write_bytes(b"")
     kept.leave_offer("out of memory, limit 256 MiB; raise memory")
     assert "ended (out of memory, limit 256 MiB; raise memory)" in (kept.take_offer() or "")
     assert kept.take_offer() is None, "an offer is said once"
+    remove_private(private)  # what shutdown and `kernel-sandbox gc` do with a kernel's directory
+    assert not private.exists() and not kept.path.exists()
 
 
 @pytest.mark.parametrize("module", [store, blobs], ids=["store", "blobs"])
