@@ -12,6 +12,31 @@ phase() {
     echo "=== ${name}: $((SECONDS - start)) s"
 }
 
+# at_once NAME FUNCTION [NAME FUNCTION ...]: each FUNCTION as a phase of its own, all in the
+# background at the same time; each one's output is printed whole when it ends, in the order given.
+# Fails (with the first failing status) when any of them fails, after all have ended.
+at_once() {
+    local dir pids=() names=() status=0 index=0 code
+    dir=$(mktemp -d)
+    while [ $# -gt 0 ]; do
+        names+=("$1")
+        (phase "$1" "$2") >"${dir}/${#pids[@]}" 2>&1 &
+        pids+=($!)
+        shift 2
+    done
+    for index in "${!pids[@]}"; do
+        code=0
+        wait "${pids[${index}]}" || code=$?
+        cat "${dir}/${index}"
+        if [ "${code}" -ne 0 ]; then
+            echo "=== ${names[${index}]} failed (exit code ${code})" >&2
+            [ "${status}" -ne 0 ] || status=${code}
+        fi
+    done
+    rm -rf "${dir}"
+    return "${status}"
+}
+
 CONTAINERD_PID=/var/run/docker/containerd/containerd.pid
 
 alive() {

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
@@ -87,10 +88,14 @@ else:
 '''
 
 # What another account finds: every file it can read under the shared places, with the key in
-# it or not, and every directory it can list or enter under the private roots.
+# it or not, and every directory it can list or enter under the private roots. A file can hold a
+# key only if it was written after the key was made, and a write sets its ctime (which no program
+# can set back): files whose ctime is older than argv[1] are not read (the walk read gigabytes of
+# other checkouts and earlier tests' files, 50 s of the CI run).
 EXPLORE = r'''
-import json, os, sys
-keys = [k.encode() for k in sys.argv[1:]]
+import json, os, stat, sys
+since = float(sys.argv[1])
+keys = [k.encode() for k in sys.argv[2:]]
 found = {'readable_with_key': [], 'entered': [], 'listed': []}
 roots = ['/tmp', '/var/tmp', '/dev/shm', '/run', '/root', '/work']
 for top in roots:
@@ -98,7 +103,8 @@ for top in roots:
         for name in names:
             path = os.path.join(folder, name)
             try:
-                if os.path.isfile(path) and os.path.getsize(path) < 10_000_000:
+                info = os.stat(path)
+                if stat.S_ISREG(info.st_mode) and info.st_size < 10_000_000 and info.st_ctime >= since:
                     data = open(path, 'rb').read()
                     if any(k in data for k in keys):
                         found['readable_with_key'].append(path)
@@ -176,19 +182,28 @@ print(json.dumps(reached))
 '''
 
 
+@pytest.fixture
+def before_kernel() -> float:
+    """The time before the test's kernel (and so its keys) was made: listed before ``kernel``, it runs first."""
+    return time.time() - 1  # ctime lags the clock by a tick
+
+
 @pytest.mark.security("attack", "channel")
 @pytest.mark.parametrize("kernel", ["runc"], indirect=True)  # host files and sockets: the container's runtime plays no part
-async def test_another_account_finds_no_key_and_reaches_no_kernel(kernel, docker_engine, other_user, record_property) -> None:
+async def test_another_account_finds_no_key_and_reaches_no_kernel(
+    before_kernel, kernel, docker_engine, other_user, record_property
+) -> None:
     """Another account searches the shared places for keys and connects to every socket the launcher serves."""
     km, kc = kernel
     launcher = launcher_pid(km)
+    assert before_kernel < psutil.Process(launcher).create_time(), "the walk's start time is not before the kernel's"
     client_key = km.session.key.decode()
     container = docker_engine.containers.list(filters={"label": f"{LABEL_KERNEL_ID}={km.kernel_id}"})[0]
     kernel_key = next(e.split("=", 1)[1] for e in container.attrs["Config"]["Env"] if e.startswith("KERNEL_SANDBOX_KEY="))
     private = km.provisioner.private.path
     places = [str(private), str(private.parent)]  # the connection file (0600) is found by the walk, if readable
     explored = subprocess.run(
-        ["runuser", "-u", other_user.name, "--", "/usr/bin/python3", "-I", "-c", EXPLORE, client_key, kernel_key],
+        ["runuser", "-u", other_user.name, "--", "/usr/bin/python3", "-I", "-c", EXPLORE, str(before_kernel), client_key, kernel_key],
         input="\n".join(places), capture_output=True, text=True, timeout=300,
     )
     found = json.loads(explored.stdout)

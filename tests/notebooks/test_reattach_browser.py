@@ -27,7 +27,7 @@ from lab_kit import ARTIFACTS, LabServer, chromium, jupyterlab, kernel_sandbox_l
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
-ORPHAN_TIMEOUT = 60  # a server takes up to ~20 s to start on a loaded 2-core machine
+ORPHAN_TIMEOUT = 40  # a server takes up to ~20 s to start on a loaded 2-core machine: twice that
 CONFIG = """\
 c.ServerApp.kernel_manager_class = "kernel_sandbox.server.ReattachingKernelManager"
 c.ServerApp.session_manager_class = "kernel_sandbox.server.ReattachingSessionManager"
