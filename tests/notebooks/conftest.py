@@ -1,14 +1,15 @@
-"""Fixtures for the notebook, CLI and JupyterLab tests: a JupyterLab server with Docker kernels."""
+"""Fixtures for the notebook, CLI and JupyterLab tests: a JupyterLab server with Docker kernels, Chromium."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from kernel_sandbox.kernelspecs import install
 
-from lab_kit import LabServer, jupyterlab, remove_kernels_of
+from lab_kit import LabServer, chromium, jupyterlab, remove_kernels_of
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +24,10 @@ def lab_server(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield server
     left = remove_kernels_of(docker_engine, server.process.pid)
     assert not left, f"JupyterLab left {len(left)} kernel container(s) behind after it shut down"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (lab_kit.chromium), one per test module."""
+    with chromium() as browser:
+        yield browser
