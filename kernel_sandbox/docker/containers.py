@@ -7,6 +7,7 @@ what the sandbox is made of can be read (and unit-tested) without an engine.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -23,8 +24,8 @@ import requests.exceptions
 from docker.models.containers import Container
 
 from ..errors import ConfigError, EngineUnavailable, ImageMissing, KernelSandboxError
-from ..kernelside import source
-from ..kernelside.boot import KEY_ENV
+from ..kernelside import MAGICS, source, sources
+from ..kernelside.boot import KEY_ENV, MODULES_ENV
 from ..privdir import ADOPTED, PrivateDir, abandoned_dirs
 from ..provisioners.process import pid_alive
 from ..settings import HOME_DIR, WORK_DIR
@@ -209,6 +210,7 @@ def container_spec(
         "JPY_PARENT_PID": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         KEY_ENV: kernel_key,
+        MODULES_ENV: json.dumps(sources(MAGICS)),
     }
     spec: dict[str, Any] = {
         "command": ["python", "-c", source("boot"), *settings.kernel_cmd],

@@ -7,7 +7,8 @@ import os
 import socket
 import ssl
 import struct
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import EngineUnavailable
@@ -67,3 +68,45 @@ class Demux:
             if handler is not None:
                 handler(view[:count])
             view = view[count:]
+
+
+ERROR_TAIL_BYTES = 4096
+"""Bytes of a one-shot exec's stderr kept to say why it failed."""
+EXIT_POLLS = 50
+EXIT_POLL_SECONDS = 0.02
+
+
+def run_once(
+    client: Any,
+    container_id: str,
+    cmd: list[str],
+    stdin: Iterable[bytes],
+    stdout: Callable[[memoryview], None],
+    idle_timeout: float,
+) -> tuple[int, str]:
+    """Run ``cmd`` in the container, send it ``stdin``, hand its stdout to ``stdout`` as it arrives
+    (which may raise to stop it); return its exit code and the end of its stderr. Blocking: call
+    it in a thread. A stream quiet for ``idle_timeout`` s raises :class:`TimeoutError`."""
+    exec_id = client.api.exec_create(container_id, cmd, stdin=True, stdout=True, stderr=True)["Id"]
+    errors = bytearray()
+
+    def stderr(data: memoryview) -> None:
+        errors.extend(data[: max(0, ERROR_TAIL_BYTES - len(errors))])
+
+    sock = own_socket(client.api.exec_start(exec_id, socket=True))
+    try:
+        sock.settimeout(idle_timeout)
+        for block in stdin:
+            sock.sendall(block)
+        demux = Demux(stdout, stderr)
+        while data := sock.recv(1024 * 1024):
+            demux.feed(data)
+    finally:
+        sock.close()
+    for _ in range(EXIT_POLLS):  # the stream may end a moment before the engine records the exit
+        found = client.api.exec_inspect(exec_id)
+        if not found.get("Running"):
+            break
+        time.sleep(EXIT_POLL_SECONDS)
+    code = found.get("ExitCode")
+    return (code if isinstance(code, int) else -1), errors.decode(errors="replace").strip()

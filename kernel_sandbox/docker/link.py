@@ -42,6 +42,7 @@ from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import HELLO
 from ..launch import egress, journal
+from ..launch.checkpoints import REQUEST, CheckpointStore
 from ..launch.front import (
     DELIM,
     PROTOCOL_VERSION,
@@ -54,9 +55,10 @@ from ..launch.front import (
 )
 from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
-from ..privdir import LAUNCHER_STATE
+from ..privdir import LAUNCHER_STATE, PrivateDir
 from ..settings import MiB
 from . import watchdog
+from .blobs import ContainerFiles
 from .containers import (
     applied_limits,
     check_engine,
@@ -327,6 +329,8 @@ class DockerLink:
         self._checked = Usage()
         self._killed: str | None = None
         self._broken_by: ExitStatus | None = None
+        self._checkpoints: CheckpointStore | None = None
+        self._own_dir: PrivateDir | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -369,6 +373,7 @@ class DockerLink:
             request.private.write_json(
                 LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id}
             )
+        self._keep_checkpoints(front, client, container.id)
         await asyncio.to_thread(self._watch_events)
         await self._attach_output()
         try:
@@ -398,6 +403,22 @@ class DockerLink:
                 task.cancel()
         self.output.release()
         self._probing = asyncio.ensure_future(self._probe_engine())
+
+    def _keep_checkpoints(self, front: Front, client: Any, container_id: str) -> None:
+        """Serve ``%checkpoint`` and ``%restore`` (:mod:`..launch.checkpoints`) from the kernel's
+        private directory (a client that ran the kernelspec's argv has none: one of the
+        launcher's own, for its life); pass on the offer a predecessor that ran out of memory
+        left."""
+        private = self.request.private
+        if private is None:
+            private = self._own_dir = PrivateDir.create()
+        files = ContainerFiles(client, container_id, self.settings.image)
+        store = CheckpointStore(private.path, files, self.settings.checkpoint_max_bytes, "docker")
+        self._checkpoints = store
+        front.kernel_requests[REQUEST] = store.handle
+        offer = store.take_offer()
+        if offer is not None:
+            front.notice_next_cell(offer)
 
     async def _start_egress(self) -> None:
         """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before
@@ -736,6 +757,10 @@ class DockerLink:
             code = int(attributes.get("exitCode", 1))
             if self._broken_by is not None and not self._oom and self._killed is None:
                 self._end(self._broken_by)
+            if code and self._shutdown_asked and not self._oom and self._killed is None:
+                # asked to shut down, it did: an abort in the interpreter's teardown is no crash
+                log.info("the kernel exited with code %d on its way out after shutdown", code)
+                code = 0
             self._end(ExitStatus(code or (137 if self._oom else 0), self._ending(code)))
 
     def _broken(self, status: ExitStatus) -> None:
@@ -829,6 +854,8 @@ class DockerLink:
     def _end(self, status: ExitStatus) -> None:
         if not self._ended.done():
             self._ended.set_result(status)
+            if self._oom and self.settings.checkpoint_on_oom and self._checkpoints is not None:
+                self._checkpoints.leave_offer(status.reason)
 
     async def ended(self) -> ExitStatus:
         """Wait until the kernel has ended, and say how."""
@@ -897,6 +924,8 @@ class DockerLink:
                 )
         if self._egress is not None:
             await self._egress.close()
+        if self._own_dir is not None:
+            self._own_dir.remove()
         watchdog.release(self._watchdog, done=removed)
         if self._events is not None:
             self._events.close()

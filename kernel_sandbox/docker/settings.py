@@ -38,6 +38,7 @@ from ..settings import (
     _text,
     _tmpfs,
     _user,
+    parse_size,
 )
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
@@ -133,6 +134,17 @@ class DockerSettings(BackendSettings):
         "Sum of the memory limits of the Docker kernels the client's process may run at once, "
         "standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no "
         "limit.",
+    )
+    checkpoint_max_bytes: int = _option(
+        "1g",
+        parse_size,
+        "The largest checkpoint %checkpoint may keep on the host for one kernel (e.g. 512m, 2g).",
+    )
+    checkpoint_on_oom: bool = _option(
+        False,
+        _flag,
+        "After the kernel runs out of memory and is restarted, its first cell says that the "
+        "checkpoint made with %checkpoint is kept, for %restore.",
     )
 
     def __post_init__(self) -> None:

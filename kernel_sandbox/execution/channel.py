@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FramingError, ResultLimitError
-from ..kernelside import source
+from ..kernelside import sources
 from ..kernelside.toolhost import CHUNK, TARGET, VERSION
 from .decode import DecodeLimits
 
@@ -45,10 +45,6 @@ __all__ = ["CHUNK", "TARGET", "VERSION", "Answer", "bootstrap_cell", "new_marker
 def new_marker() -> str:
     """A fresh random marker for one request."""
     return secrets.token_hex(16)
-
-
-def _sources() -> dict[str, str]:
-    return {f"_kernel_sandbox_{name}": source(name) for name in MODULES}
 
 
 BOOT = """
@@ -78,7 +74,7 @@ def bootstrap_cell(
         "channel": channel,
         "version": VERSION,
         "install": install,
-        "sources": _sources() if install else {},
+        "sources": sources(MODULES) if install else {},
     }
     return f"(lambda ns: exec({BOOT!r}, ns) or ns['result'])({namespace!r})"
 

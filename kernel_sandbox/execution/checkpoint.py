@@ -20,7 +20,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import (
     CallTimeoutError,
@@ -114,12 +114,11 @@ class Checkpoint:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the checkpoint to a new file at ``path`` (0600): a JSON header, then the blob as it
         is."""
-        header = json.dumps(self._header()).encode()
         fd = os.open(
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
         )
         with os.fdopen(fd, "wb") as handle:
-            handle.write(MAGIC + struct.pack(">Q", len(header)) + header)
+            write_header(handle, self._header())
             handle.write(self.data)
 
     @classmethod
@@ -130,29 +129,9 @@ class Checkpoint:
         ``max_bytes`` or when its sha256 is not the recorded one (:class:`CheckpointError`)."""
         _check_cap(max_bytes)
         with open(path, "rb") as handle:
-            if handle.read(len(MAGIC)) != MAGIC:
-                raise CheckpointError(
-                    f"{os.fspath(path)!r} is not a kernel-sandbox checkpoint file"
-                )
-            (length,) = struct.unpack(">Q", handle.read(8).rjust(8, b"\0"))
-            if length > MAX_HEADER_BYTES:
-                raise CheckpointError(
-                    f"{os.fspath(path)!r}: its header claims {length} bytes, over "
-                    f"{MAX_HEADER_BYTES}"
-                )
-            try:
-                header = json.loads(handle.read(length))
-            except ValueError as exc:
-                raise CheckpointError(
-                    f"{os.fspath(path)!r}: its header is not valid JSON ({exc})"
-                ) from None
-            if not isinstance(header, dict) or type(header.get("size")) is not int:
-                raise CheckpointError(f"{os.fspath(path)!r}: its header has no size")
-            if header["size"] > max_bytes:
-                raise CheckpointError(
-                    f"Refused {os.fspath(path)!r}: its checkpoint is {header['size']} bytes, over "
-                    f"max_bytes={max_bytes} (Checkpoint.load(max_bytes=...)); nothing was read."
-                )
+            header = read_header(
+                handle, os.fspath(path), max_bytes, "Checkpoint.load(max_bytes=...)"
+            )
             data = handle.read(header["size"] + 1)
         if len(data) != header["size"]:
             raise CheckpointError(
@@ -170,12 +149,44 @@ class Checkpoint:
             )
 
 
+def write_header(handle: BinaryIO, header: dict[str, Any]) -> None:
+    """Start a checkpoint file: :data:`MAGIC`, the header's length and the header as JSON (the blob
+    follows)."""
+    data = json.dumps(header).encode()
+    handle.write(MAGIC + struct.pack(">Q", len(data)) + data)
+
+
+def read_header(handle: BinaryIO, name: str, max_bytes: int, option: str) -> dict[str, Any]:
+    """The header of the checkpoint file open in ``handle`` (left at the blob's start), refused
+    (:class:`CheckpointError`, naming ``option``) when its blob is over ``max_bytes``."""
+    if handle.read(len(MAGIC)) != MAGIC:
+        raise CheckpointError(f"{name!r} is not a kernel-sandbox checkpoint file")
+    (length,) = struct.unpack(">Q", handle.read(8).rjust(8, b"\0"))
+    if length > MAX_HEADER_BYTES:
+        raise CheckpointError(
+            f"{name!r}: its header claims {length} bytes, over {MAX_HEADER_BYTES}"
+        )
+    try:
+        header = json.loads(handle.read(length))
+    except ValueError as exc:
+        raise CheckpointError(f"{name!r}: its header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict) or type(header.get("size")) is not int:
+        raise CheckpointError(f"{name!r}: its header has no size")
+    if header["size"] > max_bytes:
+        raise CheckpointError(
+            f"Refused {name!r}: its checkpoint is {header['size']} bytes, over "
+            f"max_bytes={max_bytes} ({option}); nothing was read."
+        )
+    return header
+
+
 def _check_cap(max_bytes: Any) -> None:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
         raise ConfigError(f"max_bytes must be a number of bytes, not {max_bytes!r}")
 
 
-def _strings(value: Any, what: str) -> tuple[str, ...]:
+def strings(value: Any, what: str) -> tuple[str, ...]:
+    """``value`` (from a sandbox) as a tuple of names, or :class:`FramingError` naming ``what``."""
     if (
         not isinstance(value, list)
         or len(value) > MAX_NAMES
@@ -185,7 +196,9 @@ def _strings(value: Any, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _reasons(value: Any, what: str) -> dict[str, str]:
+def reasons(value: Any, what: str) -> dict[str, str]:
+    """``value`` (from a sandbox) as names with reasons, or :class:`FramingError` naming
+    ``what``."""
     if (
         not isinstance(value, dict)
         or len(value) > MAX_NAMES
@@ -204,10 +217,10 @@ def _from_header(header: dict[str, Any], data: bytes) -> Checkpoint:
             raise FramingError("a field has the wrong type")
         checkpoint = Checkpoint(
             data,
-            saved=_strings(header["saved"], "names saved"),
-            not_saved=_reasons(header["not_saved"], "names not saved"),
+            saved=strings(header["saved"], "names saved"),
+            not_saved=reasons(header["not_saved"], "names not saved"),
             files=header["files"],
-            files_not_saved=_reasons(header["files_not_saved"], "files not saved"),
+            files_not_saved=reasons(header["files_not_saved"], "files not saved"),
             **fields,
         )
     except (KeyError, FramingError) as exc:
@@ -247,10 +260,10 @@ async def take(sandbox: AsyncSandbox, max_bytes: int, timeout: float | None) -> 
         image,
         image_name,
         sandbox.backend,
-        _strings(report.get("saved"), "names saved"),
-        _reasons(report.get("not_saved"), "names not saved"),
+        strings(report.get("saved"), "names saved"),
+        reasons(report.get("not_saved"), "names not saved"),
         report.get("files") if type(report.get("files")) is int else 0,
-        _reasons(report.get("files_not_saved"), "files not saved"),
+        reasons(report.get("files_not_saved"), "files not saved"),
         datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
 

@@ -14,3 +14,14 @@ from importlib.resources import files
 def source(module: str) -> str:
     """The source text of ``kernel_sandbox.kernelside.<module>``, to send to the kernel."""
     return files(__name__).joinpath(f"{module}.py").read_text(encoding="utf-8")
+
+
+INSTALLED_PREFIX = "_kernel_sandbox_"
+"""A module installed into a running kernel is named ``_kernel_sandbox_<module>`` there."""
+MAGICS = ("workfiles", "checkpoint", "magics")
+"""The modules of ``%checkpoint`` and ``%restore``, in the order they are installed."""
+
+
+def sources(modules: tuple[str, ...]) -> dict[str, str]:
+    """``{installed name: source}`` of ``modules``, in order, for installing into a kernel."""
+    return {INSTALLED_PREFIX + name: source(name) for name in modules}

@@ -8,6 +8,11 @@ which nothing but the launcher's exec streams can reach: the container has no ot
 A ``python -m MODULE ...`` command runs in this same interpreter, with ipykernel's warning about
 TCP without encryption filtered out (the traffic never leaves the container's loopback); any
 other command is executed as it is.
+
+Such a ``python -m`` kernel also gets the magics ``%checkpoint`` and ``%restore``
+(:mod:`.magics`): their modules' sources arrive in ``KERNEL_SANDBOX_MODULES`` (a JSON object of
+module name to source, removed from the environment too), are installed under those names, and the
+magics are loaded as an IPython extension.
 """
 
 import json
@@ -15,6 +20,7 @@ import logging
 import os
 import runpy
 import sys
+import types
 
 PORTS = {
     "shell_port": 20001,
@@ -25,6 +31,8 @@ PORTS = {
 }
 """Below Linux's ephemeral port range, so a connection attempt can never take a kernel's port."""
 KEY_ENV = "KERNEL_SANDBOX_KEY"
+MODULES_ENV = "KERNEL_SANDBOX_MODULES"
+EXTENSION = "_kernel_sandbox_magics"
 SIGNATURE_SCHEME = "hmac-sha256"
 CONNECTION_FILE = "/tmp/kernel-sandbox-connection.json"
 LOOPBACK_WARNING = "Kernel is running over TCP without encryption"
@@ -56,11 +64,23 @@ class DropLoopbackWarning(logging.Filter):
         return not record.getMessage().startswith(LOOPBACK_WARNING)
 
 
-def run(argv):
-    """Run ``argv``: a ``python -m MODULE`` command in this interpreter, anything else by exec."""
+def install_modules(sources):
+    """Install each ``{name: source}`` module (in order) under its name; return the names."""
+    for name, text in sources.items():
+        module = types.ModuleType(name)
+        sys.modules[name] = module
+        exec(compile(text, "<" + name + ">", "exec"), module.__dict__)
+    return list(sources)
+
+
+def run(argv, modules=()):
+    """Run ``argv``: a ``python -m MODULE`` command in this interpreter (with the magics'
+    extension when its module is in ``modules``), anything else by exec."""
     if len(argv) >= 3 and os.path.basename(argv[0]) in PYTHON_NAMES and argv[1] == "-m":
         logging.getLogger("IPKernelApp").addFilter(DropLoopbackWarning())
         sys.argv = [argv[2], *argv[3:]]
+        if EXTENSION in modules:
+            sys.argv.append(f"--InteractiveShellApp.extra_extensions={EXTENSION}")
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         return
     os.execvp(argv[0], argv)
@@ -78,6 +98,7 @@ def make_package_dir(path):
 def main(cmd):
     """Write the connection file from the environment and run the kernel command ``cmd``."""
     key = os.environ.pop(KEY_ENV, "")
+    sources = json.loads(os.environ.pop(MODULES_ENV, "") or "{}")
     if not key or not cmd:
         sys.stderr.write(
             f"kernel-sandbox boot: no {KEY_ENV} in the environment or no kernel command\n"
@@ -85,7 +106,7 @@ def main(cmd):
         return 2
     write_connection_file(CONNECTION_FILE, connection_info(key))
     make_package_dir(os.environ.get("PIP_TARGET"))
-    run(kernel_argv(cmd, CONNECTION_FILE))
+    run(kernel_argv(cmd, CONNECTION_FILE), install_modules(sources))
     return 0
 
 

@@ -43,7 +43,8 @@ _AREA = "_kernel_sandbox_checkpoint_area"
 def area():
     """This kernel's directory for checkpoint blobs (made once, 0700), on the roomiest writable
     filesystem of home and the temporary directory: outside the work directory."""
-    holder = sys.modules.get("_kernel_sandbox_state")
+    # the helper's state module, else this module (a kernel with the magics but no helper yet)
+    holder = sys.modules.get("_kernel_sandbox_state") or sys.modules.get(__name__)
     path = getattr(holder, _AREA, None)
     if path and os.path.isdir(path):
         return path

@@ -319,6 +319,10 @@ class Front:
         """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` →
         ``x_reply``): only a client holding the connection key can send them; the kernel never sees
         them."""
+        self.kernel_requests: dict[str, Callable[[Any], None]] = {}
+        """IOPub messages of the kernel's addressed to the launcher, by ``msg_type``
+        (:mod:`.checkpoints`): handed to their handler, never to a client."""
+        self._notice: str | None = None
         self._failed: tuple[bytes, str] | None = None
         """The parent header and text of the last error published, until its request goes idle."""
 
@@ -391,6 +395,8 @@ class Front:
             if channel == "control" and self._answer(*message):
                 return
             self._link.send(channel, *message)
+            if self._notice is not None and channel == "shell":
+                self._tell_first_cell(*message)
 
         return handle
 
@@ -411,6 +417,17 @@ class Front:
         if not self._readers["control"].send([*idents, DELIM, self._signer.sign(reply), *reply]):
             log.warning("dropped a %s: the client does not read its control channel", reply_type)
         return True
+
+    def notice_next_cell(self, text: str) -> None:
+        """Show ``text`` (on stderr, marked as the launcher's) in the next cell a client runs."""
+        self._notice = text
+
+    def _tell_first_cell(self, idents: list[bytes], parts: list[bytes]) -> None:
+        if _msg_type(parts[0]) != "execute_request" or self._notice is None:
+            return
+        text, self._notice = self._notice, None
+        content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {text}\n"})
+        self.from_kernel("iopub", [], [self._header("stream"), bytes(parts[0]), b"{}", content])
 
     def _usage(self, content: Any) -> dict[str, Any]:
         """Answer jupyter-resource-usage's ``usage_request`` from the host's reading of the
@@ -498,6 +515,16 @@ class Front:
         bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
         dropped and logged; the session goes on.
         """
+        if (
+            channel == "iopub"
+            and self.kernel_requests
+            and isinstance(parts[0], bytes)
+            and b'"kernel_sandbox_' in parts[0]
+        ):
+            handler = self.kernel_requests.get(_msg_type(parts[0]) or "")
+            if handler is not None:
+                handler(_json(bytes(parts[3])))
+                return
         if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
             try:
                 self._watch_errors(idents, parts)

@@ -201,6 +201,24 @@ async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFix
         assert "out of memory, limit 128 MiB" in caplog.text
 
 
+async def test_an_abort_on_the_way_out_of_a_shutdown_is_no_crash_and_one_before_is(caplog: pytest.LogCaptureFixture) -> None:
+    """A kernel that aborts (SIGABRT, exit code 134) in its teardown after a shutdown_request ended as
+    asked: nothing is logged as an error. The same abort in a cell is the crash it is."""
+    manager = AsyncKernelManager(kernel_name="sandboxed-python")
+    await manager.start_kernel()
+    await run(manager, "import atexit, os\natexit.register(os.abort)")
+    await manager.shutdown_kernel()
+    assert "exit code 134" not in caplog.text
+    manager = AsyncKernelManager(kernel_name="sandboxed-python")
+    manager.autorestart = False
+    async with started_client(manager, timeout=60) as kc:
+        kc.execute("import os; os.abort()")
+        deadline = time.monotonic() + 60
+        while await manager.provisioner.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert manager.provisioner.exit_reason == "exit code 134"
+
+
 async def test_shutdown_leaves_nothing(docker_engine) -> None:
     manager = AsyncKernelManager(kernel_name="sandboxed-python")
     await manager.start_kernel()

@@ -59,6 +59,8 @@ def test_tmpfs_sizes_fit_in_memory_and_belong_to_the_kernel_user() -> None:
 
 def test_environment_holds_only_what_is_given_and_the_kernel_key() -> None:
     env = spec(env={"GREETING": "hi"})["environment"]
+    modules = json.loads(env.pop("KERNEL_SANDBOX_MODULES"))  # the magics' sources, for the boot
+    assert list(modules) == ["_kernel_sandbox_workfiles", "_kernel_sandbox_checkpoint", "_kernel_sandbox_magics"]
     assert env == {
         "FROM_SPEC": "1",
         "GREETING": "hi",

@@ -1,0 +1,150 @@
+"""``%checkpoint`` and ``%restore``: keep a kernel's variables across a restart, with the launcher
+on the host as the store (the kernel side; the host side: :mod:`kernel_sandbox.launch.checkpoints`).
+
+The boot (:mod:`.boot`) installs this module and loads it as an IPython extension. ``%checkpoint``
+saves the user's names and the work directory's files with :mod:`.checkpoint`, then asks the
+launcher, by an IOPub message of its own type (:data:`REQUEST`, never passed on to a client), to
+take the blob: the launcher pulls it out of the container and keeps it on the host, in the kernel's
+private directory, where it outlives a restart of the kernel (until the kernel is shut down).
+``%restore`` asks the launcher to put the kept blob back, and loads it. The launcher answers by
+writing a small JSON file at the path the request names; the magic waits for it. The launcher
+decides and checks everything (the size cap, the hash, the image): a kernel that forges requests
+reaches only its own checkpoint.
+"""
+
+import json
+import os
+import secrets
+import time
+
+try:  # inside the kernel, the boot installed the siblings under these names
+    import _kernel_sandbox_checkpoint as checkpoint
+except ImportError:  # on the host (tests run this module as code)
+    from kernel_sandbox.kernelside import checkpoint
+
+REQUEST = "kernel_sandbox_checkpoint"
+"""The IOPub message type of a request to the launcher."""
+ANSWER_TIMEOUT = 300.0
+"""Seconds to wait for the launcher's answer (it moves up to its size cap meanwhile)."""
+ANSWER_BYTES = 1024 * 1024
+POLL_SECONDS = 0.02
+SHOWN_NAMES = 20
+
+
+class CheckpointFailed(Exception):
+    """What the launcher or the kernel refused, in words; shown without a traceback."""
+
+    def _render_traceback_(self):
+        return [f"{type(self).__name__}: {self}"]
+
+
+def _ask(kernel, action, **fields):
+    """Send the launcher one request and return its answer (a dict), or raise
+    :class:`CheckpointFailed`."""
+    answer = os.path.join(checkpoint.area(), f"answer-{secrets.token_hex(16)}.json")
+    content = {"action": action, "answer": answer, **fields}
+    kernel.session.send(
+        kernel.iopub_socket,
+        REQUEST,
+        content,
+        parent=kernel.get_parent("shell"),
+        ident=kernel._topic(REQUEST),
+    )
+    deadline = time.monotonic() + ANSWER_TIMEOUT
+    while not os.path.exists(answer):
+        if time.monotonic() > deadline:
+            raise CheckpointFailed(
+                f"the launcher did not answer within {ANSWER_TIMEOUT:g} s (is this kernel "
+                "started by kernel-sandbox's launcher, version 0.1 or newer?)"
+            )
+        time.sleep(POLL_SECONDS)
+    try:
+        with open(answer, "rb") as handle:
+            reply = json.loads(handle.read(ANSWER_BYTES))
+    finally:
+        os.unlink(answer)
+    if not isinstance(reply, dict) or reply.get("status") != "ok":
+        why = reply.get("evalue") if isinstance(reply, dict) else None
+        raise CheckpointFailed(str(why or "the launcher refused the request"))
+    return reply
+
+
+def _names(names):
+    shown = ", ".join(names[:SHOWN_NAMES])
+    return shown + (f", ... ({len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else "")
+
+
+def _count(number, word):
+    return f"{number} {word}" + ("" if number == 1 else "s")
+
+
+def _size(count):
+    for unit in ("bytes", "KiB", "MiB"):
+        if count < 1024 or unit == "MiB":
+            return f"{count:g} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    return ""
+
+
+def report_text(report):
+    """The lines ``%checkpoint`` prints for the kernel's ``report``: what was saved, what not and
+    why."""
+    lines = [
+        f"Checkpoint kept by the host: {_count(len(report['saved']), 'name')} "
+        f"({_names(report['saved']) or 'none'}), {_count(report['files'], 'file')}, "
+        f"{_size(report['size'])}, sha256 {report['sha256'][:12]}.",
+    ]
+    for name, why in report["not_saved"].items():
+        lines.append(f"Not saved: {name} ({why})")
+    for path, why in report["files_not_saved"].items():
+        lines.append(f"File not saved: {path} ({why})")
+    lines.append("It outlives a restart of this kernel: run %restore in the new kernel.")
+    return "\n".join(lines)
+
+
+class Magics:
+    """The two line magics, for one shell whose work directory is ``work``."""
+
+    def __init__(self, shell, work):
+        self.shell, self.work = shell, work
+
+    def checkpoint(self, line):
+        """%checkpoint: save the names you defined and the work directory's files; the host
+        keeps them for %restore, across a restart of this kernel."""
+        _no_arguments("checkpoint", line)
+        report = checkpoint.save(self.work)
+        try:
+            _ask(
+                self.shell.kernel,
+                "checkpoint",
+                blob=os.path.join(checkpoint.area(), checkpoint.BLOB),
+                **report,
+            )
+        finally:
+            checkpoint.drop()
+        print(report_text(report))
+
+    def restore(self, line):
+        """%restore: load the checkpoint the host keeps for this kernel (made by %checkpoint)."""
+        _no_arguments("restore", line)
+        blob = os.path.join(checkpoint.area(), checkpoint.BLOB)
+        answer = _ask(self.shell.kernel, "restore", blob=blob)
+        loaded = checkpoint.load(self.work, answer["sha256"])
+        made = f" made {answer['created']}" if answer.get("created") else ""
+        print(
+            f"Restored {_count(len(loaded['restored']), 'name')} "
+            f"({_names(loaded['restored']) or 'none'}) and {_count(loaded['files'], 'file')} from "
+            f"the checkpoint{made}."
+        )
+
+
+def _no_arguments(name, line):
+    if line.strip():
+        raise CheckpointFailed(f"%{name} takes no arguments (got {line.strip()!r})")
+
+
+def load_ipython_extension(shell):
+    """Register ``%checkpoint`` and ``%restore`` (IPython calls this at the kernel's start)."""
+    magics = Magics(shell, os.getcwd())
+    shell.register_magic_function(magics.checkpoint, "line", "checkpoint")
+    shell.register_magic_function(magics.restore, "line", "restore")

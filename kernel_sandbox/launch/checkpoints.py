@@ -1,0 +1,241 @@
+"""The launcher's store of a kernel's last checkpoint: the host side of ``%checkpoint`` and
+``%restore`` (the kernel side: :mod:`kernel_sandbox.kernelside.magics`).
+
+A request is an IOPub message of the kernel's, of type :data:`REQUEST`, which the front hands here
+and never to a client (:attr:`Front.kernel_requests`). The store keeps one checkpoint per kernel,
+in the kernel's private directory on the host (:data:`KEPT`, 0600, in the format of
+:meth:`Checkpoint.save`, so :meth:`Checkpoint.load` reads it): the next ``%checkpoint`` replaces it,
+a restart of the kernel keeps it, and it goes with the directory when the kernel is shut down.
+
+Everything in a request is untrusted. Each field is checked for type and size; the blob is pulled
+only when the size the kernel states is within ``checkpoint_max_bytes``, is counted as it arrives
+(refused past the stated size) and hashed by the host, and is never opened here; a checkpoint is
+restored only into the image it was made in. One request is served at a time; one that comes
+meanwhile (the magic waits for its answer, so a forged one) is dropped. The answer is a small JSON
+file the launcher writes into the container at the path the request names, which the magic waits
+for. The bytes move through the backend's :class:`BlobChannel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol, TypeGuard
+
+from ..errors import CheckpointError, FramingError, KernelSandboxError
+from ..kernelside.magics import REQUEST
+from .journal import note
+
+KEPT = "checkpoint"
+"""The kept checkpoint's file in the kernel's private directory."""
+OFFER = "checkpoint-offer.json"
+"""Left in the private directory by a kernel that ran out of memory with ``checkpoint_on_oom``."""
+MAX_PATH = 4096
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+log = logging.getLogger("kernel_sandbox.launch")
+
+__all__ = ["KEPT", "OFFER", "REQUEST", "BlobChannel", "CheckpointStore"]
+
+
+class BlobChannel(Protocol):
+    """How a backend moves a file out of and into its sandbox, as the kernel's own user."""
+
+    async def pull(self, path: str, max_bytes: int, sink: Callable[[memoryview], None]) -> int:
+        """Hand the bytes of the sandbox's file ``path`` to ``sink``; return the size the sandbox
+        stated, after checking it is within ``max_bytes`` and that no more arrived
+        (:class:`CheckpointError`)."""
+
+    async def push(self, path: str, source: BinaryIO, size: int) -> None:
+        """Write ``size`` bytes of ``source`` to the sandbox's file ``path``, whole or not at
+        all."""
+
+    async def image(self) -> tuple[str, str]:
+        """The id of the image the kernel runs, and its name."""
+
+
+class CheckpointStore:
+    """One kernel's kept checkpoint in ``directory`` (its private directory)."""
+
+    def __init__(self, directory: Path, channel: BlobChannel, max_bytes: int, backend: str) -> None:
+        self.path = directory / KEPT
+        self.offer_path = directory / OFFER
+        self.channel = channel
+        self.max_bytes = max_bytes
+        self.backend = backend
+        self._serving = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle(self, content: Any) -> None:
+        """Serve one request of the kernel's (in a task: the front goes on relaying)."""
+        answer = content.get("answer") if isinstance(content, dict) else None
+        if not _path(answer):
+            note(log, logging.WARNING, "dropped a checkpoint request without a valid answer path")
+            return
+        if self._serving:
+            # the magic waits for its answer, so only a forged request comes now: not one exec more
+            note(log, logging.WARNING, "dropped a checkpoint request: one is still being served")
+            return
+        self._serving = True
+        task = asyncio.ensure_future(self._serve(content, answer))
+        self._tasks.add(task)  # held until done (the loop keeps only weak references)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, content: dict[str, Any], answer: str) -> None:
+        try:
+            if content.get("action") == "checkpoint":
+                reply = await self._keep(content)
+            elif content.get("action") == "restore":
+                reply = await self._give(content)
+            else:
+                reply = _error(f"unknown action {content.get('action')!r}")
+        except (KernelSandboxError, OSError) as exc:
+            reply = _error(str(exc))
+        except Exception as exc:  # a request is answered, never fatal to the launcher
+            log.exception("could not serve a checkpoint request")
+            reply = _error(f"the launcher failed: {exc!r}")
+        finally:
+            self._serving = False  # before the answer: the magic may send its next request at once
+        await self._answer(answer, reply)
+
+    async def _answer(self, path: str, reply: dict[str, Any]) -> None:
+        data = json.dumps(reply).encode()
+        try:
+            await self.channel.push(path, io.BytesIO(data), len(data))
+        except (KernelSandboxError, OSError) as exc:
+            log.warning("could not answer the kernel's checkpoint request: %s", exc)
+
+    async def _keep(self, content: dict[str, Any]) -> dict[str, Any]:
+        """Pull the blob the kernel made into :data:`KEPT`, replacing the one kept before."""
+        header = _stated(content)
+        if header["size"] > self.max_bytes:
+            raise CheckpointError(
+                f"Refused the checkpoint: it is {header['size']} bytes, over "
+                f"checkpoint_max_bytes={self.max_bytes}; nothing was pulled (raise "
+                "checkpoint_max_bytes in the kernelspec's config, or del big names first)."
+            )
+        image, image_name = await self.channel.image()
+        header.update(
+            image=image,
+            image_name=image_name,
+            backend=self.backend,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        )
+        from ..execution.checkpoint import write_header
+
+        part = self.path.with_name(KEPT + ".part")
+        part.unlink(missing_ok=True)
+        digest = hashlib.sha256()
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                write_header(handle, header)
+
+                def sink(data: memoryview) -> None:
+                    digest.update(data)
+                    handle.write(data)
+
+                stated = await self.channel.pull(content["blob"], header["size"], sink)
+            if stated != header["size"] or digest.hexdigest() != header["sha256"]:
+                raise CheckpointError(
+                    "Refused the checkpoint: the blob pulled is not the one the kernel stated "
+                    "(its size or sha256 differs); the checkpoint kept before is unchanged."
+                )
+            os.replace(part, self.path)
+        finally:
+            part.unlink(missing_ok=True)
+        self.offer_path.unlink(missing_ok=True)
+        return {"status": "ok", "size": header["size"], "sha256": header["sha256"]}
+
+    async def _give(self, content: dict[str, Any]) -> dict[str, Any]:
+        """Write the kept blob where the kernel asks, if it was made in the image it runs."""
+        if not _path(content.get("blob")):
+            raise CheckpointError("the restore request names no valid path for the blob")
+        from ..execution.checkpoint import read_header
+
+        try:
+            handle = open(self.path, "rb")
+        except FileNotFoundError:
+            raise CheckpointError(
+                "No checkpoint is kept for this kernel: run %checkpoint first (a checkpoint "
+                "outlives restarts of the kernel, not its shutdown)."
+            ) from None
+        with handle:
+            header = read_header(handle, str(self.path), self.max_bytes, "checkpoint_max_bytes")
+            image, image_name = await self.channel.image()
+            if header.get("image") != image:
+                raise CheckpointError(
+                    f"Refused %restore: the checkpoint was made in image "
+                    f"{header.get('image_name')!r} ({header.get('image')}) and this kernel runs "
+                    f"{image_name!r} ({image}); a checkpoint restores only into the image it was "
+                    "made in."
+                )
+            await self.channel.push(content["blob"], handle, header["size"])
+        self.offer_path.unlink(missing_ok=True)
+        return {"status": "ok", "sha256": header["sha256"], "created": header.get("created", "")}
+
+    def kept(self) -> bool:
+        """True when a checkpoint is kept for this kernel."""
+        return self.path.is_file()
+
+    def leave_offer(self, reason: str) -> None:
+        """Leave word for the kernel started next (``checkpoint_on_oom``): it ended, and why."""
+        if self.kept():
+            self.offer_path.write_text(json.dumps({"reason": reason}))
+
+    def take_offer(self) -> str | None:
+        """The note for the first cell of a kernel whose predecessor left an offer, once."""
+        try:
+            data = json.loads(self.offer_path.read_text())
+        except (OSError, ValueError):
+            return None
+        finally:
+            self.offer_path.unlink(missing_ok=True)
+        reason = data.get("reason") if isinstance(data, dict) else None
+        return (
+            f"The kernel before this one ended ({reason or 'out of memory'}) and was restarted; "
+            "the checkpoint you made with %checkpoint is kept: run %restore to load it."
+        )
+
+
+def _path(value: Any) -> TypeGuard[str]:
+    return (
+        isinstance(value, str)
+        and value.startswith("/")
+        and len(value) <= MAX_PATH
+        and "\0" not in value
+    )
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"status": "error", "evalue": text[:2000]}
+
+
+def _stated(content: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's header from what the kernel states, checked for shape."""
+    from ..execution.checkpoint import reasons, strings
+
+    size, digest, files = content.get("size"), content.get("sha256"), content.get("files")
+    if type(size) is not int or size < 0 or type(files) is not int or not isinstance(digest, str):
+        raise CheckpointError("the checkpoint request states no size")
+    if not _SHA256.fullmatch(digest) or not _path(content.get("blob")):
+        raise CheckpointError("the checkpoint request states no sha256 or no valid path")
+    try:
+        return {
+            "size": size,
+            "sha256": digest,
+            "saved": list(strings(content.get("saved"), "names saved")),
+            "not_saved": reasons(content.get("not_saved"), "names not saved"),
+            "files": files,
+            "files_not_saved": reasons(content.get("files_not_saved"), "files not saved"),
+        }
+    except FramingError as exc:
+        raise CheckpointError(f"the checkpoint request is malformed: {exc}") from None

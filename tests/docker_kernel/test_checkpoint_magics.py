@@ -1,0 +1,324 @@
+"""``%checkpoint`` and ``%restore`` in a Sandboxed Python kernel, with the launcher as the store
+(:mod:`kernel_sandbox.kernelside.magics`, :mod:`kernel_sandbox.launch.checkpoints`), on real Docker
+kernels restarted as JupyterLab restarts them.
+
+The variables and work files come back in a new container; what cannot be pickled is named; the
+host keeps the blob in the kernel's private directory (0600), never opened; a kernel that forges
+requests (over the cap, understating its size, a symlink or a FIFO for its blob, malformed shapes,
+a flood) gets refusals and reaches only its own checkpoint; after an out-of-memory restart with
+``checkpoint_on_oom`` the first cell says the checkpoint is kept.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import stat
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+
+import kernel_sandbox.docker.blobs as blobs
+import kernel_sandbox.launch.checkpoints as store
+from kernel_sandbox.execution import Checkpoint
+from kernel_sandbox.kernelside.magics import REQUEST
+from kernel_sandbox.kernelspecs import started_client
+
+from kernel_kit import RUNTIMES, runtime_option
+
+pytestmark = pytest.mark.usefixtures("docker_engine")
+
+MADE = """
+import numpy as np, socket, threading, os
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+x = 41 + 1
+triple = lambda v: v * x
+point = Point(3, 4)
+array = np.arange(12).reshape(3, 4)
+sock = socket.socket()
+worker = threading.Thread(target=lambda: None)
+os.makedirs("out", exist_ok=True)
+open("out/report.txt", "w").write("made before the checkpoint")
+"""
+FORGE = """
+import json, os, time, secrets, _kernel_sandbox_checkpoint as ck
+def forge(**content):
+    '''Send the launcher a request of our own and wait for its answer (None: none came).'''
+    answer = os.path.join(ck.area(), f"answer-{secrets.token_hex(8)}.json")
+    k = get_ipython().kernel
+    k.session.send(k.iopub_socket, "kernel_sandbox_checkpoint", {"answer": answer, **content},
+                   parent=k.get_parent("shell"), ident=b"kernel_sandbox_checkpoint")
+    for _ in range(300):
+        if os.path.exists(answer):
+            reply = json.load(open(answer)); os.unlink(answer); return reply
+        time.sleep(0.05)
+def report(path, size=None, sha=None):
+    import hashlib
+    data = open(path, "rb").read()
+    return dict(action="checkpoint", blob=path, size=len(data) if size is None else size,
+                sha256=sha or hashlib.sha256(data).hexdigest(), saved=["y"], not_saved={}, files=0,
+                files_not_saved={})
+"""
+
+
+def manager(**settings: Any) -> AsyncKernelManager:
+    """A manager of the Docker kernelspec with these provisioner settings, restarted as JupyterLab
+    restarts (the launcher's private directory is kept)."""
+    km = AsyncKernelManager(
+        kernel_name="sandboxed-python", config=Config({"DockerProvisioner": settings})
+    )
+    km.autorestart = False
+    return km
+
+
+async def cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
+    """Run ``code``; return its stdout and stderr together, and the reply's content."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+
+    reply = await kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return "".join(out), reply["content"]
+
+
+async def restart(km: AsyncKernelManager, kc: Any) -> None:
+    await km.restart_kernel(now=True)
+    await kc.wait_for_ready(timeout=120)
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    """A kernel (1 MiB checkpoint cap) with the forging helpers defined, and its client."""
+    km = manager(checkpoint_max_bytes="1m")
+    async with started_client(km) as kc:
+        assert (await cell(kc, FORGE))[1]["status"] == "ok"
+        yield km, kc
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_variables_and_files_come_back_in_the_restarted_kernels_new_container(runtime: str) -> None:
+    km = manager(**runtime_option(runtime))
+    async with started_client(km) as kc:
+        await cell(kc, MADE)
+        first_container = km.provisioner.container_id
+        text, reply = await cell(kc, "%checkpoint")
+        assert reply["status"] == "ok", text
+        assert "Checkpoint kept by the host: 9 names" in text
+        assert "Not saved: sock (TypeError: cannot pickle 'socket' object)" in text
+        assert "Not saved: worker (" in text
+        kept = km.provisioner.private.path / store.KEPT
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        checkpoint = Checkpoint.load(kept)  # the kept file is a checkpoint file, hash checked
+        assert set(checkpoint.saved) == {"Point", "array", "np", "os", "point", "socket", "threading", "triple", "x"}
+        assert set(checkpoint.not_saved) == {"sock", "worker"} and checkpoint.backend == "docker"
+
+        await restart(km, kc)
+        assert (await cell(kc, "print('x' in globals())"))[0] == "False\n"
+        text, reply = await cell(kc, "%restore")
+        assert reply["status"] == "ok", text
+        assert text.startswith("Restored 9 names (Point, array, np, os, point, socket, threading, triple, x) and 1 file from the checkpoint made "), text
+        after, _ = await cell(
+            kc,
+            "print(x, triple(2), point.x + point.y, array.sum(), open('out/report.txt').read(),"
+            " 'sock' in globals())",
+        )
+        assert after == "42 84 7 66 made before the checkpoint False\n"
+        assert km.provisioner.container_id != first_container, "the kernel was not restarted"
+        assert kept.exists(), "a restore keeps the checkpoint for the next restart"
+    assert not kept.exists(), "the checkpoint goes with the kernel's shutdown"
+
+
+async def test_restore_without_a_checkpoint_and_bad_arguments_say_what_to_do(
+    session: tuple[AsyncKernelManager, Any],
+) -> None:
+    _, kc = session
+    assert (await cell(kc, "print([k for k in os.environ if k.startswith('KERNEL_SANDBOX')])"))[0] == "[]\n"
+    text, reply = await cell(kc, "%restore")
+    assert reply["status"] == "error" and reply["ename"] == "CheckpointFailed"
+    assert "No checkpoint is kept for this kernel: run %checkpoint first" in text
+    text, reply = await cell(kc, "%checkpoint now")
+    assert "%checkpoint takes no arguments (got 'now')" in text
+
+
+@pytest.mark.security("attack", "results")
+async def test_a_checkpoint_over_the_cap_is_refused_before_it_is_pulled(
+    session: tuple[AsyncKernelManager, Any],
+) -> None:
+    km, kc = session
+    text, reply = await cell(kc, "big = os.urandom(2 * 1024 * 1024)\n%checkpoint")
+    assert reply["status"] == "error"
+    assert "over checkpoint_max_bytes=1048576; nothing was pulled" in text
+    assert not (km.provisioner.private.path / store.KEPT).exists()
+    assert not list(km.provisioner.private.path.glob("checkpoint*"))
+
+
+@pytest.mark.security("attack", "results")
+async def test_a_kernel_that_understates_its_blob_cannot_send_more_or_replace_the_kept_one(
+    session: tuple[AsyncKernelManager, Any],
+) -> None:
+    km, kc = session
+    assert (await cell(kc, "y = 1\n%checkpoint"))[1]["status"] == "ok"
+    kept = km.provisioner.private.path / store.KEPT
+    good = kept.read_bytes()
+    code = (
+        "open('/tmp/blob', 'wb').write(bytes(range(256)) * 400)\n"
+        "import hashlib\n"
+        "head = hashlib.sha256((bytes(range(256)) * 400)[:1000]).hexdigest()\n"
+        "print(forge(**report('/tmp/blob', size=1000, sha=head)))\n"  # states 1000 bytes of 102400
+        "print(forge(**report('/tmp/blob', sha='0' * 64)))\n"  # the right size, another hash
+    )
+    text, _ = await cell(kc, code)
+    first, second = text.splitlines()
+    assert "the file in the container is 102400 bytes, not the 1000 stated; nothing was kept" in first
+    assert "not the one the kernel stated" in second
+    assert kept.read_bytes() == good, "a refused checkpoint leaves the kept one as it was"
+    assert not list(km.provisioner.private.path.glob("checkpoint.part*"))
+
+
+@pytest.mark.security("attack", "container")
+async def test_a_blob_path_that_is_a_symlink_or_a_fifo_is_refused_and_blocks_nothing(
+    session: tuple[AsyncKernelManager, Any],
+) -> None:
+    km, kc = session
+    code = (
+        "os.symlink('/etc/passwd', '/tmp/link'); os.mkfifo('/tmp/fifo')\n"
+        "print(forge(**report('/etc/passwd') | {'blob': '/tmp/link'}))\n"
+        "print(forge(**report('/etc/passwd') | {'blob': '/tmp/fifo'}))\n"
+        "print(forge(action='restore', blob='/tmp/link'))\n"
+    )
+    text, _ = await cell(kc, code)
+    link, fifo, restore = text.splitlines()
+    assert "'status': 'error'" in link and "Too many levels of symbolic links" in link
+    assert "'status': 'error'" in fifo and "is not a regular file" in fifo
+    assert "No checkpoint is kept" in restore
+    assert not (km.provisioner.private.path / store.KEPT).exists()
+
+
+SHAPES = [
+    "[1, 2]",
+    "{'action': 'checkpoint'}",
+    "dict(report('/etc/hostname'), size='10')",
+    "dict(report('/etc/hostname'), size=-1)",
+    "dict(report('/etc/hostname'), sha256='not hex')",
+    "dict(report('/etc/hostname'), blob='relative/path')",
+    "dict(report('/etc/hostname'), blob='/tmp/\\x00nul')",
+    "dict(report('/etc/hostname'), saved=[1, 2])",
+    "dict(report('/etc/hostname'), not_saved=['a'])",
+    "dict(report('/etc/hostname'), files=True)",
+    "dict(action='erase', blob='/tmp/x')",
+    "dict(action='restore', blob=7)",
+]
+
+
+@pytest.mark.security("attack", "results")
+async def test_malformed_requests_are_refused_and_the_launcher_serves_on(
+    session: tuple[AsyncKernelManager, Any],
+) -> None:
+    km, kc = session
+    lines = "\n".join(f"print(repr(forge(**{shape})) if isinstance({shape}, dict) else 'skip')" for shape in SHAPES)
+    text, reply = await cell(kc, lines, timeout=300)
+    answers = text.splitlines()
+    assert reply["status"] == "ok" and len(answers) == len(SHAPES)
+    assert answers[0] == "skip"  # a list is no request: the cell itself sends it below
+    assert all("'status': 'error'" in answer for answer in answers[1:]), answers
+    # a request whose answer path is not a path, or whose content is not a mapping: dropped, no answer
+    code = (
+        "k = get_ipython().kernel\n"
+        "for content in ([1, 2], {'answer': 5}, {'answer': 'rel'}, 'text', None):\n"
+        "    k.session.send(k.iopub_socket, 'kernel_sandbox_checkpoint', json.dumps(content).encode(),"
+        " parent=k.get_parent('shell'))\n"
+        "k.session.send(k.iopub_socket, 'kernel_sandbox_checkpoint', b'\\xff not json',"
+        " parent=k.get_parent('shell'))\n"
+        "y = 2\n"
+    )
+    assert (await cell(kc, code))[1]["status"] == "ok"
+    text, reply = await cell(kc, "%checkpoint")
+    assert reply["status"] == "ok", text
+    assert not list(km.provisioner.private.path.glob("*.part*"))
+
+
+@pytest.mark.security("load", "results")
+async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no_client(
+    session: tuple[AsyncKernelManager, Any],
+) -> None:
+    km, kc = session
+    code = (
+        "open('/tmp/blob', 'wb').write(os.urandom(900_000))\n"
+        "k = get_ipython().kernel\n"
+        "for i in range(2000):\n"
+        "    k.session.send(k.iopub_socket, 'kernel_sandbox_checkpoint',"
+        " dict(report('/tmp/blob'), answer=f'/tmp/answer-{i}'), parent=k.get_parent('shell'))\n"
+    )
+    seen: list[str] = []
+
+    def watch(msg: dict[str, Any]) -> None:
+        seen.append(msg["msg_type"])
+
+    reply = await kc.execute_interactive(code, timeout=120, output_hook=watch)
+    assert reply["content"]["status"] == "ok"
+    assert REQUEST not in seen, "a request to the launcher reached a client"
+    # the launcher took the first and dropped the rest while it was busy: a handful of answers
+    count = "print(len([n for n in os.listdir('/tmp') if n.startswith('answer-')]))"
+    deadline = time.monotonic() + 60
+    while (await cell(kc, count))[0] == "0\n" and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2)  # any request served after the first would have answered by now
+    answered = int((await cell(kc, count))[0])
+    assert 1 <= answered < 100, f"{answered} of 2000 forged requests were served"
+    assert (await cell(kc, "print(1 + 1)"))[0] == "2\n"
+    assert (km.provisioner.private.path / store.KEPT).stat().st_size > 900_000
+
+
+async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoint() -> None:
+    km = manager(memory="256m", checkpoint_on_oom=True)
+    async with started_client(km) as kc:
+        assert (await cell(kc, "kept = 'before the hog'\n%checkpoint"))[1]["status"] == "ok"
+        kc.execute("hog = 'x' * (1024 ** 3)")
+        deadline = time.monotonic() + 60
+        while await km.provisioner.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert km.provisioner.exit_reason.startswith("out of memory")
+        await restart(km, kc)
+        text, _ = await cell(kc, "print('first')")
+        assert "[kernel-sandbox] The kernel before this one ended (out of memory, limit 256 MiB" in text
+        assert "run %restore to load it" in text
+        assert (await cell(kc, "print('second')"))[0] == "second\n", "said once"
+        text, reply = await cell(kc, "%restore\nprint(kept)")
+        assert reply["status"] == "ok" and text.endswith("before the hog\n"), text
+
+
+async def test_without_checkpoint_on_oom_an_out_of_memory_restart_offers_nothing(tmp_path: Path) -> None:
+    """The offer is opt-in: the store leaves one only when the link asks (unit, no container)."""
+    kept = store.CheckpointStore(tmp_path, None, 100, "docker")  # type: ignore[arg-type]
+    kept.leave_offer("out of memory")
+    assert kept.take_offer() is None, "no checkpoint kept: nothing to offer"
+    (tmp_path / store.KEPT).write_bytes(b"")
+    kept.leave_offer("out of memory, limit 256 MiB; raise memory")
+    assert "ended (out of memory, limit 256 MiB; raise memory)" in (kept.take_offer() or "")
+    assert kept.take_offer() is None, "an offer is said once"
+
+
+@pytest.mark.parametrize("module", [store, blobs], ids=["store", "blobs"])
+def test_the_hosts_checkpoint_code_holds_no_deserialiser(module: Any) -> None:
+    """An ``ast`` scan: the launcher's store and the container copy import no unpickler and call
+    no decoder but JSON (answers, offers)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    banned = {"pickle", "_pickle", "cloudpickle", "dill", "marshal", "shelve", "joblib", "zipfile", "tarfile"}
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert not (imported | names) & (banned | {"eval", "exec", "compile", "__import__", "Unpickler"})
+    decoders = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in ("load", "loads")]
+    assert all(isinstance(node.value, ast.Name) and node.value.id == "json" for node in decoders)
