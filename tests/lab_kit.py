@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, kernel_of, remove_container
 from kernel_sandbox.lab import LABEXTENSIONS
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -60,6 +60,13 @@ def remove_kernels_of(engine: Any, pid: int) -> list[Any]:
     for container in left:
         remove_container(container)
     return left
+
+
+def kernel_containers(engine: Any, pid: int, kernel_id: str) -> list[Any]:
+    """The running containers that process ``pid`` owns and that serve kernel ``kernel_id`` (a kernel
+    that started as an adopted standby keeps the standby's id label: kernel_of reads the right one)."""
+    owned = engine.containers.list(ignore_removed=True, filters={"label": [LABEL, f"{LABEL_OWNER_PID}={pid}"]})
+    return [container for container in owned if kernel_of(container.labels) == kernel_id]
 
 
 @dataclass

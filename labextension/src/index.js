@@ -7,9 +7,14 @@
 // <iframe sandbox="allow-scripts"> (no allow-same-origin: an opaque origin, so no cookie, no
 // same-origin request, no access to the page) whose document forbids every network load by its CSP.
 // Other kernels' outputs render as before. The frame reports its height by postMessage.
+//
+// A second plugin adds the command "Restart Kernel, Keep Variables" for notebooks on a sandboxed kernel:
+// %checkpoint (the launcher keeps the blob on the host), a restart, then %restore in the new kernel.
+import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
 import { IConsoleTracker } from '@jupyterlab/console';
 import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
 import { ITooltipManager } from '@jupyterlab/tooltip';
+import { Widget } from '@lumino/widgets';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
 // Rendered by JupyterLab without script or page-wide layout: left as they are.
@@ -198,10 +203,15 @@ function kernelspecOf(specs, name) {
   return name && specs && specs.kernelspecs ? specs.kernelspecs[name] : undefined;
 }
 
+// The name of the provisioner a kernelspec's metadata names, if any
+function provisionerOf(spec) {
+  const provisioner = spec.metadata && spec.metadata.kernel_provisioner;
+  return provisioner && typeof provisioner === 'object' ? provisioner.provisioner_name : undefined;
+}
+
 // A kernel-sandbox provisioner in its metadata, or the launcher in its argv (a kernelspec run without provisioner)
 function isSandboxedSpec(spec) {
-  const provisioner = spec.metadata && spec.metadata.kernel_provisioner;
-  if (provisioner && typeof provisioner === 'object' && PROVISIONERS.has(provisioner.provisioner_name)) {
+  if (PROVISIONERS.has(provisionerOf(spec))) {
     return true;
   }
   return Array.isArray(spec.argv) && spec.argv.some(arg => typeof arg === 'string' && arg.includes('kernel_sandbox.launch'));
@@ -334,4 +344,145 @@ const plugin = {
   }
 };
 
-export default plugin;
+const RESTART_KEEPING_VARIABLES = 'kernel-sandbox:restart-keep-variables';
+const KEEP_TITLE = 'Restart Kernel, Keep Variables';
+// The lines of %checkpoint's report that name what it could not save ("Not saved: s (why)",
+// "File not saved: path (why)"): their names go into the notification, which shows 140 characters.
+const NOT_SAVED = /^(?:File )?not saved: (.+?)(?: \(.*\))?$/i;
+
+// The backends whose kernels load %checkpoint and %restore at start (OpenSandbox kernels have the
+// execution API's checkpoint() only).
+const MAGIC_PROVISIONERS = new Set(['kernel-sandbox-docker']);
+
+// The kernel of notebook `panel` when its kernelspec is known and names a sandboxed backend with the
+// magics (a subset of isSandboxedSpec's), else null.
+function sandboxedKernelOf(app, panel) {
+  const session = panel && panel.sessionContext.session;
+  const kernel = session && session.kernel;
+  const spec = kernel && kernelspecOf(app.serviceManager.kernelspecs.specs, kernel.name);
+  return spec && MAGIC_PROVISIONERS.has(provisionerOf(spec)) ? kernel : null;
+}
+
+// Runs a line magic as a request of its own (not a cell: nothing shows in the notebook, no history) and
+// returns whether the kernel answered "ok", the stream text it printed, and its error.
+async function runMagic(kernel, code) {
+  const future = kernel.requestExecute({ code, silent: false, store_history: false, allow_stdin: false });
+  let output = '';
+  future.onIOPub = message => {
+    if (message.header.msg_type === 'stream') {
+      output += message.content.text;
+    }
+  };
+  const { content } = await future.done;
+  const error = content.status === 'error' ? `${content.ename}: ${content.evalue}` : `the kernel answered "${content.status}"`;
+  return { ok: content.status === 'ok', output: output.trim(), error: content.status === 'ok' ? '' : error };
+}
+
+// Resolves when `kernel` reports "idle" (a restarted kernel has answered), rejects if it dies first.
+function whenIdle(kernel) {
+  return new Promise((resolve, reject) => {
+    const check = () => {
+      if (kernel.status === 'idle' || kernel.status === 'dead') {
+        kernel.statusChanged.disconnect(check);
+        kernel.status === 'idle' ? resolve() : reject(new Error('the new kernel died as it started'));
+      }
+    };
+    kernel.statusChanged.connect(check);
+    check();
+  });
+}
+
+// A dialog with the magics' whole reports (the notification shows only their first 140 characters).
+function showDetails(text) {
+  const pre = document.createElement('pre');
+  pre.className = 'kernel-sandbox-keep-details';
+  pre.style.cssText = 'white-space:pre-wrap;max-width:70vw;max-height:60vh;overflow:auto';
+  pre.textContent = text;
+  return showDialog({ title: KEEP_TITLE, body: new Widget({ node: pre }), buttons: [Dialog.okButton()] });
+}
+
+// %checkpoint, then (only if it saved) a restart and %restore, reported as one notification that ends as
+// success, warning (something was not saved: named) or error (what failed, and whether the kernel restarted).
+async function restartKeepingVariables(app, panel) {
+  // One notification at the end (meanwhile the kernel's status shows busy, then restarting, as with JupyterLab's
+  // own restart): an "in-progress" one updated soon after it is emitted can keep its first text (JupyterLab 4.6).
+  const context = panel.sessionContext;
+  const log = [];
+  const finish = (type, message) =>
+    Notification.emit(message, type, {
+      autoClose: type === 'success' ? 5000 : false,
+      actions: [{ label: 'Details', caption: 'The reports of %checkpoint and %restore', callback: () => showDetails(log.join('\n\n')) }]
+    });
+  try {
+    const saved = await runMagic(context.session.kernel, '%checkpoint');
+    log.push(`%checkpoint: ${saved.output || '(no output)'}${saved.error ? `\n${saved.error}` : ''}`);
+    if (!saved.ok) {
+      return finish('error', `Kernel not restarted: %checkpoint failed (${saved.error})`);
+    }
+    await context.restartKernel(); // JupyterLab's own restart, without its "all variables will be lost" dialog
+    const kernel = context.session && context.session.kernel;
+    if (!context.isReady || !kernel) {
+      return finish('error', 'The kernel did not restart; its checkpoint is kept: run %restore once it is back');
+    }
+    await whenIdle(kernel);
+    const restored = await runMagic(kernel, '%restore');
+    log.push(`%restore: ${restored.output || '(no output)'}${restored.error ? `\n${restored.error}` : ''}`);
+    if (!restored.ok) {
+      return finish('error', `Kernel restarted, but %restore failed (${restored.error})`);
+    }
+    const lost = saved.output.split('\n').map(line => NOT_SAVED.exec(line.trim())).filter(Boolean).map(match => match[1]);
+    return lost.length
+      ? finish('warning', `Kernel restarted, variables kept. Not saved: ${lost.join(', ')}`)
+      : finish('success', 'Kernel restarted, variables kept.');
+  } catch (error) {
+    log.push(String((error && error.stack) || error));
+    return finish('error', `Restart keeping variables failed: ${(error && error.message) || error}`);
+  }
+}
+
+const restartPlugin = {
+  id: 'kernel-sandbox-frame:restart-keep-variables',
+  description: 'The command "Restart Kernel, Keep Variables" for notebooks on a sandboxed kernel (in the Kernel menu by its schema).',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ICommandPalette],
+  activate(app, notebooks, palette) {
+    const running = new WeakSet(); // the session contexts a restart keeping variables is under way in
+    app.commands.addCommand(RESTART_KEEPING_VARIABLES, {
+      label: KEEP_TITLE,
+      caption: 'Save the variables (%checkpoint), restart the kernel, load them back (%restore)',
+      // as JupyterLab's notebook commands: the current notebook, when it is the active widget
+      isEnabled: () => {
+        const panel = notebooks.currentWidget;
+        const current = panel !== null && panel === app.shell.currentWidget;
+        return current && !running.has(panel.sessionContext) && sandboxedKernelOf(app, panel) !== null;
+      },
+      execute: async () => {
+        const panel = notebooks.currentWidget;
+        if (!panel || !sandboxedKernelOf(app, panel) || running.has(panel.sessionContext)) {
+          return;
+        }
+        running.add(panel.sessionContext);
+        app.commands.notifyCommandChanged(RESTART_KEEPING_VARIABLES);
+        try {
+          await restartKeepingVariables(app, panel);
+        } finally {
+          running.delete(panel.sessionContext);
+          app.commands.notifyCommandChanged(RESTART_KEEPING_VARIABLES);
+        }
+      }
+    });
+    if (palette) {
+      palette.addItem({ command: RESTART_KEEPING_VARIABLES, category: 'Notebook Operations' });
+    }
+    // the palette and toolbars show the enabled state: refresh it when the notebook, its kernel or the specs change
+    const changed = () => app.commands.notifyCommandChanged(RESTART_KEEPING_VARIABLES);
+    const watch = panel => panel.sessionContext.kernelChanged.connect(changed);
+    notebooks.widgetAdded.connect((_, panel) => watch(panel));
+    notebooks.forEach(watch);
+    notebooks.currentChanged.connect(changed);
+    app.serviceManager.kernelspecs.specsChanged.connect(changed);
+  }
+};
+
+export default [plugin, restartPlugin];

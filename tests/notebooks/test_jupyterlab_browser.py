@@ -7,19 +7,10 @@ Playwright's own browser downloads are never used. Everything stays on 127.0.0.1
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from kernel_sandbox.docker.containers import LABEL_OWNER_PID, kernel_of
-
-from lab_kit import ARTIFACTS, LabServer, chromium, recording_page, run_cell
+from lab_kit import ARTIFACTS, LabServer, kernel_containers, recording_page, run_cell
 
 CODE = "import os, socket\nprint('hostname:', socket.gethostname())\nprint('interfaces:', sorted(os.listdir('/sys/class/net')))"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as browser:
-        yield browser
 
 
 def _sessions(lab: LabServer) -> list[dict]:
@@ -47,9 +38,7 @@ def test_launcher_sandboxed_python_runs_a_cell_in_the_container(browser, lab_ser
 
         (session,) = [s for s in _sessions(lab_server) if s["id"] not in before]  # (the server is shared)
         assert session["kernel"]["name"] == "sandboxed-python"
-        owned = {"label": f"{LABEL_OWNER_PID}={lab_server.process.pid}"}
-        containers = docker_engine.containers.list(filters=owned, ignore_removed=True)
-        kernels = [c for c in containers if kernel_of(c.labels) == session["kernel"]["id"]]  # (an adopted standby too)
+        kernels = kernel_containers(docker_engine, lab_server.process.pid, session["kernel"]["id"])
         assert len(kernels) == 1  # the notebook's kernel runs in a container owned by the server
     outside = [url for url in requests if not url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))]
     assert outside == []  # the page loaded nothing from anywhere but the local server

@@ -11,28 +11,17 @@ import re
 import time
 
 import httpx
-import pytest
 
 from kernel_kit import memory_in_use
-from lab_kit import ARTIFACTS, chromium, recording_page, run_cell
+from lab_kit import ARTIFACTS, kernel_containers, recording_page, run_cell
 
 SMALL = 256 * 2**20
 
 
 def _kernel_container(engine, lab_server, kernel_id: str):
-    labels = ["kernel-sandbox", f"kernel-sandbox.owner-pid={lab_server.process.pid}"]
-    for container in engine.containers.list(filters={"label": labels}, ignore_removed=True):
-        from kernel_sandbox.docker.containers import kernel_of
-
-        if kernel_of(container.labels) == kernel_id:
-            return container
+    for container in kernel_containers(engine, lab_server.process.pid, kernel_id):
+        return container
     raise AssertionError(f"no container serves kernel {kernel_id}")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as browser:
-        yield browser
 
 
 def test_kernel_usage_handler_gets_the_sandboxes_figures(lab_server, docker_engine) -> None:
