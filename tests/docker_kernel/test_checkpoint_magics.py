@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import os
 import stat
 import time
 from collections.abc import AsyncIterator
