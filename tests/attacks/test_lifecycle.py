@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import pytest
 from traitlets.config import Config
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, remove_container
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID, LABEL_OWNER_PID, remove_container
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import POOL
@@ -151,8 +152,11 @@ async def test_a_launcher_killed_during_start_fails_the_start_and_leaves_nothing
         user_root()  # the per-user root of private directories stays by design: made before counting
         before = watch.snapshot()
         # No standby: a start that adopted one would create no container, and the killer would hit the refill.
-        km = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"standby": 0}}))
-        events = docker_engine.events(filters={"type": "container", "label": [LABEL, f"{LABEL_OWNER_PID}={os.getpid()}"]},
+        kernel_id = uuid.uuid4().hex
+        km = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"standby": 0}}),
+                                kernel_id=kernel_id)
+        # this kernel's container only: a standby refill of an earlier test (same owner pid) also starts one
+        events = docker_engine.events(filters={"type": "container", "label": [LABEL, f"{LABEL_KERNEL_ID}={kernel_id}"]},
                                       decode=True, since=int(time.time()) - 1)
         wanted = "create" if moment == "created" else "start"
 
