@@ -106,6 +106,15 @@ async def until_idle(kc: Any, msg_id: str, timeout: float = 120) -> list[dict[st
             return messages
 
 
+async def until_ended(km: Any, timeout: float = 60) -> None:
+    """Wait until the provisioner of kernel manager ``km`` sees its kernel gone (at most ``timeout`` s)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while await km.provisioner.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+
+
 async def reply_to(channel: Any, msg_id: str, timeout: float = 120) -> dict[str, Any]:
     """The reply to ``msg_id`` on ``channel`` (late replies to earlier requests, e.g. kernel_info, are skipped)."""
     while True:

@@ -30,7 +30,7 @@ from kernel_sandbox.kernelside.magics import REQUEST
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import kept_checkpoint, remove_private
 
-from kernel_kit import RUNTIMES, runtime_option
+from kernel_kit import RUNTIMES, runtime_option, until_ended
 
 pytestmark = pytest.mark.usefixtures("docker_engine")
 
@@ -286,9 +286,7 @@ async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoi
     async with started_client(km) as kc:
         assert (await cell(kc, "kept = 'before the hog'\n%checkpoint"))[1]["status"] == "ok"
         kc.execute("hog = 'x' * (1024 ** 3)")
-        deadline = time.monotonic() + 60
-        while await km.provisioner.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until_ended(km)
         assert km.provisioner.exit_reason.startswith("out of memory")
         await restart(km, kc)
         text, _ = await cell(kc, "print('first')")

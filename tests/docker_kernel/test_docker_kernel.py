@@ -20,6 +20,8 @@ from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import CONFIG, user_root
 from kernel_sandbox.docker.containers import kernel_of
 
+from kernel_kit import until_ended
+
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
 
@@ -194,9 +196,7 @@ async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFix
     manager.autorestart = False
     async with started_client(manager, timeout=60) as kc:
         kc.execute("hog = 'x' * (1024 ** 3)")
-        deadline = time.monotonic() + 60
-        while await manager.provisioner.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until_ended(manager)
         assert manager.provisioner.exit_reason == "out of memory, limit 128 MiB; raise memory"
         assert "out of memory, limit 128 MiB" in caplog.text
 
@@ -213,9 +213,7 @@ async def test_an_abort_on_the_way_out_of_a_shutdown_is_no_crash_and_one_before_
     manager.autorestart = False
     async with started_client(manager, timeout=60) as kc:
         kc.execute("import os; os.abort()")
-        deadline = time.monotonic() + 60
-        while await manager.provisioner.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until_ended(manager)
         assert manager.provisioner.exit_reason == "exit code 134"
 
 
