@@ -869,18 +869,22 @@ class DockerLink:
         an idle ipykernel that a SIGINT catches in the tail of a handler (the reply sent, its idle
         status not yet) logs a false ``KeyboardInterrupt caught in kernel`` error. So the signal
         waits :data:`INTERRUPT_DELAY` s, and is not sent when a shutdown was asked meanwhile and
-        the kernel said it is idle; a busy kernel is interrupted, as the client means.
+        the kernel said it is idle; a busy kernel is interrupted, as the client means. A kernel
+        that has ended has nothing to interrupt: its end is reported where it is seen.
         """
         if self._client is None or self.container_id is None:
             return
         await asyncio.sleep(INTERRUPT_DELAY)
-        if self._shutdown_asked and self._idle:
-            log.debug("not interrupting an idle kernel that is shutting down")
+        if self._shutdown_asked and self._idle or self._ended.done():
+            log.debug("not interrupting a kernel that is shutting down idle or has ended")
             return
         try:
             await asyncio.to_thread(self._client.api.kill, self.container_id, "SIGINT")
         except docker.errors.APIError as exc:
-            log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
+            if exc.status_code == 409:  # the container stopped before the engine's event came
+                log.debug("not interrupting the kernel: its container is not running")
+            else:
+                log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
 
     async def stop(self) -> None:  # noqa: C901
         """Close every stream, end the kernel and remove its container."""
