@@ -875,13 +875,14 @@ class DockerLink:
         if self._client is None or self.container_id is None:
             return
         await asyncio.sleep(INTERRUPT_DELAY)
-        if self._shutdown_asked and self._idle or self._ended.done():
+        if (self._shutdown_asked and self._idle) or self._ended.done():
             log.debug("not interrupting a kernel that is shutting down idle or has ended")
             return
         try:
             await asyncio.to_thread(self._client.api.kill, self.container_id, "SIGINT")
         except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # the container stopped before the engine's event came
+            if exc.status_code == 409 and "is not running" in str(exc.explanation):
+                # the container stopped before the engine's event of it came
                 log.debug("not interrupting the kernel: its container is not running")
             else:
                 log.warning("could not interrupt the kernel: %s", exc.explanation or exc)
