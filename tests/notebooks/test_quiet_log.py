@@ -28,7 +28,7 @@ ALARM = re.compile(r"^\[[WEC] |WARNING|ERROR|CRITICAL|Traceback|Exception in thr
 # jupyter_server's restart handler sends kernel_info on a new shell stream and closes that stream
 # inside its reply callback; when the reply comes before the busy server's loop has run the event
 # checks pyzmq queued at the send, the next one finds the stream closed and logs this (traced with a
-# stack on each stream's close, at load 8). A local kernel boots after restart returns and answers
+# stack on each stream's close, six busy loops on two cores). A local kernel boots after restart returns and answers
 # late; a sandboxed one is ready when restart returns. The line is the server's, about its own stream.
 SERVER_RESTART_RACE = re.compile(r"^\[W [\d-]+ [\d:.]+ ServerApp\] Got events for closed stream <zmq\.eventloop\.zmqstream\.ZMQStream object at 0x[0-9a-f]+>$")
 
