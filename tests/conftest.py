@@ -28,6 +28,28 @@ IN_CI = bool(os.environ.get("CI"))
 pytest_plugins = ["security_figures", "ci_strict", "pytester"]
 
 
+# The tiers, set here alone from what a test needs (its fixtures, as pytest resolved them) and where it
+# lives: `pytest -m unit` is the fast loop, which needs no engine, no browser and no server.
+TIERS = {
+    "opensandbox": {"opensandbox_deployment"},
+    "browser": {"browser", "chromium"},
+    "docker": {"docker_engine"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its tier: load (tests/load/), opensandbox, browser, docker, else unit."""
+    for item in items:
+        needs = set(getattr(item, "fixturenames", ()))
+        tiers = [tier for tier, fixtures in TIERS.items() if needs & fixtures]
+        if item.path.parent.name == "load":
+            tiers.append("load")
+        if item.get_closest_marker("docker") or item.get_closest_marker("opensandbox_server"):
+            tiers.append("docker")
+        for tier in dict.fromkeys(tiers) or ["unit"]:
+            item.add_marker(tier)
+
+
 def _unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI must run the Docker tests: .ci/run starts the engine and builds the image)")

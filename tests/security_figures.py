@@ -24,7 +24,9 @@ into docs/security.md with ``python tests/security_figures.py`` (``--check`` to 
 
 ``--full-size`` runs the load and fuzz tests at their full size (see tests/load/README.md); the
 default run uses a reduced size. Under ``--full-size`` hypothesis tests run with the ``full-size``
-profile (:data:`FULL_SIZE_EXAMPLES` examples) unless they set ``max_examples`` themselves.
+profile (:data:`FULL_SIZE_EXAMPLES` examples) unless they set ``max_examples`` themselves. Outside CI
+(the ``CI`` variable unset: a developer's loop) the ``dev`` profile and :func:`examples` run a tenth of
+the examples; CI runs every count as written.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import subprocess
 import sys
@@ -45,6 +48,12 @@ DEFAULT_JSON = ROOT / "test-artifacts" / "security-figures.json"
 SECURITY_PAGE = ROOT / "docs" / "security.md"
 BEGIN, END = "<!-- security-figures:begin -->", "<!-- security-figures:end -->"
 FULL_SIZE_EXAMPLES = 2000
+DEV_SHARE = 10  # outside CI a hypothesis test runs 1/DEV_SHARE of its examples
+
+
+def examples(count: int) -> int:
+    """``count`` hypothesis examples in CI, a tenth of them (at least 10) in a developer's run."""
+    return count if os.environ.get("CI") else max(10, count // DEV_SHARE)
 
 KINDS = {
     "attack": "Attacks blocked",
@@ -199,11 +208,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "security(kind, layer): a test the security figures count; kind in "
         f"{sorted(KINDS)}, layer in {sorted(LAYERS)} (see tests/security_figures.py)",
     )
-    if full_size(config):
-        from hypothesis import settings
+    from hypothesis import settings
 
+    if full_size(config):
         settings.register_profile("full-size", max_examples=FULL_SIZE_EXAMPLES, deadline=None)
         settings.load_profile("full-size")
+    elif not os.environ.get("CI"):
+        settings.register_profile("dev", max_examples=examples(settings.default.max_examples))
+        settings.load_profile("dev")
     config.pluginmanager.register(Recorder(config), "security-figures-recorder")
 
 

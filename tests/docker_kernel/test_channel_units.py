@@ -14,6 +14,7 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.errors import ChannelProtocolError, KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source
@@ -112,7 +113,7 @@ def test_connector_gives_up_after_its_wait() -> None:
 # -- the launcher's wire ------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.binary(max_size=300), min_size=1, max_size=5), min_size=1, max_size=5), st.integers(1, 64))
 def test_zmtp_frames_survive_any_split_of_the_stream(messages: list[list[bytes]], chunk: int) -> None:
     received: list[list[bytes]] = []
@@ -128,7 +129,7 @@ def _wire(messages: list[list[bytes]]) -> bytes:
     return GREETING + ready(b"ROUTER") + b"".join(b"".join(bytes(part) for part in encode(m)) for m in messages)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.integers(0, 3 * GROW_FROM), min_size=1, max_size=4), st.lists(st.integers(1, 300_000), min_size=1, max_size=8))
 def test_zmtp_large_frames_read_into_their_own_buffers_at_any_split(sizes: list[int], reads: list[int]) -> None:
     """As a BufferedProtocol transport reads: into whatever get_buffer gives, in reads of any size."""
@@ -146,7 +147,7 @@ def test_zmtp_large_frames_read_into_their_own_buffers_at_any_split(sizes: list[
     assert received == messages
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=2000), st.integers(1, 64))
 def test_zmtp_any_bytes_after_the_handshake_are_messages_or_a_protocol_error(garbage: bytes, chunk: int) -> None:
     peer = ZmtpPeer(b"DEALER", lambda data: None, lambda frames: None, max_message_bytes=1_000_000)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.docker.containers import container_spec, run_as, unused_id
 from kernel_sandbox.errors import ConfigError
@@ -150,7 +151,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.dictionaries(st.sampled_from([*OPTIONS, "pid_limit", "bogus"]), JSON, max_size=4))
 def test_any_config_is_accepted_whole_or_refused_with_a_config_error(config: dict) -> None:
     try:
@@ -164,7 +165,7 @@ def test_any_config_is_accepted_whole_or_refused_with_a_config_error(config: dic
     assert all(value is None or value > 0 for value in (checked.memory, checked.cpus, checked.pids_limit))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(1, 8192), st.sampled_from(["k", "m", "g"]))
 def test_sizes_read_as_docker_reads_them(number: int, unit: str) -> None:
     from docker.utils import parse_bytes

@@ -27,6 +27,7 @@ import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import DecodeLimits, ResultLimitError, UnsafePayloadError
@@ -357,7 +358,7 @@ def test_items_are_counted_before_anything_is_built() -> None:
 
 # -- fuzzing -----------------------------------------------------------------------------------
 
-FUZZ = settings(max_examples=300, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(300), deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 TAGS = ["tuple", "set", "frozenset", "dict", "odict", "counter", "defaultdict", "deque", "bytes", "bytearray",
         "str", "float", "complex", "decimal", "fraction", "datetime", "date", "time", "timedelta", "uuid", "path",
         "enum", "ntuple", "obj", "pickle", "nope"]
@@ -423,7 +424,7 @@ FRAGMENTS = ['"', "\\", '\\"', "[", "]", "{", "}", '{"a":', '{"$":"set","v":', "
 snippets = st.lists(st.sampled_from(FRAGMENTS) | st.text(JSON_BITS, max_size=3), min_size=1, max_size=4).map("".join)
 
 
-@settings(max_examples=150, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
 @given(snippets.filter(bool), st.text(JSON_BITS, max_size=4))
 def test_fuzz_long_repetitive_documents_decode_in_bounded_time(snippet: str, head: str) -> None:
     """Quadratic work shows on long inputs: 200 kB of a repeated snippet must not take long.
@@ -494,7 +495,7 @@ def test_fuzz_every_limit_is_measured_exactly_on_what_the_parser_builds(tree: An
                 assert outcome(doc, DecodeLimits(**{name: value - 1})) == name
 
 
-@settings(max_examples=40, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
 @given(snippets.filter(bool))
 def test_fuzz_measuring_takes_a_few_windows_of_memory_whatever_the_input(snippet: str) -> None:
     """Memory, not only time: measuring 1 MiB of any repeated snippet allocates a bounded amount, not a share of the input.

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.errors import (
     ConfigError,
@@ -157,7 +158,7 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
 
 
 @pytest.mark.security("fuzz", "opensandbox")
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=80))
 def test_any_retry_after_gives_a_bounded_wait(value: str) -> None:
     try:

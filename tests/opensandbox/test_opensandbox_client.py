@@ -802,6 +802,7 @@ async def test_call_deadline_is_per_call_not_per_read() -> None:
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from security_figures import examples  # noqa: E402
 
 from kernel_sandbox.errors import OpenSandboxError  # noqa: E402
 
@@ -832,7 +833,7 @@ bodies = st.builds(lambda v: json.dumps(v).encode(), json_values | shaped) | st.
 answers = st.tuples(st.sampled_from([200, 201, 202, 204, 400, 401, 404, 409, 422, 429, 500, 502, 503]), bodies)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(answers, min_size=1, max_size=6),
     st.sampled_from(["create", "get", "list", "endpoint", "renew", "delete", "context", "run"]),

@@ -125,6 +125,7 @@ def test_display_data_is_kept_apart_from_results() -> None:
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from security_figures import examples  # noqa: E402
 
 from kernel_sandbox.opensandbox.events import (  # noqa: E402
     MAX_TRACEBACK_CHARS,
@@ -262,7 +263,7 @@ events_st = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(events_st, max_size=8), st.lists(st.binary(max_size=40), max_size=4), st.integers(1, 64))
 def test_fuzz_the_stream_parser(items: list[dict], junk: list[bytes], chunk: int) -> None:
     """Any mix of events and junk, cut anywhere: parsing never raises, output is serialisable."""
@@ -293,7 +294,7 @@ def test_fuzz_the_stream_parser(items: list[dict], junk: list[bytes], chunk: int
     serialisable({"out": run.stdout, "err": run.stderr, "results": run.results})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text())
 def test_fuzz_clean_text(text: str) -> None:
     cleaned = clean_text(text)

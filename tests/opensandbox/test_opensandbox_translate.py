@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.errors import OpenSandboxConnectionError, OpenSandboxError, OutputLimitExceeded
 from kernel_sandbox.opensandbox.events import Event, parse_event
@@ -187,7 +188,7 @@ raw_events = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(raw_events, st.booleans())
 def test_fuzz_one_reply_per_cell_whatever_execd_sends(lines: list[bytes], drop: bool) -> None:
     published = Published()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 from jupyter_server.services.kernels.connection import base as jupyter_wire
 
 from kernel_sandbox.errors import ConfigError, OpenSandboxConfigError, OpenSandboxProtocolError
@@ -160,7 +161,7 @@ def test_hostile_legacy_frames_are_refused(frame: str | bytes) -> None:
 
 
 @pytest.mark.security("fuzz", "opensandbox")
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=400) | st.builds(lambda n, rest: struct.pack("<Q", n) + rest, st.integers(0, 2**64 - 1), st.binary(max_size=200)))
 def test_any_bytes_decode_or_are_refused(frame: bytes) -> None:
     for decode in (decode_v1, decode_legacy):
@@ -172,7 +173,7 @@ def test_any_bytes_decode_or_are_refused(frame: bytes) -> None:
         assert sum(map(len, parts)) <= len(frame) * 2 + 64
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.sampled_from(["shell", "control", "stdin", "iopub"]),
     st.lists(st.binary(max_size=50), max_size=5),

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.canonical import CHANNEL_TYPES, CONTENTS, PROTOCOL_VERSION, _Record
 from kernel_sandbox.policy import OutputPolicy, _compose
@@ -149,7 +150,7 @@ def _is_canonical(channel: str, out: tuple) -> None:
                 assert output["output_type"] in ("stream", "display_data", "execute_result", "error")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(messages)
 def test_whatever_the_kernel_sends_what_passes_is_canonical(message) -> None:
     channel, header, parent, metadata, content = message

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from security_figures import examples
 
 from kernel_sandbox.policy import OutputPolicy, sanitize_html, sanitize_markdown, sanitize_svg
 
@@ -203,19 +204,19 @@ def markup(draw: st.DrawFn, depth: int = 0) -> str:
     return draw(text) + f"<{tag}{attrs}{draw(st.sampled_from(['', ' /', '/']))}>" + "".join(inner) + close
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(markup())
 def test_generated_html_never_keeps_handlers_or_scripts(source: str) -> None:
     assert html_problems(sanitize_html(source)) == []
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(markup(), text, st.builds(lambda s, t: f"[{t}]({s}alert(1))", st.sampled_from(SCHEMES), text)), max_size=4).map("\n\n".join))
 def test_generated_markdown_never_renders_handlers_or_scripts(source: str) -> None:
     assert markdown_problems(sanitize_markdown(source)) == []
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(markup())
 def test_generated_svg_never_keeps_handlers_or_scripts(source: str) -> None:
     assert html_problems(sanitize_svg("<svg>" + source + "</svg>"), svg_ids=True) == []

@@ -1,0 +1,45 @@
+"""jupyter_kernel_test, the Jupyter project's conformance suite, on the OpenSandbox kernel in websocket mode.
+
+The kernelspec is configured for the published server the harness runs (the code-interpreter stand-in,
+whose Jupyter server the launcher reaches by websocket); the same suite runs on a local ``python3``
+beside it in tests/docker_kernel/test_conformance.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import conformance_kit
+import pytest
+
+from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
+
+pytestmark = [pytest.mark.opensandbox_server, pytest.mark.usefixtures("websocket_spec")]
+
+
+@pytest.fixture(scope="module")
+def websocket_spec(opensandbox_deployment: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The OpenSandbox kernelspec in websocket mode on the test deployment, alone on JUPYTER_PATH."""
+    data_dir = tmp_path_factory.mktemp("opensandbox-conformance")
+    opensandbox_deployment.kernelspec(data_dir, "websocket")
+    saved = {name: os.environ.get(name) for name in ("JUPYTER_PATH", "OPEN_SANDBOX_API_KEY", "OPEN_SANDBOX_API_BASE")}
+    os.environ.update(JUPYTER_PATH=str(data_dir), OPEN_SANDBOX_API_KEY=opensandbox_deployment.api_key)
+    os.environ.pop("OPEN_SANDBOX_API_BASE", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    left = opensandbox_deployment.live_sandboxes()
+    assert not left, f"sandboxes left behind by the conformance suite: {[s.get('id') for s in left]}"
+
+
+class TestOpenSandboxWebsocket(conformance_kit.PythonKernelTests):
+    """The OpenSandbox kernelspec, websocket mode, through its provisioner."""
+
+    kernel_name = KERNEL_NAME
