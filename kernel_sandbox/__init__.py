@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _moved
-
 __version__ = "0.1.0"
-# the modules that moved into the backends' wings, at their old paths for one release
-_moved.install()
 
 _EXECUTION_API = (
     "AsyncSandbox",

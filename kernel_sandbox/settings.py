@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import math
 import re
 from fractions import Fraction
@@ -414,22 +413,3 @@ class BackendSettings:
             name: list(value) if isinstance(value, tuple) else value
             for name, value in config.items()
         }
-
-
-_MOVED = (
-    "DockerSettings",
-    "OPTIONS",
-    "DEFAULT_IMAGE",
-    "DEFAULT_KERNEL_CMD",
-    "TMPFS_SHARE",
-    "TMPFS_FALLBACK",
-)
-"""Names that moved to :mod:`kernel_sandbox.docker.settings`, importable from here for one
-release."""
-
-
-def __getattr__(name: str) -> Any:
-    """The names that moved to the Docker backend's settings (imported on first use)."""
-    if name in _MOVED:
-        return getattr(importlib.import_module("kernel_sandbox.docker.settings"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

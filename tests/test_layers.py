@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import kernel_sandbox
-from kernel_sandbox import _moved, backends
+from kernel_sandbox import backends
 from kernel_sandbox.errors import KernelLaunchError
 
 ROOT = Path(kernel_sandbox.__file__).parent
@@ -145,17 +145,6 @@ def test_every_wing_is_registered_and_resolves() -> None:
         assert provisioners[entry.provisioner].settings_model is entry.settings_model()
         assert type(backends.adapter(entry.name)).__module__.startswith(f"kernel_sandbox.{entry.name}.")
         importlib.import_module(entry.link.partition(":")[0])
-
-
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_old_paths_still_import_for_one_release(old: str) -> None:
-    module = importlib.import_module(old)
-    new = importlib.import_module(_moved.MOVED[old])
-    assert old not in MODULES  # nothing left at the old path: git follows the move as a rename
-    if old in {name.rpartition(".")[0] for name in _moved.MOVED}:  # an old package: reads the new module's names
-        assert all(getattr(module, name) is value for name, value in vars(new).items() if not name.startswith("_"))
-    else:
-        assert module is new
 
 
 def test_an_install_without_the_backends_entry_points_fails_closed_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

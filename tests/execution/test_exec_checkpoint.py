@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import kernel_sandbox.execution.checkpoint as host_checkpoint
-from kernel_sandbox.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE
 from kernel_sandbox.errors import CheckpointError, ConfigError
 from kernel_sandbox.execution import Checkpoint, Sandbox
 
