@@ -4,42 +4,92 @@ namespace.
 The kernel side (:mod:`kernel_sandbox.kernelside.egress_relay`) listens on the container's loopback
 and sends each connection's bytes as frames; :class:`RelayStream` turns every connection back into
 an asyncio stream pair and hands it to :meth:`.Egress.client`, so both paths decide with the same
-code. What comes over the stream is the kernel's: frames over :data:`MAX_FRAME` end the stream, a
-connection that receives more than :data:`MAX_UNREAD` bytes after a pause (the relay ignored it) is
-closed, and at most :data:`~.egress.BACKLOG` connections are held.
+code.
+
+What comes over the stream is the kernel's: the relay runs as the kernel's user, which can stop it
+and write frames into its output itself. So every byte the launcher takes from it or holds for it
+is counted where frames are read and written, whatever the relay does: frames over
+:data:`MAX_FRAME`, more than :data:`CONNECTION_BUDGET` bytes received for one connection and not
+yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, or more than
+:data:`WRITE_BUDGET` bytes written to a relay that does not read them, end the kernel's egress
+(:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
+is told why in its next cell. At most :data:`~.egress.BACKLOG` connections are held.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from ..kernelside.egress_relay import CLOSE, DATA, EOF, HEADER, OPEN, PAUSE, RESUME
+from ..kernelside.egress_relay import CHUNK, CLOSE, DATA, EOF, HEADER, OPEN, PAUSE, RESUME
+from ..settings import MiB
 from .egress import BACKLOG, HEAD_LIMIT, Egress
 
 log = logging.getLogger("kernel_sandbox.launch")
 
-MAX_FRAME = 1024 * 1024
-MAX_UNREAD = 2 * MAX_FRAME
-"""Bytes a connection may still receive after it was paused (those in flight) before it is
-closed."""
+MAX_FRAME = CHUNK
+"""The longest payload of a frame (the relay reads at most that much at a time)."""
+CONNECTION_BUDGET = 4 * MiB
+"""Bytes received for one connection and not yet read by the proxy. The launcher pauses a
+connection once it holds twice :data:`~.egress.HEAD_LIMIT` of it, so a relay that obeys leaves
+that, one frame and what was in flight on the stream."""
+READ_BUDGET = 16 * MiB
+"""Bytes received for all connections together and not yet read by the proxy."""
+WRITE_BUDGET = 32 * MiB
+"""Bytes written to the relay that it has not read yet. The proxy waits for room before it writes
+more to a connection, so a relay that reads slowly leaves one chunk per connection
+(:data:`~.egress.MAX_CONNECTIONS` times :data:`~.egress.CHUNK`: 16 MiB) and a few answers."""
+
+
+class _Reader(asyncio.StreamReader):
+    """A connection's reader that counts what it holds (received, not yet read) against the
+    relay's budgets."""
+
+    def __init__(self, relay: RelayStream) -> None:
+        super().__init__(limit=HEAD_LIMIT)
+        self.relay = relay
+        self.held = 0
+
+    def feed_data(self, data: Any) -> None:
+        self.held += len(data)
+        self.relay.held += len(data)
+        super().feed_data(data)
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await super().read(n)
+        if n >= 0:  # read(-1) reads through read(limit), counted there
+            self.taken(len(data))
+        return data
+
+    async def readuntil(self, separator: Any = b"\n") -> bytes:
+        try:
+            data = await super().readuntil(separator)
+        except asyncio.IncompleteReadError as exc:
+            self.taken(len(exc.partial))
+            raise
+        self.taken(len(data))
+        return data
+
+    def taken(self, count: int) -> None:
+        """``count`` bytes left the reader (read, or dropped with it)."""
+        count = min(count, self.held)
+        self.held -= count
+        self.relay.held -= count
 
 
 class _Connection(asyncio.Transport):
     """One kernel connection as a transport: writes become frames on the relay's stream."""
 
-    def __init__(
-        self, relay: RelayStream, ident: int, protocol: asyncio.StreamReaderProtocol
-    ) -> None:
+    def __init__(self, relay: RelayStream, ident: int) -> None:
         super().__init__()
         self.relay = relay
         self.ident = ident
-        self.protocol = protocol
+        self.reader = _Reader(relay)
+        self.protocol = asyncio.StreamReaderProtocol(self.reader)
         self.closed = False
         self.paused = False
-        self.unread = 0
-        """Bytes received since the last pause (the relay should have stopped sending)."""
 
     def write(self, data: Any) -> None:
         if not self.closed and data:
@@ -54,7 +104,7 @@ class _Connection(asyncio.Transport):
 
     def pause_reading(self) -> None:
         if not self.closed and not self.paused:
-            self.paused, self.unread = True, 0
+            self.paused = True
             self.relay.send(PAUSE, self.ident)
 
     def resume_reading(self) -> None:
@@ -89,12 +139,18 @@ class _Connection(asyncio.Transport):
 
 class RelayStream(asyncio.Protocol):
     """The relay's exec stream (Docker-multiplexed): frames in, frames out, one stream pair per
-    connection."""
+    connection; ``tell`` shows the kernel a line (why its egress ended)."""
 
-    def __init__(self, egress: Egress, demux_factory: Any) -> None:
+    def __init__(self, egress: Egress, demux_factory: Any, tell: Callable[[str], None]) -> None:
         self.egress = egress
+        self.tell = tell
         self.connections: dict[int, _Connection] = {}
         self.transport: asyncio.Transport | None = None
+        self.held = 0
+        """Bytes received for the connections and not yet read by the proxy."""
+        self.ended: str | None = None
+        """Why the relay broke its budget, once it did."""
+        self._writing_paused = False
         self._pending = bytearray()
         self._demux = demux_factory(self._frames, self._stderr)
 
@@ -106,22 +162,41 @@ class RelayStream(asyncio.Protocol):
         self._demux.feed(data)
 
     def send(self, kind: int, ident: int, payload: bytes = b"") -> None:
-        """Write one frame to the relay."""
+        """Write one frame to the relay (past :data:`WRITE_BUDGET` unread, the relay is broken)."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(HEADER.pack(ident, kind, len(payload)) + payload)
+            if self.buffered() > WRITE_BUDGET:
+                self.broken(
+                    f"it left more than {WRITE_BUDGET // MiB} MiB of the launcher's frames unread"
+                )
 
     def buffered(self) -> int:
         return self.transport.get_write_buffer_size() if self.transport is not None else 0
 
+    def broken(self, what: str) -> None:
+        """End the kernel's egress because its relay did ``what`` (logged, and told to the
+        kernel)."""
+        if self.ended is not None:
+            return
+        self.ended = reason = (
+            f"kernel-sandbox ended this kernel's egress: its relay (the process in the container "
+            f"that carries the proxy's connections) {what}, so it was stopped or replaced by code "
+            "in the kernel; restart the kernel to have egress again"
+        )
+        log.warning("%s", reason)
+        self.egress.end(reason)
+        self.tell(reason)
+        self._pending.clear()
+        self.close()
+
     def _frames(self, data: memoryview) -> None:
+        if self.ended is not None:
+            return
         self._pending += data
-        while len(self._pending) >= HEADER.size:
+        while len(self._pending) >= HEADER.size and self.ended is None:
             ident, kind, length = HEADER.unpack_from(self._pending)
             if length > MAX_FRAME:
-                log.warning(
-                    "egress relay: a frame of %d bytes; the relay's stream is closed", length
-                )
-                self.close()
+                self.broken(f"sent a frame of {length} bytes (at most {MAX_FRAME})")
                 return
             if len(self._pending) < HEADER.size + length:
                 return
@@ -134,36 +209,52 @@ class RelayStream(asyncio.Protocol):
             if ident in self.connections or len(self.connections) >= BACKLOG:
                 self.send(CLOSE, ident)
                 return
-            reader = asyncio.StreamReader(limit=HEAD_LIMIT)
-            protocol = asyncio.StreamReaderProtocol(reader)
-            opened = self.connections[ident] = _Connection(self, ident, protocol)
-            protocol.connection_made(opened)
-            writer = asyncio.StreamWriter(opened, protocol, reader, asyncio.get_running_loop())
-            asyncio.ensure_future(self.egress.client(reader, writer))
+            opened = self.connections[ident] = _Connection(self, ident)
+            opened.protocol.connection_made(opened)
+            if self._writing_paused:
+                opened.protocol.pause_writing()
+            asyncio.ensure_future(self._serve(opened))
             return
         connection = self.connections.get(ident)
         if connection is None:
             return
         if kind == DATA:
-            if connection.paused:
-                connection.unread += len(payload)
-                if connection.unread > MAX_UNREAD:
-                    connection.abort()  # the relay went on sending long after a pause
-                    return
             connection.protocol.data_received(payload)
+            if connection.reader.held > CONNECTION_BUDGET:
+                self.broken(
+                    f"sent more than {CONNECTION_BUDGET // MiB} MiB for one connection that the "
+                    "proxy had not read (it went on after being paused)"
+                )
+            elif self.held > READ_BUDGET:
+                self.broken(
+                    f"sent more than {READ_BUDGET // MiB} MiB for its connections that the proxy "
+                    "had not read (it went on after they were paused)"
+                )
         elif kind == EOF:
             connection.protocol.eof_received()
         elif kind == CLOSE:
             connection.lost()
 
+    async def _serve(self, connection: _Connection) -> None:
+        """Hand ``connection`` to the proxy; what its reader still holds is dropped with it."""
+        writer = asyncio.StreamWriter(
+            connection, connection.protocol, connection.reader, asyncio.get_running_loop()
+        )
+        try:
+            await self.egress.client(connection.reader, writer)
+        finally:
+            connection.reader.taken(connection.reader.held)
+
     def _stderr(self, data: memoryview) -> None:
         log.debug("egress relay: %s", bytes(data[:500]).decode(errors="replace").strip())
 
     def pause_writing(self) -> None:
+        self._writing_paused = True
         for connection in list(self.connections.values()):
             connection.protocol.pause_writing()
 
     def resume_writing(self) -> None:
+        self._writing_paused = False
         for connection in list(self.connections.values()):
             connection.protocol.resume_writing()
 
