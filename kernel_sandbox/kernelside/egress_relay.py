@@ -21,7 +21,8 @@ HEADER = struct.Struct(">IBI")
 OPEN, DATA, EOF, CLOSE, PAUSE, RESUME = range(1, 7)
 CHUNK = 64 * 1024
 MAX_CLIENTS = 1024
-"""Connections held at once; more are closed as they arrive (the launcher bounds them far lower)."""
+"""Connections held at once; more are closed as they arrive (the launcher takes an opening past
+them for a forged frame and ends the kernel's egress)."""
 
 
 def write_all(fd, data):

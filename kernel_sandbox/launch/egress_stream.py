@@ -13,7 +13,8 @@ is counted where frames are read and written, whatever the relay does: frames ov
 yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, or more than
 :data:`WRITE_BUDGET` bytes written to a relay that does not read them, end the kernel's egress
 (:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
-is told why in its next cell. At most :data:`~.egress.BACKLOG` connections are held.
+is told why in its next cell. So do frames no relay sends: an id opened twice, more than
+:data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once.
 """
 
 from __future__ import annotations
@@ -23,9 +24,19 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..kernelside.egress_relay import CHUNK, CLOSE, DATA, EOF, HEADER, OPEN, PAUSE, RESUME
+from ..kernelside.egress_relay import (
+    CHUNK,
+    CLOSE,
+    DATA,
+    EOF,
+    HEADER,
+    MAX_CLIENTS,
+    OPEN,
+    PAUSE,
+    RESUME,
+)
 from ..settings import MiB
-from .egress import BACKLOG, HEAD_LIMIT, Egress
+from .egress import HEAD_LIMIT, Egress
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -179,11 +190,11 @@ class RelayStream(asyncio.Protocol):
         if self.ended is not None:
             return
         self.ended = reason = (
-            f"kernel-sandbox ended this kernel's egress: its relay (the process in the container "
-            f"that carries the proxy's connections) {what}, so it was stopped or replaced by code "
-            "in the kernel; restart the kernel to have egress again"
+            f"this kernel's egress was ended: its relay (the process in the container that "
+            f"carries the proxy's connections) {what}, so code in the kernel stopped or replaced "
+            "it; restart the kernel to have egress again"
         )
-        log.warning("%s", reason)
+        log.warning("egress relay: %s", reason)
         self.egress.end(reason)
         self.tell(reason)
         self._pending.clear()
@@ -206,8 +217,13 @@ class RelayStream(asyncio.Protocol):
 
     def _frame(self, kind: int, ident: int, payload: bytes) -> None:
         if kind == OPEN:
-            if ident in self.connections or len(self.connections) >= BACKLOG:
-                self.send(CLOSE, ident)
+            # the relay numbers its connections in turn and holds at most MAX_CLIENTS: the
+            # launcher holds none that the relay does not
+            if ident in self.connections:
+                self.broken(f"opened connection {ident} twice")
+                return
+            if len(self.connections) >= MAX_CLIENTS:
+                self.broken(f"opened more than {MAX_CLIENTS} connections at once")
                 return
             opened = self.connections[ident] = _Connection(self, ident)
             opened.protocol.connection_made(opened)

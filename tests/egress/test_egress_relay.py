@@ -20,7 +20,7 @@ import pytest
 
 from kernel_sandbox.egress import parse_destinations
 from kernel_sandbox.kernelside import source
-from kernel_sandbox.kernelside.egress_relay import DATA, HEADER, OPEN
+from kernel_sandbox.kernelside.egress_relay import DATA, HEADER, MAX_CLIENTS, OPEN
 from kernel_sandbox.launch.egress import Egress, guarded, open_outbound
 from kernel_sandbox.launch import egress_stream
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET, RelayStream
@@ -226,6 +226,7 @@ class Forged:
 @pytest.fixture
 async def forged(proxy: Proxy) -> AsyncIterator[Forged]:
     ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # the kernel's buffers take in little
     ours.setblocking(False)
     _, stream = await asyncio.get_running_loop().connect_accepted_socket(
         lambda: RelayStream(proxy.egress, Straight, proxy.told.append), ours
@@ -267,6 +268,7 @@ async def test_a_relay_that_ignores_pauses_ends_egress(forged: Forged) -> None:
         sent = await forged.pour(data, 1 << 30)
         told = await forged.ended()
     assert f"more than {CONNECTION_BUDGET // MiB} MiB for one connection" in told
+    assert told.startswith("this kernel's egress was ended: its relay") and "restart the kernel" in told
     assert sent < 1 << 30 and rss.growth < CONNECTION_BUDGET + BOUND
     assert forged.proxy.egress.answer({"open": 60}) == {"status": "error", "evalue": told}
 
@@ -293,17 +295,26 @@ async def test_a_huge_frame_ends_egress(forged: Forged) -> None:
 
 
 async def test_answers_to_forged_openings_are_bounded(forged: Forged, monkeypatch) -> None:
-    """A network-off kernel's attack: openings and refused requests, whose answers the stopped relay never reads.
+    """A network-off kernel's attack: refused requests on fresh connections, answered into a pipe no one reads.
 
-    Each opening is answered (a 403, or a CLOSE for an id in use), so the launcher writes as the
-    relay's pipe is filled; the budget is made small here so that it is reached in a moment (at 32
-    MiB it takes millions of frames)."""
-    monkeypatch.setattr(egress_stream, "WRITE_BUDGET", 2 * MiB)
+    Each is answered (a 403, past 64 connections a 503) and the stopped relay reads none; the budget
+    is made small here so that it is reached before the number of connections is (at 32 MiB it
+    takes some minutes)."""
+    monkeypatch.setattr(egress_stream, "WRITE_BUDGET", 96 * 1024)
     refused = b"".join(
         frame(OPEN, i) + frame(DATA, i, b"GET http://elsewhere.test/ HTTP/1.1\r\n\r\n") for i in range(1, 1000)
     )
-    assert await forged.send(refused)
     with RssPeak() as rss:
-        await forged.pour(frame(OPEN, 1) * 4096, 256 * MiB)  # id 1 is in use: a CLOSE each
+        assert await forged.send(refused)
         told = await forged.ended()
-    assert "left more than 2 MiB of the launcher's frames unread" in told and rss.growth < BOUND
+    assert "of the launcher's frames unread" in told and rss.growth < BOUND
+
+
+@pytest.mark.parametrize(("frames", "breach"), [
+    (frame(OPEN, 5) * 2, "opened connection 5 twice"),
+    (b"".join(frame(OPEN, i) for i in range(MAX_CLIENTS + 1)), f"opened more than {MAX_CLIENTS} connections at once"),
+])
+async def test_openings_no_relay_sends_end_egress(forged: Forged, frames: bytes, breach: str) -> None:
+    """An id opened twice; more connections than the relay holds."""
+    assert await forged.send(frames)
+    assert breach in await forged.ended()
