@@ -14,7 +14,8 @@ yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, o
 :data:`WRITE_BUDGET` bytes written to a relay that does not read them, end the kernel's egress
 (:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
 is told why in its next cell. So do frames no relay sends: an id opened twice, more than
-:data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once.
+:data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once, bytes after a
+connection's end.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class _Connection(asyncio.Transport):
         self.protocol = asyncio.StreamReaderProtocol(self.reader)
         self.closed = False
         self.paused = False
+        self.ended = False
+        """The relay said that no more bytes come (EOF)."""
 
     def write(self, data: Any) -> None:
         if not self.closed and data:
@@ -160,7 +163,7 @@ class RelayStream(asyncio.Protocol):
         self.held = 0
         """Bytes received for the connections and not yet read by the proxy."""
         self.ended: str | None = None
-        """Why the relay broke its budget, once it did."""
+        """Why the kernel's egress was ended (its relay broke a bound), once it was."""
         self._writing_paused = False
         self._pending = bytearray()
         self._demux = demux_factory(self._frames, self._stderr)
@@ -235,6 +238,9 @@ class RelayStream(asyncio.Protocol):
         if connection is None:
             return
         if kind == DATA:
+            if connection.ended:
+                self.broken(f"sent bytes on connection {ident} after its end")
+                return
             connection.protocol.data_received(payload)
             if connection.reader.held > CONNECTION_BUDGET:
                 self.broken(
@@ -247,6 +253,7 @@ class RelayStream(asyncio.Protocol):
                     "had not read (it went on after they were paused)"
                 )
         elif kind == EOF:
+            connection.ended = True
             connection.protocol.eof_received()
         elif kind == CLOSE:
             connection.lost()

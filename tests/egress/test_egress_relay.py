@@ -20,7 +20,7 @@ import pytest
 
 from kernel_sandbox.egress import parse_destinations
 from kernel_sandbox.kernelside import source
-from kernel_sandbox.kernelside.egress_relay import DATA, HEADER, MAX_CLIENTS, OPEN
+from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, MAX_CLIENTS, OPEN
 from kernel_sandbox.launch.egress import Egress, guarded, open_outbound
 from kernel_sandbox.launch import egress_stream
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET, RelayStream
@@ -313,8 +313,9 @@ async def test_answers_to_forged_openings_are_bounded(forged: Forged, monkeypatc
 @pytest.mark.parametrize(("frames", "breach"), [
     (frame(OPEN, 5) * 2, "opened connection 5 twice"),
     (b"".join(frame(OPEN, i) for i in range(MAX_CLIENTS + 1)), f"opened more than {MAX_CLIENTS} connections at once"),
+    (frame(OPEN, 5) + frame(EOF, 5) + frame(DATA, 5, b"x"), "sent bytes on connection 5 after its end"),
 ])
-async def test_openings_no_relay_sends_end_egress(forged: Forged, frames: bytes, breach: str) -> None:
-    """An id opened twice; more connections than the relay holds."""
+async def test_frames_no_relay_sends_end_egress(forged: Forged, frames: bytes, breach: str) -> None:
+    """An id opened twice; more connections than the relay holds; bytes after a connection's end."""
     assert await forged.send(frames)
     assert breach in await forged.ended()
