@@ -5,8 +5,9 @@ listens on 127.0.0.1:PORT in the container and carries every connection made to 
 stream, as frames of :data:`HEADER` (connection id, kind, length) and a payload: ``OPEN`` (a
 client connected), ``DATA``, ``EOF`` (no more bytes this way), ``CLOSE``, and from the launcher
 ``PAUSE``/``RESUME`` (stop and go on reading that client). The launcher decides everything; the
-relay only moves bytes, so a kernel that replaces it gains nothing but its own proxy. It ends
-when the stream ends.
+relay only moves bytes, so a kernel that replaces it gains nothing but its own proxy, and a frame
+or a byte past what this relay would send ends the kernel's egress
+(:mod:`kernel_sandbox.launch.egress_stream`). It ends when the stream ends.
 
 Only built-in modules are imported (``_socket``, not ``socket``), as in the connector.
 """

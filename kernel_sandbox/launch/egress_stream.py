@@ -15,7 +15,7 @@ yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, o
 (:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
 is told why in its next cell. So do frames no relay sends: an id opened twice, more than
 :data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once, bytes after a
-connection's end.
+connection's end, a kind of frame the relay does not send.
 """
 
 from __future__ import annotations
@@ -219,6 +219,9 @@ class RelayStream(asyncio.Protocol):
             self._frame(kind, ident, payload)
 
     def _frame(self, kind: int, ident: int, payload: bytes) -> None:
+        if kind not in (OPEN, DATA, EOF, CLOSE):
+            self.broken(f"sent a frame of kind {kind}, which only the launcher sends or none")
+            return
         if kind == OPEN:
             # the relay numbers its connections in turn and holds at most MAX_CLIENTS: the
             # launcher holds none that the relay does not
@@ -255,7 +258,7 @@ class RelayStream(asyncio.Protocol):
         elif kind == EOF:
             connection.ended = True
             connection.protocol.eof_received()
-        elif kind == CLOSE:
+        else:
             connection.lost()
 
     async def _serve(self, connection: _Connection) -> None:

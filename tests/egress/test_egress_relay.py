@@ -20,7 +20,7 @@ import pytest
 
 from kernel_sandbox.egress import parse_destinations
 from kernel_sandbox.kernelside import source
-from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, MAX_CLIENTS, OPEN
+from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, MAX_CLIENTS, OPEN, PAUSE
 from kernel_sandbox.launch.egress import Egress, guarded, open_outbound
 from kernel_sandbox.launch import egress_stream
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET, RelayStream
@@ -314,8 +314,10 @@ async def test_answers_to_forged_openings_are_bounded(forged: Forged, monkeypatc
     (frame(OPEN, 5) * 2, "opened connection 5 twice"),
     (b"".join(frame(OPEN, i) for i in range(MAX_CLIENTS + 1)), f"opened more than {MAX_CLIENTS} connections at once"),
     (frame(OPEN, 5) + frame(EOF, 5) + frame(DATA, 5, b"x"), "sent bytes on connection 5 after its end"),
+    (frame(PAUSE, 5), f"sent a frame of kind {PAUSE}"),
+    (frame(200, 5), "sent a frame of kind 200"),
 ])
 async def test_frames_no_relay_sends_end_egress(forged: Forged, frames: bytes, breach: str) -> None:
-    """An id opened twice; more connections than the relay holds; bytes after a connection's end."""
+    """An id opened twice; more connections than the relay holds; bytes after a connection's end; kinds it never sends."""
     assert await forged.send(frames)
     assert breach in await forged.ended()
