@@ -15,7 +15,9 @@ yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, o
 (:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
 is told why in its next cell. So do frames no relay sends: an id opened twice, more than
 :data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once, bytes after a
-connection's end, a kind of frame the relay does not send.
+connection's end, a frame of an unknown kind. The relay may ask to pause a connection whose client
+does not read (``PAUSE``/``RESUME`` its way): the proxy then waits for room as it does when the
+stream is full.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ class _Connection(asyncio.Transport):
         self.paused = False
         self.ended = False
         """The relay said that no more bytes come (EOF)."""
+        self.held = False
+        """The relay asked for a pause: its client does not take what the proxy sends."""
+        self.waiting = False
+        """The proxy waits for room before it writes (the relay's stream is full, or held)."""
 
     def write(self, data: Any) -> None:
         if not self.closed and data:
@@ -147,6 +153,16 @@ class _Connection(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return self.relay.buffered()
 
+    def flow(self) -> None:
+        """Make the proxy wait for room, or go on, as the stream and the relay say."""
+        wait = self.relay.writing_paused or self.held
+        if wait != self.waiting and not self.closed:
+            self.waiting = wait
+            if wait:
+                self.protocol.pause_writing()
+            else:
+                self.protocol.resume_writing()
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
 
@@ -164,7 +180,8 @@ class RelayStream(asyncio.Protocol):
         """Bytes received for the connections and not yet read by the proxy."""
         self.ended: str | None = None
         """Why the kernel's egress was ended (its relay broke a bound), once it was."""
-        self._writing_paused = False
+        self.writing_paused = False
+        """The relay's stream is over its high-water mark: every connection waits for room."""
         self._pending = bytearray()
         self._demux = demux_factory(self._frames, self._stderr)
 
@@ -219,8 +236,8 @@ class RelayStream(asyncio.Protocol):
             self._frame(kind, ident, payload)
 
     def _frame(self, kind: int, ident: int, payload: bytes) -> None:
-        if kind not in (OPEN, DATA, EOF, CLOSE):
-            self.broken(f"sent a frame of kind {kind}, which only the launcher sends or none")
+        if kind not in (OPEN, DATA, EOF, CLOSE, PAUSE, RESUME):
+            self.broken(f"sent a frame of an unknown kind ({kind})")
             return
         if kind == OPEN:
             # the relay numbers its connections in turn and holds at most MAX_CLIENTS: the
@@ -233,8 +250,7 @@ class RelayStream(asyncio.Protocol):
                 return
             opened = self.connections[ident] = _Connection(self, ident)
             opened.protocol.connection_made(opened)
-            if self._writing_paused:
-                opened.protocol.pause_writing()
+            opened.flow()
             asyncio.ensure_future(self._serve(opened))
             return
         connection = self.connections.get(ident)
@@ -258,8 +274,11 @@ class RelayStream(asyncio.Protocol):
         elif kind == EOF:
             connection.ended = True
             connection.protocol.eof_received()
-        else:
+        elif kind == CLOSE:
             connection.lost()
+        else:
+            connection.held = kind == PAUSE
+            connection.flow()
 
     async def _serve(self, connection: _Connection) -> None:
         """Hand ``connection`` to the proxy; what its reader still holds is dropped with it."""
@@ -275,14 +294,14 @@ class RelayStream(asyncio.Protocol):
         log.debug("egress relay: %s", bytes(data[:500]).decode(errors="replace").strip())
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        self.writing_paused = True
         for connection in list(self.connections.values()):
-            connection.protocol.pause_writing()
+            connection.flow()
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
+        self.writing_paused = False
         for connection in list(self.connections.values()):
-            connection.protocol.resume_writing()
+            connection.flow()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for connection in list(self.connections.values()):
