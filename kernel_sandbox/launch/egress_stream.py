@@ -13,11 +13,11 @@ is counted where frames are read and written, whatever the relay does: frames ov
 yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, or more than
 :data:`WRITE_BUDGET` bytes written to a relay that does not read them, end the kernel's egress
 (:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
-is told why in its next cell. So do frames no relay sends: an id opened twice, more than
-:data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once, bytes after a
-connection's end, a frame of an unknown kind. The relay may ask to pause a connection whose client
-does not read (``PAUSE``/``RESUME`` its way): the proxy then waits for room as it does when the
-stream is full.
+is told why in its next cell (as when the relay exits). So do frames no relay sends: an id opened
+twice, more than :data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once,
+bytes after a connection's end, a frame of an unknown kind. The relay may ask to pause a
+connection whose client does not read (``PAUSE``/``RESUME`` its way): the proxy then waits for
+room as it does when the stream is full.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ more to a connection, so a relay that reads slowly leaves one chunk per connecti
 
 class _Reader(asyncio.StreamReader):
     """A connection's reader that counts what it holds (received, not yet read) against the
-    relay's budgets."""
+    relay's budgets; ``read`` and ``readuntil``, the proxy's only reads, count what they take."""
 
     def __init__(self, relay: RelayStream) -> None:
         super().__init__(limit=HEAD_LIMIT)
@@ -209,16 +209,23 @@ class RelayStream(asyncio.Protocol):
         kernel)."""
         if self.ended is not None:
             return
-        self.ended = reason = (
-            f"this kernel's egress was ended: its relay (the process in the container that "
-            f"carries the proxy's connections) {what}, so code in the kernel stopped or replaced "
-            "it; restart the kernel to have egress again"
+        reason = self._end(
+            f"was ended: its relay (the process in the container that carries the proxy's "
+            f"connections) {what}, so code in the kernel stopped or replaced it"
         )
         log.warning("egress relay: %s", reason)
-        self.egress.end(reason)
-        self.tell(reason)
         self._pending.clear()
         self.close()
+
+    def _end(self, what: str) -> str:
+        """End the kernel's egress for good; tell the kernel the sentence about it that ``what``
+        ends."""
+        self.ended = reason = (
+            f"this kernel's egress {what}; restart the kernel to have egress again"
+        )
+        self.egress.end(reason)
+        self.tell(reason)
+        return reason
 
     def _frames(self, data: memoryview) -> None:
         if self.ended is not None:
@@ -307,6 +314,8 @@ class RelayStream(asyncio.Protocol):
         for connection in list(self.connections.values()):
             connection.lost()
         self.transport = None
+        if self.ended is None:  # the relay exited (killed in the kernel), or the kernel ended
+            log.debug("egress relay: %s", self._end("ended: its relay in the container exited"))
 
     def close(self) -> None:
         """End the relay's stream (the relay exits) and every connection over it."""

@@ -121,10 +121,11 @@ async def relay(proxy: Proxy) -> AsyncIterator:
             break
         except OSError:
             await asyncio.sleep(0.02)
-    yield port, proxy.echo, stream, proxy.egress
-    transport.close()
-    assert await asyncio.to_thread(process.wait, 30) == 0  # the relay ends with its stream
-    assert proxy.told == [] and stream.ended is None, "an honest relay broke a budget"
+    yield port, proxy.echo, stream, proxy.egress, process
+    if process.poll() is None:
+        assert proxy.told == [] and stream.ended is None, "an honest relay broke a budget"
+        transport.close()
+        assert await asyncio.to_thread(process.wait, 30) == 0  # the relay ends with its stream
 
 
 async def _tunnel(port: int, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
@@ -134,7 +135,7 @@ async def _tunnel(port: int, target: str) -> tuple[asyncio.StreamReader, asyncio
 
 
 async def test_connections_through_the_relay_are_decided_by_the_launcher(relay) -> None:
-    port, upstream_port, stream, egress = relay
+    port, upstream_port, stream, egress, _ = relay
     reader, writer, head = await _tunnel(port, f"index.test:{upstream_port}")
     assert head.startswith(b"HTTP/1.1 200")
     payload = b"y" * 3_000_000  # more than any buffer on the way: flow control end to end
@@ -148,7 +149,7 @@ async def test_connections_through_the_relay_are_decided_by_the_launcher(relay) 
 
 
 async def test_many_connections_through_the_relay_stay_bounded(relay) -> None:
-    port, upstream_port, stream, egress = relay
+    port, upstream_port, stream, egress, _ = relay
     opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(400)]
     answers = await asyncio.gather(*(asyncio.wait_for(r.read(100), 30) for r, _ in opened[egress.max_connections:]))
     for _, writer in opened:
@@ -159,7 +160,7 @@ async def test_many_connections_through_the_relay_stay_bounded(relay) -> None:
 
 async def test_a_client_that_stops_reading_holds_up_no_other(relay) -> None:
     """A download the kernel's client stops reading: the relay pauses it alone, the others go on."""
-    port, upstream_port, stream, egress = relay
+    port, upstream_port, stream, egress, _ = relay
     endless = next(d.port for d in egress.allowed if d.host == "endless.test")
     reader, writer, head = await _tunnel(port, f"endless.test:{endless}")
     assert head.startswith(b"HTTP/1.1 200")
@@ -179,6 +180,19 @@ async def test_a_client_that_stops_reading_holds_up_no_other(relay) -> None:
     while received < 8 * MiB:  # the stalled download goes on once read
         received += len(await asyncio.wait_for(reader.read(1 << 20), 30))
     writer.close()
+
+
+async def test_a_relay_killed_in_the_kernel_ends_egress_with_a_reason(relay) -> None:
+    """The kernel kills its relay: egress ends, install windows are refused, the kernel is told why."""
+    port, upstream_port, stream, egress, process = relay
+    process.kill()
+    await asyncio.to_thread(process.wait, 30)
+    for _ in range(100):
+        if stream.ended is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert stream.ended == "this kernel's egress ended: its relay in the container exited; restart the kernel to have egress again"
+    assert egress.answer({"open": 60}) == {"status": "error", "evalue": stream.ended}
 
 
 # ---- a relay in the attacker's hands --------------------------------------------------------------
