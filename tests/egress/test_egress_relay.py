@@ -4,7 +4,9 @@ The relay (``kernelside/egress_relay.py``) runs as it does in a container, ``pyt
 SOURCE PORT``, its stdin and stdout one end of a socket pair whose other end is the launcher's
 :class:`RelayStream` (without Docker's multiplexing here). Clients connect to the relay's port
 on 127.0.0.1 as the kernel would; the proxy behind it resolves through a stub and connects
-through the loopback guard, which must never fire.
+through the loopback guard, which must never fire. Then the relay's end of the stream in the
+attacker's hands: forged frames, nothing read, and the launcher's budgets (the test process's
+memory is the launcher's here).
 """
 
 from __future__ import annotations
