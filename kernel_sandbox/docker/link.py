@@ -425,7 +425,8 @@ class DockerLink:
         the kernel answers, so before any of the user's code runs (nothing else holds its port
         then): listening in the container's namespace, or through a relay in the container over an
         exec stream (:mod:`.egress_stream`)."""
-        assert self._front is not None
+        front = self._front
+        assert front is not None
         proxy = self._egress = egress.Egress.for_settings(self.settings)
         try:
             if self._netns is not None:
@@ -445,14 +446,14 @@ class DockerLink:
                 ]
                 relay = await asyncio.to_thread(self._exec_socket, command)
                 transport, _ = await self._loop.connect_accepted_socket(
-                    lambda: RelayStream(proxy, Demux), relay
+                    lambda: RelayStream(proxy, Demux, front.notice_next_cell), relay
                 )
                 self._streams.append(transport)
         except (OSError, docker.errors.APIError) as exc:
             raise KernelLaunchError(
                 f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"
             ) from exc
-        self._front.requests[WINDOW_REQUEST] = proxy.answer
+        front.requests[WINDOW_REQUEST] = proxy.answer
 
     async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the

@@ -397,6 +397,8 @@ class Egress:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._serial = 0
+        self.ended: str | None = None
+        """Why the kernel's egress was ended for good (see :meth:`end`), once it was."""
 
     @classmethod
     def for_settings(cls, settings: DockerSettings) -> Egress:
@@ -418,6 +420,8 @@ class Egress:
         for at most that long (and says its id), ``{"close": ID}`` closes it."""
         if not isinstance(content, dict):
             return {"status": "error", "evalue": "the request's content must be an object"}
+        if self.ended is not None and "open" in content:
+            return {"status": "error", "evalue": self.ended}
         if "open" in content:
             seconds = content["open"]
             if (
@@ -660,15 +664,24 @@ class Egress:
         while left > 0 and (data := await reader.read(CHUNK)):
             left -= len(data)
 
-    async def close(self) -> None:
-        """Stop listening and end every connection and window."""
+    def end(self, reason: str) -> None:
+        """End the kernel's egress for good (its relay broke the launcher's bounds): every window
+        and connection closes, and a window asked for later is refused with ``reason``."""
+        self.ended = reason
+        self._cut()
+
+    def _cut(self) -> None:
         for token in list(self.windows):
             self.close_window(token)
+        for writer in list(self._clients):
+            writer.transport.abort()
+
+    async def close(self) -> None:
+        """Stop listening and end every connection and window."""
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        for writer in list(self._clients):
-            writer.transport.abort()
+        self._cut()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
