@@ -37,6 +37,8 @@ DEFAULT_PORTS = (80, 443)
 PYPI = ("pypi.org", "files.pythonhosted.org")
 """The package index ``install()`` opens by default: PyPI's pages and its files."""
 MAX_ENTRIES = 256
+LOCALHOST = ("localhost", "localhost.localdomain", "ip6-localhost")
+"""Names of the loopback: an index URL naming one (or a loopback address) can never be reached."""
 WINDOW_REQUEST = "kernel_sandbox_egress_request"
 """The control message by which a client holding the connection key asks the launcher to open the
 package index for one call (``{"open": SECONDS}``) and to close it (``{"close": ID}``)."""
@@ -256,6 +258,16 @@ def package_index(option: str, entries: str | Sequence[str]) -> PackageIndex:
                 option,
                 url,
                 "must be an http:// or https:// index URL such as https://mirror.example/simple",
+            )
+        loopback = literal_address(parts.hostname)
+        if (loopback is not None and loopback.is_loopback) or parts.hostname in LOCALHOST:
+            raise _refuse(
+                option,
+                url,
+                "names a loopback address, which inside the sandbox is the sandbox itself: give "
+                "the index's name or an address the host reaches it at, with that address after "
+                "'@' when it is private (['http://devpi.lan:3141/simple', "
+                "'devpi.lan:3141@192.168.1.5'])",
             )
         default = 443 if parts.scheme == "https" else 80
         host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
