@@ -32,9 +32,6 @@ PACKAGES_DIR = "/home/sandbox/.packages"
 """Where pip installs in a Docker kernel (``PIP_TARGET``, on ``PYTHONPATH``; the image is
 read-only): a tmpfs of its own, the one writable place mounted ``exec``, directly under the home
 (a mount point deeper would make its parents the engine's, owned by root)."""
-PIP_TMPDIR = f"{PACKAGES_DIR}/.pip-tmp"
-"""pip's temporary directory in the kernel: on the packages' filesystem, so that a wheel is unpacked
-where it is installed and moved there by renaming."""
 UNLIMITED = "unlimited"
 MiB = 2**20
 MIN_MEMORY = 32 * MiB

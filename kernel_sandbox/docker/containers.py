@@ -27,8 +27,7 @@ from ..kernelside import MAGICS, source, sources
 from ..kernelside.boot import KEY_ENV, MODULES_ENV
 from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_private
 from ..provisioners.process import pid_alive
-from ..kernelside.packages import PIP_TMPDIR_ENV
-from ..settings import HOME_DIR, PACKAGES_DIR, PIP_TMPDIR, WORK_DIR
+from ..settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
 from .settings import DEFAULT_IMAGE, DockerSettings
 
 __all__ = ["DEFAULT_IMAGE", "HOME_DIR", "WORK_DIR"]
@@ -48,11 +47,11 @@ API_TIMEOUT = 30
 PACKAGES_ENV = {
     "PIP_TARGET": PACKAGES_DIR,
     "PYTHONPATH": PACKAGES_DIR,
-    PIP_TMPDIR_ENV: PIP_TMPDIR,
     "PIP_NO_CACHE_DIR": "1",
 }
-"""pip in the kernel installs into the packages' tmpfs (on ``sys.path``), unpacks there, and keeps
-no cache (a kernel is disposable; a cache would take the home's room)."""
+"""pip in the kernel installs into the packages' tmpfs (on ``sys.path``), unpacks there
+(:mod:`.kernelside.packages`), and keeps no cache (a kernel is disposable; a cache would take the
+home's room)."""
 
 
 def docker_client(

@@ -152,5 +152,5 @@ def load_ipython_extension(shell):
     shell.register_magic_function(magics.checkpoint, "line", "checkpoint")
     shell.register_magic_function(magics.restore, "line", "restore")
     pip = shell.find_line_magic("pip")
-    if pip is not None and os.environ.get(packages.PIP_TMPDIR_ENV):
+    if pip is not None and os.environ.get("PIP_TARGET"):
         shell.register_magic_function(packages.wrap_pip_magic(pip), "line", "pip")

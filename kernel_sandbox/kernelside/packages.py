@@ -1,9 +1,10 @@
-"""pip in the kernel: the temporary directory the launcher chose for it, and the proxy's refusals.
+"""pip in the kernel: its temporary directory, and the proxy's refusals.
 
-``%pip`` (wrapped by :func:`wrap_pip_magic`) and the execution API's ``install()`` run pip with
-``TMPDIR`` set to the directory named in :data:`PIP_TMPDIR_ENV`, on the filesystem pip installs
-into: a wheel is downloaded and unpacked there and moved into place by renaming, so a large one
-needs no room in a small ``/tmp``. The kernel's own temporary files stay in ``/tmp``.
+Where the launcher set ``PIP_TARGET`` (Docker: a tmpfs of its own), ``%pip`` (wrapped by
+:func:`wrap_pip_magic`) and the execution API's ``install()`` run pip with ``TMPDIR`` set to
+:data:`PIP_TMP` inside it, on the filesystem pip installs into: a wheel is downloaded and unpacked
+there and moved into place by renaming, so a large one needs no room in a small ``/tmp``. The
+kernel's own temporary files stay in ``/tmp``.
 
 pip keeps to its debug log why an index page could not be fetched, so a page the launcher's proxy
 refused (``403`` with the reason and the option that allows it) would read as "no matching
@@ -16,7 +17,8 @@ import re
 import sys
 import tempfile
 
-PIP_TMPDIR_ENV = "KERNEL_SANDBOX_PIP_TMPDIR"
+PIP_TMP = ".pip-tmp"
+"""pip's temporary directory, in ``PIP_TARGET`` (a name that is no module's)."""
 REFUSED = re.compile(r"kernel-sandbox refused .*?(?= for url: |'\)|\"\)|$)", re.M)
 """A refusal of the launcher's proxy as pip logs it (an HTTP error, or a failed tunnel)."""
 LOG_BYTES = 4 * 1024 * 1024
@@ -24,11 +26,12 @@ LOG_BYTES = 4 * 1024 * 1024
 
 
 def pip_environ(environ):
-    """``environ`` for one pip run: ``TMPDIR`` pointed at pip's own directory (made if missing)
-    and ``PIP_LOG`` at a new file in it, when the launcher named one; else ``environ`` unchanged."""
-    path = environ.get(PIP_TMPDIR_ENV)
-    if not path:
+    """``environ`` for one pip run: ``TMPDIR`` pointed at pip's own directory in ``PIP_TARGET``
+    (made if missing) and ``PIP_LOG`` at a new file in it; without ``PIP_TARGET``, unchanged."""
+    target = environ.get("PIP_TARGET")
+    if not target:
         return dict(environ)
+    path = os.path.join(target, PIP_TMP)
     os.makedirs(path, exist_ok=True)
     fd, log = tempfile.mkstemp(prefix="pip-", suffix=".log", dir=path)
     os.close(fd)
@@ -39,7 +42,7 @@ def refusals(environ):
     """The proxy's refusals pip met in the run :func:`pip_environ` made ``environ`` for, each once;
     the log is removed."""
     log = environ.get("PIP_LOG")
-    if not log or not environ.get(PIP_TMPDIR_ENV):
+    if not log or not environ.get("PIP_TARGET"):
         return []
     try:
         with open(log, "rb") as handle:

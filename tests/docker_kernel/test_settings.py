@@ -78,7 +78,6 @@ def test_environment_holds_only_what_is_given_and_the_kernel_key() -> None:
         # pip installs into the packages' tmpfs, unpacks there and keeps no cache
         "PIP_TARGET": PACKAGES_DIR,
         "PYTHONPATH": PACKAGES_DIR,
-        "KERNEL_SANDBOX_PIP_TMPDIR": f"{PACKAGES_DIR}/.pip-tmp",
         "PIP_NO_CACHE_DIR": "1",
     }
 

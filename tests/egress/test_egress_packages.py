@@ -19,6 +19,7 @@ from index_kit import Index, build_extension_wheel, build_large_wheel, serve_ind
 from kernel_kit import RUNTIMES, run_cell, runtime_option
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox
+from kernel_sandbox.kernelside import packages
 from kernel_sandbox.kernelspecs import install as install_kernelspec
 from kernel_sandbox.settings import PACKAGES_DIR
 
@@ -53,7 +54,9 @@ def test_install_brings_a_compiled_extension_and_a_30mb_wheel(docker_engine, ind
     with Sandbox(
         package_index=[index.url, index.entry], tmp_size=SMALL_TMP, timeout=180, standby=0, **runtime_option(runtime)
     ) as sb:
-        result = sb.install(["cext", "bigpkg"])
+        skill = sb.run_skill("import cext\nprint(cext.add(2, 3))", requirements=["cext"])
+        assert skill["success"] and skill["output"] == "5\n", skill
+        result = sb.install(["bigpkg"])
         assert result.error is None, result.stderr
         assert sb.run("import cext; cext.add(2, 40)").text == "42"
         assert sb.run("import bigpkg; bigpkg.SIZE").text == str(BIG)
@@ -100,7 +103,25 @@ def test_an_index_resolving_to_loopback_is_refused_in_the_cell_naming_the_entry_
         result = sb.install(["plainpkg"])
         assert result.error is not None and allow in result.error.value, result
         assert "'package_index'" in result.error.value
+        skill = sb.run_skill("print('ran')", requirements=["plainpkg"])
+        assert not skill["success"] and allow in skill["error"] and "ran" not in skill["output"], skill
     assert len(index.served) == served
+
+
+def test_the_refusals_are_read_back_from_pip_log_once_each(tmp_path: Path) -> None:
+    """Both ways pip meets the proxy's refusal: an index page's HTTP error, a tunnel that failed (HTTPS)."""
+    reason = "kernel-sandbox refused pypi.corp:443: it resolves to 10.1.2.3, which is a private or reserved address"
+    environ = packages.pip_environ({"PIP_TARGET": str(tmp_path)})
+    Path(environ["PIP_LOG"]).write_text(
+        f"2026-12-04T15:33:58,277 Could not fetch URL http://x/simple/a/: 403 Client Error: {reason} for url: "
+        "http://x/simple/a/ - skipping\n"
+        "2026-12-04T15:33:58,300 Retrying (Retry(total=0)) after connection broken by 'ProxyError('Unable to "
+        f"connect to proxy', OSError('Tunnel connection failed: 403 {reason}'))': /simple/a/\n"
+    )
+    assert environ["TMPDIR"] == str(tmp_path / packages.PIP_TMP)
+    assert packages.refusals(environ) == [reason]
+    assert not Path(environ["PIP_LOG"]).exists()
+    assert packages.pip_environ({"PATH": "/bin"}) == {"PATH": "/bin"}  # no directory named: pip as it is
 
 
 def test_an_index_url_on_loopback_is_refused_before_any_kernel_starts() -> None:
