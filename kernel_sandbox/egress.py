@@ -15,7 +15,9 @@ list of destinations the kernel may reach, each spelt ``HOST[:PORT][@ADDRESSES]`
 
 :func:`parse_destinations` checks a list (a malformed entry is a :class:`ConfigError` naming it)
 and :class:`Destination` matches a request; the launcher (:mod:`.launch.egress`) decides with
-them. The package index (option ``package_index``) is PyPI's two hosts unless a mirror is named.
+them. The package index (option ``package_index``) is PyPI's two hosts unless a mirror is named;
+an index URL on a loopback address is refused (:data:`LOCALHOST`): in the sandbox it is the
+sandbox.
 """
 
 from __future__ import annotations
