@@ -23,8 +23,6 @@ from kernel_sandbox.kernelside import packages
 from kernel_sandbox.kernelspecs import install as install_kernelspec
 from kernel_sandbox.settings import PACKAGES_DIR
 
-pytestmark = pytest.mark.security("attack", "egress")
-
 BIG = 30 * 2**20
 SMALL_TMP = "16m"
 """/tmp's size in these kernels: smaller than the wheel, so pip must unpack where it installs."""
@@ -49,8 +47,10 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         assert served.guard_fired == [], "the launcher tried to connect outside 127.0.0.0/8"
 
 
+@pytest.mark.security("attack", "container")
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_install_brings_a_compiled_extension_and_a_30mb_wheel(docker_engine, index: Index, runtime: str) -> None:
+    """A compiled library copied from the packages' directory to any other writable place fails to load."""
     with Sandbox(
         package_index=[index.url, index.entry], tmp_size=SMALL_TMP, timeout=180, standby=0, **runtime_option(runtime)
     ) as sb:
@@ -87,6 +87,7 @@ async def test_pip_magic_in_a_notebook_kernel_installs_a_compiled_extension_and_
         await manager.shutdown_kernel(now=True)
 
 
+@pytest.mark.security("attack", "egress")
 def test_an_index_resolving_to_loopback_is_refused_in_the_cell_naming_the_entry_that_allows_it(
     docker_engine, index: Index
 ) -> None:
@@ -124,6 +125,7 @@ def test_the_refusals_are_read_back_from_pip_log_once_each(tmp_path: Path) -> No
     assert packages.pip_environ({"PATH": "/bin"}) == {"PATH": "/bin"}  # no directory named: pip as it is
 
 
+@pytest.mark.security("fault", "options")
 def test_an_index_url_on_loopback_is_refused_before_any_kernel_starts() -> None:
     """Inside the sandbox, 127.0.0.1 is the sandbox itself: pip would retry its own loopback and say nothing."""
     for url in ("http://127.0.0.1:3141/simple", "http://localhost:3141/simple", "https://[::1]/simple"):
