@@ -88,14 +88,18 @@ async def test_pip_magic_in_a_notebook_kernel_installs_a_compiled_extension_and_
 
 
 @pytest.mark.security("attack", "egress")
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_an_index_resolving_to_loopback_is_refused_in_the_cell_naming_the_entry_that_allows_it(
-    docker_engine, index: Index
+    docker_engine, index: Index, runtime: str
 ) -> None:
     """The index is listed by name only: its name resolves to 127.0.0.1, which a name may not lead to
     unless the entry names the address. pip keeps that to its debug log; the cell and install() say it."""
     served = len(index.served)
     allow = f"'index.test:{index.port}@127.0.0.1'"
-    with Sandbox(network=[f"index.test:{index.port}"], package_index=[index.url], timeout=120, standby=0) as sb:
+    with Sandbox(
+        network=[f"index.test:{index.port}"], package_index=[index.url], timeout=120, standby=0,
+        **runtime_option(runtime),
+    ) as sb:
         ran = sb.run("%pip install plainpkg")
         said = ran.stdout + ran.stderr
         assert f"[kernel-sandbox] kernel-sandbox refused index.test:{index.port}: it resolves to 127.0.0.1" in said
