@@ -27,6 +27,10 @@ from .policy import MODES as POLICY_MODES, OutputPolicy
 
 HOME_DIR = "/home/sandbox"
 WORK_DIR = "/home/sandbox/work"
+PACKAGES_DIR = "/home/sandbox/.packages"
+"""Where pip installs in a Docker kernel (``PIP_TARGET``, on ``PYTHONPATH``; the image is
+read-only): a tmpfs of its own, the one writable place mounted ``exec``, directly under the home
+(a mount point deeper would make its parents the engine's, owned by root)."""
 UNLIMITED = "unlimited"
 MiB = 2**20
 MIN_MEMORY = 32 * MiB

@@ -27,7 +27,7 @@ from ..kernelside import MAGICS, source, sources
 from ..kernelside.boot import KEY_ENV, MODULES_ENV
 from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_private
 from ..provisioners.process import pid_alive
-from ..settings import HOME_DIR, WORK_DIR
+from ..settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
 from .settings import DEFAULT_IMAGE, DockerSettings
 
 __all__ = ["DEFAULT_IMAGE", "HOME_DIR", "WORK_DIR"]
@@ -44,6 +44,14 @@ OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
 API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
+PACKAGES_ENV = {
+    "PIP_TARGET": PACKAGES_DIR,
+    "PYTHONPATH": PACKAGES_DIR,
+    "PIP_NO_CACHE_DIR": "1",
+}
+"""pip in the kernel installs into the packages' tmpfs (on ``sys.path``), unpacks there
+(:mod:`.kernelside.packages`), and keeps no cache (a kernel is disposable; a cache would take the
+home's room)."""
 
 
 def docker_client(
@@ -201,8 +209,13 @@ def container_spec(
     }
     if "work_size" in sizes:
         tmpfs[WORK_DIR] = f"rw,nosuid,nodev,size={sizes['work_size']},uid={uid},gid={gid},mode=0755"
+    # the one writable place mounted exec: compiled extensions that pip installs load from it
+    tmpfs[PACKAGES_DIR] = (
+        f"rw,exec,nosuid,nodev,size={sizes['packages_size']},uid={uid},gid={gid},mode=0755"
+    )
     environment = {
         **env,
+        **PACKAGES_ENV,
         **settings.env,
         "HOME": HOME_DIR,
         "PYTHONUNBUFFERED": "1",

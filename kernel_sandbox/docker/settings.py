@@ -15,6 +15,7 @@ from ..egress import parse_network
 from ..errors import ConfigError
 from ..settings import (
     HOME_DIR,
+    PACKAGES_DIR,
     UNLIMITED,
     WORK_DIR,
     BackendSettings,
@@ -43,14 +44,21 @@ from ..settings import (
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
-TMPFS_SHARE = {"tmp_size": 1 / 16, "shm_size": 1 / 16, "home_size": 1 / 4, "work_size": 3 / 8}
+TMPFS_SHARE = {
+    "tmp_size": 1 / 16,
+    "shm_size": 1 / 16,
+    "home_size": 1 / 8,
+    "work_size": 1 / 4,
+    "packages_size": 1 / 4,
+}
 """Default share of the memory limit for each writable tmpfs (``/dev/shm`` too); together 3/4, the
 rest is the kernel's."""
 TMPFS_FALLBACK = {
     "tmp_size": 128 * MiB,
     "shm_size": 64 * MiB,
-    "home_size": 256 * MiB,
-    "work_size": 384 * MiB,
+    "home_size": 128 * MiB,
+    "work_size": 256 * MiB,
+    "packages_size": 256 * MiB,
 }
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
 
@@ -93,10 +101,17 @@ class DockerSettings(BackendSettings):
         "auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16."
     )
     home_size: int | None = _option(
-        "auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/4."
+        "auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/8."
     )
     work_size: int | None = _option(
-        "auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory."
+        "auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': memory/4."
+    )
+    packages_size: int | None = _option(
+        "auto",
+        _tmpfs,
+        f"Size of the tmpfs that pip installs into and unpacks in ({PACKAGES_DIR}, the one "
+        "writable place where files may be run or loaded as code: compiled extensions); "
+        "'auto': memory/4.",
     )
     mounts: tuple[Mount, ...] = _option(
         (), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'."
@@ -171,7 +186,7 @@ class DockerSettings(BackendSettings):
 
     def tmpfs_sizes(self) -> dict[str, int]:
         """The size in bytes of each writable tmpfs (``tmp_size``, ``shm_size``, ``home_size``,
-        ``work_size``)."""
+        ``work_size``, ``packages_size``)."""
         sizes = {}
         for name, share in TMPFS_SHARE.items():
             size = getattr(self, name)

@@ -577,8 +577,10 @@ class AsyncSandbox(KernelExchange):
     ) -> Execution:
         """pip-install ``requirements`` (names, or requirements.txt text) inside the sandbox.
 
-        Packages go to a directory under the sandbox's home that is put on ``sys.path``. The
-        outcome is returned: pip's output in stdout/stderr, ``error`` set when pip failed. With the
+        Packages go to a directory under the sandbox's home that is put on ``sys.path`` (Docker: a
+        tmpfs of ``packages_size`` where compiled extensions load). The outcome is returned: pip's
+        output in stdout/stderr, ``error`` set when pip failed, naming what the launcher's proxy
+        refused and the option that allows it. With the
         network off (or a list) the backend opens the ``package_index`` for this call alone (Docker:
         in the launcher's proxy; OpenSandbox: in the sandbox's egress policy, by the host) and
         closes it when pip ends, also on error, timeout or cancel; when it cannot,
@@ -598,10 +600,13 @@ class AsyncSandbox(KernelExchange):
         assert self._lock is not None
         async with self._lock, self._package_index(seconds):
             body = await self._op(request, (), seconds, deadline)
-        execution = Execution(stdout=body["stdout"], stderr=body["stderr"])
+        refused = [str(reason) for reason in body.get("refused", ())]
+        stderr = body["stderr"] + "".join(f"[kernel-sandbox] {reason}\n" for reason in refused)
+        execution = Execution(stdout=body["stdout"], stderr=stderr)
         if body["returncode"] != 0:
+            why = f"pip exited with code {body['returncode']}"
             execution.error = ExecutionError(
-                "InstallError", f"pip exited with code {body['returncode']}", body["stderr"]
+                "InstallError", "; ".join([why, *refused]), execution.stderr
             )
         return execution
 

@@ -1,5 +1,6 @@
 """``%checkpoint`` and ``%restore``: keep a kernel's variables across a restart, with the launcher
 on the host as the store (the kernel side; the host side: :mod:`kernel_sandbox.launch.checkpoints`).
+The extension also wraps IPython's ``%pip`` (:func:`.packages.wrap_pip_magic`).
 
 The boot (:mod:`.boot`) installs this module and loads it as an IPython extension. ``%checkpoint``
 saves the user's names and the work directory's files with :mod:`.checkpoint`, then asks the
@@ -19,8 +20,9 @@ import time
 
 try:  # inside the kernel, the boot installed the siblings under these names
     import _kernel_sandbox_checkpoint as checkpoint
+    import _kernel_sandbox_packages as packages
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint
+    from kernel_sandbox.kernelside import checkpoint, packages
 
 REQUEST = "kernel_sandbox_checkpoint"
 """The IOPub message type of a request to the launcher."""
@@ -144,7 +146,11 @@ def _no_arguments(name, line):
 
 
 def load_ipython_extension(shell):
-    """Register ``%checkpoint`` and ``%restore`` (IPython calls this at the kernel's start)."""
+    """Register ``%checkpoint`` and ``%restore``, and run ``%pip`` with pip's own temporary
+    directory (IPython calls this at the kernel's start)."""
     magics = Magics(shell, os.getcwd())
     shell.register_magic_function(magics.checkpoint, "line", "checkpoint")
     shell.register_magic_function(magics.restore, "line", "restore")
+    pip = shell.find_line_magic("pip")
+    if pip is not None and os.environ.get("PIP_TARGET"):
+        shell.register_magic_function(packages.wrap_pip_magic(pip), "line", "pip")

@@ -25,7 +25,7 @@ from traitlets.config import Config
 from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.docker.containers import kernel_of
-from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
+from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, MiB, WORK_DIR
 
 from kernel_kit import RUNTIMES, run_cell, runtime_option
 
@@ -61,7 +61,7 @@ print(json.dumps({
 FILL = r"""
 import errno, json, os
 written, paths = {}, []
-for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s"):  # all full at once, until the end
+for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s", "%(packages)s"):  # all full at once, until the end
     path, total = os.path.join(place, "fill.bin"), 0
     paths.append(path)
     chunk = b"x" * 2**20
@@ -75,7 +75,7 @@ for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s"):  # all full at once, 
 for path in paths:
     os.unlink(path)
 print(json.dumps(written))
-""" % {"home": HOME_DIR, "work": WORK_DIR}
+""" % {"home": HOME_DIR, "work": WORK_DIR, "packages": PACKAGES_DIR}
 
 PLANT = r"""
 import os, socket
@@ -145,7 +145,7 @@ async def test_filling_every_writable_place_stops_at_its_own_limit(km: AsyncKern
     before = shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free
     written = json.loads(await run(km, FILL, timeout=300))
     after = shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free
-    sizes = {"/tmp": 64 * MiB, "/dev/shm": 64 * MiB, HOME_DIR: 256 * MiB, WORK_DIR: 384 * MiB}
+    sizes = {"/tmp": 64 * MiB, "/dev/shm": 64 * MiB, HOME_DIR: 128 * MiB, WORK_DIR: 256 * MiB, PACKAGES_DIR: 256 * MiB}
     for place, size in sizes.items():
         assert size - 2 * MiB <= written[place] <= size, (place, written[place])
     assert abs(before - after) < 64 * MiB, "the host's disk moved while the kernel filled its own"
@@ -158,7 +158,7 @@ async def test_filling_every_writable_place_at_a_small_memory_limit_is_enospc_no
     await km.start_kernel()
     try:
         written = json.loads(await run(km, FILL, timeout=300))
-        sizes = {"/tmp": 16 * MiB, "/dev/shm": 16 * MiB, HOME_DIR: 64 * MiB, WORK_DIR: 96 * MiB}
+        sizes = {"/tmp": 16 * MiB, "/dev/shm": 16 * MiB, HOME_DIR: 32 * MiB, WORK_DIR: 64 * MiB, PACKAGES_DIR: 64 * MiB}
         for place, size in sizes.items():
             assert size - 2 * MiB <= written[place] <= size, (place, written[place])
         assert (await run(km, "print('alive')")) == "alive\n"
