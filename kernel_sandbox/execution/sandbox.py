@@ -50,6 +50,7 @@ from .files import (
     MAX_STREAM_BYTES,
     NO_LIMIT,
     Content,
+    Gathered,
     chunks,
     confine,
 )
@@ -470,9 +471,11 @@ class AsyncSandbox(KernelExchange):
         limit: int,
         limit_name: str,
         timeout: float | None,
+        sized: Callable[[int], Any] | None = None,
     ) -> int:
         """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past
-        ``limit``.
+        ``limit``. ``sized`` is told the size the kernel states (within ``limit``) before the first
+        chunk.
 
         The limit is the host's: the size the kernel states is checked against it, and so is every
         byte that arrives (a kernel that patched its helper states what it likes).
@@ -500,6 +503,8 @@ class AsyncSandbox(KernelExchange):
                     raise SandboxFileError(
                         f"{rel!r} changed in the sandbox while it was being read"
                     )
+                if offset == 0 and sized is not None:
+                    sized(total)
                 sink(data)
                 offset += len(data)
         return offset
@@ -514,9 +519,9 @@ class AsyncSandbox(KernelExchange):
     async def _download(
         self, path: str, limit: int, limit_name: str, timeout: float | None
     ) -> bytes:
-        parts: list[bytes] = []
-        await self._read(path, parts.append, limit, limit_name, timeout)
-        return b"".join(parts)
+        gathered = Gathered()
+        await self._read(path, gathered.write, limit, limit_name, timeout, gathered.reserve)
+        return gathered.value()
 
     async def download_to(
         self,

@@ -9,7 +9,9 @@ private directory, where it outlives a restart of the kernel (until the kernel i
 ``%restore`` asks the launcher to put the kept blob back, and loads it. The launcher answers by
 writing a small JSON file at the path the request names; the magic waits for it. The launcher
 decides and checks everything (the size cap, the hash, the image): a kernel that forges requests
-reaches only its own checkpoint.
+reaches only its own checkpoint. The launcher keeps a checkpoint only for a cell the client signed
+with a line ``%checkpoint`` of its own (:func:`asks_checkpoint`), once per such cell: a kernel
+cannot fill the host's disk unasked.
 """
 
 import json
@@ -29,6 +31,14 @@ ANSWER_TIMEOUT = 300.0
 ANSWER_BYTES = 1024 * 1024
 POLL_SECONDS = 0.02
 SHOWN_NAMES = 20
+
+
+def asks_checkpoint(code):
+    """True when the cell ``code`` has a line ``%checkpoint`` of its own (the launcher checks the
+    cell the client signed by this rule; the magic, to refuse early)."""
+    return isinstance(code, str) and any(
+        line.strip() == "%checkpoint" for line in code.splitlines()
+    )
 
 
 class CheckpointFailed(Exception):
@@ -112,6 +122,13 @@ class Magics:
         """%checkpoint: save the names you defined and the work directory's files; the host
         keeps them for %restore, across a restart of this kernel."""
         _no_arguments("checkpoint", line)
+        cell = (self.shell.kernel.get_parent("shell") or {}).get("content") or {}
+        if not asks_checkpoint(cell.get("code")):
+            raise CheckpointFailed(
+                "the host keeps a checkpoint only for a cell you run with %checkpoint on a line of "
+                "its own (the launcher takes the request from such a cell only): run %checkpoint "
+                "as a line of its own"
+            )
         report = checkpoint.save(self.work)
         try:
             _ask(

@@ -28,11 +28,11 @@ import kernel_sandbox.launch.checkpoints as store
 from kernel_sandbox.execution import Checkpoint
 from kernel_sandbox.kernelside.magics import REQUEST
 from kernel_sandbox.kernelspecs import started_client
-from kernel_sandbox.privdir import kept_checkpoint, remove_private
+from kernel_sandbox.privdir import checkpoint_root, kept_checkpoint, remove_private
 
 from kernel_kit import RUNTIMES, runtime_option, until_ended
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "own_store")
 
 MADE = """
 import numpy as np, socket, threading, os
@@ -69,6 +69,10 @@ def report(path, size=None, sha=None):
 """
 
 
+ASKED = "if False:\n    %checkpoint\n"
+"""A cell the user ran with a line ``%checkpoint``, which a kernel that forges answers itself."""
+
+
 def manager(**settings: Any) -> AsyncKernelManager:
     """A manager of the Docker kernelspec with these provisioner settings, restarted as JupyterLab
     restarts (the launcher's private directory is kept)."""
@@ -96,6 +100,14 @@ async def cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict[str,
 async def restart(km: AsyncKernelManager, kc: Any) -> None:
     await km.restart_kernel(now=True)
     await kc.wait_for_ready(timeout=120)
+
+
+@pytest.fixture
+def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkpoint store of this test's own (its launchers inherit ``XDG_STATE_HOME``): the
+    store's total counts every kernel of the user, other tests' too."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return checkpoint_root()
 
 
 @pytest.fixture
@@ -177,10 +189,10 @@ async def test_a_kernel_that_understates_its_blob_cannot_send_more_or_replace_th
         "import hashlib\n"
         "head = hashlib.sha256((bytes(range(256)) * 400)[:1000]).hexdigest()\n"
         "print(forge(**report('/tmp/blob', size=1000, sha=head)))\n"  # states 1000 bytes of 102400
-        "print(forge(**report('/tmp/blob', sha='0' * 64)))\n"  # the right size, another hash
     )
-    text, _ = await cell(kc, code)
-    first, second = text.splitlines()
+    first = (await cell(kc, ASKED + code))[0]
+    # the right size, another hash
+    second = (await cell(kc, ASKED + "print(forge(**report('/tmp/blob', sha='0' * 64)))"))[0]
     assert "the file in the container is 102400 bytes, not the 1000 stated; nothing was kept" in first
     assert "not the one the kernel stated" in second
     assert kept.read_bytes() == good, "a refused checkpoint leaves the kept one as it was"
@@ -195,11 +207,10 @@ async def test_a_blob_path_that_is_a_symlink_or_a_fifo_is_refused_and_blocks_not
     code = (
         "os.symlink('/etc/passwd', '/tmp/link'); os.mkfifo('/tmp/fifo')\n"
         "print(forge(**report('/etc/passwd') | {'blob': '/tmp/link'}))\n"
-        "print(forge(**report('/etc/passwd') | {'blob': '/tmp/fifo'}))\n"
-        "print(forge(action='restore', blob='/tmp/link'))\n"
     )
-    text, _ = await cell(kc, code)
-    link, fifo, restore = text.splitlines()
+    link = (await cell(kc, ASKED + code))[0]
+    fifo = (await cell(kc, ASKED + "print(forge(**report('/etc/passwd') | {'blob': '/tmp/fifo'}))"))[0]
+    restore = (await cell(kc, "print(forge(action='restore', blob='/tmp/link'))"))[0]
     assert "'status': 'error'" in link and "Too many levels of symbolic links" in link
     assert "'status': 'error'" in fifo and "is not a regular file" in fifo
     assert "No checkpoint is kept" in restore
@@ -227,10 +238,11 @@ async def test_malformed_requests_are_refused_and_the_launcher_serves_on(
     session: tuple[AsyncKernelManager, Any],
 ) -> None:
     km, kc = session
-    lines = "\n".join(f"print(repr(forge(**{shape})) if isinstance({shape}, dict) else 'skip')" for shape in SHAPES)
-    text, reply = await cell(kc, lines, timeout=300)
-    answers = text.splitlines()
-    assert reply["status"] == "ok" and len(answers) == len(SHAPES)
+    answers = []
+    for shape in SHAPES:  # each in a cell the user ran with %checkpoint: one request for each
+        text, reply = await cell(kc, ASKED + f"print(repr(forge(**{shape})) if isinstance({shape}, dict) else 'skip')")
+        assert reply["status"] == "ok", text
+        answers.append(text.strip())
     assert answers[0] == "skip"  # a list is no request: the cell itself sends it below
     assert all("'status': 'error'" in answer for answer in answers[1:]), answers
     # a request whose answer path is not a path, or whose content is not a mapping: dropped, no answer
@@ -266,7 +278,7 @@ async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no
     def watch(msg: dict[str, Any]) -> None:
         seen.append(msg["msg_type"])
 
-    reply = await kc.execute_interactive(code, timeout=120, output_hook=watch)
+    reply = await kc.execute_interactive(ASKED + code, timeout=120, output_hook=watch)
     assert reply["content"]["status"] == "ok"
     assert REQUEST not in seen, "a request to the launcher reached a client"
     # the launcher took the first and dropped the rest while it was busy: a handful of answers
@@ -276,7 +288,7 @@ async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no
         await asyncio.sleep(0.5)
     await asyncio.sleep(2)  # any request served after the first would have answered by now
     answered = int((await cell(kc, count))[0])
-    assert 1 <= answered < 100, f"{answered} of 2000 forged requests were served"
+    assert answered == 1, f"{answered} of 2000 forged requests were served, not the one the cell asked for"
     assert (await cell(kc, "print(1 + 1)"))[0] == "2\n"
     assert (kept_checkpoint(km.provisioner.private.path)).stat().st_size > 900_000
 
@@ -305,7 +317,7 @@ async def test_the_offer_is_said_once_and_only_with_a_checkpoint_and_gc_removes_
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     private = tmp_path / "k1"
     private.mkdir(mode=0o700)
-    kept = store.CheckpointStore(private, None, 100, "docker")  # type: ignore[arg-type]
+    kept = store.CheckpointStore(private, None, 100, 1000, "docker")  # type: ignore[arg-type]
     kept.leave_offer("out of memory")
     assert kept.take_offer() is None, "no checkpoint kept: nothing to offer"
     kept.path.parent.mkdir(parents=True)
