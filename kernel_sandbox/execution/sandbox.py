@@ -56,7 +56,14 @@ from .files import (
 )
 from .collector import Callback, Collector
 from .exchange import DEFAULT_CALL_TIMEOUT, REPLY_GRACE, KernelExchange
-from .skills import failed_skill, figure_files, file_entry, skill_result
+from .skills import (
+    Encoder,
+    failed_skill,
+    figure_files,
+    file_entry,
+    largest_encodable,
+    skill_result,
+)
 from .tools import body_error, check_env, tool_payload
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
@@ -735,8 +742,9 @@ class AsyncSandbox(KernelExchange):
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
         created or changed in the work directory (not the unchanged skill files) and the images it
         displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
-        The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
-        arrive); past it the run fails with an error naming the limit.
+        The files together may hold ``max_files_bytes`` (256 MiB by default) of base64 text, what
+        the answer holds (4/3 of their bytes), counted as they arrive; past it the run fails with an
+        error naming the limit.
         """
         if (
             isinstance(max_files_bytes, bool)
@@ -758,15 +766,20 @@ class AsyncSandbox(KernelExchange):
             files, room = [], max_files_bytes
             for path in sorted(after):
                 if before.get(path) != after[path]:
-                    limit = min(room, MAX_FILE_BYTES)
+                    limit = min(largest_encodable(room), MAX_FILE_BYTES)
                     name = (
-                        f"max_files_bytes={max_files_bytes}, {room} bytes left"
-                        if limit == room
+                        f"max_files_bytes={max_files_bytes} of base64, {room} left"
+                        if limit < MAX_FILE_BYTES
                         else "download's ceiling"
                     )
-                    content = await self._download(path, limit, f"run_skill's {name}", timeout)
-                    room -= len(content)
-                    files.append(file_entry(path, content))
+                    encoder = Encoder()
+                    try:
+                        await self._read(path, encoder.write, limit, f"run_skill's {name}", timeout)
+                        text = encoder.text()
+                    finally:
+                        encoder.close()
+                    room -= len(text)
+                    files.append(file_entry(path, text))
             files += figure_files(execution.results)
         except SandboxError as exc:
             return failed_skill("", str(exc))
