@@ -99,14 +99,15 @@ class CheckpointStore:
     def client_sent(self, parts: list[bytes]) -> None:
         """Note a cell the client signed that runs ``%checkpoint`` (:attr:`Front.client_shell`):
         the one checkpoint request the store serves for it."""
-        if b"%checkpoint" not in parts[3]:
+        header = _json(parts[0])
+        if not isinstance(header, dict) or header.get("msg_type") != "execute_request":
             return
-        header, content = _json(parts[0]), _json(parts[3])
-        msg_id = header.get("msg_id") if isinstance(header, dict) else None
+        code = bytes(parts[3])  # a large one arrives as a memoryview
+        content = _json(code) if b"%checkpoint" in code else None
+        msg_id = header.get("msg_id")
         if (
             isinstance(msg_id, str)
             and isinstance(content, dict)
-            and header.get("msg_type") == "execute_request"
             and asks_checkpoint(content.get("code"))
         ):
             self._asked[msg_id] = None
