@@ -10,7 +10,7 @@ private directory, where it outlives a restart of the kernel (until the kernel i
 writing a small JSON file at the path the request names; the magic waits for it. The launcher
 decides and checks everything (the size cap, the hash, the image): a kernel that forges requests
 reaches only its own checkpoint. The launcher keeps a checkpoint only for a cell the client signed
-with a line ``%checkpoint`` of its own (:func:`asks_checkpoint`), once per such cell: a kernel
+with a line ``%checkpoint`` of its own (:func:`checkpoint_lines`), once per such line: a kernel
 cannot fill the host's disk unasked.
 """
 
@@ -33,12 +33,11 @@ POLL_SECONDS = 0.02
 SHOWN_NAMES = 20
 
 
-def asks_checkpoint(code):
-    """True when the cell ``code`` has a line ``%checkpoint`` of its own (the launcher checks the
-    cell the client signed by this rule; the magic, to refuse early)."""
-    return isinstance(code, str) and any(
-        line.strip() == "%checkpoint" for line in code.splitlines()
-    )
+def checkpoint_lines(code):
+    """How many lines ``%checkpoint`` of their own the cell ``code`` has (the launcher serves as
+    many checkpoint requests for the cell the client signed; the magic refuses early at none)."""
+    lines = code.splitlines() if isinstance(code, str) else ()
+    return sum(line.strip() == "%checkpoint" for line in lines)
 
 
 class CheckpointFailed(Exception):
@@ -123,7 +122,7 @@ class Magics:
         keeps them for %restore, across a restart of this kernel."""
         _no_arguments("checkpoint", line)
         cell = (self.shell.kernel.get_parent("shell") or {}).get("content") or {}
-        if not asks_checkpoint(cell.get("code")):
+        if not checkpoint_lines(cell.get("code")):
             raise CheckpointFailed(
                 "the host keeps a checkpoint only for a cell you run with %checkpoint on a line of "
                 "its own (the launcher takes the request from such a cell only): run %checkpoint "

@@ -10,8 +10,8 @@ directory when the kernel is shut down (or by ``kernel-sandbox gc``).
 
 The store is the host's, so the host decides when it is written: a checkpoint is kept only for a
 request whose parent is a cell the client signed with a line ``%checkpoint``
-(:func:`~kernel_sandbox.kernelside.magics.asks_checkpoint`, seen by
-:meth:`CheckpointStore.client_sent`), once per such cell; the kernel's other checkpoint requests
+(:func:`~kernel_sandbox.kernelside.magics.checkpoint_lines`, seen by
+:meth:`CheckpointStore.client_sent`), once per such line; the kernel's other checkpoint requests
 are dropped. Before a byte is pulled the blob's file is made at its full size
 (:func:`~kernel_sandbox.privdir.checkpoint_part`, locked by its writer), under the lock of the
 whole store, after counting every checkpoint of this user's kernels, kept and partial, against
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeGuard
 
 from ..errors import CheckpointError, FramingError, KernelSandboxError
-from ..kernelside.magics import REQUEST, asks_checkpoint
+from ..kernelside.magics import REQUEST, checkpoint_lines
 from ..privdir import checkpoint_part, checkpoint_store, kept_checkpoint, stored_bytes
 from .journal import note
 
@@ -54,7 +54,7 @@ OFFER = "checkpoint-offer.json"
 """Left in the private directory by a kernel that ran out of memory with ``checkpoint_on_oom``."""
 MAX_PATH = 4096
 ASKED = 16
-"""Cells with ``%checkpoint`` the store remembers, newest first, until their request comes."""
+"""Cells with ``%checkpoint`` the store remembers, the newest, until their requests come."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -93,24 +93,21 @@ class CheckpointStore:
         self.max_total = max_total
         self.backend = backend
         self._serving = False
-        self._asked: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._asked: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def client_sent(self, parts: list[bytes]) -> None:
         """Note a cell the client signed that runs ``%checkpoint`` (:attr:`Front.client_shell`):
-        the one checkpoint request the store serves for it."""
+        the checkpoint requests the store serves for it, one per such line."""
         header = _json(parts[0])
         if not isinstance(header, dict) or header.get("msg_type") != "execute_request":
             return
         code = bytes(parts[3])  # a large one arrives as a memoryview
         content = _json(code) if b"%checkpoint" in code else None
         msg_id = header.get("msg_id")
-        if (
-            isinstance(msg_id, str)
-            and isinstance(content, dict)
-            and asks_checkpoint(content.get("code"))
-        ):
-            self._asked[msg_id] = None
+        lines = checkpoint_lines(content.get("code")) if isinstance(content, dict) else 0
+        if isinstance(msg_id, str) and lines:
+            self._asked[msg_id] = lines
             while len(self._asked) > ASKED:
                 self._asked.popitem(last=False)
 
@@ -135,7 +132,9 @@ class CheckpointStore:
                     "dropped a checkpoint request from a cell without %checkpoint",
                 )
                 return
-            del self._asked[msg_id]
+            self._asked[msg_id] -= 1
+            if not self._asked[msg_id]:
+                del self._asked[msg_id]
         self._serving = True
         task = asyncio.ensure_future(self._serve(content, answer))
         self._tasks.add(task)  # held until done (the loop keeps only weak references)

@@ -344,6 +344,9 @@ async def test_a_checkpoint_no_cell_asked_for_writes_nothing_on_the_host(
     text, reply = await cell(kc, ASKED + "print(forge(**report('/tmp/blob'))['status'])\nprint(forge(wait=3, **report('/tmp/blob')))")
     assert text == "ok\nNone\n", text
     assert kept_checkpoint(km.provisioner.private.path).stat().st_size > 900_000
+    # one request for each line the user wrote
+    text, reply = await cell(kc, "del note\n%checkpoint\n%checkpoint")
+    assert reply["status"] == "ok" and text.count("Checkpoint kept by the host") == 2, text
 
 
 STALLED = (
