@@ -21,7 +21,8 @@ MAX_STREAM_BYTES = 2 * 1024 * 1024 * 1024
 """The largest file ``download_to`` writes by default (the kernel decides how big a file claims to
 be)."""
 MAX_SKILL_FILES_BYTES = 256 * 1024 * 1024
-"""The default of ``run_skill``'s ``max_files_bytes``: the files of one skill run, all together."""
+"""The default of ``run_skill``'s ``max_files_bytes``: the files of one skill run, all together,
+as the base64 text its answer holds."""
 NO_LIMIT = 2**62
 
 Content = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", IO[bytes]]
