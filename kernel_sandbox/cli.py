@@ -155,7 +155,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """Remove containers, OpenSandbox sandboxes and private directories left by dead kernels."""
+    """Remove containers, OpenSandbox sandboxes, private directories and partial checkpoints left
+    by dead kernels."""
     api_base = args.api_base or os.environ.get("OPEN_SANDBOX_API_BASE")
     try:
         report = gc(docker_client(), everything=args.all)
@@ -168,9 +169,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
             print(f"removed container {name}")
         for path in report.private_dirs:
             print(f"removed private directory {path}")
+        for path in report.checkpoint_parts:
+            print(f"removed partial checkpoint {path}")
         print(
             f"{len(report.containers)} container(s), {len(report.private_dirs)} private "
-            "directory(ies) removed"
+            f"directory(ies), {len(report.checkpoint_parts)} partial checkpoint(s) removed"
         )
     if api_base:
         deleted = asyncio.run(_gc_sandboxes(api_base, args.all))

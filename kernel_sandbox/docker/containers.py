@@ -25,7 +25,7 @@ from docker.models.containers import Container
 from ..errors import ConfigError, EngineUnavailable, ImageMissing, KernelSandboxError
 from ..kernelside import MAGICS, source, sources
 from ..kernelside.boot import KEY_ENV, MODULES_ENV
-from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_private
+from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_dead_parts, remove_private
 from ..provisioners.process import pid_alive
 from ..settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
 from .settings import DEFAULT_IMAGE, DockerSettings
@@ -361,11 +361,12 @@ class GcReport:
 
     containers: list[str] = field(default_factory=list)
     private_dirs: list[str] = field(default_factory=list)
+    checkpoint_parts: list[str] = field(default_factory=list)
 
 
 def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
-    """Remove kernel containers whose owner is dead (all of them when ``everything``) and abandoned
-    dirs."""
+    """Remove kernel containers whose owner is dead (all of them when ``everything``), abandoned
+    dirs and the partial checkpoints of dead launchers."""
     report = GcReport()
     for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         if everything or is_orphan(container):
@@ -374,6 +375,7 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
     for path in abandoned_dirs():
         remove_private(path)
         report.private_dirs.append(str(path))
+    report.checkpoint_parts = [str(path) for path in remove_dead_parts()]
     return report
 
 

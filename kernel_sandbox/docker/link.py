@@ -413,9 +413,17 @@ class DockerLink:
         if private is None:
             private = self._own_dir = PrivateDir.create()
         files = ContainerFiles(client, container_id, self.settings.image)
-        store = CheckpointStore(private.path, files, self.settings.checkpoint_max_bytes, "docker")
+        settings = self.settings
+        store = CheckpointStore(
+            private.path,
+            files,
+            settings.checkpoint_max_bytes,
+            settings.max_checkpoint_bytes,
+            "docker",
+        )
         self._checkpoints = store
         front.kernel_requests[REQUEST] = store.handle
+        front.client_shell.append(store.client_sent)
         offer = store.take_offer()
         if offer is not None:
             front.notice_next_cell(offer)
@@ -898,6 +906,8 @@ class DockerLink:
             self._probing.cancel()
         for task in self._reopening:
             task.cancel()
+        if self._checkpoints is not None:
+            await self._checkpoints.close()
         for transport in [
             *self._streams,
             *(channel.transport for channel in self._channels.values()),

@@ -155,6 +155,13 @@ class DockerSettings(BackendSettings):
         parse_size,
         "The largest checkpoint %checkpoint may keep on the host for one kernel (e.g. 512m, 2g).",
     )
+    max_checkpoint_bytes: int = _option(
+        "2g",
+        parse_size,
+        "The most disk the checkpoints %checkpoint keeps on the host may take, all kernels of "
+        "the host user together (partial ones and a kernel's previous one until replaced "
+        "included); 2g lets one kernel at the default checkpoint_max_bytes replace its own.",
+    )
     checkpoint_on_oom: bool = _option(
         False,
         _flag,
@@ -163,8 +170,8 @@ class DockerSettings(BackendSettings):
     )
 
     def __post_init__(self) -> None:
-        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, one
-        mount of the work directory."""
+        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, a
+        kernel's checkpoint in all kernels', one mount of the work directory."""
         sizes = self.tmpfs_sizes()
         if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
             used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
@@ -178,6 +185,12 @@ class DockerSettings(BackendSettings):
                 f"memory={asked!r} does not fit in max_memory={self.max_memory // MiB}m: give "
                 "every kernel a memory limit no larger than max_memory, or set max_memory to "
                 "'unlimited'"
+            )
+        if self.checkpoint_max_bytes > self.max_checkpoint_bytes:
+            raise ConfigError(
+                f"checkpoint_max_bytes={self.checkpoint_max_bytes} does not fit in "
+                f"max_checkpoint_bytes={self.max_checkpoint_bytes} (all kernels' checkpoints on "
+                "the host together): lower checkpoint_max_bytes or raise max_checkpoint_bytes"
             )
         if self.mount_cwd != "off" and any(mount.target == WORK_DIR for mount in self.mounts):
             raise ConfigError(

@@ -50,12 +50,20 @@ from .files import (
     MAX_STREAM_BYTES,
     NO_LIMIT,
     Content,
+    Gathered,
     chunks,
     confine,
 )
 from .collector import Callback, Collector
 from .exchange import DEFAULT_CALL_TIMEOUT, REPLY_GRACE, KernelExchange
-from .skills import failed_skill, figure_files, file_entry, skill_result
+from .skills import (
+    Encoder,
+    failed_skill,
+    figure_files,
+    file_entry,
+    largest_encodable,
+    skill_result,
+)
 from .tools import body_error, check_env, tool_payload
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
@@ -470,9 +478,11 @@ class AsyncSandbox(KernelExchange):
         limit: int,
         limit_name: str,
         timeout: float | None,
+        sized: Callable[[int], Any] | None = None,
     ) -> int:
         """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past
-        ``limit``.
+        ``limit``. ``sized`` is told the size the kernel states (within ``limit``) before the first
+        chunk.
 
         The limit is the host's: the size the kernel states is checked against it, and so is every
         byte that arrives (a kernel that patched its helper states what it likes).
@@ -500,6 +510,8 @@ class AsyncSandbox(KernelExchange):
                     raise SandboxFileError(
                         f"{rel!r} changed in the sandbox while it was being read"
                     )
+                if offset == 0 and sized is not None:
+                    sized(total)
                 sink(data)
                 offset += len(data)
         return offset
@@ -514,9 +526,9 @@ class AsyncSandbox(KernelExchange):
     async def _download(
         self, path: str, limit: int, limit_name: str, timeout: float | None
     ) -> bytes:
-        parts: list[bytes] = []
-        await self._read(path, parts.append, limit, limit_name, timeout)
-        return b"".join(parts)
+        gathered = Gathered()
+        await self._read(path, gathered.write, limit, limit_name, timeout, gathered.reserve)
+        return gathered.value()
 
     async def download_to(
         self,
@@ -735,8 +747,9 @@ class AsyncSandbox(KernelExchange):
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
         created or changed in the work directory (not the unchanged skill files) and the images it
         displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
-        The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
-        arrive); past it the run fails with an error naming the limit.
+        The files together may hold ``max_files_bytes`` (256 MiB by default) of base64 text, what
+        the answer holds (4/3 of their bytes), counted as they arrive; past it the run fails with an
+        error naming the limit.
         """
         if (
             isinstance(max_files_bytes, bool)
@@ -758,15 +771,20 @@ class AsyncSandbox(KernelExchange):
             files, room = [], max_files_bytes
             for path in sorted(after):
                 if before.get(path) != after[path]:
-                    limit = min(room, MAX_FILE_BYTES)
+                    limit = min(largest_encodable(room), MAX_FILE_BYTES)
                     name = (
-                        f"max_files_bytes={max_files_bytes}, {room} bytes left"
-                        if limit == room
+                        f"max_files_bytes={max_files_bytes} of base64, {room} left"
+                        if limit < MAX_FILE_BYTES
                         else "download's ceiling"
                     )
-                    content = await self._download(path, limit, f"run_skill's {name}", timeout)
-                    room -= len(content)
-                    files.append(file_entry(path, content))
+                    encoder = Encoder()
+                    try:
+                        await self._read(path, encoder.write, limit, f"run_skill's {name}", timeout)
+                        text = encoder.text()
+                    finally:
+                        encoder.close()
+                    room -= len(text)
+                    files.append(file_entry(path, text))
             files += figure_files(execution.results)
         except SandboxError as exc:
             return failed_skill("", str(exc))

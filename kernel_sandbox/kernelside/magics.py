@@ -10,7 +10,9 @@ private directory, where it outlives a restart of the kernel (until the kernel i
 ``%restore`` asks the launcher to put the kept blob back, and loads it. The launcher answers by
 writing a small JSON file at the path the request names; the magic waits for it. The launcher
 decides and checks everything (the size cap, the hash, the image): a kernel that forges requests
-reaches only its own checkpoint.
+reaches only its own checkpoint. The launcher keeps a checkpoint only for a cell the client signed
+with a line ``%checkpoint`` of its own (:func:`checkpoint_lines`), once per such line: a kernel
+cannot fill the host's disk unasked.
 """
 
 import json
@@ -31,6 +33,13 @@ ANSWER_TIMEOUT = 300.0
 ANSWER_BYTES = 1024 * 1024
 POLL_SECONDS = 0.02
 SHOWN_NAMES = 20
+
+
+def checkpoint_lines(code):
+    """How many lines ``%checkpoint`` of their own the cell ``code`` has (the launcher serves as
+    many checkpoint requests for the cell the client signed; the magic refuses early at none)."""
+    lines = code.splitlines() if isinstance(code, str) else ()
+    return sum(line.strip() == "%checkpoint" for line in lines)
 
 
 class CheckpointFailed(Exception):
@@ -114,6 +123,13 @@ class Magics:
         """%checkpoint: save the names you defined and the work directory's files; the host
         keeps them for %restore, across a restart of this kernel."""
         _no_arguments("checkpoint", line)
+        cell = (self.shell.kernel.get_parent("shell") or {}).get("content") or {}
+        if not checkpoint_lines(cell.get("code")):
+            raise CheckpointFailed(
+                "the host keeps a checkpoint only for a cell you run with %checkpoint on a line of "
+                "its own (the launcher takes the request from such a cell only): run %checkpoint "
+                "as a line of its own"
+            )
         report = checkpoint.save(self.work)
         try:
             _ask(

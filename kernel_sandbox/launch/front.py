@@ -319,9 +319,13 @@ class Front:
         """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` →
         ``x_reply``): only a client holding the connection key can send them; the kernel never sees
         them."""
-        self.kernel_requests: dict[str, Callable[[Any], None]] = {}
+        self.kernel_requests: dict[str, Callable[[Any, Any], None]] = {}
         """IOPub messages of the kernel's addressed to the launcher, by ``msg_type``
-        (:mod:`.checkpoints`): handed to their handler, never to a client."""
+        (:mod:`.checkpoints`): their content and parent header are handed to their handler, never
+        to a client."""
+        self.client_shell: list[Callable[[list[bytes]], None]] = []
+        """Called with the parts of each shell message a client signed, before the kernel has it
+        (what a client asked for, so that a kernel's request can be told from its forgery)."""
         self._notice: str | None = None
         self._failed: tuple[bytes, str] | None = None
         """The parent header and text of the last error published, until its request goes idle."""
@@ -394,6 +398,9 @@ class Front:
                 return
             if channel == "control" and self._answer(*message):
                 return
+            if channel == "shell":
+                for listener in self.client_shell:
+                    listener(message[1])
             self._link.send(channel, *message)
             if self._notice is not None and channel == "shell":
                 self._tell_first_cell(*message)
@@ -523,7 +530,7 @@ class Front:
         ):
             handler = self.kernel_requests.get(_msg_type(parts[0]) or "")
             if handler is not None:
-                handler(_json(bytes(parts[3])))
+                handler(_json(bytes(parts[3])), _json(bytes(parts[1])))
                 return
         if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
             try:

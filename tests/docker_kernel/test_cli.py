@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -75,8 +76,16 @@ def test_mount_specs_are_checked(tmp_path: Path) -> None:
         mounts("nocolon")
 
 
-def test_gc_removes_only_what_a_dead_owner_left(docker_engine) -> None:
-    """gc removes containers whose launcher is dead on this host, never one whose launcher lives."""
+def test_gc_removes_only_what_a_dead_owner_left(docker_engine, tmp_path: Path) -> None:
+    """gc removes containers whose launcher is dead on this host, never one whose launcher lives;
+    likewise partial checkpoints: one no launcher holds goes, one a launcher writes (locked) stays."""
+    state = tmp_path / "state"
+    store = state / "kernel-sandbox" / "checkpoints"
+    store.mkdir(parents=True, mode=0o700)
+    (store / "dead.checkpoint.part").write_bytes(b"x" * 1000)
+    live = store / "live.checkpoint.part"
+    writer = os.open(live, os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(writer, fcntl.LOCK_EX)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     host = socket.gethostname()
@@ -95,13 +104,16 @@ def test_gc_removes_only_what_a_dead_owner_left(docker_engine) -> None:
     for container in (unowned_stopped, live_owner_stopped, other_host):
         container.wait(timeout=60)
     try:
-        result = cli("gc")
+        result = cli("gc", env={**os.environ, "XDG_STATE_HOME": str(state)})
         assert result.returncode == 0, result.stderr
+        assert f"removed partial checkpoint {store / 'dead.checkpoint.part'}" in result.stdout
+        assert sorted(path.name for path in store.iterdir()) == [".lock", "live.checkpoint.part"]
         names = {c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)}
         assert unowned_stopped.name not in names and dead_owner.name not in names
         assert {live_owner_stopped.name, unowned_live.name, other_host.name} <= names
         assert f"removed container {dead_owner.name}" in result.stdout
     finally:
+        os.close(writer)
         for container in (live_owner_stopped, unowned_live, other_host):
             container.remove(force=True)
 

@@ -132,6 +132,8 @@ def test_a_mounted_work_directory_has_no_tmpfs() -> None:
         ({"mounts": "/a:/b"}, "must be a list"),
         ({"mounts": ["/a:b:rx"]}, "mode must be 'ro' or 'rw'"),
         ({"mount_cwd": "rw", "mounts": [f"/a:{WORK_DIR}"]}, "both mount the work directory"),
+        ({"checkpoint_max_bytes": "3g"}, "checkpoint_max_bytes=3221225472 does not fit in max_checkpoint_bytes=2147483648"),
+        ({"max_checkpoint_bytes": "lots"}, "max_checkpoint_bytes='lots'"),
         ({"env": {"KERNEL_SANDBOX_KEY": "x"}}, "kernel-sandbox's own"),
         ({"env": {"A B": "x"}}, "not a valid variable name"),
         ({"launch_timeout": 0}, "launch_timeout=0"),
