@@ -201,6 +201,54 @@ async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFix
         assert "out of memory, limit 128 MiB" in caplog.text
 
 
+CHILD_OOM = "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'x = bytearray(2**30)']).returncode)"
+FORK_BOMB = """
+import os, signal, time
+children = []
+try:
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    print('refused', exc.errno)
+for pid in children:  # the processes back, so that the kernel can start threads again
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+"""
+ENDINGS = {
+    "exit": ("import os; os._exit(0)", "the kernel shut down"),
+    "sigkill": ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed with SIGKILL by the container runtime"),
+    "exit code": ("import os; os._exit(3)", "exit code 3"),
+    "its own oom": ("hog = bytearray(2**30)", "out of memory, limit 256 MiB; raise memory"),
+}
+
+
+@pytest.mark.security("fault", "sessions")
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+async def test_an_ending_is_named_from_what_ended_the_kernel_not_an_earlier_oom_of_a_child(ending: str) -> None:
+    """A child is killed for memory and a fork bomb refused (EAGAIN); the kernel's later end is named as what it was."""
+    code, reason = ENDINGS[ending]
+    manager = AsyncKernelManager(kernel_name="sandboxed-python", config=Config(
+        {"DockerProvisioner": {"memory": "256m", "pids_limit": 64, "standby": 0}}))
+    manager.autorestart = False
+    async with started_client(manager, timeout=60) as kc:
+
+        async def printed(cell: str) -> str:
+            out: list[str] = []
+            await kc.execute_interactive(cell, timeout=120, output_hook=lambda msg: out.append(
+                msg["content"]["text"]) if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout" else None)
+            return "".join(out)
+
+        assert await printed(CHILD_OOM) == "-9\n"  # the child, SIGKILLed by the OOM killer
+        assert await printed(FORK_BOMB) == "refused 11\n"  # EAGAIN at pids_limit; the kernel lives
+        kc.execute(code)
+        await until_ended(manager)
+        assert (manager.provisioner.exit_reason or "").startswith(reason), manager.provisioner.exit_reason
+
+
 async def test_an_abort_on_the_way_out_of_a_shutdown_is_no_crash_and_one_before_is(caplog: pytest.LogCaptureFixture) -> None:
     """A kernel that aborts (SIGABRT, exit code 134) in its teardown after a shutdown_request ended as
     asked: nothing is logged as an error. The same abort in a cell is the crash it is."""
