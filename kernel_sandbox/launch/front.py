@@ -502,7 +502,12 @@ class Front:
         (idents, parent, text), self._limits_due = self._limits_due, None
         self._limits_read = self._loop.time()
         notes = []
-        for hit in self._link.limits_hit(text):
+        try:
+            hits = self._link.limits_hit(text)
+        except Exception:  # the notes are lost, never IOPub
+            log.exception("could not read the limits the kernel hit")
+            hits = []
+        for hit in hits:
             log.warning("the kernel hit a limit: %s", hit)
             content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {hit}\n"})
             notes.append([self._header("stream"), parent, b"{}", content])
