@@ -269,6 +269,7 @@ def take(km: AsyncKernelManager, record: Record) -> None:
     )
     provisioner.private = private
     provisioner.connection_info = info["connection_info"]
+    provisioner.hold_share(record.settings)  # its share of this process's kernel budget
     km.kernel_id = record.kernel_id
     km.provisioner = provisioner
     km.load_connection_info(info["connection_info"])

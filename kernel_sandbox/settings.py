@@ -234,6 +234,8 @@ def _max_memory(name: str, value: Any) -> int | None:
 
 
 def _output_policy(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _refuse(name, value, f"must be one of {', '.join(POLICY_MODES)}")
     try:
         return OutputPolicy.from_name(value).mode
     except ConfigError:

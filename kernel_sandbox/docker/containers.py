@@ -19,6 +19,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 from docker.models.containers import Container
 
@@ -250,9 +251,27 @@ def container_spec(
         spec["nano_cpus"] = round(settings.cpus * 1e9)
     if settings.pids_limit is not None:
         spec["pids_limit"] = settings.pids_limit
+        if settings.runtime == "runsc":
+            spec.update(runsc_pids(settings.pids_limit))
     if settings.runtime:
         spec["runtime"] = settings.runtime
     return spec
+
+
+RUNSC_HOST_THREADS = 512
+"""Host threads gVisor's runtime may use besides one per process or thread of the kernel (about
+150 idle: its Go runtime, gofer and platform)."""
+
+
+def runsc_pids(pids_limit: int) -> dict[str, Any]:
+    """``pids_limit`` as gVisor enforces it: its own RLIMIT_NPROC on the kernel's processes and
+    threads (a fork or thread past it fails with EAGAIN, as the pids cgroup makes it under runc),
+    and room in the pids cgroup, which counts the runtime's host threads, for the runtime itself
+    (else a fork bomb that reaches the cgroup's limit crashes the whole sandbox)."""
+    return {
+        "ulimits": [docker.types.Ulimit(name="nproc", soft=pids_limit, hard=pids_limit)],
+        "pids_limit": 2 * pids_limit + RUNSC_HOST_THREADS,
+    }
 
 
 def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:

@@ -61,6 +61,11 @@ TMPFS_FALLBACK = {
     "packages_size": 256 * MiB,
 }
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
+RUNSC_OVERHEAD = 64 * MiB
+"""Memory gVisor's runtime holds in the container's cgroup besides the kernel's (about 50 MiB
+measured idle). gVisor keeps the tmpfs in that same memory, so under ``runtime='runsc'`` the
+tmpfs shares and the 3/4 rule count from ``memory`` less this: a full tmpfs is ENOSPC there too,
+never an out-of-memory kill."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,10 @@ class DockerSettings(BackendSettings):
     )
     cpus: float | None = _option(1.0, _cpus, "CPU limit in cores, or 'unlimited'.")
     pids_limit: int | None = _option(
-        256, _pids, "Maximum number of processes and threads, or 'unlimited'."
+        256,
+        _pids,
+        "Maximum number of processes and threads, or 'unlimited'; past it a fork or a thread "
+        "fails with EAGAIN (under runsc too, by gVisor's own RLIMIT_NPROC).",
     )
     user: str = _option(
         "",
@@ -95,7 +103,9 @@ class DockerSettings(BackendSettings):
     )
     read_only: bool = _option(True, _flag, "Mount the image's root filesystem read-only.")
     tmp_size: int | None = _option(
-        "auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/16."
+        "auto",
+        _tmpfs,
+        "Size of the writable tmpfs at /tmp; 'auto': memory/16 (under runsc: of memory less 64m).",
     )
     shm_size: int | None = _option(
         "auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16."
@@ -172,12 +182,22 @@ class DockerSettings(BackendSettings):
     def __post_init__(self) -> None:
         """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, a
         kernel's checkpoint in all kernels', one mount of the work directory."""
-        sizes = self.tmpfs_sizes()
-        if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
-            used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
+        if self.runtime == "runsc" and self.memory is not None and self.memory < 2 * RUNSC_OVERHEAD:
             raise ConfigError(
-                f"{used} must fit in 3/4 of memory={self.memory // MiB}m, so that a full disk is "
-                "ENOSPC and not an out-of-memory kill: raise memory or lower the sizes"
+                f"memory={self.memory // MiB}m is too little under runtime='runsc': gVisor's own "
+                f"runtime holds about {RUNSC_OVERHEAD // MiB}m of it; give at least "
+                f"{2 * RUNSC_OVERHEAD // MiB}m"
+            )
+        sizes = self.tmpfs_sizes()
+        budget = self.tmpfs_budget
+        if self.memory is not None and budget is not None and sum(sizes.values()) > budget * 3 / 4:
+            used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
+            of = f"memory={self.memory // MiB}m" + (
+                f" less gVisor's {RUNSC_OVERHEAD // MiB}m" if budget != self.memory else ""
+            )
+            raise ConfigError(
+                f"{used} must fit in 3/4 of {of}, so that a full disk is ENOSPC and not an "
+                "out-of-memory kill: raise memory or lower the sizes"
             )
         if self.max_memory is not None and (self.memory is None or self.memory > self.max_memory):
             asked = UNLIMITED if self.memory is None else f"{self.memory // MiB}m"
@@ -201,14 +221,23 @@ class DockerSettings(BackendSettings):
         """The size in bytes of each writable tmpfs (``tmp_size``, ``shm_size``, ``home_size``,
         ``work_size``, ``packages_size``)."""
         sizes = {}
+        budget = self.tmpfs_budget
         for name, share in TMPFS_SHARE.items():
             size = getattr(self, name)
             if size is None:
-                size = int(self.memory * share) if self.memory is not None else TMPFS_FALLBACK[name]
+                size = int(budget * share) if budget is not None else TMPFS_FALLBACK[name]
             if name == "work_size" and self.work_mounted:
                 continue
             sizes[name] = size
         return sizes
+
+    @property
+    def tmpfs_budget(self) -> int | None:
+        """The memory the tmpfs shares count from: ``memory``, less :data:`RUNSC_OVERHEAD` under
+        gVisor (None: unlimited)."""
+        if self.memory is None:
+            return None
+        return self.memory - RUNSC_OVERHEAD if self.runtime == "runsc" else self.memory
 
     @property
     def work_mounted(self) -> bool:

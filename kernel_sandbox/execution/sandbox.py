@@ -25,7 +25,7 @@ from typing import IO, Any
 import zmq
 import zmq.asyncio
 
-from ..egress import WINDOW_REQUEST
+from ..egress import WINDOW_REQUEST, parse_network
 from ..errors import (
     ConfigError,
     FramingError,
@@ -79,6 +79,40 @@ LAUNCHER_REPLY_WAIT = 10.0
 
 
 _LIVE: weakref.WeakSet[AsyncSandbox] = weakref.WeakSet()
+
+
+def check_keywords(
+    *,
+    network: Any,
+    env: Any,
+    mounts: Any,
+    max_output_bytes: Any,
+    allowed_classes: Any,
+    unsafe_pickle: Any,
+) -> None:
+    """Refuse a session keyword of the wrong type, naming it, before anything reads it: a string
+    where a list or a flag belongs is never taken apart or read as true (``network="false"`` would
+    be the hosts f, a, l, s, e; ``unsafe_pickle="no"`` would be on)."""
+    if not isinstance(network, bool):
+        parse_network("network", network)  # a list of destinations, else refused naming network
+    if env is not None and not isinstance(env, Mapping):
+        raise ConfigError(f"env={env!r}: must be a mapping of variable names to strings")
+    if mounts is not None and not isinstance(mounts, (list, tuple)):
+        raise ConfigError(f"mounts={mounts!r}: must be a list of 'HOST:CONTAINER[:ro|rw]' mounts")
+    if (
+        isinstance(max_output_bytes, bool)
+        or not isinstance(max_output_bytes, int)
+        or max_output_bytes < 1
+    ):
+        raise ConfigError(
+            f"max_output_bytes={max_output_bytes!r}: must be a whole number of bytes from 1"
+        )
+    if not isinstance(allowed_classes, (list, tuple, set, frozenset)):
+        raise ConfigError(
+            f"allowed_classes={allowed_classes!r}: must be a list of classes, e.g. [MyResult]"
+        )
+    if not isinstance(unsafe_pickle, bool):
+        raise ConfigError(f"unsafe_pickle={unsafe_pickle!r}: must be True or False")
 
 
 class AsyncSandbox(KernelExchange):
@@ -140,6 +174,14 @@ class AsyncSandbox(KernelExchange):
             raise ConfigError(
                 f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}"
             )
+        check_keywords(
+            network=network,
+            env=env,
+            mounts=mounts,
+            max_output_bytes=max_output_bytes,
+            allowed_classes=allowed_classes,
+            unsafe_pickle=unsafe_pickle,
+        )
         self.backend = backend
         self.network = network if isinstance(network, bool) else list(network)
         self.timeout = float(timeout)
@@ -149,7 +191,7 @@ class AsyncSandbox(KernelExchange):
         self.allowed_classes = tuple(allowed_classes)
         self._allowed = allowed_map(self.allowed_classes)
         self.decode_limits = decode_limits or DecodeLimits()
-        self.unsafe_pickle = bool(unsafe_pickle)
+        self.unsafe_pickle = unsafe_pickle
         self._policy = None if self._backend.sandboxed else OutputPolicy.from_name(output_policy)
         if output_policy is not None:
             OutputPolicy.from_name(output_policy)

@@ -286,3 +286,68 @@ for _ in range(3000):
     finally:
         kc.stop_channels()
         await manager.shutdown_kernel(now=True)
+
+
+FORGE_PAIRS = """
+k = get_ipython().kernel
+forged = dict(k.get_parent()["header"], msg_id="forged")  # a request no client waits for
+for _ in range({pairs}):
+    k.session.send(k.iopub_socket, "error", {{"ename": "E", "evalue": "v", "traceback": []}}, parent={{"header": forged}})
+    k.session.send(k.iopub_socket, "status", {{"execution_state": "idle"}}, parent={{"header": forged}})
+"""
+
+
+@pytest.mark.security("attack", "channel")
+async def test_forged_errors_and_idles_read_the_cgroup_on_a_timer_not_per_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel publishes 2000 forged error + idle pairs: the launcher reads its cgroup at most once per interval."""
+    import json
+    import secrets
+
+    from jupyter_client.asynchronous import AsyncKernelClient
+    from jupyter_client.connect import write_connection_file
+
+    from kernel_sandbox.launch import request_from_kernelspec, serve
+    from kernel_sandbox.launch.front import LIMITS_INTERVAL, Connection
+
+    reads: list[float] = []
+    read = CgroupProbe.read
+
+    def counted(probe: CgroupProbe) -> Usage:
+        reads.append(time.monotonic())
+        return read(probe)
+
+    monkeypatch.setattr(CgroupProbe, "read", counted)  # the launcher runs in this process here
+    (tmp_path / "kernel.json").write_text(json.dumps({
+        "argv": [], "display_name": "x", "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "kernel-sandbox-docker",
+                                            "config": {"memory": "256m", "pids_limit": 24}}}}))
+    connection_file, info = write_connection_file(str(tmp_path / "kernel-forged.json"), key=secrets.token_hex(16).encode())
+    serving = asyncio.ensure_future(serve(request_from_kernelspec(Connection.from_info(info), connection_file, str(tmp_path))))
+    kc = AsyncKernelClient(connection_file=connection_file)
+    kc.load_connection_file()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        started = time.monotonic()
+        reply = await kc.execute_interactive(FORGE_PAIRS.format(pairs=2000), timeout=300)
+        took = time.monotonic() - started
+        assert reply["content"]["status"] == "ok"
+        assert len(reads) <= 2 + took / LIMITS_INTERVAL < 4000, f"{len(reads)} readings in {took:.1f} s for 2000 forged failures"
+        await asyncio.sleep(2 * LIMITS_INTERVAL)  # a reading the forged failures left due is taken
+        notes: list[str] = []
+
+        def hook(msg: dict) -> None:
+            if msg["msg_type"] == "stream" and "[kernel-sandbox]" in msg["content"]["text"]:
+                notes.append(msg["content"]["text"])
+
+        reply = await kc.execute_interactive(THREAD_BOMB, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "error"
+        assert len(notes) == 1 and "pids_limit=24" in notes[0], notes  # the real failure, explained in its cell
+        reply = await kc.execute_interactive("1/0", timeout=60, output_hook=hook)  # at once: it waits for the timer
+        assert reply["content"]["status"] == "error" and len(notes) == 1, notes  # nothing new was hit
+    finally:
+        kc.shutdown()
+        kc.stop_channels()
+        assert await asyncio.wait_for(serving, 120) == 0

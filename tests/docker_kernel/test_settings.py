@@ -219,3 +219,26 @@ def test_shipped_kernelspecs_cannot_start_anything_before_install() -> None:
     for path in shipped_kernelspecs().values():
         argv = json.loads((path / "kernel.json").read_text())["argv"]
         assert argv[0] == "{kernel_sandbox_python}" and argv[1:4] == ["-I", "-m", "kernel_sandbox.launch"]
+
+
+def test_under_gvisor_the_tmpfs_and_pids_limits_hold_as_under_runc() -> None:
+    """gVisor's tmpfs is in its runtime's memory, and its pids cgroup counts the runtime's threads (docs/docker.md)."""
+    from kernel_sandbox.docker.containers import RUNSC_HOST_THREADS
+    from kernel_sandbox.docker.settings import RUNSC_OVERHEAD
+
+    runc = DockerSettings.from_config({"memory": "256m"}).tmpfs_sizes()
+    runsc = DockerSettings.from_config({"memory": "256m", "runtime": "runsc"}).tmpfs_sizes()
+    assert runc == {"tmp_size": 16 * MiB, "shm_size": 16 * MiB, "home_size": 64 * MiB, "work_size": 96 * MiB}
+    assert runsc == {"tmp_size": 12 * MiB, "shm_size": 12 * MiB, "home_size": 48 * MiB, "work_size": 72 * MiB}
+    assert sum(runsc.values()) <= (256 * MiB - RUNSC_OVERHEAD) * 3 / 4
+    with pytest.raises(ConfigError, match=r"3/4 of memory=256m less gVisor's 64m"):
+        DockerSettings.from_config({"memory": "256m", "runtime": "runsc", "work_size": "96m"})
+    DockerSettings.from_config({"memory": "256m", "work_size": "96m"})  # fits under runc
+    with pytest.raises(ConfigError, match=r"memory=96m is too little under runtime='runsc'.*at least 128m"):
+        DockerSettings.from_config({"memory": "96m", "runtime": "runsc"})
+    plain, gvisor = spec(pids_limit=64), spec(pids_limit=64, runtime="runsc")
+    assert plain["pids_limit"] == 64 and "ulimits" not in plain
+    assert gvisor["pids_limit"] == 2 * 64 + RUNSC_HOST_THREADS
+    [nproc] = gvisor["ulimits"]
+    assert (nproc["Name"], nproc["Soft"], nproc["Hard"]) == ("nproc", 64, 64)
+    assert "ulimits" not in spec(pids_limit="unlimited", runtime="runsc")

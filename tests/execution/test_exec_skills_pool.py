@@ -141,5 +141,5 @@ def test_a_pool_takes_its_backends_defaults_and_refuses_an_unknown_backend_when_
     assert "standby" not in AsyncSandboxPool(2, backend="local")._options
     with pytest.raises(ConfigError, match="Unknown backend 'nope'; choose one of docker, opensandbox, local"):
         AsyncSandboxPool(2, backend="nope")
-    with pytest.raises(ConfigError, match="size and max_uses must be at least 1"):
+    with pytest.raises(ConfigError, match="size=0: must be a whole number from 1"):
         AsyncSandboxPool(0)
