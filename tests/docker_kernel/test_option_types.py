@@ -44,6 +44,7 @@ DOCKER = {
     "shm_size": SIZE,
     "home_size": SIZE,
     "work_size": SIZE,
+    "packages_size": SIZE,
     "mounts": (list, tuple),
     "mount_cwd": (str,),
     "env": (dict,),
@@ -54,6 +55,7 @@ DOCKER = {
     "max_kernels": (int, str, type(None)),
     "max_memory": (*SIZE, type(None)),
     "checkpoint_max_bytes": SIZE,
+    "max_checkpoint_bytes": SIZE,
     "checkpoint_on_oom": (bool,),
 }
 OPENSANDBOX = {

@@ -228,12 +228,12 @@ def test_under_gvisor_the_tmpfs_and_pids_limits_hold_as_under_runc() -> None:
 
     runc = DockerSettings.from_config({"memory": "256m"}).tmpfs_sizes()
     runsc = DockerSettings.from_config({"memory": "256m", "runtime": "runsc"}).tmpfs_sizes()
-    assert runc == {"tmp_size": 16 * MiB, "shm_size": 16 * MiB, "home_size": 64 * MiB, "work_size": 96 * MiB}
-    assert runsc == {"tmp_size": 12 * MiB, "shm_size": 12 * MiB, "home_size": 48 * MiB, "work_size": 72 * MiB}
+    assert runc == {"tmp_size": 16 * MiB, "shm_size": 16 * MiB, "home_size": 32 * MiB, "work_size": 64 * MiB, "packages_size": 64 * MiB}
+    assert runsc == {"tmp_size": 12 * MiB, "shm_size": 12 * MiB, "home_size": 24 * MiB, "work_size": 48 * MiB, "packages_size": 48 * MiB}
     assert sum(runsc.values()) <= (256 * MiB - RUNSC_OVERHEAD) * 3 / 4
     with pytest.raises(ConfigError, match=r"3/4 of memory=256m less gVisor's 64m"):
-        DockerSettings.from_config({"memory": "256m", "runtime": "runsc", "work_size": "96m"})
-    DockerSettings.from_config({"memory": "256m", "work_size": "96m"})  # fits under runc
+        DockerSettings.from_config({"memory": "256m", "runtime": "runsc", "work_size": "64m"})
+    DockerSettings.from_config({"memory": "256m", "work_size": "64m"})  # fits under runc
     with pytest.raises(ConfigError, match=r"memory=96m is too little under runtime='runsc'.*at least 128m"):
         DockerSettings.from_config({"memory": "96m", "runtime": "runsc"})
     plain, gvisor = spec(pids_limit=64), spec(pids_limit=64, runtime="runsc")
