@@ -120,7 +120,8 @@ class Kernel:
 def specs(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     prefix = str(tmp_path_factory.mktemp("relay-policy"))
     return {
-        "strict": Path(install("sandboxed-python", prefix=prefix, install_as="relay-strict")),
+        "strict": Path(install("sandboxed-python", prefix=prefix, install_as="relay-strict",
+                               config={"allow_help_links": ["https://jupyter.org"]})),
         "trusted": Path(install("sandboxed-python", prefix=prefix, install_as="relay-trusted",
                                 config={"output_policy": "trusted"})),
     }
