@@ -204,20 +204,31 @@ def test_replies_on_shell_and_control_are_filtered_too(strict_kernel: Kernel) ->
     assert info["content"]["help_links"] == [{"text": "ok", "url": "https://jupyter.org"}]
 
 
-def test_trusted_passes_everything_unchanged(specs, tmp_path: Path) -> None:
+def test_trusted_passes_outputs_unchanged_but_marks_them_and_checks_replies(specs, tmp_path: Path) -> None:
+    """Trusted passes what runs in the page; what acts on the notebook or the server is checked still
+    (issue 33), and every display output is marked to be framed, whatever the kernel put there."""
     kernel = Kernel(specs["trusted"], "provisioner", tmp_path)
     try:
-        messages, _ = kernel.run(
+        messages, reply = kernel.run(
             "from IPython.display import display, HTML\n"
-            "display({'application/javascript': 'alert(1)', 'text/plain': 'js'}, raw=True)\n"
-            "display(HTML('<img src=x onerror=\"alert(1)\">'))"
+            "display({'application/javascript': 'alert(1)', 'text/plain': 'js'}, raw=True,"
+            " metadata={'kernel_sandbox': {'framed': False}})\n"
+            "display(HTML('<img src=x onerror=\"alert(1)\">'))\n"
+            "get_ipython().set_next_input('rewritten', replace=True)\n"
+            "k = get_ipython().kernel\n"
+            "k.language_info = {**k.language_info, 'nbconvert_exporter': 'attacker_module'}\n"
         )
+        msg_id = kernel.client.kernel_info()
+        while (info := kernel.client.get_shell_msg(timeout=60))["parent_header"]["msg_id"] != msg_id:
+            pass
     finally:
         kernel.stop()
-    data = [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
-    assert data[0]["application/javascript"] == "alert(1)"
-    assert data[1]["text/html"] == '<img src=x onerror="alert(1)">'
-
+    displays = [m["content"] for m in messages if m["msg_type"] == "display_data"]
+    assert displays[0]["data"]["application/javascript"] == "alert(1)"
+    assert displays[1]["data"]["text/html"] == '<img src=x onerror="alert(1)">'
+    assert all(d["metadata"]["kernel_sandbox"] == {"framed": True} for d in displays)
+    assert [p["replace"] for p in reply["content"]["payload"] if p["source"] == "set_next_input"] == [False]
+    assert "nbconvert_exporter" not in info["content"]["language_info"] and info["content"]["help_links"] == []
 
 
 @pytest.mark.parametrize("mode", ["strict", "trusted"])
