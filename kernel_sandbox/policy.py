@@ -915,9 +915,8 @@ class _Comm:
     def checked_fields(self) -> set[str]:
         """The fields of this widget the policy checks: nothing may write to them behind its
         back."""
-        fields = {"description", "description_allow_html", *_NAME_KEYS, *_STRING_FIELDS}
-        fields |= _STRING_LIST_FIELDS
-        if self.html_value or self.string_value:
+        fields = {"description", "description_allow_html", *_NAME_KEYS}
+        if self.html_value:
             fields.add("value")
         if self.output:
             fields.add("outputs")
@@ -1432,7 +1431,7 @@ class OutputPolicy:
             )
             if record is None or not record.widget or record.refused:
                 return f"its {end} is a widget the policy has not let through"
-            if name in record.checked_fields() or _is_code_key(name):
+            if name in record.checked_fields() or _is_code_key(name) or record.css:
                 return (
                     f"it would write the {name!r} of another widget in the browser, past the policy"
                 )

@@ -136,7 +136,7 @@ def unmarked(content: dict) -> dict:
 def untouched(content: dict | None, original: dict) -> bool:
     """Whether the policy passed ``original`` as it was: the same object, or (a display output) the
     same data with only the frame mark added to its metadata."""
-    if content is original:
+    if content is original or content == original:
         return True
     return (
         content is not None

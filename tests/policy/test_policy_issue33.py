@@ -319,3 +319,17 @@ def test_outputs_of_an_output_widget_carry_the_mark() -> None:
                {"output_type": "stream", "name": "stdout", "text": "y"}]
     shown = policy.filter("comm_msg", update("o", {"outputs": outputs}))["data"]["state"]["outputs"]
     assert shown[0]["metadata"] == {MARK_KEY: {"framed": True}} and shown[1] == outputs[1]
+
+
+def test_a_link_cannot_write_what_the_policy_checks_on_media_and_styles() -> None:
+    """A jsdlink from a Text widget would otherwise set an Image's format to "url", or a layout's CSS."""
+    policy = OutputPolicy()
+    text = widget("TextModel", "TextView", value="url")
+    policy.filter("comm_open", opened("t", text))
+    policy.filter("comm_open", opened("i", IMAGE))
+    policy.filter("comm_open", opened("l", widget("LayoutModel", "LayoutView", module="@jupyter-widgets/base")))
+    for target in (["IPY_MODEL_i", "format"], ["IPY_MODEL_l", "background"]):
+        link = widget("DirectionalLinkModel", None, source=["IPY_MODEL_t", "value"], target=target)
+        assert refused(policy.filter("comm_open", opened(f"link{target[1]}", link))), target
+    plain = widget("DirectionalLinkModel", None, source=["IPY_MODEL_t", "value"], target=["IPY_MODEL_i", "width"])
+    assert not refused(policy.filter("comm_open", opened("ok", plain)))
