@@ -280,3 +280,15 @@ async def test_the_front_drops_what_the_policy_cannot_read(tmp_path: Path) -> No
     finally:
         client.stop_channels()
         front.close()
+
+
+def test_a_pandas_styler_renders_its_table_cleaned(specs, tmp_path: Path) -> None:
+    """``df.style`` needs jinja2 in the kernel image (issue 33); strict shows its table, without its <style>."""
+    kernel = Kernel(specs["strict"], "provisioner", tmp_path)
+    try:
+        messages, reply = kernel.run("import pandas as pd\npd.DataFrame({'a': [1, 2]}).style.highlight_max()")
+    finally:
+        kernel.stop()
+    assert reply["content"]["status"] == "ok", reply["content"].get("evalue")
+    [result] = [m["content"]["data"] for m in messages if m["msg_type"] == "execute_result"]
+    assert "<td" in result["text/html"] and "<style" not in result["text/html"] and html_problems(result["text/html"]) == []
