@@ -365,6 +365,12 @@ class BackendSettings:
         "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions "
         "you trust).",
     )
+    allow_help_links: tuple[str, ...] = _option(
+        (),
+        _names,
+        "URLs a kernel may put in JupyterLab's Help menu (kernel_info help_links); any other is "
+        "dropped, in both output policies.",
+    )
     package_index: tuple[str, ...] = _option(
         PYPI,
         parse_package_index,

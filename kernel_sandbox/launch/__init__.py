@@ -69,6 +69,7 @@ def output_policy(settings: Settings) -> OutputPolicy:
         settings.output_policy,
         allow_mime_types=settings.allow_mime_types,
         allow_widget_modules=settings.allow_widget_modules,
+        allow_help_links=settings.allow_help_links,
     )
 
 

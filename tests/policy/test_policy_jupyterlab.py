@@ -90,8 +90,25 @@ BENIGN_CELLS = {
     "latex": "from IPython.display import Math\nMath(r'\\alpha^2 + \\beta')",
     "html": "from IPython.display import HTML\nHTML('<b>benign-html</b>')",
     "slider": "import ipywidgets as w\nw.IntSlider(value=7, description='benign-slider')",
+    # the widgets issue 33's rules must leave working: interact, the Output widget, jslink, FileUpload
+    "interact": "from ipywidgets import interact\n@interact(x=(0, 10))\ndef f(x=3):\n    print('benign-interact', x * 2)",
+    "output": "import ipywidgets as w\no = w.Output()\nwith o:\n    print('benign-output')\no",
+    "jslink": ("import ipywidgets as w\na = w.IntSlider(value=4, description='benign-a')\nb = w.IntText(value=0)\n"
+               "w.jslink((a, 'value'), (b, 'value'))\nw.VBox([a, b])"),
+    "upload": "import ipywidgets as w\nw.FileUpload(description='benign-upload')",
     "tqdm": "from tqdm.notebook import tqdm\nfor i in tqdm(range(3), desc='benign-tqdm'): pass",
 }
+
+
+def shown(page: Any, panel: Any, selector: str, text: str | None = None, seconds: float = 30) -> int:
+    """How many ``selector`` elements (with ``text``) a notebook shows, in its page or in kernel-sandbox-frame's
+    frames; waiting up to ``seconds`` for one."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = panel.locator(selector, has_text=text).count() + in_frames(page, selector, text)
+        if found or time.monotonic() >= deadline:
+            return found
+        page.wait_for_timeout(250)
 
 
 def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) -> None:
@@ -153,6 +170,13 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
         assert panel.locator(".jp-RenderedLatex mjx-container, .jp-RenderedLatex .MathJax").count() >= 1
         assert panel.locator(".widget-slider, .widget-hslider").count() >= 1
         assert panel.locator(".widget-label", has_text="benign-slider").count() == 1
+        assert shown(page, panel, ".jp-OutputArea-output", "benign-interact 6") >= 1
+        assert shown(page, panel, ".jp-OutputArea-output", "benign-output") >= 1
+        linked = page.evaluate("[...document.querySelectorAll('.widget-text input')].map(i => i.value)")
+        for frame in page.frames[1:]:
+            linked += frame.evaluate("[...document.querySelectorAll('.widget-text input')].map(i => i.value)")
+        assert "4" in linked, linked  # jslink copied the slider's value into the IntText in the browser
+        assert shown(page, panel, ".jupyter-widget-file-upload, .widget-upload", "benign-upload") == 1
         # The links would run script when clicked.
         for text in ("click-html-link", "click-md-link"):
             for frame in page.frames:
