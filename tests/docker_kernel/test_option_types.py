@@ -28,6 +28,7 @@ SHARED = {
     "output_policy": (str,),
     "allow_mime_types": (list, tuple),
     "allow_widget_modules": (list, tuple),
+    "allow_help_links": (list, tuple),
     "package_index": (str, list, tuple),
 }
 DOCKER = {
