@@ -192,17 +192,18 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    """List kernel containers and their usage (a standby kernel, started ahead of need, shows as
-    standby; an orphan, how long it waits to be re-attached)."""
-    from .top import INSPECT_TIMEOUT, Sampler, usage_columns
+    """List kernel containers and their usage, CPU over the last second (a standby kernel, started
+    ahead of need, shows as standby; an orphan, how long it waits to be re-attached)."""
+    from .top import COLUMNS, INSPECT_TIMEOUT, sampled_twice, usage_columns
 
     waiting = _orphans()
-    # one listing: a container that hangs its inspect shows no usage
-    for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():
+    print("\t".join((*COLUMNS, "NOTE")))
+    # one listing per sample: a container that hangs its inspect shows no usage
+    for row in sampled_twice(docker_client(INSPECT_TIMEOUT)):
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
         kind = f"kernel {row.kernel}" if row.kernel else "standby"
-        print(f"{row.name}\t{row.status}\t{kind}{note}\t{usage}")
+        print(f"{row.name}\t{row.status}\t{kind}\t{usage}{note}")
     return 0
 
 

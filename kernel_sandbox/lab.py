@@ -114,7 +114,8 @@ def _image_step(image: str, progress: Progress) -> Check:
     try:
         build_image(tag=image, progress=lambda text: progress(f"       {text}"))
     except ImageBuildError as exc:
-        raise _fail(Check("kernel image", False, str(exc), image_fix(image))) from exc
+        # building again is the fix only when the build itself broke off
+        raise _fail(Check("kernel image", False, exc.reason, exc.fix or image_fix(image))) from exc
     return Check("kernel image", True, f"{image} built in {time.monotonic() - started:.0f} s")
 
 

@@ -143,3 +143,30 @@ def test_installed_lists_sandboxed_kernelspecs_and_passes_over_malformed_ones(
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "share" / "jupyter"))
     found = installed()
     assert "sandboxed-python" in found and "odd" not in found
+
+
+BURN = """
+import time
+while time.process_time() < 3:  # three seconds of CPU, then idle
+    pass
+"""
+
+
+def test_ps_has_a_header_and_shows_cpu_over_the_last_second_not_since_the_start(docker_engine) -> None:
+    """A kernel that burned CPU and went idle: ps says it is idle now, as docker stats would; the
+    first reading of its cgroup (what ps showed before) still averages the burn since its start."""
+    from kernel_sandbox import Sandbox
+    from kernel_sandbox.metrics import CgroupProbe
+
+    with Sandbox(cpus=1) as sandbox:
+        assert sandbox.run(BURN).error is None
+        container_id, kernel_id = sandbox._async._km.provisioner.container_id, sandbox.kernel_id
+        since_start = CgroupProbe.for_container(docker_engine.api.inspect_container(container_id)).read()
+        listed = cli("ps")
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.split("\t") == ["NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM", "NOTE"]
+    [row] = [line.split("\t") for line in lines if f"kernel {kernel_id}" in line]
+    recent = float(row[4].split("%")[0])
+    assert since_start.cpu_seconds >= 3 and since_start.cpu_percent >= 10  # the average since the start
+    assert recent <= 5, row  # idle over the last second

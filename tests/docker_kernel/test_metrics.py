@@ -215,21 +215,25 @@ def _screen_until(session: str, wanted: Callable[[str], bool], timeout: float = 
 
 def _memory_shown(screen: str, name: str) -> float:
     """The MiB in use that top shows on the container's row (0 when it shows none)."""
-    found = re.search(re.escape(name) + r".*?(\d+\.\d)MiB/256\.0MiB", screen)
+    found = re.search(re.escape(name) + r".*? (\d+)M/256M ", screen)
     return float(found.group(1)) if found else 0.0
 
 
-async def test_top_redraws_in_place_in_a_terminal_and_plots(tmp_path: Path) -> None:
+async def test_top_redraws_in_place_in_80_columns_and_plots(tmp_path: Path) -> None:
     session = f"ks-top-{os.getpid()}"
     plot = tmp_path / "run.png"
     command = (f"cd {tmp_path} && PYTHONPATH={os.environ.get('PYTHONPATH', '')} {sys.executable} -m kernel_sandbox.cli "
                f"top --interval 0.3 --plot {plot}; echo TOP-EXITED $?; sleep 60")
-    async with AsyncSandbox(memory="256m") as sandbox:
-        name = (await asyncio.to_thread(docker.from_env().containers.get, sandbox._km.provisioner.container_id)).name
-        _tmux("new-session", "-d", "-s", session, "-x", "180", "-y", "30", command)
+    async with AsyncSandbox(memory="256m", cpus=1) as sandbox:
+        full = (await asyncio.to_thread(docker.from_env().containers.get, sandbox._km.provisioner.container_id)).name
+        name = full.removeprefix("kernel-sandbox-")  # the prefix every row would repeat is left out
+        _tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "30", command)
         try:
-            first = await asyncio.to_thread(_screen_until, session, lambda s: name in s and "/256.0MiB" in s)
-            assert "kernel-sandbox top" in first and "MEMORY" in first and name in first
+            first = await asyncio.to_thread(_screen_until, session, lambda s: name in s and "M/256M " in s)
+            assert "kernel-sandbox top" in first and full not in first
+            assert first.splitlines()[2].split() == ["NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM"]
+            [row] = [line for line in first.splitlines() if line.startswith(name)]
+            assert len(row) < 80 and re.search(r" \d+%/100% +\d+/\d+ +h\d+ w\d+ t\d+ +0$", row), row  # no column cut off
             await sandbox.run("hog = b'x' * (96 * 2**20)")
             later = await asyncio.to_thread(
                 _screen_until, session, lambda s: _memory_shown(s, name) >= 120 and s.split("\n")[0] != first.split("\n")[0])
