@@ -205,6 +205,7 @@ def _has(client, image: str) -> bool:
     return has_image(client, image)
 
 
+@pytest.mark.fresh_machine
 @pytest.mark.timeout(2400)
 def test_quickstart_as_root_on_a_fresh_machine_reaches_jupyterlab_in_one_run(fresh_machine) -> None:
     assert fresh_machine.exec_run(["sh", "-c", "command -v debootstrap dockerd docker"]).exit_code != 0
