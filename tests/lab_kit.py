@@ -223,6 +223,24 @@ def in_frames(page: Any, selector: str, text: str | None = None, seconds: float 
         page.wait_for_timeout(250)
 
 
+def frame_with(page: Any, selector: str, text: str | None = None, seconds: float = 60) -> Any:
+    """The first of the page's frames that holds ``selector`` (with ``text``), waiting up to ``seconds``; fails naming it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for frame in page.frames:
+            if frame != page.main_frame and frame.locator(selector, has_text=text).count():
+                return frame
+        if time.monotonic() >= deadline:
+            shown = "\n---\n".join(frame.locator("body").inner_text()[:500] for frame in page.frames if frame != page.main_frame)
+            raise AssertionError(f"no frame shows {selector!r} with {text!r} after {seconds} s; the frames show:\n{shown}")
+        page.wait_for_timeout(250)
+
+
+def page_outputs(page: Any) -> list[str]:
+    """The mime types of the outputs JupyterLab's page draws itself (kernel-sandbox-frame's framed areas draw none)."""
+    return page.evaluate("[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type]')].map(node => node.dataset.mimeType)")
+
+
 def wait_for_kernel(page: Any, panel: Any) -> None:
     """Wait until notebook ``panel`` has a connected, idle kernel.
 
@@ -241,10 +259,14 @@ def run_cell(page: Any, panel: Any, code: str, shows: str) -> str:
     panel.locator(".jp-Cell .cm-content").last.click()
     page.keyboard.insert_text(code)
     page.keyboard.press("Shift+Enter")
-    output = panel.locator(".jp-OutputArea-output", has_text=shows).last
-    try:
-        output.wait_for()
-    except Exception as exc:
-        raise AssertionError(f"no output showing {shows!r} after running {code!r}; the notebook shows:\n"
-                             f"{panel.inner_text()[-3000:]}") from exc
-    return output.inner_text()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # in the page (a local kernel's) or in an output frame (a sandboxed kernel's)
+        for outputs in [panel.locator(".jp-OutputArea-output", has_text=shows)] + [
+            frame.locator(".jp-OutputArea-output", has_text=shows) for frame in page.frames if frame != page.main_frame
+        ]:
+            if outputs.count():
+                return str(outputs.last.inner_text())
+        page.wait_for_timeout(250)
+    shown = "\n".join(frame.locator("body").inner_text() for frame in page.frames if frame != page.main_frame)
+    raise AssertionError(f"no output showing {shows!r} after running {code!r}; the notebook shows:\n"
+                         f"{panel.inner_text()[-3000:]}\nand its frames:\n{shown[-3000:]}")
