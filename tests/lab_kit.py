@@ -236,6 +236,18 @@ def frame_with(page: Any, selector: str, text: str | None = None, seconds: float
         page.wait_for_timeout(250)
 
 
+def click_in_frame(page: Any, locator: Any) -> None:
+    """Click ``locator`` (an element in an output frame) as a user does: the pointer first moves over it, which makes
+    its frame take pointer events (kernel-sandbox-frame keeps the others ``inert``), then presses there."""
+    locator.scroll_into_view_if_needed()
+    box = locator.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x - 1, y - 1)
+    page.mouse.move(x, y)
+    page.wait_for_timeout(200)
+    page.mouse.click(x, y)
+
+
 def page_outputs(page: Any) -> list[str]:
     """The mime types of the outputs JupyterLab's page draws itself (kernel-sandbox-frame's framed areas draw none)."""
     return page.evaluate("[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type]')].map(node => node.dataset.mimeType)")

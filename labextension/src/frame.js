@@ -5,6 +5,14 @@
 
 /* eslint-disable no-var */
 export function frameMain(prefix) {
+  // focus() works only while the user acts in this frame (its own user activation, which the page's keystrokes
+  // do not give): a widget or output cannot take the focus from the page (the page also takes back what it gets)
+  [self.HTMLElement, self.SVGElement].forEach(function (type) {
+    var focus = type.prototype.focus;
+    type.prototype.focus = function () {
+      if (navigator.userActivation.isActive) focus.apply(this, arguments);
+    };
+  });
   var root = document.getElementById('outputs');
   var slots = []; // {json, node} per output, in order
   var loaded = {}; // name -> Promise of the renderer's script having run
@@ -348,9 +356,6 @@ export function frameMain(prefix) {
     event.preventDefault();
     post('key', { key: event.key, code: event.code, shiftKey: event.shiftKey, ctrlKey: event.ctrlKey, altKey: event.altKey, metaKey: event.metaKey });
   });
-  window.addEventListener('pointerdown', function () {
-    post('pointer');
-  }, true);
 
   window.addEventListener('message', function (event) {
     var data = event.data;

@@ -98,9 +98,10 @@ function makeFrame(entry) {
   const frame = document.createElement('iframe');
   frame.setAttribute('sandbox', 'allow-scripts');
   frame.setAttribute('referrerpolicy', 'no-referrer');
-  frame.setAttribute('allow', "camera 'none'; microphone 'none'; display-capture 'none'; geolocation 'none'");
+  frame.setAttribute('allow', "focus-without-user-activation 'none'; camera 'none'; microphone 'none'; display-capture 'none'; geolocation 'none'");
   frame.setAttribute('title', 'output of a sandboxed kernel');
   frame.className = 'kernel-sandbox-frame';
+  frame.inert = true; // until the pointer is over it (guardFocus)
   frame.srcdoc = FRAME_DOCUMENT;
   entry.frame = frame;
   entry.loaded = new Set();
@@ -216,45 +217,75 @@ function onMessage(event) {
     void answerNeed(entry, data.name);
   } else if (type === 'key') {
     replayKey(entry, data);
-  } else if (type === 'pointer') {
-    entry.pointer = Date.now();
+
   } else if (relay && entry.loaded.has('widgets')) {
     relay.fromFrame(entry, type, data);
   }
 }
 
-// Focus is the user's to give: focus that moves into a frame is sent back where it was unless the user has just
-// pressed a pointer in that frame (its report, and the browser's user activation, which a frame's script cannot
-// make) and is not typing in the page. A widget's focus() cannot take the keystrokes meant for a cell.
-const focusGuard = { last: null, typed: 0 };
+// Focus is the user's to give. Every frame is `inert` (no focus, no pointer events: its script's focus() does
+// nothing) but the one under the pointer, which the page sees move over the frame's place (an inert frame lets
+// the pointer through to the page). A frame keeps its pointer events while it holds a focus the user gave it.
+// Focus that still moves into a frame (Chromium lets an inert frame's script focus itself) goes back where it was
+// when the frame is inert or the user is typing in the page, and the frame is inert again until the pointer next
+// moves over it: a widget calling focus() cannot take a cell's keystrokes.
+const focusGuard = { last: null, typed: 0, hovered: null };
+
+function frameAt(event) {
+  for (const entry of entries) {
+    const box = entry.frame.getBoundingClientRect();
+    if (event.clientX >= box.left && event.clientX < box.right && event.clientY >= box.top && event.clientY < box.bottom) {
+      return entry.frame;
+    }
+  }
+  return null;
+}
+
+function settle(frame) {
+  if (frame && frame !== focusGuard.hovered && document.activeElement !== frame) {
+    frame.inert = true;
+  }
+}
 
 function guardFocus() {
+  document.addEventListener(
+    'pointermove',
+    event => {
+      const frame = event.target instanceof HTMLIFrameElement ? event.target : frameAt(event);
+      if (frame !== focusGuard.hovered) {
+        const left = focusGuard.hovered;
+        focusGuard.hovered = frame && entryOf(frame.contentWindow) ? frame : null;
+        settle(left);
+        if (focusGuard.hovered && Date.now() - focusGuard.typed > 1000) {
+          focusGuard.hovered.inert = false;
+        }
+      }
+    },
+    { capture: true, passive: true }
+  );
   document.addEventListener(
     'focusin',
     event => {
       if (!(event.target instanceof HTMLIFrameElement)) {
         focusGuard.last = event.target;
+        for (const entry of entries) {
+          settle(entry.frame);
+        }
       }
     },
     true
   );
   document.addEventListener('keydown', () => (focusGuard.typed = Date.now()), true);
-  window.addEventListener('blur', () =>
-    setTimeout(() => {
-      const active = document.activeElement;
-      const entry = active instanceof HTMLIFrameElement ? [...entries].find(e => e.frame === active) : undefined;
-      if (!entry) {
-        return;
-      }
-      const now = Date.now();
-      const given = entry.pointer > now - 1500 && navigator.userActivation.isActive && now - focusGuard.typed > 1000;
-      if (!given) {
-        const back = focusGuard.last && document.contains(focusGuard.last) ? focusGuard.last : document.body;
-        active.blur();
-        back.focus();
-      }
-    }, 150)
-  );
+  const check = () => {
+    const active = document.activeElement;
+    if (active instanceof HTMLIFrameElement && entryOf(active.contentWindow) && (active.inert || Date.now() - focusGuard.typed < 1000)) {
+      active.inert = true;
+      const back = focusGuard.last && document.contains(focusGuard.last) ? focusGuard.last : document.body;
+      back.focus();
+    }
+  };
+  // the page's activeElement becomes the frame some time after the page's blur
+  window.addEventListener('blur', () => [0, 20, 60, 150, 300].forEach(delay => setTimeout(check, delay)));
 }
 
 function isPlainObject(value) {
@@ -373,6 +404,10 @@ class Relay {
 
   fromKernel(msg) {
     this.watchOutputWidget(msg);
+    const data = msg.content && msg.content.data;
+    if (data && data.method === 'custom' && data.content && data.content.do === 'focus') {
+      return; // a widget's focus(): focus is the user's to give
+    }
     for (const entry of this.frames) {
       if (entries.has(entry)) {
         this.toFrame(entry, msg);

@@ -27,7 +27,7 @@ from nbformat.sign import NotebookNotary
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.lab import confinement_arguments
 
-from lab_kit import (ARTIFACTS, frame_with, in_frames, jupyterlab, page_outputs, recording_page, remove_kernels_of, run_cell,
+from lab_kit import (ARTIFACTS, click_in_frame, frame_with, in_frames, jupyterlab, page_outputs, recording_page, remove_kernels_of, run_cell,
                      wait_for_kernel)
 from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
 
@@ -194,7 +194,7 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
         assert in_frames(page, "table.dataframe td", "Lyon") == 1
         # the standard widgets work: a slider, a button whose output widget prints and displays HTML, tqdm
         assert in_frames(page, ".widget-slider, .widget-hslider") >= 1
-        frame_with(page, "button", "benign-button").locator("button", has_text="benign-button").click()
+        click_in_frame(page, frame_with(page, "button", "benign-button").locator("button", has_text="benign-button"))
         frame_with(page, ".jp-RenderedText", "clicked-text")
         assert in_frames(page, "i", "clicked-html", seconds=30) == 1
         ARTIFACTS.mkdir(exist_ok=True)
@@ -386,7 +386,7 @@ def test_widget_descriptions_and_vega_expressions_stay_inert(browser, frame_lab,
             if box and box["height"] > 40:
                 for dx, dy in ((0.1, 0.3), (0.3, 0.6), (0.5, 0.5)):
                     page.mouse.click(box["x"] + box["width"] * dx, box["y"] + box["height"] * dy)
-        frame_with(page, "button", "button-text").locator("button", has_text="button-text").click()
+        click_in_frame(page, frame_with(page, "button", "button-text").locator("button", has_text="button-text"))
         markers, written = script_traces(page, lab, 5)
         assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
         probes = [url for url in answered if "probe-" in url]
@@ -426,20 +426,22 @@ def test_widgets_work_in_their_frame_and_come_back_from_the_kernel_after_a_reloa
     with recording_page(browser, "frame-widgets-failed.png", height=900, timeout_ms=120_000) as (page, _):
         panel = run_all_cells(page, lab, "frame-widgets", "frame-widgets.ipynb")
         interact = frame_with(page, ".jp-RenderedText", "interact-x 50", seconds=90)
-        interact.locator(".noUi-handle").first.click()
+        click_in_frame(page, interact.locator(".noUi-handle").first)
         page.keyboard.press("ArrowRight")  # the slider moves: the kernel runs f(6) into the interact's Output widget
         frame_with(page, ".jp-RenderedText", "interact-x 60")
         widgets = frame_with(page, "button", "out-button")
-        widgets.locator("button", has_text="out-button").click()
+        click_in_frame(page, widgets.locator("button", has_text="out-button"))
         frame_with(page, ".jp-RenderedText", "clicked-text")
-        widgets.locator(".noUi-handle").first.click()
+        click_in_frame(page, widgets.locator(".noUi-handle").first)
         page.keyboard.press("ArrowRight")
         page.keyboard.press("ArrowRight")
         deadline = time.monotonic() + 30
         while _readouts(widgets) != ["3", "3"] and time.monotonic() < deadline:  # jslink moves b with a
             page.wait_for_timeout(250)
         assert _readouts(widgets) == ["3", "3"]
-        widgets.locator("input[type=file]").set_input_files(files=[{"name": "up.txt", "mimeType": "text/plain", "buffer": b"uploaded-bytes"}])
+        with page.expect_file_chooser() as chooser:
+            click_in_frame(page, widgets.locator("button", has_text="Upload"))
+        chooser.value.set_files(files=[{"name": "up.txt", "mimeType": "text/plain", "buffer": b"uploaded-bytes"}])
         widgets.locator("button", has_text="Upload (1)").wait_for()
         shown = run_cell(page, panel, "print('kernel-sees', a.value, b.value, bytes(up.value[0].content), len(out.outputs))", "kernel-sees")
         assert shown.strip() == "kernel-sees 3 3 b'uploaded-bytes' 1"
@@ -529,6 +531,6 @@ def test_a_frame_takes_no_focus_and_shortcuts_work_after_a_click_in_it(browser, 
         page.keyboard.press("Shift+Enter")
         assert "text-value ''" in frame_with(page, ".jp-RenderedText", "text-value").locator(".jp-RenderedText", has_text="text-value").inner_text()
         # a click in the counter's frame, then Shift+Enter: JupyterLab runs that cell again
-        counter.locator(".jp-RenderedText", has_text="run-count").click()
+        click_in_frame(page, counter.locator(".jp-RenderedText", has_text="run-count"))
         page.keyboard.press("Shift+Enter")
         frame_with(page, ".jp-RenderedText", "run-count 2")
