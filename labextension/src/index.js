@@ -10,11 +10,12 @@
 //
 // A second plugin adds the command "Restart Kernel, Keep Variables" for notebooks on a sandboxed kernel:
 // %checkpoint (the launcher keeps the blob on the host), a restart, then %restore in the new kernel.
-import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
+import { Dialog, ICommandPalette, IThemeManager, Notification, showDialog } from '@jupyterlab/apputils';
 import { IConsoleTracker } from '@jupyterlab/console';
 import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
 import { ITooltipManager } from '@jupyterlab/tooltip';
 import { Widget } from '@lumino/widgets';
+import { themeBodyAttributes, updateTheme, usableHandlers, usableHead } from './usable';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
 // Rendered by JupyterLab without script or page-wide layout: left as they are.
@@ -55,14 +56,23 @@ function frameOf(source) {
   return null;
 }
 
+function ourFrames() {
+  return [...document.querySelectorAll('iframe.kernel-sandbox-frame')].filter(frame => ours.has(frame));
+}
+
+let handlers = {};
+
 function onMessage(event) {
   const data = event.data;
-  if (event.origin !== 'null' || !data || typeof data !== 'object' || data.type !== HEIGHT_MESSAGE) {
+  if (event.origin !== 'null' || !data || typeof data !== 'object') {
     return;
   }
   const frame = frameOf(event.source);
+  if (frame && Object.prototype.hasOwnProperty.call(handlers, data.type)) {
+    handlers[data.type](frame, data);
+  }
   const height = data.height;
-  if (!frame || typeof height !== 'number' || !Number.isFinite(height) || height < 0) {
+  if (data.type !== HEIGHT_MESSAGE || !frame || typeof height !== 'number' || !Number.isFinite(height) || height < 0) {
     return;
   }
   frame.style.height = `${Math.ceil(Math.min(height, MAX_HEIGHT))}px`;
@@ -87,14 +97,12 @@ const REPORTER = `(function () {
   report();
 })();`;
 
-function frameDocument(body) {
+function frameDocument(body, mimeType) {
   return (
     '<!DOCTYPE html><html><head><meta charset="utf-8">' +
     `<meta http-equiv="Content-Security-Policy" content="${CSP}">` +
-    '<style>html,body{margin:0;padding:0;background:transparent;' +
-    'font-family:var(--jp-content-font-family,system-ui,sans-serif);font-size:13px;overflow-y:hidden}' +
-    'body{padding:2px 0}</style>' +
-    `<script>${REPORTER}</script></head><body>${body}</body></html>`
+    '<style>html,body{margin:0;padding:0;background:transparent;overflow-y:hidden}body{padding:2px 0}</style>' +
+    `${usableHead()}<script>${REPORTER}</script></head><body ${themeBodyAttributes(mimeType)}>${body}</body></html>`
   );
 }
 
@@ -154,7 +162,7 @@ async function renderInFrame(renderer, mimeType, model, options) {
   frame.setAttribute('title', 'output of a sandboxed kernel');
   frame.className = 'kernel-sandbox-frame';
   frame.style.cssText = 'width:100%;height:24px;border:0;display:block;background:transparent';
-  frame.srcdoc = frameDocument(body);
+  frame.srcdoc = frameDocument(body, mimeType);
   const node = renderer.node;
   while (node.firstChild) {
     node.removeChild(node.firstChild);
@@ -326,9 +334,13 @@ const plugin = {
   description: 'Renders the rich outputs of sandboxed kernels in opaque-origin sandbox iframes.',
   autoStart: true,
   requires: [INotebookWidgetFactory, INotebookTracker],
-  optional: [IConsoleTracker, ITooltipManager],
-  activate(app, notebookFactory, notebooks, consoles, tooltips) {
+  optional: [IConsoleTracker, ITooltipManager, IThemeManager],
+  activate(app, notebookFactory, notebooks, consoles, tooltips, themes) {
+    handlers = usableHandlers(notebooks);
     window.addEventListener('message', onMessage);
+    if (themes) {
+      themes.themeChanged.connect(() => requestAnimationFrame(() => updateTheme(ourFrames())));
+    }
     if (tooltips) {
       guardTooltips(app, tooltips);
     }
