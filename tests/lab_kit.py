@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,7 +236,7 @@ def frame_with(page: Any, selector: str, text: str | None = None, seconds: float
         page.wait_for_timeout(250)
 
 
-def click_in_frame(page: Any, locator: Any) -> None:
+def click_in_frame(page: Any, locator: Any, button: str = "left") -> None:
     """Click ``locator`` (an element in an output frame) as a user does: the pointer first moves over it, which makes
     its frame take pointer events (kernel-sandbox-frame keeps the others ``inert``), then presses there."""
     locator.scroll_into_view_if_needed()
@@ -245,7 +245,7 @@ def click_in_frame(page: Any, locator: Any) -> None:
     page.mouse.move(x - 1, y - 1)
     page.mouse.move(x, y)
     page.wait_for_timeout(200)
-    page.mouse.click(x, y)
+    page.mouse.click(x, y, button=button)
 
 
 def page_outputs(page: Any) -> list[str]:
@@ -282,3 +282,24 @@ def run_cell(page: Any, panel: Any, code: str, shows: str) -> str:
     shown = "\n".join(frame.locator("body").inner_text() for frame in page.frames if frame != page.main_frame)
     raise AssertionError(f"no output showing {shows!r} after running {code!r}; the notebook shows:\n"
                          f"{panel.inner_text()[-3000:]}\nand its frames:\n{shown[-3000:]}")
+
+
+def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) -> None:
+    """Write a notebook of ``sources`` (code cells, not run) for ``kernelspec`` at ``path`` through the contents API."""
+    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in sources]
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
+                "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
+    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
+                    json={"type": "notebook", "format": "json", "content": notebook})
+    assert put.status_code in (200, 201), put.text
+
+
+def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
+    """Open the notebook at ``path`` in a JupyterLab workspace of its own (no other notebook reopens, so "Run All"
+    cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
+    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    wait_for_kernel(page, panel)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    return panel

@@ -348,15 +348,6 @@ export function frameMain(prefix) {
     if (msg.header.msg_type === 'comm_close') delete comms[content.comm_id];
   }
 
-  var KEYS = ['Enter', 'Escape'];
-  window.addEventListener('keydown', function (event) {
-    var editing = event.target && (event.target.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName));
-    var command = event.ctrlKey || event.metaKey || event.altKey || (event.shiftKey && event.key === 'Enter') || event.key === 'Escape';
-    if (event.defaultPrevented || !command || (editing && !event.ctrlKey && !event.metaKey && KEYS.indexOf(event.key) < 0)) return;
-    event.preventDefault();
-    post('key', { key: event.key, code: event.code, shiftKey: event.shiftKey, ctrlKey: event.ctrlKey, altKey: event.altKey, metaKey: event.metaKey });
-  });
-
   window.addEventListener('message', function (event) {
     var data = event.data;
     if (event.source !== parent || !data || typeof data.type !== 'string' || data.type.indexOf(prefix) !== 0) return;
@@ -402,10 +393,6 @@ export function frameMain(prefix) {
     } else if (type === 'comm-info' && pendingInfo[data.request]) {
       pendingInfo[data.request](data.comms || {});
       delete pendingInfo[data.request];
-    } else if (type === 'theme' && data.vars) {
-      Object.keys(data.vars).forEach(function (name) {
-        if (/^--jp-[\w-]+$/.test(name)) document.documentElement.style.setProperty(name, String(data.vars[name]));
-      });
     }
   });
 

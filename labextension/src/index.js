@@ -13,7 +13,7 @@
 //
 // A second plugin adds the command "Restart Kernel, Keep Variables" for notebooks on a sandboxed kernel:
 // %checkpoint (the launcher keeps the blob on the host), a restart, then %restore in the new kernel.
-import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
+import { Dialog, ICommandPalette, IThemeManager, Notification, showDialog } from '@jupyterlab/apputils';
 import { IConsoleTracker } from '@jupyterlab/console';
 import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
 import { OutputArea } from '@jupyterlab/outputarea';
@@ -21,6 +21,7 @@ import { ITooltipManager } from '@jupyterlab/tooltip';
 import { Widget } from '@lumino/widgets';
 
 import { frameMain } from './frame.js';
+import { themeLightAttribute, updateTheme, usableHandlers, usableHead } from './usable';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
 // Rendered by JupyterLab without script or page-wide layout: a tooltip or inspector showing only these is left as it is.
@@ -61,19 +62,26 @@ const MAX_SEND_BYTES = 64 * 1024 * 1024;
 const MAX_CONTROLS = 4;
 const MARK = 'kernel_sandbox';
 const STYLE = `
-.kernel-sandbox-area > .jp-OutputArea-child:not(:has(.jp-Stdin)) { display: none; }
+.kernel-sandbox-area > .jp-OutputArea-child:not(:has(.jp-Stdin)) { height: 0; min-height: 0; overflow: hidden; margin: 0; padding: 0; }
 iframe.kernel-sandbox-frame { width: 100%; height: 24px; border: 0; display: block; background: transparent; }
 `;
 
 const FRAME_SCRIPT = `(${frameMain.toString()})(${JSON.stringify(PREFIX)});`.replace(/<\/(script)/gi, '<\\/$1');
-const FRAME_DOCUMENT =
-  '<!DOCTYPE html><html><head><meta charset="utf-8">' +
-  `<meta http-equiv="Content-Security-Policy" content="${CSP}">` +
-  '<style>html,body{margin:0;padding:0;background:transparent;' +
-  'font-family:var(--jp-content-font-family,system-ui,sans-serif);font-size:13px;overflow-y:hidden}' +
-  'body{padding:2px 0}pre{margin:0;white-space:pre-wrap;word-break:break-all;font-family:var(--jp-code-font-family,monospace)}' +
-  '[data-mime-type="application/vnd.jupyter.stderr"]{background:var(--jp-rendermime-error-background,#fdd)}</style>' +
-  `</head><body><div id="outputs"></div><script>${FRAME_SCRIPT}</script></body></html>`;
+// The frame's document: its CSP, JupyterLab's theme and the usable.js scripts (search, shortcuts, context menu), then ours
+function frameDocument() {
+  return (
+    '<!DOCTYPE html><html><head><meta charset="utf-8">' +
+    `<meta http-equiv="Content-Security-Policy" content="${CSP}">` +
+    '<style>html,body{margin:0;padding:0;background:transparent;overflow-y:hidden}body{padding:2px 0}' +
+    'pre{margin:0;white-space:pre-wrap;word-break:break-all;font-family:var(--jp-code-font-family,monospace);' +
+    'font-size:var(--jp-code-font-size,13px)}' +
+    '[data-mime-type="application/vnd.jupyter.stderr"]{background:var(--jp-rendermime-error-background,#fdd)}</style>' +
+    `${usableHead()}</head><body ${themeLightAttribute()}><div id="outputs"></div><script>${FRAME_SCRIPT}</script></body></html>`
+  );
+}
+
+// The page's handlers of usable.js's messages (text for search, shortcuts, the context menu), set at activation
+let handlers = {};
 
 // Every frame this extension made: {frame, outputs(), relay(), host} (a frame's window changes when JupyterLab re-attaches it)
 const entries = new Set();
@@ -102,7 +110,7 @@ function makeFrame(entry) {
   frame.setAttribute('title', 'output of a sandboxed kernel');
   frame.className = 'kernel-sandbox-frame';
   frame.inert = true; // until the pointer is over it (guardFocus)
-  frame.srcdoc = FRAME_DOCUMENT;
+  frame.srcdoc = frameDocument();
   entry.frame = frame;
   entry.loaded = new Set();
   entries.add(entry);
@@ -149,31 +157,6 @@ function schedule(entry) {
   }
 }
 
-// Shortcuts typed in a frame go to the notebook or console around it, as if typed there
-function replayKey(entry, data) {
-  const host = entry.frame.closest('.jp-Notebook, .jp-CodeConsole, .jp-Tooltip, .jp-Inspector');
-  if (!host || typeof data.key !== 'string') {
-    return;
-  }
-  const notebook = entry.notebookOf ? entry.notebookOf(entry.frame) : null;
-  if (notebook) {
-    const index = notebook.widgets.findIndex(cell => cell.node.contains(entry.frame));
-    if (index >= 0) {
-      notebook.activeCellIndex = index;
-    }
-    notebook.mode = 'command';
-  }
-  host.focus();
-  const init = { bubbles: true, cancelable: true, composed: true };
-  for (const name of ['key', 'code']) {
-    init[name] = typeof data[name] === 'string' ? data[name].slice(0, 40) : '';
-  }
-  for (const name of ['shiftKey', 'ctrlKey', 'altKey', 'metaKey']) {
-    init[name] = data[name] === true;
-  }
-  host.dispatchEvent(new KeyboardEvent('keydown', init));
-}
-
 async function answerNeed(entry, name) {
   if (!Object.prototype.hasOwnProperty.call(RENDERERS, name) || entry.loaded.has(name)) {
     return;
@@ -198,6 +181,10 @@ function onMessage(event) {
   if (!entry) {
     return;
   }
+  if (Object.prototype.hasOwnProperty.call(handlers, data.type)) {
+    handlers[data.type](entry.frame, data);
+    return;
+  }
   const type = data.type.slice(PREFIX.length);
   const relay = entry.relay();
   if (type === 'ready') {
@@ -215,8 +202,6 @@ function onMessage(event) {
     }
   } else if (type === 'need') {
     void answerNeed(entry, data.name);
-  } else if (type === 'key') {
-    replayKey(entry, data);
 
   } else if (relay && entry.loaded.has('widgets')) {
     relay.fromFrame(entry, type, data);
@@ -609,7 +594,7 @@ function relayOf(kernel) {
   return relay;
 }
 
-// The panels whose rendermime this extension wrapped: rendermime -> {framed(), kernel(), notebookOf()}
+// The panels whose rendermime this extension wrapped: rendermime -> {framed(), kernel()}
 const hosts = new WeakMap();
 
 function marked(model) {
@@ -640,7 +625,6 @@ function areaFrame(area) {
       const kernel = host && host.framed() ? host.kernel() : null;
       return kernel ? relayOf(kernel) : null;
     },
-    notebookOf: host ? host.notebookOf : null
   };
   area[FRAMED] = entry;
   area.node.appendChild(makeFrame(entry));
@@ -766,7 +750,7 @@ function isSandboxedKernel(app, name) {
   return spec === undefined || isSandboxedSpec(spec);
 }
 
-function guard(app, rendermime, sessionContext, documentKernel, notebookOf) {
+function guard(app, rendermime, sessionContext, documentKernel) {
   if (wrapped.has(rendermime)) {
     return;
   }
@@ -776,7 +760,7 @@ function guard(app, rendermime, sessionContext, documentKernel, notebookOf) {
     const current = kernel();
     return isSandboxedKernel(app, (current && current.name) || documentKernel());
   };
-  hosts.set(rendermime, { framed, kernel, notebookOf });
+  hosts.set(rendermime, { framed, kernel });
   frameFactories(rendermime, framed);
   // the relay takes the widget comm targets as soon as the kernel connection exists (before ipywidgets' manager)
   const attach = () => {
@@ -816,7 +800,7 @@ function guardNotebook(app, panel) {
   if (wrapped.has(rendermime)) {
     return;
   }
-  guard(app, rendermime, panel.sessionContext, documentKernel, () => panel.content);
+  guard(app, rendermime, panel.sessionContext, documentKernel);
   // ipywidgets' manager restores widgets from the notebook's saved state into the page: not a sandboxed kernel's
   const model = panel.context.model;
   const hosted = hosts.get(rendermime);
@@ -825,7 +809,7 @@ function guardNotebook(app, panel) {
 }
 
 function guardConsole(app, panel) {
-  guard(app, panel.console.rendermime, panel.sessionContext, () => panel.sessionContext.kernelPreference.name, () => null);
+  guard(app, panel.console.rendermime, panel.sessionContext, () => panel.sessionContext.kernelPreference.name);
 }
 
 const plugin = {
@@ -833,8 +817,17 @@ const plugin = {
   description: 'Renders what sandboxed kernels show (outputs, widgets, rich help) in opaque-origin sandbox iframes.',
   autoStart: true,
   requires: [INotebookWidgetFactory, INotebookTracker],
-  optional: [IConsoleTracker, ITooltipManager],
-  activate(app, notebookFactory, notebooks, consoles, tooltips) {
+  optional: [IConsoleTracker, ITooltipManager, IThemeManager],
+  activate(app, notebookFactory, notebooks, consoles, tooltips, themes) {
+    handlers = usableHandlers(notebooks);
+    if (themes) {
+      // again a second later: the new theme's style sheet may still be loading at the first
+      const update = () => updateTheme([...entries].map(entry => entry.frame));
+      themes.themeChanged.connect(() => {
+        requestAnimationFrame(update);
+        setTimeout(update, 1000);
+      });
+    }
     const style = document.createElement('style');
     style.textContent = STYLE;
     document.head.appendChild(style);

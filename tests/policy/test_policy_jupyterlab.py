@@ -20,13 +20,12 @@ import contextlib
 import html
 import os
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, frame_with, in_frames, page_outputs, recording_page, wait_for_kernel
+from lab_kit import ARTIFACTS, frame_with, in_frames, page_outputs, put_notebook, recording_page, run_all_cells
 
 ARGV_SUFFIX = "-argv"
 """``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""
@@ -92,27 +91,6 @@ BENIGN_CELLS = {
     "slider": "import ipywidgets as w\nw.IntSlider(value=7, description='benign-slider')",
     "tqdm": "from tqdm.notebook import tqdm\nfor i in tqdm(range(3), desc='benign-tqdm'): pass",
 }
-
-
-def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) -> None:
-    """Write a notebook of ``sources`` (code cells, not run) for ``kernelspec`` at ``path`` through the contents API."""
-    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in sources]
-    notebook = {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
-                "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
-    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
-                    json={"type": "notebook", "format": "json", "content": notebook})
-    assert put.status_code in (200, 201), put.text
-
-
-def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
-    """Open the notebook at ``path`` in a JupyterLab workspace of its own (no other notebook reopens, so "Run All"
-    cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
-    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
-    panel = page.locator(".jp-NotebookPanel:visible")
-    wait_for_kernel(page, panel)
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-    return panel
 
 
 def script_traces(page: Any, lab: dict, seconds: float) -> tuple[list[str], list[str]]:
