@@ -319,8 +319,19 @@ class Relay {
       }
       return this.create(name, id);
     };
-    kernel.requestCommInfo = content =>
-      !content || !content.target_name || WIDGET_TARGETS.has(content.target_name) ? Promise.reject(refuse('comm_info')) : commInfo(content);
+    kernel.requestCommInfo = async content => {
+      if (content && WIDGET_TARGETS.has(content.target_name)) {
+        throw refuse('comm_info');
+      }
+      const reply = await commInfo(content);
+      const comms = (reply.content && reply.content.comms) || {};
+      for (const id of Object.keys(comms)) {
+        if (comms[id] && WIDGET_TARGETS.has(comms[id].target_name)) {
+          delete comms[id]; // a listing of every comm leaves the widgets out
+        }
+      }
+      return reply;
+    };
     this.register(WIDGET, (comm, msg) => this.adopt(comm, msg));
     // a kernel's comm on the other targets is not a widget the page knows: left unanswered, it is closed
     kernel.statusChanged.connect((_, status) => {

@@ -540,3 +540,36 @@ def test_a_frame_takes_no_focus_and_shortcuts_work_after_a_click_in_it(browser, 
         click_in_frame(page, counter.locator(".jp-RenderedText", has_text="run-count"))
         page.keyboard.press("Shift+Enter")
         frame_with(page, ".jp-RenderedText", "run-count 2")
+
+
+FORGED_COMMS = [
+    ("import ipywidgets as w\ngot = []\ns = w.IntSlider(value=1, description='forge-slider')\n"
+     "s.observe(lambda change: got.append(('value', change['new'])), 'value')\n"
+     "get_ipython().kernel.comm_manager.register_target('probe.target', lambda comm, msg: got.append(('open', 'probe.target')))\n"
+     "s"),
+    ("from IPython.display import HTML\n"
+     "HTML('<b>forger-ready</b><script>var post = function (m) { parent.postMessage(m, \"*\"); };'"
+     " + 'var id = ' + repr(s.model_id) + ';'"
+     " + 'setInterval(function () {'"
+     " + 'post({type: \"kernel-sandbox-frame:comm-send\", comm_id: id, id: \"f\", data: {method: \"update\", state: {value: 42}}, buffers: []});'"
+     " + 'post({type: \"kernel-sandbox-frame:comm-open\", comm_id: \"forged-open\", target: \"probe.target\", data: {}});'"
+     " + 'post({type: \"kernel-sandbox-frame:comm-open\", comm_id: id, target: \"jupyter.widget\", data: {}});'"
+     " + '}, 100);</script>')"),
+    "",
+]
+
+
+@pytest.mark.security("attack", "policy")
+def test_a_frame_without_widgets_cannot_speak_to_the_kernels_comms(browser, frame_lab) -> None:
+    """An output's script (``trusted``: nothing removes it) posts the bridge's comm messages from a frame that shows no
+    widget: an update of another output's slider, a comm to another target, a widget comm of its choosing. The page
+    relays none of them: the kernel sees no change and no comm."""
+    lab = frame_lab
+    put_notebook(lab, "frame-forge.ipynb", "frame-trusted", FORGED_COMMS)
+    with recording_page(browser, "frame-forge-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, "frame-forge", "frame-forge.ipynb")
+        frame_with(page, ".widget-slider, .widget-hslider", seconds=90)
+        frame_with(page, "b", "forger-ready")
+        page.wait_for_timeout(3000)  # thirty rounds of forged messages
+        shown = run_cell(page, panel, "print('kernel-got', got, s.value)", "kernel-got")
+        assert shown.strip() == "kernel-got [] 1"
