@@ -14,7 +14,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, in_frames, recording_page, wait_for_kernel
+from lab_kit import ARTIFACTS, frame_with, in_frames, recording_page, wait_for_kernel
 from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, run_all_cells, script_traces, shown
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -151,23 +151,25 @@ def test_message_shapes_run_no_script_load_no_file_and_cover_nothing(browser, la
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
             ".every(p => /\\[\\d+\\]/.test(p.textContent))")
-        panel.locator(".widget-html-content").first.wait_for()
+        frame_with(page, ".widget-html-content", seconds=90)  # everything shows in kernel-sandbox-frame's frames
         charts = ".vega-embed svg, .vega-embed canvas"  # in the page, or in kernel-sandbox-frame's frames
         deadline = time.monotonic() + 120
         while panel.locator(charts).count() + in_frames(page, charts) < 2 and time.monotonic() < deadline:
             page.wait_for_timeout(250)
         assert panel.locator(charts).count() + in_frames(page, charts) >= 2, "both charts drew"
         panel.locator(".jp-Cell").last.scroll_into_view_if_needed()  # (JupyterLab renders the cells in view)
-        panel.locator(".jp-OutputArea-output", has_text="pwned-rewrite").first.wait_for()  # the stream text is shown
+        frame_with(page, ".jp-OutputArea-output", "pwned-rewrite")  # the stream text is shown
         markers, written = script_traces(page, lab, 5)
         actions = panel.locator(".vega-embed .vega-actions, .vega-embed details").count()
         actions += in_frames(page, ".vega-embed .vega-actions, .vega-embed details")
         styles = page.evaluate(f"[...document.querySelectorAll('style')].filter(s => s.textContent.includes('{_STYLE_MARK}')).length")
         covered = page.evaluate("getComputedStyle(document.body, '::after').position === 'fixed'")
-        links = page.evaluate("[...document.querySelectorAll('.jp-OutputArea a')].map(a => a.getAttribute('href') || '')")
-        for link in panel.locator(".jp-OutputArea a", has_text="pwned").all():
-            with contextlib.suppress(Exception):
-                link.click(timeout=3_000)
+        links = [href for frame in page.frames
+                 for href in frame.evaluate("[...document.querySelectorAll('.jp-OutputArea a, #outputs a')].map(a => a.getAttribute('href') || '')")]
+        for frame in page.frames:
+            for link in frame.locator("a", has_text="pwned").all():
+                with contextlib.suppress(Exception):
+                    link.click(timeout=3_000)
         markers += script_traces(page, lab, 2)[0]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "attack-shapes.png"), full_page=True)
