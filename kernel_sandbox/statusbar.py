@@ -122,7 +122,10 @@ class SandboxedMetricsHandler(ApiHandler):
     def write(self, chunk: Any) -> None:
         """Add the containers' memory to the metrics jupyter-resource-usage's ``get`` writes."""
         if self._sandboxes and isinstance(chunk, str):
-            chunk = json.dumps(self._with_sandboxes(json.loads(chunk)))
+            metrics = json.loads(chunk)
+            if isinstance(metrics, dict) and "rss" in metrics:  # not an error reply
+                chunk = json.dumps(self._with_sandboxes(metrics))
+                self._sandboxes = 0
         super().write(chunk)
 
     def _with_sandboxes(self, metrics: dict[str, Any]) -> dict[str, Any]:

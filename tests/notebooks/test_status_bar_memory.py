@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import re
+import time
+
 import httpx
 import psutil
 import pytest
@@ -17,7 +20,7 @@ import pytest
 from kernel_sandbox.kernelspecs import install
 
 from kernel_kit import memory_in_use
-from lab_kit import LabServer, jupyterlab, kernel_containers, remove_kernels_of
+from lab_kit import ARTIFACTS, LabServer, jupyterlab, kernel_containers, recording_page, remove_kernels_of, run_cell
 from test_jupyter_server_api import KernelChannels
 
 MiB = 2**20
@@ -122,3 +125,27 @@ async def test_a_container_killed_under_the_status_bar_counts_0_and_the_bar_stil
             assert held["rss"] - answers[-1].json()["rss"] >= 150 * MiB, (held, answers[-1].json())
         finally:
             await api.delete(f"/api/kernels/{kernel['id']}")
+
+
+def test_the_status_bar_shows_the_sandboxed_kernels_memory(browser, counting_lab, docker_engine) -> None:
+    with recording_page(browser, "status-bar-failure.png") as (page, _):
+        tree = _tree_rss(counting_lab.process.pid)  # before the kernel's launcher joins it
+        page.goto(f"{counting_lab.url}/lab/workspaces/status-bar?reset&token={counting_lab.token}")
+        page.locator('.jp-LauncherCard[data-category="Notebook"][title="Sandboxed Python"]').click()
+        notebook = page.locator(".jp-NotebookPanel:visible")
+        run_cell(page, notebook, f"x = b'x' * {HOG}\nprint('allocated')", "allocated")
+        [kernel] = httpx.get(f"{counting_lab.url}/api/kernels", headers=counting_lab.headers).json()
+        container = kernel_containers(docker_engine, counting_lab.process.pid, kernel["id"])[0]
+        # the server's tree and the container, in MiB: what the bar shows (in MB or MiB) is at least that
+        at_least = 0.9 * (tree + memory_in_use(container.id)) / MiB
+        memory = page.locator("#jp-main-statusbar").get_by_text("Mem:")
+        deadline = time.monotonic() + 30
+        while (shown := _mb(memory.inner_text())) < at_least and time.monotonic() < deadline:
+            time.sleep(0.5)  # the bar asks again every 5 s
+        page.screenshot(path=str(ARTIFACTS / "status-bar.png"))
+        assert shown >= at_least, (memory.inner_text(), at_least)  # the server's tree alone is 200 MiB less
+
+
+def _mb(text: str) -> float:
+    found = re.search(r"Mem:\s*([\d.]+)", text)
+    return float(found.group(1)) if found else 0.0
