@@ -104,7 +104,9 @@ async def test_the_status_bar_counts_a_sandboxed_kernels_memory_and_warns_on_it(
         assert held["rss"] - (await metrics())["rss"] >= 150 * MiB  # the kernel's container is gone
 
 
+@pytest.mark.security("attack", "lab")
 async def test_the_status_bar_asks_for_the_servers_login(counting_lab) -> None:
+    """A page without the server's token asks for the containers' memory: refused (403)."""
     async with httpx.AsyncClient(base_url=counting_lab.url, timeout=60) as api:
         answer = await api.get("/api/metrics/v1")
     assert answer.status_code == 403
@@ -112,6 +114,7 @@ async def test_the_status_bar_asks_for_the_servers_login(counting_lab) -> None:
 
 @pytest.mark.security("fault", "sessions")
 async def test_a_container_killed_under_the_status_bar_counts_0_and_the_bar_still_answers(counting_lab, docker_engine) -> None:
+    """A kernel's container is killed out of band while the status bar keeps its cgroup: the bar answers, counting it 0."""
     async with httpx.AsyncClient(base_url=counting_lab.url, headers=counting_lab.headers, timeout=60) as api:
         kernel = (await api.post("/api/kernels", json={"name": "sandboxed-python"})).json()
         try:
