@@ -12,6 +12,7 @@ yourself).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import secrets
@@ -408,6 +409,20 @@ def confinement_arguments(extra: Sequence[str]) -> list[str]:
     return arguments
 
 
+STATUS_BAR = "kernel_sandbox.statusbar"
+"""The server extension that counts the sandboxed kernels' containers in JupyterLab's status-bar
+memory (:mod:`kernel_sandbox.statusbar`)."""
+
+
+def status_bar_arguments(extra: Sequence[str]) -> list[str]:
+    """The status-bar extension, enabled when jupyter-resource-usage (whose figure it corrects) is
+    installed, unless ``extra`` enables or disables it."""
+    option = f"--ServerApp.jpserver_extensions={STATUS_BAR}"
+    if importlib.util.find_spec("jupyter_resource_usage") is None or _sets(extra, (option,)):
+        return []
+    return [f"{option}=True"]
+
+
 def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
     """JupyterLab's command line: our defaults (unless ``extra`` sets them), ``extra``, then the
     locked-down settings.
@@ -419,6 +434,7 @@ def lab_arguments(extra: Sequence[str], locked_down: bool) -> list[str]:
         if not _sets(extra, options):
             arguments.append(f"--{name}={secrets.token_hex(24) if value is None else value}")
     arguments += confinement_arguments(extra)
+    arguments += status_bar_arguments(extra)
     arguments += extra
     if locked_down:
         for name, value in LOCKED_DOWN.items():

@@ -30,6 +30,7 @@ from lab_kit import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_la
 from nb_helpers import cli
 
 SPEC = "sandboxed-python"
+STATUS_BAR_LOADED = "kernel-sandbox: the status bar's memory counts the sandboxed kernels"
 
 
 @dataclass
@@ -161,6 +162,7 @@ async def test_lab_serves_sandboxed_python_as_the_default_kernel(fresh: Fresh, l
     assert spec["display_name"] == "Sandboxed Python"
     assert spec["metadata"]["kernel_provisioner"]["config"]["image"] == fresh.image
     assert await hostname_of_a_new_default_kernel(lab) == "sandbox"
+    assert STATUS_BAR_LOADED in lab.log.read_text()  # jupyter-resource-usage is installed here
 
 
 def test_new_notebook_from_the_file_menu_starts_sandboxed_python(lab: LabServer) -> None:
@@ -226,6 +228,7 @@ async def test_locked_down_lab_offers_and_starts_only_sandboxed_kernels(locked_l
         hidden = await http.put("/api/contents/.bashrc", json={"type": "file", "format": "text", "content": "x"})
         assert hidden.status_code >= 400
     assert await hostname_of_a_new_default_kernel(locked_lab) == "sandbox"
+    assert STATUS_BAR_LOADED in locked_lab.log.read_text()  # beside jupyter_lsp=False in the same setting
 
 
 def locked_down_refusal(fresh: Fresh, root: Path, env: dict[str, str]) -> str:

@@ -99,7 +99,8 @@ def test_lab_arguments_default_to_loopback_a_token_and_sandboxed_python() -> Non
     assert arguments[5] == f"--LabApp.extra_labextensions_path={LABEXTENSIONS}"
     assert (LABEXTENSIONS / "kernel-sandbox-frame" / "package.json").is_file()
     assert arguments[6] == "--ServerApp.contents_manager_class=kernel_sandbox.contents.RootConfinedFileManager"
-    assert arguments[7:] == ["--port", "9999"]
+    assert arguments[7] == "--ServerApp.jpserver_extensions=kernel_sandbox.statusbar=True"  # status bar counts containers
+    assert arguments[8:] == ["--port", "9999"]
     assert lab_arguments(["--port", "9999"], locked_down=False)[1] != arguments[1]  # a fresh token each start
 
 
@@ -109,6 +110,8 @@ def test_lab_arguments_leave_what_the_user_sets_to_the_user() -> None:
     assert arguments[-3:] == ["--ip=0.0.0.0", "--IdentityProvider.token", "mine"]
     mine = lab_arguments(["--ServerApp.contents_manager_class=x.Y"], locked_down=False)
     assert [a for a in mine if a.startswith("--ServerApp.contents_manager_class")] == ["--ServerApp.contents_manager_class=x.Y"]
+    off = lab_arguments(["--ServerApp.jpserver_extensions=kernel_sandbox.statusbar=False"], locked_down=False)
+    assert [a for a in off if "kernel_sandbox.statusbar" in a] == ["--ServerApp.jpserver_extensions=kernel_sandbox.statusbar=False"]
 
 
 def test_locked_down_settings_come_last_and_cannot_be_argued_with() -> None:
