@@ -76,6 +76,7 @@ from .netns import connect_in_netns, container_netns, listen_in_netns, may_enter
 from .settings import DockerSettings
 
 if TYPE_CHECKING:
+    from ..launch.intercept import SecretTable
     from ..launch.request import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -325,6 +326,7 @@ class DockerLink:
         self._idle = True
         """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
         self._egress: egress.Egress | None = None
+        self._secrets: SecretTable | None = None
         self._cgroup: CgroupProbe | None = None
         self._checked = Usage()
         self._killed: str | None = None
@@ -344,12 +346,22 @@ class DockerLink:
         await asyncio.to_thread(require_image, client, settings.image)
         direct = may_enter_netns(settings, info)
         proxied = settings.network is not True
+        # before the container exists: a secret whose value is missing fails the launch
+        if settings.secrets:
+            from ..launch.intercept import SecretTable
+
+            self._secrets = SecretTable.load(settings.secrets, os.environ)
+        kernel_secrets = self._secrets.kernel_env() if self._secrets else {}
         spec = container_spec(
             settings,
             kernel_id=request.kernel_id,
             kernel_key=self._key,
             user=run_as(settings),
-            env={**request.env, **(egress.kernel_env(settings) if proxied else {})},
+            env={
+                **request.env,
+                **(egress.kernel_env(settings) if proxied else {}),
+                **kernel_secrets,
+            },
             mounts=resolve_mounts(settings, request.cwd),
             labels=owner_labels(
                 request.kernel_id,
@@ -427,7 +439,7 @@ class DockerLink:
         exec stream (:mod:`.egress_stream`)."""
         front = self._front
         assert front is not None
-        proxy = self._egress = egress.Egress.for_settings(self.settings)
+        proxy = self._egress = egress.Egress.for_settings(self.settings, self._secrets)
         try:
             if self._netns is not None:
                 sock = await asyncio.to_thread(listen_in_netns, self._netns, egress.PROXY_PORT)

