@@ -36,6 +36,8 @@ def _install_config(args: argparse.Namespace) -> dict[str, Any]:
         config["mounts"] = args.mount
     if args.env:
         config["env"] = dict(item.split("=", 1) for item in args.env)
+    if args.secret:
+        config["secrets"] = args.secret
     for item in args.set:
         key, _, value = item.partition("=")
         config[key] = _config_value(value)
@@ -421,6 +423,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder"
     )
     inst.add_argument("--env", action="append", default=[], help="environment variable NAME=VALUE")
+    inst.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME@HOST",
+        help="NAME[=FILE]@HOST[,HOST...]: the kernel's NAME holds a placeholder that the egress "
+        "proxy replaces, in requests to HOST only, with the value of NAME in the Jupyter server's "
+        "environment (or FILE's content) at launch; kernel.json never holds the value; repeatable",
+    )
     inst.add_argument(
         "--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)"
     )

@@ -80,6 +80,15 @@ class Secret:
         return self._value
 
 
+def unsupported(title: str) -> ConfigError:
+    """The refusal of ``secrets`` by a backend whose launcher does not run the egress proxy."""
+    return ConfigError(
+        f"secrets: {title} cannot keep secrets on the host (only the Docker backend's launcher "
+        "runs the egress proxy that adds them to requests); use the Docker backend, or give the "
+        "kernel the value itself in 'env'"
+    )
+
+
 def check_value(name: str, value: Any) -> None:
     """Refuse a value that cannot go in a header: not a string, empty, too long, or with controls
     (the message never shows the value)."""
@@ -166,7 +175,11 @@ def parse_binding(option: str, entry: Any) -> Binding:
             f"{option}: {entry!r}: {name} is a variable the sandbox sets itself; choose another"
         )
     if eq and not path.startswith("/"):
-        raise ConfigError(f"{option}: {entry!r}: the file after '=' must be an absolute path")
+        # not the entry: what follows '=' may be a value written there by mistake
+        raise ConfigError(
+            f"{option}: {name}=...: the file after '=' must be an absolute path (the value itself "
+            "never goes in the option)"
+        )
     bound = tuple(dict.fromkeys(parse_binding_host(option, h) for h in hosts.split(",")))
     return Binding(name, bound, path if eq else None, query)
 

@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from ..egress import WINDOW_REQUEST
-from ..hostsecrets import Secret, secret_values
+from ..hostsecrets import Secret, secret_values, unsupported
 from ..errors import (
     ConfigError,
     FramingError,
@@ -119,11 +119,7 @@ class AsyncSandbox(KernelExchange):
         self._secret_env = secret_values(secrets or {}, env or {})
         if self._secret_env:
             if backend != "docker":
-                raise ConfigError(
-                    f"secrets: the {backend!r} backend cannot keep secrets on the host (only the "
-                    "Docker backend's launcher runs the proxy that adds them); use "
-                    "backend='docker', or give the value to the kernel yourself in env"
-                )
+                raise unsupported(f"the {backend!r} backend")
             backend_options["secrets"] = [s.binding(n) for n, s in (secrets or {}).items()]
         if restore is not None and not isinstance(restore, Checkpoint):
             raise ConfigError(

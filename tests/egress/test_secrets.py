@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from jupyter_client.manager import AsyncKernelManager
 
+from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox, Secret
+from kernel_sandbox.kernelspecs import install as install_kernelspec
 from secrets_kit import Servers, serve
 
 pytestmark = pytest.mark.security("attack", "egress")
@@ -351,3 +355,108 @@ def test_a_secret_never_shows_its_value() -> None:
         Sandbox(secrets={"API_KEY": VALUE})
     with pytest.raises(ConfigError, match="opensandbox"):
         Sandbox("opensandbox", secrets={"API_KEY": secret}, api_base="http://127.0.0.1:1")
+
+
+async def run_in_kernelspec(name: str, code: str) -> str:
+    """Start the kernelspec ``name`` as a Jupyter server does, run ``code``, return its stdout."""
+    manager = AsyncKernelManager(kernel_name=name)
+    await manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        outputs: list[str] = []
+
+        def keep(msg: dict) -> None:
+            if msg["msg_type"] == "stream":
+                outputs.append(msg["content"]["text"])
+
+        await client.execute_interactive(code, output_hook=keep, timeout=60)
+        return "".join(outputs)
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel(now=True)
+
+
+def install_with_secret(jupyter_prefix: Path, servers: Servers, name: str, binding: str) -> Path:
+    install_kernelspec(
+        "sandboxed-python",
+        prefix=str(jupyter_prefix.parent.parent),
+        install_as=name,
+        config={"network": servers.network(), "secrets": [binding], "standby": 0},
+    )
+    return jupyter_prefix / "kernels" / name / "kernel.json"
+
+
+async def test_a_kernelspec_secret_comes_from_the_servers_environment(
+    docker_engine, jupyter_prefix: Path, servers: Servers, monkeypatch
+) -> None:
+    """``--secret API_KEY@api.test:PORT``: kernel.json names the binding only; the value is the
+    server's API_KEY at launch."""
+    spec = install_with_secret(jupyter_prefix, servers, "sandboxed-python-secret", f"API_KEY@api.test:{servers.tls_port}")
+    monkeypatch.setenv("API_KEY", VALUE)
+    before = len(servers.requests)
+    code = REQUEST.format(
+        url=f"https://api.test:{servers.tls_port}/spec",
+        data="None",
+        headers="{'Authorization': 'Bearer ' + os.environ['API_KEY']}",
+        verify=True,
+    )
+    out = await run_in_kernelspec("sandboxed-python-secret", code)
+    assert out.startswith("200 ok"), out
+    assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+    assert VALUE not in spec.read_text() and "API_KEY@api.test" in spec.read_text()
+
+
+async def test_a_kernelspec_secret_from_a_file(
+    docker_engine, jupyter_prefix: Path, servers: Servers, tmp_path: Path, monkeypatch
+) -> None:
+    """``--secret API_KEY=FILE@HOST``: the value is the file's, read at launch."""
+    value_file = tmp_path / "api-key"
+    value_file.write_text(OTHER_VALUE + "\n")
+    value_file.chmod(0o600)
+    monkeypatch.delenv("API_KEY", raising=False)
+    install_with_secret(jupyter_prefix, servers, "sandboxed-python-secret-file", f"API_KEY={value_file}@api.test:{servers.tls_port}")
+    before = len(servers.requests)
+    code = REQUEST.format(
+        url=f"https://api.test:{servers.tls_port}/file", data="None", headers="{'X-Key': os.environ['API_KEY']}", verify=True
+    )
+    out = await run_in_kernelspec("sandboxed-python-secret-file", code)
+    assert out.startswith("200 ok"), out
+    assert ["X-Key", OTHER_VALUE] in servers.requests[before]["headers"]
+
+
+async def test_a_missing_secret_fails_the_launch_naming_it(
+    docker_engine, jupyter_prefix: Path, servers: Servers, monkeypatch
+) -> None:
+    """No API_KEY in the server's environment: the kernel does not start, and the error says what to set."""
+    install_with_secret(jupyter_prefix, servers, "sandboxed-python-secret-missing", f"API_KEY@api.test:{servers.tls_port}")
+    monkeypatch.delenv("API_KEY", raising=False)
+    manager = AsyncKernelManager(kernel_name="sandboxed-python-secret-missing")
+    with pytest.raises(Exception, match="variable API_KEY is not set"):
+        await manager.start_kernel()
+
+
+def test_opensandbox_refuses_secrets_saying_so() -> None:
+    """An OpenSandbox kernelspec with secrets is refused (at install and at launch alike), never run
+    without them."""
+    from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
+
+    with pytest.raises(ConfigError, match="only the Docker backend"):
+        OpenSandboxSettings.from_config({"secrets": ["API_KEY@api.openai.com"]})
+    with pytest.raises(ConfigError, match="absolute path") as refused:
+        DockerSettings.from_config({"secrets": ["API_KEY=sk-oops@api.openai.com"]})
+    assert "sk-oops" not in str(refused.value)
+
+
+def test_the_exec_stream_relay_intercepts_the_same_way(docker_engine, servers: Servers, monkeypatch) -> None:
+    """As any user but root on runc gets it: TLS to the kernel over the relay's exec stream."""
+    from kernel_sandbox.docker.netns import EXEC_STREAMS_ENV
+
+    monkeypatch.setenv(EXEC_STREAMS_ENV, "1")
+    with Sandbox(network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120) as sb:
+        before = len(servers.requests)
+        assert fetch(sb, f"https://api.test:{servers.tls_port}/relay").startswith("200 ok")
+        assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+        assert fetch(sb, f"https://other.test:{servers.tls_port}/relay", verify=False).startswith("200 ok")
+        assert VALUE not in str(servers.requests[before + 1])
