@@ -192,7 +192,9 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """List kernel containers and their usage (a standby kernel, started ahead of need, shows as
-    standby; an orphan, how long it waits to be re-attached)."""
+    standby; an orphan, how long it waits to be re-attached; a kernel with secrets, their names
+    and how many requests used each)."""
+    from .metrics import secrets_text
     from .top import INSPECT_TIMEOUT, Sampler, usage_columns
 
     waiting = _orphans()
@@ -201,7 +203,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
         kind = f"kernel {row.kernel}" if row.kernel else "standby"
-        print(f"{row.name}\t{row.status}\t{kind}{note}\t{usage}")
+        held = f"\tsecrets {secrets_text(row.secrets)}" if row.secrets else ""
+        print(f"{row.name}\t{row.status}\t{kind}{note}\t{usage}{held}")
     return 0
 
 

@@ -12,6 +12,7 @@ from its own environment variable ``NAME`` (a Jupyter server's, or the one a pro
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,22 @@ def parse_bindings(option: str, value: Any) -> tuple[str, ...]:
     if len(set(names)) < len(names):
         raise ConfigError(f"{option}: each secret's name may appear once")
     return tuple(map(str, bindings))
+
+
+def read_uses(directory: str | Path | None) -> tuple[tuple[str, int], ...]:
+    """The secrets a kernel holds and how many requests used each, as its launcher keeps them in
+    its private ``directory`` (names and counts, never values); () when there are none."""
+    from .privdir import SECRETS
+
+    if not directory:
+        return ()
+    try:
+        data = json.loads((Path(directory) / SECRETS).read_text())
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    return tuple((str(name), count) for name, count in data.items() if isinstance(count, int))
 
 
 def secret_values(secrets: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:

@@ -44,6 +44,7 @@ EXIT = "exit.json"
 ADOPTED = "adopted.json"
 RECORD = "record.json"
 ORPHANED = "orphaned.json"
+SECRETS = "secrets.json"
 NEW_DIR_GRACE_SECONDS = 60
 
 

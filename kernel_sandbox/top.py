@@ -18,8 +18,9 @@ from typing import Any
 import docker.errors
 import requests.exceptions
 
-from .docker.containers import OURS, kernel_of
+from .docker.containers import LABEL_PRIVATE_DIR, OURS, kernel_of
 from .errors import ConfigError, MetricsUnavailable
+from .hostsecrets import read_uses
 from .metrics import CgroupProbe, Usage, cpu_text, memory_text, pids_text, size_text
 
 COLUMNS = ("NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM")
@@ -60,6 +61,8 @@ class Row:
     """The kernel's id; None for a standby not taken yet."""
     container_id: str
     usage: Usage | None
+    secrets: tuple[tuple[str, int], ...] = ()
+    """The kernel's secrets and their use counts (its launcher's record; never values)."""
 
     def cells(self) -> list[str]:
         """The row's text, one item per :data:`COLUMNS`."""
@@ -90,7 +93,8 @@ class Sampler:
             kernel_id = kernel_of(labels)
             usage = self._usage_of(container_id) if summary.get("State") == "running" else None
             name = (summary.get("Names") or ["/?"])[0].lstrip("/")
-            rows.append(Row(name, summary.get("State", "?"), kernel_id, container_id, usage))
+            held = read_uses(labels.get(LABEL_PRIVATE_DIR))
+            rows.append(Row(name, summary.get("State", "?"), kernel_id, container_id, usage, held))
         self.probes = {
             row.container_id: self.probes[row.container_id]
             for row in rows

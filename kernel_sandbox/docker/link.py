@@ -55,7 +55,7 @@ from ..launch.front import (
 )
 from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
-from ..privdir import LAUNCHER_STATE, PrivateDir
+from ..privdir import LAUNCHER_STATE, SECRETS, PrivateDir
 from ..settings import MiB
 from . import watchdog
 from .blobs import ContainerFiles
@@ -466,6 +466,24 @@ class DockerLink:
                 f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"
             ) from exc
         front.requests[WINDOW_REQUEST] = proxy.answer
+        if self._secrets is not None:
+            self._report_secrets(self._secrets)
+
+    def _report_secrets(self, table: SecretTable) -> None:
+        """Keep the secrets' names and use counts in the kernel's private directory, for
+        ``kernel-sandbox ps`` and ``metrics()`` (never a value)."""
+        private = self.request.private or self._own_dir
+        if private is None:
+            return
+
+        def report() -> None:
+            try:
+                private.write_json(SECRETS, dict(table.uses))
+            except OSError:
+                log.debug("could not record the secrets' use", exc_info=True)
+
+        table.on_use = report
+        report()
 
     async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from ..egress import WINDOW_REQUEST
-from ..hostsecrets import Secret, secret_values, unsupported
+from ..hostsecrets import Secret, read_uses, secret_values, unsupported
 from ..errors import (
     ConfigError,
     FramingError,
@@ -376,7 +377,9 @@ class AsyncSandbox(KernelExchange):
         if probe is None or probe.container_id != getattr(provisioner, "container_id", None):
             probe = self._probe = self._backend.probe(provisioner)
             self._checked = Usage()
-        return probe.read()
+        usage = probe.read()
+        held = read_uses(getattr(getattr(provisioner, "private", None), "path", None))
+        return dataclasses.replace(usage, secrets=held) if held else usage
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
         """Say in ``error`` which limits the kernel hit since they were last looked at, as the host

@@ -192,6 +192,8 @@ class SecretTable:
         self._values = {held.placeholder: values[held.binding.name] for held in self._held}
         self.ca = KernelCA([d.host for b in bindings for d in b.hosts])
         self.uses: Counter[str] = Counter({b.name: 0 for b in bindings})
+        self.on_use: Callable[[], None] = lambda: None
+        """Called after a request used a secret (the launcher writes :attr:`uses` for ``ps``)."""
         self._upstream: ssl.SSLContext | None = None
 
     @classmethod
@@ -258,7 +260,9 @@ class SecretTable:
                     held.placeholder.encode(), self._values[held.placeholder].encode()
                 )
                 used.add(held.binding.name)
-        self.uses.update(used)
+        if used:
+            self.uses.update(used)
+            self.on_use()
         return out, path + question + query
 
 

@@ -460,3 +460,19 @@ def test_the_exec_stream_relay_intercepts_the_same_way(docker_engine, servers: S
         assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
         assert fetch(sb, f"https://other.test:{servers.tls_port}/relay", verify=False).startswith("200 ok")
         assert VALUE not in str(servers.requests[before + 1])
+
+
+def test_ps_and_metrics_name_the_secrets_and_count_their_use(sandbox: Sandbox, servers: Servers, capsys) -> None:
+    """``metrics()`` and ``kernel-sandbox ps`` show the secret's name and how many requests used it, never
+    its value."""
+    from kernel_sandbox.cli import main
+
+    uses = dict(sandbox.metrics().secrets)["API_KEY"]
+    fetch(sandbox, f"https://api.test:{servers.tls_port}/count")
+    fetch(sandbox, f"https://other.test:{servers.tls_port}/count", verify=False)  # the placeholder: not a use
+    usage = sandbox.metrics()
+    assert dict(usage.secrets)["API_KEY"] == uses + 1 and VALUE not in repr(usage)
+    assert main(["ps"]) == 0
+    listing = capsys.readouterr().out
+    assert f"kernel {sandbox.kernel_id}" in listing and f"secrets API_KEY:{uses + 1}" in listing
+    assert VALUE not in listing
