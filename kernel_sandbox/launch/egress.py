@@ -681,7 +681,8 @@ class Egress:
             await inbound.handshake()
         except (ssl.SSLError, OSError, asyncio.TimeoutError):
             return
-        await relay_http(table, host, port, inbound, outbound, self.idle_timeout, HEAD_LIMIT)
+        limits = (self.idle_timeout, HEAD_LIMIT)
+        await relay_http(table, host, port, inbound, outbound, *limits, self.refusals.refused)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter

@@ -377,10 +377,12 @@ async def relay_http(  # noqa: C901
     upstream: TlsStream,
     idle: float,
     head_limit: int,
+    refused: Callable[[str, str], None],
 ) -> None:
     """Relay HTTP/1.1 requests from the kernel to ``host:port`` with the secrets filled in, and
     the answers back, until either side closes. A request whose ``Host`` is not ``host:port`` is
-    refused; a redirect is passed back, never followed."""
+    refused (and reported to ``refused(name, reason)``); a redirect is passed back, never
+    followed."""
     server = h11.Connection(h11.SERVER, max_incomplete_event_size=head_limit)
     client = h11.Connection(h11.CLIENT, max_incomplete_event_size=head_limit)
     authorities = {host.encode(), f"{host}:{port}".encode()}
@@ -394,13 +396,12 @@ async def relay_http(  # noqa: C901
             return
         hosts = [value.lower() for name, value in event.headers if name == b"host"]
         if hosts != [hosts[0]] or hosts[0] not in authorities:
-            await _refuse(
-                server,
-                kernel,
-                421,
+            reason = (
                 f"kernel-sandbox proxy: this connection is to {host}:{port}; its requests must "
-                "name that host in their Host header",
+                "name that host, once, in their Host header"
             )
+            refused(f"{host}:{port}", reason)
+            await _refuse(server, kernel, 421, reason)
             return
         headers, target = table.fill(host, port, _kept(event.headers), event.target)
         if server.they_are_waiting_for_100_continue:
