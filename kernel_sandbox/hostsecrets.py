@@ -97,10 +97,10 @@ def check_value(name: str, value: Any) -> None:
         raise ConfigError(f"{name}: the secret's value must be a non-empty string")
     if len(value) > MAX_VALUE:
         raise ConfigError(f"{name}: the secret's value is longer than {MAX_VALUE} characters")
-    if any(not " " <= ch <= "~" for ch in value):
+    if any(not " " <= ch <= "~" for ch in value) or value != value.strip():
         raise ConfigError(
-            f"{name}: the secret's value must be printable ASCII without line breaks (it goes in "
-            "HTTP headers)"
+            f"{name}: the secret's value must be printable ASCII without line breaks or spaces at "
+            "either end (it goes in HTTP headers)"
         )
 
 

@@ -406,9 +406,12 @@ async def relay_http(  # noqa: C901
         headers, target = table.fill(host, port, _kept(event.headers), event.target)
         if server.they_are_waiting_for_100_continue:
             await _send(server, kernel, h11.InformationalResponse(status_code=100, headers=[]))
-        await _send(
-            client, upstream, h11.Request(method=event.method, target=target, headers=headers)
-        )
+        try:
+            request = h11.Request(method=event.method, target=target, headers=headers)
+        except h11.LocalProtocolError:  # its message may quote a value: never passed on
+            await _refuse(server, kernel, 400, "kernel-sandbox proxy: a malformed request")
+            return
+        await _send(client, upstream, request)
         try:
             while True:
                 part = await _next(server, kernel, idle)

@@ -193,11 +193,15 @@ def test_a_redirect_to_another_host_is_never_followed_with_the_value(
     )
 
 
-def test_a_host_that_fails_verification_gets_nothing(docker_engine, servers: Servers, capfd) -> None:
+def test_a_host_that_fails_verification_gets_nothing(
+    docker_engine, servers: Servers, capfd
+) -> None:
     """A bound host whose certificate chain the host does not trust: refused naming it, nothing sent;
     the launcher logs the refusal, and its log never holds the value (its own kernel: its stderr is
     this test's)."""
-    with Sandbox(network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120) as sb:
+    with Sandbox(
+        network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120
+    ) as sb:
         assert fetch(sb, f"https://api.test:{servers.tls_port}/logged").startswith("200 ok")
         before = len(servers.requests)
         out = fetch(sb, f"https://forged.test:{servers.forged_port}/echo")
@@ -367,6 +371,10 @@ def test_a_secret_never_shows_its_value() -> None:
     assert VALUE not in repr(secret) + str(secret) + repr([secret])
     with pytest.raises(TypeError):
         pickle.dumps(secret)
+    for bad in (" sk-padded", "sk-line\r\nX-Injected: 1"):
+        with pytest.raises(ConfigError, match="printable ASCII") as refused:
+            Secret(bad, hosts=["api.openai.com"])
+        assert bad.strip() not in str(refused.value)
     with pytest.raises(ConfigError, match="must be a Secret"):
         Sandbox(secrets={"API_KEY": VALUE})
     with pytest.raises(ConfigError, match="opensandbox"):
@@ -409,7 +417,9 @@ async def test_a_kernelspec_secret_comes_from_the_servers_environment(
 ) -> None:
     """``--secret API_KEY@api.test:PORT``: kernel.json names the binding only; the value is the
     server's API_KEY at launch."""
-    spec = install_with_secret(jupyter_prefix, servers, "sandboxed-python-secret", f"API_KEY@api.test:{servers.tls_port}")
+    spec = install_with_secret(
+        jupyter_prefix, servers, "sandboxed-python-secret", f"API_KEY@api.test:{servers.tls_port}"
+    )
     monkeypatch.setenv("API_KEY", VALUE)
     before = len(servers.requests)
     code = REQUEST.format(
@@ -432,10 +442,18 @@ async def test_a_kernelspec_secret_from_a_file(
     value_file.write_text(OTHER_VALUE + "\n")
     value_file.chmod(0o600)
     monkeypatch.delenv("API_KEY", raising=False)
-    install_with_secret(jupyter_prefix, servers, "sandboxed-python-secret-file", f"API_KEY={value_file}@api.test:{servers.tls_port}")
+    install_with_secret(
+        jupyter_prefix,
+        servers,
+        "sandboxed-python-secret-file",
+        f"API_KEY={value_file}@api.test:{servers.tls_port}",
+    )
     before = len(servers.requests)
     code = REQUEST.format(
-        url=f"https://api.test:{servers.tls_port}/file", data="None", headers="{'X-Key': os.environ['API_KEY']}", verify=True
+        url=f"https://api.test:{servers.tls_port}/file",
+        data="None",
+        headers="{'X-Key': os.environ['API_KEY']}",
+        verify=True,
     )
     out = await run_in_kernelspec("sandboxed-python-secret-file", code)
     assert out.startswith("200 ok"), out
@@ -446,7 +464,12 @@ async def test_a_missing_secret_fails_the_launch_naming_it(
     docker_engine, jupyter_prefix: Path, servers: Servers, monkeypatch
 ) -> None:
     """No API_KEY in the server's environment: the kernel does not start, and the error says what to set."""
-    install_with_secret(jupyter_prefix, servers, "sandboxed-python-secret-missing", f"API_KEY@api.test:{servers.tls_port}")
+    install_with_secret(
+        jupyter_prefix,
+        servers,
+        "sandboxed-python-secret-missing",
+        f"API_KEY@api.test:{servers.tls_port}",
+    )
     monkeypatch.delenv("API_KEY", raising=False)
     manager = AsyncKernelManager(kernel_name="sandboxed-python-secret-missing")
     with pytest.raises(Exception, match="variable API_KEY is not set"):
@@ -465,27 +488,37 @@ def test_opensandbox_refuses_secrets_saying_so() -> None:
     assert "sk-oops" not in str(refused.value)
 
 
-def test_the_exec_stream_relay_intercepts_the_same_way(docker_engine, servers: Servers, monkeypatch) -> None:
+def test_the_exec_stream_relay_intercepts_the_same_way(
+    docker_engine, servers: Servers, monkeypatch
+) -> None:
     """As any user but root on runc gets it: TLS to the kernel over the relay's exec stream."""
     from kernel_sandbox.docker.netns import EXEC_STREAMS_ENV
 
     monkeypatch.setenv(EXEC_STREAMS_ENV, "1")
-    with Sandbox(network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120) as sb:
+    with Sandbox(
+        network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120
+    ) as sb:
         before = len(servers.requests)
         assert fetch(sb, f"https://api.test:{servers.tls_port}/relay").startswith("200 ok")
         assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
-        assert fetch(sb, f"https://other.test:{servers.tls_port}/relay", verify=False).startswith("200 ok")
+        assert fetch(sb, f"https://other.test:{servers.tls_port}/relay", verify=False).startswith(
+            "200 ok"
+        )
         assert VALUE not in str(servers.requests[before + 1])
 
 
-def test_ps_and_metrics_name_the_secrets_and_count_their_use(sandbox: Sandbox, servers: Servers, capsys) -> None:
+def test_ps_and_metrics_name_the_secrets_and_count_their_use(
+    sandbox: Sandbox, servers: Servers, capsys
+) -> None:
     """``metrics()`` and ``kernel-sandbox ps`` show the secret's name and how many requests used it, never
     its value."""
     from kernel_sandbox.cli import main
 
     uses = dict(sandbox.metrics().secrets)["API_KEY"]
     fetch(sandbox, f"https://api.test:{servers.tls_port}/count")
-    fetch(sandbox, f"https://other.test:{servers.tls_port}/count", verify=False)  # the placeholder: not a use
+    fetch(
+        sandbox, f"https://other.test:{servers.tls_port}/count", verify=False
+    )  # the placeholder: not a use
     usage = sandbox.metrics()
     assert dict(usage.secrets)["API_KEY"] == uses + 1 and VALUE not in repr(usage)
     assert main(["ps"]) == 0
@@ -494,10 +527,15 @@ def test_ps_and_metrics_name_the_secrets_and_count_their_use(sandbox: Sandbox, s
     assert VALUE not in listing
 
 
-def test_a_query_parameter_is_filled_in_only_for_a_secret_that_opts_in(sandbox: Sandbox, servers: Servers) -> None:
+def test_a_query_parameter_is_filled_in_only_for_a_secret_that_opts_in(
+    sandbox: Sandbox, servers: Servers
+) -> None:
     """``Secret(..., query=True)``: its placeholder in the URL's query becomes the value; another secret's
     placeholder in the query, or this one's in the path, stays as it is."""
-    token, query_token = placeholder(sandbox), sandbox.run("import os; print(os.environ['Q_KEY'])").stdout.strip()
+    token, query_token = (
+        placeholder(sandbox),
+        sandbox.run("import os; print(os.environ['Q_KEY'])").stdout.strip(),
+    )
     before = len(servers.requests)
     url = f"https://api.test:{servers.tls_port}/q/{query_token}?key={query_token}&other={token}"
     assert fetch(sandbox, url, headers="{}").startswith("200 ok")
@@ -509,7 +547,9 @@ def test_a_restarted_kernel_gets_new_placeholders_and_the_secret_still_works(
     docker_engine, servers: Servers
 ) -> None:
     """A restart is a new container and a new launcher: it holds the secret again, under a new placeholder."""
-    with Sandbox(network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120) as sb:
+    with Sandbox(
+        network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120
+    ) as sb:
         first = placeholder(sb)
         sb.restart()
         assert placeholder(sb) != first
