@@ -556,3 +556,21 @@ def test_a_restarted_kernel_gets_new_placeholders_and_the_secret_still_works(
         before = len(servers.requests)
         assert fetch(sb, f"https://api.test:{servers.tls_port}/restarted").startswith("200 ok")
         assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+
+
+def test_a_pool_gives_each_of_its_kernels_the_secret(docker_engine, servers: Servers) -> None:
+    """``SandboxPool(secrets=...)``: every kernel it hands out holds the secret, each under its own
+    placeholder."""
+    from kernel_sandbox.execution import SandboxPool
+
+    with SandboxPool(
+        size=1, network=servers.network(), secrets={"API_KEY": secret_for(servers)}, timeout=120
+    ) as pool:
+        seen = []
+        for _ in range(2):
+            with pool.acquire() as sb:
+                seen.append(placeholder(sb))
+                before = len(servers.requests)
+                assert fetch(sb, f"https://api.test:{servers.tls_port}/pool").startswith("200 ok")
+                assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+        assert seen[0] != seen[1]
