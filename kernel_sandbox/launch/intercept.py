@@ -395,6 +395,10 @@ async def relay_http(  # noqa: C901
         if not isinstance(event, h11.Request):
             return
         hosts = [value.lower() for name, value in event.headers if name == b"host"]
+        if not event.target.startswith(b"/") and event.target != b"*":
+            # an absolute URI could name another host to the server or a proxy behind it
+            await _refuse(server, kernel, 400, "kernel-sandbox proxy: request targets are paths")
+            return
         if hosts != [hosts[0]] or hosts[0] not in authorities:
             reason = (
                 f"kernel-sandbox proxy: this connection is to {host}:{port}; its requests must "

@@ -284,6 +284,12 @@ def test_header_smuggling_gets_nothing(sandbox: Sandbox, servers: Servers) -> No
     )
     assert dup.startswith("HTTP/1.1 4") and cr.startswith("HTTP/1.1 4"), (dup, cr)
     assert other.startswith("HTTP/1.1 421"), other
+    absolute = smuggle(
+        sandbox,
+        servers,
+        [f"GET https://other.test:{port}/abs HTTP/1.1\r\nHost: api.test:{port}\r\n{auth}\r\n"],
+    )
+    assert absolute.startswith("HTTP/1.1 400"), absolute
     assert folded.startswith("HTTP/1.1 "), folded  # unfolded into one header, or refused
     new = servers.requests[before:]
     assert {r["path"] for r in new} <= {"/fold", "/inside"}, new
