@@ -580,3 +580,27 @@ def test_a_pool_gives_each_of_its_kernels_the_secret(docker_engine, servers: Ser
                 assert fetch(sb, f"https://api.test:{servers.tls_port}/pool").startswith("200 ok")
                 assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
         assert seen[0] != seen[1]
+
+
+def test_install_secret_writes_the_binding_only_and_opensandbox_refuses_it(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """``kernel-sandbox install --secret``: kernel.json holds ``NAME@HOST`` even with the variable set;
+    for the OpenSandbox kernelspec the command fails saying why, and installs nothing."""
+    import json
+
+    from kernel_sandbox.cli import main
+
+    monkeypatch.setenv("API_KEY", VALUE)
+    argv = ["install", "--prefix", str(tmp_path), "--name", "with-secret"]
+    assert main([*argv, "--secret", "API_KEY@api.openai.com"]) == 0
+    spec = tmp_path / "share" / "jupyter" / "kernels" / "with-secret" / "kernel.json"
+    config = json.loads(spec.read_text())["metadata"]["kernel_provisioner"]["config"]
+    assert config["secrets"] == ["API_KEY@api.openai.com"] and VALUE not in spec.read_text()
+    capsys.readouterr()
+    refused = ["install", "--prefix", str(tmp_path), "--kernel", "sandboxed-python-opensandbox"]
+    assert main([*refused, "--secret", "API_KEY@api.openai.com"]) == 1
+    assert "only the Docker backend" in capsys.readouterr().err
+    assert not (
+        tmp_path / "share" / "jupyter" / "kernels" / "sandboxed-python-opensandbox"
+    ).exists()
