@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.docker.settings import DockerSettings
@@ -604,3 +606,39 @@ def test_install_secret_writes_the_binding_only_and_opensandbox_refuses_it(
     assert not (
         tmp_path / "share" / "jupyter" / "kernels" / "sandboxed-python-opensandbox"
     ).exists()
+
+
+@pytest.mark.security("fuzz", "egress")
+@settings(max_examples=300, deadline=None)
+@given(
+    entry=st.text(alphabet="AK_=/@.:,;qeury-1x ", max_size=40),
+    host=st.sampled_from(
+        ["api.test", "API.TEST", "api.test.", "other.test", "api.tes", "10.0.0.1"]
+    ),
+    port=st.sampled_from([443, 8443, 80]),
+    junk=st.binary(max_size=40),
+)
+def test_the_fill_never_sends_a_value_toward_another_destination(
+    entry: str, host: str, port: int, junk: bytes
+) -> None:
+    """Any ``secrets`` entry is parsed or refused with ConfigError; a request toward anything but
+    ``api.test:8443`` keeps every placeholder, wherever in the head it sits."""
+    from kernel_sandbox.hostsecrets import parse_binding
+    from kernel_sandbox.launch.intercept import SecretTable
+
+    try:
+        parse_binding("secrets", entry)
+    except ConfigError:
+        pass
+    table = SecretTable(
+        [parse_binding("secrets", "API_KEY@api.test:8443;query")], {"API_KEY": VALUE}
+    )
+    token = table.kernel_env()["API_KEY"].encode()
+    headers = [
+        (b"authorization", b"Bearer " + token + junk),
+        (b"x-" + junk[:3].hex().encode(), junk + token),
+    ]
+    out, target = table.fill(host, port, headers, b"/p/" + token + b"?k=" + token + junk)
+    sent = b"".join(name + value for name, value in out) + target
+    bound = (host, port) == ("api.test", 8443)
+    assert (VALUE.encode() in sent) is bound and (b"/p/" + token) in target
