@@ -27,6 +27,7 @@ from typing import Any
 import bench_checkpoint
 import bench_egress
 import bench_execution
+import bench_frames
 import bench_metrics
 import bench_output
 import bench_peers
@@ -41,7 +42,7 @@ ROUNDS = {  # quick, full
     "cold": (2, 10), "execute": (20, 200), "tools": (5, 50), "api": (10, 100),
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
     "egress": (10, bench_egress.ROUNDS), "secrets": (10, bench_secrets.ROUNDS),
-    "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS),
+    "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS), "frames": (50, bench_frames.OUTPUTS),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -63,6 +64,7 @@ MEASURES = [
     *bench_secrets.MEASURES,
     *bench_metrics.MEASURES,
     *bench_checkpoint.MEASURES,
+    *bench_frames.MEASURES,
 ]
 
 
@@ -110,6 +112,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("secrets", ["secrets"], lambda: _secrets(pick["secrets"])),
         ("metrics", ["metrics"], lambda: _metrics(pick["metrics"])),
         ("checkpoint", ["checkpoint"], lambda: _checkpoint(pick["checkpoint"])),
+        ("frames", ["frames_memory"], lambda: asyncio.to_thread(bench_frames.rows, pick["frames"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -154,7 +157,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
     parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "secrets",
-                                                      "metrics", "checkpoint"],
+                                                      "metrics", "checkpoint", "frames"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

@@ -157,7 +157,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """Remove containers, OpenSandbox sandboxes and private directories left by dead kernels."""
+    """Remove containers, OpenSandbox sandboxes, private directories and partial checkpoints left
+    by dead kernels."""
     api_base = args.api_base or os.environ.get("OPEN_SANDBOX_API_BASE")
     try:
         report = gc(docker_client(), everything=args.all)
@@ -170,9 +171,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
             print(f"removed container {name}")
         for path in report.private_dirs:
             print(f"removed private directory {path}")
+        for path in report.checkpoint_parts:
+            print(f"removed partial checkpoint {path}")
         print(
             f"{len(report.containers)} container(s), {len(report.private_dirs)} private "
-            "directory(ies) removed"
+            f"directory(ies), {len(report.checkpoint_parts)} partial checkpoint(s) removed"
         )
     if api_base:
         deleted = asyncio.run(_gc_sandboxes(api_base, args.all))
@@ -191,20 +194,21 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    """List kernel containers and their usage (a standby kernel, started ahead of need, shows as
-    standby; an orphan, how long it waits to be re-attached; a kernel with secrets, their names
-    and how many requests used each)."""
+    """List kernel containers and their usage, CPU over the last second (a standby kernel, started
+    ahead of need, shows as standby; an orphan, how long it waits to be re-attached; a kernel with
+    secrets, their names and how many requests used each)."""
     from .metrics import secrets_text
-    from .top import INSPECT_TIMEOUT, Sampler, usage_columns
+    from .top import COLUMNS, INSPECT_TIMEOUT, sampled_twice, usage_columns
 
     waiting = _orphans()
-    # one listing: a container that hangs its inspect shows no usage
-    for row in Sampler(docker_client(INSPECT_TIMEOUT)).rows():
+    print("\t".join((*COLUMNS, "NOTE")))
+    # one listing per sample: a container that hangs its inspect shows no usage
+    for row in sampled_twice(docker_client(INSPECT_TIMEOUT)):
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
         kind = f"kernel {row.kernel}" if row.kernel else "standby"
         held = f"\tsecrets {secrets_text(row.secrets)}" if row.secrets else ""
-        print(f"{row.name}\t{row.status}\t{kind}{note}\t{usage}{held}")
+        print(f"{row.name}\t{row.status}\t{kind}\t{usage}{note}{held}")
     return 0
 
 

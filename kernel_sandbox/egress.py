@@ -15,7 +15,9 @@ list of destinations the kernel may reach, each spelt ``HOST[:PORT][@ADDRESSES]`
 
 :func:`parse_destinations` checks a list (a malformed entry is a :class:`ConfigError` naming it)
 and :class:`Destination` matches a request; the launcher (:mod:`.launch.egress`) decides with
-them. The package index (option ``package_index``) is PyPI's two hosts unless a mirror is named.
+them. The package index (option ``package_index``) is PyPI's two hosts unless a mirror is named;
+an index URL on a loopback address is refused (:data:`LOCALHOST`): in the sandbox it is the
+sandbox.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ DEFAULT_PORTS = (80, 443)
 PYPI = ("pypi.org", "files.pythonhosted.org")
 """The package index ``install()`` opens by default: PyPI's pages and its files."""
 MAX_ENTRIES = 256
+LOCALHOST = ("localhost", "localhost.localdomain", "ip6-localhost")
+"""Names of the loopback: an index URL naming one (or a loopback address) can never be reached."""
 WINDOW_REQUEST = "kernel_sandbox_egress_request"
 """The control message by which a client holding the connection key asks the launcher to open the
 package index for one call (``{"open": SECONDS}``) and to close it (``{"close": ID}``)."""
@@ -256,6 +260,16 @@ def package_index(option: str, entries: str | Sequence[str]) -> PackageIndex:
                 option,
                 url,
                 "must be an http:// or https:// index URL such as https://mirror.example/simple",
+            )
+        loopback = literal_address(parts.hostname)
+        if (loopback is not None and loopback.is_loopback) or parts.hostname in LOCALHOST:
+            raise _refuse(
+                option,
+                url,
+                "names a loopback address, which inside the sandbox is the sandbox itself: give "
+                "the index's name or an address the host reaches it at, with that address after "
+                "'@' when it is private (['http://devpi.lan:3141/simple', "
+                "'devpi.lan:3141@192.168.1.5'])",
             )
         default = 443 if parts.scheme == "https" else 80
         host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"

@@ -65,7 +65,12 @@ class ImageMissing(ImageError):
 
 
 class ImageBuildError(ImageError):
-    """Building the kernel image failed; the message says at which step and why."""
+    """Building the kernel image failed; the message says at which step and why, and ``fix`` what
+    to do when building again would not help."""
+
+    def __init__(self, reason: str, fix: str = "") -> None:
+        super().__init__(f"{reason}. Fix one of: {fix}" if fix else reason)
+        self.reason, self.fix = reason, fix
 
 
 class KernelLaunchError(KernelSandboxError):

@@ -39,6 +39,9 @@ RESERVED = frozenset(
         "SSL_CERT_FILE",
         "REQUESTS_CA_BUNDLE",
         "NODE_EXTRA_CA_CERTS",
+        "PIP_NO_CACHE_DIR",
+        "PIP_LOG",
+        "TMPDIR",
         "HOME",
         "PATH",
     }

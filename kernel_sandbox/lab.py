@@ -114,7 +114,8 @@ def _image_step(image: str, progress: Progress) -> Check:
     try:
         build_image(tag=image, progress=lambda text: progress(f"       {text}"))
     except ImageBuildError as exc:
-        raise _fail(Check("kernel image", False, str(exc), image_fix(image))) from exc
+        # building again is the fix only when the build itself broke off
+        raise _fail(Check("kernel image", False, exc.reason, exc.fix or image_fix(image))) from exc
     return Check("kernel image", True, f"{image} built in {time.monotonic() - started:.0f} s")
 
 
@@ -342,7 +343,9 @@ LOCKED_DOWN: dict[str, Any] = {
     "ServerApp.allow_origin": "",
     "ServerApp.allow_origin_pat": "",
     "ContentsManager.allow_hidden": False,
-    "LabApp.extension_manager": "readonly",
+    # no page enables, disables or installs an extension (kernel-sandbox-frame stays on)
+    "LabApp.extension_manager": "kernel-sandbox-locked",
+    "LabApp.lock_all_plugins": True,
     "ServerApp.jpserver_extensions": {"jupyter_lsp": False},
 }
 """The settings of ``kernel-sandbox lab --locked-down``, checked on the running server before it
@@ -453,6 +456,10 @@ def lab(extra: Sequence[str], *, locked_down: bool = False, **setup_options: Any
             f"JupyterLab is not installed in {sys.prefix}.\n  fix: {LAB_INSTALL_FIX}"
         ) from exc
     arguments = lab_arguments(extra, locked_down)
+    if locked_down:
+        from .lab_manager import register
+
+        register()
     result = setup(**setup_options)
     data_dir = str(result.kernelspec_dir.parents[1])
     os.environ["JUPYTER_PATH"] = os.pathsep.join(

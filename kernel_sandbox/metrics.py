@@ -27,11 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MetricsUnavailable
-from .settings import HOME_DIR, WORK_DIR, MiB
+from .settings import HOME_DIR, PACKAGES_DIR, WORK_DIR, MiB
 
 __all__ = ["CgroupProbe", "MetricsUnavailable", "TmpfsUsage", "Usage", "near_misses"]
 
-TMPFS_OPTIONS = {"/tmp": "tmp_size", HOME_DIR: "home_size", WORK_DIR: "work_size"}
+TMPFS_OPTIONS = {
+    "/tmp": "tmp_size",
+    HOME_DIR: "home_size",
+    WORK_DIR: "work_size",
+    PACKAGES_DIR: "packages_size",
+}
 """The setting that sizes each tmpfs of a kernel's container."""
 UNLIMITED_V1 = 2**62
 """cgroup v1 memory limits at or above this are 'no limit' (the kernel's page-rounded LONG_MAX)."""

@@ -191,15 +191,16 @@ def default_output_path(path: Path) -> Path:
     )
 
 
-def _failure(nb: nbformat.NotebookNode, exc: BaseException) -> tuple[int, ExecutionError]:
-    """The failed cell's index and its error (-1 and one made of ``exc`` when no output holds
-    one)."""
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        for output in cell.get("outputs", []):
+def _failure(
+    nb: nbformat.NotebookNode, exc: BaseException, cell_index: int | None
+) -> tuple[int, ExecutionError]:
+    """The failed cell's index and its error: ``cell_index`` is the last cell nbclient reported an
+    error for (earlier ones were allowed: tagged ``raises-exception``); -1 and an error made of
+    ``exc`` when that cell's output holds none (a timeout, a dead kernel)."""
+    if cell_index is not None:
+        for output in nb.cells[cell_index].get("outputs", []):
             if output.get("output_type") == "error":
-                return index, ExecutionError(
+                return cell_index, ExecutionError(
                     output.ename, output.evalue, "\n".join(output.traceback)
                 )
     if isinstance(exc, CellTimeoutError | DeadKernelError):
@@ -226,7 +227,8 @@ async def async_run_notebook(
     ``output`` defaults to ``NAME.out.ipynb`` next to the input (pass the input path to update it
     in place). ``kernel_name`` defaults to ``sandboxed-python``, not the kernel named in the
     notebook's metadata, so that a notebook made with a local kernel still runs in the sandbox.
-    The executed notebook is written even when a cell fails, with the error in that cell.
+    The executed notebook is written even when a cell fails, with the error in that cell; a cell
+    tagged ``raises-exception`` may fail and the run goes on (as nbclient and nbval allow).
     ``standby`` overrides the provisioner's option (``kernel-sandbox run`` passes 0).
     """
     path = Path(path)
@@ -243,6 +245,11 @@ async def async_run_notebook(
         if cell.source.strip():
             bar.step()
 
+    erred: list[int] = []  # cells whose error nbclient saw, allowed or not
+
+    def on_cell_error(cell_index: int, **_: Any) -> None:
+        erred.append(cell_index)
+
     km = kernel_manager(name, standby=standby)
     client = NotebookClient(
         nb,
@@ -252,12 +259,13 @@ async def async_run_notebook(
         startup_timeout=int(startup_timeout),
         resources={"metadata": {"path": str(Path(cwd or path.parent).resolve())}},
         on_cell_executed=on_cell_executed,
+        on_cell_error=on_cell_error,
     )
     failed_cell, error = -1, None
     try:
         await client.async_execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        failed_cell, error = _failure(nb, exc)
+        failed_cell, error = _failure(nb, exc, erred[-1] if erred else None)
     finally:
         bar.close()
         if km.has_kernel:

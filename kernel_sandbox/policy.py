@@ -44,6 +44,7 @@ __all__ = [
     "PASSED_MIME_TYPES",
     "PROTOCOL_VERSION",
     "STANDARD_WIDGET_MODULES",
+    "MARK_KEY",
     "OutputPolicy",
     "PolicyMode",
 ]
@@ -79,6 +80,54 @@ STANDARD_WIDGET_MODULES = frozenset(
     {"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"}
 )
 
+#: The model and view names each standard widget module exports (ipywidgets 8; 7's are a subset):
+#: a kernel may name no other (a name the frontend cannot find is written into its error box).
+WIDGET_NAMES: dict[str, frozenset[str]] = {
+    "@jupyter-widgets/base": frozenset(
+        {"DOMWidgetModel", "LayoutModel", "StyleModel", "WidgetModel", "LayoutView", "StyleView"}
+    ),
+    "@jupyter-widgets/output": frozenset({"OutputModel", "OutputView"}),
+    "@jupyter-widgets/controls": frozenset(
+        f"{name}Model"
+        for name in (
+            "Accordion Audio Bool BoundedFloatText BoundedIntText Box Button ButtonStyle Checkbox "
+            "CheckboxStyle ColorPicker ColorsInput Combobox ControllerAxis ControllerButton "
+            "Controller DOMWidget DatePicker Datetime Description DescriptionStyle DirectionalLink "
+            "Dropdown FileUpload FloatLogSlider FloatProgress FloatRangeSlider FloatSlider "
+            "FloatText FloatsInput GridBox HBox HTMLMath HTMLMathStyle HTML HTMLStyle Image "
+            "IntProgress IntRangeSlider IntSlider IntText IntsInput Label LabelStyle Link "
+            "NaiveDatetime NumbersInputBase Password Play ProgressStyle RadioButtons Select "
+            "SelectMultiple SelectionRangeSlider SelectionSlider SliderStyle Stack String "
+            "StringStyle Tab TagsInputBase TagsInput Text TextStyle Textarea Time ToggleButton "
+            "ToggleButtonStyle ToggleButtons ToggleButtonsStyle VBox Valid Video Widget"
+        ).split()
+    )
+    | frozenset(
+        f"{name}View"
+        for name in (
+            "Accordion Audio Box Button Checkbox ColorPicker ColorsInput Combobox ControllerAxis "
+            "ControllerButton Controller DatePicker Datetime Dropdown FileUpload FloatLogSlider "
+            "FloatRangeSlider FloatSlider FloatText FloatsInput GridBox HBox HTMLMath HTML Image "
+            "IntRangeSlider IntSlider IntText IntsInput Label Password Play Progress RadioButtons "
+            "SelectMultiple Select SelectionRangeSlider SelectionSlider Stack Tab TagsInput Text "
+            "Textarea Time ToggleButton ToggleButtons VBox Valid Video"
+        ).split()
+    ),
+}
+#: The fields of the standard widgets that hold bytes (binary buffers): a buffer may land nowhere
+#: else on them (FileUpload's ``value`` is a list of files whose ``content`` is bytes).
+BINARY_FIELDS: dict[str, frozenset[str]] = {
+    "ImageModel": frozenset({"value"}),
+    "VideoModel": frozenset({"value"}),
+    "AudioModel": frozenset({"value"}),
+    "FileUploadModel": frozenset({"value"}),
+}
+_MEDIA_MODELS = frozenset({"ImageModel", "VideoModel", "AudioModel"})
+# A name of a widget class of a module an operator allowed: an identifier, nothing to lay out.
+_CLASS_NAME = re.compile(r"[A-Za-z_$][\w$]{0,99}")
+# Path parts that reach an object's prototype when the frontend walks a buffer path.
+_PROTOTYPE_KEYS = frozenset({"__proto__", "constructor", "prototype"})
+
 _VEGA_TYPES = frozenset(t for t in PASSED_MIME_TYPES if ".vega" in t)
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _JSON_TYPES = frozenset(
@@ -86,6 +135,9 @@ _JSON_TYPES = frozenset(
 )
 
 _DISPLAY_TYPES = frozenset({"display_data", "update_display_data", "execute_result"})
+#: The message types ``trusted`` inspects too: display outputs (marked) and the replies whose
+#: fields act on the server or the user's notebook, not in the browser's page.
+TRUSTED_TYPES = _DISPLAY_TYPES | {"kernel_info_reply", "execute_reply"}
 
 _WIDGET_TARGETS = frozenset({"jupyter.widget", "jupyter.widget.control"})
 _NAME_KEYS = frozenset(
@@ -122,7 +174,7 @@ _MODEL_REFERENCE = "IPY_MODEL_"
 # A widget module version as widgets write it ("2.0.0", "^1.5.0", "~0.9.*", "" for any): never a
 # path or URL.
 _MODULE_VERSION = re.compile(r"(?:[\^~]?\d+(?:\.(?:\d+|\*|x)){0,2}(?:-[0-9A-Za-z.]+)?|\*)?")
-_MAX_WIDGET_COMMS = 100_000
+_MAX_COMMS = 100_000  # comm ids remembered (closed ones too): past that, no comm opens
 
 
 # ---- URL and text rules -------------------------------------------------------------------------
@@ -527,6 +579,53 @@ _MARKDOWN_HTML = nh3.Cleaner(
 )
 
 
+def _widget_attribute_filter(tag: str, attribute: str, value: str) -> str | None:
+    """As for outputs, but what loads by itself may only be a data image: a widget's HTML is
+    written into the page of the server's origin, where a path is the server's API."""
+    kept = _attribute_filter(tag, attribute, value)
+    if kept is not None and (attribute == "src" or (attribute == "href" and tag == "image")):
+        return kept if _RASTER_DATA_URL.match(_browser_url(value)) else None
+    return kept
+
+
+_WIDGET_HTML = nh3.Cleaner(
+    tags=set(nh3.ALLOWED_TAGS) | _SVG_TAGS,
+    attributes=_HTML_ATTRIBUTES,
+    allowed_classes=_CLASSES,
+    **{**_COMMON, "attribute_filter": _widget_attribute_filter},
+)
+
+# MathJax commands that set CSS, classes, ids or data attributes, make links, load extensions or
+# fonts (\style{cursor:url(...)} loads a URL; \class{...} dresses math up as the app's UI).
+_TEX_COMMAND = re.compile(
+    r"\\(?=(?:style|href|class|cssId|data|require|url|unicode|bbox|mmlToken|html)(?![A-Za-z]))"
+)
+_TEX_URL = re.compile(r"url(?=\s*\()", re.IGNORECASE)
+
+
+def _defuse_tex(text: str) -> str:
+    """Text in which MathJax finds none of :data:`_TEX_COMMAND` (each loses its backslash) and no
+    CSS ``url(``; entity-encoded ones included (Markdown and HTML decode them before MathJax
+    reads the page: then no ``&`` may start an entity)."""
+    if "\\" not in text and "&" not in text and "url" not in text.lower():
+        return text
+    decoded = text
+    for _ in range(3 if "&" in text else 0):
+        decoded = html.unescape(decoded)
+        if decoded != text and (_TEX_COMMAND.search(decoded) or _TEX_URL.search(decoded)):
+            text = text.replace("&", "&" + _ZWSP)
+            break
+    while _TEX_COMMAND.search(text):
+        text = _TEX_COMMAND.sub(" ", text)
+    return _TEX_URL.sub("url" + _ZWSP, text)
+
+
+def sanitize_widget_html(source: str) -> str:
+    """A widget's HTML (HTML and HTMLMath values, HTML descriptions): as :func:`sanitize_html`, with
+    no URL loaded by itself and no MathJax command that styles, links or loads."""
+    return _defuse_tex(_WIDGET_HTML.clean(source))
+
+
 def sanitize_html(source: str) -> str:
     """HTML with no script, event handler, frame, form, style element or script/remote-loading
     URL."""
@@ -792,16 +891,26 @@ def _widget_view(value: Any) -> dict[str, Any] | None:
 
 @dataclass(slots=True)
 class _Comm:
-    """What the policy remembers about one widget comm."""
+    """What the policy remembers about one comm id (opened for ``target``; ids are never
+    reused)."""
 
-    widget: bool = True
+    target: str = "jupyter.widget"
     refused: bool = False
     html_value: bool = False
     string_value: bool = False
     output: bool = False
+    media: bool = False
+    css: bool = False  # a style or layout model: its strings become CSS
     allow_html: bool = False
     description: str | None = None
     link_ends: tuple[str, ...] = ()  # for a link: the fields naming the ends it writes to
+    # where binary buffers may land: these fields (None: any field the policy does not check)
+    binary: frozenset[str] | None = frozenset()
+
+    @property
+    def widget(self) -> bool:
+        """Whether the comm was opened as a widget (a model of the widget manager)."""
+        return self.target == "jupyter.widget"
 
     def checked_fields(self) -> set[str]:
         """The fields of this widget the policy checks: nothing may write to them behind its
@@ -811,7 +920,17 @@ class _Comm:
             fields.add("value")
         if self.output:
             fields.add("outputs")
+        if self.media:
+            fields.add("format")
         return fields
+
+
+# A widget comm the policy never saw open (or opened for another target): policed blind, as any
+# widget could be.
+def _blind() -> _Comm:
+    return _Comm(
+        html_value=True, output=True, media=True, allow_html=True, link_ends=("source", "target")
+    )
 
 
 class OutputPolicy:
@@ -820,7 +939,13 @@ class OutputPolicy:
     ``allow_mime_types`` extends the allow-list of MIME types strict passes unchanged (for a
     renderer you installed that draws data without running the kernel's code);
     ``allow_widget_modules`` adds widget modules (installed JupyterLab extensions) to the
-    standard ``@jupyter-widgets/*`` ones. Neither has any effect in ``trusted`` mode.
+    standard ``@jupyter-widgets/*`` ones; neither has any effect in ``trusted`` mode.
+    ``allow_help_links``: the URLs a ``kernel_info_reply`` may put in JupyterLab's Help menu (none
+    by default).
+
+    Both modes mark every display output (:data:`MARK_KEY`), rebuild ``language_info``, keep only
+    the allowed help links and turn a ``set_next_input`` that would replace the user's cell into
+    one that offers a new cell (:data:`TRUSTED_TYPES`).
     """
 
     def __init__(
@@ -829,12 +954,14 @@ class OutputPolicy:
         *,
         allow_mime_types: Iterable[str] = (),
         allow_widget_modules: Iterable[str] = (),
+        allow_help_links: Iterable[str] = (),
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"output_policy must be one of {', '.join(MODES)}, not {mode!r}")
         self.mode: PolicyMode = mode
         self.passed_mime_types = PASSED_MIME_TYPES | frozenset(allow_mime_types)
         self.widget_modules = STANDARD_WIDGET_MODULES | frozenset(allow_widget_modules)
+        self.help_links = frozenset(allow_help_links)
         self._comms: dict[str, _Comm] = {}
         self._streams: dict[str | None, _Stream] = {}
 
@@ -858,9 +985,19 @@ class OutputPolicy:
         one.
 
         Strict decides on the canonical form of every message (its header too), so it skips none;
-        ``trusted`` inspects nothing, and the relay passes the kernel's bytes unparsed.
+        ``trusted`` inspects only :data:`TRUSTED_TYPES`, and the relay passes the others' bytes
+        unparsed.
         """
-        return self.mode != "trusted"
+        return self.mode != "trusted" or msg_type in TRUSTED_TYPES
+
+    def _trusted(self, msg_type: Any, content: Any) -> Any:
+        """What ``trusted`` changes: the mark on display outputs, and the replies of
+        :func:`_replies`."""
+        if msg_type not in TRUSTED_TYPES or not isinstance(content, dict):
+            return content
+        if msg_type in _DISPLAY_TYPES:
+            return marked(content, cleaned=False)
+        return _replies(msg_type, content, self.help_links)
 
     def filter_message(
         self, channel: str, header: Any, parent: Any, metadata: Any, content: Any
@@ -875,7 +1012,8 @@ class OutputPolicy:
         same objects; ``trusted`` returns them all unchanged.
         """
         if self.mode == "trusted":
-            return header, parent, metadata, content
+            msg_type = header.get("msg_type") if isinstance(header, dict) else None
+            return header, parent, metadata, self._trusted(msg_type, content)
         canonical = canonical_message(channel, header, parent, metadata, content)
         if canonical is None:
             return None
@@ -899,7 +1037,7 @@ class OutputPolicy:
         header.)
         """
         if self.mode == "trusted":
-            return content
+            return self._trusted(msg_type, content)
         canonical = canonical_content(msg_type, content)
         decided = None if canonical is None else self._decide(msg_type, canonical)
         if decided is None:
@@ -914,7 +1052,7 @@ class OutputPolicy:
         if msg_type in {"display_data", "execute_result", "error", "clear_output"}:
             self._streams.pop(area, None)  # the frontend's next stream output starts afresh
         if msg_type in _DISPLAY_TYPES:
-            return self._bundle_message(content)
+            return marked(self._bundle_message(content), cleaned=True)
         if msg_type == "stream":
             return {**content, "text": self._stream(area, content["name"]).write(content["text"])}
         if msg_type == "error":
@@ -926,7 +1064,7 @@ class OutputPolicy:
         if msg_type == "inspect_reply":
             return self._bundle_message(self._error(content))
         if msg_type == "kernel_info_reply":
-            return self._kernel_info(self._error(content))
+            return _replies(msg_type, self._error(content), self.help_links)
         if msg_type in {"debug_reply", "debug_event"}:
             return self._debug(content)
         if msg_type == "input_request":
@@ -948,6 +1086,8 @@ class OutputPolicy:
             else:
                 out[mime] = kept
         meta = self._metadata(out, metadata) if isinstance(metadata, dict) else metadata
+        if isinstance(meta, dict) and MARK_KEY in meta:  # the policy's key: never the kernel's
+            meta = {k: v for k, v in meta.items() if k != MARK_KEY}
         if removed:
             if set(out) <= {"text/plain"}:
                 plain = out.get("text/plain")
@@ -955,7 +1095,7 @@ class OutputPolicy:
             listed = [kind[:100] for kind in removed[:10]]
             meta = {
                 **(meta if isinstance(meta, dict) else {}),
-                "kernel_sandbox": {"removed": listed, "output_policy": self.mode},
+                MARK_KEY: {"removed": listed, "output_policy": self.mode},
             }
         changed = removed or bundle is not data or any(out[k] is not bundle[k] for k in out)
         return (out if changed else data), meta
@@ -976,9 +1116,14 @@ class OutputPolicy:
         if mime in self.passed_mime_types:
             return value  # images: base64 text
         if mime in TEXT_MIME_TYPES:
-            return _defuse_urls(value) if mime == "text/latex" else _defuse_autolinks(value)
+            if mime == "text/latex":
+                return _same_if_equal(value, _defuse_tex(_defuse_urls(value)))
+            return _defuse_autolinks(value)
         clean = _SANITIZERS.get(mime)
-        return None if clean is None else _same_if_equal(value, clean(value))
+        if clean is None:
+            return None
+        cleaned = clean(value) if mime == "image/svg+xml" else _defuse_tex(clean(value))
+        return _same_if_equal(value, cleaned)
 
     def _metadata(self, data: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
         """The bundle's metadata; a Vega output's own is its inert ``embed_options`` only (actions
@@ -1023,7 +1168,7 @@ class OutputPolicy:
             return {**canonical, "text": _Stream(canonical["name"]).write(canonical["text"])}
         if kind == "error":
             return self._error(canonical)
-        return self._bundle_message(canonical)
+        return marked(self._bundle_message(canonical), cleaned=True)
 
     def _outputs(self, outputs: list[Any]) -> list[dict[str, Any]]:
         """An Output widget's outputs; consecutive streams of one name composed as the frontend
@@ -1046,24 +1191,17 @@ class OutputPolicy:
 
     def _execute_reply(self, content: dict[str, Any]) -> dict[str, Any]:
         """A "page" payload (`obj?`, `%pdoc`), shown by JupyterLab as a trusted output, and user
-        expressions' bundles, cleaned."""
-        out = dict(content)
+        expressions' bundles, cleaned; a next input never replaces the user's cell."""
+        out = _replies("execute_reply", content, self.help_links)
         if "payload" in content:
             out["payload"] = [
-                self._bundle_message(p) if p["source"] == "page" else p for p in content["payload"]
+                self._bundle_message(p) if p["source"] == "page" else p for p in out["payload"]
             ]
         if "user_expressions" in content:
             out["user_expressions"] = {
                 k: self._bundle_message(e) for k, e in content["user_expressions"].items()
             }
         return out
-
-    def _kernel_info(self, content: dict[str, Any]) -> dict[str, Any]:
-        links = content.get("help_links")
-        if not isinstance(links, list):
-            return content
-        kept = [link for link in links if isinstance(link, dict) and _is_web_url(link.get("url"))]
-        return content if len(kept) == len(links) else {**content, "help_links": kept}
 
     def _debug(self, content: dict[str, Any]) -> dict[str, Any]:
         """A debugger message; richInspectVariables' ``body.data``, which the debugger renders as a
@@ -1078,99 +1216,132 @@ class OutputPolicy:
 
     # -- widgets ----------------------------------------------------------------------------------
 
-    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:  # noqa: C901
+    def _comm(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
         comm_id = content.get("comm_id")
         data = content.get("data")
         if not isinstance(comm_id, str):
             # the protocol's ids are strings; anything else would escape the records below
             return None
+        record = self._comms.get(comm_id)
         if msg_type == "comm_close":
-            self._comms.pop(comm_id, None)
+            if record is not None:  # the id stays taken: a comm_open reusing it is dropped
+                self._comms[comm_id] = _Comm(target=record.target, refused=True)
             return content
         # (The canonical form has no target_module: a frontend with require.js would load and run
         # it.)
         if msg_type == "comm_open":
-            if content["target_name"] not in _WIDGET_TARGETS:
+            if record is not None or len(self._comms) >= _MAX_COMMS:
+                # an id the frontend may already hold as a widget (restored after a page reload)
+                return None
+            target = content["target_name"]
+            if target not in _WIDGET_TARGETS:
                 # e.g. a tool-call channel: never touched
-                self._remember(comm_id, _Comm(widget=False))
+                self._comms[comm_id] = _Comm(target=target)
                 return content
             content = {**content, "data": _widget_data(data)}
-            if content["target_name"] != "jupyter.widget":
+            if target != "jupyter.widget":
+                self._comms[comm_id] = _Comm(target=target)
                 return content
-            return self._widget_open(content, content["data"])
-        # comm_msg
-        record = self._comms.get(comm_id)
-        if record is not None and (record.refused or not record.widget):
-            return None if record.refused else content
-        if not isinstance(data, dict):
-            return content
-        method = data.get("method")
-        if record is None and method not in {"update", "echo_update", "update_states"}:
-            # no widget's state (e.g. the tool-call channel after a tool closed it): nothing to
-            # police; a state without a method no frontend applies, so it is not passed on unpoliced
-            return None if "state" in data else content
+            return self._widget_open(comm_id, content, content["data"])
+        return self._comm_msg(record, content, data)
+
+    def _comm_msg(
+        self, record: _Comm | None, content: dict[str, Any], data: Any
+    ) -> dict[str, Any] | None:
+        if record is not None and record.refused:
+            return None
+        if not isinstance(data, dict) or not data.keys() & {"method", "state", "states"}:
+            # no widget message (the tool-call channel's): nothing a widget manager applies
+            return content if record is None or not record.widget else None
+        # Whatever the comm was opened for: a frontend may hold its id as a widget (a page
+        # reloaded restores widgets by id), so a widget message is policed as one.
         data = _widget_data(data)
         content = {**content, "data": data}
+        method = data.get("method")
         if method == "update_states" and isinstance(data.get("states"), dict):
             return self._update_states(content, data)
         if method not in {"update", "echo_update"} or not isinstance(data.get("state"), dict):
-            return content
-        if record is None:  # a widget comm we never saw open: police its state blind
-            record = _Comm(
-                html_value=True, output=True, allow_html=True, link_ends=("source", "target")
-            )
+            # custom messages ({"do": "focus"} keeps a widget focused: a keylogger) and anything
+            # else a widget manager would act on
+            return None
+        if record is None or not record.widget:
+            record = _blind()
         if self._link_refusal(record.link_ends, data["state"]) is not None:
             return None  # a link pointed (anew) at a field the policy checks
         state = self._widget_state(record, data["state"], update=True)
-        if state is None or _touches_policed_buffers(data.get("buffer_paths"), record):
+        if state is None or _buffers_refusal(data.get("buffer_paths"), record) is not None:
             return None
         if state is data["state"]:
             return content
         return {**content, "data": {**data, "state": state}}
 
-    def _widget_open(self, content: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    def _widget_open(
+        self, comm_id: str, content: dict[str, Any], data: dict[str, Any]
+    ) -> dict[str, Any]:
         state = data.get("state")
-        comm_id = content.get("comm_id")
-        if not isinstance(state, dict) or not isinstance(comm_id, str):
-            return content
-        record = _Comm()
-        reason = self._refusal(state, data.get("buffer_paths"), record)
-        if reason is None and len(self._comms) >= _MAX_WIDGET_COMMS:
-            reason = f"more than {_MAX_WIDGET_COMMS} widgets are open"
-        self._remember(comm_id, record)
+        record = self._comms[comm_id] = _Comm()
+        reason = (
+            self._refusal(state, data.get("buffer_paths"), record)
+            if isinstance(state, dict)
+            else "it has no state"
+        )
         if reason is not None:
             record.refused = True
             version = str((content.get("metadata") or {}).get("version", "2"))
             return {**content, "data": {"state": _note_widget(reason, version), "buffer_paths": []}}
-        filtered = self._widget_state(record, state, update=False)
+        filtered = self._widget_state(record, state, update=False)  # type: ignore[arg-type]
         return content if filtered is state else {**content, "data": {**data, "state": filtered}}
 
-    def _update_states(self, content: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-        """The control comm's full-state reply (JupyterLab asks for it when a page opens)."""
+    def _update_states(
+        self, content: dict[str, Any], data: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The control comm's full-state reply (JupyterLab asks for it when a page opens), or None.
+
+        A refused widget is replaced by a note; if a binary buffer was meant for one, the reply is
+        dropped (its buffers cannot be taken out of the message without shifting the others').
+        """
         states = data["states"]
-        paths = [
-            p
-            for p in data.get("buffer_paths") or []
-            if isinstance(p, list) and len(p) > 2 and p[1] == "state"
-        ]
-        out = {}
+        paths = data.get("buffer_paths") or []
+        if not isinstance(paths, list) or not all(
+            _buffer_path(p)
+            and p[0] in states
+            and p[1:2] == ["state"]
+            and not any(part in _PROTOTYPE_KEYS for part in p)
+            for p in paths
+        ):
+            return None  # a buffer on no widget's state (["__proto__", ...] on the states)
+        out: dict[str, Any] = {}
         for model_id, entry in states.items():
             if not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
                 out[model_id] = entry
                 continue
-            record = self._comms.get(model_id) or _Comm()
+            record = self._comms.get(model_id)
             names = {
                 "_model_name": entry.get("model_name"),
                 "_model_module": entry.get("model_module"),
+                "_model_module_version": entry.get("model_module_version"),
             }
-            mine = [p[2:] for p in paths if p[0] == model_id]
-            if record.refused:
-                reason: str | None = "it was refused when it opened"
+            own = [p for p in paths if p[0] == model_id]
+            if record is not None and (record.refused or not record.widget):
+                reason: str | None = (
+                    "it was refused when it opened"
+                    if record.widget
+                    else f"its id was opened for {record.target[:100]!r}, not as a widget"
+                )
+            elif record is None and len(self._comms) >= _MAX_COMMS:
+                reason = f"more than {_MAX_COMMS} comms are open"
             else:
-                reason = self._refusal({**entry["state"], **names}, mine, record)
+                if record is None:
+                    record = self._comms[model_id] = _Comm()
+                state = {**entry["state"], **names}
+                reason = self._refusal(state, [p[2:] for p in own], record)
             if reason is not None:
-                record.refused = True
-                self._remember(model_id, record)
+                if own:
+                    return None
+                # (an id opened for another target stays that target's, refused as a widget)
+                self._comms[model_id] = _Comm(
+                    target=record.target if record else "jupyter.widget", refused=True
+                )
                 out[model_id] = {
                     "model_name": "HTMLModel",
                     "model_module": "@jupyter-widgets/controls",
@@ -1178,7 +1349,7 @@ class OutputPolicy:
                     "state": _note_widget(reason, "2"),
                 }
                 continue
-            self._remember(model_id, record)
+            assert record is not None
             filtered = self._widget_state(record, entry["state"], update=False)
             out[model_id] = entry if filtered is entry["state"] else {**entry, "state": filtered}
         if all(out[k] is states[k] for k in states):
@@ -1195,40 +1366,46 @@ class OutputPolicy:
             stream = self._streams[area] = _Stream(name)
         return stream
 
-    def _remember(self, comm_id: str, record: _Comm) -> None:
-        if comm_id in self._comms or len(self._comms) < _MAX_WIDGET_COMMS:
-            self._comms[comm_id] = record
-
     def _refusal(self, state: dict[str, Any], buffer_paths: Any, record: _Comm) -> str | None:
         """Why a widget may not be created, or None; fills in what ``record`` must remember."""
-        for key in ("_model_module", "_view_module"):
-            module = state.get(key)
-            if module is not None and (
-                not isinstance(module, str) or module not in self.widget_modules
+        for kind in ("model", "view"):
+            module, name = state.get(f"_{kind}_module"), state.get(f"_{kind}_name")
+            if kind == "view" and name is None:
+                continue  # a widget without a view (a layout, a link)
+            if not isinstance(module, str) or module not in self.widget_modules:
+                return (
+                    f"its {kind} module {str(module)[:100]!r} is not one of the allowed widget "
+                    "modules"
+                )
+            known = WIDGET_NAMES.get(module)
+            if not isinstance(name, str) or not (
+                name in known if known is not None else _CLASS_NAME.fullmatch(name)
             ):
-                return f"its module {str(module)[:100]!r} is not one of the allowed widget modules"
+                return f"its {kind} name is not one that {module} exports"
         for key in ("_model_module_version", "_view_module_version"):
             version = state.get(key)
             if version is not None and not (
                 isinstance(version, str) and _MODULE_VERSION.fullmatch(version)
             ):
-                return f"its {key} {str(version)[:60]!r} is not a version"
+                return f"its {key} is not a version"
         code = sorted(k for k in state if _is_code_key(k))
         if code:
-            return f"it carries code for the browser ({', '.join(code)})"
-        names = {
-            name
-            for name in (state.get("_model_name"), state.get("_view_name"))
-            if isinstance(name, str)
-        }
+            return f"it carries code for the browser ({', '.join(code)[:200]})"
+        names = {state["_model_name"], state.get("_view_name")}
         record.html_value = bool(names & _HTML_WIDGETS)
         record.string_value = bool(names & _STRING_VALUE_WIDGETS)
         record.output = "OutputModel" in names
-        model = state.get("_model_name")
-        record.link_ends = _LINKS.get(model, ()) if isinstance(model, str) else ()
-        if _touches_policed_buffers(buffer_paths, record):
-            return "a binary buffer replaces one of its checked fields"
-        return self._link_refusal(record.link_ends, state)
+        model = state["_model_name"]
+        record.media = model in _MEDIA_MODELS
+        record.css = model.endswith(("StyleModel", "LayoutModel"))
+        record.link_ends = _LINKS.get(model, ())
+        record.binary = (
+            BINARY_FIELDS.get(model, frozenset())
+            if state["_model_module"] in STANDARD_WIDGET_MODULES
+            else None
+        )
+        reason = _buffers_refusal(buffer_paths, record)
+        return reason if reason is not None else self._link_refusal(record.link_ends, state)
 
     def _link_refusal(self, ends: tuple[str, ...], state: dict[str, Any]) -> str | None:
         """Why a link may not write where ``state`` points its ``ends``, or None.
@@ -1254,7 +1431,7 @@ class OutputPolicy:
             )
             if record is None or not record.widget or record.refused:
                 return f"its {end} is a widget the policy has not let through"
-            if name in record.checked_fields() or _is_code_key(name):
+            if name in record.checked_fields() or _is_code_key(name) or record.css:
                 return (
                     f"it would write the {name!r} of another widget in the browser, past the policy"
                 )
@@ -1263,36 +1440,125 @@ class OutputPolicy:
     def _widget_state(
         self, record: _Comm, state: dict[str, Any], *, update: bool
     ) -> dict[str, Any] | None:
-        """A widget state with code keys gone and its HTML and outputs cleaned (same object if
-        untouched)."""
+        """A widget state with code keys gone and its HTML, text and outputs cleaned (same object
+        if untouched)."""
         out = dict(state)
         for key in list(out):
             if (
                 _is_code_key(key)
                 or (update and key in _NAME_KEYS)
                 or not _field_shape(record, key, out[key])
+                # Image/Video/Audio with format "url" load their value as a URL
+                or (record.media and key == "format" and out[key] == "url")
+                # a style or layout's strings are CSS: no url(), no escapes
+                or (record.css and isinstance(out[key], str) and _CSS_RISK.search(out[key]))
             ):
                 del out[key]
+            elif isinstance(out[key], str) and key not in _NAME_KEYS:
+                out[key] = _same_if_equal(out[key], _defuse_tex(out[key]))  # views typeset text
         if record.html_value and isinstance(out.get("value"), str):
-            out["value"] = _same_if_equal(out["value"], sanitize_html(out["value"]))
+            out["value"] = _same_if_equal(out["value"], sanitize_widget_html(out["value"]))
         if "description_allow_html" in out:
             record.allow_html = out["description_allow_html"] is True
         if isinstance(out.get("description"), str):
             record.description = out["description"]
             if record.allow_html:
                 out["description"] = _same_if_equal(
-                    out["description"], sanitize_html(out["description"])
+                    out["description"], sanitize_widget_html(out["description"])
                 )
         elif (
             record.allow_html and "description_allow_html" in out and record.description is not None
         ):
             # HTML turned on for the old text
-            out["description"] = sanitize_html(record.description)
+            out["description"] = sanitize_widget_html(record.description)
         if record.output and isinstance(out.get("outputs"), list):
             out["outputs"] = self._outputs(out["outputs"])
         if out.keys() == state.keys() and all(out[k] is state[k] for k in out):
             return state
         return out
+
+
+MARK_KEY = "kernel_sandbox"
+"""The key of an output's metadata the policy owns: ``{"framed": true}`` on every display output of
+a sandboxed kernel (kernel-sandbox-frame frames such outputs whatever kernel the notebook has when
+it is opened again), and what strict removed. A kernel's own value for it is never kept."""
+
+
+def marked(content: dict[str, Any], *, cleaned: bool) -> dict[str, Any]:
+    """A display message's content (or a display output) with the policy's mark in its metadata.
+
+    ``cleaned``: strict has removed the kernel's value of :data:`MARK_KEY` (and may have written
+    what it removed there, which stays); else whatever the kernel put there is replaced.
+    """
+    metadata = content.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    own = metadata.get(MARK_KEY) if cleaned else None
+    mark = {**(own if isinstance(own, dict) else {}), "framed": True}
+    return {**content, "metadata": {**metadata, MARK_KEY: mark}}
+
+
+#: ``language_info`` fields as the frontends and the server use them: each a short name of its
+#: form (the server imports ``nbconvert_exporter`` as an exporter's name: only ``python``).
+_LANGUAGE_FIELDS = {
+    "name": re.compile(r"[A-Za-z0-9_.+#-]{1,64}"),
+    "version": re.compile(r"[A-Za-z0-9_.+-]{0,64}"),
+    "mimetype": re.compile(r"[a-z]+/[A-Za-z0-9_.+-]{1,64}"),
+    "file_extension": re.compile(r"\.[A-Za-z0-9_+-]{1,16}"),
+    "pygments_lexer": re.compile(r"[A-Za-z0-9_+-]{1,64}"),
+    "nbconvert_exporter": re.compile(r"python"),
+}
+_CODEMIRROR_MODE = re.compile(r"[A-Za-z0-9_+-]{1,64}")
+
+
+def _language_info(value: Any) -> dict[str, Any]:
+    """``language_info`` rebuilt from :data:`_LANGUAGE_FIELDS` (a field of another form is
+    dropped)."""
+    value = value if isinstance(value, dict) else {}
+    out: dict[str, Any] = {
+        key: value[key]
+        for key, form in _LANGUAGE_FIELDS.items()
+        if isinstance(value.get(key), str) and form.fullmatch(value[key])
+    }
+    mode = value.get("codemirror_mode")
+    if isinstance(mode, str) and _CODEMIRROR_MODE.fullmatch(mode):
+        out["codemirror_mode"] = mode
+    elif isinstance(mode, dict) and isinstance(mode.get("name"), str):
+        if _CODEMIRROR_MODE.fullmatch(mode["name"]):
+            out["codemirror_mode"] = {"name": mode["name"]}
+            if _number(mode.get("version")):
+                out["codemirror_mode"]["version"] = mode["version"]
+    return out
+
+
+def _replies(msg_type: str, content: dict[str, Any], help_links: frozenset[str]) -> dict[str, Any]:
+    """What both modes change in a reply: ``kernel_info_reply``'s ``language_info`` rebuilt and
+    help links only those the operator allowed; ``execute_reply``'s next input never replaces the
+    user's cell (JupyterLab would rewrite it silently)."""
+    if msg_type == "kernel_info_reply":
+        links = content.get("help_links")
+        kept = [
+            link
+            for link in (links if isinstance(links, list) else [])
+            if isinstance(link, dict) and _is_web_url(link.get("url")) and link["url"] in help_links
+        ]
+        out = {**content, "help_links": kept}
+        if "language_info" in content:
+            out["language_info"] = _language_info(content["language_info"])
+        return content if out == content else out
+    payload = content.get("payload")
+    if msg_type != "execute_reply" or not isinstance(payload, list):
+        return dict(content)
+    return {
+        **content,
+        "payload": [
+            {**p, "replace": False}
+            if isinstance(p, dict)
+            and p.get("source") == "set_next_input"
+            and p.get("replace") is not False
+            else p
+            for p in payload
+        ],
+    }
 
 
 def _has_string(value: Any) -> bool:
@@ -1332,8 +1598,7 @@ def _buffer_path(path: Any) -> bool:
 
 
 def _widget_data(data: Any) -> dict[str, Any]:
-    """The data of a widget comm message from its allowed keys: method, state(s), buffer paths, a
-    custom content."""
+    """The data of a widget comm message from its allowed keys: method, state(s), buffer paths."""
     data = data if isinstance(data, dict) else {}
     out: dict[str, Any] = {}
     if isinstance(data.get("method"), str):
@@ -1341,10 +1606,8 @@ def _widget_data(data: Any) -> dict[str, Any]:
     for key in ("state", "states"):
         if isinstance(data.get(key), dict):
             out[key] = data[key]
-    if isinstance(data.get("buffer_paths"), list):
-        out["buffer_paths"] = [p for p in data["buffer_paths"] if _buffer_path(p)]
-    if "content" in data:
-        out["content"] = data["content"]
+    if "buffer_paths" in data:
+        out["buffer_paths"] = data["buffer_paths"]  # checked whole: dropping one shifts the rest
     return out
 
 
@@ -1353,19 +1616,28 @@ def _is_code_key(key: str) -> bool:
     return key.startswith(("_esm", "_css", "_anywidget")) or key in {"_module_url", "_source"}
 
 
-def _touches_policed_buffers(buffer_paths: Any, record: _Comm) -> bool:
-    """Whether a binary buffer would land on a field the policy checks (it cannot check bytes)."""
-    if not isinstance(buffer_paths, list):
-        return False
-    policed = {"description", *_NAME_KEYS}
-    if record.html_value:
-        policed.add("value")
-    if record.output:
-        policed.add("outputs")
-    return any(
-        isinstance(p, list) and p and (p[0] in policed or _is_code_key(str(p[0])))
-        for p in buffer_paths
-    )
+def _buffers_refusal(buffer_paths: Any, record: _Comm) -> str | None:
+    """Why binary buffers may not land where ``buffer_paths`` put them on ``record``'s widget, or
+    None.
+
+    Only a widget's own bytes fields take buffers (any field an operator's widget module does
+    not have checked), and no path walks into an object's prototype.
+    """
+    if buffer_paths is None:
+        return None
+    if not isinstance(buffer_paths, list) or not all(map(_buffer_path, buffer_paths)):
+        return "its binary buffer paths are not lists of names and indexes"
+    for path in buffer_paths:
+        if any(part in _PROTOTYPE_KEYS for part in path):
+            return "a binary buffer path reaches an object's prototype"
+        field = path[0]
+        if not (
+            field in record.binary
+            if record.binary is not None
+            else field not in record.checked_fields() and not _is_code_key(str(field))
+        ):
+            return f"a binary buffer would replace its {str(field)[:60]!r}, which is not bytes"
+    return None
 
 
 def _is_web_url(url: Any) -> bool:

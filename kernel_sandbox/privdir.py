@@ -23,6 +23,7 @@ What one kernel's directory holds (:class:`PrivateDir` names them):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -31,6 +32,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,9 @@ RECORD = "record.json"
 ORPHANED = "orphaned.json"
 SECRETS = "secrets.json"
 NEW_DIR_GRACE_SECONDS = 60
+CHECKPOINT_SUFFIX = ".checkpoint"
+PART_SUFFIX = ".part"
+STORE_LOCK = ".lock"
 
 
 def user_root() -> Path:
@@ -76,13 +81,73 @@ def checkpoint_root() -> Path:
 
 def kept_checkpoint(private: Path) -> Path:
     """The file of the checkpoint kept for the kernel whose private directory is ``private``."""
-    return checkpoint_root() / f"{private.name}.checkpoint"
+    return checkpoint_root() / f"{private.name}{CHECKPOINT_SUFFIX}"
+
+
+def checkpoint_part(private: Path) -> Path:
+    """The file a checkpoint for the kernel whose private directory is ``private`` is written to
+    before it replaces the kept one; its writer holds a lock on it (:func:`remove_dead_parts`)."""
+    return checkpoint_root() / f"{private.name}{CHECKPOINT_SUFFIX}{PART_SUFFIX}"
+
+
+@contextlib.contextmanager
+def checkpoint_store() -> Iterator[Path]:
+    """The checkpoint root (made 0700 when missing, then checked), locked against every other
+    launcher and ``gc`` of this user while the block runs."""
+    root = checkpoint_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    require_private(root)
+    fd = os.open(root / STORE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield root
+    finally:
+        os.close(fd)
+
+
+def stored_bytes(root: Path) -> tuple[int, int]:
+    """``(bytes, files)`` of the checkpoints under ``root``, kept and partial (a partial one is
+    counted at the size its writer reserved)."""
+    total = count = 0
+    for entry in os.scandir(root):
+        if entry.name.endswith((CHECKPOINT_SUFFIX, CHECKPOINT_SUFFIX + PART_SUFFIX)) and (
+            entry.is_file(follow_symlinks=False)
+        ):
+            total += entry.stat(follow_symlinks=False).st_size
+            count += 1
+    return total, count
+
+
+def remove_dead_parts() -> list[Path]:
+    """Remove the partial checkpoints no living launcher writes (a launcher killed mid-copy left
+    them); return their paths."""
+    if not checkpoint_root().is_dir():
+        return []
+    removed = []
+    with checkpoint_store() as root:
+        for part in root.glob(f"*{CHECKPOINT_SUFFIX}{PART_SUFFIX}"):
+            try:
+                fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its launcher lives and writes it
+            else:
+                part.unlink(missing_ok=True)
+                removed.append(part)
+            finally:
+                os.close(fd)
+    return removed
 
 
 def remove_private(path: Path) -> None:
-    """Delete a kernel's private directory with everything in it, and the checkpoint kept for it."""
+    """Delete a kernel's private directory with everything in it, and the checkpoint kept (or
+    being written) for it."""
     shutil.rmtree(path, ignore_errors=True)
     kept_checkpoint(path).unlink(missing_ok=True)
+    checkpoint_part(path).unlink(missing_ok=True)
 
 
 def _is_private_dir(path: Path) -> bool:

@@ -40,6 +40,7 @@ from .errors import ConfigError, KernelLaunchError
 from .privdir import (
     ADOPTED,
     CONFIG,
+    EXIT,
     LAUNCHER_LOCK,
     LAUNCHER_STATE,
     ORPHANED,
@@ -204,7 +205,7 @@ def records() -> tuple[list[Record], list[str]]:
     for entry in sorted(user_root().iterdir()):
         if entry.is_symlink() or not entry.is_dir():
             continue
-        if not os.path.lexists(entry / RECORD):
+        if not os.path.lexists(entry / RECORD) or _ended(entry):
             continue
         try:
             found.append(read_record(entry))
@@ -214,6 +215,15 @@ def records() -> tuple[list[Record], list[str]]:
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             refused.append(f"{entry}: unreadable record ({exc!r})")
     return found, refused
+
+
+def _ended(directory: Path) -> bool:
+    """True when the kernel of ``directory`` ended and left its exit status (its owner reads it and
+    removes the directory, or ``kernel-sandbox gc`` does): nothing to re-attach, nothing wrong."""
+    try:
+        return os.path.lexists(directory / EXIT) and not PrivateDir(directory).held(LAUNCHER_LOCK)
+    except KernelLaunchError:  # not the user's own directory: read_record says so
+        return False
 
 
 def find(kernel_id: str) -> Record:
@@ -269,6 +279,7 @@ def take(km: AsyncKernelManager, record: Record) -> None:
     )
     provisioner.private = private
     provisioner.connection_info = info["connection_info"]
+    provisioner.hold_share(record.settings)  # its share of this process's kernel budget
     km.kernel_id = record.kernel_id
     km.provisioner = provisioner
     km.load_connection_info(info["connection_info"])

@@ -27,6 +27,10 @@ from .policy import MODES as POLICY_MODES, OutputPolicy
 
 HOME_DIR = "/home/sandbox"
 WORK_DIR = "/home/sandbox/work"
+PACKAGES_DIR = "/home/sandbox/.packages"
+"""Where pip installs in a Docker kernel (``PIP_TARGET``, on ``PYTHONPATH``; the image is
+read-only): a tmpfs of its own, the one writable place mounted ``exec``, directly under the home
+(a mount point deeper would make its parents the engine's, owned by root)."""
 UNLIMITED = "unlimited"
 MiB = 2**20
 MIN_MEMORY = 32 * MiB
@@ -230,6 +234,8 @@ def _max_memory(name: str, value: Any) -> int | None:
 
 
 def _output_policy(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _refuse(name, value, f"must be one of {', '.join(POLICY_MODES)}")
     try:
         return OutputPolicy.from_name(value).mode
     except ConfigError:
@@ -358,6 +364,12 @@ class BackendSettings:
         _names,
         "Widget modules the strict output policy allows besides @jupyter-widgets/* (extensions "
         "you trust).",
+    )
+    allow_help_links: tuple[str, ...] = _option(
+        (),
+        _names,
+        "URLs a kernel may put in JupyterLab's Help menu (kernel_info help_links); any other is "
+        "dropped, in both output policies.",
     )
     package_index: tuple[str, ...] = _option(
         PYPI,

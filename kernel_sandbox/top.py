@@ -21,10 +21,25 @@ import requests.exceptions
 from .docker.containers import LABEL_PRIVATE_DIR, OURS, kernel_of
 from .errors import ConfigError, MetricsUnavailable
 from .hostsecrets import read_uses
-from .metrics import CgroupProbe, Usage, cpu_text, memory_text, pids_text, size_text
+from .metrics import (
+    GiB,
+    MiB,
+    CgroupProbe,
+    Usage,
+    cpu_text,
+    memory_text,
+    pids_text,
+    size_text,
+)
 
 COLUMNS = ("NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM")
-WIDTHS = (30, 9, 12, 26, 11, 7, 34, 3)
+WIDTHS = (0, 7, 8, 14, 8, 7, 10, 3)
+"""Each of ``top``'s column widths; NAME (0) takes what the screen leaves (80 columns: 15)."""
+NAME_PREFIX = "kernel-sandbox-"
+"""Every kernel container's name starts so: ``top`` leaves it out (``ps`` shows whole names)."""
+MIN_NAME = 8
+RATE_WINDOW = 1.0
+"""Seconds between ``ps``'s two samples: its CPU is the rate between them, as ``docker stats``'s."""
 
 
 def tmpfs_text(usage: Usage) -> str:
@@ -65,13 +80,33 @@ class Row:
     """The kernel's secrets and their use counts (its launcher's record; never values)."""
 
     def cells(self) -> list[str]:
-        """The row's text, one item per :data:`COLUMNS`."""
+        """The row's text for ``top``, one item per :data:`COLUMNS`, short enough for
+        :data:`WIDTHS`."""
+        usage = self.usage
         return [
-            self.name,
+            self.name.removeprefix(NAME_PREFIX),
             self.status,
-            self.kernel[:12] if self.kernel else "standby",
-            *usage_columns(self.usage),
+            self.kernel[:8] if self.kernel else "standby",
+            *(["-"] * 5 if usage is None else _short_usage(usage)),
         ]
+
+
+def _short_size(value: int) -> str:
+    """Bytes in whole MiB (``97M``), from 1000 MiB on in GiB (``1.5G``)."""
+    return f"{value / GiB:.1f}G" if value >= 1000 * MiB else f"{value / MiB:.0f}M"
+
+
+def _short_usage(usage: Usage) -> list[str]:
+    """MEMORY, CPU, PIDS, TMPFS and OOM as ``top`` shows them: ``97M/256M 38%``, ``85%/100%``,
+    ``12/64``, ``h0 w0 t3`` (each tmpfs's use in percent, by its option's initial), ``0``."""
+    memory = "-" if usage.memory is None else _short_size(usage.memory)
+    if usage.memory is not None and usage.memory_limit:
+        memory += f"/{_short_size(usage.memory_limit)} {usage.memory_percent:.0f}%"
+    tmpfs = " ".join(
+        f"{(t.option or t.mount.strip('/'))[:1]}{100 * t.used // max(t.size, 1)}"
+        for t in sorted(usage.tmpfs, key=lambda t: t.mount)
+    )
+    return [memory, cpu_text(usage), pids_text(usage), tmpfs or "-", str(usage.oom_kills)]
 
 
 @dataclass
@@ -124,13 +159,26 @@ class Sampler:
             return None
 
 
-def table(rows: list[Row]) -> list[str]:
-    """The rows as aligned text lines under a header."""
+def table(rows: list[Row], width: int = 80) -> list[str]:
+    """The rows as aligned text lines under a header, each shorter than ``width`` (a screen's last
+    column stays empty): the NAME column gets what the others leave, at least :data:`MIN_NAME`."""
+    others = sum(WIDTHS[1:]) + len(WIDTHS) - 1
+    names = [row.cells()[0] for row in rows]
+    widths = (max(MIN_NAME, min(width - 1 - others, max(map(len, names), default=4))), *WIDTHS[1:])
 
     def line(cells: list[str] | tuple[str, ...]) -> str:
-        return "  ".join(cell[:width].ljust(width) for cell, width in zip(cells, WIDTHS)).rstrip()
+        return " ".join(cell[:size].ljust(size) for cell, size in zip(cells, widths)).rstrip()
 
     return [line(COLUMNS), *(line(row.cells()) for row in rows)]
+
+
+def sampled_twice(client: Any, window: float = RATE_WINDOW) -> list[Row]:
+    """Every kernel container with its usage, its CPU the rate over ``window`` seconds (the first
+    reading of a cgroup gives only the average since the container started)."""
+    sampler = Sampler(client)
+    if any(row.usage is not None for row in sampler.rows()):
+        time.sleep(window)
+    return sampler.rows()
 
 
 @dataclass
@@ -243,6 +291,6 @@ def _draw(screen: Any, rows: list[Row], problem: str = "") -> None:
     height, width = screen.getmaxyx()
     header = f"kernel-sandbox top  {time.strftime('%H:%M:%S')}  {len(rows)} kernel(s)  (q quits)"
     screen.erase()
-    for y, text in enumerate([header, problem, *table(rows)][: height - 1]):
+    for y, text in enumerate([header, problem, *table(rows, width)][: height - 1]):
         screen.addnstr(y, 0, text, width - 1, curses.A_BOLD if y in (0, 2) else curses.A_NORMAL)
     screen.refresh()

@@ -37,8 +37,18 @@ TIERS = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its tier: load (tests/load/), opensandbox, browser, docker, else unit."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier: load (tests/load/), opensandbox, browser, docker, else unit.
+
+    The ``fresh_machine`` tier (a container playing a fresh machine, whose apt and pip reach the
+    package registries) runs only when asked for by name, ``-m fresh_machine``: every other test
+    sends traffic to loopback alone.
+    """
+    if "fresh_machine" not in (config.option.markexpr or ""):
+        fresh = [item for item in items if item.get_closest_marker("fresh_machine")]
+        if fresh:
+            config.hook.pytest_deselected(items=fresh)
+            items[:] = [item for item in items if item not in fresh]
     for item in items:
         needs = set(getattr(item, "fixturenames", ()))
         tiers = [tier for tier, fixtures in TIERS.items() if needs & fixtures]

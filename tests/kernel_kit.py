@@ -204,8 +204,11 @@ async def debug_a_cell(kc: Any) -> None:
     stop = await dap.stopped()
     assert stop["reason"] == "breakpoint"
     thread = stop["threadId"]
-    frame = (await dap.request("stackTrace", threadId=thread))["body"]["stackFrames"][0]
+    frames = (await dap.request("stackTrace", threadId=thread))["body"]["stackFrames"]
+    frame = frames[0]
     assert (frame["line"], frame["source"]["path"]) == (2, source)
+    # the kernel's own frames are hidden (ipykernel's rules), and so are the boot code's below them
+    assert [(f["name"], f.get("source", {}).get("path")) for f in frames] == [("<module>", source)], frames
     seen = await dap.variables(frame["id"])
     assert seen["x"] == "42" and "y" not in seen
     rich = await dap.request("richInspectVariables", variableName="x", frameId=frame["id"])

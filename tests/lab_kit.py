@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +223,36 @@ def in_frames(page: Any, selector: str, text: str | None = None, seconds: float 
         page.wait_for_timeout(250)
 
 
+def frame_with(page: Any, selector: str, text: str | None = None, seconds: float = 60) -> Any:
+    """The first of the page's frames that holds ``selector`` (with ``text``), waiting up to ``seconds``; fails naming it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for frame in page.frames:
+            if frame != page.main_frame and frame.locator(selector, has_text=text).count():
+                return frame
+        if time.monotonic() >= deadline:
+            shown = "\n---\n".join(frame.locator("body").inner_text()[:500] for frame in page.frames if frame != page.main_frame)
+            raise AssertionError(f"no frame shows {selector!r} with {text!r} after {seconds} s; the frames show:\n{shown}")
+        page.wait_for_timeout(250)
+
+
+def click_in_frame(page: Any, locator: Any, button: str = "left") -> None:
+    """Click ``locator`` (an element in an output frame) as a user does: the pointer first moves over it, which makes
+    its frame take pointer events (kernel-sandbox-frame keeps the others ``inert``), then presses there."""
+    locator.scroll_into_view_if_needed()
+    box = locator.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x - 1, y - 1)
+    page.mouse.move(x, y)
+    page.wait_for_timeout(200)
+    page.mouse.click(x, y, button=button)
+
+
+def page_outputs(page: Any) -> list[str]:
+    """The mime types of the outputs JupyterLab's page draws itself (kernel-sandbox-frame's framed areas draw none)."""
+    return page.evaluate("[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type]')].map(node => node.dataset.mimeType)")
+
+
 def wait_for_kernel(page: Any, panel: Any) -> None:
     """Wait until notebook ``panel`` has a connected, idle kernel.
 
@@ -241,10 +271,35 @@ def run_cell(page: Any, panel: Any, code: str, shows: str) -> str:
     panel.locator(".jp-Cell .cm-content").last.click()
     page.keyboard.insert_text(code)
     page.keyboard.press("Shift+Enter")
-    output = panel.locator(".jp-OutputArea-output", has_text=shows).last
-    try:
-        output.wait_for()
-    except Exception as exc:
-        raise AssertionError(f"no output showing {shows!r} after running {code!r}; the notebook shows:\n"
-                             f"{panel.inner_text()[-3000:]}") from exc
-    return output.inner_text()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # in the page (a local kernel's) or in an output frame (a sandboxed kernel's)
+        for outputs in [panel.locator(".jp-OutputArea-output", has_text=shows)] + [
+            frame.locator(".jp-OutputArea-output", has_text=shows) for frame in page.frames if frame != page.main_frame
+        ]:
+            if outputs.count():
+                return str(outputs.last.inner_text())
+        page.wait_for_timeout(250)
+    shown = "\n".join(frame.locator("body").inner_text() for frame in page.frames if frame != page.main_frame)
+    raise AssertionError(f"no output showing {shows!r} after running {code!r}; the notebook shows:\n"
+                         f"{panel.inner_text()[-3000:]}\nand its frames:\n{shown[-3000:]}")
+
+
+def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) -> None:
+    """Write a notebook of ``sources`` (code cells, not run) for ``kernelspec`` at ``path`` through the contents API."""
+    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in sources]
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
+                "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
+    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
+                    json={"type": "notebook", "format": "json", "content": notebook})
+    assert put.status_code in (200, 201), put.text
+
+
+def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
+    """Open the notebook at ``path`` in a JupyterLab workspace of its own (no other notebook reopens, so "Run All"
+    cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
+    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    wait_for_kernel(page, panel)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    return panel

@@ -19,15 +19,16 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 from docker.models.containers import Container
 
 from ..errors import ConfigError, EngineUnavailable, ImageMissing, KernelSandboxError
 from ..kernelside import MAGICS, source, sources
 from ..kernelside.boot import KEY_ENV, MODULES_ENV
-from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_private
+from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_dead_parts, remove_private
 from ..provisioners.process import pid_alive
-from ..settings import HOME_DIR, WORK_DIR
+from ..settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
 from .settings import DEFAULT_IMAGE, DockerSettings
 
 __all__ = ["DEFAULT_IMAGE", "HOME_DIR", "WORK_DIR"]
@@ -44,6 +45,14 @@ OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
 API_TIMEOUT = 30
 """Seconds any single Docker API call may take before it fails (streams have no such limit)."""
+PACKAGES_ENV = {
+    "PIP_TARGET": PACKAGES_DIR,
+    "PYTHONPATH": PACKAGES_DIR,
+    "PIP_NO_CACHE_DIR": "1",
+}
+"""pip in the kernel installs into the packages' tmpfs (on ``sys.path``), unpacks there
+(:mod:`.kernelside.packages`), and keeps no cache (a kernel is disposable; a cache would take the
+home's room)."""
 
 
 def docker_client(
@@ -201,8 +210,13 @@ def container_spec(
     }
     if "work_size" in sizes:
         tmpfs[WORK_DIR] = f"rw,nosuid,nodev,size={sizes['work_size']},uid={uid},gid={gid},mode=0755"
+    # the one writable place mounted exec: compiled extensions that pip installs load from it
+    tmpfs[PACKAGES_DIR] = (
+        f"rw,exec,nosuid,nodev,size={sizes['packages_size']},uid={uid},gid={gid},mode=0755"
+    )
     environment = {
         **env,
+        **PACKAGES_ENV,
         **settings.env,
         "HOME": HOME_DIR,
         "PYTHONUNBUFFERED": "1",
@@ -237,9 +251,27 @@ def container_spec(
         spec["nano_cpus"] = round(settings.cpus * 1e9)
     if settings.pids_limit is not None:
         spec["pids_limit"] = settings.pids_limit
+        if settings.runtime == "runsc":
+            spec.update(runsc_pids(settings.pids_limit))
     if settings.runtime:
         spec["runtime"] = settings.runtime
     return spec
+
+
+RUNSC_HOST_THREADS = 512
+"""Host threads gVisor's runtime may use besides one per process or thread of the kernel (about
+150 idle: its Go runtime, gofer and platform)."""
+
+
+def runsc_pids(pids_limit: int) -> dict[str, Any]:
+    """``pids_limit`` as gVisor enforces it: its own RLIMIT_NPROC on the kernel's processes and
+    threads (a fork or thread past it fails with EAGAIN, as the pids cgroup makes it under runc),
+    and room in the pids cgroup, which counts the runtime's host threads, for the runtime itself
+    (else a fork bomb that reaches the cgroup's limit crashes the whole sandbox)."""
+    return {
+        "ulimits": [docker.types.Ulimit(name="nproc", soft=pids_limit, hard=pids_limit)],
+        "pids_limit": 2 * pids_limit + RUNSC_HOST_THREADS,
+    }
 
 
 def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
@@ -348,11 +380,12 @@ class GcReport:
 
     containers: list[str] = field(default_factory=list)
     private_dirs: list[str] = field(default_factory=list)
+    checkpoint_parts: list[str] = field(default_factory=list)
 
 
 def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
-    """Remove kernel containers whose owner is dead (all of them when ``everything``) and abandoned
-    dirs."""
+    """Remove kernel containers whose owner is dead (all of them when ``everything``), abandoned
+    dirs and the partial checkpoints of dead launchers."""
     report = GcReport()
     for container in client.containers.list(all=True, filters={"label": OURS}, ignore_removed=True):
         if everything or is_orphan(container):
@@ -361,6 +394,7 @@ def gc(client: docker.DockerClient, *, everything: bool = False) -> GcReport:
     for path in abandoned_dirs():
         remove_private(path)
         report.private_dirs.append(str(path))
+    report.checkpoint_parts = [str(path) for path in remove_dead_parts()]
     return report
 
 

@@ -133,9 +133,10 @@ def _bootstrap_base(client: docker.DockerClient, progress: Progress) -> str:
         why = "debootstrap is not installed" if debootstrap is None else "debootstrap needs root"
         raise ImageBuildError(
             f"no base image: {UPSTREAM_BASE} is not present and cannot be pulled, and {why} to "
-            f"make {BASE_FALLBACK}. Fix one of: run `apt-get install debootstrap` and build again "
-            f"as root; `docker pull {UPSTREAM_BASE}`; or pass --base-image with a local "
-            "Debian-based image that has python3-venv"
+            f"make {BASE_FALLBACK}",
+            f"{'apt-get install debootstrap, then ' if debootstrap is None else ''}the same "
+            f"command again as root; `docker pull {UPSTREAM_BASE}` where a registry answers; or "
+            "--base-image with a local Debian-based image that has python3-venv",
         )
     mirror = _debian_mirror()
     progress(f"making {BASE_FALLBACK} with debootstrap from {mirror} (about a minute) ...")

@@ -14,8 +14,10 @@ connectors' stdin and they kill every process of the container; the container re
 not started yet has none, so a host process the kernel cannot reach stands behind them: the
 launcher's :mod:`~kernel_sandbox.docker.watchdog`, which removes the container once the launcher is
 gone. How the kernel ended (out of memory included) is read from the engine's events, since an
-auto-removed container cannot be inspected afterwards; an engine that stops answering (its
-connections open, nothing moving) is noticed by a ping every :data:`ENGINE_PROBE_INTERVAL` s.
+auto-removed container cannot be inspected afterwards: an OOM kill of another process of the
+container (a child the kernel ran) is told apart by a heartbeat the kernel answers after it; an
+engine that stops answering (its connections open, nothing moving) is noticed by a ping every
+:data:`ENGINE_PROBE_INTERVAL` s.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ ROUTING_ID = b"kernel-sandbox-launcher"
 """One routing id for the shell, control and stdin sockets, so ipykernel's stdin requests reach
 us."""
 PROBE = b"kernel-sandbox-probe"
+OOM_PROBE = b"kernel-sandbox-oom-probe"
+"""The heartbeat ping sent after each OOM event: its echo says the kernel's process lived through
+it (the OOM killer took another process of the container)."""
+SIGKILLED = 128 + 9
+"""The init's exit code when the kernel's process was killed with SIGKILL."""
 PROBE_INTERVAL = 0.5
 REOPEN_DELAY = 0.2
 """Seconds before a kernel stream that ended is opened again; doubled after each loss, up to
@@ -305,7 +312,13 @@ class DockerLink:
         }
         self._streams: list[asyncio.BaseTransport] = []
         self._events: Any = None
+        self._oom_events = 0
+        """OOM kills the engine reported in the container (any of its processes)."""
+        self._oom_lived = 0
+        """The most of them the kernel's process answered a heartbeat after: it was not their
+        victim."""
         self._oom = False
+        """True when the kernel's own process ended out of memory (decided at its end)."""
         self._stopping = False
         self._loop = asyncio.get_running_loop()
         self._ended: asyncio.Future[ExitStatus] = self._loop.create_future()
@@ -425,9 +438,17 @@ class DockerLink:
         if private is None:
             private = self._own_dir = PrivateDir.create()
         files = ContainerFiles(client, container_id, self.settings.image)
-        store = CheckpointStore(private.path, files, self.settings.checkpoint_max_bytes, "docker")
+        settings = self.settings
+        store = CheckpointStore(
+            private.path,
+            files,
+            settings.checkpoint_max_bytes,
+            settings.max_checkpoint_bytes,
+            "docker",
+        )
         self._checkpoints = store
         front.kernel_requests[REQUEST] = store.handle
+        front.client_shell.append(store.client_sent)
         offer = store.take_offer()
         if offer is not None:
             front.notice_next_cell(offer)
@@ -712,6 +733,8 @@ class DockerLink:
             if frames[0] == PROBE:
                 if not self._ready.done():
                     self._ready.set_result(None)
+            elif frames[0] == OOM_PROBE and len(frames) == 2 and frames[1].isdigit():
+                self._oom_lived = max(self._oom_lived, min(int(frames[1]), self._oom_events))
             elif self._front is not None:
                 self._front.heartbeat_reply(frames)
             return
@@ -781,18 +804,21 @@ class DockerLink:
         status = event.get("status") or event.get("Action")
         attributes = event.get("Actor", {}).get("Attributes", {})
         if status == "oom":
-            self._oom = True
+            self._oom_events += 1
+            self.heartbeat([OOM_PROBE, str(self._oom_events).encode()])
         elif status == "kill" and not self._stopping:
             self._killed = str(attributes.get("signal", "?"))
         elif status == "die":
             code = int(attributes.get("exitCode", 1))
+            # the kernel's own end, not an earlier OOM kill of another process of its container
+            self._oom = code == SIGKILLED and self._oom_events > self._oom_lived
             if self._broken_by is not None and not self._oom and self._killed is None:
                 self._end(self._broken_by)
             if code and self._shutdown_asked and not self._oom and self._killed is None:
                 # asked to shut down, it did: an abort in the interpreter's teardown is no crash
                 log.info("the kernel exited with code %d on its way out after shutdown", code)
                 code = 0
-            self._end(ExitStatus(code or (137 if self._oom else 0), self._ending(code)))
+            self._end(ExitStatus(code, self._ending(code)))
 
     def _broken(self, status: ExitStatus) -> None:
         """A channel's stream broke: the kernel's doing, unless the engine reports another end
@@ -807,8 +833,9 @@ class DockerLink:
         self._loop.call_later(EXIT_REPORT_WAIT, self._end, status)
 
     def _ending(self, code: int) -> str:
-        """How the container ended, in words, from what the engine reported (never from the
-        kernel)."""
+        """How the kernel ended, in words, from what the engine reported (never from the kernel):
+        out of memory only when its own process was (the init's exit says SIGKILL, and it answered
+        no heartbeat after the container's last OOM kill)."""
         if self._oom:
             limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
             return f"out of memory{limit}; raise memory"
@@ -817,7 +844,7 @@ class DockerLink:
                 f"killed through the Docker engine (signal {self._killed}: a `docker kill`, "
                 "`docker stop` or `docker rm -f`)"
             )
-        if code in (137, 128 + 9):
+        if code == SIGKILLED:
             return (
                 "killed with SIGKILL by the container runtime or the host's kernel, not through "
                 "the engine"
@@ -928,6 +955,8 @@ class DockerLink:
             self._probing.cancel()
         for task in self._reopening:
             task.cancel()
+        if self._checkpoints is not None:
+            await self._checkpoints.close()
         for transport in [
             *self._streams,
             *(channel.transport for channel in self._channels.values()),

@@ -36,7 +36,7 @@ from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..privdir import CONFIG, PrivateDir
 from .settings import DockerSettings
-from ..provisioners.budget import BUDGET, Claim
+from ..provisioners.budget import Claim
 from ..provisioners.launched import LaunchedProvisioner
 
 
@@ -91,13 +91,6 @@ class DockerProvisioner(LaunchedProvisioner):
             max_kernels=settings.max_kernels,
             max_memory=settings.max_memory,
         )
-
-    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
-        """Re-attach (see :class:`~kernel_sandbox.provisioners.launched.LaunchedProvisioner`); the
-        kernel runs already, so it is counted in the kernel budget, room or not."""
-        await super().load_provisioner_info(provisioner_info)
-        if self._reservation is None:
-            self._reserve(BUDGET.hold(self.budget_claim(self.settings())))
 
     @property
     def container_id(self) -> str | None:

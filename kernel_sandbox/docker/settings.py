@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..hostsecrets import parse_bindings
 from ..settings import (
     HOME_DIR,
+    PACKAGES_DIR,
     UNLIMITED,
     WORK_DIR,
     BackendSettings,
@@ -44,16 +45,28 @@ from ..settings import (
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
-TMPFS_SHARE = {"tmp_size": 1 / 16, "shm_size": 1 / 16, "home_size": 1 / 4, "work_size": 3 / 8}
+TMPFS_SHARE = {
+    "tmp_size": 1 / 16,
+    "shm_size": 1 / 16,
+    "home_size": 1 / 8,
+    "work_size": 1 / 4,
+    "packages_size": 1 / 4,
+}
 """Default share of the memory limit for each writable tmpfs (``/dev/shm`` too); together 3/4, the
 rest is the kernel's."""
 TMPFS_FALLBACK = {
     "tmp_size": 128 * MiB,
     "shm_size": 64 * MiB,
-    "home_size": 256 * MiB,
-    "work_size": 384 * MiB,
+    "home_size": 128 * MiB,
+    "work_size": 256 * MiB,
+    "packages_size": 256 * MiB,
 }
 """Default tmpfs sizes when memory is unlimited (a tmpfs is never unlimited)."""
+RUNSC_OVERHEAD = 64 * MiB
+"""Memory gVisor's runtime holds in the container's cgroup besides the kernel's (about 50 MiB
+measured idle). gVisor keeps the tmpfs in that same memory, so under ``runtime='runsc'`` the
+tmpfs shares and the 3/4 rule count from ``memory`` less this: a full tmpfs is ENOSPC there too,
+never an out-of-memory kill."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,10 @@ class DockerSettings(BackendSettings):
     )
     cpus: float | None = _option(1.0, _cpus, "CPU limit in cores, or 'unlimited'.")
     pids_limit: int | None = _option(
-        256, _pids, "Maximum number of processes and threads, or 'unlimited'."
+        256,
+        _pids,
+        "Maximum number of processes and threads, or 'unlimited'; past it a fork or a thread "
+        "fails with EAGAIN (under runsc too, by gVisor's own RLIMIT_NPROC).",
     )
     user: str = _option(
         "",
@@ -97,16 +113,25 @@ class DockerSettings(BackendSettings):
     )
     read_only: bool = _option(True, _flag, "Mount the image's root filesystem read-only.")
     tmp_size: int | None = _option(
-        "auto", _tmpfs, "Size of the writable tmpfs at /tmp; 'auto': memory/16."
+        "auto",
+        _tmpfs,
+        "Size of the writable tmpfs at /tmp; 'auto': memory/16 (under runsc: of memory less 64m).",
     )
     shm_size: int | None = _option(
         "auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16."
     )
     home_size: int | None = _option(
-        "auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/4."
+        "auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/8."
     )
     work_size: int | None = _option(
-        "auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': 3/8 memory."
+        "auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': memory/4."
+    )
+    packages_size: int | None = _option(
+        "auto",
+        _tmpfs,
+        f"Size of the tmpfs that pip installs into and unpacks in ({PACKAGES_DIR}, the one "
+        "writable place where files may be run or loaded as code: compiled extensions); "
+        "'auto': memory/4.",
     )
     mounts: tuple[Mount, ...] = _option(
         (), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'."
@@ -150,6 +175,13 @@ class DockerSettings(BackendSettings):
         parse_size,
         "The largest checkpoint %checkpoint may keep on the host for one kernel (e.g. 512m, 2g).",
     )
+    max_checkpoint_bytes: int = _option(
+        "2g",
+        parse_size,
+        "The most disk the checkpoints %checkpoint keeps on the host may take, all kernels of "
+        "the host user together (partial ones and a kernel's previous one until replaced "
+        "included); 2g lets one kernel at the default checkpoint_max_bytes replace its own.",
+    )
     checkpoint_on_oom: bool = _option(
         False,
         _flag,
@@ -158,14 +190,24 @@ class DockerSettings(BackendSettings):
     )
 
     def __post_init__(self) -> None:
-        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, one
-        mount of the work directory."""
-        sizes = self.tmpfs_sizes()
-        if self.memory is not None and sum(sizes.values()) > self.memory * 3 / 4:
-            used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
+        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, a
+        kernel's checkpoint in all kernels', one mount of the work directory."""
+        if self.runtime == "runsc" and self.memory is not None and self.memory < 2 * RUNSC_OVERHEAD:
             raise ConfigError(
-                f"{used} must fit in 3/4 of memory={self.memory // MiB}m, so that a full disk is "
-                "ENOSPC and not an out-of-memory kill: raise memory or lower the sizes"
+                f"memory={self.memory // MiB}m is too little under runtime='runsc': gVisor's own "
+                f"runtime holds about {RUNSC_OVERHEAD // MiB}m of it; give at least "
+                f"{2 * RUNSC_OVERHEAD // MiB}m"
+            )
+        sizes = self.tmpfs_sizes()
+        budget = self.tmpfs_budget
+        if self.memory is not None and budget is not None and sum(sizes.values()) > budget * 3 / 4:
+            used = " + ".join(f"{name} {size // MiB}m" for name, size in sizes.items())
+            of = f"memory={self.memory // MiB}m" + (
+                f" less gVisor's {RUNSC_OVERHEAD // MiB}m" if budget != self.memory else ""
+            )
+            raise ConfigError(
+                f"{used} must fit in 3/4 of {of}, so that a full disk is ENOSPC and not an "
+                "out-of-memory kill: raise memory or lower the sizes"
             )
         if self.max_memory is not None and (self.memory is None or self.memory > self.max_memory):
             asked = UNLIMITED if self.memory is None else f"{self.memory // MiB}m"
@@ -179,6 +221,12 @@ class DockerSettings(BackendSettings):
                 "secrets need the filtering proxy, which network=true bypasses: give network a "
                 "list of destinations (or false: the secrets' hosts are allowed anyway)"
             )
+        if self.checkpoint_max_bytes > self.max_checkpoint_bytes:
+            raise ConfigError(
+                f"checkpoint_max_bytes={self.checkpoint_max_bytes} does not fit in "
+                f"max_checkpoint_bytes={self.max_checkpoint_bytes} (all kernels' checkpoints on "
+                "the host together): lower checkpoint_max_bytes or raise max_checkpoint_bytes"
+            )
         if self.mount_cwd != "off" and any(mount.target == WORK_DIR for mount in self.mounts):
             raise ConfigError(
                 f"mount_cwd={self.mount_cwd!r} and mounts both mount the work directory {WORK_DIR}"
@@ -186,16 +234,25 @@ class DockerSettings(BackendSettings):
 
     def tmpfs_sizes(self) -> dict[str, int]:
         """The size in bytes of each writable tmpfs (``tmp_size``, ``shm_size``, ``home_size``,
-        ``work_size``)."""
+        ``work_size``, ``packages_size``)."""
         sizes = {}
+        budget = self.tmpfs_budget
         for name, share in TMPFS_SHARE.items():
             size = getattr(self, name)
             if size is None:
-                size = int(self.memory * share) if self.memory is not None else TMPFS_FALLBACK[name]
+                size = int(budget * share) if budget is not None else TMPFS_FALLBACK[name]
             if name == "work_size" and self.work_mounted:
                 continue
             sizes[name] = size
         return sizes
+
+    @property
+    def tmpfs_budget(self) -> int | None:
+        """The memory the tmpfs shares count from: ``memory``, less :data:`RUNSC_OVERHEAD` under
+        gVisor (None: unlimited)."""
+        if self.memory is None:
+            return None
+        return self.memory - RUNSC_OVERHEAD if self.runtime == "runsc" else self.memory
 
     @property
     def work_mounted(self) -> bool:

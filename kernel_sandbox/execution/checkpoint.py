@@ -31,6 +31,8 @@ from ..errors import (
     SandboxError,
 )
 
+from .files import Gathered
+
 if TYPE_CHECKING:
     from .sandbox import AsyncSandbox
 
@@ -118,7 +120,7 @@ class Checkpoint:
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
         )
         with os.fdopen(fd, "wb") as handle:
-            write_header(handle, self._header())
+            handle.write(header_bytes(self._header()))
             handle.write(self.data)
 
     @classmethod
@@ -149,11 +151,11 @@ class Checkpoint:
             )
 
 
-def write_header(handle: BinaryIO, header: dict[str, Any]) -> None:
-    """Start a checkpoint file: :data:`MAGIC`, the header's length and the header as JSON (the blob
-    follows)."""
+def header_bytes(header: dict[str, Any]) -> bytes:
+    """The start of a checkpoint file: :data:`MAGIC`, the header's length and the header as JSON
+    (the blob follows)."""
     data = json.dumps(header).encode()
-    handle.write(MAGIC + struct.pack(">Q", len(data)) + data)
+    return MAGIC + struct.pack(">Q", len(data)) + data
 
 
 def read_header(handle: BinaryIO, name: str, max_bytes: int, option: str) -> dict[str, Any]:
@@ -246,11 +248,11 @@ async def take(sandbox: AsyncSandbox, max_bytes: int, timeout: float | None) -> 
                     f"Refused the checkpoint: the kernel states it is {size} bytes, over "
                     f"max_bytes={max_bytes} (checkpoint(max_bytes=...)); nothing was pulled."
                 )
-            data = await _pull(sandbox, size, max_bytes, seconds, deadline)
+            data, pulled = await _pull(sandbox, size, max_bytes, seconds, deadline)
         finally:
             with contextlib.suppress(SandboxError):
                 await sandbox._op({"op": "checkpoint", "action": "drop"}, (), seconds, deadline)
-    if hashlib.sha256(data).hexdigest() != digest:
+    if pulled != digest:
         raise FramingError(
             "The checkpoint changed in the sandbox while it was being pulled (its sha256 differs)."
         )
@@ -285,9 +287,11 @@ def _stated(report: Any) -> tuple[int, str]:
 
 async def _pull(
     sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float, deadline: float
-) -> bytes:
-    """The blob, chunk by chunk; refused before a byte over ``max_bytes`` or ``size`` is kept."""
-    parts: list[bytes] = []
+) -> tuple[bytes, str]:
+    """The blob, chunk by chunk into one buffer (the peak is its size once), and its sha256, hashed
+    as it arrives; refused before a byte over ``max_bytes`` or ``size`` is kept."""
+    gathered, sha = Gathered(), hashlib.sha256()
+    gathered.reserve(size)
     offset, chunk = 0, sandbox._chunk() - ANSWER_ROOM
     while offset < size:
         asked = min(chunk, size - offset)
@@ -301,9 +305,10 @@ async def _pull(
             )
         if answer[0] != size or len(data) != asked:
             raise FramingError("The checkpoint changed in the sandbox while it was being pulled.")
-        parts.append(data)
+        gathered.write(data)
+        sha.update(data)
         offset += len(data)
-    return b"".join(parts)
+    return gathered.value(), sha.hexdigest()
 
 
 async def restore_into(sandbox: AsyncSandbox, checkpoint: Checkpoint) -> None:

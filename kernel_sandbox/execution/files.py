@@ -7,6 +7,7 @@ resolved) must stay under the work directory and the target must be a regular fi
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ MAX_STREAM_BYTES = 2 * 1024 * 1024 * 1024
 """The largest file ``download_to`` writes by default (the kernel decides how big a file claims to
 be)."""
 MAX_SKILL_FILES_BYTES = 256 * 1024 * 1024
-"""The default of ``run_skill``'s ``max_files_bytes``: the files of one skill run, all together."""
+"""The default of ``run_skill``'s ``max_files_bytes``: the files of one skill run, all together,
+as the base64 text its answer holds."""
 NO_LIMIT = 2**62
 
 Content = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", IO[bytes]]
@@ -71,3 +73,29 @@ def chunks(content: Content, size: int) -> Iterator[memoryview]:
         if not piece:
             return
         yield memoryview(piece)
+
+
+class Gathered:
+    """Bytes of a size stated before the first arrives, gathered piece by piece into one buffer
+    that becomes the result without a copy: the peak is the size once, not the pieces and their
+    join."""
+
+    def __init__(self) -> None:
+        self._buffer = io.BytesIO()
+
+    def reserve(self, size: int) -> None:
+        """Make the buffer ``size`` bytes now, so that no write grows (and copies) it."""
+        if size:
+            self._buffer.seek(size - 1)
+            self._buffer.write(b"\0")
+            self._buffer.seek(0)
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Add the next piece."""
+        self._buffer.write(data)
+
+    def value(self) -> bytes:
+        """The bytes gathered: the buffer itself (CPython's ``BytesIO.getvalue`` hands over a buffer
+        only it holds); the object is spent."""
+        value, self._buffer = self._buffer.getvalue(), io.BytesIO()
+        return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -42,13 +43,25 @@ class AsyncSandboxPool:
         idle_timeout: float | None = None,
         **sandbox_options: Any,
     ) -> None:
-        if size < 1 or max_uses < 1:
-            raise ConfigError("size and max_uses must be at least 1")
+        for name, value in (("size", size), ("max_uses", max_uses)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a whole number from 1")
+        if idle_timeout is not None and (
+            isinstance(idle_timeout, bool)
+            or not isinstance(idle_timeout, (int, float))
+            or not idle_timeout > 0
+        ):
+            raise ConfigError(
+                f"idle_timeout={idle_timeout!r}: must be a positive number of seconds, or None"
+            )
         self.size = size
         self.max_uses = max_uses
         self.idle_timeout = idle_timeout
         defaults = backend(sandbox_options.get("backend", DEFAULT_BACKEND)).pool_defaults
         self._options = {**defaults, **sandbox_options}
+        with warnings.catch_warnings():  # the local backend's warning comes with each kernel
+            warnings.simplefilter("ignore")
+            AsyncSandbox(**self._options)  # its options are refused here, not in a background start
         self._ready: deque[_Entry] = deque()
         self._failures: deque[BaseException] = deque()
         self._in_use: set[AsyncSandbox] = set()

@@ -26,7 +26,7 @@ from typing import IO, Any
 import zmq
 import zmq.asyncio
 
-from ..egress import WINDOW_REQUEST
+from ..egress import WINDOW_REQUEST, parse_network
 from ..hostsecrets import Secret, read_uses, secret_values, unsupported
 from ..errors import (
     ConfigError,
@@ -52,12 +52,20 @@ from .files import (
     MAX_STREAM_BYTES,
     NO_LIMIT,
     Content,
+    Gathered,
     chunks,
     confine,
 )
 from .collector import Callback, Collector
 from .exchange import DEFAULT_CALL_TIMEOUT, REPLY_GRACE, KernelExchange
-from .skills import failed_skill, figure_files, file_entry, skill_result
+from .skills import (
+    Encoder,
+    failed_skill,
+    figure_files,
+    file_entry,
+    largest_encodable,
+    skill_result,
+)
 from .tools import body_error, check_env, tool_payload
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
@@ -73,6 +81,40 @@ LAUNCHER_REPLY_WAIT = 10.0
 
 
 _LIVE: weakref.WeakSet[AsyncSandbox] = weakref.WeakSet()
+
+
+def check_keywords(
+    *,
+    network: Any,
+    env: Any,
+    mounts: Any,
+    max_output_bytes: Any,
+    allowed_classes: Any,
+    unsafe_pickle: Any,
+) -> None:
+    """Refuse a session keyword of the wrong type, naming it, before anything reads it: a string
+    where a list or a flag belongs is never taken apart or read as true (``network="false"`` would
+    be the hosts f, a, l, s, e; ``unsafe_pickle="no"`` would be on)."""
+    if not isinstance(network, bool):
+        parse_network("network", network)  # a list of destinations, else refused naming network
+    if env is not None and not isinstance(env, Mapping):
+        raise ConfigError(f"env={env!r}: must be a mapping of variable names to strings")
+    if mounts is not None and not isinstance(mounts, (list, tuple)):
+        raise ConfigError(f"mounts={mounts!r}: must be a list of 'HOST:CONTAINER[:ro|rw]' mounts")
+    if (
+        isinstance(max_output_bytes, bool)
+        or not isinstance(max_output_bytes, int)
+        or max_output_bytes < 1
+    ):
+        raise ConfigError(
+            f"max_output_bytes={max_output_bytes!r}: must be a whole number of bytes from 1"
+        )
+    if not isinstance(allowed_classes, (list, tuple, set, frozenset)):
+        raise ConfigError(
+            f"allowed_classes={allowed_classes!r}: must be a list of classes, e.g. [MyResult]"
+        )
+    if not isinstance(unsafe_pickle, bool):
+        raise ConfigError(f"unsafe_pickle={unsafe_pickle!r}: must be True or False")
 
 
 class AsyncSandbox(KernelExchange):
@@ -117,7 +159,7 @@ class AsyncSandbox(KernelExchange):
         **backend_options: Any,
     ) -> None:
         self._backend = backend_named(backend)
-        self._secret_env = secret_values(secrets or {}, env or {})
+        self._secret_env = secret_values({} if secrets is None else secrets, env or {})
         if self._secret_env:
             if backend != "docker":
                 raise unsupported(f"the {backend!r} backend")
@@ -142,6 +184,14 @@ class AsyncSandbox(KernelExchange):
             raise ConfigError(
                 f"decode_limits must be a DecodeLimits, not {type(decode_limits).__name__}"
             )
+        check_keywords(
+            network=network,
+            env=env,
+            mounts=mounts,
+            max_output_bytes=max_output_bytes,
+            allowed_classes=allowed_classes,
+            unsafe_pickle=unsafe_pickle,
+        )
         self.backend = backend
         self.network = network if isinstance(network, bool) else list(network)
         self.timeout = float(timeout)
@@ -151,7 +201,7 @@ class AsyncSandbox(KernelExchange):
         self.allowed_classes = tuple(allowed_classes)
         self._allowed = allowed_map(self.allowed_classes)
         self.decode_limits = decode_limits or DecodeLimits()
-        self.unsafe_pickle = bool(unsafe_pickle)
+        self.unsafe_pickle = unsafe_pickle
         self._policy = None if self._backend.sandboxed else OutputPolicy.from_name(output_policy)
         if output_policy is not None:
             OutputPolicy.from_name(output_policy)
@@ -484,9 +534,11 @@ class AsyncSandbox(KernelExchange):
         limit: int,
         limit_name: str,
         timeout: float | None,
+        sized: Callable[[int], Any] | None = None,
     ) -> int:
         """Pass the file's chunks to ``sink``; refuse it, before ``sink`` sees a byte over it, past
-        ``limit``.
+        ``limit``. ``sized`` is told the size the kernel states (within ``limit``) before the first
+        chunk.
 
         The limit is the host's: the size the kernel states is checked against it, and so is every
         byte that arrives (a kernel that patched its helper states what it likes).
@@ -514,6 +566,8 @@ class AsyncSandbox(KernelExchange):
                     raise SandboxFileError(
                         f"{rel!r} changed in the sandbox while it was being read"
                     )
+                if offset == 0 and sized is not None:
+                    sized(total)
                 sink(data)
                 offset += len(data)
         return offset
@@ -528,9 +582,9 @@ class AsyncSandbox(KernelExchange):
     async def _download(
         self, path: str, limit: int, limit_name: str, timeout: float | None
     ) -> bytes:
-        parts: list[bytes] = []
-        await self._read(path, parts.append, limit, limit_name, timeout)
-        return b"".join(parts)
+        gathered = Gathered()
+        await self._read(path, gathered.write, limit, limit_name, timeout, gathered.reserve)
+        return gathered.value()
 
     async def download_to(
         self,
@@ -591,8 +645,10 @@ class AsyncSandbox(KernelExchange):
     ) -> Execution:
         """pip-install ``requirements`` (names, or requirements.txt text) inside the sandbox.
 
-        Packages go to a directory under the sandbox's home that is put on ``sys.path``. The
-        outcome is returned: pip's output in stdout/stderr, ``error`` set when pip failed. With the
+        Packages go to a directory under the sandbox's home that is put on ``sys.path`` (Docker: a
+        tmpfs of ``packages_size`` where compiled extensions load). The outcome is returned: pip's
+        output in stdout/stderr, ``error`` set when pip failed, naming what the launcher's proxy
+        refused and the option that allows it. With the
         network off (or a list) the backend opens the ``package_index`` for this call alone (Docker:
         in the launcher's proxy; OpenSandbox: in the sandbox's egress policy, by the host) and
         closes it when pip ends, also on error, timeout or cancel; when it cannot,
@@ -612,10 +668,13 @@ class AsyncSandbox(KernelExchange):
         assert self._lock is not None
         async with self._lock, self._package_index(seconds):
             body = await self._op(request, (), seconds, deadline)
-        execution = Execution(stdout=body["stdout"], stderr=body["stderr"])
+        refused = [str(reason) for reason in body.get("refused", ())]
+        stderr = body["stderr"] + "".join(f"[kernel-sandbox] {reason}\n" for reason in refused)
+        execution = Execution(stdout=body["stdout"], stderr=stderr)
         if body["returncode"] != 0:
+            why = f"pip exited with code {body['returncode']}"
             execution.error = ExecutionError(
-                "InstallError", f"pip exited with code {body['returncode']}", body["stderr"]
+                "InstallError", "; ".join([why, *refused]), execution.stderr
             )
         return execution
 
@@ -744,8 +803,9 @@ class AsyncSandbox(KernelExchange):
         Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
         created or changed in the work directory (not the unchanged skill files) and the images it
         displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
-        The files together may hold ``max_files_bytes`` (256 MiB by default, counted as they
-        arrive); past it the run fails with an error naming the limit.
+        The files together may hold ``max_files_bytes`` (256 MiB by default) of base64 text, what
+        the answer holds (4/3 of their bytes), counted as they arrive; past it the run fails with an
+        error naming the limit.
         """
         if (
             isinstance(max_files_bytes, bool)
@@ -767,15 +827,20 @@ class AsyncSandbox(KernelExchange):
             files, room = [], max_files_bytes
             for path in sorted(after):
                 if before.get(path) != after[path]:
-                    limit = min(room, MAX_FILE_BYTES)
+                    limit = min(largest_encodable(room), MAX_FILE_BYTES)
                     name = (
-                        f"max_files_bytes={max_files_bytes}, {room} bytes left"
-                        if limit == room
+                        f"max_files_bytes={max_files_bytes} of base64, {room} left"
+                        if limit < MAX_FILE_BYTES
                         else "download's ceiling"
                     )
-                    content = await self._download(path, limit, f"run_skill's {name}", timeout)
-                    room -= len(content)
-                    files.append(file_entry(path, content))
+                    encoder = Encoder()
+                    try:
+                        await self._read(path, encoder.write, limit, f"run_skill's {name}", timeout)
+                        text = encoder.text()
+                    finally:
+                        encoder.close()
+                    room -= len(text)
+                    files.append(file_entry(path, text))
             files += figure_files(execution.results)
         except SandboxError as exc:
             return failed_skill("", str(exc))

@@ -18,8 +18,9 @@ def source(module: str) -> str:
 
 INSTALLED_PREFIX = "_kernel_sandbox_"
 """A module installed into a running kernel is named ``_kernel_sandbox_<module>`` there."""
-MAGICS = ("workfiles", "checkpoint", "magics")
-"""The modules of ``%checkpoint`` and ``%restore``, in the order they are installed."""
+MAGICS = ("workfiles", "checkpoint", "packages", "magics")
+"""The modules of ``%checkpoint``, ``%restore`` and the ``%pip`` wrapper, in the order they are
+installed."""
 
 
 def sources(modules: tuple[str, ...]) -> dict[str, str]:

@@ -34,6 +34,7 @@ PORTS = {
 KEY_ENV = "KERNEL_SANDBOX_KEY"
 MODULES_ENV = "KERNEL_SANDBOX_MODULES"
 EXTENSION = "_kernel_sandbox_magics"
+BOOT_MODULE = "_kernel_sandbox_boot"
 SIGNATURE_SCHEME = "hmac-sha256"
 CONNECTION_FILE = "/tmp/kernel-sandbox-connection.json"
 CA_ENV = "KERNEL_SANDBOX_CA"
@@ -86,9 +87,23 @@ def install_modules(sources):
     """Install each ``{name: source}`` module (in order) under its name; return the names."""
     for name, text in sources.items():
         module = types.ModuleType(name)
+        module.__file__ = "<" + name + ">"
         sys.modules[name] = module
-        exec(compile(text, "<" + name + ">", "exec"), module.__dict__)
+        exec(compile(text, module.__file__, "exec"), module.__dict__)
     return list(sources)
+
+
+def hide_from_debugger():
+    """Leave this code's frames (``python -c``: file ``<string>``), below every kernel frame, out
+    of the debugger's call stack.
+
+    ipykernel's debugger hides the frames of the files of every module loaded when the kernel
+    starts (``filter_internal_frames``); this puts ``<string>`` among them, as the installed
+    modules' ``<name>`` files are.
+    """
+    module = types.ModuleType(BOOT_MODULE)
+    module.__file__ = "<string>"
+    sys.modules[BOOT_MODULE] = module
 
 
 def run(argv, modules=()):
@@ -96,6 +111,7 @@ def run(argv, modules=()):
     extension when its module is in ``modules``), anything else by exec."""
     if len(argv) >= 3 and os.path.basename(argv[0]) in PYTHON_NAMES and argv[1] == "-m":
         logging.getLogger("IPKernelApp").addFilter(DropLoopbackWarning())
+        hide_from_debugger()
         sys.argv = [argv[2], *argv[3:]]
         if EXTENSION in modules:
             sys.argv.append(f"--InteractiveShellApp.extra_extensions={EXTENSION}")

@@ -1,5 +1,6 @@
 """``%checkpoint`` and ``%restore``: keep a kernel's variables across a restart, with the launcher
 on the host as the store (the kernel side; the host side: :mod:`kernel_sandbox.launch.checkpoints`).
+The extension also wraps IPython's ``%pip`` (:func:`.packages.wrap_pip_magic`).
 
 The boot (:mod:`.boot`) installs this module and loads it as an IPython extension. ``%checkpoint``
 saves the user's names and the work directory's files with :mod:`.checkpoint`, then asks the
@@ -9,7 +10,9 @@ private directory, where it outlives a restart of the kernel (until the kernel i
 ``%restore`` asks the launcher to put the kept blob back, and loads it. The launcher answers by
 writing a small JSON file at the path the request names; the magic waits for it. The launcher
 decides and checks everything (the size cap, the hash, the image): a kernel that forges requests
-reaches only its own checkpoint.
+reaches only its own checkpoint. The launcher keeps a checkpoint only for a cell the client signed
+with a line ``%checkpoint`` of its own (:func:`checkpoint_lines`), once per such line: a kernel
+cannot fill the host's disk unasked.
 """
 
 import json
@@ -19,8 +22,9 @@ import time
 
 try:  # inside the kernel, the boot installed the siblings under these names
     import _kernel_sandbox_checkpoint as checkpoint
+    import _kernel_sandbox_packages as packages
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint
+    from kernel_sandbox.kernelside import checkpoint, packages
 
 REQUEST = "kernel_sandbox_checkpoint"
 """The IOPub message type of a request to the launcher."""
@@ -29,6 +33,13 @@ ANSWER_TIMEOUT = 300.0
 ANSWER_BYTES = 1024 * 1024
 POLL_SECONDS = 0.02
 SHOWN_NAMES = 20
+
+
+def checkpoint_lines(code):
+    """How many lines ``%checkpoint`` of their own the cell ``code`` has (the launcher serves as
+    many checkpoint requests for the cell the client signed; the magic refuses early at none)."""
+    lines = code.splitlines() if isinstance(code, str) else ()
+    return sum(line.strip() == "%checkpoint" for line in lines)
 
 
 class CheckpointFailed(Exception):
@@ -112,6 +123,13 @@ class Magics:
         """%checkpoint: save the names you defined and the work directory's files; the host
         keeps them for %restore, across a restart of this kernel."""
         _no_arguments("checkpoint", line)
+        cell = (self.shell.kernel.get_parent("shell") or {}).get("content") or {}
+        if not checkpoint_lines(cell.get("code")):
+            raise CheckpointFailed(
+                "the host keeps a checkpoint only for a cell you run with %checkpoint on a line of "
+                "its own (the launcher takes the request from such a cell only): run %checkpoint "
+                "as a line of its own"
+            )
         report = checkpoint.save(self.work)
         try:
             _ask(
@@ -144,7 +162,11 @@ def _no_arguments(name, line):
 
 
 def load_ipython_extension(shell):
-    """Register ``%checkpoint`` and ``%restore`` (IPython calls this at the kernel's start)."""
+    """Register ``%checkpoint`` and ``%restore``, and run ``%pip`` with pip's own temporary
+    directory (IPython calls this at the kernel's start)."""
     magics = Magics(shell, os.getcwd())
     shell.register_magic_function(magics.checkpoint, "line", "checkpoint")
     shell.register_magic_function(magics.restore, "line", "restore")
+    pip = shell.find_line_magic("pip")
+    if pip is not None and os.environ.get("PIP_TARGET"):
+        shell.register_magic_function(packages.wrap_pip_magic(pip), "line", "pip")

@@ -1,9 +1,9 @@
 """The kernel side of the execution API: tool calls, per-call environments, files, packages.
 
-The host installs this module (with ``dataformat``, ``files`` and ``checkpoint``) once per kernel
-and calls :func:`install`. Requests then arrive as comm messages on the channel :func:`install`
-opens (``docker``, ``local``), handled between cells without IPython's per-execute work, or as
-:func:`text_request` cells on transports without comms (the OpenSandbox relay).
+The host installs this module (with ``dataformat``, ``files``, ``checkpoint`` and ``packages``)
+once per kernel and calls :func:`install`. Requests then arrive as comm messages on the channel
+:func:`install` opens (``docker``, ``local``), handled between cells without IPython's per-execute
+work, or as :func:`text_request` cells on transports without comms (the OpenSandbox relay).
 
 A request is ``{"op", "marker", ...}`` plus binary buffers. Every answer is one message
 carrying the request's marker: ``{"marker", "lengths"}`` plus the buffers of a value encoded
@@ -41,9 +41,10 @@ import types
 try:  # inside the kernel, the host installed the siblings under these names
     import _kernel_sandbox_checkpoint as checkpoint
     import _kernel_sandbox_dataformat as dataformat
+    import _kernel_sandbox_packages as packages
     import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint, dataformat
+    from kernel_sandbox.kernelside import checkpoint, dataformat, packages
     from kernel_sandbox.kernelside import workfiles as files
 
 VERSION = 2
@@ -55,7 +56,10 @@ STATE_NOT_KEPT = "state_not_kept"
 """The answer's key when a call named its agent state by digest and this kernel no longer holds
 it (the tool did not run): the host sends the state and calls again. Not an error name: a tool
 could raise an exception of any name."""
-PACKAGES = os.path.join(os.path.expanduser("~"), ".local", "kernel-sandbox-packages")
+PACKAGES = os.environ.get("PIP_TARGET") or os.path.join(
+    os.path.expanduser("~"), ".local", "kernel-sandbox-packages"
+)
+"""Where ``install`` puts packages: the launcher's ``PIP_TARGET`` (Docker), else under the home."""
 
 
 def _holder():
@@ -429,10 +433,12 @@ def _install(request, buffers):
         handle.name,
         *request["pip_args"],
     ]
+    environ = packages.pip_environ(os.environ)
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=_work())
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=_work(), env=environ)
     finally:
         os.unlink(handle.name)
+        refused = packages.refusals(environ)
     if proc.returncode == 0:
         if PACKAGES not in sys.path:
             sys.path.insert(0, PACKAGES)
@@ -443,6 +449,7 @@ def _install(request, buffers):
             "returncode": proc.returncode,
             "stdout": proc.stdout[-tail:],
             "stderr": proc.stderr[-tail:],
+            "refused": refused,
         }
     }
 

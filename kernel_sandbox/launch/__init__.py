@@ -69,6 +69,7 @@ def output_policy(settings: Settings) -> OutputPolicy:
         settings.output_policy,
         allow_mime_types=settings.allow_mime_types,
         allow_widget_modules=settings.allow_widget_modules,
+        allow_help_links=settings.allow_help_links,
     )
 
 
@@ -177,8 +178,11 @@ def _finish(private: PrivateDir | None, status: ExitStatus) -> None:
 
 
 def _report_ready(status_fd: int | None) -> None:
+    """Say ``ready`` to whoever started the launcher; one that stopped waiting (its process ended
+    while a standby started) is no failure: the owner watch decides what comes next."""
     if status_fd is not None:
-        os.write(status_fd, b"ready\n")
+        with contextlib.suppress(BrokenPipeError):
+            os.write(status_fd, b"ready\n")
         _close(status_fd)
 
 

@@ -8,6 +8,17 @@ directory, in the format of :meth:`Checkpoint.save`, so :meth:`Checkpoint.load` 
 ``%checkpoint`` replaces it, a restart of the kernel keeps it, and it goes with the kernel's private
 directory when the kernel is shut down (or by ``kernel-sandbox gc``).
 
+The store is the host's, so the host decides when it is written: a checkpoint is kept only for a
+request whose parent is a cell the client signed with a line ``%checkpoint``
+(:func:`~kernel_sandbox.kernelside.magics.checkpoint_lines`, seen by
+:meth:`CheckpointStore.client_sent`), once per such line; the kernel's other checkpoint requests
+are dropped. Before a byte is pulled the blob's file is made at its full size
+(:func:`~kernel_sandbox.privdir.checkpoint_part`, locked by its writer), under the lock of the
+whole store, after counting every checkpoint of this user's kernels, kept and partial, against
+``max_checkpoint_bytes``. That file goes on every way out: a refusal, a cancel
+(:meth:`CheckpointStore.close` when the launcher stops), the kernel's private directory removed,
+and ``kernel-sandbox gc`` for a launcher killed mid-copy.
+
 Everything in a request is untrusted. Each field is checked for type and size; the blob is pulled
 only when the size the kernel states is within ``checkpoint_max_bytes``, is counted as it arrives
 (refused past the stated size) and hashed by the host, and is never opened here; a checkpoint is
@@ -20,7 +31,10 @@ for. The bytes move through the backend's :class:`BlobChannel`.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import io
 import json
@@ -32,13 +46,15 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeGuard
 
 from ..errors import CheckpointError, FramingError, KernelSandboxError
-from ..kernelside.magics import REQUEST
-from ..privdir import kept_checkpoint, require_private
+from ..kernelside.magics import REQUEST, checkpoint_lines
+from ..privdir import checkpoint_part, checkpoint_store, kept_checkpoint, stored_bytes
 from .journal import note
 
 OFFER = "checkpoint-offer.json"
 """Left in the private directory by a kernel that ran out of memory with ``checkpoint_on_oom``."""
 MAX_PATH = 4096
+ASKED = 16
+"""Cells with ``%checkpoint`` the store remembers, the newest, until their requests come."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -63,19 +79,41 @@ class BlobChannel(Protocol):
 
 
 class CheckpointStore:
-    """The kept checkpoint of the kernel whose private directory is ``directory``."""
+    """The kept checkpoint of the kernel whose private directory is ``directory``: one of at most
+    ``max_bytes``, among all this user's kernels' of at most ``max_total`` bytes together."""
 
-    def __init__(self, directory: Path, channel: BlobChannel, max_bytes: int, backend: str) -> None:
+    def __init__(
+        self, directory: Path, channel: BlobChannel, max_bytes: int, max_total: int, backend: str
+    ) -> None:
         self.path = kept_checkpoint(directory)
+        self.part = checkpoint_part(directory)
         self.offer_path = directory / OFFER
         self.channel = channel
         self.max_bytes = max_bytes
+        self.max_total = max_total
         self.backend = backend
         self._serving = False
+        self._asked: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def handle(self, content: Any) -> None:
-        """Serve one request of the kernel's (in a task: the front goes on relaying)."""
+    def client_sent(self, parts: list[bytes]) -> None:
+        """Note a cell the client signed that runs ``%checkpoint`` (:attr:`Front.client_shell`):
+        the checkpoint requests the store serves for it, one per such line."""
+        header = _json(parts[0])
+        if not isinstance(header, dict) or header.get("msg_type") != "execute_request":
+            return
+        code = bytes(parts[3])  # a large one arrives as a memoryview
+        content = _json(code) if b"%checkpoint" in code else None
+        msg_id = header.get("msg_id")
+        lines = checkpoint_lines(content.get("code")) if isinstance(content, dict) else 0
+        if isinstance(msg_id, str) and lines:
+            self._asked[msg_id] = lines
+            while len(self._asked) > ASKED:
+                self._asked.popitem(last=False)
+
+    def handle(self, content: Any, parent: Any) -> None:
+        """Serve one request of the kernel's, whose parent header is ``parent`` (in a task: the
+        front goes on relaying)."""
         answer = content.get("answer") if isinstance(content, dict) else None
         if not _path(answer):
             note(log, logging.WARNING, "dropped a checkpoint request without a valid answer path")
@@ -84,10 +122,30 @@ class CheckpointStore:
             # the magic waits for its answer, so only a forged request comes now: not one exec more
             note(log, logging.WARNING, "dropped a checkpoint request: one is still being served")
             return
+        if content.get("action") == "checkpoint":
+            msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+            if not isinstance(msg_id, str) or msg_id not in self._asked:
+                # not an exec, not a byte on the host for a checkpoint nobody asked for
+                note(
+                    log,
+                    logging.WARNING,
+                    "dropped a checkpoint request from a cell without %checkpoint",
+                )
+                return
+            self._asked[msg_id] -= 1
+            if not self._asked[msg_id]:
+                del self._asked[msg_id]
         self._serving = True
         task = asyncio.ensure_future(self._serve(content, answer))
         self._tasks.add(task)  # held until done (the loop keeps only weak references)
         task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Give up the request being served (its partial file goes): the launcher stops."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
 
     async def _serve(self, content: dict[str, Any], answer: str) -> None:
         try:
@@ -129,33 +187,59 @@ class CheckpointStore:
             backend=self.backend,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
-        from ..execution.checkpoint import write_header
+        from ..execution.checkpoint import header_bytes
 
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        require_private(self.path.parent)
-        part = self.path.with_name(self.path.name + ".part")
-        part.unlink(missing_ok=True)
+        start = header_bytes(header)
+        fd = self._reserve(len(start) + header["size"])  # no await: a cancel leaks no file
         digest = hashlib.sha256()
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "wb") as handle:
-                write_header(handle, header)
+                handle.write(start)
 
                 def sink(data: memoryview) -> None:
                     digest.update(data)
                     handle.write(data)
 
                 stated = await self.channel.pull(content["blob"], header["size"], sink)
-            if stated != header["size"] or digest.hexdigest() != header["sha256"]:
-                raise CheckpointError(
-                    "Refused the checkpoint: the blob pulled is not the one the kernel stated "
-                    "(its size or sha256 differs); the checkpoint kept before is unchanged."
-                )
-            os.replace(part, self.path)
+                if stated != header["size"] or digest.hexdigest() != header["sha256"]:
+                    raise CheckpointError(
+                        "Refused the checkpoint: the blob pulled is not the one the kernel stated "
+                        "(its size or sha256 differs); the checkpoint kept before is unchanged."
+                    )
+                os.replace(self.part, self.path)  # while its lock is held: gc leaves it be
         finally:
-            part.unlink(missing_ok=True)
+            self.part.unlink(missing_ok=True)
         self.offer_path.unlink(missing_ok=True)
         return {"status": "ok", "size": header["size"], "sha256": header["sha256"]}
+
+    def _reserve(self, size: int) -> int:
+        """A new partial file of ``size`` bytes, locked, made when the store has room for it; its
+        descriptor."""
+        with checkpoint_store() as root:
+            self.part.unlink(missing_ok=True)  # a dead launcher's, of this kernel
+            used, files = stored_bytes(root)
+            if used + size > self.max_total:
+                raise CheckpointError(
+                    f"Refused the checkpoint: it needs {size} bytes and the host's checkpoints "
+                    f"hold {used} bytes in {files} file(s) in {root} (every kernel's, this one's "
+                    f"kept checkpoint too until a new one replaces it), over "
+                    f"max_checkpoint_bytes={self.max_total}; nothing was pulled (shut down kernels "
+                    "whose checkpoints you no longer need, or raise max_checkpoint_bytes in the "
+                    "kernelspec's config)."
+                )
+            fd = os.open(
+                self.part,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.ftruncate(fd, size)  # counted at its full size by every other writer
+            except BaseException:
+                os.close(fd)
+                self.part.unlink(missing_ok=True)
+                raise
+            return fd
 
     async def _give(self, content: dict[str, Any]) -> dict[str, Any]:
         """Write the kept blob where the kernel asks, if it was made in the image it runs."""
@@ -206,6 +290,12 @@ class CheckpointStore:
             f"The kernel before this one ended ({reason or 'out of memory'}) and was restarted; "
             "the checkpoint you made with %checkpoint is kept: run %restore to load it."
         )
+
+
+def _json(raw: bytes) -> Any:
+    with contextlib.suppress(ValueError, RecursionError):
+        return json.loads(bytes(raw))
+    return None
 
 
 def _path(value: Any) -> TypeGuard[str]:

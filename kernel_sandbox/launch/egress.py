@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..egress import (
+    DEFAULT_PORTS,
     Address,
     Destination,
     literal_address,
@@ -46,7 +47,6 @@ from ..egress import (
     split_host_port,
     valid_name,
 )
-from ..settings import HOME_DIR
 
 if TYPE_CHECKING:
     from ..docker.settings import DockerSettings
@@ -76,8 +76,6 @@ LOG_NAMES = 256
 """Names whose last refusal is remembered; refusals of others are counted and summed up once per
 :data:`LOG_EVERY`."""
 TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
-PACKAGES_DIR = f"{HOME_DIR}/.local/kernel-sandbox-packages"
-"""Where pip installs in the kernel (the tool host's ``install`` uses the same directory)."""
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 NO_PROXY = "localhost,127.0.0.1,::1"
 _TOKEN = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -100,13 +98,10 @@ Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.S
 
 def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, str]:
     """The proxy variables for the kernel's environment (upper and lower case: tools read either);
-    ``%pip install`` into a directory of the home on ``sys.path`` (the image is read-only), from
-    ``package_index``'s URL when it names one."""
+    pip uses ``package_index``'s URL when it names one."""
     url = f"http://127.0.0.1:{port}"
     env = dict.fromkeys(PROXY_ENV, url)
-    env.update(
-        NO_PROXY=NO_PROXY, no_proxy=NO_PROXY, PIP_TARGET=PACKAGES_DIR, PYTHONPATH=PACKAGES_DIR
-    )
+    env.update(NO_PROXY=NO_PROXY, no_proxy=NO_PROXY)
     if settings.network is False:
         # every request is refused: pip says why once (its retry warning), not five times
         env["PIP_RETRIES"] = "1"
@@ -532,10 +527,18 @@ class Egress:
             if not bad:
                 return str(addresses[0]), window
         address, why = bad[0]
+        entry = f"{host}@{address}" if port in DEFAULT_PORTS else f"{host}:{port}@{address}"
+        where = "the kernel's 'network' option"
+        if any(d.matches(host, port) for d in self.package_index):
+            where = (
+                "the kernel's 'package_index' option (and to its 'network' option for %pip: "
+                "kernel-sandbox install --allow-package-index adds the index's entries)"
+            )
         raise Refusal(
             403,
-            f"kernel-sandbox refused {name}: it resolves to {address}, which {why}; to allow it, "
-            f"list it as '{host}@{address}' in the kernel's 'network' option",
+            f"kernel-sandbox refused {name}: it resolves to {address}, which {why}, and a listed "
+            "name may lead there only if its entry names the address after '@'; to allow it, add "
+            f"'{entry}' to {where}",
             name,
         )
 

@@ -64,6 +64,10 @@ memory)."""
 ERROR_TEXT_BYTES = 4096
 """Bytes of a kernel error's content kept to explain it (see
 :func:`kernel_sandbox.metrics.near_misses`)."""
+LIMITS_INTERVAL = 0.5
+"""Seconds between two readings of the limits the kernel hit (its cgroup, on Docker): however many
+errors and idle statuses the kernel publishes, the launcher reads them at most once per interval
+(see :meth:`Front._watch_errors`)."""
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
@@ -319,12 +323,23 @@ class Front:
         """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` →
         ``x_reply``): only a client holding the connection key can send them; the kernel never sees
         them."""
-        self.kernel_requests: dict[str, Callable[[Any], None]] = {}
+        self.kernel_requests: dict[str, Callable[[Any, Any], None]] = {}
         """IOPub messages of the kernel's addressed to the launcher, by ``msg_type``
-        (:mod:`.checkpoints`): handed to their handler, never to a client."""
+        (:mod:`.checkpoints`): their content and parent header are handed to their handler, never
+        to a client."""
+        self.client_shell: list[Callable[[list[bytes]], None]] = []
+        """Called with the parts of each shell message a client signed, before the kernel has it
+        (what a client asked for, so that a kernel's request can be told from its forgery)."""
         self._notice: str | None = None
         self._failed: tuple[bytes, str] | None = None
         """The parent header and text of the last error published, until its request goes idle."""
+        self._limits_due: tuple[list[bytes], bytes, str] | None = None
+        """The failed request(s) the next reading of the limits explains: identities, parent
+        header and error text."""
+        self._limits_read = -LIMITS_INTERVAL
+        self._limits_timer: asyncio.TimerHandle | None = None
+        self._holding_idle = False
+        """True while IOPub is held for the timer's reading (see :meth:`_watch_errors`)."""
 
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
@@ -394,6 +409,9 @@ class Front:
                 return
             if channel == "control" and self._answer(*message):
                 return
+            if channel == "shell":
+                for listener in self.client_shell:
+                    listener(message[1])
             self._link.send(channel, *message)
             if self._notice is not None and channel == "shell":
                 self._tell_first_cell(*message)
@@ -439,28 +457,77 @@ class Front:
         """The header of a message the launcher itself sends."""
         return _dumps(new_header(msg_type, self._session))
 
-    def _watch_errors(self, idents: list[bytes], parts: list[bytes]) -> None:
-        """When a request that failed goes idle: first a stderr note, in the same cell, for each
-        limit the host saw the kernel hit. One reading of the cgroup per failed request, however
-        many errors the kernel publishes."""
+    def _watch_errors(self, idents: list[bytes], parts: list[bytes]) -> bool:
+        """Note a kernel error; when its request goes idle, a stderr note in the same cell for each
+        limit the host saw the kernel hit (:meth:`KernelLink.limits_hit`).
+
+        The limits are read at most once per :data:`LIMITS_INTERVAL`, by a timer, however many
+        errors and idle statuses the kernel publishes: a request that fails sooner after the last
+        reading waits for the timer, its idle status held (and IOPub behind it) so that the notes
+        still come first; requests that fail meanwhile share that reading. True when the idle
+        status passed here is held.
+        """
         header = parts[0]
         if b'"error"' in header and _msg_type(header) == "error":
             self._failed = (
                 bytes(parts[1]),
                 bytes(parts[3][:ERROR_TEXT_BYTES]).decode(errors="replace"),
             )
-        elif (
+            return False
+        if not (
             self._failed is not None
             and b'"status"' in header
             and _msg_type(header) == "status"
             and b'"idle"' in bytes(parts[3][:200])
         ):
-            (parent, text), self._failed = self._failed, None
-            assert self._link is not None
-            for note in self._link.limits_hit(text):
-                log.warning("the kernel hit a limit: %s", note)
-                content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {note}\n"})
-                self.from_kernel("iopub", idents, [self._header("stream"), parent, b"{}", content])
+            return False
+        (parent, text), self._failed = self._failed, None
+        if self._limits_due is not None:  # a reading is due already: it explains this one too
+            first, parent, before = self._limits_due
+            self._limits_due = (first, parent, (before + "\n" + text)[-ERROR_TEXT_BYTES:])
+            return False
+        self._limits_due = (idents, parent, text)
+        wait = self._limits_read + LIMITS_INTERVAL - self._loop.time()
+        if wait <= 0:
+            self._read_limits()
+            return False
+        self._limits_timer = self._loop.call_later(wait, self._read_limits)
+        if "iopub" in self._waiting:  # held for a client already: the notes follow it
+            return False
+        self._wait("iopub")
+        self._holding_idle = True
+        self._held["iopub"].append((idents, parts))
+        self._held_bytes["iopub"] += sum(map(len, parts)) + HELD_OVERHEAD
+        return True
+
+    def _read_limits(self) -> None:
+        """Read the limits the kernel hit for the failed request(s) waiting, and put the notes
+        ahead of what IOPub holds for the timer."""
+        self._limits_timer = None
+        if self._limits_due is None or self._link is None:
+            return
+        (idents, parent, text), self._limits_due = self._limits_due, None
+        self._limits_read = self._loop.time()
+        notes = []
+        try:
+            hits = self._link.limits_hit(text)
+        except Exception:  # the notes are lost, never IOPub
+            log.exception("could not read the limits the kernel hit")
+            hits = []
+        for hit in hits:
+            log.warning("the kernel hit a limit: %s", hit)
+            content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {hit}\n"})
+            notes.append([self._header("stream"), parent, b"{}", content])
+        if not self._holding_idle:
+            for parts in notes:
+                self.from_kernel("iopub", idents, parts)
+            return
+        self._holding_idle = False
+        self._waiting.discard("iopub")
+        for parts in reversed(notes):
+            self._held["iopub"].appendleft((idents, parts))
+            self._held_bytes["iopub"] += sum(map(len, parts)) + HELD_OVERHEAD
+        self._release("iopub")
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:
@@ -523,11 +590,12 @@ class Front:
         ):
             handler = self.kernel_requests.get(_msg_type(parts[0]) or "")
             if handler is not None:
-                handler(_json(bytes(parts[3])))
+                handler(_json(bytes(parts[3])), _json(bytes(parts[1])))
                 return
         if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
             try:
-                self._watch_errors(idents, parts)
+                if self._watch_errors(idents, parts):
+                    return  # held until the limits are read
             except Exception:  # the note is lost, never the kernel's message
                 log.exception("could not read the limits the kernel hit")
         held = self._held.get(channel)
@@ -646,6 +714,8 @@ class Front:
 
     def close(self) -> None:
         """Close every channel."""
+        if self._limits_timer is not None:
+            self._limits_timer.cancel()
         for gate in self._gates:
             gate.close()
         self._gates.clear()

@@ -38,6 +38,7 @@ from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..launch.request import passed_env
 from ..privdir import (
     ADOPTED,
+    CONFIG,
     EXIT,
     LAUNCHER_LOCK,
     LAUNCHER_STATE,
@@ -432,6 +433,23 @@ class LaunchedProvisioner(LocalProvisioner):
         self.check_orphan(private.read_json(LAUNCHER_STATE) or {}, private)
         self.private = private
         self.private.hold(OWNER_LOCK)
+        config = private.read_json(CONFIG)
+        self.hold_share(config.get("settings") if isinstance(config, dict) else None)
+
+    def hold_share(self, started_with: Any) -> None:
+        """Count a kernel that runs already (found again by re-attach) in this process's budget,
+        room or not, with the ``memory`` of the settings it was started with (``started_with``,
+        its launcher's config; else this kernelspec's): later launches then wait for room as they
+        would had this process started it."""
+        if self._reservation is not None:
+            return
+        try:
+            settings = self.settings_model.from_config(started_with)
+        except ConfigError:  # not a config this model reads: the kernelspec's own settings
+            settings = self.settings()
+        claim = self.budget_claim(settings)
+        if claim is not None:
+            self._reserve(BUDGET.hold(claim))
 
     def check_orphan(self, state: dict[str, Any], private: PrivateDir) -> None:
         """Raise KernelLaunchError unless the launcher's ``state`` names this backend's resource of

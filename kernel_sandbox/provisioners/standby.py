@@ -466,7 +466,10 @@ class StandbyPool:
         exit)."""
         with self._lock:
             self._closed = True
-        self.clear(wait)
+        try:
+            self.clear(wait)
+        except KeyboardInterrupt:  # a second Ctrl-C: the launchers, told to stop, finish alone
+            pass
 
 
 POOL = StandbyPool()

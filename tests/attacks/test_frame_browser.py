@@ -19,21 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nbformat
 import pytest
 from ipykernel.kernelspec import get_kernel_dict
+from nbformat.sign import NotebookNotary
 
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.lab import confinement_arguments
 
-from lab_kit import ARTIFACTS, in_frames, jupyterlab, recording_page, remove_kernels_of, run_cell
+from lab_kit import (ARTIFACTS, click_in_frame, frame_with, in_frames, jupyterlab, page_outputs, recording_page, remove_kernels_of, run_cell,
+                     wait_for_kernel)
 from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 POLICIES = ("trusted", "strict")
 SECRET = "outside-the-root-secret"
-INERT = {"text/plain", "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr", "image/png",
-         "application/vnd.jupyter.widget-view+json"}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def frame_lab(docker_engine, widget_image, tmp_path_factory: pytest.TempPathFact
     with jupyterlab(base, prefix / "share" / "jupyter", "frame-jupyterlab.log", args=confinement_arguments([])) as server:
         server.root_dir.chmod(0o777)  # the kernel's user plants its symlinks there (mount_cwd: rw)
         yield {"url": server.url, "token": server.token, "headers": server.headers, "root": server.root_dir,
-               "outside": outside, "log": server.log}
+               "outside": outside, "log": server.log, "data": base / "data"}
     remove_kernels_of(docker_engine, server.process.pid)
 
 
@@ -99,11 +100,14 @@ def hostile_cells(url: str) -> dict[str, str]:
         "overlay": _display("HTML", '<div style="position:fixed;inset:0;z-index:2147483647;background:red">overlay</div>'
                                     f'<style>@import url({url}/files/probe-css.css); body{{background:url({url}/files/probe-bg)}}</style>'),
         "vega": _vega(url),
-        # widget views render in the page: their HTML is neutralised there
+        # widget views render in the output's frame, HTML widgets' iframes and images included: nothing of them loads
         "htmlwidget": ("import ipywidgets as w\n"
                        f"t = w.Text(value={'<img src=x onerror=' + chr(34) + attack('jsdlink') + chr(34) + '>'!r})\n"
                        "h = w.HTML('<b>widget-bold</b>')\nw.jsdlink((t, 'value'), (h, 'value'))\n"
                        f"display(w.HTML({'<img src=x onerror=' + chr(34) + attack('hw') + chr(34) + '><b>widget-bold</b>'!r}), h)"),
+        "widgetframe": ("import ipywidgets as w\n"
+                        f"w.HTML({'<iframe srcdoc=x onload=' + chr(34) + attack('wframe') + chr(34) + '></iframe>'!r}"
+                        f" + '<img src=/api/contents/probe-widget-img><img src={url}/files/probe-widget-abs>')"),
         "height": _display("HTML", "<p>height-probe</p><script>setInterval(function () {"
                                    "parent.postMessage({type: 'kernel-sandbox-frame:height', height: 1e9}, '*');"
                                    "parent.postMessage({type: 'kernel-sandbox-frame:height', height: '9px;position:fixed'}, '*');"
@@ -147,12 +151,13 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
         answered: list[str] = []
         page.on("response", lambda response: answered.append(response.url))
         panel = run_all_cells(page, lab, name, f"{name}.ipynb")
-        panel.locator(".widget-html-content", has_text="3/3").first.wait_for()
+        frame_with(page, ".widget-html-content", "3/3", seconds=90)
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
             ".every(p => /\\[\\d+\\]/.test(p.textContent))")
-        errors = panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
-        assert panel.locator(".jp-OutputArea-output", has_text="planted").count() == 1, errors
+        errors = [text for frame in page.frames[1:]
+                  for text in frame.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()]
+        assert in_frames(page, ".jp-OutputArea-output", "planted", seconds=30) == 1, errors
         markers, written = script_traces(page, lab, 5)
         assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
         probes = [url for url in answered if "probe" in url]
@@ -160,37 +165,37 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
         assert probes == [] and logged == [], f"outputs reached the server: {probes} {logged}"
         assert page.url.startswith(f"{lab['url']}/lab/workspaces/{name}")
         assert len(page.context.pages) == 1
-        # every rich output is in an opaque-origin frame that forbids network loads
-        unframed = page.evaluate(
-            "[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type]:not(.kernel-sandbox-framed)')]"
-            ".map(node => node.dataset.mimeType)")
-        assert set(unframed) <= INERT, unframed
+        # every output, text and widgets included, is in its area's opaque-origin frame that forbids network loads
+        assert page_outputs(page) == []
+        assert panel.locator(".jupyter-widgets").count() == 0
+        areas = panel.locator(".jp-OutputArea:has(.jp-OutputArea-child)")
+        assert areas.count() == len(cells) and panel.locator(".jp-OutputArea.kernel-sandbox-area").count() == len(cells)
         frames = panel.locator("iframe.kernel-sandbox-frame")
-        assert frames.count() >= 4
+        assert frames.count() == len(cells)
         for index in range(frames.count()):
             assert frames.nth(index).get_attribute("sandbox") == "allow-scripts"
             assert "default-src 'none'" in frames.nth(index).get_attribute("srcdoc")
         # no overlay outside its frame: the top of the page is JupyterLab's own
         assert page.evaluate("document.elementFromPoint(640, 10).tagName") != "IFRAME"
         # a frame claiming any height gets a bounded one
-        claimed = panel.locator("iframe.kernel-sandbox-frame[srcdoc*='height-probe']")
+        claimed = frame_with(page, "p", "height-probe").frame_element()
         if policy == "trusted":  # strict removes the script
-            page.wait_for_function("f => f.getBoundingClientRect().height > 1000", arg=claimed.element_handle())
+            page.wait_for_function("f => f.getBoundingClientRect().height > 1000", arg=claimed)
         assert claimed.bounding_box()["height"] <= 20000 and "fixed" not in (claimed.get_attribute("style") or "")
-        assert panel.locator(".widget-html-content b", has_text="widget-bold").count() >= 1
+        assert in_frames(page, ".widget-html-content b", "widget-bold", seconds=30) >= 1
         # the chart draws, with no vega-embed actions ("View Source")
         assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
         assert in_frames(page, ".vega-actions, .vega-embed details") == 0
         # benign outputs render, in frames sized to their content
         assert in_frames(page, "b", "benign-html") == 1
-        tall = panel.locator("iframe.kernel-sandbox-frame[srcdoc*='benign-html']")
-        page.wait_for_function("f => f.getBoundingClientRect().height >= 321", arg=tall.element_handle())
+        tall = frame_with(page, "b", "benign-html").frame_element()
+        page.wait_for_function("f => f.getBoundingClientRect().height >= 321", arg=tall)
         assert tall.bounding_box()["height"] < 400
         assert in_frames(page, "table.dataframe td", "Lyon") == 1
         # the standard widgets work: a slider, a button whose output widget prints and displays HTML, tqdm
-        assert panel.locator(".widget-slider, .widget-hslider").count() >= 1
-        panel.locator("button", has_text="benign-button").click()
-        panel.locator(".jp-RenderedText", has_text="clicked-text").wait_for()
+        assert in_frames(page, ".widget-slider, .widget-hslider") >= 1
+        click_in_frame(page, frame_with(page, "button", "benign-button").locator("button", has_text="benign-button"))
+        frame_with(page, ".jp-RenderedText", "clicked-text")
         assert in_frames(page, "i", "clicked-html", seconds=30) == 1
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -367,7 +372,7 @@ def test_widget_descriptions_and_vega_expressions_stay_inert(browser, frame_lab,
         answered: list[str] = []
         page.on("response", lambda response: answered.append(response.url))
         panel = run_all_cells(page, lab, name, f"{name}.ipynb")
-        panel.locator(".jp-RenderedText", has_text="output-printed").wait_for()
+        frame_with(page, ".jp-RenderedText", "output-printed", seconds=90)
         charts = ".vega-embed canvas, .vega-embed svg.marks"
         deadline = time.monotonic() + 60
         while in_frames(page, charts) < 2 and time.monotonic() < deadline:
@@ -381,7 +386,7 @@ def test_widget_descriptions_and_vega_expressions_stay_inert(browser, frame_lab,
             if box and box["height"] > 40:
                 for dx, dy in ((0.1, 0.3), (0.3, 0.6), (0.5, 0.5)):
                     page.mouse.click(box["x"] + box["width"] * dx, box["y"] + box["height"] * dy)
-        panel.locator("button", has_text="button-text").click()
+        click_in_frame(page, frame_with(page, "button", "button-text").locator("button", has_text="button-text"))
         markers, written = script_traces(page, lab, 5)
         assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
         probes = [url for url in answered if "probe-" in url]
@@ -389,11 +394,182 @@ def test_widget_descriptions_and_vega_expressions_stay_inert(browser, frame_lab,
         assert probes == [] and logged == [], f"a widget or chart reached the server: {probes} {logged}"
         assert page.url.startswith(f"{lab['url']}/lab/workspaces/{name}") and len(page.context.pages) == 1
         assert page.evaluate("document.elementFromPoint(640, 10).textContent.includes('desc-overlay')") is False
-        assert panel.locator(".jupyter-widgets [style*='fixed'], .jupyter-widgets img[onerror]").count() == 0
-        # the standard widgets work: the button's HTML description is text, the slider, progress bar and Output render
-        assert panel.locator(".widget-label", has_text="benign-slider").count() == 1
-        assert panel.locator(".widget-slider, .widget-hslider").count() >= 2
-        assert panel.locator(".widget-hprogress, .widget-progress").count() == 1
-        assert panel.locator(".widget-htmlmath-content", has_text="math-text").count() == 1
+        assert panel.locator(".jupyter-widgets").count() == 0 and page_outputs(page) == []  # the page draws no widget
+        # the standard widgets work in their frames: the slider, progress bar, HTMLMath and Output render
+        assert in_frames(page, ".widget-label", "benign-slider") == 1
+        assert in_frames(page, ".widget-slider, .widget-hslider") >= 2
+        assert in_frames(page, ".widget-hprogress, .widget-progress") == 1
+        assert in_frames(page, ".widget-htmlmath-content", "math-text") == 1
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+WIDGET_CELLS = [
+    "from ipywidgets import interact\n@interact(x=5)\ndef f(x):\n    print('interact-x', x * 10)",
+    ("import ipywidgets as w\nfrom IPython.display import display\nout = w.Output()\nbutton = w.Button(description='out-button')\n"
+     "def clicked(_):\n    with out:\n        print('clicked-text')\nbutton.on_click(clicked)\n"
+     "a = w.IntSlider(value=1, description='a-slider')\nb = w.IntSlider(value=2, description='b-slider')\n"
+     "w.jslink((a, 'value'), (b, 'value'))\nup = w.FileUpload()\ndisplay(button, out, a, b, up)"),
+    "",
+]
+
+
+def _readouts(frame: Any) -> list[str]:
+    return [text.strip() for text in frame.locator(".widget-readout").all_inner_texts()]
+
+
+def test_widgets_work_in_their_frame_and_come_back_from_the_kernel_after_a_reload(browser, frame_lab) -> None:
+    """interact, an Output widget, jslink and FileUpload work inside the output frames (the page makes no widget),
+    and after a reload of the page the widgets come back with the kernel's state."""
+    lab = frame_lab
+    put_notebook(lab, "frame-widgets.ipynb", "frame-strict", WIDGET_CELLS)
+    with recording_page(browser, "frame-widgets-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, "frame-widgets", "frame-widgets.ipynb")
+        interact = frame_with(page, ".jp-RenderedText", "interact-x 50", seconds=90)
+        click_in_frame(page, interact.locator(".noUi-handle").first)
+        page.keyboard.press("ArrowRight")  # the slider moves: the kernel runs f(6) into the interact's Output widget
+        frame_with(page, ".jp-RenderedText", "interact-x 60")
+        widgets = frame_with(page, "button", "out-button")
+        click_in_frame(page, widgets.locator("button", has_text="out-button"))
+        frame_with(page, ".jp-RenderedText", "clicked-text")
+        click_in_frame(page, widgets.locator(".noUi-handle").first)
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        deadline = time.monotonic() + 30
+        while _readouts(widgets) != ["3", "3"] and time.monotonic() < deadline:  # jslink moves b with a
+            page.wait_for_timeout(250)
+        assert _readouts(widgets) == ["3", "3"]
+        with page.expect_file_chooser() as chooser:
+            click_in_frame(page, widgets.locator("button", has_text="Upload"))
+        chooser.value.set_files(files=[{"name": "up.txt", "mimeType": "text/plain", "buffer": b"uploaded-bytes"}])
+        widgets.locator("button", has_text="Upload (1)").wait_for()
+        # the kernel gets the frames' updates as they settle (a link's echoes may still be on their way): ask until it agrees
+        for attempt in range(6):
+            shown = run_cell(page, panel, f"print('kernel-sees-{attempt}', a.value, b.value, bytes(up.value[0].content), len(out.outputs))",
+                             f"kernel-sees-{attempt}")
+            if shown.strip() == f"kernel-sees-{attempt} 3 3 b'uploaded-bytes' 1":
+                break
+            page.wait_for_timeout(1000)
+        assert shown.strip() == f"kernel-sees-{attempt} 3 3 b'uploaded-bytes' 1"
+        assert panel.locator(".jupyter-widgets").count() == 0 and page_outputs(page) == []
+        page.keyboard.press("Escape")
+        page.keyboard.press("ControlOrMeta+s")
+        page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").wait_for(state="detached")
+        # a new page: the widgets' states come from the kernel (request_states), the Output widget's outputs too
+        page.reload()
+        panel = page.locator(".jp-NotebookPanel:visible")
+        wait_for_kernel(page, panel)
+        frame_with(page, ".jp-RenderedText", "interact-x 60", seconds=90)
+        widgets = frame_with(page, "button", "out-button")
+        frame_with(page, ".jp-RenderedText", "clicked-text")
+        deadline = time.monotonic() + 30
+        while _readouts(widgets) != ["3", "3"] and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert _readouts(widgets) == ["3", "3"]
+        assert panel.locator(".jupyter-widgets").count() == 0 and page_outputs(page) == []
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "frame-widgets.png"), full_page=True)
+
+
+@pytest.mark.security("attack", "policy")
+def test_saved_outputs_of_a_sandboxed_kernel_stay_framed_on_a_local_kernel(browser, frame_lab) -> None:
+    """A notebook saved with a sandboxed kernel's (marked) hostile outputs, opened on a plain local kernel and trusted:
+    the marked outputs still render in a frame and run nothing in the page; the local kernel's own output renders as before."""
+    lab = frame_lab
+    hostile = f'<img src=x onerror="{html.escape(_frame_attack("marked", lab["url"]))}"><b>marked-html</b>'
+    mark = {"kernel_sandbox": {"framed": True}}
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "frame-plain", "display_name": "frame plain", "language": "python"}})
+    notebook.cells = [
+        nbformat.v4.new_code_cell("x", execution_count=1, outputs=[
+            nbformat.v4.new_output("display_data", data={"text/html": hostile, "text/plain": "x"}, metadata=mark),
+            nbformat.v4.new_output("display_data", data={"application/javascript": _frame_attack("markedjs", lab["url"])}, metadata=mark),
+        ]),
+        nbformat.v4.new_code_cell("y", execution_count=2, outputs=[
+            nbformat.v4.new_output("display_data", data={"text/html": "<b>unmarked-html</b>", "text/plain": "y"}),
+        ]),
+    ]
+    notary = NotebookNotary(data_dir=str(lab["data"]))
+    notary.sign(notebook)
+    assert notary.check_signature(notebook)  # JupyterLab will trust it: its outputs would run in the page
+    nbformat.write(notebook, str(lab["root"] / "frame-marked.ipynb"))
+    with recording_page(browser, "frame-marked-failed.png", height=900) as (page, _):
+        answered: list[str] = []
+        page.on("response", lambda response: answered.append(response.url))
+        page.goto(f"{lab['url']}/lab/workspaces/frame-marked/tree/frame-marked.ipynb?reset&token={lab['token']}")
+        panel = page.locator(".jp-NotebookPanel:visible")
+        wait_for_kernel(page, panel)
+        marked = frame_with(page, "b", "marked-html")
+        assert marked.frame_element().get_attribute("sandbox") == "allow-scripts"
+        panel.locator("b", has_text="unmarked-html").wait_for()  # a local kernel's output, in the page as before
+        assert panel.locator(".jp-OutputArea.kernel-sandbox-area").count() == 1
+        markers, written = script_traces(page, lab, 5)
+        assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written {written}"
+        probes = [url for url in answered if "probe" in url]
+        assert probes == [] and [line for line in lab["log"].read_text().splitlines() if "probe-" in line and "marked" in line] == []
+
+
+FOCUS_CELLS = [
+    ("import ipywidgets as w, threading, time\nt = w.Text(description='focus-text')\ndisplay(t)\n"
+     "def steal():\n    for _ in range(80):\n        t.focus()\n        time.sleep(0.25)\n"
+     "threading.Thread(target=steal, daemon=True).start()"),
+    "runs = globals().get('runs', 0) + 1\nprint('run-count', runs)",
+    "",
+]
+
+
+@pytest.mark.security("attack", "policy")
+def test_a_frame_takes_no_focus_and_shortcuts_work_after_a_click_in_it(browser, frame_lab) -> None:
+    """A widget asking for focus again and again does not take the page's: what the user types into a cell stays in
+    the cell and never reaches the kernel. After a click in a frame, Shift+Enter runs that frame's cell."""
+    lab = frame_lab
+    put_notebook(lab, "frame-focus.ipynb", "frame-strict", FOCUS_CELLS)
+    with recording_page(browser, "frame-focus-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, "frame-focus", "frame-focus.ipynb")
+        frame_with(page, ".widget-text", "focus-text", seconds=90)
+        counter = frame_with(page, ".jp-RenderedText", "run-count 1")
+        editor = panel.locator(".jp-Cell .cm-content").last
+        editor.click()
+        page.keyboard.type("typed-in-the-cell", delay=150)  # about 2.5 s of typing while the widget calls focus()
+        assert "typed-in-the-cell" in editor.inner_text()
+        assert page.evaluate("document.activeElement.tagName") != "IFRAME"
+        page.keyboard.press("ControlOrMeta+a")
+        page.keyboard.insert_text("print('text-value', repr(t.value))")
+        page.keyboard.press("Shift+Enter")
+        assert "text-value ''" in frame_with(page, ".jp-RenderedText", "text-value").locator(".jp-RenderedText", has_text="text-value").inner_text()
+        # a click in the counter's frame, then Shift+Enter: JupyterLab runs that cell again
+        click_in_frame(page, counter.locator(".jp-RenderedText", has_text="run-count"))
+        page.keyboard.press("Shift+Enter")
+        frame_with(page, ".jp-RenderedText", "run-count 2")
+
+
+FORGED_COMMS = [
+    ("import ipywidgets as w\ngot = []\ns = w.IntSlider(value=1, description='forge-slider')\n"
+     "s.observe(lambda change: got.append(('value', change['new'])), 'value')\n"
+     "get_ipython().kernel.comm_manager.register_target('probe.target', lambda comm, msg: got.append(('open', 'probe.target')))\n"
+     "s"),
+    ("from IPython.display import HTML\n"
+     "HTML('<b>forger-ready</b><script>var post = function (m) { parent.postMessage(m, \"*\"); };'"
+     " + 'var id = ' + repr(s.model_id) + ';'"
+     " + 'setInterval(function () {'"
+     " + 'post({type: \"kernel-sandbox-frame:comm-send\", comm_id: id, id: \"f\", data: {method: \"update\", state: {value: 42}}, buffers: []});'"
+     " + 'post({type: \"kernel-sandbox-frame:comm-open\", comm_id: \"forged-open\", target: \"probe.target\", data: {}});'"
+     " + 'post({type: \"kernel-sandbox-frame:comm-open\", comm_id: id, target: \"jupyter.widget\", data: {}});'"
+     " + '}, 100);</script>')"),
+    "",
+]
+
+
+@pytest.mark.security("attack", "policy")
+def test_a_frame_without_widgets_cannot_speak_to_the_kernels_comms(browser, frame_lab) -> None:
+    """An output's script (``trusted``: nothing removes it) posts the bridge's comm messages from a frame that shows no
+    widget: an update of another output's slider, a comm to another target, a widget comm of its choosing. The page
+    relays none of them: the kernel sees no change and no comm."""
+    lab = frame_lab
+    put_notebook(lab, "frame-forge.ipynb", "frame-trusted", FORGED_COMMS)
+    with recording_page(browser, "frame-forge-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, "frame-forge", "frame-forge.ipynb")
+        frame_with(page, ".widget-slider, .widget-hslider", seconds=90)
+        frame_with(page, "b", "forger-ready")
+        page.wait_for_timeout(3000)  # thirty rounds of forged messages
+        shown = run_cell(page, panel, "print('kernel-got', got, s.value)", "kernel-got")
+        assert shown.strip() == "kernel-got [] 1"

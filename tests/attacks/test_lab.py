@@ -215,10 +215,7 @@ def test_a_page_writes_nothing_outside_the_root(page, record_property) -> None:
 
 @pytest.mark.security("attack", "lab")
 def test_a_page_starts_nothing_unsandboxed_and_installs_nothing(page, docker_engine, record_property) -> None:
-    """Other kernels (by name, case, session), terminals and extension installs are refused.
-
-    (The read-only extension manager still lets a page enable or disable installed plugins.)
-    """
+    """Other kernels (by name, case, session), terminals and extension installs are refused."""
     attempts = {
         "python3 kernel": page.send("POST", "/api/kernels", {"name": "python3"}),
         "Python3 kernel": page.send("POST", "/api/kernels", {"name": "Python3"}),
@@ -234,3 +231,38 @@ def test_a_page_starts_nothing_unsandboxed_and_installs_nothing(page, docker_eng
     for kernel in kernels:
         page.send("DELETE", f"/api/kernels/{kernel['id']}")
     assert accepted == {} and all(k["name"] == SPEC for k in kernels), (accepted, kernels)
+
+
+def _page_config(page: Page) -> dict[str, Any]:
+    """The page config a fresh load of the lab gets (what JupyterLab reads its disabled extensions from)."""
+    html = page.get("/lab").text
+    start = html.index('<script id="jupyter-config-data" type="application/json">')
+    body = html[html.index(">", start) + 1 : html.index("</script>", start)]
+    return json.loads(body)
+
+
+@pytest.mark.security("attack", "lab")
+def test_a_page_cannot_turn_the_frame_extension_off(page, record_property) -> None:
+    """Issue 33: a page script disabled kernel-sandbox-frame through the extension manager, for every later
+    page load (JupyterLab's read-only manager enables and disables, whatever ``lockedExtensions`` says)."""
+    import sys
+
+    labconfig = Path(sys.prefix) / "etc" / "jupyter" / "labconfig" / "page_config.json"
+    saved = labconfig.read_bytes() if labconfig.exists() else None
+    attempts = {
+        f"{route} {cmd} {name}": page.send("POST", route, {"cmd": cmd, key: name})
+        for route, key in (("/lab/api/extensions", "extension_name"), ("/lab/api/plugins", "plugin_name"))
+        for cmd in ("disable", "enable")
+        for name in ("kernel-sandbox-frame", "kernel-sandbox-frame:plugin", "@jupyter-widgets/jupyterlab-manager")
+    }
+    try:
+        record_property("cases", len(attempts))
+        accepted = {name: r.status_code for name, r in attempts.items() if r.status_code < 400}
+        disabled = _page_config(page).get("disabledExtensions", [])
+        assert accepted == {} and not any("kernel-sandbox" in name for name in disabled), (accepted, disabled)
+        assert (labconfig.read_bytes() if labconfig.exists() else None) == saved
+    finally:  # had it got through, the next tests' pages (in this environment) would load unframed
+        if saved is None:
+            labconfig.unlink(missing_ok=True)
+        else:
+            labconfig.write_bytes(saved)

@@ -14,8 +14,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, in_frames, recording_page
-from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, run_all_cells, script_traces
+from lab_kit import ARTIFACTS, frame_with, in_frames, recording_page, wait_for_kernel
+from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, run_all_cells, script_traces, shown
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -151,23 +151,25 @@ def test_message_shapes_run_no_script_load_no_file_and_cover_nothing(browser, la
         page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt')]"
             ".every(p => /\\[\\d+\\]/.test(p.textContent))")
-        panel.locator(".widget-html-content").first.wait_for()
+        frame_with(page, ".widget-html-content", seconds=90)  # everything shows in kernel-sandbox-frame's frames
         charts = ".vega-embed svg, .vega-embed canvas"  # in the page, or in kernel-sandbox-frame's frames
         deadline = time.monotonic() + 120
         while panel.locator(charts).count() + in_frames(page, charts) < 2 and time.monotonic() < deadline:
             page.wait_for_timeout(250)
         assert panel.locator(charts).count() + in_frames(page, charts) >= 2, "both charts drew"
         panel.locator(".jp-Cell").last.scroll_into_view_if_needed()  # (JupyterLab renders the cells in view)
-        panel.locator(".jp-OutputArea-output", has_text="pwned-rewrite").first.wait_for()  # the stream text is shown
+        frame_with(page, ".jp-OutputArea-output", "pwned-rewrite")  # the stream text is shown
         markers, written = script_traces(page, lab, 5)
         actions = panel.locator(".vega-embed .vega-actions, .vega-embed details").count()
         actions += in_frames(page, ".vega-embed .vega-actions, .vega-embed details")
         styles = page.evaluate(f"[...document.querySelectorAll('style')].filter(s => s.textContent.includes('{_STYLE_MARK}')).length")
         covered = page.evaluate("getComputedStyle(document.body, '::after').position === 'fixed'")
-        links = page.evaluate("[...document.querySelectorAll('.jp-OutputArea a')].map(a => a.getAttribute('href') || '')")
-        for link in panel.locator(".jp-OutputArea a", has_text="pwned").all():
-            with contextlib.suppress(Exception):
-                link.click(timeout=3_000)
+        links = [href for frame in page.frames
+                 for href in frame.evaluate("[...document.querySelectorAll('.jp-OutputArea a, #outputs a')].map(a => a.getAttribute('href') || '')")]
+        for frame in page.frames:
+            for link in frame.locator("a", has_text="pwned").all():
+                with contextlib.suppress(Exception):
+                    link.click(timeout=3_000)
         markers += script_traces(page, lab, 2)[0]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "attack-shapes.png"), full_page=True)
@@ -176,3 +178,44 @@ def test_message_shapes_run_no_script_load_no_file_and_cover_nothing(browser, la
     assert actions == 0, "the chart shows vega-embed's actions (View Source)"
     assert styles == 0 and not covered, "the chart's defaultStyle became a page-wide style"
     assert [h for h in links if h.strip().lower().startswith(("javascript", "vbscript", "data:"))] == [], links
+
+
+# ---- issue 33: a comm id of another target, restored as a widget by a reloaded page ----------------
+
+_REUSE = (
+    "import comm, threading, time, ipywidgets as w\n"
+    "from IPython.display import display\n"
+    "c = comm.create_comm(target_name='not-a-widget')  # JupyterLab has no handler: it ignores the comm\n"
+    "h = w.HTML('<b>harmless</b>', comm=c)  # but ipywidgets' full-state reply serves it as an HTML widget\n"
+    "display({'application/vnd.jupyter.widget-view+json': {'model_id': c.comm_id, 'version_major': 2,"
+    " 'version_minor': 0}, 'text/plain': 'view'}, raw=True)\n"
+    "def later():\n"
+    "    for _ in range(360):\n"
+    "        c.send({'method': 'update', 'state': {'value': %r}, 'buffer_paths': []})\n"
+    "        time.sleep(0.5)\n"
+    "threading.Thread(target=later, daemon=True).start()\n"
+    "try: w.Widget.get_manager_state()  # (makes h's lazy layout and style now: the reply then has them all)\n"
+    "except RuntimeError: pass\n"
+    "print('reuse-ready')"
+) % ('<img src=x onerror="%s">' % _attack("reuse"))
+
+
+@pytest.mark.security("attack", "policy")
+def test_a_comm_id_of_another_target_runs_no_script_after_a_page_reload(browser, lab) -> None:
+    """Issue 33: an id first opened for another target was remembered as "not a widget"; after a page reload
+    JupyterLab's widget restore made it a widget with no comm_open the policy saw, and its updates passed
+    unchecked. Now the restore gets a note for it and its updates are dropped."""
+    put_notebook(lab, "reuse.ipynb", "sandboxed-python", [_REUSE])
+    with recording_page(browser, "attack-reuse-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        panel = run_all_cells(page, lab, "reuse", "reuse.ipynb")
+        panel.locator(".jp-OutputArea-output", has_text="reuse-ready").first.wait_for()
+        page.keyboard.press("Control+s")  # the widget view is saved with the notebook, for the reloaded page
+        page.locator(".jp-mod-dirty").first.wait_for(state="detached")
+        page.goto(f"{lab['url']}/lab/workspaces/reuse/tree/reuse.ipynb?token={lab['token']}")  # the reload
+        panel = page.locator(".jp-NotebookPanel:visible")
+        wait_for_kernel(page, panel)
+        assert shown(page, panel, ".widget-html-content", "refused", seconds=60) >= 1  # the restore got the note
+        markers, written = script_traces(page, lab, 10)  # while the kernel sends its updates
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "attack-reuse.png"), full_page=True)
+    assert markers == [] and written == [], f"script ran in the page: markers {markers}, files written on the host {written}"

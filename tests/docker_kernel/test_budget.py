@@ -8,6 +8,7 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.settings import MiB
 
 from kernel_kit import run_cell
+from reattach_kit import end_launcher, make_orphans
 
 MEMORY = "128m"
 
@@ -35,7 +37,7 @@ def empty_budget(monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelBudget]:
     process still hold keep their shares in the old one. The pool's standbys are stopped first."""
     POOL.clear(wait=60)
     fresh = KernelBudget()
-    for module in (budget_module, launched, docker_provisioner, standby):
+    for module in (budget_module, launched, standby):
         monkeypatch.setattr(module, "BUDGET", fresh)
     yield fresh
     POOL.clear(wait=60)
@@ -213,3 +215,38 @@ async def test_standbys_count_and_make_room_for_a_launch_of_another_configuratio
         await first.shutdown_kernel(now=True)
         POOL.clear(wait=60)
     assert empty_budget.kernels == 0
+
+
+@pytest.mark.security("attack", "sessions")
+@pytest.mark.parametrize("how", ["attach", "server"])
+@pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
+async def test_a_reattached_kernel_takes_its_share_back_and_the_next_launch_is_refused(
+    how: str, empty_budget: KernelBudget, tmp_path: Path
+) -> None:
+    """A kernel re-attached (Sandbox.attach, a restarted server) holds its share: under max_kernels=1 no second kernel starts."""
+    from kernel_sandbox.kernelspecs import SandboxKernelSpecManager
+    from kernel_sandbox.reattach import attach
+    from kernel_sandbox.server import ReattachingKernelManager
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    [orphan] = make_orphans(1, runtime)
+    try:
+        if how == "attach":
+            km = manager(max_kernels=1)
+            await attach(orphan.kernel_id, km)
+            shutdown = km.shutdown_kernel(now=True)
+        else:
+            server = ReattachingKernelManager(connection_dir=str(runtime), kernel_spec_manager=SandboxKernelSpecManager(),
+                                              config=Config({"DockerProvisioner": {"max_kernels": 1}}))
+            assert server.list_kernel_ids() == [orphan.kernel_id]  # re-attached as it started
+            shutdown = server.shutdown_kernel(orphan.kernel_id, now=True)
+        assert empty_budget.kernels == 1, "the re-attached kernel holds its share"
+        second = manager(max_kernels=1, launch_timeout=1.0)
+        with pytest.raises(KernelBudgetExceeded, match="max_kernels=1: this process runs 1 Docker kernels"):
+            await second.start_kernel()
+        assert not docker_client().containers.list(filters={"label": f"{LABEL_KERNEL_ID}={second.kernel_id}"})
+        await shutdown
+        assert empty_budget.kernels == 0, "its share went back when it was shut down"
+    finally:
+        end_launcher(orphan.launcher_pid)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
+import signal
 import stat
 import time
 from collections.abc import AsyncIterator
@@ -25,14 +27,21 @@ from traitlets.config import Config
 
 import kernel_sandbox.docker.blobs as blobs
 import kernel_sandbox.launch.checkpoints as store
-from kernel_sandbox.execution import Checkpoint
+from kernel_sandbox.execution import AsyncSandbox, Checkpoint
 from kernel_sandbox.kernelside.magics import REQUEST
 from kernel_sandbox.kernelspecs import started_client
-from kernel_sandbox.privdir import kept_checkpoint, remove_private
+from kernel_sandbox.privdir import (
+    checkpoint_part,
+    checkpoint_root,
+    kept_checkpoint,
+    remove_dead_parts,
+    remove_private,
+    stored_bytes,
+)
 
 from kernel_kit import RUNTIMES, runtime_option, until_ended
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "own_store")
 
 MADE = """
 import numpy as np, socket, threading, os
@@ -49,17 +58,33 @@ os.makedirs("out", exist_ok=True)
 open("out/report.txt", "w").write("made before the checkpoint")
 """
 FORGE = """
-import json, os, time, secrets, _kernel_sandbox_checkpoint as ck
-def forge(**content):
-    '''Send the launcher a request of our own and wait for its answer (None: none came).'''
+import json, os, time, secrets, signal, threading, _kernel_sandbox_checkpoint as ck
+def send(**content):
+    '''Send the launcher a request of our own, as the cell running now; return its answer path.'''
     answer = os.path.join(ck.area(), f"answer-{secrets.token_hex(8)}.json")
     k = get_ipython().kernel
     k.session.send(k.iopub_socket, "kernel_sandbox_checkpoint", {"answer": answer, **content},
                    parent=k.get_parent("shell"), ident=b"kernel_sandbox_checkpoint")
-    for _ in range(300):
+    return answer
+def forge(wait=15, **content):
+    '''Send a request and wait for its answer (None: none came within ``wait`` s).'''
+    answer = send(**content)
+    for _ in range(int(wait / 0.05)):
         if os.path.exists(answer):
             reply = json.load(open(answer)); os.unlink(answer); return reply
         time.sleep(0.05)
+def stall(path):
+    '''Stop the launcher's copy of ``path`` (an exec as this kernel's user) as soon as it runs.'''
+    tail = b"\\0read\\0" + path.encode() + b"\\0"
+    def watch():
+        while True:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if open(f"/proc/{pid}/cmdline", "rb").read().endswith(tail):
+                        os.kill(int(pid), signal.SIGSTOP); return
+                except OSError:
+                    pass
+    threading.Thread(target=watch, daemon=True).start()
 def report(path, size=None, sha=None):
     import hashlib
     data = open(path, "rb").read()
@@ -67,6 +92,10 @@ def report(path, size=None, sha=None):
                 sha256=sha or hashlib.sha256(data).hexdigest(), saved=["y"], not_saved={}, files=0,
                 files_not_saved={})
 """
+
+
+ASKED = "if False:\n    %checkpoint\n"
+"""A cell the user ran with a line ``%checkpoint``, which a kernel that forges answers itself."""
 
 
 def manager(**settings: Any) -> AsyncKernelManager:
@@ -96,6 +125,14 @@ async def cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict[str,
 async def restart(km: AsyncKernelManager, kc: Any) -> None:
     await km.restart_kernel(now=True)
     await kc.wait_for_ready(timeout=120)
+
+
+@pytest.fixture
+def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkpoint store of this test's own (its launchers inherit ``XDG_STATE_HOME``): the
+    store's total counts every kernel of the user, other tests' too."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return checkpoint_root()
 
 
 @pytest.fixture
@@ -177,10 +214,10 @@ async def test_a_kernel_that_understates_its_blob_cannot_send_more_or_replace_th
         "import hashlib\n"
         "head = hashlib.sha256((bytes(range(256)) * 400)[:1000]).hexdigest()\n"
         "print(forge(**report('/tmp/blob', size=1000, sha=head)))\n"  # states 1000 bytes of 102400
-        "print(forge(**report('/tmp/blob', sha='0' * 64)))\n"  # the right size, another hash
     )
-    text, _ = await cell(kc, code)
-    first, second = text.splitlines()
+    first = (await cell(kc, ASKED + code))[0]
+    # the right size, another hash
+    second = (await cell(kc, ASKED + "print(forge(**report('/tmp/blob', sha='0' * 64)))"))[0]
     assert "the file in the container is 102400 bytes, not the 1000 stated; nothing was kept" in first
     assert "not the one the kernel stated" in second
     assert kept.read_bytes() == good, "a refused checkpoint leaves the kept one as it was"
@@ -195,11 +232,10 @@ async def test_a_blob_path_that_is_a_symlink_or_a_fifo_is_refused_and_blocks_not
     code = (
         "os.symlink('/etc/passwd', '/tmp/link'); os.mkfifo('/tmp/fifo')\n"
         "print(forge(**report('/etc/passwd') | {'blob': '/tmp/link'}))\n"
-        "print(forge(**report('/etc/passwd') | {'blob': '/tmp/fifo'}))\n"
-        "print(forge(action='restore', blob='/tmp/link'))\n"
     )
-    text, _ = await cell(kc, code)
-    link, fifo, restore = text.splitlines()
+    link = (await cell(kc, ASKED + code))[0]
+    fifo = (await cell(kc, ASKED + "print(forge(**report('/etc/passwd') | {'blob': '/tmp/fifo'}))"))[0]
+    restore = (await cell(kc, "print(forge(action='restore', blob='/tmp/link'))"))[0]
     assert "'status': 'error'" in link and "Too many levels of symbolic links" in link
     assert "'status': 'error'" in fifo and "is not a regular file" in fifo
     assert "No checkpoint is kept" in restore
@@ -227,10 +263,11 @@ async def test_malformed_requests_are_refused_and_the_launcher_serves_on(
     session: tuple[AsyncKernelManager, Any],
 ) -> None:
     km, kc = session
-    lines = "\n".join(f"print(repr(forge(**{shape})) if isinstance({shape}, dict) else 'skip')" for shape in SHAPES)
-    text, reply = await cell(kc, lines, timeout=300)
-    answers = text.splitlines()
-    assert reply["status"] == "ok" and len(answers) == len(SHAPES)
+    answers = []
+    for shape in SHAPES:  # each in a cell the user ran with %checkpoint: one request for each
+        text, reply = await cell(kc, ASKED + f"print(repr(forge(**{shape})) if isinstance({shape}, dict) else 'skip')")
+        assert reply["status"] == "ok", text
+        answers.append(text.strip())
     assert answers[0] == "skip"  # a list is no request: the cell itself sends it below
     assert all("'status': 'error'" in answer for answer in answers[1:]), answers
     # a request whose answer path is not a path, or whose content is not a mapping: dropped, no answer
@@ -266,7 +303,7 @@ async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no
     def watch(msg: dict[str, Any]) -> None:
         seen.append(msg["msg_type"])
 
-    reply = await kc.execute_interactive(code, timeout=120, output_hook=watch)
+    reply = await kc.execute_interactive(ASKED + code, timeout=120, output_hook=watch)
     assert reply["content"]["status"] == "ok"
     assert REQUEST not in seen, "a request to the launcher reached a client"
     # the launcher took the first and dropped the rest while it was busy: a handful of answers
@@ -276,9 +313,112 @@ async def test_a_flood_of_forged_requests_is_served_one_at_a_time_and_reaches_no
         await asyncio.sleep(0.5)
     await asyncio.sleep(2)  # any request served after the first would have answered by now
     answered = int((await cell(kc, count))[0])
-    assert 1 <= answered < 100, f"{answered} of 2000 forged requests were served"
+    assert answered == 1, f"{answered} of 2000 forged requests were served, not the one the cell asked for"
     assert (await cell(kc, "print(1 + 1)"))[0] == "2\n"
     assert (kept_checkpoint(km.provisioner.private.path)).stat().st_size > 900_000
+
+
+@pytest.mark.security("attack", "channel")
+async def test_a_checkpoint_no_cell_asked_for_writes_nothing_on_the_host(
+    session: tuple[AsyncKernelManager, Any], own_store: Path
+) -> None:
+    """Code in the kernel forges the launcher's request (the magic's own, sent as the magic
+    sends it) in cells that run no ``%checkpoint`` line: no answer, no exec, not a byte stored."""
+    km, kc = session
+    code = (
+        "open('/tmp/blob', 'wb').write(os.urandom(900_000))\n"
+        "print(forge(wait=5, **report('/tmp/blob')))\n"
+        "for i in range(200):\n"
+        "    send(**report('/tmp/blob'))\n"
+        "note = '%checkpoint'  # the word, not a line of its own\n"
+    )
+    text, reply = await cell(kc, code)
+    assert reply["status"] == "ok" and text == "None\n", text
+    text, reply = await cell(kc, "get_ipython().run_line_magic('checkpoint', '')")
+    assert reply["status"] == "error", text
+    assert "run %checkpoint as a line of its own" in text
+    await asyncio.sleep(2)  # a request served would have made its file by now
+    assert not own_store.exists() or stored_bytes(own_store) == (0, 0)
+    assert (await cell(kc, "print(len([n for n in os.listdir(ck.area()) if n.startswith('answer-')]))"))[0] == "0\n"
+    # the cell the user runs is served, once
+    text, reply = await cell(kc, ASKED + "print(forge(**report('/tmp/blob'))['status'])\nprint(forge(wait=3, **report('/tmp/blob')))")
+    assert text == "ok\nNone\n", text
+    assert kept_checkpoint(km.provisioner.private.path).stat().st_size > 900_000
+    # one request for each line the user wrote
+    text, reply = await cell(kc, "del note\n%checkpoint\n%checkpoint")
+    assert reply["status"] == "ok" and text.count("Checkpoint kept by the host") == 2, text
+
+
+STALLED = (
+    ASKED
+    + "open('/tmp/stall', 'wb').write(os.urandom(24 * 1024 * 1024))\n"
+    + "stall('/tmp/stall')\n"
+    + "print(send(**report('/tmp/stall')))\n"
+)
+"""The user runs %checkpoint; the kernel answers with a blob and stops the launcher's copy."""
+
+
+async def until_part(part: Path) -> int:
+    """The size of the partial file once the launcher made it (its copy is stalled)."""
+    deadline = time.monotonic() + 60
+    while not part.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return part.stat().st_size
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_stalled_checkpoint_leaves_no_file_after_sandbox_close(own_store: Path) -> None:
+    async with AsyncSandbox(checkpoint_max_bytes="32m") as sb:
+        assert (await sb.run(FORGE)).error is None
+        private = sb._km.provisioner.private.path
+        execution = await sb.run(STALLED)
+        assert execution.error is None, execution
+        part = checkpoint_part(private)
+        assert await until_part(part) > 24 * 1024 * 1024, "the store reserves the stated size"
+        assert not kept_checkpoint(private).exists(), "the copy was not stalled"
+    assert not part.exists(), "Sandbox.close() left the partial checkpoint"
+    assert stored_bytes(own_store) == (0, 0)
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_stalled_checkpoint_of_a_killed_launcher_is_removed_by_gc_not_before(own_store: Path) -> None:
+    km = manager(checkpoint_max_bytes="32m")
+    async with started_client(km) as kc:
+        assert (await cell(kc, FORGE))[1]["status"] == "ok"
+        private = km.provisioner.private.path
+        text, reply = await cell(kc, STALLED)
+        assert reply["status"] == "ok", text
+        part = checkpoint_part(private)
+        await until_part(part)
+        assert remove_dead_parts() == [] and part.exists(), "gc removed a copy its launcher still writes"
+        os.kill(km.provisioner.pid, signal.SIGKILL)
+        await until_ended(km)
+        assert part.exists()  # what round four found: 1 GiB a session, forever
+        assert remove_dead_parts() == [part], "gc left a dead launcher's partial checkpoint"
+        assert stored_bytes(own_store) == (0, 0)
+
+
+@pytest.mark.security("load", "sessions")
+async def test_kernels_each_under_their_cap_are_refused_past_the_total_naming_max_checkpoint_bytes(
+    own_store: Path,
+) -> None:
+    first, second = (manager(checkpoint_max_bytes="4m", max_checkpoint_bytes="6m") for _ in range(2))
+    blob = "import os\nbig = os.urandom(3_500_000)\n%checkpoint"
+    async with started_client(first) as kc1, started_client(second) as kc2:
+        text, reply = await cell(kc1, blob)
+        assert reply["status"] == "ok", text
+        text, reply = await cell(kc2, blob)
+        assert reply["status"] == "error"
+        assert "over max_checkpoint_bytes=6291456; nothing was pulled" in text, text
+        assert "raise max_checkpoint_bytes" in text
+        # replacing one's own counts the kept one until the new one is in
+        text, reply = await cell(kc1, "%checkpoint")
+        assert "over max_checkpoint_bytes=6291456" in text, text
+        used, files = stored_bytes(own_store)
+        assert files == 1 and 3_500_000 < used <= 4 * 1024 * 1024
+        await first.shutdown_kernel(now=True)  # its checkpoint goes: room again
+        text, reply = await cell(kc2, "%checkpoint")
+        assert reply["status"] == "ok", text
 
 
 async def test_after_an_out_of_memory_restart_the_first_cell_offers_the_checkpoint() -> None:
@@ -305,7 +445,7 @@ async def test_the_offer_is_said_once_and_only_with_a_checkpoint_and_gc_removes_
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     private = tmp_path / "k1"
     private.mkdir(mode=0o700)
-    kept = store.CheckpointStore(private, None, 100, "docker")  # type: ignore[arg-type]
+    kept = store.CheckpointStore(private, None, 100, 1000, "docker")  # type: ignore[arg-type]
     kept.leave_offer("out of memory")
     assert kept.take_offer() is None, "no checkpoint kept: nothing to offer"
     kept.path.parent.mkdir(parents=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -75,8 +76,16 @@ def test_mount_specs_are_checked(tmp_path: Path) -> None:
         mounts("nocolon")
 
 
-def test_gc_removes_only_what_a_dead_owner_left(docker_engine) -> None:
-    """gc removes containers whose launcher is dead on this host, never one whose launcher lives."""
+def test_gc_removes_only_what_a_dead_owner_left(docker_engine, tmp_path: Path) -> None:
+    """gc removes containers whose launcher is dead on this host, never one whose launcher lives;
+    likewise partial checkpoints: one no launcher holds goes, one a launcher writes (locked) stays."""
+    state = tmp_path / "state"
+    store = state / "kernel-sandbox" / "checkpoints"
+    store.mkdir(parents=True, mode=0o700)
+    (store / "dead.checkpoint.part").write_bytes(b"x" * 1000)
+    live = store / "live.checkpoint.part"
+    writer = os.open(live, os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(writer, fcntl.LOCK_EX)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     host = socket.gethostname()
@@ -95,13 +104,16 @@ def test_gc_removes_only_what_a_dead_owner_left(docker_engine) -> None:
     for container in (unowned_stopped, live_owner_stopped, other_host):
         container.wait(timeout=60)
     try:
-        result = cli("gc")
+        result = cli("gc", env={**os.environ, "XDG_STATE_HOME": str(state)})
         assert result.returncode == 0, result.stderr
+        assert f"removed partial checkpoint {store / 'dead.checkpoint.part'}" in result.stdout
+        assert sorted(path.name for path in store.iterdir()) == [".lock", "live.checkpoint.part"]
         names = {c.name for c in docker_engine.containers.list(all=True, filters={"label": OURS}, ignore_removed=True)}
         assert unowned_stopped.name not in names and dead_owner.name not in names
         assert {live_owner_stopped.name, unowned_live.name, other_host.name} <= names
         assert f"removed container {dead_owner.name}" in result.stdout
     finally:
+        os.close(writer)
         for container in (live_owner_stopped, unowned_live, other_host):
             container.remove(force=True)
 
@@ -131,3 +143,30 @@ def test_installed_lists_sandboxed_kernelspecs_and_passes_over_malformed_ones(
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "share" / "jupyter"))
     found = installed()
     assert "sandboxed-python" in found and "odd" not in found
+
+
+BURN = """
+import time
+while time.process_time() < 3:  # three seconds of CPU, then idle
+    pass
+"""
+
+
+def test_ps_has_a_header_and_shows_cpu_over_the_last_second_not_since_the_start(docker_engine) -> None:
+    """A kernel that burned CPU and went idle: ps says it is idle now, as docker stats would; the
+    first reading of its cgroup (what ps showed before) still averages the burn since its start."""
+    from kernel_sandbox import Sandbox
+    from kernel_sandbox.metrics import CgroupProbe
+
+    with Sandbox(cpus=1) as sandbox:
+        assert sandbox.run(BURN).error is None
+        container_id, kernel_id = sandbox._async._km.provisioner.container_id, sandbox.kernel_id
+        since_start = CgroupProbe.for_container(docker_engine.api.inspect_container(container_id)).read()
+        listed = cli("ps")
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.split("\t") == ["NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM", "NOTE"]
+    [row] = [line.split("\t") for line in lines if f"kernel {kernel_id}" in line]
+    recent = float(row[4].split("%")[0])
+    assert since_start.cpu_seconds >= 3 and since_start.cpu_percent >= 10  # the average since the start
+    assert recent <= 5, row  # idle over the last second

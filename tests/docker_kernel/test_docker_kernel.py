@@ -20,7 +20,7 @@ from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import CONFIG, user_root
 from kernel_sandbox.docker.containers import kernel_of
 
-from kernel_kit import until_ended
+from kernel_kit import RUNTIMES, runtime_option, until_ended
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
@@ -161,8 +161,17 @@ async def test_host_environment_does_not_leak(docker_engine) -> None:
         await manager.shutdown_kernel(now=True)
 
 
-async def test_fork_loop_is_stopped_by_pids_limit() -> None:
-    manager = AsyncKernelManager(kernel_name="sandboxed-python-small")
+# Under gVisor each forked process costs about 30 MiB of the memory limit (docs/docker.md#gvisor): its
+# bomb gets the memory its pids_limit needs; below that it ends out of memory (the next test).
+FORK_LIMITS = {"runc": ("256m", 64), "runsc": ("1g", 32)}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_fork_loop_is_stopped_by_pids_limit(runtime: str) -> None:
+    """A fork bomb fails with EAGAIN at pids_limit and the kernel lives, under gVisor too (which once ended the sandbox)."""
+    memory, pids_limit = FORK_LIMITS[runtime]
+    config = {**runtime_option(runtime), "memory": memory, "pids_limit": pids_limit, "standby": 0}
+    manager = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": config}))
     await manager.start_kernel()
     code = """
 import os, signal, time
@@ -185,7 +194,7 @@ finally:
         out = await run(manager, code)
         word, forked, errno = out["stream"].split()
         assert word == "stopped" and int(errno) == 11
-        assert 0 < int(forked) < 64
+        assert 0 < int(forked) < pids_limit
         assert (await run(manager, "'alive'"))["results"][0]["data"]["text/plain"] == "'alive'"
     finally:
         await manager.shutdown_kernel(now=True)
@@ -199,6 +208,67 @@ async def test_memory_hog_is_reported_out_of_memory(caplog: pytest.LogCaptureFix
         await until_ended(manager)
         assert manager.provisioner.exit_reason == "out of memory, limit 128 MiB; raise memory"
         assert "out of memory, limit 128 MiB" in caplog.text
+
+
+@pytest.mark.security("fault", "container")
+async def test_under_gvisor_a_fork_bomb_short_of_memory_ends_out_of_memory_and_is_named_so() -> None:
+    """gVisor copies a forked process's memory (about 30 MiB each): at 256m a bomb under pids_limit=64 runs out of
+    memory first, as docs/docker.md says; the kernel's end is named out of memory (it once was an unexplained crash)."""
+    config = {"runtime": "runsc", "memory": "256m", "pids_limit": 64, "standby": 0}
+    manager = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": config}))
+    manager.autorestart = False
+    async with started_client(manager, timeout=60) as kc:
+        kc.execute(FORK_BOMB)
+        await until_ended(manager, timeout=120)
+        assert manager.provisioner.exit_reason == "out of memory, limit 256 MiB; raise memory"
+
+
+CHILD_OOM = "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'x = bytearray(2**30)']).returncode)"
+FORK_BOMB = """
+import os, signal, time
+children = []
+try:
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as exc:
+    print('refused', exc.errno)
+for pid in children:  # the processes back, so that the kernel can start threads again
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+"""
+ENDINGS = {
+    "exit": ("import os; os._exit(0)", "the kernel shut down"),
+    "sigkill": ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed with SIGKILL by the container runtime"),
+    "exit code": ("import os; os._exit(3)", "exit code 3"),
+    "its own oom": ("hog = bytearray(2**30)", "out of memory, limit 256 MiB; raise memory"),
+}
+
+
+@pytest.mark.security("fault", "sessions")
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+async def test_an_ending_is_named_from_what_ended_the_kernel_not_an_earlier_oom_of_a_child(ending: str) -> None:
+    """A child is killed for memory and a fork bomb refused (EAGAIN); the kernel's later end is named as what it was."""
+    code, reason = ENDINGS[ending]
+    manager = AsyncKernelManager(kernel_name="sandboxed-python", config=Config(
+        {"DockerProvisioner": {"memory": "256m", "pids_limit": 64, "standby": 0}}))
+    manager.autorestart = False
+    async with started_client(manager, timeout=60) as kc:
+
+        async def printed(cell: str) -> str:
+            out: list[str] = []
+            await kc.execute_interactive(cell, timeout=120, output_hook=lambda msg: out.append(
+                msg["content"]["text"]) if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout" else None)
+            return "".join(out)
+
+        assert await printed(CHILD_OOM) == "-9\n"  # the child, SIGKILLed by the OOM killer
+        assert await printed(FORK_BOMB) == "refused 11\n"  # EAGAIN at pids_limit; the kernel lives
+        kc.execute(code)
+        await until_ended(manager)
+        assert (manager.provisioner.exit_reason or "").startswith(reason), manager.provisioner.exit_reason
 
 
 async def test_an_abort_on_the_way_out_of_a_shutdown_is_no_crash_and_one_before_is(caplog: pytest.LogCaptureFixture) -> None:

@@ -22,10 +22,10 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID
+from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID, RUNSC_HOST_THREADS
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.docker.containers import kernel_of
-from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
+from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, MiB, WORK_DIR
 
 from kernel_kit import RUNTIMES, run_cell, runtime_option
 
@@ -61,7 +61,7 @@ print(json.dumps({
 FILL = r"""
 import errno, json, os
 written, paths = {}, []
-for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s"):  # all full at once, until the end
+for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s", "%(packages)s"):  # all full at once, until the end
     path, total = os.path.join(place, "fill.bin"), 0
     paths.append(path)
     chunk = b"x" * 2**20
@@ -75,7 +75,7 @@ for place in ("/tmp", "/dev/shm", "%(home)s", "%(work)s"):  # all full at once, 
 for path in paths:
     os.unlink(path)
 print(json.dumps(written))
-""" % {"home": HOME_DIR, "work": WORK_DIR}
+""" % {"home": HOME_DIR, "work": WORK_DIR, "packages": PACKAGES_DIR}
 
 PLANT = r"""
 import os, socket
@@ -134,7 +134,12 @@ async def test_every_security_claim_holds_inside_the_kernel(km: AsyncKernelManag
     assert labels[LABEL_OWNER_PID] == str(os.getpid()) and labels[LABEL_LAUNCHER_PID] == str(km.provisioner.pid)
     host = container.attrs["HostConfig"]
     assert host["Memory"] == host["MemorySwap"] == 1024 * MiB
-    assert host["NanoCpus"] == 10**9 and host["PidsLimit"] == 256
+    assert host["NanoCpus"] == 10**9
+    if runtime == "runc":
+        assert host["PidsLimit"] == 256 and not host.get("Ulimits")
+    else:  # gVisor's own RLIMIT_NPROC is the limit; its cgroup holds the runtime's threads too
+        assert host["PidsLimit"] == 2 * 256 + RUNSC_HOST_THREADS
+        assert host["Ulimits"] == [{"Name": "nproc", "Soft": 256, "Hard": 256}]
     if facts["memory"] is not None:  # the cgroup files, where the runtime shows them (runc)
         assert int(facts["memory"]) == int(facts["memsw"]) == 1024 * MiB  # no swap beyond the limit
         assert int(facts["cpu_quota"]) == int(facts["cpu_period"])  # one CPU
@@ -145,20 +150,24 @@ async def test_filling_every_writable_place_stops_at_its_own_limit(km: AsyncKern
     before = shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free
     written = json.loads(await run(km, FILL, timeout=300))
     after = shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free
-    sizes = {"/tmp": 64 * MiB, "/dev/shm": 64 * MiB, HOME_DIR: 256 * MiB, WORK_DIR: 384 * MiB}
+    share = 1024 * MiB - (64 * MiB if km.provisioner.settings().runtime == "runsc" else 0)  # gVisor's own memory first
+    sizes = {"/tmp": share // 16, "/dev/shm": share // 16, HOME_DIR: share // 8, WORK_DIR: share // 4, PACKAGES_DIR: share // 4}
     for place, size in sizes.items():
         assert size - 2 * MiB <= written[place] <= size, (place, written[place])
     assert abs(before - after) < 64 * MiB, "the host's disk moved while the kernel filled its own"
     assert (await run(km, "print('alive')")) == "alive\n"
 
 
-async def test_filling_every_writable_place_at_a_small_memory_limit_is_enospc_not_an_oom_kill() -> None:
-    """At memory=256m, /dev/shm (Docker's 64 MiB) once lay outside the tmpfs budget: filling everything killed the kernel."""
-    km = manager("runc", memory="256m")
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_filling_every_writable_place_at_a_small_memory_limit_is_enospc_not_an_oom_kill(runtime: str) -> None:
+    """At memory=256m, /dev/shm (Docker's 64 MiB) once lay outside the tmpfs budget, and under gVisor (whose
+    tmpfs is in its runtime's memory) the whole 3/4 share did: filling everything killed the kernel."""
+    km = manager(runtime, memory="256m")
     await km.start_kernel()
     try:
         written = json.loads(await run(km, FILL, timeout=300))
-        sizes = {"/tmp": 16 * MiB, "/dev/shm": 16 * MiB, HOME_DIR: 64 * MiB, WORK_DIR: 96 * MiB}
+        share = 256 * MiB - (64 * MiB if runtime == "runsc" else 0)  # gVisor's own memory comes off first
+        sizes = {"/tmp": share // 16, "/dev/shm": share // 16, HOME_DIR: share // 8, WORK_DIR: share // 4, PACKAGES_DIR: share // 4}
         for place, size in sizes.items():
             assert size - 2 * MiB <= written[place] <= size, (place, written[place])
         assert (await run(km, "print('alive')")) == "alive\n"

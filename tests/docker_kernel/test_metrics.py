@@ -215,21 +215,25 @@ def _screen_until(session: str, wanted: Callable[[str], bool], timeout: float = 
 
 def _memory_shown(screen: str, name: str) -> float:
     """The MiB in use that top shows on the container's row (0 when it shows none)."""
-    found = re.search(re.escape(name) + r".*?(\d+\.\d)MiB/256\.0MiB", screen)
+    found = re.search(re.escape(name) + r".*? (\d+)M/256M ", screen)
     return float(found.group(1)) if found else 0.0
 
 
-async def test_top_redraws_in_place_in_a_terminal_and_plots(tmp_path: Path) -> None:
+async def test_top_redraws_in_place_in_80_columns_and_plots(tmp_path: Path) -> None:
     session = f"ks-top-{os.getpid()}"
     plot = tmp_path / "run.png"
     command = (f"cd {tmp_path} && PYTHONPATH={os.environ.get('PYTHONPATH', '')} {sys.executable} -m kernel_sandbox.cli "
                f"top --interval 0.3 --plot {plot}; echo TOP-EXITED $?; sleep 60")
-    async with AsyncSandbox(memory="256m") as sandbox:
-        name = (await asyncio.to_thread(docker.from_env().containers.get, sandbox._km.provisioner.container_id)).name
-        _tmux("new-session", "-d", "-s", session, "-x", "180", "-y", "30", command)
+    async with AsyncSandbox(memory="256m", cpus=1) as sandbox:
+        full = (await asyncio.to_thread(docker.from_env().containers.get, sandbox._km.provisioner.container_id)).name
+        name = full.removeprefix("kernel-sandbox-")  # the prefix every row would repeat is left out
+        _tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "30", command)
         try:
-            first = await asyncio.to_thread(_screen_until, session, lambda s: name in s and "/256.0MiB" in s)
-            assert "kernel-sandbox top" in first and "MEMORY" in first and name in first
+            first = await asyncio.to_thread(_screen_until, session, lambda s: name in s and "M/256M " in s)
+            assert "kernel-sandbox top" in first and full not in first
+            assert first.splitlines()[2].split() == ["NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM"]
+            [row] = [line for line in first.splitlines() if line.startswith(name)]
+            assert len(row) < 80 and re.search(r" \d+%/100% +\d+/\d+ +h\d+ w\d+ t\d+ +0$", row), row  # no column cut off
             await sandbox.run("hog = b'x' * (96 * 2**20)")
             later = await asyncio.to_thread(
                 _screen_until, session, lambda s: _memory_shown(s, name) >= 120 and s.split("\n")[0] != first.split("\n")[0])
@@ -286,3 +290,68 @@ for _ in range(3000):
     finally:
         kc.stop_channels()
         await manager.shutdown_kernel(now=True)
+
+
+FORGE_PAIRS = """
+k = get_ipython().kernel
+forged = dict(k.get_parent()["header"], msg_id="forged")  # a request no client waits for
+for _ in range({pairs}):
+    k.session.send(k.iopub_socket, "error", {{"ename": "E", "evalue": "v", "traceback": []}}, parent={{"header": forged}})
+    k.session.send(k.iopub_socket, "status", {{"execution_state": "idle"}}, parent={{"header": forged}})
+"""
+
+
+@pytest.mark.security("attack", "channel")
+async def test_forged_errors_and_idles_read_the_cgroup_on_a_timer_not_per_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel publishes 2000 forged error + idle pairs: the launcher reads its cgroup at most once per interval."""
+    import json
+    import secrets
+
+    from jupyter_client.asynchronous import AsyncKernelClient
+    from jupyter_client.connect import write_connection_file
+
+    from kernel_sandbox.launch import request_from_kernelspec, serve
+    from kernel_sandbox.launch.front import LIMITS_INTERVAL, Connection
+
+    reads: list[float] = []
+    read = CgroupProbe.read
+
+    def counted(probe: CgroupProbe) -> Usage:
+        reads.append(time.monotonic())
+        return read(probe)
+
+    monkeypatch.setattr(CgroupProbe, "read", counted)  # the launcher runs in this process here
+    (tmp_path / "kernel.json").write_text(json.dumps({
+        "argv": [], "display_name": "x", "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "kernel-sandbox-docker",
+                                            "config": {"memory": "256m", "pids_limit": 24}}}}))
+    connection_file, info = write_connection_file(str(tmp_path / "kernel-forged.json"), key=secrets.token_hex(16).encode())
+    serving = asyncio.ensure_future(serve(request_from_kernelspec(Connection.from_info(info), connection_file, str(tmp_path))))
+    kc = AsyncKernelClient(connection_file=connection_file)
+    kc.load_connection_file()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        started = time.monotonic()
+        reply = await kc.execute_interactive(FORGE_PAIRS.format(pairs=2000), timeout=300)
+        took = time.monotonic() - started
+        assert reply["content"]["status"] == "ok"
+        assert len(reads) <= 2 + took / LIMITS_INTERVAL < 4000, f"{len(reads)} readings in {took:.1f} s for 2000 forged failures"
+        await asyncio.sleep(2 * LIMITS_INTERVAL)  # a reading the forged failures left due is taken
+        notes: list[str] = []
+
+        def hook(msg: dict) -> None:
+            if msg["msg_type"] == "stream" and "[kernel-sandbox]" in msg["content"]["text"]:
+                notes.append(msg["content"]["text"])
+
+        reply = await kc.execute_interactive(THREAD_BOMB, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "error"
+        assert len(notes) == 1 and "pids_limit=24" in notes[0], notes  # the real failure, explained in its cell
+        reply = await kc.execute_interactive("1/0", timeout=60, output_hook=hook)  # at once: it waits for the timer
+        assert reply["content"]["status"] == "error" and len(notes) == 1, notes  # nothing new was hit
+    finally:
+        kc.shutdown()
+        kc.stop_channels()
+        assert await asyncio.wait_for(serving, 120) == 0

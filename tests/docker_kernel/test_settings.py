@@ -17,7 +17,7 @@ from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.kernelspecs import shipped_kernelspecs
 from kernel_sandbox.docker.provisioner import DockerProvisioner
 from kernel_sandbox.docker.settings import OPTIONS, DockerSettings
-from kernel_sandbox.settings import HOME_DIR, MiB, WORK_DIR
+from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, MiB, WORK_DIR
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -54,14 +54,20 @@ def test_tmpfs_sizes_fit_in_memory_and_belong_to_the_kernel_user() -> None:
     tmpfs = made["tmpfs"]
     assert tmpfs["/tmp"] == f"rw,nosuid,nodev,size={32 * MiB},mode=1777"
     assert made["shm_size"] == 32 * MiB  # /dev/shm is in the budget too (Docker's default, 64 MiB, was not)
-    assert tmpfs[HOME_DIR] == f"rw,nosuid,nodev,size={128 * MiB},uid=123456,gid=123456,mode=0755"
-    assert tmpfs[WORK_DIR] == f"rw,nosuid,nodev,size={192 * MiB},uid=123456,gid=123456,mode=0755"
+    assert tmpfs[HOME_DIR] == f"rw,nosuid,nodev,size={64 * MiB},uid=123456,gid=123456,mode=0755"
+    assert tmpfs[WORK_DIR] == f"rw,nosuid,nodev,size={128 * MiB},uid=123456,gid=123456,mode=0755"
+    # the one place mounted exec (compiled extensions load from it): where pip installs, nowhere else
+    assert tmpfs[PACKAGES_DIR] == f"rw,exec,nosuid,nodev,size={128 * MiB},uid=123456,gid=123456,mode=0755"
+    assert [path for path, options in tmpfs.items() if "exec" in options.split(",")] == [PACKAGES_DIR]
+    assert sum(int(o.split("size=")[1].split(",")[0]) for o in tmpfs.values()) + made["shm_size"] == 384 * MiB
 
 
 def test_environment_holds_only_what_is_given_and_the_kernel_key() -> None:
     env = spec(env={"GREETING": "hi"})["environment"]
     modules = json.loads(env.pop("KERNEL_SANDBOX_MODULES"))  # the magics' sources, for the boot
-    assert list(modules) == ["_kernel_sandbox_workfiles", "_kernel_sandbox_checkpoint", "_kernel_sandbox_magics"]
+    assert list(modules) == [
+        "_kernel_sandbox_workfiles", "_kernel_sandbox_checkpoint", "_kernel_sandbox_packages", "_kernel_sandbox_magics"
+    ]
     assert env == {
         "FROM_SPEC": "1",
         "GREETING": "hi",
@@ -70,6 +76,10 @@ def test_environment_holds_only_what_is_given_and_the_kernel_key() -> None:
         "JPY_PARENT_PID": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "KERNEL_SANDBOX_KEY": "kernel-key",
+        # pip installs into the packages' tmpfs, unpacks there and keeps no cache
+        "PIP_TARGET": PACKAGES_DIR,
+        "PYTHONPATH": PACKAGES_DIR,
+        "PIP_NO_CACHE_DIR": "1",
     }
 
 
@@ -106,7 +116,7 @@ def test_a_mounted_work_directory_has_no_tmpfs() -> None:
         ({"tmp_size": "lots"}, "tmp_size='lots'"),
         ({"tmp_size": "unlimited"}, "tmp_size='unlimited'"),
         ({"memory": "512m", "work_size": "1g"}, "must fit in 3/4 of memory=512m"),
-        ({"memory": "256m", "shm_size": "64m"}, "tmp_size 16m + shm_size 64m + home_size 64m + work_size 96m must fit in 3/4"),
+        ({"memory": "256m", "shm_size": "64m"}, "tmp_size 16m + shm_size 64m + home_size 32m + work_size 64m + packages_size 64m must fit in 3/4"),
         ({"shm_size": "unlimited"}, "shm_size='unlimited'"),
         ({"pids_limit": 2**40}, f"pids_limit={2**40}: must be at most 4194304 (Linux's PID_MAX_LIMIT)"),
         ({"pids_limit": 2**63}, f"pids_limit={2**63}: must be at most 4194304"),
@@ -122,6 +132,8 @@ def test_a_mounted_work_directory_has_no_tmpfs() -> None:
         ({"mounts": "/a:/b"}, "must be a list"),
         ({"mounts": ["/a:b:rx"]}, "mode must be 'ro' or 'rw'"),
         ({"mount_cwd": "rw", "mounts": [f"/a:{WORK_DIR}"]}, "both mount the work directory"),
+        ({"checkpoint_max_bytes": "3g"}, "checkpoint_max_bytes=3221225472 does not fit in max_checkpoint_bytes=2147483648"),
+        ({"max_checkpoint_bytes": "lots"}, "max_checkpoint_bytes='lots'"),
         ({"env": {"KERNEL_SANDBOX_KEY": "x"}}, "kernel-sandbox's own"),
         ({"env": {"A B": "x"}}, "not a valid variable name"),
         ({"launch_timeout": 0}, "launch_timeout=0"),
@@ -207,3 +219,26 @@ def test_shipped_kernelspecs_cannot_start_anything_before_install() -> None:
     for path in shipped_kernelspecs().values():
         argv = json.loads((path / "kernel.json").read_text())["argv"]
         assert argv[0] == "{kernel_sandbox_python}" and argv[1:4] == ["-I", "-m", "kernel_sandbox.launch"]
+
+
+def test_under_gvisor_the_tmpfs_and_pids_limits_hold_as_under_runc() -> None:
+    """gVisor's tmpfs is in its runtime's memory, and its pids cgroup counts the runtime's threads (docs/docker.md)."""
+    from kernel_sandbox.docker.containers import RUNSC_HOST_THREADS
+    from kernel_sandbox.docker.settings import RUNSC_OVERHEAD
+
+    runc = DockerSettings.from_config({"memory": "256m"}).tmpfs_sizes()
+    runsc = DockerSettings.from_config({"memory": "256m", "runtime": "runsc"}).tmpfs_sizes()
+    assert runc == {"tmp_size": 16 * MiB, "shm_size": 16 * MiB, "home_size": 32 * MiB, "work_size": 64 * MiB, "packages_size": 64 * MiB}
+    assert runsc == {"tmp_size": 12 * MiB, "shm_size": 12 * MiB, "home_size": 24 * MiB, "work_size": 48 * MiB, "packages_size": 48 * MiB}
+    assert sum(runsc.values()) <= (256 * MiB - RUNSC_OVERHEAD) * 3 / 4
+    with pytest.raises(ConfigError, match=r"3/4 of memory=256m less gVisor's 64m"):
+        DockerSettings.from_config({"memory": "256m", "runtime": "runsc", "work_size": "64m"})
+    DockerSettings.from_config({"memory": "256m", "work_size": "64m"})  # fits under runc
+    with pytest.raises(ConfigError, match=r"memory=96m is too little under runtime='runsc'.*at least 128m"):
+        DockerSettings.from_config({"memory": "96m", "runtime": "runsc"})
+    plain, gvisor = spec(pids_limit=64), spec(pids_limit=64, runtime="runsc")
+    assert plain["pids_limit"] == 64 and "ulimits" not in plain
+    assert gvisor["pids_limit"] == 2 * 64 + RUNSC_HOST_THREADS
+    [nproc] = gvisor["ulimits"]
+    assert (nproc["Name"], nproc["Soft"], nproc["Hard"]) == ("nproc", 64, 64)
+    assert "ulimits" not in spec(pids_limit="unlimited", runtime="runsc")

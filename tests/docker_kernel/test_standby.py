@@ -4,6 +4,7 @@ refilled, replaced after an image rebuild, removed with their process or by the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -25,7 +26,7 @@ from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS, kernel_of
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS, kernel_of
 from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandboxPool
@@ -426,11 +427,12 @@ def start_jupyter_server(base: Path, orphan: float) -> tuple[subprocess.Popen[by
         time.sleep(0.3)
 
 
-def ready_standby_of(client: Any, owner: int) -> Any:
-    """The container of ``owner``'s idle standby once its kernel answers (through its own connection file)."""
+def ready_standby_of(client: Any, label: str) -> Any:
+    """The container of the idle standby with ``label`` (``LABEL=VALUE``) once its kernel answers (through its own
+    connection file)."""
     deadline = time.monotonic() + READY_WAIT
     while True:
-        mine = client.containers.list(filters={"label": [*OURS, f"{LABEL_OWNER_PID}={owner}"]}, ignore_removed=True)
+        mine = client.containers.list(filters={"label": [*OURS, label]}, ignore_removed=True)
         idle = [c for c in mine if kernel_of(c.labels) is None]
         if idle:
             kc = BlockingKernelClient()
@@ -443,7 +445,7 @@ def ready_standby_of(client: Any, owner: int) -> Any:
                 pass
             finally:
                 kc.stop_channels()
-        assert time.monotonic() < deadline, f"no standby of process {owner} answered within {READY_WAIT} s"
+        assert time.monotonic() < deadline, f"no standby with {label} answered within {READY_WAIT} s"
         time.sleep(0.5)
 
 
@@ -455,7 +457,7 @@ def test_a_killed_jupyter_server_leaves_no_standby(docker_engine, tmp_path: Path
     try:
         started = httpx.post(f"{url}/api/kernels", json={"name": "sandboxed-python"}, headers=headers, timeout=READY_WAIT)
         assert started.status_code == 201, started.text
-        standby = ready_standby_of(docker_engine, process.pid)
+        standby = ready_standby_of(docker_engine, f"{LABEL_OWNER_PID}={process.pid}")
         [kernel] = [c for c in docker_engine.containers.list(filters={"label": f"{LABEL_OWNER_PID}={process.pid}"})
                     if kernel_of(c.labels) == started.json()["id"]]
         private = Path(standby.labels[LABEL_PRIVATE_DIR])
@@ -508,3 +510,61 @@ async def test_ps_lists_standbys_and_the_kernels_they_became(kernels: list[Async
     assert lines[docker_engine.containers.get(idle).name] == "standby"
     labels = docker_engine.containers.get(idle).labels
     assert labels[LABEL] == "true" and labels[LABEL_KERNEL_ID].startswith(STANDBY_ID_PREFIX)
+
+
+GONE_WHILE_STARTING = """
+import asyncio, os, time
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+from kernel_sandbox.provisioners.standby import POOL
+
+async def main():
+    km = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"orphan_timeout": 120}}))
+    await km.start_kernel()
+    deadline = time.monotonic() + %(wait)s
+    while not any(s.process is not None for s in POOL.standbys()):  # its launcher runs, its kernel not yet
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    [standby] = POOL.standbys()
+    assert not standby.started.done()
+    print(os.getpid(), standby.process.pid, km.provisioner.launcher_state["pid"], flush=True)
+    os._exit(0)  # the process goes while its standby starts: nobody reads the launcher's "ready"
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.security("fault", "sessions")
+def test_a_process_that_ends_while_its_standby_starts_leaves_no_error(docker_engine, tmp_path: Path) -> None:
+    """The standby's launcher comes up to report ready to a process that has gone: that is no
+    failure (it used to log an ERROR with a BrokenPipe traceback), and it still ends when told."""
+    # files, not pipes: the launchers inherit them and outlive the process
+    with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
+        owner = subprocess.run([sys.executable, "-c", GONE_WHILE_STARTING % {"wait": READY_WAIT}], stdout=out,
+                               stderr=err, timeout=READY_WAIT)
+        assert owner.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
+        _, *launchers = [int(pid) for pid in (tmp_path / "stdout").read_text().split()]
+        try:
+            # its kernel answers: the launcher got past its report (its container was made after the process went)
+            ready_standby_of(docker_engine, f"{LABEL_LAUNCHER_PID}={launchers[0]}")
+        finally:
+            for pid in launchers:
+                with contextlib.suppress(ProcessLookupError):  # one that failed has ended already
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + READY_WAIT
+        while any(_running(pid) for pid in launchers):
+            assert time.monotonic() < deadline, "the launchers did not end on SIGTERM"
+            time.sleep(0.2)
+    said = (tmp_path / "stderr").read_text()
+    assert "BrokenPipe" not in said and "Traceback" not in said and "ERROR" not in said, said[-3000:]
+    for pid in launchers:
+        assert not docker_engine.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL_LAUNCHER_PID}={pid}"})
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie its new parent has not reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

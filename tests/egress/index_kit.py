@@ -11,9 +11,12 @@ import hashlib
 import http.server
 import json
 import os
+import platform
+import subprocess
+import sysconfig
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,24 +28,65 @@ PRIVATE_HOST = "api.example.com"
 """A name the test's resolver answers with 10.0.0.1: listed, it must still be refused."""
 
 
-def build_wheel(directory: Path, name: str, value: int) -> Path:
-    """A pure-Python wheel of package ``name`` whose module holds ``VALUE = value``."""
+def write_wheel(directory: Path, name: str, files: dict[str, bytes], tag: str = "py3-none-any") -> Path:
+    """A wheel of ``name`` 0.1 holding ``files`` (stored, not compressed), for the platform ``tag``."""
+    pure = "true" if tag.endswith("-none-any") else "false"
     files = {
-        f"{name}/__init__.py": f"VALUE = {value}\n".encode(),
+        **files,
         f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
-        f"{name}-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{name}-0.1.dist-info/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: {pure}\nTag: {tag}\n".encode(),
     }
     record = []
     for path, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.append(f"{path},sha256={digest},{len(data)}")
     record.append(f"{name}-0.1.dist-info/RECORD,,")
-    wheel = directory / f"{name}-0.1-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
+    wheel = directory / f"{name}-0.1-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as archive:
         for path, data in files.items():
             archive.writestr(path, data)
         archive.writestr(f"{name}-0.1.dist-info/RECORD", "\n".join(record) + "\n")
     return wheel
+
+
+def build_wheel(directory: Path, name: str, value: int) -> Path:
+    """A pure-Python wheel of package ``name`` whose module holds ``VALUE = value``."""
+    return write_wheel(directory, name, {f"{name}/__init__.py": f"VALUE = {value}\n".encode()})
+
+
+EXTENSION_C = """
+#define Py_LIMITED_API 0x03080000
+#include <Python.h>
+static PyObject *add(PyObject *self, PyObject *args) {
+    long a, b;
+    if (!PyArg_ParseTuple(args, "ll", &a, &b)) return NULL;
+    return PyLong_FromLong(a + b);
+}
+static PyMethodDef methods[] = {{"add", add, METH_VARARGS, "a + b, in C"}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "NAME", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_NAME(void) { return PyModule_Create(&module); }
+"""
+
+
+def build_extension_wheel(directory: Path, name: str) -> Path:
+    """A wheel of the compiled module ``name`` (``name.add(a, b)`` in C), built here with the host's
+    C compiler: the stable ABI (``abi3``, Python 3.8 on) makes it load in the image's Python too."""
+    source = directory / f"{name}.c"
+    source.write_text(EXTENSION_C.replace("NAME", name))
+    library = directory / f"{name}.abi3.so"
+    include = sysconfig.get_paths()["include"]
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O2", f"-I{include}", "-o", str(library), str(source)], check=True
+    )
+    return write_wheel(directory, name, {library.name: library.read_bytes()}, f"cp38-abi3-linux_{platform.machine()}")
+
+
+def build_large_wheel(directory: Path, name: str, size: int) -> Path:
+    """A wheel of package ``name`` carrying ``size`` bytes of random (incompressible) data in ``name/blob``."""
+    return write_wheel(
+        directory, name, {f"{name}/__init__.py": b"import os\nSIZE = os.path.getsize(os.path.join(os.path.dirname(__file__), 'blob'))\n",
+                          f"{name}/blob": os.urandom(size)}
+    )
 
 
 @dataclass
@@ -69,12 +113,17 @@ class Index:
 
 
 @contextmanager
-def serve_index(directory: Path, packages: dict[str, int]) -> Iterator[Index]:
-    """Serve wheels of ``packages`` (name → VALUE) as a simple index on 127.0.0.1, with the resolver map set."""
+def serve_index(
+    directory: Path, packages: dict[str, int], make: Iterable[Callable[[Path], Path]] = ()
+) -> Iterator[Index]:
+    """Serve wheels of ``packages`` (name → VALUE), and those ``make`` builds in the directory it is
+    given, as a simple index on 127.0.0.1, with the resolver map set."""
     root = directory / "index"
     (root / "files").mkdir(parents=True)
-    for name, value in packages.items():
-        wheel = build_wheel(root / "files", name, value)
+    wheels = [build_wheel(root / "files", name, value) for name, value in packages.items()]
+    wheels += [build(root / "files") for build in make]
+    for wheel in wheels:
+        name = wheel.name.split("-")[0]
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         project = root / "simple" / name.replace("_", "-")
         project.mkdir(parents=True)

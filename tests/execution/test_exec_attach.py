@@ -38,9 +38,9 @@ async def test_a_program_attaches_to_the_sandbox_of_a_dead_one(docker_engine) ->
         kernel_id, container_id = out.read().split()
 
     deadline = time.monotonic() + 30  # the launcher looks at its owner once a second
-    while not re.search(rf"kernel {kernel_id}\torphan: re-attach within \d+ s", listed := _ps()) and time.monotonic() < deadline:
+    while not re.search(rf"kernel {kernel_id}\t.*\torphan: re-attach within \d+ s$", listed := _ps(), re.M) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-    assert re.search(rf"kernel {kernel_id}\torphan: re-attach within \d+ s", listed), listed
+    assert re.search(rf"kernel {kernel_id}\t.*\torphan: re-attach within \d+ s$", listed, re.M), listed
 
     sandbox = await AsyncSandbox.attach(kernel_id, timeout=60)
     try:

@@ -13,6 +13,7 @@ import dataclasses
 import io
 import pickle
 import secrets
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import kernel_sandbox.execution.checkpoint as host_checkpoint
 from kernel_sandbox.docker.containers import DEFAULT_IMAGE
 from kernel_sandbox.errors import CheckpointError, ConfigError
 from kernel_sandbox.execution import Checkpoint, Sandbox
+from kernel_sandbox.execution.channel import CHUNK
 
 STATE = """
 import numpy as np, pandas as pd, socket, threading
@@ -158,7 +160,9 @@ def test_the_host_side_module_holds_no_deserialiser() -> None:
     assert sum(isinstance(node.value, ast.Name) and node.value.id == "json" for node in decoders) == 1, "the file's header only"
     assert imported <= {"__future__", "contextlib", "datetime", "hashlib", "json", "os", "re", "struct", "dataclasses", "typing"}
     relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-    assert relative == {"errors", "sandbox"}, "the errors, and the session's type for hints only"
+    assert relative == {"errors", "files", "sandbox"}, "the errors, the buffer chunks gather in, the session's type for hints"
+    files = ast.parse(Path(host_checkpoint.__file__).with_name("files.py").read_text())
+    assert {alias.name for node in ast.walk(files) if isinstance(node, ast.Import) for alias in node.names} <= {"io", "os", "posixpath"}
 
 
 PATCHED_OPS = (
@@ -179,6 +183,34 @@ def test_a_checkpoint_over_the_cap_is_refused_before_it_is_pulled(sandbox: Sandb
         sandbox.checkpoint(max_bytes=1_000_000)
     assert sandbox.run("print(asked)").stdout == "['save', 'drop']\n"
     sandbox.run("th.OPS['checkpoint'] = original; del big")
+
+
+@pytest.mark.security("load", "results")
+def test_checkpoint_and_download_hold_what_they_pull_once(sandbox: Sandbox) -> None:
+    """The program's peak (tracemalloc, every thread) is the blob's size plus a few chunks, not the
+    chunks and their join (round four measured 2x ``max_bytes``)."""
+    size = 24 * 1024 * 1024
+    sandbox.run(f"import os\nblob = os.urandom({size})\nopen('blob.bin', 'wb').write(blob)")
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        data = sandbox.download("blob.bin")
+        download_peak = tracemalloc.get_traced_memory()[1] - base
+        assert len(data) == size
+        del data
+        sandbox.run("os.unlink('blob.bin')")
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        checkpoint = sandbox.checkpoint(max_bytes=size + CHUNK)
+        checkpoint_peak = tracemalloc.get_traced_memory()[1] - base
+        assert size < checkpoint.size < size + CHUNK
+        del checkpoint
+    finally:
+        tracemalloc.stop()
+        sandbox.run("del blob")
+    # measured: the size plus 16 MiB (four chunks in flight) for both
+    assert download_peak < size + 6 * CHUNK, download_peak / 2**20
+    assert checkpoint_peak < size + 6 * CHUNK, checkpoint_peak / 2**20
 
 
 @pytest.mark.security("attack", "results")

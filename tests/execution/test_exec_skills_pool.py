@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import tracemalloc
 
 import pytest
 
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandboxPool, Sandbox, SandboxPool
+from kernel_sandbox.execution.channel import CHUNK
 
 SKILL_MODULE = b"def greet(name):\n    return f'hello {name}'\n"
 
@@ -33,6 +36,40 @@ def test_skill_returns_created_files_and_figures(sandbox: Sandbox) -> None:
     assert base64.b64decode(by_path["data.txt"]["content_base64"]) == b"givenmore"
     assert by_path["figure_1.png"]["mime_type"] == "image/png"
     assert base64.b64decode(by_path["figure_1.png"]["content_base64"]).startswith(b"\x89PNG")
+
+
+@pytest.mark.security("load", "results")
+def test_a_skills_files_are_held_once_within_max_files_bytes(sandbox: Sandbox) -> None:
+    """``max_files_bytes`` counts the base64 text the answer holds, and the program's peak
+    (tracemalloc, every thread) is that text plus a few chunks: each file is encoded as it arrives
+    into a temporary file and read back whole (round four measured 2.3x the cap)."""
+    cap = 32 * 1024 * 1024
+    make = (
+        "import os, hashlib\nfor i in range(3):\n"
+        "    open(f'out{i}.bin', 'wb').write(os.urandom(8 * 1024 * 1024 - i))\n"
+        "print(*(hashlib.sha256(open(f'out{i}.bin', 'rb').read()).hexdigest() for i in range(3)))\n"
+    )
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        result = sandbox.run_skill(make, max_files_bytes=cap)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert result["success"], result["error"]
+    held = sum(len(entry["content_base64"]) for entry in result["files"])
+    assert 32 * 1024 * 1024 - 16 <= held <= cap  # 4/3 of 24 MiB: base64 exactly fills the cap
+    digests = [hashlib.sha256(base64.b64decode(entry["content_base64"])).hexdigest() for entry in result["files"]]
+    assert " ".join(digests) + "\n" == result["output"]
+    assert peak < cap + 2 * CHUNK, peak / 2**20  # measured: the text plus under 1 MiB
+    del result
+    sandbox.run("import os\nfor i in range(3): os.unlink(f'out{i}.bin')")
+    # one byte more than fits in the base64 room is refused, naming the option
+    too_big = sandbox.run_skill("open('one.bin', 'wb').write(bytes(3001))", max_files_bytes=4000)
+    assert not too_big["success"] and "max_files_bytes=4000 of base64" in too_big["error"], too_big["error"]
+    fits = sandbox.run_skill("open('two.bin', 'wb').write(bytes(3000))", max_files_bytes=4000)
+    assert fits["success"] and [len(f["content_base64"]) for f in fits["files"]] == [4000]
+    sandbox.run("os.unlink('one.bin'); os.unlink('two.bin')")
 
 
 def test_failing_skill_reports_the_error(sandbox: Sandbox) -> None:
@@ -104,5 +141,5 @@ def test_a_pool_takes_its_backends_defaults_and_refuses_an_unknown_backend_when_
     assert "standby" not in AsyncSandboxPool(2, backend="local")._options
     with pytest.raises(ConfigError, match="Unknown backend 'nope'; choose one of docker, opensandbox, local"):
         AsyncSandboxPool(2, backend="nope")
-    with pytest.raises(ConfigError, match="size and max_uses must be at least 1"):
+    with pytest.raises(ConfigError, match="size=0: must be a whole number from 1"):
         AsyncSandboxPool(0)

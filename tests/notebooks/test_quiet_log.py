@@ -10,8 +10,12 @@ product reads as an attack report, and a real one gets lost in the noise.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,3 +89,52 @@ async def test_start_restart_and_shutdown_cycles_log_no_warning(lab_server, jupy
         assert not _alarms(stderr), "papermill's stderr:\n" + "\n".join(_alarms(stderr))
     assert server_log.count("Kernel started:") >= CYCLES, "the cycles did not reach the server"
     assert not _alarms(server_log), "the server's log:\n" + "\n".join(_alarms(server_log))
+
+
+ENDED_OWNER = r"""
+import asyncio, os, signal, uuid
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+from kernel_sandbox.kernelspecs import SandboxKernelSpecManager
+
+async def main():
+    kernel_id = str(uuid.uuid4())
+    km = AsyncKernelManager(kernel_name="sandboxed-python", kernel_spec_manager=SandboxKernelSpecManager(), kernel_id=kernel_id,
+                            config=Config({"DockerProvisioner": {"standby": 0}}),
+                            connection_file=os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], f"kernel-{kernel_id}.json"))
+    await km.start_kernel()
+    private = km.provisioner.private.path
+    os.kill(km.provisioner.launcher_state["pid"], signal.SIGTERM)  # the kernel ends as a shutdown ends it
+    while not (private / "exit.json").exists():
+        await asyncio.sleep(0.1)
+    print(private, flush=True)
+    os._exit(0)  # its owner goes before it removed the directory (a server stopped at that moment)
+
+asyncio.run(main())
+"""
+
+
+def test_a_kernel_that_ended_normally_is_not_reported_at_the_next_server_start(docker_engine, jupyter_prefix, tmp_path, caplog) -> None:
+    """Its directory still holds its record and the exit status it left: nothing to re-attach and
+    nothing wrong, so the server says nothing about it (it used to warn at every start)."""
+    from kernel_sandbox.kernelspecs import SandboxKernelSpecManager
+    from kernel_sandbox.privdir import RECORD
+    from kernel_sandbox.reattach import records
+    from kernel_sandbox.server import ReattachingKernelManager
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    owner = subprocess.run([sys.executable, "-c", ENDED_OWNER], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)})
+    assert owner.returncode == 0, owner.stderr[-3000:]
+    private = Path(owner.stdout.strip())
+    try:
+        assert (private / RECORD).exists() and json.loads((private / "exit.json").read_text())["code"] == 0
+        caplog.set_level(logging.WARNING, logger="test.quiet")
+        manager = ReattachingKernelManager(connection_dir=str(runtime), kernel_spec_manager=SandboxKernelSpecManager(),
+                                           log=logging.getLogger("test.quiet"))
+        assert manager.list_kernel_ids() == []
+        assert not [r.getMessage() for r in caplog.records], "the server warned about a kernel that ended normally"
+        assert not [line for line in records()[1] if str(private) in line]
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

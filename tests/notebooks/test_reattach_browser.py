@@ -23,7 +23,7 @@ from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.reattach import session_database
 
-from lab_kit import ARTIFACTS, LabServer, chromium, jupyterlab, kernel_sandbox_lab, recording_page, wait_for_kernel
+from lab_kit import ARTIFACTS, LabServer, chromium, frame_with, jupyterlab, kernel_sandbox_lab, recording_page, wait_for_kernel
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -55,8 +55,7 @@ def _run(page, server: LabServer, code: str, expect: str) -> str:
     page.keyboard.press("Control+A")
     page.keyboard.insert_text(code)
     page.keyboard.press("Shift+Enter")
-    output = panel.locator(".jp-OutputArea-output").first.filter(has_text=expect)
-    output.wait_for()
+    output = frame_with(page, ".jp-OutputArea-output", expect).locator(".jp-OutputArea-output", has_text=expect).first
     panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
     page.keyboard.press("Control+S")
     page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").wait_for(state="detached")  # saved

@@ -160,6 +160,27 @@ def test_run_failure_exits_non_zero_with_the_cell_and_traceback(tmp_path: Path) 
 
 
 @docker
+def test_run_allows_errors_in_cells_tagged_raises_exception_and_fails_on_the_others(tmp_path: Path) -> None:
+    source = _notebook(tmp_path / "teaching.ipynb", "print('after the allowed error')", "undefined_name", "print('never runs')")
+    nb = nbformat.read(str(source), as_version=4)
+    nb.cells.insert(1, new_code_cell("raise ValueError('shown on purpose')", metadata={"tags": ["raises-exception"]}))
+    nbformat.write(nb, str(source))
+    result = cli("run", str(source), "--no-progress")
+    assert result.returncode == 1
+    assert "Cell 3 failed" in result.stderr and "NameError" in result.stderr
+    assert "shown on purpose" not in result.stderr  # the allowed error is not the one reported
+    out = nbformat.read(str(tmp_path / "teaching.out.ipynb"), as_version=4)
+    assert out.cells[1].outputs[-1].ename == "ValueError"  # kept in the executed notebook
+    assert out.cells[2].outputs[0].text == "after the allowed error\n"
+    assert out.cells[4].outputs == []
+    del nb.cells[3]  # without the untagged failure the run succeeds
+    nbformat.write(nb, str(source))
+    result = cli("run", str(source), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert nbformat.read(str(tmp_path / "teaching.out.ipynb"), as_version=4).cells[3].outputs[0].text == "never runs\n"
+
+
+@docker
 def test_run_inplace_with_an_installed_kernelspec(tmp_path: Path, jupyter_prefix: Path) -> None:
     source = _notebook(
         tmp_path / "limits.ipynb",

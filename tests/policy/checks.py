@@ -123,3 +123,24 @@ def bundle_problems(data: dict) -> list[str]:
     problems += markdown_problems(data.get("text/markdown", ""))
     problems += html_problems(data.get("image/svg+xml", ""), svg_ids=True)
     return problems + text_problems(data.get("text/plain", ""))
+
+
+def unmarked(content: dict) -> dict:
+    """A content without the metadata key the policy owns (``kernel_sandbox``: its mark, its notes)."""
+    metadata = content.get("metadata")
+    if not isinstance(metadata, dict) or "kernel_sandbox" not in metadata:
+        return content
+    return {**content, "metadata": {k: v for k, v in metadata.items() if k != "kernel_sandbox"}}
+
+
+def untouched(content: dict | None, original: dict) -> bool:
+    """Whether the policy passed ``original`` as it was: the same object, or (a display output) the
+    same data with only the frame mark added to its metadata."""
+    if content is original or content == original:
+        return True
+    return (
+        content is not None
+        and content.get("data") == original.get("data")
+        and content["metadata"].get("kernel_sandbox") == {"framed": True}
+        and unmarked(content) == {**original, "metadata": original.get("metadata", {})}
+    )

@@ -33,17 +33,21 @@ def test_strict_inspects_every_message_type() -> None:
     assert strict.filter("stream", content) is content  # untouched: the kernel's own bytes go on
 
 
-def test_trusted_inspects_nothing() -> None:
+def test_trusted_inspects_only_outputs_to_mark_and_replies_that_act_on_the_server() -> None:
     trusted = OutputPolicy("trusted")
-    assert not any(trusted.inspects(t) for t in ("display_data", "comm_open", "stream", "kernel_info_reply"))
-    content = {"data": {"application/javascript": "alert(1)"}, "metadata": {}}
-    assert trusted.filter("display_data", content) is content
+    assert not any(trusted.inspects(t) for t in ("comm_open", "comm_msg", "stream", "status", "error"))
+    assert all(trusted.inspects(t) for t in ("display_data", "update_display_data", "execute_result", "kernel_info_reply", "execute_reply"))
+    content = {"data": {"application/javascript": "alert(1)"}, "metadata": {"kernel_sandbox": {"framed": False}}}
+    out = trusted.filter("display_data", content)
+    assert out["data"] is content["data"] and out["metadata"] == {"kernel_sandbox": {"framed": True}}
+    stream = {"name": "stdout", "text": "x"}
+    assert trusted.filter("stream", stream) is stream
 
 
 def test_allow_mime_types_extends_the_allow_list() -> None:
     content = {"data": {"application/vnd.my-chart+json": {"x": [1]}}, "metadata": {}}
     assert "application/vnd.my-chart+json" not in OutputPolicy().filter("display_data", content)["data"]
-    assert OutputPolicy(allow_mime_types=["application/vnd.my-chart+json"]).filter("display_data", content) is content
+    assert OutputPolicy(allow_mime_types=["application/vnd.my-chart+json"]).filter("display_data", content)["data"] is content["data"]
 
 
 def test_malformed_content_does_not_raise() -> None:
@@ -73,10 +77,18 @@ def test_traitlets_option() -> None:
 def test_untouched_messages_are_the_same_objects() -> None:
     policy = OutputPolicy()
     for msg_type, content in [
-        ("display_data", {"data": {"text/plain": "x", "application/json": ["a", "b"]}, "metadata": {}}),
-        ("execute_result", {"data": {"image/png": "iVBOR"}, "execution_count": 1}),  # no metadata at all
         ("inspect_reply", {"status": "ok", "found": False, "data": {}, "metadata": {}}),
         ("error", {"ename": "E", "evalue": "v", "traceback": ["a", "b"]}),
         ("execute_reply", {"status": "ok", "payload": [{"source": "page", "data": {"text/plain": "doc"}, "start": 0}]}),
     ]:
         assert policy.filter(msg_type, content) is content, msg_type
+
+
+def test_display_outputs_keep_their_values_and_gain_only_the_mark() -> None:
+    policy = OutputPolicy()
+    for msg_type, content in [
+        ("display_data", {"data": {"text/plain": "x", "application/json": ["a", "b"]}, "metadata": {}}),
+        ("execute_result", {"data": {"image/png": "iVBOR"}, "execution_count": 1}),  # no metadata at all
+    ]:
+        out = policy.filter(msg_type, content)
+        assert out["data"] is content["data"] and out["metadata"] == {"kernel_sandbox": {"framed": True}}, msg_type

@@ -99,7 +99,7 @@ def test_script_and_unknown_types_are_replaced_by_a_note(mime: str) -> None:
     out = shown(OutputPolicy(), "display_data", {"data": {mime: "fetch('/api/contents/x', {method: 'PUT'})"}, "metadata": {}})
     assert list(out["data"]) == ["text/plain"]
     assert "removed by the strict output policy" in out["data"]["text/plain"] and mime in out["data"]["text/plain"]
-    assert out["metadata"]["kernel_sandbox"] == {"removed": [mime], "output_policy": "strict"}
+    assert out["metadata"]["kernel_sandbox"] == {"removed": [mime], "output_policy": "strict", "framed": True}
 
 
 def test_the_note_itself_makes_no_link_and_stays_short() -> None:
@@ -111,7 +111,7 @@ def test_the_note_itself_makes_no_link_and_stays_short() -> None:
 def test_update_display_data_cannot_swap_in_a_hostile_output() -> None:
     policy = OutputPolicy()
     first = {"data": {"text/plain": "ok"}, "metadata": {}, "transient": {"display_id": "d1"}}
-    assert policy.filter("display_data", first) is first
+    assert policy.filter("display_data", first)["data"] is first["data"]
     swap = {"data": {"text/html": "<img src=x onerror=alert(1)>", "application/javascript": "alert(1)"},
             "metadata": {}, "transient": {"display_id": "d1"}}
     out = shown(policy, "update_display_data", swap)
@@ -149,7 +149,8 @@ def test_kernel_info_help_links_only_web_urls() -> None:
         {"text": "f", "url": "http://example.org/\\x"},
         {"text": "g"},
     ]
-    out = shown(OutputPolicy(), "kernel_info_reply", {"status": "ok", "help_links": links, "banner": "b"})
+    allowed = [link["url"] for link in links if "url" in link]  # the operator's list: still web URLs only
+    out = shown(OutputPolicy(allow_help_links=allowed), "kernel_info_reply", {"status": "ok", "help_links": links, "banner": "b"})
     assert out["help_links"] == [links[0]] and out["banner"] == "b"
 
 

@@ -20,13 +20,12 @@ import contextlib
 import html
 import os
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, in_frames, recording_page, wait_for_kernel
+from lab_kit import ARTIFACTS, frame_with, in_frames, page_outputs, put_notebook, recording_page, run_all_cells
 
 ARGV_SUFFIX = "-argv"
 """``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""
@@ -90,29 +89,25 @@ BENIGN_CELLS = {
     "latex": "from IPython.display import Math\nMath(r'\\alpha^2 + \\beta')",
     "html": "from IPython.display import HTML\nHTML('<b>benign-html</b>')",
     "slider": "import ipywidgets as w\nw.IntSlider(value=7, description='benign-slider')",
+    # the widgets issue 33's rules must leave working: interact, the Output widget, jslink, FileUpload
+    "interact": "from ipywidgets import interact\n@interact(x=(0, 10))\ndef f(x=3):\n    print('benign-interact', x * 2)",
+    "output": "import ipywidgets as w\no = w.Output()\nwith o:\n    print('benign-output')\no",
+    "jslink": ("import ipywidgets as w\na = w.IntSlider(value=4, description='benign-a')\nb = w.IntText(value=0)\n"
+               "w.jslink((a, 'value'), (b, 'value'))\nw.VBox([a, b])"),
+    "upload": "import ipywidgets as w\nw.FileUpload(description='benign-upload')",
     "tqdm": "from tqdm.notebook import tqdm\nfor i in tqdm(range(3), desc='benign-tqdm'): pass",
 }
 
 
-def put_notebook(lab: dict, path: str, kernelspec: str, sources: Iterable[str]) -> None:
-    """Write a notebook of ``sources`` (code cells, not run) for ``kernelspec`` at ``path`` through the contents API."""
-    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in sources]
-    notebook = {"nbformat": 4, "nbformat_minor": 5, "cells": cells,
-                "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}}}
-    put = httpx.put(f"{lab['url']}/api/contents/{path}", headers=lab["headers"],
-                    json={"type": "notebook", "format": "json", "content": notebook})
-    assert put.status_code in (200, 201), put.text
-
-
-def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
-    """Open the notebook at ``path`` in a JupyterLab workspace of its own (no other notebook reopens, so "Run All"
-    cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
-    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
-    panel = page.locator(".jp-NotebookPanel:visible")
-    wait_for_kernel(page, panel)
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-    return panel
+def shown(page: Any, panel: Any, selector: str, text: str | None = None, seconds: float = 30) -> int:
+    """How many ``selector`` elements (with ``text``) a notebook shows, in its page or in kernel-sandbox-frame's
+    frames; waiting up to ``seconds`` for one."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = panel.locator(selector, has_text=text).count() + in_frames(page, selector, text)
+        if found or time.monotonic() >= deadline:
+            return found
+        page.wait_for_timeout(250)
 
 
 def script_traces(page: Any, lab: dict, seconds: float) -> tuple[list[str], list[str]]:
@@ -141,18 +136,26 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
     with recording_page(browser, f"policy-{kernelspec}-failure.png", height=900, timeout_ms=120_000) as (page, requests):
         panel = run_all_cells(page, lab, kernelspec, name)
         # The benign outputs render (the last cell's progress bar completes last).
-        panel.locator(".widget-hprogress, .widget-progress").first.wait_for()
-        panel.locator(".widget-html-content", has_text="3/3").first.wait_for()
+        frame_with(page, ".widget-hprogress, .widget-progress", seconds=90)
+        frame_with(page, ".widget-html-content", "3/3", seconds=90)
         panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
-        # HTML, SVG and Markdown render in kernel-sandbox-frame's frames (tests/attacks/test_frame_browser.py)
+        # everything renders in kernel-sandbox-frame's frames (tests/attacks/test_frame_browser.py), none in the page
+        assert page_outputs(page) == [] and panel.locator(".jupyter-widgets").count() == 0
         assert in_frames(page, "table.dataframe td", "Lyon", seconds=30) == 1
-        assert panel.locator(".jp-RenderedImage img[src^='data:image/png']").count() >= 1
+        assert in_frames(page, ".jp-RenderedImage img[src^='data:image/png']") >= 1
         assert in_frames(page, "svg path", seconds=30) >= 1  # the cleaned SVG still draws
         assert in_frames(page, "strong", "benign-bold") == 1
         assert in_frames(page, "b", "benign-html") == 1
-        assert panel.locator(".jp-RenderedLatex mjx-container, .jp-RenderedLatex .MathJax").count() >= 1
-        assert panel.locator(".widget-slider, .widget-hslider").count() >= 1
-        assert panel.locator(".widget-label", has_text="benign-slider").count() == 1
+        assert in_frames(page, ".jp-RenderedLatex mjx-container", seconds=30) >= 1
+        assert in_frames(page, ".widget-slider, .widget-hslider") >= 1
+        assert in_frames(page, ".widget-label", "benign-slider") == 1
+        assert shown(page, panel, ".jp-OutputArea-output", "benign-interact 6") >= 1
+        assert shown(page, panel, ".jp-OutputArea-output", "benign-output") >= 1
+        linked = page.evaluate("[...document.querySelectorAll('.widget-text input')].map(i => i.value)")
+        for frame in page.frames[1:]:
+            linked += frame.evaluate("[...document.querySelectorAll('.widget-text input')].map(i => i.value)")
+        assert "4" in linked, linked  # jslink copied the slider's value into the IntText in the browser
+        assert shown(page, panel, ".jupyter-widget-file-upload, .widget-upload", "benign-upload") == 1
         # The links would run script when clicked.
         for text in ("click-html-link", "click-md-link"):
             for frame in page.frames:

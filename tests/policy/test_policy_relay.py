@@ -120,7 +120,8 @@ class Kernel:
 def specs(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     prefix = str(tmp_path_factory.mktemp("relay-policy"))
     return {
-        "strict": Path(install("sandboxed-python", prefix=prefix, install_as="relay-strict")),
+        "strict": Path(install("sandboxed-python", prefix=prefix, install_as="relay-strict",
+                               config={"allow_help_links": ["https://jupyter.org"]})),
         "trusted": Path(install("sandboxed-python", prefix=prefix, install_as="relay-trusted",
                                 config={"output_policy": "trusted"})),
     }
@@ -203,20 +204,31 @@ def test_replies_on_shell_and_control_are_filtered_too(strict_kernel: Kernel) ->
     assert info["content"]["help_links"] == [{"text": "ok", "url": "https://jupyter.org"}]
 
 
-def test_trusted_passes_everything_unchanged(specs, tmp_path: Path) -> None:
+def test_trusted_passes_outputs_unchanged_but_marks_them_and_checks_replies(specs, tmp_path: Path) -> None:
+    """Trusted passes what runs in the page; what acts on the notebook or the server is checked still
+    (issue 33), and every display output is marked to be framed, whatever the kernel put there."""
     kernel = Kernel(specs["trusted"], "provisioner", tmp_path)
     try:
-        messages, _ = kernel.run(
+        messages, reply = kernel.run(
             "from IPython.display import display, HTML\n"
-            "display({'application/javascript': 'alert(1)', 'text/plain': 'js'}, raw=True)\n"
-            "display(HTML('<img src=x onerror=\"alert(1)\">'))"
+            "display({'application/javascript': 'alert(1)', 'text/plain': 'js'}, raw=True,"
+            " metadata={'kernel_sandbox': {'framed': False}})\n"
+            "display(HTML('<img src=x onerror=\"alert(1)\">'))\n"
+            "get_ipython().set_next_input('rewritten', replace=True)\n"
+            "k = get_ipython().kernel\n"
+            "k.language_info = {**k.language_info, 'nbconvert_exporter': 'attacker_module'}\n"
         )
+        msg_id = kernel.client.kernel_info()
+        while (info := kernel.client.get_shell_msg(timeout=60))["parent_header"]["msg_id"] != msg_id:
+            pass
     finally:
         kernel.stop()
-    data = [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
-    assert data[0]["application/javascript"] == "alert(1)"
-    assert data[1]["text/html"] == '<img src=x onerror="alert(1)">'
-
+    displays = [m["content"] for m in messages if m["msg_type"] == "display_data"]
+    assert displays[0]["data"]["application/javascript"] == "alert(1)"
+    assert displays[1]["data"]["text/html"] == '<img src=x onerror="alert(1)">'
+    assert all(d["metadata"]["kernel_sandbox"] == {"framed": True} for d in displays)
+    assert [p["replace"] for p in reply["content"]["payload"] if p["source"] == "set_next_input"] == [False]
+    assert "nbconvert_exporter" not in info["content"]["language_info"] and info["content"]["help_links"] == []
 
 
 @pytest.mark.parametrize("mode", ["strict", "trusted"])
@@ -268,3 +280,15 @@ async def test_the_front_drops_what_the_policy_cannot_read(tmp_path: Path) -> No
     finally:
         client.stop_channels()
         front.close()
+
+
+def test_a_pandas_styler_renders_its_table_cleaned(specs, tmp_path: Path) -> None:
+    """``df.style`` needs jinja2 in the kernel image (issue 33); strict shows its table, without its <style>."""
+    kernel = Kernel(specs["strict"], "provisioner", tmp_path)
+    try:
+        messages, reply = kernel.run("import pandas as pd\npd.DataFrame({'a': [1, 2]}).style.highlight_max()")
+    finally:
+        kernel.stop()
+    assert reply["content"]["status"] == "ok", reply["content"].get("evalue")
+    [result] = [m["content"]["data"] for m in messages if m["msg_type"] == "execute_result"]
+    assert "<td" in result["text/html"] and "<style" not in result["text/html"] and html_problems(result["text/html"]) == []

@@ -1,0 +1,35 @@
+// JupyterLab's output context menu (Clear Outputs, Enable Scrolling for Outputs, Copy Output...) on a right-click
+// in an output frame: the frame forwards the click's position as CONTEXTMENU_MESSAGE (Shift+right-click keeps
+// the browser's own menu, as in the page) and the page opens its own menu there, as for a click on the output.
+//
+// The page acts only while the user is in that frame (focus.js userIsIn: a frame cannot open the menu by
+// itself), and puts the menu inside the frame's box whatever position the message claims.
+import { userIsIn } from './focus';
+
+export const CONTEXTMENU_MESSAGE = 'kernel-sandbox-frame:contextmenu';
+
+// Runs in the frame.
+export const CONTEXTMENU_FRAME_SCRIPT = `(function () {
+  document.addEventListener('contextmenu', function (event) {
+    if (event.shiftKey) { return; }
+    event.preventDefault();
+    parent.postMessage({ type: ${JSON.stringify(CONTEXTMENU_MESSAGE)}, x: event.clientX, y: event.clientY }, '*');
+  }, true);
+})();`;
+
+function clamp(value, low, high) {
+  return Math.min(Math.max(typeof value === 'number' && Number.isFinite(value) ? value : 0, low), high);
+}
+
+/** Acts on a CONTEXTMENU_MESSAGE `data` from `frame`: JupyterLab's context menu for the frame's output, at the click. Returns whether it did. */
+export function openContextMenu(frame, data) {
+  if (!userIsIn(frame)) {
+    return false;
+  }
+  const box = frame.getBoundingClientRect();
+  const clientX = box.left + clamp(data.x, 0, box.width);
+  const clientY = box.top + clamp(data.y, 0, box.height);
+  // JupyterLab opens its menu on the contextmenu event reaching the document, with the items whose selectors match the target
+  frame.dispatchEvent(new MouseEvent('contextmenu', { bubbles: true, cancelable: true, button: 2, buttons: 2, clientX, clientY }));
+  return true;
+}

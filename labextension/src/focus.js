@@ -1,0 +1,87 @@
+// JupyterLab's shortcuts after a click in an output frame: the keys go to the frame's document, which the
+// page's command registry never sees. The frame forwards the keydown of a JupyterLab shortcut (and only of
+// those: the frame's own inputs keep every other key) as KEY_MESSAGE; the page returns focus to the frame's
+// cell, in command mode, and replays the shortcut there, so Ctrl/Cmd+S saves, Shift+Enter runs the cell...
+//
+// A frame's script can post anything: the page acts on a key only while that frame holds the focus and the
+// user has just pressed a key or clicked (the browser's transient user activation, which a frame cannot make
+// by itself), and only on a shortcut of SHORTCUTS, rebuilt from the page's own table (nothing else of the
+// message is read).
+export const KEY_MESSAGE = 'kernel-sandbox-frame:key';
+
+// name -> [key, code, keyCode, shift, alt, accel]; accel is Ctrl, or Cmd on a Mac
+const SHORTCUTS = {
+  Escape: ['Escape', 'Escape', 27, false, false, false],
+  'Shift Enter': ['Enter', 'Enter', 13, true, false, false],
+  'Accel Enter': ['Enter', 'Enter', 13, false, false, true],
+  'Alt Enter': ['Enter', 'Enter', 13, false, true, false],
+  'Accel S': ['s', 'KeyS', 83, false, false, true],
+  'Accel Shift C': ['C', 'KeyC', 67, true, false, true],
+  'Accel B': ['b', 'KeyB', 66, false, false, true]
+};
+const IS_MAC = /Mac|iPhone|iPad/.test(navigator.platform);
+
+// Runs in the frame: the name of the shortcut a keydown is, forwarded instead of handled there.
+export const KEYS_FRAME_SCRIPT = `(function () {
+  var mac = ${IS_MAC};
+  document.addEventListener('keydown', function (event) {
+    var accel = mac ? event.metaKey : event.ctrlKey;
+    if ((mac ? event.ctrlKey : event.metaKey)) { return; }
+    var parts = [];
+    if (accel) { parts.push('Accel'); }
+    if (event.altKey) { parts.push('Alt'); }
+    if (event.shiftKey) { parts.push('Shift'); }
+    parts.push(event.key.length === 1 ? event.key.toUpperCase() : event.key);
+    var name = parts.join(' ');
+    if (${JSON.stringify(Object.keys(SHORTCUTS))}.indexOf(name) < 0) { return; }
+    event.preventDefault();
+    event.stopPropagation();
+    parent.postMessage({ type: ${JSON.stringify(KEY_MESSAGE)}, shortcut: name }, '*');
+  }, true);
+})();`;
+
+/** Whether the user is acting in `frame` now: it holds the page's focus and the page has transient user activation. */
+export function userIsIn(frame) {
+  const activation = navigator.userActivation;
+  return document.hasFocus() && document.activeElement === frame && (!activation || activation.isActive);
+}
+
+/** The notebook panel of `notebooks` (an INotebookTracker) holding `node`, and the index of its cell holding it. */
+function cellOf(notebooks, node) {
+  let found = null;
+  notebooks.forEach(panel => {
+    if (found === null && panel.content.node.contains(node)) {
+      const index = panel.content.widgets.findIndex(cell => cell.node.contains(node));
+      found = index < 0 ? null : { notebook: panel.content, index };
+    }
+  });
+  return found;
+}
+
+/**
+ * Acts on a KEY_MESSAGE `data` from `frame`: focus back to the frame's cell (command mode) and the shortcut replayed
+ * there through JupyterLab's keydown handling. Returns whether it did.
+ */
+export function forwardKey(notebooks, frame, data) {
+  const shortcut = Object.prototype.hasOwnProperty.call(SHORTCUTS, data.shortcut) ? SHORTCUTS[data.shortcut] : null;
+  // Escape only gives the focus back; it does not activate the page, so it needs the focus alone
+  if (!shortcut || !(data.shortcut === 'Escape' ? document.activeElement === frame : userIsIn(frame))) {
+    return false;
+  }
+  const [key, code, keyCode, shiftKey, altKey, accel] = shortcut;
+  const cell = cellOf(notebooks, frame);
+  let target = document.body;
+  if (cell) {
+    cell.notebook.activeCellIndex = cell.index;
+    cell.notebook.mode = 'command';
+    cell.notebook.node.focus();
+    target = cell.notebook.node;
+  } else {
+    frame.blur();
+  }
+  if (data.shortcut !== 'Escape') {
+    const init = { key, code, keyCode, which: keyCode, shiftKey, altKey, bubbles: true, cancelable: true };
+    target.dispatchEvent(new KeyboardEvent('keydown', { ...init, ctrlKey: accel && !IS_MAC, metaKey: accel && IS_MAC }));
+  }
+  return true;
+}
