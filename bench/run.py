@@ -34,13 +34,14 @@ import bench_peers
 import bench_policy
 import bench_relay
 import bench_scale
+import bench_secrets
 from report import Measure, Row, markdown, unavailable, write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = {  # quick, full
     "cold": (2, 10), "execute": (20, 200), "tools": (5, 50), "api": (10, 100),
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
-    "egress": (10, bench_egress.ROUNDS),
+    "egress": (10, bench_egress.ROUNDS), "secrets": (10, bench_secrets.ROUNDS),
     "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS), "frames": (50, bench_frames.OUTPUTS),
 }
 MEASURES = [
@@ -60,6 +61,7 @@ MEASURES = [
     Measure("egress", "Egress proxy: a 1 MiB download through it vs direct on the host", "ms",
             "A local HTTP server on 127.0.0.1; the launcher's proxy code in process, the name resolved by a stub; "
             "each download on new connections, interleaved (bench_egress.py)."),
+    *bench_secrets.MEASURES,
     *bench_metrics.MEASURES,
     *bench_checkpoint.MEASURES,
     *bench_frames.MEASURES,
@@ -107,6 +109,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("scale", ["scale_count", "scale_time", "scale_memory"], lambda: _scale(pick["scale"])),
         ("policy", ["policy"], lambda: asyncio.to_thread(lambda: bench_policy.rows(bench_policy.measure(pick["policy"])))),
         ("egress", ["egress"], lambda: _egress(pick["egress"])),
+        ("secrets", ["secrets"], lambda: _secrets(pick["secrets"])),
         ("metrics", ["metrics"], lambda: _metrics(pick["metrics"])),
         ("checkpoint", ["checkpoint"], lambda: _checkpoint(pick["checkpoint"])),
         ("frames", ["frames_memory"], lambda: asyncio.to_thread(bench_frames.rows, pick["frames"])),
@@ -132,6 +135,10 @@ async def _egress(rounds: int) -> list[Row]:
     return bench_egress.rows(await bench_egress.measure(rounds))
 
 
+async def _secrets(rounds: int) -> list[Row]:
+    return bench_secrets.rows(await bench_secrets.measure(rounds))
+
+
 async def _metrics(rounds: int) -> list[Row]:
     return bench_metrics.rows(await bench_metrics.measure(rounds))
 
@@ -149,8 +156,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
-    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "metrics",
-                                                      "checkpoint", "frames"],
+    parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "secrets",
+                                                      "metrics", "checkpoint", "frames"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

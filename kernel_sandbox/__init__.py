@@ -24,6 +24,7 @@ _EXECUTION_API = (
     "SandboxError",
     "SandboxFileError",
     "SandboxPool",
+    "Secret",
     "ToolResult",
     "UnsafePayloadError",
 )

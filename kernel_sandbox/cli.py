@@ -36,6 +36,8 @@ def _install_config(args: argparse.Namespace) -> dict[str, Any]:
         config["mounts"] = args.mount
     if args.env:
         config["env"] = dict(item.split("=", 1) for item in args.env)
+    if args.secret:
+        config["secrets"] = args.secret
     for item in args.set:
         key, _, value = item.partition("=")
         config[key] = _config_value(value)
@@ -193,7 +195,9 @@ async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """List kernel containers and their usage, CPU over the last second (a standby kernel, started
-    ahead of need, shows as standby; an orphan, how long it waits to be re-attached)."""
+    ahead of need, shows as standby; an orphan, how long it waits to be re-attached; a kernel with
+    secrets, their names and how many requests used each)."""
+    from .metrics import secrets_text
     from .top import COLUMNS, INSPECT_TIMEOUT, sampled_twice, usage_columns
 
     waiting = _orphans()
@@ -203,7 +207,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "")
         kind = f"kernel {row.kernel}" if row.kernel else "standby"
-        print(f"{row.name}\t{row.status}\t{kind}\t{usage}{note}")
+        held = f"\tsecrets {secrets_text(row.secrets)}" if row.secrets else ""
+        print(f"{row.name}\t{row.status}\t{kind}\t{usage}{note}{held}")
     return 0
 
 
@@ -425,6 +430,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder"
     )
     inst.add_argument("--env", action="append", default=[], help="environment variable NAME=VALUE")
+    inst.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME@HOST",
+        help="NAME[=FILE]@HOST[,HOST...]: the kernel's NAME holds a placeholder that the egress "
+        "proxy replaces, in requests to HOST only, with the value of NAME in the Jupyter server's "
+        "environment (or FILE's content) at launch; kernel.json never holds the value; repeatable",
+    )
     inst.add_argument(
         "--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)"
     )

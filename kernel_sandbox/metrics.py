@@ -92,6 +92,8 @@ class Usage:
     source: str = ""
     """Where the numbers come from: ``cgroup v1``, ``cgroup v2`` or ``execd``."""
     sampled_at: float = field(default_factory=time.time)
+    secrets: tuple[tuple[str, int], ...] = ()
+    """The kernel's secrets (names, never values), each with the requests that used it."""
 
     @property
     def memory_percent(self) -> float | None:
@@ -107,9 +109,16 @@ class Usage:
         for name in ("oom_kills", "pids_refused", "memory_failcnt", "throttled_periods"):
             if getattr(self, name):
                 parts.append(f"{name}={getattr(self, name)}")
+        if self.secrets:
+            parts.append(f"secrets={secrets_text(self.secrets)}")
         if self.source:
             parts.append(f"source={self.source!r}")
         return f"Usage({', '.join(parts)})"
+
+
+def secrets_text(secrets: tuple[tuple[str, int], ...]) -> str:
+    """``NAME:USES`` for each secret, comma-separated."""
+    return ",".join(f"{name}:{uses}" for name, uses in secrets)
 
 
 def size_text(value: int | None) -> str:

@@ -46,6 +46,7 @@ EXIT = "exit.json"
 ADOPTED = "adopted.json"
 RECORD = "record.json"
 ORPHANED = "orphaned.json"
+SECRETS = "secrets.json"
 NEW_DIR_GRACE_SECONDS = 60
 CHECKPOINT_SUFFIX = ".checkpoint"
 PART_SUFFIX = ".part"

@@ -390,6 +390,10 @@ class BackendSettings:
         one."""
         options = cls.options()
         unknown = sorted(set(config) - set(options), key=str)
+        if "secrets" in unknown:
+            from .hostsecrets import unsupported
+
+            raise unsupported(cls.title)
         if unknown:
             name = unknown[0]
             close = difflib.get_close_matches(str(name), options, n=1)

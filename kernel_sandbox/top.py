@@ -18,8 +18,9 @@ from typing import Any
 import docker.errors
 import requests.exceptions
 
-from .docker.containers import OURS, kernel_of
+from .docker.containers import LABEL_PRIVATE_DIR, OURS, kernel_of
 from .errors import ConfigError, MetricsUnavailable
+from .hostsecrets import read_uses
 from .metrics import (
     GiB,
     MiB,
@@ -75,6 +76,8 @@ class Row:
     """The kernel's id; None for a standby not taken yet."""
     container_id: str
     usage: Usage | None
+    secrets: tuple[tuple[str, int], ...] = ()
+    """The kernel's secrets and their use counts (its launcher's record; never values)."""
 
     def cells(self) -> list[str]:
         """The row's text for ``top``, one item per :data:`COLUMNS`, short enough for
@@ -125,7 +128,8 @@ class Sampler:
             kernel_id = kernel_of(labels)
             usage = self._usage_of(container_id) if summary.get("State") == "running" else None
             name = (summary.get("Names") or ["/?"])[0].lstrip("/")
-            rows.append(Row(name, summary.get("State", "?"), kernel_id, container_id, usage))
+            held = read_uses(labels.get(LABEL_PRIVATE_DIR))
+            rows.append(Row(name, summary.get("State", "?"), kernel_id, container_id, usage, held))
         self.probes = {
             row.container_id: self.probes[row.container_id]
             for row in rows

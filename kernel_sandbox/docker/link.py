@@ -57,7 +57,7 @@ from ..launch.front import (
 )
 from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
-from ..privdir import LAUNCHER_STATE, PrivateDir
+from ..privdir import LAUNCHER_STATE, SECRETS, PrivateDir
 from ..settings import MiB
 from . import watchdog
 from .blobs import ContainerFiles
@@ -78,6 +78,7 @@ from .netns import connect_in_netns, container_netns, listen_in_netns, may_enter
 from .settings import DockerSettings
 
 if TYPE_CHECKING:
+    from ..launch.intercept import SecretTable
     from ..launch.request import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -338,6 +339,7 @@ class DockerLink:
         self._idle = True
         """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
         self._egress: egress.Egress | None = None
+        self._secrets: SecretTable | None = None
         self._cgroup: CgroupProbe | None = None
         self._checked = Usage()
         self._killed: str | None = None
@@ -357,12 +359,22 @@ class DockerLink:
         await asyncio.to_thread(require_image, client, settings.image)
         direct = may_enter_netns(settings, info)
         proxied = settings.network is not True
+        # before the container exists: a secret whose value is missing fails the launch
+        if settings.secrets:
+            from ..launch.intercept import SecretTable
+
+            self._secrets = SecretTable.load(settings.secrets, os.environ)
+        kernel_secrets = self._secrets.kernel_env() if self._secrets else {}
         spec = container_spec(
             settings,
             kernel_id=request.kernel_id,
             kernel_key=self._key,
             user=run_as(settings),
-            env={**request.env, **(egress.kernel_env(settings) if proxied else {})},
+            env={
+                **request.env,
+                **(egress.kernel_env(settings) if proxied else {}),
+                **kernel_secrets,
+            },
             mounts=resolve_mounts(settings, request.cwd),
             labels=owner_labels(
                 request.kernel_id,
@@ -448,7 +460,7 @@ class DockerLink:
         exec stream (:mod:`.egress_stream`)."""
         front = self._front
         assert front is not None
-        proxy = self._egress = egress.Egress.for_settings(self.settings)
+        proxy = self._egress = egress.Egress.for_settings(self.settings, self._secrets)
         try:
             if self._netns is not None:
                 sock = await asyncio.to_thread(listen_in_netns, self._netns, egress.PROXY_PORT)
@@ -475,6 +487,24 @@ class DockerLink:
                 f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"
             ) from exc
         front.requests[WINDOW_REQUEST] = proxy.answer
+        if self._secrets is not None:
+            self._report_secrets(self._secrets)
+
+    def _report_secrets(self, table: SecretTable) -> None:
+        """Keep the secrets' names and use counts in the kernel's private directory, for
+        ``kernel-sandbox ps`` and ``metrics()`` (never a value)."""
+        private = self.request.private or self._own_dir
+        if private is None:
+            return
+
+        def report() -> None:
+            try:
+                private.write_json(SECRETS, dict(table.uses))
+            except OSError:
+                log.debug("could not record the secrets' use", exc_info=True)
+
+        table.on_use = report
+        report()
 
     async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..egress import parse_network
 from ..errors import ConfigError
+from ..hostsecrets import parse_bindings
 from ..settings import (
     HOME_DIR,
     PACKAGES_DIR,
@@ -80,6 +81,15 @@ class DockerSettings(BackendSettings):
         parse_network,
         "false: no network; true: a bridge with open outbound access; or a list of destinations "
         "(HOST[:PORT][@ADDRESSES], *.domain) reached through the launcher's filtering proxy.",
+    )
+    secrets: tuple[str, ...] = _option(
+        (),
+        parse_bindings,
+        "Secrets the egress proxy adds to requests, never given to the kernel: "
+        "NAME[=FILE]@HOST[:PORT][,HOST...][;query]. The kernel's NAME holds a placeholder; the "
+        "value comes from the launching process's environment variable NAME (or FILE) and "
+        "replaces the placeholder in the headers of requests to HOST only. HOST is allowed "
+        "implicitly.",
     )
     memory: int | None = _option(
         "1g", _memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'."
@@ -205,6 +215,11 @@ class DockerSettings(BackendSettings):
                 f"memory={asked!r} does not fit in max_memory={self.max_memory // MiB}m: give "
                 "every kernel a memory limit no larger than max_memory, or set max_memory to "
                 "'unlimited'"
+            )
+        if self.secrets and self.network is True:
+            raise ConfigError(
+                "secrets need the filtering proxy, which network=true bypasses: give network a "
+                "list of destinations (or false: the secrets' hosts are allowed anyway)"
             )
         if self.checkpoint_max_bytes > self.max_checkpoint_bytes:
             raise ConfigError(

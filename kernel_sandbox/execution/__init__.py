@@ -12,6 +12,7 @@ from ..errors import (  # noqa: F401 (re-exported: the names in __all__)
     SandboxFileError,
     UnsafePayloadError,
 )
+from ..hostsecrets import Secret  # noqa: F401
 from ..results import Execution, ExecutionError, FileInfo, ToolResult  # noqa: F401
 from .checkpoint import Checkpoint  # noqa: F401
 from .decode import DecodeLimits  # noqa: F401

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from ..egress import WINDOW_REQUEST, parse_network
+from ..hostsecrets import Secret, read_uses, secret_values, unsupported
 from ..errors import (
     ConfigError,
     FramingError,
@@ -126,7 +128,9 @@ class AsyncSandbox(KernelExchange):
     (classes whose instances tool results may hold), ``decode_limits`` (:class:`DecodeLimits` for
     tool results), ``unsafe_pickle`` (decode values the data format cannot carry from pickles: off,
     see the README), ``output_policy`` (``strict``, the default, or ``trusted``), ``restore`` (a
-    :class:`Checkpoint` the new kernel loads at start: same image only); any other keyword goes to
+    :class:`Checkpoint` the new kernel loads at start: same image only), ``secrets`` (Docker: a
+    mapping of variable name to :class:`Secret`, whose value the egress proxy adds to requests to
+    its hosts while the kernel sees a placeholder); any other keyword goes to
     the backend's provisioner config. Docker and OpenSandbox options are checked here, before
     anything starts.
     """
@@ -151,9 +155,15 @@ class AsyncSandbox(KernelExchange):
         unsafe_pickle: bool = False,
         output_policy: str | None = None,
         restore: Checkpoint | None = None,
+        secrets: Mapping[str, Secret] | None = None,
         **backend_options: Any,
     ) -> None:
         self._backend = backend_named(backend)
+        self._secret_env = secret_values({} if secrets is None else secrets, env or {})
+        if self._secret_env:
+            if backend != "docker":
+                raise unsupported(f"the {backend!r} backend")
+            backend_options["secrets"] = [s.binding(n) for n, s in (secrets or {}).items()]
         if restore is not None and not isinstance(restore, Checkpoint):
             raise ConfigError(
                 "restore must be a Checkpoint (Checkpoint.load(path) reads one), not "
@@ -261,7 +271,9 @@ class AsyncSandbox(KernelExchange):
             self._km.transport, self._km.ip = "ipc", posixpath.join(self._tmp, "k")
         _LIVE.add(self)
         try:
-            await self._km.start_kernel(**({"cwd": cwd} if cwd else {}))
+            # the launcher reads the secrets' values from its environment; the kernel never sees it
+            launch_env = {"env": {**os.environ, **self._secret_env}} if self._secret_env else {}
+            await self._km.start_kernel(**({"cwd": cwd} if cwd else {}), **launch_env)
             await self._connect()
             async with self._lock:
                 info = await self._open(time.monotonic() + self.start_timeout)
@@ -415,7 +427,9 @@ class AsyncSandbox(KernelExchange):
         if probe is None or probe.container_id != getattr(provisioner, "container_id", None):
             probe = self._probe = self._backend.probe(provisioner)
             self._checked = Usage()
-        return probe.read()
+        usage = probe.read()
+        held = read_uses(getattr(getattr(provisioner, "private", None), "path", None))
+        return dataclasses.replace(usage, secrets=held) if held else usage
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
         """Say in ``error`` which limits the kernel hit since they were last looked at, as the host

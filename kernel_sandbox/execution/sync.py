@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
+from ..hostsecrets import Secret
 from ..metrics import Usage
 from ..results import Execution, FileInfo, ToolResult
 from .backend import DEFAULT_BACKEND
@@ -75,6 +76,7 @@ class Sandbox:
         unsafe_pickle: bool = False,
         output_policy: str | None = None,
         restore: Checkpoint | None = None,
+        secrets: Mapping[str, Secret] | None = None,
         **backend_options: Any,
     ) -> None:
         self._async = AsyncSandbox(
@@ -95,6 +97,7 @@ class Sandbox:
             unsafe_pickle=unsafe_pickle,
             output_policy=output_policy,
             restore=restore,
+            secrets=secrets,
             **backend_options,
         )
 

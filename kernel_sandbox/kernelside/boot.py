@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import runpy
+import ssl
 import sys
 import types
 
@@ -36,6 +37,10 @@ EXTENSION = "_kernel_sandbox_magics"
 BOOT_MODULE = "_kernel_sandbox_boot"
 SIGNATURE_SCHEME = "hmac-sha256"
 CONNECTION_FILE = "/tmp/kernel-sandbox-connection.json"
+CA_ENV = "KERNEL_SANDBOX_CA"
+CA_BUNDLE = "/tmp/kernel-sandbox-ca.pem"
+"""The kernel's trust bundle when it has secrets: the system's CAs and the egress proxy's CA
+(whose certificate arrives in ``KERNEL_SANDBOX_CA``; ``SSL_CERT_FILE`` and the like point here)."""
 LOOPBACK_WARNING = "Kernel is running over TCP without encryption"
 PYTHON_NAMES = ("python", "python3")
 
@@ -50,6 +55,19 @@ def write_connection_file(path, info):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(info, handle)
+
+
+def write_trust_bundle(path, ca_pem):
+    """Write the system's CA certificates and ``ca_pem`` to a new read-only file at ``path``."""
+    system = ""
+    try:
+        with open(ssl.get_default_verify_paths().openssl_cafile) as handle:
+            system = handle.read()
+    except OSError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o444)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(system.rstrip("\n") + "\n" + ca_pem)
 
 
 def kernel_argv(cmd, connection_file):
@@ -121,6 +139,9 @@ def main(cmd):
         )
         return 2
     write_connection_file(CONNECTION_FILE, connection_info(key))
+    ca_pem = os.environ.pop(CA_ENV, "")
+    if ca_pem:
+        write_trust_bundle(CA_BUNDLE, ca_pem)
     make_package_dir(os.environ.get("PIP_TARGET"))
     run(kernel_argv(cmd, CONNECTION_FILE), install_modules(sources))
     return 0

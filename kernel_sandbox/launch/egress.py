@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -49,6 +50,7 @@ from ..egress import (
 
 if TYPE_CHECKING:
     from ..docker.settings import DockerSettings
+    from .intercept import SecretTable
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -375,8 +377,12 @@ class Egress:
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout: float = IDLE_TIMEOUT,
         head_timeout: float = HEAD_TIMEOUT,
+        secrets: SecretTable | None = None,
     ) -> None:
-        self.allowed = tuple(allowed)
+        self.secrets = secrets
+        """The kernel's secrets (:mod:`.intercept`): their destinations are allowed and
+        intercepted."""
+        self.allowed = tuple(dict.fromkeys([*allowed, *(secrets.destinations if secrets else ())]))
         self.package_index = tuple(package_index)
         hooks = test_hooks() if resolve is None and connect is None else None
         self.resolve = resolve or (hooks[0] if hooks else system_resolve)
@@ -396,8 +402,9 @@ class Egress:
         """Why the kernel's egress was ended for good (see :meth:`end`), once it was."""
 
     @classmethod
-    def for_settings(cls, settings: DockerSettings) -> Egress:
-        """The proxy of a kernel with these settings (``network`` false or a list)."""
+    def for_settings(cls, settings: DockerSettings, secrets: SecretTable | None = None) -> Egress:
+        """The proxy of a kernel with these settings (``network`` false or a list) and
+        ``secrets``."""
         allowed = (
             parse_destinations("network", settings.network)
             if isinstance(settings.network, tuple)
@@ -406,6 +413,7 @@ class Egress:
         return cls(
             allowed,
             package_index=package_index("package_index", settings.package_index).destinations,
+            secrets=secrets,
         )
 
     # -- install windows -------------------------------------------------------------------
@@ -611,6 +619,11 @@ class Egress:
                 return
             window.connections.add(writer)
         try:
+            if request.connect and self.secrets and self.secrets.bound(request.host, request.port):
+                await self._intercept(
+                    request, self.secrets, reader, writer, upstream_reader, upstream
+                )
+                return
             if request.connect:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
@@ -622,6 +635,57 @@ class Egress:
             if window is not None:
                 window.connections.discard(writer)
             upstream.transport.abort()
+
+    async def _intercept(
+        self,
+        request: Request,
+        table: SecretTable,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        upstream_reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+    ) -> None:
+        """A CONNECT to a destination with a secret: verify the real host first (a failure is a
+        refusal naming it), then answer the kernel's TLS as that host and relay HTTP with the
+        secrets filled in (:func:`.intercept.relay_http`)."""
+        from .intercept import TlsStream, relay_http
+
+        host, port = request.host, request.port
+
+        def touch() -> None:
+            self._clients[writer] = time.monotonic()
+
+        outbound = TlsStream(
+            upstream_reader,
+            upstream,
+            table.upstream(),
+            server_side=False,
+            server_hostname=host,
+            touch=touch,
+        )
+        try:
+            await outbound.handshake()
+        except (ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
+            why = getattr(exc, "verify_message", None) or type(exc).__name__
+            refusal = Refusal(
+                502,
+                f"kernel-sandbox refused {host}:{port}: its TLS certificate did not verify on the "
+                f"host ({why}); nothing was sent to it",
+                f"{host}:{port}",
+            )
+            self.refusals.refused(refusal.name, refusal.reason)
+            await self._answer(writer, refusal, reader)
+            return
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        inbound = TlsStream(
+            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
+        )
+        try:
+            await inbound.handshake()
+        except (ssl.SSLError, OSError, asyncio.TimeoutError):
+            return
+        limits = (self.idle_timeout, HEAD_LIMIT)
+        await relay_http(table, host, port, inbound, outbound, *limits, self.refusals.refused)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter

@@ -228,7 +228,8 @@ class LaunchedProvisioner(LocalProvisioner):
         cwd: str | None,
     ) -> Recipe | None:
         count = getattr(settings, "standby", 0)
-        if not count:
+        if not count or getattr(settings, "secrets", None):
+            # a launcher holding secrets' values is started for its kernel only, never kept idle
             return None
         image = await self.standby_image(settings, launcher_env)
         if image is None:

@@ -58,6 +58,7 @@ DOCKER = {
     "checkpoint_max_bytes": SIZE,
     "max_checkpoint_bytes": SIZE,
     "checkpoint_on_oom": (bool,),
+    "secrets": (list, tuple),
 }
 OPENSANDBOX = {
     **SHARED,
@@ -104,6 +105,7 @@ SESSION = {
     "allowed_classes": (list, tuple, set, frozenset),
     "unsafe_pickle": (bool,),
     "output_policy": (str, type(None)),
+    "secrets": (dict, type(None)),
 }
 POOL = {"size": (int,), "max_uses": (int,), "idle_timeout": (*NUMBER, type(None))}
 

@@ -1,0 +1,159 @@
+"""What a secret costs: the egress proxy intercepting TLS for a bound host vs splicing it.
+
+Run: ``python bench/bench_secrets.py [--rounds N]`` (no Docker needed). A local HTTPS server on
+127.0.0.1 (its certificate from a CA the proxy's process trusts through ``SSL_CERT_FILE``) serves
+1 MiB and a 2-byte answer. Side by side, interleaved round by round, the same client, on new
+connections each time, as a kernel's would be:
+
+- (s) ``CONNECT`` spliced: the proxy has no secret for the name; the client's TLS goes to the server;
+- (i) ``CONNECT`` intercepted: a secret is bound to the name; the proxy verifies the server, answers
+  the client's TLS with the kernel CA's certificate and relays HTTP/1.1 with h11, filling in the
+  secret's placeholder (:mod:`kernel_sandbox.launch.intercept`, the code the launcher runs).
+
+Measured for the 1 MiB download and for one small request with the secret's header (intercepted)
+vs the same request without a secret (spliced). The name is resolved by a stub (no DNS); the
+server's one certificate names ``bound.test``, which every client checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import ssl
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench_execution import print_table
+from report import Measure, Row
+
+from kernel_sandbox.egress import parse_destinations
+from kernel_sandbox.hostsecrets import parse_binding
+from kernel_sandbox.launch.egress import Egress
+from kernel_sandbox.launch.intercept import KernelCA, SecretTable
+
+ROUNDS = 50
+BODY = b"x" * (1024 * 1024)
+MEASURES = [
+    Measure("secrets", "Secrets: a bound host's TLS intercepted vs spliced (1 MiB; one small request)", "ms",
+            "A local HTTPS server on 127.0.0.1; the launcher's proxy code in process, the name resolved by a stub; "
+            "new connections per request, interleaved (bench_secrets.py)."),
+]
+
+
+async def _serve(context: ssl.SSLContext) -> tuple[asyncio.AbstractServer, int]:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = BODY if head.startswith(b"GET /big") else b"ok"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _fetch(proxy: int, host: str, port: int, trust: ssl.SSLContext, request: bytes, size: int) -> float:
+    started = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy)
+    writer.write(b"CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (host.encode(), port, host.encode(), port))
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    await writer.start_tls(trust, server_hostname="bound.test")  # the server's one name
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:100]
+    await reader.readexactly(size)
+    writer.close()
+    return (time.perf_counter() - started) * 1000
+
+
+async def measure(rounds: int = ROUNDS) -> dict[str, list[float]]:
+    """Milliseconds per request: ``spliced`` / ``intercepted`` 1 MiB, ``plain`` / ``secret`` small."""
+    server_ca = KernelCA(["plain.test", "bound.test"])
+    with tempfile.TemporaryDirectory() as directory:
+        pem = Path(directory) / "ca.pem"
+        pem.write_text(server_ca.pem)
+        os.environ["SSL_CERT_FILE"] = str(pem)  # how the proxy's process trusts the server
+        server, port = await _serve(server_ca.server_context("bound.test"))
+        table = SecretTable([parse_binding("secrets", f"API_KEY@bound.test:{port}")], {"API_KEY": "sk-" + "v" * 48})
+        token = table.kernel_env()["API_KEY"].encode()
+
+        async def resolve(host: str, port: int) -> list[str]:
+            return ["127.0.0.1"]
+
+        network = [f"plain.test:{port}@127.0.0.1", f"bound.test:{port}@127.0.0.1"]
+        egress = Egress(parse_destinations("network", network), resolve=resolve, own_addresses=(), secrets=table)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        listener.setblocking(False)
+        await egress.serve(listener)
+        proxy = listener.getsockname()[1]
+        plain_trust = ssl.create_default_context(cadata=server_ca.pem)
+        kernel_trust = ssl.create_default_context(cadata=table.ca.pem)
+
+        def get(path: str, host: str, auth: bytes = b"") -> bytes:
+            return b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n%sConnection: close\r\n\r\n" % (path.encode(), host.encode(), port, auth)
+
+        cases = {
+            "spliced": lambda: _fetch(proxy, "plain.test", port, plain_trust, get("/big", "plain.test"), len(BODY)),
+            "intercepted": lambda: _fetch(proxy, "bound.test", port, kernel_trust, get("/big", "bound.test"), len(BODY)),
+            "plain": lambda: _fetch(proxy, "plain.test", port, plain_trust, get("/small", "plain.test"), 2),
+            "secret": lambda: _fetch(
+                proxy, "bound.test", port, kernel_trust, get("/small", "bound.test", b"Authorization: Bearer %s\r\n" % token), 2
+            ),
+        }
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        try:
+            for _ in range(3):  # warm up
+                for case in cases.values():
+                    await case()
+            for _ in range(rounds):
+                for name, case in cases.items():
+                    times[name].append(await case())
+        finally:
+            await egress.close()
+            server.close()
+            os.environ.pop("SSL_CERT_FILE", None)
+    assert table.uses["API_KEY"] >= rounds
+    return times
+
+
+PAIRS = (
+    ("spliced", "intercepted", "1 MiB download through the egress proxy, CONNECT spliced (no secret)",
+     "1 MiB download through the egress proxy, TLS intercepted (host with a secret)"),
+    ("plain", "secret", "one small request, CONNECT spliced (no secret)",
+     "one small request with the secret filled in (TLS intercepted)"),
+)
+
+
+def rows(times: dict[str, list[float]]) -> list[Row]:
+    """Report rows: each spliced case as the reference of its intercepted one."""
+    out = []
+    for base, cost, base_what, cost_what in PAIRS:
+        reference, value = statistics.median(times[base]), statistics.median(times[cost])
+        out.append(Row("secrets", base_what, "ours", reference, n=len(times[base])))
+        out.append(Row("secrets", cost_what, "ours", value, n=len(times[cost]), reference=base_what,
+                       note=f"adds {value - reference:.2f} ms"))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args()
+    times = asyncio.run(measure(args.rounds))
+    table: list[tuple[str, str, str, str]] = []
+    for base, cost, base_what, cost_what in PAIRS:
+        reference, value = statistics.median(times[base]), statistics.median(times[cost])
+        table.append((base_what, "", f"{reference:.2f} ms", ""))
+        table.append((cost_what, f"{reference:.2f} ms", f"{value:.2f} ms (+{value - reference:.2f})", f"{value / reference:.2f}x"))
+    print(f"p50 of {args.rounds} interleaved rounds")
+    print_table(table)
+
+
+if __name__ == "__main__":
+    main()
