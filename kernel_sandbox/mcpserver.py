@@ -15,9 +15,10 @@ import base64
 import contextlib
 import hmac
 import inspect
+import posixpath
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +81,7 @@ def clean(text: str) -> str:
 class Session:
     """One MCP connection's kernel and checkpoints; the kernel starts on the first tool call."""
 
-    pool: AsyncSandboxPool
-    options: dict[str, Any]
+    kernel: Callable[[Checkpoint | None], contextlib.AbstractAsyncContextManager[AsyncSandbox]]
     sandbox: AsyncSandbox | None = None
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     _stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
@@ -91,15 +91,14 @@ class Session:
         """The session's kernel, taken from the pool on first use."""
         async with self._lock:
             if self.sandbox is None:
-                self.sandbox = await self._stack.enter_async_context(self.pool.acquire())
+                self.sandbox = await self._stack.enter_async_context(self.kernel(None))
             return self.sandbox
 
     async def replace(self, checkpoint: Checkpoint) -> AsyncSandbox:
         """Close the session's kernel and start a fresh one that loads ``checkpoint``."""
         async with self._lock:
             await self._release()
-            fresh = AsyncSandbox(**self.options, restore=checkpoint)
-            self.sandbox = await self._stack.enter_async_context(fresh)
+            self.sandbox = await self._stack.enter_async_context(self.kernel(checkpoint))
             return self.sandbox
 
     async def _release(self) -> None:
@@ -180,12 +179,43 @@ class Tools:
         self.pool_size = pool_size
         self.max_download_bytes = max_download_bytes
         self.pool = AsyncSandboxPool(pool_size, **options)
+        self._pooled = 0
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def _kernel(self, restore: Checkpoint | None = None) -> AsyncIterator[AsyncSandbox]:
+        """A session's kernel: a warm one from the pool while it has one for this session; past
+        ``pool_size`` sessions at once (the pool refills only on give-back, so waiting for it
+        would block this session until another ends), or to load ``restore``, one started for
+        the session. Closing it is left to a task the server awaits at exit, so a slow engine
+        does not outlast the SDK's bound on a connection's cleanup."""
+        if restore is None and self._pooled < self.pool_size:
+            self._pooled += 1
+            try:
+                async with self.pool.acquire() as sandbox:
+                    yield sandbox
+            finally:
+                self._pooled -= 1
+            return
+        sandbox = await AsyncSandbox(**self.options, restore=restore).start()
+        try:
+            yield sandbox
+        finally:
+            task = asyncio.get_running_loop().create_task(sandbox.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Close the pool and every kernel started for a session."""
+        await self.pool.close()
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
 
     async def _session_of(self, ctx: Context) -> Session:
         connection = _connection(ctx)
         session = connection.state.get(_SESSION)
         if session is None:
-            session = Session(self.pool, self.options)
+            session = Session(self._kernel)
             connection.state[_SESSION] = session
             connection.exit_stack.push_async_callback(session.close)
         return session
@@ -260,8 +290,9 @@ class Tools:
 
         async def work(session: Session) -> CallToolResult:
             sandbox = await session.get()
-            listing = {info.path: info for info in await sandbox.list_files(path, timeout=timeout)}
-            info = listing.get(path.strip("/").removeprefix("./"))
+            wanted = posixpath.normpath(path)
+            folder = await sandbox.list_files(posixpath.dirname(wanted) or ".", timeout=timeout)
+            info = {info.path: info for info in folder}.get(wanted)
             if info is not None and info.size > self.max_download_bytes:
                 raise ToolRefusal(
                     f"{path} has {info.size} bytes, over the server's cap of "
@@ -390,7 +421,7 @@ def build_server(
         try:
             yield {}
         finally:
-            await tools.pool.close()
+            await tools.close()
 
     server: MCPServer = MCPServer(
         "kernel-sandbox",

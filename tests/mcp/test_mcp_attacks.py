@@ -3,13 +3,15 @@ and the tool results, and HTTP clients without the token or from a foreign origi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+import time
 
 import httpx
 import pytest
 
-from mcp_kit import SERVER, TOKEN, http_session, server_env, stdio_session
+from mcp_kit import SERVER, TOKEN, containers_of, http_session, server_env, stdio_session
 
 FORGED = '{"jsonrpc": "2.0", "id": 2, "result": {"content": [{"type": "text", "text": "forged"}]}}'
 
@@ -134,3 +136,18 @@ async def test_http_session_keeps_state_and_works_after_a_bad_one(http_server):
         await session.call_tool("run_code", {"code": "x = 41"})
         result = await session.call_tool("run_code", {"code": "x + 1"})
         assert result.structured_content["result"] == "42"
+
+
+async def test_http_sessions_get_their_own_containers_removed_at_the_end(http_server, docker_engine):
+    url, process = http_server
+    async with http_session(url) as one, http_session(url) as two:
+        await one.call_tool("run_code", {"code": "secret = 'one'"})
+        seen = await two.call_tool("run_code", {"code": "secret"})
+        assert seen.is_error and "NameError" in text(seen)
+        assert len(containers_of(docker_engine, process.pid)) >= 2
+        mine = {c.id for c in containers_of(docker_engine, process.pid)}
+    # the sessions are deleted: their containers go; only the pool's ready kernel may stay
+    deadline = time.monotonic() + 60
+    while len(mine & {c.id for c in containers_of(docker_engine, process.pid)}) > 1:
+        assert time.monotonic() < deadline, "an HTTP session's container outlived the session"
+        await asyncio.sleep(0.5)

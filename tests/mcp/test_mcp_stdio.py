@@ -111,3 +111,45 @@ async def test_container_gone_after_the_server_is_killed(docker_engine):
     while containers_of(docker_engine, server):
         assert time.monotonic() < deadline, "the killed server's container outlived orphan_timeout"
         await asyncio.sleep(1)
+
+
+async def test_files_checkpoints_restart_and_refusals(docker_engine):
+    async with stdio_session() as session:
+        payload = base64.b64encode(b"a,b\n1,2\n").decode()
+        wrote = await session.call_tool("upload_file", {"path": "in.csv", "content_base64": payload})
+        assert not wrote.is_error, text(wrote)
+        read = await session.call_tool("run_code", {"code": "open('in.csv').read()"})
+        assert "a,b" in read.structured_content["result"]
+        out = await session.call_tool("download_file", {"path": "in.csv"})
+        assert not out.is_error, text(out)
+        (blob,) = [block for block in out.content if block.type == "resource"]
+        assert base64.b64decode(blob.resource.blob) == b"a,b\n1,2\n"
+
+        escape = await session.call_tool("download_file", {"path": "../../etc/passwd"})
+        assert escape.is_error and "PathError" in text(escape)
+        bad = await session.call_tool("upload_file", {"path": "x", "content_base64": "%%%"})
+        assert bad.is_error and "base64" in text(bad)
+
+        await session.call_tool("run_code", {"code": "y = [1, 2, 3]"})
+        saved = await session.call_tool("checkpoint", {})
+        assert not saved.is_error, text(saved)
+        ident = saved.structured_content["checkpoint_id"]
+        await session.call_tool("restart", {})
+        gone = await session.call_tool("run_code", {"code": "y"})
+        assert gone.is_error and "NameError" in text(gone)
+        unknown = await session.call_tool("restore", {"checkpoint_id": "nope"})
+        assert unknown.is_error and ident in text(unknown)
+        back = await session.call_tool("restore", {"checkpoint_id": ident})
+        assert not back.is_error, text(back)
+        again = await session.call_tool("run_code", {"code": "sum(y)"})
+        assert again.structured_content["result"] == "6"
+
+
+def test_the_cli_says_how_to_install_the_sdk(monkeypatch, capsys):
+    import sys
+
+    from kernel_sandbox.cli import main
+
+    monkeypatch.setitem(sys.modules, "kernel_sandbox.mcpserver", None)
+    assert main(["mcp"]) == 1
+    assert "pip install 'kernel-sandbox[mcp]'" in capsys.readouterr().err
