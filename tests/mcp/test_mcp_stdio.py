@@ -153,3 +153,20 @@ def test_the_cli_says_how_to_install_the_sdk(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "kernel_sandbox.mcpserver", None)
     assert main(["mcp"]) == 1
     assert "pip install 'kernel-sandbox[mcp]'" in capsys.readouterr().err
+
+
+async def test_long_runs_report_progress(docker_engine):
+    seen: list[str] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    async with stdio_session() as session:
+        result = await session.call_tool(
+            "run_code",
+            {"code": "import time\nfor i in range(3):\n    print('step', i, flush=True); time.sleep(0.5)"},
+            progress_callback=progress,
+        )
+        assert not result.is_error
+    assert any("step 0" in message for message in seen), seen
+    assert any("step 2" in message for message in seen), seen
