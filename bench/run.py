@@ -28,6 +28,7 @@ import bench_checkpoint
 import bench_egress
 import bench_execution
 import bench_frames
+import bench_mcp
 import bench_metrics
 import bench_output
 import bench_peers
@@ -43,6 +44,7 @@ ROUNDS = {  # quick, full
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
     "egress": (10, bench_egress.ROUNDS), "secrets": (10, bench_secrets.ROUNDS),
     "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS), "frames": (50, bench_frames.OUTPUTS),
+    "mcp": (10, bench_mcp.ROUNDS),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -65,6 +67,7 @@ MEASURES = [
     *bench_metrics.MEASURES,
     *bench_checkpoint.MEASURES,
     *bench_frames.MEASURES,
+    *bench_mcp.MEASURES,
 ]
 
 
@@ -113,6 +116,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("metrics", ["metrics"], lambda: _metrics(pick["metrics"])),
         ("checkpoint", ["checkpoint"], lambda: _checkpoint(pick["checkpoint"])),
         ("frames", ["frames_memory"], lambda: asyncio.to_thread(bench_frames.rows, pick["frames"])),
+        ("mcp", ["mcp"], lambda: _mcp(pick["mcp"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -147,6 +151,10 @@ async def _checkpoint(rounds: int) -> list[Row]:
     return bench_checkpoint.rows(await bench_checkpoint.measure(rounds))
 
 
+async def _mcp(rounds: int) -> list[Row]:
+    return bench_mcp.rows(await bench_mcp.measure(rounds))
+
+
 async def _scale(kernels: int) -> list[Row]:
     return bench_scale.rows(await bench_scale.measure(kernels))
 
@@ -157,7 +165,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
     parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "secrets",
-                                                      "metrics", "checkpoint", "frames"],
+                                                      "metrics", "checkpoint", "frames", "mcp"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

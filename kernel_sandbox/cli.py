@@ -15,6 +15,7 @@ from .docker.containers import DEFAULT_IMAGE, docker_client, gc
 from .controls import SafeWriter, escape_controls
 from .egress import PYPI, package_index
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
+from .hostsecrets import Secret, parse_binding
 from .kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 
 
@@ -299,6 +300,102 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 0 if result.error is None else 1
 
 
+def _sandbox_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that shape a sandbox (image, limits, network, mounts, environment)."""
+    parser.add_argument("--image", help="kernel image")
+    parser.add_argument("--memory", help="memory limit, e.g. 1g")
+    parser.add_argument("--cpus", type=float, help="CPU limit in cores")
+    parser.add_argument("--pids-limit", type=int, help="process limit")
+    net = parser.add_mutually_exclusive_group()
+    net.add_argument(
+        "--network", dest="network", action="store_true", default=None, help="turn networking on"
+    )
+    net.add_argument(
+        "--no-network", dest="network", action="store_false", help="keep networking off"
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="let the kernel reach HOST[:PORT][@ADDRESSES] (or *.domain) through the launcher's "
+        "filtering proxy; repeatable",
+    )
+    parser.add_argument(
+        "--allow-package-index",
+        action="store_true",
+        help="let the kernel reach the package index (package_index: PyPI by default), e.g. for "
+        "%%pip install",
+    )
+    parser.add_argument(
+        "--mount", action="append", default=[], help="bind mount HOST:CONTAINER[:ro|rw]"
+    )
+    parser.add_argument(
+        "--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder"
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], help="environment variable NAME=VALUE"
+    )
+    parser.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME@HOST",
+        help="NAME[=FILE]@HOST[,HOST...]: the kernel's NAME holds a placeholder that the egress "
+        "proxy replaces, in requests to HOST only, with the value of NAME in the environment of "
+        "the process that launches the kernel (the Jupyter server, or this command) or FILE's "
+        "content; kernel.json never holds the value; repeatable",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)"
+    )
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve an MCP server whose tools run code in a sandboxed kernel, one per MCP session."""
+    try:
+        from . import mcpserver
+    except ImportError as exc:
+        raise ConfigError(
+            f"kernel-sandbox mcp needs the MCP SDK ({exc}): pip install 'kernel-sandbox[mcp]'"
+        ) from exc
+    options: dict[str, Any] = {"backend": args.backend, **_install_config(args)}
+    if "secrets" in options:  # the values come from this server's environment, as Secrets
+        bindings = [parse_binding("--secret", entry) for entry in options.pop("secrets")]
+        options["secrets"] = {
+            b.name: Secret(b.value(os.environ), [str(h) for h in b.hosts], query=b.query)
+            for b in bindings
+        }
+    if args.timeout is not None:
+        options["timeout"] = args.timeout
+    if args.max_output_bytes is not None:
+        options["max_output_bytes"] = args.max_output_bytes
+    if args.http is None:
+        server = mcpserver.build_server(options, pool_size=args.pool_size)
+        asyncio.run(server.run_stdio_async())
+        return 0
+    host, _, port = args.http.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--http takes HOST:PORT (e.g. 127.0.0.1:8765), not {args.http!r}")
+    host = host.strip("[]")
+    if host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
+        raise ConfigError(
+            f"--http {args.http} would listen beyond this machine: give --allow-remote as well "
+            "(and put TLS in front of it), or use 127.0.0.1"
+        )
+    token = os.environ.get(mcpserver.TOKEN_ENV) or mcpserver.new_token()
+    if mcpserver.TOKEN_ENV not in os.environ:
+        print(
+            f"kernel-sandbox mcp: bearer token (set {mcpserver.TOKEN_ENV} to choose one): {token}",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(f"kernel-sandbox mcp: serving http://{args.http}/mcp", file=sys.stderr, flush=True)
+    server = mcpserver.build_server(options, pool_size=args.pool_size)
+    asyncio.run(mcpserver.serve_http(server, host, int(port), token, args.allow_host))
+    return 0
+
+
 def _doc(command: Callable[[argparse.Namespace], int]) -> str:
     """A command's docstring, the start of its ``--help`` description (empty under ``python
     -OO``)."""
@@ -398,50 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inst.add_argument("--name", help="install under another kernelspec name")
     inst.add_argument("--display-name", help="name shown in the launcher")
-    inst.add_argument("--image", help="kernel image")
-    inst.add_argument("--memory", help="memory limit, e.g. 1g")
-    inst.add_argument("--cpus", type=float, help="CPU limit in cores")
-    inst.add_argument("--pids-limit", type=int, help="process limit")
-    net = inst.add_mutually_exclusive_group()
-    net.add_argument(
-        "--network", dest="network", action="store_true", default=None, help="turn networking on"
-    )
-    net.add_argument(
-        "--no-network", dest="network", action="store_false", help="keep networking off"
-    )
-    inst.add_argument(
-        "--allow",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="let the kernel reach HOST[:PORT][@ADDRESSES] (or *.domain) through the launcher's "
-        "filtering proxy; repeatable",
-    )
-    inst.add_argument(
-        "--allow-package-index",
-        action="store_true",
-        help="let the kernel reach the package index (package_index: PyPI by default), e.g. for "
-        "%%pip install",
-    )
-    inst.add_argument(
-        "--mount", action="append", default=[], help="bind mount HOST:CONTAINER[:ro|rw]"
-    )
-    inst.add_argument(
-        "--mount-cwd", choices=["off", "ro", "rw"], help="mount the notebook's folder"
-    )
-    inst.add_argument("--env", action="append", default=[], help="environment variable NAME=VALUE")
-    inst.add_argument(
-        "--secret",
-        action="append",
-        default=[],
-        metavar="NAME@HOST",
-        help="NAME[=FILE]@HOST[,HOST...]: the kernel's NAME holds a placeholder that the egress "
-        "proxy replaces, in requests to HOST only, with the value of NAME in the Jupyter server's "
-        "environment (or FILE's content) at launch; kernel.json never holds the value; repeatable",
-    )
-    inst.add_argument(
-        "--set", action="append", default=[], help="any provisioner option KEY=VALUE (JSON)"
-    )
+    _sandbox_arguments(inst)
     inst.set_defaults(func=cmd_install)
 
     doctor = sub.add_parser("doctor", help=cmd_doctor.__doc__, description=cmd_doctor.__doc__)
@@ -550,6 +604,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exe.add_argument("--timeout", type=float, help="interrupt the code after this many seconds")
     exe.set_defaults(func=cmd_exec)
+    mcp = sub.add_parser(
+        "mcp",
+        help=cmd_mcp.__doc__,
+        description=_doc(cmd_mcp)
+        + (
+            " Speaks MCP on stdin/stdout unless --http is given. Needs the MCP SDK: "
+            "pip install 'kernel-sandbox[mcp]'."
+        ),
+    )
+    mcp.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio, behind a bearer "
+        "token (the environment's KERNEL_SANDBOX_MCP_TOKEN, else one printed on stderr)",
+    )
+    mcp.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="let --http listen on an address other than loopback",
+    )
+    mcp.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="another Host header (and http:// Origin) --http accepts; repeatable",
+    )
+    mcp.add_argument(
+        "--backend", default="docker", help="docker (the default), opensandbox or local"
+    )
+    mcp.add_argument(
+        "--pool-size", type=int, default=1, help="kernels kept started for new sessions (1)"
+    )
+    mcp.add_argument(
+        "--timeout", type=float, help="seconds any call may take at most (default 300)"
+    )
+    mcp.add_argument(
+        "--max-output-bytes", type=int, help="output one run_code keeps (default 4 MiB)"
+    )
+    _sandbox_arguments(mcp)
+    mcp.set_defaults(func=cmd_mcp)
     return parser
 
 

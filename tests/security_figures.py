@@ -71,6 +71,7 @@ LAYERS = {
     "lab": "Locked-down lab server",
     "options": "Options and limits (bad input)",
     "sessions": "Sessions and kernel lifecycle",
+    "mcp": "MCP server (kernel-sandbox mcp)",
 }
 
 # Tests that were on main before the marker existed, classified here until their owners mark

@@ -362,6 +362,12 @@ class AsyncSandbox(KernelExchange):
         await self._km.restart_kernel(now=True)
         await self._connect()
 
+    async def interrupt(self) -> None:
+        """Interrupt what the kernel runs now (a call its caller cancelled keeps running
+        otherwise); the variables are kept."""
+        if self._km is not None:
+            await self._km.interrupt_kernel()
+
     async def pause(self) -> None:
         """Pause the sandbox (opensandbox backend): it keeps its memory and runs nothing until
         :meth:`resume`.
