@@ -187,13 +187,13 @@ def test_outputs_of_a_sandboxed_kernel_cannot_act_with_the_servers_origin(browse
         assert in_frames(page, ".vega-embed canvas, .vega-embed svg.marks", seconds=30) >= 1
         assert in_frames(page, ".vega-actions, .vega-embed details") == 0
         # benign outputs render, in frames sized to their content
-        assert in_frames(page, "b", "benign-html") == 1
+        assert in_frames(page, "b", "benign-html", seconds=30) == 1
         tall = frame_with(page, "b", "benign-html").frame_element()
         page.wait_for_function("f => f.getBoundingClientRect().height >= 321", arg=tall)
         assert tall.bounding_box()["height"] < 400
-        assert in_frames(page, "table.dataframe td", "Lyon") == 1
+        assert in_frames(page, "table.dataframe td", "Lyon", seconds=30) == 1
         # the standard widgets work: a slider, a button whose output widget prints and displays HTML, tqdm
-        assert in_frames(page, ".widget-slider, .widget-hslider") >= 1
+        assert in_frames(page, ".widget-slider, .widget-hslider", seconds=30) >= 1
         click_in_frame(page, frame_with(page, "button", "benign-button").locator("button", has_text="benign-button"))
         frame_with(page, ".jp-RenderedText", "clicked-text")
         assert in_frames(page, "i", "clicked-html", seconds=30) == 1
@@ -396,10 +396,10 @@ def test_widget_descriptions_and_vega_expressions_stay_inert(browser, frame_lab,
         assert page.evaluate("document.elementFromPoint(640, 10).textContent.includes('desc-overlay')") is False
         assert panel.locator(".jupyter-widgets").count() == 0 and page_outputs(page) == []  # the page draws no widget
         # the standard widgets work in their frames: the slider, progress bar, HTMLMath and Output render
-        assert in_frames(page, ".widget-label", "benign-slider") == 1
+        assert in_frames(page, ".widget-label", "benign-slider", seconds=30) == 1
         assert in_frames(page, ".widget-slider, .widget-hslider") >= 2
-        assert in_frames(page, ".widget-hprogress, .widget-progress") == 1
-        assert in_frames(page, ".widget-htmlmath-content", "math-text") == 1
+        assert in_frames(page, ".widget-hprogress, .widget-progress", seconds=30) == 1
+        assert in_frames(page, ".widget-htmlmath-content", "math-text", seconds=30) == 1
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 

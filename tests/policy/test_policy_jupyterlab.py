@@ -142,13 +142,13 @@ def check_notebook(browser, lab: dict, kernelspec: str) -> None:
         # everything renders in kernel-sandbox-frame's frames (tests/attacks/test_frame_browser.py), none in the page
         assert page_outputs(page) == [] and panel.locator(".jupyter-widgets").count() == 0
         assert in_frames(page, "table.dataframe td", "Lyon", seconds=30) == 1
-        assert in_frames(page, ".jp-RenderedImage img[src^='data:image/png']") >= 1
+        assert in_frames(page, ".jp-RenderedImage img[src^='data:image/png']", seconds=30) >= 1
         assert in_frames(page, "svg path", seconds=30) >= 1  # the cleaned SVG still draws
-        assert in_frames(page, "strong", "benign-bold") == 1
-        assert in_frames(page, "b", "benign-html") == 1
+        assert in_frames(page, "strong", "benign-bold", seconds=30) == 1
+        assert in_frames(page, "b", "benign-html", seconds=30) == 1
         assert in_frames(page, ".jp-RenderedLatex mjx-container", seconds=30) >= 1
-        assert in_frames(page, ".widget-slider, .widget-hslider") >= 1
-        assert in_frames(page, ".widget-label", "benign-slider") == 1
+        assert in_frames(page, ".widget-slider, .widget-hslider", seconds=30) >= 1
+        assert in_frames(page, ".widget-label", "benign-slider", seconds=30) == 1
         assert shown(page, panel, ".jp-OutputArea-output", "benign-interact 6") >= 1
         assert shown(page, panel, ".jp-OutputArea-output", "benign-output") >= 1
         linked = page.evaluate("[...document.querySelectorAll('.widget-text input')].map(i => i.value)")
