@@ -4,7 +4,7 @@
 //
 // The page acts only while the user is in that frame (focus.js userIsIn: a frame cannot open the menu by
 // itself), and puts the menu inside the frame's box whatever position the message claims.
-import { userIsIn } from './focus';
+import { activateCellOf, userIsIn } from './focus';
 
 export const CONTEXTMENU_MESSAGE = 'kernel-sandbox-frame:contextmenu';
 
@@ -21,11 +21,15 @@ function clamp(value, low, high) {
   return Math.min(Math.max(typeof value === 'number' && Number.isFinite(value) ? value : 0, low), high);
 }
 
-/** Acts on a CONTEXTMENU_MESSAGE `data` from `frame`: JupyterLab's context menu for the frame's output, at the click. Returns whether it did. */
-export function openContextMenu(frame, data) {
+/**
+ * Acts on a CONTEXTMENU_MESSAGE `data` from `frame`: its cell made active (the menu's items act on it) and JupyterLab's
+ * context menu for the frame's output opened at the click. `notebooks` is the INotebookTracker. Returns whether it did.
+ */
+export function openContextMenu(notebooks, frame, data) {
   if (!userIsIn(frame)) {
     return false;
   }
+  activateCellOf(notebooks, frame);
   const box = frame.getBoundingClientRect();
   const clientX = box.left + clamp(data.x, 0, box.width);
   const clientY = box.top + clamp(data.y, 0, box.height);

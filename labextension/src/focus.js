@@ -46,13 +46,19 @@ export function userIsIn(frame) {
   return document.hasFocus() && document.activeElement === frame && (!activation || activation.isActive);
 }
 
-/** The notebook panel of `notebooks` (an INotebookTracker) holding `node`, and the index of its cell holding it. */
-function cellOf(notebooks, node) {
+/**
+ * Makes the cell holding `node` the active cell of its notebook (of `notebooks`, an INotebookTracker), in command
+ * mode, as a click on it does; returns the notebook widget, or null when `node` is in none.
+ */
+export function activateCellOf(notebooks, node) {
   let found = null;
   notebooks.forEach(panel => {
-    if (found === null && panel.content.node.contains(node)) {
-      const index = panel.content.widgets.findIndex(cell => cell.node.contains(node));
-      found = index < 0 ? null : { notebook: panel.content, index };
+    const notebook = panel.content;
+    const index = found === null && notebook.node.contains(node) ? notebook.widgets.findIndex(cell => cell.node.contains(node)) : -1;
+    if (index >= 0) {
+      notebook.activeCellIndex = index;
+      notebook.mode = 'command';
+      found = notebook;
     }
   });
   return found;
@@ -69,13 +75,10 @@ export function forwardKey(notebooks, frame, data) {
     return false;
   }
   const [key, code, keyCode, shiftKey, altKey, accel] = shortcut;
-  const cell = cellOf(notebooks, frame);
-  let target = document.body;
-  if (cell) {
-    cell.notebook.activeCellIndex = cell.index;
-    cell.notebook.mode = 'command';
-    cell.notebook.node.focus();
-    target = cell.notebook.node;
+  const notebook = activateCellOf(notebooks, frame);
+  const target = notebook ? notebook.node : document.body;
+  if (notebook) {
+    notebook.node.focus();
   } else {
     frame.blur();
   }

@@ -22,6 +22,6 @@ export function usableHandlers(notebooks) {
   return {
     [TEXT_MESSAGE]: keepText,
     [KEY_MESSAGE]: (frame, data) => forwardKey(notebooks, frame, data),
-    [CONTEXTMENU_MESSAGE]: openContextMenu
+    [CONTEXTMENU_MESSAGE]: (frame, data) => openContextMenu(notebooks, frame, data)
   };
 }

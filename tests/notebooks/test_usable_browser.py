@@ -68,7 +68,7 @@ HUGE = 2_000_000
 # frame may post one of JupyterLab's: the allowed thing, as its script could forward the user's keys)
 FORGER = (
     "from IPython.display import HTML\nforged = globals().get('forged', 0) + 1\n"
-    "HTML(f'''<b>forged-count-{forged}</b><button id=\"forge\">forge</button><script>\n"
+    "HTML('<b>forged-count-%d</b>' % forged + '''<button id=\"forge\">forge</button><script>\n"
     "var post = function (m) { parent.postMessage(m, '*'); }, clicked = false;\n"
     "setInterval(function () {\n"
     "  if (!clicked) {\n"
@@ -77,12 +77,12 @@ FORGER = (
     "  }\n"
     f"  post({{type: 'kernel-sandbox-frame:text', text: 'forged-text<img src=x onerror=alert(1)>' + 'x'.repeat({HUGE})}});\n"
     "  post({type: 'kernel-sandbox-frame:text', text: {toString: 1}});\n"
-    "}}, 200);\n"
+    "}, 200);\n"
     "document.getElementById('forge').addEventListener('click', function () {\n"
     "  clicked = true;\n"
     "  ['A', 'B', 'Accel Shift R', '__proto__', 'constructor', 'toString', 'Shift Enter '].forEach(function (s) {\n"
     "    post({type: 'kernel-sandbox-frame:key', shortcut: s}); });\n"
-    "}});\n"
+    "});\n"
     "</script>''')"
 )
 
@@ -151,11 +151,8 @@ def test_dataframe_styler_and_markdown_look_as_for_a_local_kernel_in_both_themes
         light = local
         try:
             _set_theme(page, "JupyterLab Dark")
-            dark = _wait_styles(page, True, lambda styles: styles != light)
-            print("DEBUG page", page.evaluate("getComputedStyle(document.body).getPropertyValue('--jp-content-font-color1')"))
-            for f in page.frames:
-                if f != page.main_frame:
-                    print("DEBUG frame", f.evaluate("[document.getElementById('kernel-sandbox-theme').textContent.match(/--jp-content-font-color1:[^;]*/)[0], document.body.dataset.jpThemeLight]"))
+            # the open frames take the new theme (by a message: one style sheet swapped at once)
+            dark = _wait_styles(page, True, lambda styles: styles["td"]["color"] != light["td"]["color"])
             frame = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) iframe.kernel-sandbox-frame").first
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "usable-dark.png"))
@@ -164,6 +161,9 @@ def test_dataframe_styler_and_markdown_look_as_for_a_local_kernel_in_both_themes
             local_dark = _wait_styles(page, sandboxed=False)
             assert local_dark["td"]["color"] != light["td"]["color"]  # the theme did change
             assert dark == local_dark
+            # and new frames start in it
+            _open_and_run(page, lab_server, "usable-sandboxed", SANDBOXED, LOOKS)
+            assert _wait_styles(page, True, lambda styles: styles == local_dark) == local_dark
         finally:
             _set_theme(page, "JupyterLab Light")
 
@@ -173,8 +173,9 @@ def _frame_with(page: Any, text: str) -> Any:
 
 
 def _outputs(lab: LabServer, name: str) -> str:
-    notebook = httpx.get(f"{lab.url}/api/contents/{name}.ipynb", headers=lab.headers).json()["content"]
-    return str([cell["outputs"] for cell in notebook["cells"]])
+    got = httpx.get(f"{lab.url}/api/contents/{name}.ipynb", headers=lab.headers)
+    assert got.status_code == 200, got.text[:500]
+    return str([cell["outputs"] for cell in got.json()["content"]["cells"]])
 
 
 @pytest.mark.security("attack", "lab")
@@ -186,8 +187,9 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         # Ctrl+F: the word inside a frame is found, once (the source does not hold it)
         panel.locator(".jp-Cell .jp-InputPrompt").first.click()
         page.keyboard.press("Control+f")
-        search = page.locator(".jp-DocumentSearch-input")
-        search.fill("usable-needle")
+        page.locator(".jp-DocumentSearch-filter-button").click()
+        page.locator(".jp-DocumentSearch-search-filter", has_text="Search Cell Outputs").click()
+        page.locator(".jp-DocumentSearch-input").fill("usable-needle")
         page.locator(".jp-DocumentSearch-index-counter", has_text=re.compile(r"^\s*1\s*/\s*1\s*$")).wait_for()
         page.keyboard.press("Escape")
         # Shift+Enter after a click in a frame runs its cell; Ctrl+S saves the notebook
@@ -198,8 +200,11 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         assert counter.count() == 0
         page.frame_locator(".jp-NotebookPanel:not(.lm-mod-hidden) iframe[srcdoc*='run-count-2']").locator("b").click()
         page.keyboard.press("Control+s")
-        page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-mod-dirty')")
-        assert "run-count-2" in _outputs(lab_server, name)
+        for _ in range(120):
+            if "run-count-2" in _outputs(lab_server, name):
+                break
+            page.wait_for_timeout(250)
+        assert "run-count-2" in _outputs(lab_server, name), "Ctrl+S in a frame did not save the notebook"
         # a right-click in a frame opens JupyterLab's output menu, whose Clear Outputs clears that cell
         page.frame_locator(".jp-NotebookPanel:not(.lm-mod-hidden) iframe[srcdoc*='menu-target']").locator("p").click(button="right")
         menu = page.locator(".lm-Menu").last
