@@ -15,6 +15,7 @@ import { IConsoleTracker } from '@jupyterlab/console';
 import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
 import { ITooltipManager } from '@jupyterlab/tooltip';
 import { Widget } from '@lumino/widgets';
+import { PLOTLY_MIME, plotlyBody } from './plotly';
 import { themeBodyAttributes, updateTheme, usableHandlers, usableHead } from './usable';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
@@ -146,7 +147,10 @@ async function frameBody(mimeType, model, options) {
   if (VEGA.test(mimeType)) {
     return vegaBody(mimeType, value);
   }
-  // a mime type whose renderer we do not know (Plotly, Bokeh, PDF...): its HTML form, else its text
+  if (mimeType === PLOTLY_MIME) {
+    return plotlyBody(value);
+  }
+  // a mime type whose renderer we do not know (Bokeh, PDF...): its HTML form, else its text
   if (data['text/html'] !== undefined) {
     return text(data['text/html']);
   }

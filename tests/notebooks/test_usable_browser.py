@@ -3,7 +3,7 @@
 The same cells run on Local Python (outputs in the page) and Sandboxed Python (outputs in kernel-sandbox-frame's
 opaque-origin frames): a DataFrame, a Styler and Markdown look alike (computed styles), in the light and the dark
 theme; Ctrl+F finds a word inside a frame; a right-click in a frame opens JupyterLab's output menu; Shift+Enter
-and Ctrl+S work after a click in a frame. A hostile frame posting forged text, keys and menus gets no more.
+and Ctrl+S work after a click in a frame; a Plotly figure draws. A hostile frame posting forged text, keys and menus gets no more.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, LabServer, put_notebook, recording_page, run_all_cells
+from lab_kit import ARTIFACTS, LabServer, in_frames, put_notebook, recording_page, run_all_cells
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -61,6 +61,10 @@ USE = {
     "search": "from IPython.display import HTML\nHTML('<p>find the ' + 'usable' + '-needle here</p>')",
     "counter": "from IPython.display import HTML\nruns = globals().get('runs', 0) + 1\nHTML(f'<b>run-count-{runs}</b>')",
     "menu": "HTML('<p>menu-target</p>')",
+    # a figure as plotly sends it (the kernel image has no plotly yet): drawn by plotly.js in its frame
+    "plotly": ("from IPython.display import display\n"
+               "display({'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'x': ['a', 'b'], 'y': [2, 5]}],"
+               " 'layout': {'title': {'text': 'usable-plot'}}}, 'text/plain': 'Figure({...})'}, raw=True)"),
 }
 HUGE = 2_000_000
 # a frame that, unasked, posts every kind of message with forged or hostile content; a click on its button
@@ -182,9 +186,12 @@ def _outputs(lab: LabServer, name: str) -> str:
 @pytest.mark.security("attack", "lab")
 def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no_more(browser, lab_server) -> None:
     name = "usable-use"
-    with recording_page(browser, "usable-use-failed.png", height=900) as (page, _):
+    with recording_page(browser, "usable-use-failed.png", height=900) as (page, requests):
         panel = _open_and_run(page, lab_server, name, SANDBOXED, {**USE, "forger": FORGER})
         cells = panel.locator(".jp-Cell").count()
+        # plotly draws (its SVG), not "Figure({...})"
+        assert in_frames(page, ".js-plotly-plot svg.main-svg", seconds=60) >= 1
+        assert in_frames(page, "text", "usable-plot") >= 1
         # Ctrl+F: the word inside a frame is found, once (the source does not hold it)
         panel.locator(".jp-Cell .jp-InputPrompt").first.click()
         page.keyboard.press("Control+f")
@@ -226,3 +233,5 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         assert page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))") == []
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "usable-use.png"))
+    outside = [url for url in requests if not url.startswith((lab_server.url, "ws://127.0.0.1", "data:", "blob:", "about:"))]
+    assert outside == []  # plotly.js and the forger loaded nothing from anywhere else
