@@ -215,9 +215,14 @@ def chromium() -> Iterator[Any]:
 def in_frames(page: Any, selector: str, text: str | None = None, seconds: float = 0) -> int:
     """How many elements ``selector`` (with ``text``) the page's frames hold, kernel-sandbox-frame's outputs among them;
     waiting up to ``seconds`` for one to appear."""
+    from playwright.sync_api import Error
+
     deadline = time.monotonic() + seconds
     while True:
-        found = sum(frame.locator(selector, has_text=text).count() for frame in page.frames if frame != page.main_frame)
+        found = 0
+        for frame in page.frames:
+            with contextlib.suppress(Error):  # a frame that went away meanwhile (an output drawn again) holds none
+                found += frame.locator(selector, has_text=text).count() if frame != page.main_frame else 0
         if found or time.monotonic() >= deadline:
             return found
         page.wait_for_timeout(250)

@@ -16,6 +16,7 @@ import { INotebookTracker, INotebookWidgetFactory } from '@jupyterlab/notebook';
 import { ITooltipManager } from '@jupyterlab/tooltip';
 import { Widget } from '@lumino/widgets';
 import { PLOTLY_MIME, plotlyBody } from './plotly';
+import { PNG_FRAME_POST } from './png';
 import { themeBodyAttributes, updateTheme, usableHandlers, usableHead } from './usable';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
@@ -122,6 +123,7 @@ async function vegaBody(mimeType, spec) {
   var loader = vega.loader();
   loader.load = refuse; loader.sanitize = refuse; loader.http = refuse; loader.file = refuse;
   vegaEmbed(document.getElementById('chart'), spec, { mode: ${JSON.stringify(mode)}, actions: false, loader: loader })
+    .then(function (result) { (${PNG_FRAME_POST})(result.view.toImageURL('png')); })
     .catch(function (error) { document.getElementById('chart').textContent = String(error && error.message || error); });
 })();`;
   return `<div id="chart"></div><script>${vegaSource}</script><script>${embed}</script>`;

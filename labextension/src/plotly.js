@@ -1,6 +1,9 @@
 // Plotly figures (application/vnd.plotly.v1+json, what plotly's JupyterLab renderer draws) inside an output frame:
 // plotly.js runs in the frame, loaded (its 4.8 MB) only for frames that show a figure; nothing is fetched (no
-// topojson, no MathJax, no Chart Studio link: the frame's CSP would refuse them anyway).
+// topojson, no MathJax, no Chart Studio link: the frame's CSP would refuse them anyway). Once drawn, its PNG goes
+// to the page (png.js).
+import { PNG_FRAME_POST } from './png';
+
 export const PLOTLY_MIME = 'application/vnd.plotly.v1+json';
 
 let plotlySource = null;
@@ -19,6 +22,7 @@ export async function plotlyBody(figure) {
   var config = { displaylogo: false, showLink: false, showSendToCloud: false, showEditInChartStudio: false,
                  responsive: true, topojsonURL: 'data:,', typesetMath: false };
   Plotly.newPlot(document.getElementById('plot'), figure.data || [], figure.layout || {}, config)
+    .then(function (plot) { (${PNG_FRAME_POST})(Plotly.toImage(plot, { format: 'png' })); })
     .catch(function (error) { document.getElementById('plot').textContent = String(error && error.message || error); });
 })();`;
   return `<div id="plot"></div><script>${plotlySource}</script><script>${draw}</script>`;

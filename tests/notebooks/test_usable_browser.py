@@ -8,8 +8,12 @@ and Ctrl+S work after a click in a frame; a Plotly figure draws. A hostile frame
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +69,11 @@ USE = {
     "plotly": ("from IPython.display import display\n"
                "display({'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'x': ['a', 'b'], 'y': [2, 5]}],"
                " 'layout': {'title': {'text': 'usable-plot'}}}, 'text/plain': 'Figure({...})'}, raw=True)"),
+    "vega": ("display({'application/vnd.vegalite.v5+json': {'data': {'values': [{'a': 'x', 'b': 2}]}, 'mark': 'bar',"
+             " 'encoding': {'x': {'field': 'a', 'type': 'nominal'}, 'y': {'field': 'b', 'type': 'quantitative'}}}}, raw=True)"),
 }
+CHARTS = 2
+"""The charts of USE, each saved with a PNG of itself."""
 HUGE = 2_000_000
 # a frame that, unasked, posts every kind of message with forged or hostile content; a click on its button
 # (a real user activation with the focus in it) posts shortcuts that are not JupyterLab's (after such a click a
@@ -81,6 +89,8 @@ FORGER = (
     "  }\n"
     f"  post({{type: 'kernel-sandbox-frame:text', text: 'forged-text<img src=x onerror=alert(1)>' + 'x'.repeat({HUGE})}});\n"
     "  post({type: 'kernel-sandbox-frame:text', text: {toString: 1}});\n"
+    "  post({type: 'kernel-sandbox-frame:png', png: document.createElement('canvas').toDataURL('image/png')});\n"
+    "  post({type: 'kernel-sandbox-frame:png', png: 'data:image/png;base64,' + btoa('<svg onload=alert(1)>')});\n"
     "}, 200);\n"
     "document.getElementById('forge').addEventListener('click', function () {\n"
     "  clicked = true;\n"
@@ -191,7 +201,7 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         cells = panel.locator(".jp-Cell").count()
         # plotly draws (its SVG), not "Figure({...})"
         assert in_frames(page, ".js-plotly-plot svg.main-svg", seconds=60) >= 1
-        assert in_frames(page, "text", "usable-plot") >= 1
+        assert in_frames(page, "text", "usable-plot", seconds=60) >= 1
         # Ctrl+F: the word inside a frame is found, once (the source does not hold it)
         panel.locator(".jp-Cell .jp-InputPrompt").first.click()
         page.keyboard.press("Control+f")
@@ -231,7 +241,20 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         page.wait_for_timeout(3000)
         assert forger.count() == 1 and panel.locator(".jp-Cell").count() == cells
         assert page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))") == []
+        # each chart is saved with its PNG (the forger's HTML output with none): exports show the charts
+        panel.locator(".jp-Cell .jp-InputPrompt").first.click()
+        page.keyboard.press("Control+s")
+        for _ in range(120):
+            if _outputs(lab_server, name).count("'image/png'") >= CHARTS:
+                break
+            page.wait_for_timeout(250)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "usable-use.png"))
+    saved = json.loads((lab_server.root_dir / f"{name}.ipynb").read_text())
+    pngs = [output["data"]["image/png"] for cell in saved["cells"] for output in cell["outputs"] if "image/png" in output.get("data", {})]
+    assert len(pngs) == CHARTS and all(base64.b64decode(png).startswith(b"\x89PNG\r\n\x1a\n") for png in pngs)
+    exported = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--stdout", str(lab_server.root_dir / f"{name}.ipynb")],
+                              capture_output=True, text=True, check=True).stdout
+    assert exported.count("data:image/png;base64,") >= CHARTS
     outside = [url for url in requests if not url.startswith((lab_server.url, "ws://127.0.0.1", "data:", "blob:", "about:"))]
     assert outside == []  # plotly.js and the forger loaded nothing from anywhere else
