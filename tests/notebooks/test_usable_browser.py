@@ -3,7 +3,7 @@
 The same cells run on Local Python (outputs in the page) and Sandboxed Python (outputs in kernel-sandbox-frame's
 opaque-origin frames): a DataFrame, a Styler and Markdown look alike (computed styles), in the light and the dark
 theme; Ctrl+F finds a word inside a frame; a right-click in a frame opens JupyterLab's output menu; Shift+Enter
-and Ctrl+S work after a click in a frame; a Plotly figure draws. A hostile frame posting forged text, keys and menus gets no more.
+and Ctrl+S work after a click in a frame; a Plotly figure draws; charts are saved with a PNG, which nbconvert exports. A hostile frame posting forged text, keys and menus gets no more.
 """
 
 from __future__ import annotations
