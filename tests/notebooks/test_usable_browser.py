@@ -38,7 +38,7 @@ def _styler_html() -> str:
 
 LOOKS = {
     "dataframe": "import pandas as pd\ndf = pd.DataFrame({'city': ['Paris', 'Lyon'], 'n': [1, 2]})\ndf",
-    # the HTML a Styler displays, made here: the kernel image has no jinja2 yet
+    # the HTML a Styler displays, made here (an image built before jinja2 joined it has no DataFrame.style)
     "styler": f"from IPython.display import HTML\nHTML({_styler_html()!r})",
     "markdown": "from IPython.display import Markdown\nMarkdown('# usable-heading\\n\\nsome *usable-em* and `usable-code`')",
 }
@@ -65,7 +65,7 @@ USE = {
     "search": "from IPython.display import HTML\nHTML('<p>find the ' + 'usable' + '-needle here</p>')",
     "counter": "from IPython.display import HTML\nruns = globals().get('runs', 0) + 1\nHTML(f'<b>run-count-{runs}</b>')",
     "menu": "HTML('<p>menu-target</p>')",
-    # a figure as plotly sends it (the kernel image has no plotly yet): drawn by plotly.js in its frame
+    # a figure as plotly sends it (an image built before plotly joined it has none): drawn by plotly.js in its frame
     "plotly": ("from IPython.display import display\n"
                "display({'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'x': ['a', 'b'], 'y': [2, 5]}],"
                " 'layout': {'title': {'text': 'usable-plot'}}}, 'text/plain': 'Figure({...})'}, raw=True)"),
