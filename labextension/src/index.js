@@ -833,9 +833,11 @@ const plugin = {
   activate(app, notebookFactory, notebooks, consoles, tooltips, themes) {
     handlers = usableHandlers(notebooks);
     if (themes) {
-      // again a second later: the new theme's style sheet may still be loading at the first
+      // at once (the new theme's sheet is loaded when themeChanged fires: no frame keeps the old colours while the
+      // page shows the new), and again after the next paint and a second later, should a sheet still be loading
       const update = () => updateTheme([...entries].map(entry => entry.frame));
       themes.themeChanged.connect(() => {
+        update();
         requestAnimationFrame(update);
         setTimeout(update, 1000);
       });
