@@ -215,9 +215,14 @@ def chromium() -> Iterator[Any]:
 def in_frames(page: Any, selector: str, text: str | None = None, seconds: float = 0) -> int:
     """How many elements ``selector`` (with ``text``) the page's frames hold, kernel-sandbox-frame's outputs among them;
     waiting up to ``seconds`` for one to appear."""
+    from playwright.sync_api import Error
+
     deadline = time.monotonic() + seconds
     while True:
-        found = sum(frame.locator(selector, has_text=text).count() for frame in page.frames if frame != page.main_frame)
+        found = 0
+        for frame in page.frames:
+            with contextlib.suppress(Error):  # a frame that went away meanwhile (an output drawn again) holds none
+                found += frame.locator(selector, has_text=text).count() if frame != page.main_frame else 0
         if found or time.monotonic() >= deadline:
             return found
         page.wait_for_timeout(250)
@@ -239,6 +244,9 @@ def frame_with(page: Any, selector: str, text: str | None = None, seconds: float
 def click_in_frame(page: Any, locator: Any, button: str = "left") -> None:
     """Click ``locator`` (an element in an output frame) as a user does: the pointer first moves over it, which makes
     its frame take pointer events (kernel-sandbox-frame keeps the others ``inert``), then presses there."""
+    # the frame into view first: Chromium runs no animation frame in a frame out of view, and Playwright waits for
+    # one before it scrolls to an element there
+    locator.element_handle().owner_frame().frame_element().scroll_into_view_if_needed()
     locator.scroll_into_view_if_needed()
     box = locator.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2

@@ -5,8 +5,8 @@
 //
 // A frame's script can post anything: the page acts on a key only while that frame holds the focus and the
 // user has just pressed a key or clicked (the browser's transient user activation, which a frame cannot make
-// by itself), and only on a shortcut of SHORTCUTS, rebuilt from the page's own table (nothing else of the
-// message is read).
+// by itself), and only on a shortcut of SHORTCUTS, replayed from the page's own table (of the message only
+// the key and its modifiers are read).
 export const KEY_MESSAGE = 'kernel-sandbox-frame:key';
 
 // name -> [key, code, keyCode, shift, alt, accel]; accel is Ctrl, or Cmd on a Mac
@@ -21,22 +21,29 @@ const SHORTCUTS = {
 };
 const IS_MAC = /Mac|iPhone|iPad/.test(navigator.platform);
 
-// Runs in the frame: the name of the shortcut a keydown is, forwarded instead of handled there.
+// The name of the shortcut a keydown (or a message with its fields) is, as SHORTCUTS names them, or ''.
+function shortcutName(mac, event) {
+  if (typeof event.key !== 'string' || (mac ? event.ctrlKey : event.metaKey) === true) {
+    return '';
+  }
+  var parts = [];
+  if ((mac ? event.metaKey : event.ctrlKey) === true) { parts.push('Accel'); }
+  if (event.altKey === true) { parts.push('Alt'); }
+  if (event.shiftKey === true) { parts.push('Shift'); }
+  parts.push(event.key.length === 1 ? event.key.toUpperCase() : event.key);
+  return parts.join(' ');
+}
+
+// Runs in the frame: a keydown of a shortcut is forwarded (as bridge.md's `key`) instead of handled there.
 export const KEYS_FRAME_SCRIPT = `(function () {
-  var mac = ${IS_MAC};
+  var shortcutName = ${shortcutName.toString()};
+  var known = ${JSON.stringify(Object.keys(SHORTCUTS))};
   document.addEventListener('keydown', function (event) {
-    var accel = mac ? event.metaKey : event.ctrlKey;
-    if ((mac ? event.ctrlKey : event.metaKey)) { return; }
-    var parts = [];
-    if (accel) { parts.push('Accel'); }
-    if (event.altKey) { parts.push('Alt'); }
-    if (event.shiftKey) { parts.push('Shift'); }
-    parts.push(event.key.length === 1 ? event.key.toUpperCase() : event.key);
-    var name = parts.join(' ');
-    if (${JSON.stringify(Object.keys(SHORTCUTS))}.indexOf(name) < 0) { return; }
+    if (known.indexOf(shortcutName(${IS_MAC}, event)) < 0) { return; }
     event.preventDefault();
     event.stopPropagation();
-    parent.postMessage({ type: ${JSON.stringify(KEY_MESSAGE)}, shortcut: name }, '*');
+    parent.postMessage({ type: ${JSON.stringify(KEY_MESSAGE)}, key: event.key, code: event.code, shiftKey: event.shiftKey,
+      ctrlKey: event.ctrlKey, altKey: event.altKey, metaKey: event.metaKey }, '*');
   }, true);
 })();`;
 
@@ -46,13 +53,19 @@ export function userIsIn(frame) {
   return document.hasFocus() && document.activeElement === frame && (!activation || activation.isActive);
 }
 
-/** The notebook panel of `notebooks` (an INotebookTracker) holding `node`, and the index of its cell holding it. */
-function cellOf(notebooks, node) {
+/**
+ * Makes the cell holding `node` the active cell of its notebook (of `notebooks`, an INotebookTracker), in command
+ * mode, as a click on it does; returns the notebook widget, or null when `node` is in none.
+ */
+export function activateCellOf(notebooks, node) {
   let found = null;
   notebooks.forEach(panel => {
-    if (found === null && panel.content.node.contains(node)) {
-      const index = panel.content.widgets.findIndex(cell => cell.node.contains(node));
-      found = index < 0 ? null : { notebook: panel.content, index };
+    const notebook = panel.content;
+    const index = found === null && notebook.node.contains(node) ? notebook.widgets.findIndex(cell => cell.node.contains(node)) : -1;
+    if (index >= 0) {
+      notebook.activeCellIndex = index;
+      notebook.mode = 'command';
+      found = notebook;
     }
   });
   return found;
@@ -63,23 +76,21 @@ function cellOf(notebooks, node) {
  * there through JupyterLab's keydown handling. Returns whether it did.
  */
 export function forwardKey(notebooks, frame, data) {
-  const shortcut = Object.prototype.hasOwnProperty.call(SHORTCUTS, data.shortcut) ? SHORTCUTS[data.shortcut] : null;
+  const name = shortcutName(IS_MAC, data);
+  const shortcut = Object.prototype.hasOwnProperty.call(SHORTCUTS, name) ? SHORTCUTS[name] : null;
   // Escape only gives the focus back; it does not activate the page, so it needs the focus alone
-  if (!shortcut || !(data.shortcut === 'Escape' ? document.activeElement === frame : userIsIn(frame))) {
+  if (!shortcut || !(name === 'Escape' ? document.activeElement === frame : userIsIn(frame))) {
     return false;
   }
   const [key, code, keyCode, shiftKey, altKey, accel] = shortcut;
-  const cell = cellOf(notebooks, frame);
-  let target = document.body;
-  if (cell) {
-    cell.notebook.activeCellIndex = cell.index;
-    cell.notebook.mode = 'command';
-    cell.notebook.node.focus();
-    target = cell.notebook.node;
+  const notebook = activateCellOf(notebooks, frame);
+  const target = notebook ? notebook.node : document.body;
+  if (notebook) {
+    notebook.node.focus();
   } else {
     frame.blur();
   }
-  if (data.shortcut !== 'Escape') {
+  if (name !== 'Escape') {
     const init = { key, code, keyCode, which: keyCode, shiftKey, altKey, bubbles: true, cancelable: true };
     target.dispatchEvent(new KeyboardEvent('keydown', { ...init, ctrlKey: accel && !IS_MAC, metaKey: accel && IS_MAC }));
   }

@@ -1,7 +1,8 @@
 // The output frame's own script: it runs inside <iframe sandbox="allow-scripts"> (an opaque origin), never in the
 // page. `frameMain` is turned into text (Function.prototype.toString) and inlined into each frame's document, so it
 // must not use anything outside its own body. It draws the outputs the page sends (nbformat JSON), asks the page
-// for the heavy renderers it needs (widgets, Vega, MathJax) and speaks the bridge of bridge.md.
+// for the heavy renderers it needs (widgets, Vega, Plotly, MathJax) and speaks the bridge of bridge.md. A chart,
+// once drawn, is posted to the page as a PNG of itself (png.js keeps it in the notebook).
 
 /* eslint-disable no-var */
 export function frameMain(prefix) {
@@ -121,6 +122,7 @@ export function frameMain(prefix) {
 
   var IMAGES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/bmp'];
   var VEGA = /^application\/vnd\.vega(lite)?\.v\d+\+json$/;
+  var PLOTLY = 'application/vnd.plotly.v1+json';
 
   function preferred(data) {
     var types = Object.keys(data);
@@ -128,6 +130,7 @@ export function frameMain(prefix) {
     types.forEach(function (t) {
       if (VEGA.test(t)) order.push(t);
     });
+    order.push(PLOTLY);
     order = order.concat(['application/javascript', 'text/javascript', 'text/html', 'image/svg+xml', 'text/markdown', 'text/latex'], IMAGES, [
       'application/json',
       'text/plain'
@@ -138,7 +141,16 @@ export function frameMain(prefix) {
     return types[0];
   }
 
-  function vega(node, mimeType, spec) {
+  // The PNG a chart at `index` made of itself (a promise of its data URL), for the page to save with the output
+  function postPng(index, png) {
+    Promise.resolve(png)
+      .then(function (url) {
+        post('png', { index: index, png: url });
+      })
+      .catch(function () {});
+  }
+
+  function vega(node, mimeType, spec, index) {
     node.textContent = '';
     var chart = document.createElement('div');
     node.appendChild(chart);
@@ -156,9 +168,41 @@ export function frameMain(prefix) {
       loader.http = refuse;
       loader.file = refuse;
       var mode = mimeType.indexOf('vegalite') >= 0 ? 'vega-lite' : 'vega';
-      self.vegaEmbed(chart, spec, { mode: mode, actions: false, loader: loader }).catch(function (error) {
-        chart.textContent = String((error && error.message) || error);
-      });
+      self
+        .vegaEmbed(chart, spec, { mode: mode, actions: false, loader: loader })
+        .then(function (result) {
+          postPng(index, result.view.toImageURL('png'));
+        })
+        .catch(function (error) {
+          chart.textContent = String((error && error.message) || error);
+        });
+    });
+  }
+
+  // A Plotly figure ({data, layout}, as plotly's renderer takes it) with a config that links and fetches nothing
+  // (no Chart Studio link, no topojson, no MathJax: the CSP would refuse the loads anyway)
+  function plotly(node, figure, index) {
+    node.textContent = '';
+    var plot = document.createElement('div');
+    node.appendChild(plot);
+    figure = figure && typeof figure === 'object' ? figure : {};
+    need('plotly').then(function () {
+      var config = {
+        displaylogo: false,
+        showLink: false,
+        showSendToCloud: false,
+        showEditInChartStudio: false,
+        responsive: true,
+        topojsonURL: 'data:,',
+        typesetMath: false
+      };
+      self.Plotly.newPlot(plot, figure.data || [], figure.layout || {}, config)
+        .then(function (drawn) {
+          postPng(index, self.Plotly.toImage(drawn, { format: 'png' }));
+        })
+        .catch(function (error) {
+          plot.textContent = String((error && error.message) || error);
+        });
     });
   }
 
@@ -196,7 +240,7 @@ export function frameMain(prefix) {
     });
   }
 
-  function draw(output) {
+  function draw(output, index) {
     var node = document.createElement('div');
     node.className = 'jp-OutputArea-output';
     var type = output.output_type;
@@ -219,7 +263,9 @@ export function frameMain(prefix) {
     if (mimeType === 'application/vnd.jupyter.widget-view+json') {
       widget(node, value);
     } else if (VEGA.test(mimeType)) {
-      vega(node, mimeType, value);
+      vega(node, mimeType, value, index);
+    } else if (mimeType === PLOTLY) {
+      plotly(node, value, index);
     } else if (mimeType === 'application/javascript' || mimeType === 'text/javascript') {
       var element = document.createElement('div');
       node.appendChild(element);
@@ -254,11 +300,24 @@ export function frameMain(prefix) {
     return node;
   }
 
+  // What an output is drawn from: a chart's output is the same without the PNG the page saved of it
+  function drawnFrom(output) {
+    var data = output.data;
+    if (!data || data['image/png'] === undefined || !(VEGA.test(preferred(data)) || preferred(data) === PLOTLY)) {
+      return JSON.stringify(output);
+    }
+    var rest = {};
+    Object.keys(data).forEach(function (t) {
+      if (t !== 'image/png') rest[t] = data[t];
+    });
+    return JSON.stringify([output.output_type, rest, output.metadata, output.execution_count]);
+  }
+
   function render(outputs) {
     for (var i = 0; i < outputs.length; i++) {
-      var json = JSON.stringify(outputs[i]);
+      var json = drawnFrom(outputs[i]);
       if (slots[i] && slots[i].json === json) continue;
-      var node = draw(outputs[i]);
+      var node = draw(outputs[i], i);
       if (slots[i]) root.replaceChild(node, slots[i].node);
       else root.appendChild(node);
       slots[i] = { json: json, node: node };

@@ -6,7 +6,7 @@
 // allow-same-origin: an opaque origin, no cookie, no same-origin request, no access to the page) whose document
 // forbids every network load by its CSP. The page draws none of the area's outputs: it sends them, as nbformat
 // JSON, to the frame (src/frame.js), which draws text, errors, images, HTML, SVG, Markdown, LaTeX (MathJax),
-// Vega and ipywidgets views itself. The frame's widget manager gets the kernel's widget comms from the page's
+// Vega, Plotly and ipywidgets views itself. The frame's widget manager gets the kernel's widget comms from the page's
 // relay, which never makes a widget model in the page; what the frame sends back is checked (comm ids the kernel
 // opened, message kinds, sizes). The tooltip and the inspector render a kernel's rich help in such a frame too.
 // Bridge messages: bridge.md.
@@ -51,6 +51,7 @@ const CSP = [
 const RENDERERS = {
   widgets: () => import('./widgets-source.js'),
   vega: () => import('./vega-source.js'),
+  plotly: () => import('./plotly-source.js'),
   mathjax: () => import('./mathjax-source.js')
 };
 const WIDGET = 'jupyter.widget';
@@ -832,9 +833,11 @@ const plugin = {
   activate(app, notebookFactory, notebooks, consoles, tooltips, themes) {
     handlers = usableHandlers(notebooks);
     if (themes) {
-      // again a second later: the new theme's style sheet may still be loading at the first
+      // at once (the new theme's sheet is loaded when themeChanged fires: no frame keeps the old colours while the
+      // page shows the new), and again after the next paint and a second later, should a sheet still be loading
       const update = () => updateTheme([...entries].map(entry => entry.frame));
       themes.themeChanged.connect(() => {
+        update();
         requestAnimationFrame(update);
         setTimeout(update, 1000);
       });

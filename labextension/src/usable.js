@@ -1,8 +1,10 @@
 // What makes a framed output as usable as a local kernel's: theme.js (JupyterLab's look), search.js (Ctrl+F),
-// focus.js (shortcuts after a click in a frame), contextmenu.js (the output menu). One entry for the frame's
-// owner: the frame document's head and body attributes, and the page's handler of each message a frame posts.
+// focus.js (shortcuts after a click in a frame), contextmenu.js (the output menu), png.js (charts saved as PNGs).
+// One entry for the frame's owner: the frame document's head and body attributes, and the page's handler of each
+// message a frame posts.
 import { CONTEXTMENU_FRAME_SCRIPT, CONTEXTMENU_MESSAGE, openContextMenu } from './contextmenu';
 import { KEYS_FRAME_SCRIPT, KEY_MESSAGE, forwardKey } from './focus';
+import { PNG_MESSAGE, keepPng } from './png';
 import { SEARCH_FRAME_SCRIPT, TEXT_MESSAGE, keepText } from './search';
 import { themeHead, themeLightAttribute, updateTheme } from './theme';
 
@@ -22,6 +24,7 @@ export function usableHandlers(notebooks) {
   return {
     [TEXT_MESSAGE]: keepText,
     [KEY_MESSAGE]: (frame, data) => forwardKey(notebooks, frame, data),
-    [CONTEXTMENU_MESSAGE]: openContextMenu
+    [CONTEXTMENU_MESSAGE]: (frame, data) => openContextMenu(notebooks, frame, data),
+    [PNG_MESSAGE]: (frame, data) => keepPng(notebooks, frame, data)
   };
 }

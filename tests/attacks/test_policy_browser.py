@@ -208,7 +208,7 @@ def test_a_comm_id_of_another_target_runs_no_script_after_a_page_reload(browser,
     put_notebook(lab, "reuse.ipynb", "sandboxed-python", [_REUSE])
     with recording_page(browser, "attack-reuse-failed.png", height=900, timeout_ms=120_000) as (page, _):
         panel = run_all_cells(page, lab, "reuse", "reuse.ipynb")
-        panel.locator(".jp-OutputArea-output", has_text="reuse-ready").first.wait_for()
+        assert shown(page, panel, ".jp-OutputArea-output", "reuse-ready", seconds=120) >= 1  # in the page or a frame
         page.keyboard.press("Control+s")  # the widget view is saved with the notebook, for the reloaded page
         page.locator(".jp-mod-dirty").first.wait_for(state="detached")
         page.goto(f"{lab['url']}/lab/workspaces/reuse/tree/reuse.ipynb?token={lab['token']}")  # the reload

@@ -3,13 +3,17 @@
 The same cells run on Local Python (outputs in the page) and Sandboxed Python (outputs in kernel-sandbox-frame's
 opaque-origin frames): a DataFrame, a Styler and Markdown look alike (computed styles), in the light and the dark
 theme; Ctrl+F finds a word inside a frame; a right-click in a frame opens JupyterLab's output menu; Shift+Enter
-and Ctrl+S work after a click in a frame. A hostile frame posting forged text, keys and menus gets no more.
+and Ctrl+S work after a click in a frame; a Plotly figure draws; charts are saved with a PNG, which nbconvert exports. A hostile frame posting forged text, keys and menus gets no more.
 """
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +39,7 @@ def _styler_html() -> str:
 
 LOOKS = {
     "dataframe": "import pandas as pd\ndf = pd.DataFrame({'city': ['Paris', 'Lyon'], 'n': [1, 2]})\ndf",
-    # the HTML a Styler displays, made here: the kernel image has no jinja2 yet
+    # the HTML a Styler displays, made here (an image built before jinja2 joined it has no DataFrame.style)
     "styler": f"from IPython.display import HTML\nHTML({_styler_html()!r})",
     "markdown": "from IPython.display import Markdown\nMarkdown('# usable-heading\\n\\nsome *usable-em* and `usable-code`')",
 }
@@ -62,28 +66,39 @@ USE = {
     "search": "from IPython.display import HTML\nHTML('<p>find the ' + 'usable' + '-needle here</p>')",
     "counter": "from IPython.display import HTML\nruns = globals().get('runs', 0) + 1\nHTML(f'<b>run-count-{runs}</b>')",
     "menu": "HTML('<p>menu-target</p>')",
+    # a figure as plotly sends it (an image built before plotly joined it has none): drawn by plotly.js in its frame
+    "plotly": ("from IPython.display import display\n"
+               "display({'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'x': ['a', 'b'], 'y': [2, 5]}],"
+               " 'layout': {'title': {'text': 'usable-plot'}}}, 'text/plain': 'Figure({...})'}, raw=True)"),
+    "vega": ("display({'application/vnd.vegalite.v5+json': {'data': {'values': [{'a': 'x', 'b': 2}]}, 'mark': 'bar',"
+             " 'encoding': {'x': {'field': 'a', 'type': 'nominal'}, 'y': {'field': 'b', 'type': 'quantitative'}}}}, raw=True)"),
 }
+CHARTS = 2
+"""The charts of USE, each saved with a PNG of itself."""
 HUGE = 2_000_000
 # a frame that, unasked, posts every kind of message with forged or hostile content; a click on its button
 # (a real user activation with the focus in it) posts shortcuts that are not JupyterLab's (after such a click a
 # frame may post one of JupyterLab's: the allowed thing, as its script could forward the user's keys)
 FORGER = (
     "from IPython.display import HTML\nforged = globals().get('forged', 0) + 1\n"
-    "HTML(f'''<b>forged-count-{forged}</b><button id=\"forge\">forge</button><script>\n"
+    "HTML('<b>forged-count-%d</b>' % forged + '''<button id=\"forge\">forge</button><script>\n"
     "var post = function (m) { parent.postMessage(m, '*'); }, clicked = false;\n"
     "setInterval(function () {\n"
     "  if (!clicked) {\n"
-    "    post({type: 'kernel-sandbox-frame:key', shortcut: 'Shift Enter'});\n"
+    "    post({type: 'kernel-sandbox-frame:key', key: 'Enter', code: 'Enter', shiftKey: true});\n"
     "    post({type: 'kernel-sandbox-frame:contextmenu', x: 1e9, y: -5});\n"
     "  }\n"
     f"  post({{type: 'kernel-sandbox-frame:text', text: 'forged-text<img src=x onerror=alert(1)>' + 'x'.repeat({HUGE})}});\n"
     "  post({type: 'kernel-sandbox-frame:text', text: {toString: 1}});\n"
-    "}}, 200);\n"
+    "  post({type: 'kernel-sandbox-frame:png', png: document.createElement('canvas').toDataURL('image/png')});\n"
+    "  post({type: 'kernel-sandbox-frame:png', png: 'data:image/png;base64,' + btoa('<svg onload=alert(1)>')});\n"
+    "}, 200);\n"
     "document.getElementById('forge').addEventListener('click', function () {\n"
     "  clicked = true;\n"
-    "  ['A', 'B', 'Accel Shift R', '__proto__', 'constructor', 'toString', 'Shift Enter '].forEach(function (s) {\n"
-    "    post({type: 'kernel-sandbox-frame:key', shortcut: s}); });\n"
-    "}});\n"
+    "  [{key: 'a'}, {key: 'b'}, {key: 'R', ctrlKey: true, shiftKey: true}, {key: '__proto__'}, {key: 'constructor'},\n"
+    "   {key: 'Enter', shiftKey: 'yes'}, {key: {length: 1}}, {key: 'Enter ', shiftKey: true}].forEach(function (k) {\n"
+    "    k.type = 'kernel-sandbox-frame:key'; post(k); });\n"
+    "});\n"
     "</script>''')"
 )
 
@@ -152,11 +167,8 @@ def test_dataframe_styler_and_markdown_look_as_for_a_local_kernel_in_both_themes
         light = local
         try:
             _set_theme(page, "JupyterLab Dark")
-            dark = _wait_styles(page, True, lambda styles: styles != light)
-            print("DEBUG page", page.evaluate("getComputedStyle(document.body).getPropertyValue('--jp-content-font-color1')"))
-            for f in page.frames:
-                if f != page.main_frame:
-                    print("DEBUG frame", f.evaluate("[document.getElementById('kernel-sandbox-theme').textContent.match(/--jp-content-font-color1:[^;]*/)[0], document.body.dataset.jpThemeLight]"))
+            # the open frames take the new theme (by a message: one style sheet swapped at once)
+            dark = _wait_styles(page, True, lambda styles: styles["td"]["color"] != light["td"]["color"])
             frame = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) iframe.kernel-sandbox-frame").first
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "usable-dark.png"))
@@ -165,6 +177,9 @@ def test_dataframe_styler_and_markdown_look_as_for_a_local_kernel_in_both_themes
             local_dark = _wait_styles(page, sandboxed=False)
             assert local_dark["td"]["color"] != light["td"]["color"]  # the theme did change
             assert dark == local_dark
+            # and new frames start in it
+            _open_and_run(page, lab_server, "usable-sandboxed", SANDBOXED, LOOKS)
+            assert _wait_styles(page, True, lambda styles: styles == local_dark) == local_dark
         finally:
             _set_theme(page, "JupyterLab Light")
 
@@ -182,21 +197,26 @@ def _gone(page: Any, selector: str, text: str) -> None:
 
 
 def _outputs(lab: LabServer, name: str) -> str:
-    notebook = httpx.get(f"{lab.url}/api/contents/{name}.ipynb", headers=lab.headers).json()["content"]
-    return str([cell["outputs"] for cell in notebook["cells"]])
+    got = httpx.get(f"{lab.url}/api/contents/{name}.ipynb", headers=lab.headers)
+    assert got.status_code == 200, got.text[:500]
+    return str([cell["outputs"] for cell in got.json()["content"]["cells"]])
 
 
 @pytest.mark.security("attack", "lab")
 def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no_more(browser, lab_server) -> None:
     name = "usable-use"
-    with recording_page(browser, "usable-use-failed.png", height=900) as (page, _):
+    with recording_page(browser, "usable-use-failed.png", height=900) as (page, requests):
         panel = _open_and_run(page, lab_server, name, SANDBOXED, {**USE, "forger": FORGER})
         cells = panel.locator(".jp-Cell").count()
+        # plotly draws (its SVG), not "Figure({...})"
+        assert in_frames(page, ".js-plotly-plot svg.main-svg", seconds=60) >= 1
+        assert in_frames(page, "text", "usable-plot", seconds=60) >= 1
         # Ctrl+F: the word inside a frame is found, once (the source does not hold it)
         panel.locator(".jp-Cell .jp-InputPrompt").first.click()
         page.keyboard.press("Control+f")
-        search = page.locator(".jp-DocumentSearch-input")
-        search.fill("usable-needle")
+        page.locator(".jp-DocumentSearch-filter-button").click()
+        page.locator(".jp-DocumentSearch-search-filter", has_text="Search Cell Outputs").click()
+        page.locator(".jp-DocumentSearch-input").fill("usable-needle")
         page.locator(".jp-DocumentSearch-index-counter", has_text=re.compile(r"^\s*1\s*/\s*1\s*$")).wait_for()
         page.keyboard.press("Escape")
         # Shift+Enter after a click in a frame runs its cell; Ctrl+S saves the notebook
@@ -206,8 +226,11 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         assert in_frames(page, "b", "run-count-1") == 0
         _click(page, "b", "run-count-2")
         page.keyboard.press("Control+s")
-        page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-mod-dirty')")
-        assert "run-count-2" in _outputs(lab_server, name)
+        for _ in range(120):
+            if "run-count-2" in _outputs(lab_server, name):
+                break
+            page.wait_for_timeout(250)
+        assert "run-count-2" in _outputs(lab_server, name), "Ctrl+S in a frame did not save the notebook"
         # a right-click in a frame opens JupyterLab's output menu, whose Clear Outputs clears that cell
         _click(page, "p", "menu-target", button="right")
         menu = page.locator(".lm-Menu").last
@@ -225,5 +248,20 @@ def test_search_menu_and_shortcuts_reach_into_frames_and_a_forging_frame_gets_no
         page.wait_for_timeout(3000)
         assert in_frames(page, "b", "forged-count-1") == 1 and panel.locator(".jp-Cell").count() == cells
         assert page.evaluate("Object.keys(document.body.dataset).filter(k => k.startsWith('pwned'))") == []
+        # each chart is saved with its PNG (the forger's HTML output with none): exports show the charts
+        panel.locator(".jp-Cell .jp-InputPrompt").first.click()
+        page.keyboard.press("Control+s")
+        for _ in range(120):
+            if _outputs(lab_server, name).count("'image/png'") >= CHARTS:
+                break
+            page.wait_for_timeout(250)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "usable-use.png"))
+    saved = json.loads((lab_server.root_dir / f"{name}.ipynb").read_text())
+    pngs = [output["data"]["image/png"] for cell in saved["cells"] for output in cell["outputs"] if "image/png" in output.get("data", {})]
+    assert len(pngs) == CHARTS and all(base64.b64decode(png).startswith(b"\x89PNG\r\n\x1a\n") for png in pngs)
+    exported = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--stdout", str(lab_server.root_dir / f"{name}.ipynb")],
+                              capture_output=True, text=True, check=True).stdout
+    assert exported.count("data:image/png;base64,") >= CHARTS
+    outside = [url for url in requests if not url.startswith((lab_server.url, "ws://127.0.0.1", "data:", "blob:", "about:"))]
+    assert outside == []  # plotly.js and the forger loaded nothing from anywhere else
