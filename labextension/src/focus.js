@@ -16,7 +16,6 @@ const SHORTCUTS = {
   'Accel Enter': ['Enter', 'Enter', 13, false, false, true],
   'Alt Enter': ['Enter', 'Enter', 13, false, true, false],
   'Accel S': ['s', 'KeyS', 83, false, false, true],
-  'Accel Shift C': ['C', 'KeyC', 67, true, false, true],
   'Accel B': ['b', 'KeyB', 66, false, false, true]
 };
 const IS_MAC = /Mac|iPhone|iPad/.test(navigator.platform);
