@@ -33,7 +33,7 @@ from .metrics import (
 )
 
 COLUMNS = ("NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM")
-WIDTHS = (0, 7, 8, 14, 8, 7, 10, 3)
+WIDTHS = (0, 7, 8, 13, 8, 7, 11, 3)
 """Each of ``top``'s column widths; NAME (0) takes what the screen leaves (80 columns: 15)."""
 NAME_PREFIX = "kernel-sandbox-"
 """Every kernel container's name starts so: ``top`` leaves it out (``ps`` shows whole names)."""
@@ -98,7 +98,7 @@ def _short_size(value: int) -> str:
 
 def _short_usage(usage: Usage) -> list[str]:
     """MEMORY, CPU, PIDS, TMPFS and OOM as ``top`` shows them: ``97M/256M 38%``, ``85%/100%``,
-    ``12/64``, ``h0 w0 t3`` (each tmpfs's use in percent, by its option's initial), ``0``."""
+    ``12/64``, ``h0 p0 w0 t3`` (each tmpfs's use in percent, by its option's initial), ``0``."""
     memory = "-" if usage.memory is None else _short_size(usage.memory)
     if usage.memory is not None and usage.memory_limit:
         memory += f"/{_short_size(usage.memory_limit)} {usage.memory_percent:.0f}%"

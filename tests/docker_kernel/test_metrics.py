@@ -233,7 +233,7 @@ async def test_top_redraws_in_place_in_80_columns_and_plots(tmp_path: Path) -> N
             assert "kernel-sandbox top" in first and full not in first
             assert first.splitlines()[2].split() == ["NAME", "STATUS", "KERNEL", "MEMORY", "CPU", "PIDS", "TMPFS", "OOM"]
             [row] = [line for line in first.splitlines() if line.startswith(name)]
-            assert len(row) < 80 and re.search(r" \d+%/100% +\d+/\d+ +h\d+ w\d+ t\d+ +0$", row), row  # no column cut off
+            assert len(row) < 80 and re.search(r" \d+%/100% +\d+/\d+ +h\d+ p\d+ w\d+ t\d+ +0$", row), row  # no column cut off
             await sandbox.run("hog = b'x' * (96 * 2**20)")
             later = await asyncio.to_thread(
                 _screen_until, session, lambda s: _memory_shown(s, name) >= 120 and s.split("\n")[0] != first.split("\n")[0])
