@@ -1224,7 +1224,10 @@ class OutputPolicy:
             return None
         record = self._comms.get(comm_id)
         if msg_type == "comm_close":
-            if record is not None:  # the id stays taken: a comm_open reusing it is dropped
+            # The id stays taken (a comm_open reusing it is dropped); a widget's later messages are
+            # dropped, another target's pass as before its close (the tool-call channel answers on
+            # its id when code in the kernel closed it), widget-shaped ones policed as widgets.
+            if record is not None and record.target in _WIDGET_TARGETS:
                 self._comms[comm_id] = _Comm(target=record.target, refused=True)
             return content
         # (The canonical form has no target_module: a frontend with require.js would load and run
