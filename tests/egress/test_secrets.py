@@ -22,6 +22,7 @@ from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox, Secret
 from kernel_sandbox.kernelspecs import install as install_kernelspec
+from kernel_kit import run_cell
 from secrets_kit import Servers, serve
 
 pytestmark = pytest.mark.security("attack", "egress")
@@ -393,20 +394,10 @@ async def run_in_kernelspec(name: str, code: str) -> str:
     """Start the kernelspec ``name`` as a Jupyter server does, run ``code``, return its stdout."""
     manager = AsyncKernelManager(kernel_name=name)
     await manager.start_kernel()
-    client = manager.client()
-    client.start_channels()
     try:
-        await client.wait_for_ready(timeout=60)
-        outputs: list[str] = []
-
-        def keep(msg: dict) -> None:
-            if msg["msg_type"] == "stream":
-                outputs.append(msg["content"]["text"])
-
-        await client.execute_interactive(code, output_hook=keep, timeout=60)
-        return "".join(outputs)
+        out, _ = await run_cell(manager, code, timeout=60, ready_timeout=60)
+        return out
     finally:
-        client.stop_channels()
         await manager.shutdown_kernel(now=True)
 
 
