@@ -31,10 +31,9 @@ def conformance_specs(jupyter_prefix: Path, tmp_path_factory: pytest.TempPathFac
     spec = json.loads((target / "kernel.json").read_text())
     spec["metadata"].pop("kernel_provisioner")
     (target / "kernel.json").write_text(json.dumps(spec))
-    old = os.environ["JUPYTER_PATH"]
-    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(data_dir), old])
-    yield
-    os.environ["JUPYTER_PATH"] = old
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JUPYTER_PATH", os.pathsep.join([str(data_dir), os.environ["JUPYTER_PATH"]]))
+        yield
 
 
 class TestLocalPython(conformance_kit.PythonKernelTests):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import http.server
 import json
-import os
 import socket
 import ssl
 import threading
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -210,19 +210,14 @@ def serve(directory: Path) -> Iterator[Servers]:
     resolver = directory / "resolver.json"
     resolver.write_text(json.dumps({name: ["127.0.0.1"] for name in NAMES}))
     resolver.chmod(0o600)
-    old = {name: os.environ.get(name) for name in (TEST_RESOLVER_ENV, "SSL_CERT_FILE")}
-    os.environ[TEST_RESOLVER_ENV] = str(resolver)
-    os.environ["SSL_CERT_FILE"] = str(ca_file)
     try:
-        yield Servers(
-            port, forged.server_address[1], sniffer.getsockname()[1], resolver, requests, sniffed
-        )
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(TEST_RESOLVER_ENV, str(resolver))
+            env.setenv("SSL_CERT_FILE", str(ca_file))
+            yield Servers(
+                port, forged.server_address[1], sniffer.getsockname()[1], resolver, requests, sniffed
+            )
     finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         good.shutdown()
         forged.shutdown()
         good.server_close()

@@ -7,7 +7,6 @@ beside it in tests/docker_kernel/test_conformance.py.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,17 +23,11 @@ def websocket_spec(opensandbox_deployment: Any, tmp_path_factory: pytest.TempPat
     """The OpenSandbox kernelspec in websocket mode on the test deployment, alone on JUPYTER_PATH."""
     data_dir = tmp_path_factory.mktemp("opensandbox-conformance")
     opensandbox_deployment.kernelspec(data_dir, "websocket")
-    saved = {name: os.environ.get(name) for name in ("JUPYTER_PATH", "OPEN_SANDBOX_API_KEY", "OPEN_SANDBOX_API_BASE")}
-    os.environ.update(JUPYTER_PATH=str(data_dir), OPEN_SANDBOX_API_KEY=opensandbox_deployment.api_key)
-    os.environ.pop("OPEN_SANDBOX_API_BASE", None)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JUPYTER_PATH", str(data_dir))
+        env.setenv("OPEN_SANDBOX_API_KEY", opensandbox_deployment.api_key)
+        env.delenv("OPEN_SANDBOX_API_BASE", raising=False)
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     left = opensandbox_deployment.live_sandboxes()
     assert not left, f"sandboxes left behind by the conformance suite: {[s.get('id') for s in left]}"
 
