@@ -127,6 +127,10 @@ CHANNEL_PORTS = {
 INTERRUPT_DELAY = 0.2
 """Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see
 :meth:`DockerLink.interrupt`)."""
+SHUTDOWN_WAIT = 10.0
+"""Seconds a kernel has, after its ``shutdown_request``, to exit on its own before the launcher
+stops it (as jupyter_client's manager kills a kernel after ``shutdown_wait_time``: an ipykernel
+thread left running can keep the interpreter from exiting)."""
 ENGINE_TEXT_BYTES = 1000
 """Bytes of the engine's own error text (an exec that could not start) kept for the log."""
 
@@ -756,8 +760,15 @@ class DockerLink:
         """Sign a client message with the kernel's key and send it on (noting a shutdown
         request)."""
         header = parts[0]
-        if channel != "stdin" and isinstance(header, bytes) and b"shutdown_request" in header:
-            self._shutdown_asked = self._shutdown_asked or _msg_type(header) == "shutdown_request"
+        if (
+            not self._shutdown_asked
+            and channel != "stdin"
+            and isinstance(header, bytes)
+            and b"shutdown_request" in header
+            and _msg_type(header) == "shutdown_request"
+        ):
+            self._shutdown_asked = True
+            self._loop.call_later(SHUTDOWN_WAIT, self._shutdown_overdue)
         self._send(channel, [*idents, DELIM, self._signer.sign(parts), *parts])
 
     def heartbeat(self, frames: list[Any]) -> None:
@@ -819,6 +830,14 @@ class DockerLink:
                 log.info("the kernel exited with code %d on its way out after shutdown", code)
                 code = 0
             self._end(ExitStatus(code, self._ending(code)))
+
+    def _shutdown_overdue(self) -> None:
+        if not self._ended.done():
+            log.warning(
+                "the kernel did not exit within %.0f s of its shutdown request: stopped",
+                SHUTDOWN_WAIT,
+            )
+            self._end(ExitStatus(0, "the kernel shut down (stopped after its shutdown request)"))
 
     def _broken(self, status: ExitStatus) -> None:
         """A channel's stream broke: the kernel's doing, unless the engine reports another end
