@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from ..egress import (
     DEFAULT_PORTS,
     Address,
@@ -360,6 +361,8 @@ class Window:
     connections: set[asyncio.StreamWriter] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
     closed: bool = False
+    secrets: SecretTable | None = None
+    """One tool call's secrets (:meth:`Egress.bind`): bound while the window is open."""
 
 
 class Egress:
@@ -398,6 +401,8 @@ class Egress:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._serial = 0
+        self._upstream: ssl.SSLContext | None = None
+        """How bound hosts are verified (:func:`.intercept.upstream_context`), made once."""
         self.ended: str | None = None
         """Why the kernel's egress was ended for good (see :meth:`end`), once it was."""
 
@@ -444,14 +449,41 @@ class Egress:
             }
         if "close" in content:
             return {"status": "ok", "closed": self.close_window(str(content["close"]))}
-        return {"status": "error", "evalue": "the request must hold 'open' or 'close'"}
+        if "bind" in content:
+            return self.bind(content["bind"], content.get("seconds"))
+        return {"status": "error", "evalue": "the request must hold 'open', 'close' or 'bind'"}
 
-    def open_window(self, destinations: Sequence[Destination], seconds: float) -> str:
-        """Allow ``destinations`` for at most ``seconds`` (or until :meth:`close_window`); return
-        its id."""
+    def bind(self, entries: Any, seconds: Any) -> dict[str, Any]:
+        """Bind one tool call's secrets (``[{"binding": "NAME@HOST", "value": ...}]``) for at most
+        ``seconds``: their hosts are allowed and their placeholders filled in until the window
+        closes (the call's end). Answers the window's id and the call's variables (placeholders and
+        the call's CA); an error never quotes a value."""
+        from .intercept import SecretTable
+
+        if self.ended is not None:
+            return {"status": "error", "evalue": self.ended}
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            return {"status": "error", "evalue": "'seconds' must be a number"}
+        if not 0 < seconds <= 86400:
+            return {"status": "error", "evalue": "'seconds' must be from 0 to 86400"}
+        try:
+            table = SecretTable.for_call(entries)
+        except ConfigError as exc:
+            return {"status": "error", "evalue": str(exc)}
+        token = self.open_window(table.destinations, float(seconds), table)
+        return {"status": "ok", "window": token, "env": table.call_env()}
+
+    def open_window(
+        self,
+        destinations: Sequence[Destination],
+        seconds: float,
+        secrets: SecretTable | None = None,
+    ) -> str:
+        """Allow ``destinations`` (with ``secrets`` bound) for at most ``seconds`` (or until
+        :meth:`close_window`); return its id."""
         self._serial += 1
         token = f"w{self._serial}"
-        window = self.windows[token] = Window(tuple(destinations))
+        window = self.windows[token] = Window(tuple(destinations), secrets=secrets)
         window.timer = asyncio.get_running_loop().call_later(seconds, self.close_window, token)
         log.info("egress: opened %s for %g s", ", ".join(map(str, window.destinations)), seconds)
         return token
@@ -619,10 +651,9 @@ class Egress:
                 return
             window.connections.add(writer)
         try:
-            if request.connect and self.secrets and self.secrets.bound(request.host, request.port):
-                await self._intercept(
-                    request, self.secrets, reader, writer, upstream_reader, upstream
-                )
+            table = self._bound(request.host, request.port) if request.connect else None
+            if table is not None:
+                await self._intercept(request, table, reader, writer, upstream_reader, upstream)
                 return
             if request.connect:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -636,6 +667,25 @@ class Egress:
                 window.connections.discard(writer)
             upstream.transport.abort()
 
+    def _tables(self) -> list[SecretTable]:
+        """The secrets bound now: the kernel's, and those of the tool calls under way."""
+        calls = [window.secrets for window in self.windows.values() if window.secrets]
+        return [self.secrets, *calls] if self.secrets else calls
+
+    def _bound(self, host: str, port: int) -> SecretTable | None:
+        """The table whose CA answers a CONNECT to ``host:port`` (the kernel's first: the kernel
+        always trusts its CA), or None: the connection is spliced."""
+        return next((t for t in self._tables() if t.bound(host, port)), None)
+
+    def fill(
+        self, host: str, port: int, headers: list[tuple[bytes, bytes]], target: bytes
+    ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """A request's headers and target with the placeholders of every secret bound to
+        ``host:port`` now filled in (a call's, only while the call runs)."""
+        for table in self._tables():
+            headers, target = table.fill(host, port, headers, target)
+        return headers, target
+
     async def _intercept(
         self,
         request: Request,
@@ -648,17 +698,19 @@ class Egress:
         """A CONNECT to a destination with a secret: verify the real host first (a failure is a
         refusal naming it), then answer the kernel's TLS as that host and relay HTTP with the
         secrets filled in (:func:`.intercept.relay_http`)."""
-        from .intercept import TlsStream, relay_http
+        from .intercept import TlsStream, relay_http, upstream_context
 
         host, port = request.host, request.port
 
         def touch() -> None:
             self._clients[writer] = time.monotonic()
 
+        if self._upstream is None:
+            self._upstream = upstream_context()
         outbound = TlsStream(
             upstream_reader,
             upstream,
-            table.upstream(),
+            self._upstream,
             server_side=False,
             server_hostname=host,
             touch=touch,
@@ -685,7 +737,7 @@ class Egress:
         except (ssl.SSLError, OSError, asyncio.TimeoutError):
             return
         limits = (self.idle_timeout, HEAD_LIMIT)
-        await relay_http(table, host, port, inbound, outbound, *limits, self.refusals.refused)
+        await relay_http(self.fill, host, port, inbound, outbound, *limits, self.refusals.refused)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter

@@ -22,6 +22,7 @@ import string
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +33,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..egress import Destination
-from ..hostsecrets import Binding, parse_binding
-from ..kernelside.boot import CA_BUNDLE, CA_ENV
+from ..errors import ConfigError
+from ..hostsecrets import MAX_SECRETS, Binding, check_value, parse_binding
+from ..kernelside.trust import BUNDLE, CA_ENV, TRUST_ENV
 
-TRUST_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS")
-"""The variables that point the kernel's clients at :data:`CA_BUNDLE`."""
 CHUNK = 256 * 1024
 HANDSHAKE_TIMEOUT = 10.0
 VALID_DAYS = 400
@@ -194,7 +194,6 @@ class SecretTable:
         self.uses: Counter[str] = Counter({b.name: 0 for b in bindings})
         self.on_use: Callable[[], None] = lambda: None
         """Called after a request used a secret (the launcher writes :attr:`uses` for ``ps``)."""
-        self._upstream: ssl.SSLContext | None = None
 
     @classmethod
     def load(cls, entries: Sequence[str], environ: Mapping[str, str]) -> SecretTable | None:
@@ -204,6 +203,27 @@ class SecretTable:
             return None
         bindings = [parse_binding("secrets", entry) for entry in entries]
         return cls(bindings, {b.name: b.value(environ) for b in bindings})
+
+    @classmethod
+    def for_call(cls, entries: Any) -> SecretTable:
+        """The table of one tool call's secrets, ``[{"binding": "NAME@HOST...", "value": ...}]``
+        (:meth:`..hostsecrets.Secret.for_call`). Raises ConfigError, never quoting a value."""
+        if not isinstance(entries, list) or not entries or len(entries) > MAX_SECRETS:
+            raise ConfigError(
+                f"'bind' must be a list of 1 to {MAX_SECRETS} secrets, each "
+                '{"binding": "NAME@HOST", "value": ...}'
+            )
+        bindings, values = [], {}
+        for entry in entries:
+            if not isinstance(entry, dict) or set(entry) != {"binding", "value"}:
+                raise ConfigError('each secret to bind must be {"binding": ..., "value": ...}')
+            binding = parse_binding("secrets", entry["binding"])
+            if binding.path is not None or binding.name in values:
+                raise ConfigError(f"secrets: {binding.name}: one value each, from the caller")
+            check_value(f"secrets: {binding.name}", entry["value"])
+            bindings.append(binding)
+            values[binding.name] = entry["value"]
+        return cls(bindings, values)
 
     def __repr__(self) -> str:
         return f"<SecretTable names={self.names!r} values=<hidden>>"
@@ -227,14 +247,15 @@ class SecretTable:
         variables."""
         env = {held.binding.name: held.placeholder for held in self._held}
         env[CA_ENV] = self.ca.pem
-        env.update(dict.fromkeys(TRUST_ENV, CA_BUNDLE))
+        env.update(dict.fromkeys(TRUST_ENV, BUNDLE))
         return env
 
-    def upstream(self) -> ssl.SSLContext:
-        """The context that verifies bound hosts (made once)."""
-        if self._upstream is None:
-            self._upstream = upstream_context()
-        return self._upstream
+    def call_env(self) -> dict[str, str]:
+        """One tool call's variables: each placeholder under its name, and the CA (the kernel
+        writes the call's trust bundle: :func:`..kernelside.trust.call_env`)."""
+        env = {held.binding.name: held.placeholder for held in self._held}
+        env[CA_ENV] = self.ca.pem
+        return env
 
     def fill(
         self, host: str, port: int, headers: Sequence[tuple[bytes, bytes]], target: bytes
@@ -369,8 +390,15 @@ async def _refuse(conn: h11.Connection, stream: TlsStream, status: int, reason: 
         pass
 
 
+Fill = Callable[
+    [str, int, list[tuple[bytes, bytes]], bytes], tuple[list[tuple[bytes, bytes]], bytes]
+]
+"""Put the values of the secrets bound to ``host:port`` in a request's headers and target
+(:meth:`.egress.Egress.fill`)."""
+
+
 async def relay_http(  # noqa: C901
-    table: SecretTable,
+    fill: Fill,
     host: str,
     port: int,
     kernel: TlsStream,
@@ -407,7 +435,7 @@ async def relay_http(  # noqa: C901
             refused(f"{host}:{port}", reason)
             await _refuse(server, kernel, 421, reason)
             return
-        headers, target = table.fill(host, port, _kept(event.headers), event.target)
+        headers, target = fill(host, port, _kept(event.headers), event.target)
         if server.they_are_waiting_for_100_continue:
             await _send(server, kernel, h11.InformationalResponse(status_code=100, headers=[]))
         try:

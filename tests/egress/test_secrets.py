@@ -374,6 +374,145 @@ def test_another_kernels_placeholder_gets_nothing(
         assert VALUE not in str(got) and OTHER_VALUE not in str(got)
 
 
+CLIENTS = ("certifi", "requests", "urllib3", "idna", "charset_normalizer", "httpx", "httpcore")
+CLIENTS += ("h11", "anyio", "sniffio", "typing_extensions")
+
+
+def client_packages() -> bytes:
+    """The host's requests, httpx and certifi (and what they import), zipped for the kernel's work
+    directory: the kernel image has none of them, and the tests reach no package index."""
+    import importlib
+    import io
+    import zipfile
+
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        for name in CLIENTS:
+            origin = Path(importlib.import_module(name).__file__ or "")
+            if origin.name != "__init__.py":
+                archive.write(origin, origin.name)
+                continue
+            for path in origin.parent.rglob("*"):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, str(path.relative_to(origin.parent.parent)))
+    return data.getvalue()
+
+
+CLIENT_REQUESTS = """
+import os, sys, ssl, zipfile, urllib.request
+zipfile.ZipFile('clients.zip').extractall('clients')
+sys.path.insert(0, os.path.abspath('clients'))
+import certifi, requests, httpx
+url, auth = {url!r}, {{'Authorization': 'Bearer ' + os.environ['API_KEY']}}
+pinned = ssl.create_default_context(cafile=certifi.where())
+answers = [
+    requests.get(url + '/requests', headers=auth).text,
+    requests.get(url + '/requests-certifi', headers=auth, verify=certifi.where()).text,
+    httpx.get(url + '/httpx', headers=auth).text,
+    httpx.get(url + '/httpx-certifi', headers=auth, verify=pinned).text,
+    urllib.request.urlopen(urllib.request.Request(url + '/urllib-certifi', headers=auth), context=pinned).read().decode(),
+    str(certifi.where() == os.environ['SSL_CERT_FILE'] and certifi.contents() == open(certifi.where()).read()),
+]
+print(*answers)
+"""
+
+
+def test_python_clients_trust_the_kernels_ca_with_no_setting(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """requests, httpx and urllib, with the environment's trust or with certifi's bundle
+    (``certifi.where()``, which the kernel's boot makes follow the sandbox's bundle), all reach the
+    bound host through the proxy, the value filled in; nothing of certifi's own files changes."""
+    sandbox.upload({"clients.zip": client_packages()})
+    before = len(servers.requests)
+    out = sandbox.run(CLIENT_REQUESTS.format(url=f"https://api.test:{servers.tls_port}"))
+    assert out.stdout.split() == ["ok"] * 5 + ["True"], out.stdout + str(out.error)
+    new = servers.requests[before:]
+    assert [r["path"] for r in new] == [
+        "/requests",
+        "/requests-certifi",
+        "/httpx",
+        "/httpx-certifi",
+        "/urllib-certifi",
+    ]
+    assert all(["Authorization", f"Bearer {VALUE}"] in r["headers"] for r in new)
+    pristine = sandbox.run(
+        "import certifi, importlib.resources as r\n"
+        "print('kernel-sandbox' in r.files('certifi').joinpath('cacert.pem').read_text())"
+    )
+    assert pristine.stdout.strip() == "False", pristine
+
+
+def call_api(url: str, name: str = "CALL_KEY") -> dict:
+    """A tool: one request to ``url`` with the call's secret (the kernel's default trust), and what
+    the kernel held meanwhile."""
+    import os
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ[name]})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        body = answer.read().decode()
+    return {"body": body, "token": os.environ[name], "trust": os.environ.get("SSL_CERT_FILE")}
+
+
+def test_a_tool_calls_secret_is_bound_for_that_call_only(
+    docker_engine, servers: Servers
+) -> None:
+    """``run_tool(secrets=...)`` in a kernel without secrets of its own: during the call the bound host
+    gets the value (its TLS answered by the call's CA, which the kernel trusts for the call); after it,
+    the kernel holds neither the placeholder nor the call's trust, and the same placeholder sent again
+    reaches the host as it is."""
+    secret = Secret(VALUE, hosts=[f"api.test:{servers.tls_port}"])
+    url = f"https://api.test:{servers.tls_port}/call"
+    with Sandbox(network=servers.network(), timeout=120) as sb:
+        before = len(servers.requests)
+        result = sb.run_tool(call_api, {"url": url}, secrets={"CALL_KEY": secret})
+        assert result.status == "success", result.error
+        assert result.func_return["body"] == "ok" and VALUE not in repr(result)
+        assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+        token, trust = result.func_return["token"], result.func_return["trust"]
+        after = sb.run(
+            "import os; print('CALL_KEY' in os.environ, os.environ.get('SSL_CERT_FILE'), "
+            f"os.path.exists({trust!r}))"
+        ).stdout
+        assert after.split() == ["False", "None", "False"], after
+        before = len(servers.requests)
+        replay = fetch(sb, url, headers=f"{{'Authorization': 'Bearer {token}'}}", verify=False)
+        assert replay.startswith("200 ok"), replay
+        assert ["Authorization", f"Bearer {token}"] in servers.requests[before]["headers"]
+        assert VALUE not in str(servers.requests[before:])
+        with pytest.raises(ConfigError, match="in env too"):
+            sb.run_tool(call_api, {"url": url}, env={"CALL_KEY": "x"}, secrets={"CALL_KEY": secret})
+        with pytest.raises(ConfigError, match="must be a Secret"):
+            sb.run_tool(call_api, {"url": url}, secrets={"CALL_KEY": VALUE})  # type: ignore[dict-item]
+
+
+def test_a_tool_calls_secret_and_the_kernels_own_are_both_filled_in(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """A call's secret bound to a host the kernel's own secret is bound to too: one request carries
+    both values; another call without it sends its old placeholder as it is."""
+    secret = Secret(OTHER_VALUE, hosts=[f"api.test:{servers.tls_port}"])
+    source = """
+def both(url):
+    import os, urllib.request
+    request = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + os.environ['API_KEY'], 'X-Call': os.environ.get('CALL_KEY', 'none')})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.read().decode(), os.environ.get('CALL_KEY')
+"""
+    url = f"https://api.test:{servers.tls_port}/both"
+    before = len(servers.requests)
+    first = sandbox.run_tool(source, {"url": url}, name="both", secrets={"CALL_KEY": secret})
+    assert first.status == "success", first.error
+    headers = servers.requests[before]["headers"]
+    assert ["Authorization", f"Bearer {VALUE}"] in headers and ["X-Call", OTHER_VALUE] in headers
+    token = first.func_return[1]
+    replay = sandbox.run_tool(source, {"url": url}, name="both", env={"CALL_KEY": token})
+    assert replay.status == "success", replay.error
+    assert ["X-Call", token] in servers.requests[before + 1]["headers"]
+    assert OTHER_VALUE not in str(servers.requests[before + 1])
+
+
 def test_a_secret_never_shows_its_value() -> None:
     """Secret's repr, str and pickling never show the value; a bare string is refused."""
     secret = Secret(VALUE, hosts=["api.openai.com"])
