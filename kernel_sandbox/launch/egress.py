@@ -397,6 +397,8 @@ class Egress:
         self.refusals = RefusalLog()
         self.windows: dict[str, Window] = {}
         self._clients: dict[asyncio.StreamWriter, float] = {}
+        self._upstreams: dict[asyncio.StreamWriter, asyncio.StreamWriter] = {}
+        """Each connection from the kernel's outbound one, closed with it."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -497,7 +499,7 @@ class Egress:
         if window.timer is not None:
             window.timer.cancel()
         for writer in window.connections:
-            writer.transport.abort()
+            self._abort(writer)
         log.info("egress: closed %s", ", ".join(map(str, window.destinations)))
         return True
 
@@ -591,7 +593,15 @@ class Egress:
             now = time.monotonic()
             for writer, last in list(self._clients.items()):
                 if now - last > self.idle_timeout:
-                    writer.transport.abort()
+                    self._abort(writer)
+
+    def _abort(self, writer: asyncio.StreamWriter) -> None:
+        """End a connection from the kernel and the one it opened, whichever side a task waits
+        on."""
+        writer.transport.abort()
+        upstream = self._upstreams.get(writer)
+        if upstream is not None:
+            upstream.transport.abort()
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve one connection from the kernel: refused past :attr:`max_connections`, else one
@@ -606,6 +616,11 @@ class Egress:
             )
             return
         self._clients[writer] = time.monotonic()
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # asyncio sets no TCP_NODELAY on a socket made with proto 0, as the listening one is:
+            # without it a small answer after another small write waits for a delayed ACK (40 ms)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -650,6 +665,7 @@ class Egress:
                 upstream.transport.abort()
                 return
             window.connections.add(writer)
+        self._upstreams[writer] = upstream
         try:
             table = self._bound(request.host, request.port) if request.connect else None
             if table is not None:
@@ -665,6 +681,7 @@ class Egress:
         finally:
             if window is not None:
                 window.connections.discard(writer)
+            self._upstreams.pop(writer, None)
             upstream.transport.abort()
 
     def _tables(self) -> list[SecretTable]:
@@ -695,10 +712,11 @@ class Egress:
         upstream_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
     ) -> None:
-        """A CONNECT to a destination with a secret: verify the real host first (a failure is a
-        refusal naming it), then answer the kernel's TLS as that host and relay HTTP with the
-        secrets filled in (:func:`.intercept.relay_http`)."""
-        from .intercept import TlsStream, relay_http, upstream_context
+        """A CONNECT to a destination with a secret: answer the kernel's TLS as that host while
+        the real host is verified (at once, not in turn), then relay HTTP with the secrets filled
+        in (:func:`.intercept.relay_http`); a host that did not verify gets nothing, and the
+        kernel's request is refused naming it."""
+        from .intercept import TlsStream, refuse_request, relay_http, upstream_context
 
         host, port = request.host, request.port
 
@@ -715,8 +733,18 @@ class Egress:
             server_hostname=host,
             touch=touch,
         )
+        verified = asyncio.ensure_future(outbound.handshake())
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        inbound = TlsStream(
+            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
+        )
         try:
-            await outbound.handshake()
+            await inbound.handshake()
+        except (ssl.SSLError, OSError, asyncio.TimeoutError):
+            verified.cancel()
+            return
+        try:
+            await verified
         except (ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
             why = getattr(exc, "verify_message", None) or type(exc).__name__
             refusal = Refusal(
@@ -726,18 +754,10 @@ class Egress:
                 f"{host}:{port}",
             )
             self.refusals.refused(refusal.name, refusal.reason)
-            await self._answer(writer, refusal, reader)
+            await refuse_request(inbound, refusal.status, refusal.reason, HEAD_LIMIT)
             return
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        inbound = TlsStream(
-            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
-        )
-        try:
-            await inbound.handshake()
-        except (ssl.SSLError, OSError, asyncio.TimeoutError):
-            return
-        limits = (self.idle_timeout, HEAD_LIMIT)
-        await relay_http(self.fill, host, port, inbound, outbound, *limits, self.refusals.refused)
+        refused = self.refusals.refused
+        await relay_http(self.fill, host, port, inbound, outbound, HEAD_LIMIT, refused)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter
@@ -793,7 +813,7 @@ class Egress:
         for token in list(self.windows):
             self.close_window(token)
         for writer in list(self._clients):
-            writer.transport.abort()
+            self._abort(writer)
 
     async def close(self) -> None:
         """Stop listening and end every connection and window."""

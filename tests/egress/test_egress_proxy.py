@@ -291,6 +291,19 @@ async def test_a_quiet_tunnel_is_closed_after_the_idle_timeout(make_rig) -> None
     writer.close()
 
 
+async def test_the_proxy_answers_the_kernel_without_waiting_for_acks(make_rig) -> None:
+    """The listening socket is made with proto 0 (as in the container's namespace), on which asyncio
+    sets no TCP_NODELAY: the proxy sets it on every connection from the kernel, so a small answer after
+    another small write is not held for a delayed ACK."""
+    rig = await make_rig(["index.test:PORT@127.0.0.1"], {"index.test": [["127.0.0.1"]]})
+    reader, writer = await rig.request(connect_line("index.test", rig.upstream_port))
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    [client] = rig.egress._clients
+    sock = client.get_extra_info("socket")
+    assert sock.proto == 0 and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    writer.close()
+
+
 async def test_an_install_window_opens_its_destinations_and_closing_it_cuts_its_connections(make_rig) -> None:
     rig = await make_rig([], {"index.test": [["127.0.0.1"]]})
     rig.egress.package_index = parse_destinations("package_index", [f"index.test:{rig.upstream_port}@127.0.0.1"])

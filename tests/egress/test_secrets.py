@@ -443,6 +443,97 @@ def test_python_clients_trust_the_kernels_ca_with_no_setting(
     assert pristine.stdout.strip() == "False", pristine
 
 
+KEEP_ALIVE = """
+import http.client, ssl
+conn = http.client.HTTPSConnection('127.0.0.1', 20080, context=ssl.create_default_context(), timeout=30)
+conn.set_tunnel('api.test', {port})
+sizes = []
+for path in ['/echo', '/echo', '/big/{size}', '/echo', '/big/{size}']:
+    conn.request('GET', path, headers={{'Authorization': 'Bearer ' + os.environ['API_KEY']}})
+    answer = conn.getresponse()
+    sizes.append((answer.status, len(answer.read()), answer.getheader('Connection')))
+print(sizes)
+"""
+
+
+def test_a_long_body_comes_whole_and_short_ones_keep_the_connection(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """An answer of 1 MiB from the bound host is copied to the kernel as it comes (not through h11's
+    buffer) and its connection closes after it; short answers keep the connection for the next
+    request; every request carries the value."""
+    import ast
+
+    size = 1 << 20
+    before = len(servers.requests)
+    out = sandbox.run("import os\n" + KEEP_ALIVE.format(port=servers.tls_port, size=size))
+    got = ast.literal_eval(out.stdout.strip())
+    assert got == [
+        (200, 2, None),
+        (200, 2, None),
+        (200, size, "close"),
+        (200, 2, None),
+        (200, size, "close"),
+    ], out
+    new = servers.requests[before:]
+    assert len(new) == 5 and all(["Authorization", f"Bearer {VALUE}"] in r["headers"] for r in new)
+
+
+async def test_a_quiet_bound_host_is_cut_off_after_the_idle_timeout(tmp_path: Path, monkeypatch) -> None:
+    """The kernel's request reaches a bound host that never answers: the proxy's sweeper ends both
+    sides of the intercepted connection after ``idle_timeout`` (no timer per read)."""
+    import asyncio
+    import socket
+    import ssl
+
+    from kernel_sandbox.egress import parse_destinations
+    from kernel_sandbox.hostsecrets import parse_binding
+    from kernel_sandbox.launch.egress import Egress
+    from kernel_sandbox.launch.intercept import KernelCA, SecretTable
+
+    heard: list[bytes] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heard.append(await reader.read(65536))
+        heard.append(await reader.read())  # b"" once the proxy gives up
+
+    server_ca = KernelCA(["api.test"])
+    server = await asyncio.start_server(
+        silent, "127.0.0.1", 0, ssl=server_ca.server_context("api.test")
+    )
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "ca.pem").write_text(server_ca.pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    network = parse_destinations("network", [f"api.test:{port}@127.0.0.1"])
+    egress = Egress(network, resolve=resolve, own_addresses=(), secrets=table, idle_timeout=1.0)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    await egress.serve(listener)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+        writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        await writer.start_tls(ssl.create_default_context(cadata=table.ca.pem), server_hostname="api.test")
+        writer.write(f"GET /quiet HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+        for _ in range(300):
+            if len(heard) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert heard[0].startswith(b"GET /quiet ") and heard[1] == b"" and not egress._clients
+        writer.close()
+    finally:
+        await egress.close()
+        server.close()
+
+
 def call_api(url: str, name: str = "CALL_KEY") -> dict:
     """A tool: one request to ``url`` with the call's secret (the kernel's default trust), and what
     the kernel held meanwhile."""
