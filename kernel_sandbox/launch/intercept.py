@@ -485,11 +485,15 @@ async def relay_http(  # noqa: C901
         if not isinstance(event, h11.Request):
             return
         hosts = [value.lower() for name, value in event.headers if name == b"host"]
+        if event.http_version not in (b"1.0", b"1.1"):
+            # h11 reads any N.N version: HTTP/2's preface (PRI * HTTP/2.0) is not a request here
+            await _refuse(server, kernel, 505, "kernel-sandbox proxy: HTTP/1.1 only")
+            return
         if not event.target.startswith(b"/") and event.target != b"*":
             # an absolute URI could name another host to the server or a proxy behind it
             await _refuse(server, kernel, 400, "kernel-sandbox proxy: request targets are paths")
             return
-        if hosts != [hosts[0]] or hosts[0] not in authorities:
+        if len(hosts) != 1 or hosts[0] not in authorities:
             reason = (
                 f"kernel-sandbox proxy: this connection is to {host}:{port}; its requests must "
                 "name that host, once, in their Host header"

@@ -331,6 +331,36 @@ def test_upgrade_and_expect_are_handled_by_the_proxy(sandbox: Sandbox, servers: 
     assert "expect" not in {k.lower() for k, _ in new["/expect"]["headers"]}
 
 
+H2 = """
+import socket, ssl
+sock = socket.create_connection(('127.0.0.1', 20080), timeout=20)
+sock.sendall(b'CONNECT api.test:{port} HTTP/1.1\\r\\nHost: api.test:{port}\\r\\n\\r\\n')
+head = b''
+while not head.endswith(b'\\r\\n\\r\\n'):
+    head += sock.recv(1)
+context = ssl.create_default_context()
+context.set_alpn_protocols(['h2'])
+tls = context.wrap_socket(sock, server_hostname='api.test')
+tls.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + b'\\0' * 9)
+answer = b''
+try:
+    while data := tls.recv(65536):
+        answer += data
+except OSError:
+    pass
+print(tls.selected_alpn_protocol(), answer.split(b'\\r\\n')[0].decode())
+"""
+
+
+def test_http2_by_alpn_is_not_spoken(sandbox: Sandbox, servers: Servers) -> None:
+    """A kernel that offers only ``h2`` in ALPN and sends HTTP/2's preface: the proxy picks no protocol,
+    answers the preface 505 and relays nothing."""
+    before = len(servers.requests)
+    out = sandbox.run(H2.format(port=servers.tls_port))
+    assert out.stdout.split()[:3] == ["None", "HTTP/1.1", "505"], out
+    assert len(servers.requests) == before
+
+
 def test_a_placeholder_split_across_two_writes_is_still_filled_in_only_for_the_bound_host(
     sandbox: Sandbox, servers: Servers
 ) -> None:
