@@ -748,6 +748,12 @@ class AsyncSandbox(KernelExchange):
             secret_values(secrets, values)
             if self.backend != "docker":
                 raise unsupported(f"the {self.backend!r} backend")
+            if self.network is True:
+                raise ConfigError(
+                    "run_tool: secrets need the filtering proxy, which network=True bypasses: "
+                    "give the sandbox's network a list of destinations (or False: a call's "
+                    "secrets' hosts are allowed for the call anyway)"
+                )
         allowed = {**self._allowed, **allowed_map(allowed_classes)}
         seconds, deadline = self._deadline(timeout)
         async with self._call_secrets(secrets or {}, seconds) as placeholders:

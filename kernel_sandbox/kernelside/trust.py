@@ -76,7 +76,7 @@ class _CertifiFinder(importlib.abc.MetaPathFinder):
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
+            if spec is not None and spec.loader is not None and not isinstance(spec.loader, type):
                 exec_module = spec.loader.exec_module
 
                 def patched(module, exec_module=exec_module):
@@ -100,14 +100,14 @@ def follow_certifi():
 
 def call_env(values):
     """One call's variables with its CA (under :data:`CA_ENV`) replaced by the trust variables
-    naming a new bundle of the kernel's current trust and that CA (:func:`drop_call_bundle`
-    removes it after the call)."""
+    naming a new bundle of the kernel's current trust (``SSL_CERT_FILE``'s, else the system's)
+    and that CA (:func:`drop_call_bundle` removes it after the call)."""
     ca_pem = values.get(CA_ENV)
     if not ca_pem:
         return values
     values = {name: value for name, value in values.items() if name != CA_ENV}
     path = _CALLS + os.urandom(8).hex() + ".pem"
-    write_bundle(path, ca_pem, ours())
+    write_bundle(path, ca_pem, os.environ.get("SSL_CERT_FILE"))
     follow_certifi()
     values.update(dict.fromkeys(TRUST_ENV, path))
     return values

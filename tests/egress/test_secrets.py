@@ -564,6 +564,44 @@ async def test_a_quiet_bound_host_is_cut_off_after_the_idle_timeout(tmp_path: Pa
         server.close()
 
 
+def test_a_calls_trust_bundle_adds_its_ca_to_the_kernels_and_certifi_follows_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The kernel side, run on the host: a call's bundle holds the trust ``SSL_CERT_FILE`` named and
+    the call's CA, certifi (imported after the hook, as ``%pip`` would bring it) names that bundle
+    while the call's variables are set and its own file otherwise, and the bundle goes after the
+    call."""
+    import importlib
+    import os
+    import sys
+
+    from kernel_sandbox.kernelside import trust
+
+    (tmp_path / "certifi").mkdir()
+    (tmp_path / "certifi" / "__init__.py").write_text(
+        "def where():\n    return 'own.pem'\n\ndef contents():\n    return 'own'\n"
+    )
+    (tmp_path / "mine.pem").write_text("MINE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "mine.pem"))
+    monkeypatch.delitem(sys.modules, "certifi", raising=False)
+    saved = list(sys.meta_path)
+    try:
+        values = trust.call_env({"API_KEY": "placeholder", trust.CA_ENV: "CALL CA\n"})
+        certifi = importlib.import_module("certifi")
+        assert trust.CA_ENV not in values and values["API_KEY"] == "placeholder"
+        assert {values[name] for name in trust.TRUST_ENV} == {values["SSL_CERT_FILE"]}
+        assert certifi.where() == "own.pem"
+        monkeypatch.setenv("SSL_CERT_FILE", values["SSL_CERT_FILE"])
+        assert certifi.where() == values["SSL_CERT_FILE"] and certifi.contents() == "MINE\nCALL CA\n"
+        assert os.stat(values["SSL_CERT_FILE"]).st_mode & 0o777 == 0o444
+        trust.drop_call_bundle(values)
+        assert not os.path.exists(values["SSL_CERT_FILE"])
+    finally:
+        sys.meta_path[:] = saved
+        sys.modules.pop("certifi", None)
+
+
 def call_api(url: str, name: str = "CALL_KEY") -> dict:
     """A tool: one request to ``url`` with the call's secret (the kernel's default trust), and what
     the kernel held meanwhile."""
@@ -648,6 +686,10 @@ def test_a_secret_never_shows_its_value() -> None:
         Sandbox(secrets={"API_KEY": VALUE})
     with pytest.raises(ConfigError, match="opensandbox"):
         Sandbox("opensandbox", secrets={"API_KEY": secret}, api_base="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="network=True bypasses"):
+        Sandbox(network=True).run_tool(call_api, {"url": "x"}, secrets={"API_KEY": secret})
+    with pytest.warns(UserWarning), pytest.raises(ConfigError, match="'local' backend"):
+        Sandbox("local").run_tool(call_api, {"url": "x"}, secrets={"API_KEY": secret})
 
 
 async def run_in_kernelspec(name: str, code: str) -> str:
