@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .egress import PYPI, parse_package_index
 from .errors import ConfigError
-from .policy import MODES as POLICY_MODES, OutputPolicy
+from .policy.output import MODES as POLICY_MODES, OutputPolicy
 
 HOME_DIR = "/home/sandbox"
 WORK_DIR = "/home/sandbox/work"

@@ -38,7 +38,7 @@ from ..errors import (
     SandboxFileError,
 )
 from ..metrics import CgroupProbe, Usage, near_misses
-from ..policy import OutputPolicy
+from ..policy.output import OutputPolicy
 from ..kernelside.toolhost import STATE_NOT_KEPT
 from ..results import Execution, ExecutionError, FileInfo, KernelDied, ToolResult
 from .backend import DEFAULT_BACKEND, kernel_manager

@@ -36,7 +36,7 @@ import time
 from .. import backends
 from ..controls import escape_controls
 from ..errors import KernelSandboxError
-from ..policy import OutputPolicy
+from ..policy.output import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, ORPHANED, OWNER_LOCK, PrivateDir
 from . import journal
 from .front import ExitStatus, Front, KernelLink

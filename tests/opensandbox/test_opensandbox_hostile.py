@@ -33,7 +33,7 @@ from kernel_sandbox.errors import (
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs, started_client
 from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, run_once
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
 from host_memory import RssPeak
 from kernel_kit import reply_to, until_idle

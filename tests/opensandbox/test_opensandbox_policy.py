@@ -30,7 +30,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
 POLICY_TESTS = Path(__file__).resolve().parents[1] / "policy"
 sys.path.insert(0, str(POLICY_TESTS))

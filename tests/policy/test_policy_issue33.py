@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel_sandbox.policy import BINARY_FIELDS, MARK_KEY, WIDGET_NAMES, OutputPolicy
+from kernel_sandbox.policy.output import MARK_KEY, OutputPolicy
+from kernel_sandbox.policy.widgets import BINARY_FIELDS, WIDGET_NAMES
 
 from checks import html_problems
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
 from checks import html_problems, untouched
 
