@@ -40,15 +40,10 @@ from ..policy.output import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, ORPHANED, OWNER_LOCK, PrivateDir
 from . import journal
 from .front import ExitStatus, Front, KernelLink
-from .request import (  # noqa: F401 (the request's names, importable from here as before)
-    FORWARDED_ENV,
+from .request import (
     LaunchRequest,
     Settings,
-    passed_env,
     read_request,
-    request_from_config,
-    request_from_kernelspec,
-    settings_from_config,
 )
 
 OWNER_CHECK_INTERVAL = 1.0

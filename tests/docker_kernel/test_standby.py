@@ -39,7 +39,7 @@ from kernel_sandbox.provisioners.standby import (
     STANDBY_ID_PREFIX,
     Standby,
 )
-from kernel_sandbox.settings import MAX_STANDBY
+from kernel_sandbox.parsers import MAX_STANDBY
 
 from kernel_kit import run_cell
 

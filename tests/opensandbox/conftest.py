@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from opensandbox_fakes import FakeOpenSandbox
 
-from kernel_sandbox.opensandbox.client import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, OpenSandboxClient
+from kernel_sandbox.opensandbox.lifecycle import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, OpenSandboxClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
 
