@@ -16,7 +16,7 @@ import pytest
 from kernel_sandbox.policy.output import OutputPolicy
 from kernel_sandbox.policy.text import compose
 
-from checks import html_problems, text_problems
+from support.policy_checks import html_problems, text_problems
 
 pytestmark = [pytest.mark.timeout(300)]
 

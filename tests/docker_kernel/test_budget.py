@@ -25,8 +25,8 @@ from kernel_sandbox.provisioners.standby import POOL, STANDBY_ID_PREFIX
 from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.parsers import MiB
 
-from kernel_kit import run_cell
-from reattach_kit import end_launcher, make_orphans
+from support.kernel import run_cell
+from support.reattach import end_launcher, make_orphans
 
 MEMORY = "128m"
 

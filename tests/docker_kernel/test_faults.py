@@ -25,8 +25,8 @@ from kernel_sandbox.launch import serve
 from kernel_sandbox.launch.request import request_from_kernelspec
 from kernel_sandbox.launch.front import Connection
 
-from engine_proxy import EngineProxy
-from kernel_kit import ArgvKernel
+from support.engine_proxy import EngineProxy
+from support.kernel import ArgvKernel
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

@@ -23,7 +23,7 @@ from traitlets.config import Config
 from kernel_sandbox.execution import AsyncSandbox
 from kernel_sandbox.metrics import CgroupProbe, Usage, near_misses, process_cgroups
 
-from kernel_kit import memory_in_use
+from support.kernel import memory_in_use
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

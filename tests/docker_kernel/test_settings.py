@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.docker.containers import container_spec, run_as, unused_id
 from kernel_sandbox.errors import ConfigError

@@ -41,7 +41,7 @@ from kernel_sandbox.provisioners.standby import (
 )
 from kernel_sandbox.parsers import MAX_STANDBY
 
-from kernel_kit import run_cell
+from support.kernel import run_cell
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

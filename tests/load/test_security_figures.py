@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from security_figures import main, render
+from support.security_figures import main, render
 
 SUITE = '''
 import pytest

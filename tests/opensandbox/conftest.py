@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opensandbox_fakes import FakeOpenSandbox
+from support.opensandbox_fakes import FakeOpenSandbox
 
 from kernel_sandbox.opensandbox.lifecycle import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, OpenSandboxClient
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.errors import (
     ConfigError,

@@ -802,7 +802,7 @@ async def test_call_deadline_is_per_call_not_per_read() -> None:
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from security_figures import examples  # noqa: E402
+from support.security_figures import examples  # noqa: E402
 
 from kernel_sandbox.errors import OpenSandboxError  # noqa: E402
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from html.parser import HTMLParser
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,10 +31,10 @@ from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
 from kernel_sandbox.policy.output import OutputPolicy
 
+from support.kernel import reply_to, until_idle
+from support.policy_checks import bundle_problems, text_problems, untouched
+
 POLICY_TESTS = Path(__file__).resolve().parents[1] / "policy"
-sys.path.insert(0, str(POLICY_TESTS))
-from checks import bundle_problems, text_problems, untouched  # noqa: E402
-from kernel_kit import reply_to, until_idle  # noqa: E402
 
 pytestmark = [pytest.mark.opensandbox_server, pytest.mark.timeout(600), pytest.mark.security("attack", "policy")]
 

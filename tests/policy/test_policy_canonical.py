@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.canonical import CHANNEL_TYPES, CONTENTS, PROTOCOL_VERSION, _Record
 from kernel_sandbox.policy.output import OutputPolicy
 from kernel_sandbox.policy.text import compose
 
-from checks import bundle_problems, html_problems, text_problems, unmarked
+from support.policy_checks import bundle_problems, html_problems, text_problems, unmarked
 
 HOSTILE_TEXT = [
     "javascript://%0aalert(document.cookie)", "java", "script://%0aalert(1)", "\r", "\b", "\x1b[0m", "\n",

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kernel_sandbox.policy.output import MARK_KEY, OutputPolicy
 from kernel_sandbox.policy.widgets import BINARY_FIELDS, WIDGET_NAMES
 
-from checks import html_problems
+from support.policy_checks import html_problems
 
 pytestmark = pytest.mark.security("attack", "policy")
 
