@@ -54,7 +54,8 @@ log = logging.getLogger("kernel_sandbox.launch")
 def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link of the request's backend (the registry imports its wing now: each pulls in
     its SDK)."""
-    return backends.for_settings(request.settings).make_link(request)
+    link: KernelLink = backends.load(backends.for_settings(request.settings).link)(request)
+    return link
 
 
 def output_policy(settings: Settings) -> OutputPolicy:
