@@ -38,7 +38,7 @@ from kernel_sandbox.errors import (
     SandboxQuotaExceeded,
     SandboxTimeoutError,
 )
-from kernel_sandbox.backends import adapter
+from kernel_sandbox.execution.adapters import adapter
 from kernel_sandbox.opensandbox import client as client_module
 from kernel_sandbox.opensandbox import execd as execd_module
 from kernel_sandbox.opensandbox import http as http_module
