@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lab extension from labextension/ (npm ci from its lock file, then npm run build) and
-# either writes it into the checkout (no argument) or compares it with what the wheel ships
-# (--check: any difference fails, naming the files). kernel_sandbox/labextensions/kernel-sandbox-frame
+# either writes it into the checkout (no argument) or, with --check, first lints its sources
+# (npm run lint: eslint) and runs its unit tests (npm test: node --test test/), then compares the
+# build with what the wheel ships (any difference fails, naming the files). kernel_sandbox/labextensions/kernel-sandbox-frame
 # is this script's output, committed with the change to labextension/ that made it.
 #
 # The build runs in a copy of the sources at one fixed path, BUILD_ROOT: webpack names the
@@ -16,11 +17,16 @@ exec 9>"${BUILD_ROOT}.lock"
 flock 9  # one build at a time on this machine: they share BUILD_ROOT
 rm -rf "${BUILD_ROOT}"
 mkdir -p "${BUILD_ROOT}/labextension" "${BUILD_ROOT}/kernel_sandbox/labextensions"
-tar --exclude=./node_modules --exclude='./src/*-source.js' --exclude='./src/*-licenses.txt' \
+tar --exclude=./node_modules --exclude=./build-frame --exclude='./src/*-source.js' --exclude='./src/*-licenses.txt' \
     -C labextension -cf - . | tar -C "${BUILD_ROOT}/labextension" -xf -
-(cd "${BUILD_ROOT}/labextension" && npm ci --no-audit --no-fund --loglevel=error \
-    && npm run --silent build >"${BUILD_ROOT}/build.log" 2>&1) \
-    || { cat "${BUILD_ROOT}/build.log" 2>/dev/null; exit 1; }
+cd "${BUILD_ROOT}/labextension"
+npm ci --no-audit --no-fund --loglevel=error
+if [ "${1:-}" = "--check" ]; then
+    npm run --silent lint  # eslint
+    npm test --silent >"${BUILD_ROOT}/test.log" 2>&1 || { cat "${BUILD_ROOT}/test.log"; exit 1; }
+fi
+npm run --silent build >"${BUILD_ROOT}/build.log" 2>&1 || { cat "${BUILD_ROOT}/build.log"; exit 1; }
+cd - >/dev/null
 if [ "${1:-}" != "--check" ]; then
     rm -rf "${shipped}"
     cp -r "${BUILD_ROOT}/${shipped}" "${shipped}"
