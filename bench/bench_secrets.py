@@ -11,7 +11,9 @@ connections each time, as a kernel's would be:
   secret's placeholder (:mod:`kernel_sandbox.launch.intercept`, the code the launcher runs).
 
 Measured for the 1 MiB download and for one small request with the secret's header (intercepted)
-vs the same request without a secret (spliced). The name is resolved by a stub (no DNS); the
+vs the same request without a secret (spliced). The proxy runs in a process of its own, as the
+launcher does (its TLS work then runs beside the client's and the server's, not in turn with
+them); the client and the server share this one. The name is resolved by a stub (no DNS); the
 server's one certificate names ``bound.test``, which every client checks.
 """
 
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import socket
 import ssl
 import statistics
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from bench_execution import print_table
@@ -70,30 +74,51 @@ async def _fetch(proxy: int, host: str, port: int, trust: ssl.SSLContext, reques
     return (time.perf_counter() - started) * 1000
 
 
+def _proxy(port: int, server_ca: str, answers: Connection) -> None:
+    """The launcher's part, in its own process: the proxy for a kernel with a secret bound to
+    ``bound.test``; sends its port, the kernel CA and the placeholder, then serves until told to
+    stop and sends how often the secret was used."""
+
+    async def serve() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            pem = Path(directory) / "ca.pem"
+            pem.write_text(server_ca)
+            os.environ["SSL_CERT_FILE"] = str(pem)  # how the proxy's process trusts the server
+            binding = parse_binding("secrets", f"API_KEY@bound.test:{port}")
+            table = SecretTable([binding], {"API_KEY": "sk-" + "v" * 48})
+
+            async def resolve(host: str, port: int) -> list[str]:
+                return ["127.0.0.1"]
+
+            network = [f"plain.test:{port}@127.0.0.1", f"bound.test:{port}@127.0.0.1"]
+            destinations = parse_destinations("network", network)
+            egress = Egress(destinations, resolve=resolve, own_addresses=(), secrets=table)
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(128)
+            listener.setblocking(False)
+            await egress.serve(listener)
+            token = table.kernel_env()["API_KEY"]
+            answers.send((listener.getsockname()[1], table.ca.pem, token))
+            await asyncio.get_running_loop().run_in_executor(None, answers.recv)
+            await egress.close()
+            answers.send(table.uses["API_KEY"])
+
+    asyncio.run(serve())
+
+
 async def measure(rounds: int = ROUNDS) -> dict[str, list[float]]:
     """Milliseconds per request: ``spliced`` / ``intercepted`` 1 MiB, ``plain`` / ``secret`` small."""
     server_ca = KernelCA(["plain.test", "bound.test"])
-    with tempfile.TemporaryDirectory() as directory:
-        pem = Path(directory) / "ca.pem"
-        pem.write_text(server_ca.pem)
-        os.environ["SSL_CERT_FILE"] = str(pem)  # how the proxy's process trusts the server
-        server, port = await _serve(server_ca.server_context("bound.test"))
-        table = SecretTable([parse_binding("secrets", f"API_KEY@bound.test:{port}")], {"API_KEY": "sk-" + "v" * 48})
-        token = table.kernel_env()["API_KEY"].encode()
-
-        async def resolve(host: str, port: int) -> list[str]:
-            return ["127.0.0.1"]
-
-        network = [f"plain.test:{port}@127.0.0.1", f"bound.test:{port}@127.0.0.1"]
-        egress = Egress(parse_destinations("network", network), resolve=resolve, own_addresses=(), secrets=table)
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
-        listener.setblocking(False)
-        await egress.serve(listener)
-        proxy = listener.getsockname()[1]
+    server, port = await _serve(server_ca.server_context("bound.test"))
+    answers, theirs = multiprocessing.get_context("spawn").Pipe()
+    process = multiprocessing.get_context("spawn").Process(target=_proxy, args=(port, server_ca.pem, theirs))
+    process.start()
+    try:
+        proxy, kernel_ca, placeholder = await asyncio.to_thread(answers.recv)
+        token = placeholder.encode()
         plain_trust = ssl.create_default_context(cadata=server_ca.pem)
-        kernel_trust = ssl.create_default_context(cadata=table.ca.pem)
+        kernel_trust = ssl.create_default_context(cadata=kernel_ca)
 
         def get(path: str, host: str, auth: bytes = b"") -> bytes:
             return b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n%sConnection: close\r\n\r\n" % (path.encode(), host.encode(), port, auth)
@@ -107,18 +132,20 @@ async def measure(rounds: int = ROUNDS) -> dict[str, list[float]]:
             ),
         }
         times: dict[str, list[float]] = {name: [] for name in cases}
-        try:
-            for _ in range(3):  # warm up
-                for case in cases.values():
-                    await case()
-            for _ in range(rounds):
-                for name, case in cases.items():
-                    times[name].append(await case())
-        finally:
-            await egress.close()
-            server.close()
-            os.environ.pop("SSL_CERT_FILE", None)
-    assert table.uses["API_KEY"] >= rounds
+        for _ in range(3):  # warm up
+            for case in cases.values():
+                await case()
+        for _ in range(rounds):
+            for name, case in cases.items():
+                times[name].append(await case())
+        answers.send("stop")
+        uses = await asyncio.to_thread(answers.recv)
+    finally:
+        server.close()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+    assert uses >= rounds
     return times
 
 

@@ -83,6 +83,11 @@ class Secret:
         """The value: for handing to the launcher only."""
         return self._value
 
+    def for_call(self, name: str) -> dict[str, str]:
+        """What the launcher binds for one tool call under ``name`` (the value with it: for the
+        launcher's control request only)."""
+        return {"binding": self.binding(name), "value": self._value}
+
 
 def unsupported(title: str) -> ConfigError:
     """The refusal of ``secrets`` by a backend whose launcher does not run the egress proxy."""

@@ -127,6 +127,10 @@ CHANNEL_PORTS = {
 INTERRUPT_DELAY = 0.2
 """Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see
 :meth:`DockerLink.interrupt`)."""
+SHUTDOWN_WAIT = 10.0
+"""Seconds a kernel has, after its ``shutdown_request``, to exit on its own before the launcher
+stops it (as jupyter_client's manager kills a kernel after ``shutdown_wait_time``: an ipykernel
+thread left running can keep the interpreter from exiting)."""
 ENGINE_TEXT_BYTES = 1000
 """Bytes of the engine's own error text (an exec that could not start) kept for the log."""
 
@@ -311,6 +315,9 @@ class DockerLink:
             name: collections.deque() for name in CHANNEL_PORTS
         }
         self._streams: list[asyncio.BaseTransport] = []
+        self._execs: dict[str, asyncio.Transport] = {}
+        """The exec streams by exec id: each is closed when the engine reports its process's end
+        (code in the kernel that holds a process's pipe open keeps its stream open otherwise)."""
         self._events: Any = None
         self._oom_events = 0
         """OOM kills the engine reported in the container (any of its processes)."""
@@ -477,11 +484,12 @@ class DockerLink:
                     source("egress_relay"),
                     str(egress.PROXY_PORT),
                 ]
-                relay = await asyncio.to_thread(self._exec_socket, command)
+                exec_id, relay = await asyncio.to_thread(self._exec_socket, command)
                 transport, _ = await self._loop.connect_accepted_socket(
                     lambda: RelayStream(proxy, Demux, front.notice_next_cell), relay
                 )
                 self._streams.append(transport)
+                self._execs[exec_id] = transport
         except (OSError, docker.errors.APIError) as exc:
             raise KernelLaunchError(
                 f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"
@@ -527,28 +535,32 @@ class DockerLink:
             f"The kernel exited during start-up ({status.reason}).\n{self.output.text()}".strip()
         )
 
-    def _exec_socket(self, cmd: list[str]) -> socket.socket:
+    def _exec_socket(self, cmd: list[str]) -> tuple[str, socket.socket]:
+        """Run ``cmd`` in the container; its exec id and its stdin/stdout stream."""
         assert self._client is not None and self.container_id is not None
         exec_id = self._client.api.exec_create(
             self.container_id, cmd, stdin=True, stdout=True, stderr=True
         )["Id"]
-        return own_socket(self._client.api.exec_start(exec_id, socket=True))
+        return exec_id, own_socket(self._client.api.exec_start(exec_id, socket=True))
 
     async def _open_channel(self, name: str) -> None:
         port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
         netns = None if name == LIFELINE_CHANNEL else self._netns
+        exec_id = None
         if netns is not None:
             # past the launch deadline, so that a kernel that never listens is reported as such
             sock = await connect_in_netns(netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
         else:
             cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
-            sock = await asyncio.to_thread(self._exec_socket, cmd)
+            exec_id, sock = await asyncio.to_thread(self._exec_socket, cmd)
         if self._stopping:
             sock.close()
             return
-        await self._loop.connect_accepted_socket(
+        transport, _ = await self._loop.connect_accepted_socket(
             lambda: _Channel(self, name, multiplexed=netns is None), sock
         )
+        if exec_id is not None:
+            self._execs[exec_id] = transport
 
     async def _attach_output(self) -> None:
         assert self._client is not None and self.container_id is not None
@@ -756,8 +768,15 @@ class DockerLink:
         """Sign a client message with the kernel's key and send it on (noting a shutdown
         request)."""
         header = parts[0]
-        if channel != "stdin" and isinstance(header, bytes) and b"shutdown_request" in header:
-            self._shutdown_asked = self._shutdown_asked or _msg_type(header) == "shutdown_request"
+        if (
+            not self._shutdown_asked
+            and channel != "stdin"
+            and isinstance(header, bytes)
+            and b"shutdown_request" in header
+            and _msg_type(header) == "shutdown_request"
+        ):
+            self._shutdown_asked = True
+            self._loop.call_later(SHUTDOWN_WAIT, self._shutdown_overdue)
         self._send(channel, [*idents, DELIM, self._signer.sign(parts), *parts])
 
     def heartbeat(self, frames: list[Any]) -> None:
@@ -808,6 +827,10 @@ class DockerLink:
             self.heartbeat([OOM_PROBE, str(self._oom_events).encode()])
         elif status == "kill" and not self._stopping:
             self._killed = str(attributes.get("signal", "?"))
+        elif status == "exec_die":
+            stream = self._execs.pop(str(attributes.get("execID")), None)
+            if stream is not None:
+                stream.abort()
         elif status == "die":
             code = int(attributes.get("exitCode", 1))
             # the kernel's own end, not an earlier OOM kill of another process of its container
@@ -819,6 +842,14 @@ class DockerLink:
                 log.info("the kernel exited with code %d on its way out after shutdown", code)
                 code = 0
             self._end(ExitStatus(code, self._ending(code)))
+
+    def _shutdown_overdue(self) -> None:
+        if not self._ended.done():
+            log.warning(
+                "the kernel did not exit within %.0f s of its shutdown request: stopped",
+                SHUTDOWN_WAIT,
+            )
+            self._end(ExitStatus(0, "the kernel shut down (stopped after its shutdown request)"))
 
     def _broken(self, status: ExitStatus) -> None:
         """A channel's stream broke: the kernel's doing, unless the engine reports another end

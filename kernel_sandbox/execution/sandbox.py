@@ -20,7 +20,7 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 import zmq
@@ -730,20 +730,68 @@ class AsyncSandbox(KernelExchange):
         timeout: float | None = None,
         allowed_classes: Iterable[type] = (),
         env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> ToolResult:
         """Call ``tool`` (a function, or its source with ``name``) in the kernel with ``args``.
 
         A tool with an ``agent_state`` parameter receives ``agent_state`` and its changes come back.
         What comes back is data only (see :mod:`.decode`): instances are rebuilt for the
         ``allowed_classes`` (and the sandbox's), anything else raises :class:`UnsafePayloadError`.
-        ``env`` sets environment variables for this call only. ``status`` is ``"success"`` only if
-        the tool returned, exactly one answer came, and the host saw the call end in time (an answer
-        followed by a timeout, a death or a failed cell is an error).
+        ``env`` sets environment variables for this call only; ``secrets`` (Docker) binds
+        :class:`Secret` values for this call only: the tool sees placeholders, the egress proxy
+        fills them in toward the secrets' hosts until the call ends. ``status`` is ``"success"``
+        only if the tool returned, exactly one answer came, and the host saw the call end in time
+        (an answer followed by a timeout, a death or a failed cell is an error).
         """
         values = check_env(env)
-        call, state = tool_payload(tool, args, agent_state, name, values)
+        if secrets:
+            secret_values(secrets, values)
+            if self.backend != "docker":
+                raise unsupported(f"the {self.backend!r} backend")
+            if self.network is True:
+                raise ConfigError(
+                    "run_tool: secrets need the filtering proxy, which network=True bypasses: "
+                    "give the sandbox's network a list of destinations (or False: a call's "
+                    "secrets' hosts are allowed for the call anyway)"
+                )
         allowed = {**self._allowed, **allowed_map(allowed_classes)}
         seconds, deadline = self._deadline(timeout)
+        async with self._call_secrets(secrets or {}, seconds) as placeholders:
+            call, state = tool_payload(tool, args, agent_state, name, {**values, **placeholders})
+            return await self._call_tool(call, state, agent_state, allowed, seconds, deadline)
+
+    @contextlib.asynccontextmanager
+    async def _call_secrets(
+        self, secrets: Mapping[str, Secret], seconds: float
+    ) -> AsyncIterator[dict[str, str]]:
+        """Bind ``secrets`` in the launcher's proxy for one call (at most ``seconds`` and a grace),
+        yielding the call's variables; unbound after it, also on error, timeout or cancel."""
+        if not secrets:
+            yield {}
+            return
+        window = min(seconds + REPLY_GRACE, MAX_WINDOW)
+        bind = [secret.for_call(name) for name, secret in secrets.items()]
+        reply = await self._launcher_request({"bind": bind, "seconds": window})
+        if reply.get("status") != "ok":
+            raise SandboxError(
+                "run_tool: the launcher did not bind the call's secrets "
+                f"({reply.get('evalue', 'no answer')}); the tool was not called"
+            )
+        try:
+            yield dict(reply["env"])
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._launcher_request({"close": reply["window"]}))
+
+    async def _call_tool(
+        self,
+        call: bytes,
+        state: bytes,
+        agent_state: Any,
+        allowed: dict[str, type],
+        seconds: float,
+        deadline: float,
+    ) -> ToolResult:
         keep = len(state) >= KEEP_STATE_BYTES
         digest = hashlib.sha256(state).hexdigest() if keep else None
         assert self._lock is not None

@@ -227,6 +227,7 @@ class Sandbox:
         timeout: float | None = None,
         allowed_classes: Iterable[type] = (),
         env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> ToolResult:
         """See :meth:`AsyncSandbox.run_tool`."""
         return LoopThread.run(
@@ -238,6 +239,7 @@ class Sandbox:
                 timeout=timeout,
                 allowed_classes=allowed_classes,
                 env=env,
+                secrets=secrets,
             )
         )
 

@@ -12,14 +12,14 @@ other command is executed as it is.
 Such a ``python -m`` kernel also gets the magics ``%checkpoint`` and ``%restore``
 (:mod:`.magics`): their modules' sources arrive in ``KERNEL_SANDBOX_MODULES`` (a JSON object of
 module name to source, removed from the environment too), are installed under those names, and the
-magics are loaded as an IPython extension.
+magics are loaded as an IPython extension. A kernel with secrets trusts the egress proxy's CA
+(:mod:`.trust`), whose certificate arrives in ``KERNEL_SANDBOX_CA``.
 """
 
 import json
 import logging
 import os
 import runpy
-import ssl
 import sys
 import types
 
@@ -37,10 +37,8 @@ EXTENSION = "_kernel_sandbox_magics"
 BOOT_MODULE = "_kernel_sandbox_boot"
 SIGNATURE_SCHEME = "hmac-sha256"
 CONNECTION_FILE = "/tmp/kernel-sandbox-connection.json"
-CA_ENV = "KERNEL_SANDBOX_CA"
-CA_BUNDLE = "/tmp/kernel-sandbox-ca.pem"
-"""The kernel's trust bundle when it has secrets: the system's CAs and the egress proxy's CA
-(whose certificate arrives in ``KERNEL_SANDBOX_CA``; ``SSL_CERT_FILE`` and the like point here)."""
+TRUST_MODULE = "_kernel_sandbox_trust"
+"""The installed :mod:`.trust`: the egress proxy's CA in the kernel's trust, when it has secrets."""
 LOOPBACK_WARNING = "Kernel is running over TCP without encryption"
 PYTHON_NAMES = ("python", "python3")
 
@@ -57,17 +55,14 @@ def write_connection_file(path, info):
         json.dump(info, handle)
 
 
-def write_trust_bundle(path, ca_pem):
-    """Write the system's CA certificates and ``ca_pem`` to a new read-only file at ``path``."""
-    system = ""
-    try:
-        with open(ssl.get_default_verify_paths().openssl_cafile) as handle:
-            system = handle.read()
-    except OSError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o444)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(system.rstrip("\n") + "\n" + ca_pem)
+def trust_ca():
+    """Put the egress proxy's CA (its certificate in the environment, removed from it) in the
+    kernel's trust (:mod:`.trust`), when the kernel has secrets."""
+    trust = sys.modules.get(TRUST_MODULE)
+    ca_pem = os.environ.pop(trust.CA_ENV, "") if trust is not None else ""
+    if ca_pem:
+        trust.write_bundle(trust.BUNDLE, ca_pem)
+        trust.follow_certifi()
 
 
 def kernel_argv(cmd, connection_file):
@@ -139,11 +134,10 @@ def main(cmd):
         )
         return 2
     write_connection_file(CONNECTION_FILE, connection_info(key))
-    ca_pem = os.environ.pop(CA_ENV, "")
-    if ca_pem:
-        write_trust_bundle(CA_BUNDLE, ca_pem)
+    installed = install_modules(sources)
+    trust_ca()
     make_package_dir(os.environ.get("PIP_TARGET"))
-    run(kernel_argv(cmd, CONNECTION_FILE), install_modules(sources))
+    run(kernel_argv(cmd, CONNECTION_FILE), installed)
     return 0
 
 

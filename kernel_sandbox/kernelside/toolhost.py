@@ -42,9 +42,10 @@ try:  # inside the kernel, the host installed the siblings under these names
     import _kernel_sandbox_checkpoint as checkpoint
     import _kernel_sandbox_dataformat as dataformat
     import _kernel_sandbox_packages as packages
+    import _kernel_sandbox_trust as trust
     import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint, dataformat, packages
+    from kernel_sandbox.kernelside import checkpoint, dataformat, packages, trust
     from kernel_sandbox.kernelside import workfiles as files
 
 VERSION = 2
@@ -383,7 +384,8 @@ def _call(request, buffers):
 
 
 class _environment:
-    """Set variables for one call and put the previous values back afterwards."""
+    """Set variables for one call and put the previous values back afterwards (a call's secrets'
+    CA in the trust for the call only: :func:`trust.call_env`)."""
 
     def __init__(self, values):
         self.values = values
@@ -391,12 +393,14 @@ class _environment:
 
     def __enter__(self):
         _restore_env()
+        self.values = trust.call_env(self.values)
         self.previous = {name: os.environ.get(name) for name in self.values}
         _state.env = self.previous
         os.environ.update(self.values)
 
     def __exit__(self, *exc):
         _restore_env()
+        trust.drop_call_bundle(self.values)
 
 
 def _restore_env():

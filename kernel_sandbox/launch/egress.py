@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from ..egress import (
     DEFAULT_PORTS,
     Address,
@@ -360,6 +361,8 @@ class Window:
     connections: set[asyncio.StreamWriter] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
     closed: bool = False
+    secrets: SecretTable | None = None
+    """One tool call's secrets (:meth:`Egress.bind`): bound while the window is open."""
 
 
 class Egress:
@@ -394,10 +397,14 @@ class Egress:
         self.refusals = RefusalLog()
         self.windows: dict[str, Window] = {}
         self._clients: dict[asyncio.StreamWriter, float] = {}
+        self._upstreams: dict[asyncio.StreamWriter, asyncio.StreamWriter] = {}
+        """Each connection from the kernel's outbound one, closed with it."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._serial = 0
+        self._upstream: ssl.SSLContext | None = None
+        """How bound hosts are verified (:func:`.intercept.upstream_context`), made once."""
         self.ended: str | None = None
         """Why the kernel's egress was ended for good (see :meth:`end`), once it was."""
 
@@ -444,14 +451,41 @@ class Egress:
             }
         if "close" in content:
             return {"status": "ok", "closed": self.close_window(str(content["close"]))}
-        return {"status": "error", "evalue": "the request must hold 'open' or 'close'"}
+        if "bind" in content:
+            return self.bind(content["bind"], content.get("seconds"))
+        return {"status": "error", "evalue": "the request must hold 'open', 'close' or 'bind'"}
 
-    def open_window(self, destinations: Sequence[Destination], seconds: float) -> str:
-        """Allow ``destinations`` for at most ``seconds`` (or until :meth:`close_window`); return
-        its id."""
+    def bind(self, entries: Any, seconds: Any) -> dict[str, Any]:
+        """Bind one tool call's secrets (``[{"binding": "NAME@HOST", "value": ...}]``) for at most
+        ``seconds``: their hosts are allowed and their placeholders filled in until the window
+        closes (the call's end). Answers the window's id and the call's variables (placeholders and
+        the call's CA); an error never quotes a value."""
+        from .intercept import SecretTable
+
+        if self.ended is not None:
+            return {"status": "error", "evalue": self.ended}
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            return {"status": "error", "evalue": "'seconds' must be a number"}
+        if not 0 < seconds <= 86400:
+            return {"status": "error", "evalue": "'seconds' must be from 0 to 86400"}
+        try:
+            table = SecretTable.for_call(entries)
+        except ConfigError as exc:
+            return {"status": "error", "evalue": str(exc)}
+        token = self.open_window(table.destinations, float(seconds), table)
+        return {"status": "ok", "window": token, "env": table.call_env()}
+
+    def open_window(
+        self,
+        destinations: Sequence[Destination],
+        seconds: float,
+        secrets: SecretTable | None = None,
+    ) -> str:
+        """Allow ``destinations`` (with ``secrets`` bound) for at most ``seconds`` (or until
+        :meth:`close_window`); return its id."""
         self._serial += 1
         token = f"w{self._serial}"
-        window = self.windows[token] = Window(tuple(destinations))
+        window = self.windows[token] = Window(tuple(destinations), secrets=secrets)
         window.timer = asyncio.get_running_loop().call_later(seconds, self.close_window, token)
         log.info("egress: opened %s for %g s", ", ".join(map(str, window.destinations)), seconds)
         return token
@@ -465,7 +499,7 @@ class Egress:
         if window.timer is not None:
             window.timer.cancel()
         for writer in window.connections:
-            writer.transport.abort()
+            self._abort(writer)
         log.info("egress: closed %s", ", ".join(map(str, window.destinations)))
         return True
 
@@ -559,7 +593,15 @@ class Egress:
             now = time.monotonic()
             for writer, last in list(self._clients.items()):
                 if now - last > self.idle_timeout:
-                    writer.transport.abort()
+                    self._abort(writer)
+
+    def _abort(self, writer: asyncio.StreamWriter) -> None:
+        """End a connection from the kernel and the one it opened, whichever side a task waits
+        on."""
+        writer.transport.abort()
+        upstream = self._upstreams.get(writer)
+        if upstream is not None:
+            upstream.transport.abort()
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve one connection from the kernel: refused past :attr:`max_connections`, else one
@@ -574,6 +616,11 @@ class Egress:
             )
             return
         self._clients[writer] = time.monotonic()
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # asyncio sets no TCP_NODELAY on a socket made with proto 0, as the listening one is:
+            # without it a small answer after another small write waits for a delayed ACK (40 ms)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -618,11 +665,11 @@ class Egress:
                 upstream.transport.abort()
                 return
             window.connections.add(writer)
+        self._upstreams[writer] = upstream
         try:
-            if request.connect and self.secrets and self.secrets.bound(request.host, request.port):
-                await self._intercept(
-                    request, self.secrets, reader, writer, upstream_reader, upstream
-                )
+            table = self._bound(request.host, request.port) if request.connect else None
+            if table is not None:
+                await self._intercept(request, table, reader, writer, upstream_reader, upstream)
                 return
             if request.connect:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -634,7 +681,27 @@ class Egress:
         finally:
             if window is not None:
                 window.connections.discard(writer)
+            self._upstreams.pop(writer, None)
             upstream.transport.abort()
+
+    def _tables(self) -> list[SecretTable]:
+        """The secrets bound now: the kernel's, and those of the tool calls under way."""
+        calls = [window.secrets for window in self.windows.values() if window.secrets]
+        return [self.secrets, *calls] if self.secrets else calls
+
+    def _bound(self, host: str, port: int) -> SecretTable | None:
+        """The table whose CA answers a CONNECT to ``host:port`` (the kernel's first: the kernel
+        always trusts its CA), or None: the connection is spliced."""
+        return next((t for t in self._tables() if t.bound(host, port)), None)
+
+    def fill(
+        self, host: str, port: int, headers: list[tuple[bytes, bytes]], target: bytes
+    ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """A request's headers and target with the placeholders of every secret bound to
+        ``host:port`` now filled in (a call's, only while the call runs)."""
+        for table in self._tables():
+            headers, target = table.fill(host, port, headers, target)
+        return headers, target
 
     async def _intercept(
         self,
@@ -645,26 +712,39 @@ class Egress:
         upstream_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
     ) -> None:
-        """A CONNECT to a destination with a secret: verify the real host first (a failure is a
-        refusal naming it), then answer the kernel's TLS as that host and relay HTTP with the
-        secrets filled in (:func:`.intercept.relay_http`)."""
-        from .intercept import TlsStream, relay_http
+        """A CONNECT to a destination with a secret: answer the kernel's TLS as that host while
+        the real host is verified (at once, not in turn), then relay HTTP with the secrets filled
+        in (:func:`.intercept.relay_http`); a host that did not verify gets nothing, and the
+        kernel's request is refused naming it."""
+        from .intercept import TlsStream, refuse_request, relay_http, upstream_context
 
         host, port = request.host, request.port
 
         def touch() -> None:
             self._clients[writer] = time.monotonic()
 
+        if self._upstream is None:
+            self._upstream = upstream_context()
         outbound = TlsStream(
             upstream_reader,
             upstream,
-            table.upstream(),
+            self._upstream,
             server_side=False,
             server_hostname=host,
             touch=touch,
         )
+        verified = asyncio.ensure_future(outbound.handshake())
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        inbound = TlsStream(
+            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
+        )
         try:
-            await outbound.handshake()
+            await inbound.handshake()
+        except (ssl.SSLError, OSError, asyncio.TimeoutError):
+            verified.cancel()
+            return
+        try:
+            await verified
         except (ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
             why = getattr(exc, "verify_message", None) or type(exc).__name__
             refusal = Refusal(
@@ -674,18 +754,10 @@ class Egress:
                 f"{host}:{port}",
             )
             self.refusals.refused(refusal.name, refusal.reason)
-            await self._answer(writer, refusal, reader)
+            await refuse_request(inbound, refusal.status, refusal.reason, HEAD_LIMIT)
             return
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        inbound = TlsStream(
-            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
-        )
-        try:
-            await inbound.handshake()
-        except (ssl.SSLError, OSError, asyncio.TimeoutError):
-            return
-        limits = (self.idle_timeout, HEAD_LIMIT)
-        await relay_http(table, host, port, inbound, outbound, *limits, self.refusals.refused)
+        refused = self.refusals.refused
+        await relay_http(self.fill, host, port, inbound, outbound, HEAD_LIMIT, refused)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter
@@ -741,7 +813,7 @@ class Egress:
         for token in list(self.windows):
             self.close_window(token)
         for writer in list(self._clients):
-            writer.transport.abort()
+            self._abort(writer)
 
     async def close(self) -> None:
         """Stop listening and end every connection and window."""

@@ -1,14 +1,14 @@
 """The egress proxy's secrets: placeholders for the kernel, values put in on the way out.
 
 For each secret (:mod:`kernel_sandbox.hostsecrets`) the kernel gets a random placeholder in its
-environment. A ``CONNECT`` to a bound destination is not spliced: the proxy first opens its own
-TLS connection to the real host (verified with the host's trust store, or the launcher's
-``SSL_CERT_FILE``), then answers the kernel's TLS with a certificate for that name from a CA made
-for this kernel alone (:class:`KernelCA`: its key only in the launcher's memory, its certificate
-in the kernel's trust, constrained to the bound names) and relays HTTP/1.1 with h11
-(:func:`relay_http`), putting each value in place of its placeholder in the request's headers
-(and, opted in, its query string), never in a body. Any other destination, plain HTTP included,
-sees the placeholder.
+environment. A ``CONNECT`` to a bound destination is not spliced: the proxy opens its own TLS
+connection to the real host (verified with the host's trust store, or the launcher's
+``SSL_CERT_FILE``, before anything is relayed) and answers the kernel's TLS with a certificate
+for that name from a CA made for this kernel alone (:class:`KernelCA`: its key only in the
+launcher's memory, its certificate in the kernel's trust, constrained to the bound names) and
+relays HTTP/1.1 with h11 (:func:`relay_http`), putting each value in place of its placeholder in
+the request's headers (and, opted in, its query string), never in a body. Any other destination,
+plain HTTP included, sees the placeholder.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import string
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +33,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..egress import Destination
-from ..hostsecrets import Binding, parse_binding
-from ..kernelside.boot import CA_BUNDLE, CA_ENV
+from ..errors import ConfigError
+from ..hostsecrets import MAX_SECRETS, Binding, check_value, parse_binding
+from ..kernelside.trust import BUNDLE, CA_ENV, TRUST_ENV
 
-TRUST_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS")
-"""The variables that point the kernel's clients at :data:`CA_BUNDLE`."""
 CHUNK = 256 * 1024
+LONG_BODY = 64 * 1024
+"""An answer's body this long or longer is copied to the kernel as it comes, not event by event
+through h11 (whose buffer copies every byte several times); its connection closes after it."""
 HANDSHAKE_TIMEOUT = 10.0
 VALID_DAYS = 400
 PLACEHOLDER_MIN = 40
@@ -194,7 +197,6 @@ class SecretTable:
         self.uses: Counter[str] = Counter({b.name: 0 for b in bindings})
         self.on_use: Callable[[], None] = lambda: None
         """Called after a request used a secret (the launcher writes :attr:`uses` for ``ps``)."""
-        self._upstream: ssl.SSLContext | None = None
 
     @classmethod
     def load(cls, entries: Sequence[str], environ: Mapping[str, str]) -> SecretTable | None:
@@ -204,6 +206,27 @@ class SecretTable:
             return None
         bindings = [parse_binding("secrets", entry) for entry in entries]
         return cls(bindings, {b.name: b.value(environ) for b in bindings})
+
+    @classmethod
+    def for_call(cls, entries: Any) -> SecretTable:
+        """The table of one tool call's secrets, ``[{"binding": "NAME@HOST...", "value": ...}]``
+        (:meth:`..hostsecrets.Secret.for_call`). Raises ConfigError, never quoting a value."""
+        if not isinstance(entries, list) or not entries or len(entries) > MAX_SECRETS:
+            raise ConfigError(
+                f"'bind' must be a list of 1 to {MAX_SECRETS} secrets, each "
+                '{"binding": "NAME@HOST", "value": ...}'
+            )
+        bindings, values = [], {}
+        for entry in entries:
+            if not isinstance(entry, dict) or set(entry) != {"binding", "value"}:
+                raise ConfigError('each secret to bind must be {"binding": ..., "value": ...}')
+            binding = parse_binding("secrets", entry["binding"])
+            if binding.path is not None or binding.name in values:
+                raise ConfigError(f"secrets: {binding.name}: one value each, from the caller")
+            check_value(f"secrets: {binding.name}", entry["value"])
+            bindings.append(binding)
+            values[binding.name] = entry["value"]
+        return cls(bindings, values)
 
     def __repr__(self) -> str:
         return f"<SecretTable names={self.names!r} values=<hidden>>"
@@ -227,14 +250,15 @@ class SecretTable:
         variables."""
         env = {held.binding.name: held.placeholder for held in self._held}
         env[CA_ENV] = self.ca.pem
-        env.update(dict.fromkeys(TRUST_ENV, CA_BUNDLE))
+        env.update(dict.fromkeys(TRUST_ENV, BUNDLE))
         return env
 
-    def upstream(self) -> ssl.SSLContext:
-        """The context that verifies bound hosts (made once)."""
-        if self._upstream is None:
-            self._upstream = upstream_context()
-        return self._upstream
+    def call_env(self) -> dict[str, str]:
+        """One tool call's variables: each placeholder under its name, and the CA (the kernel
+        writes the call's trust bundle: :func:`..kernelside.trust.call_env`)."""
+        env = {held.binding.name: held.placeholder for held in self._held}
+        env[CA_ENV] = self.ca.pem
+        return env
 
     def fill(
         self, host: str, port: int, headers: Sequence[tuple[bytes, bytes]], target: bytes
@@ -281,6 +305,10 @@ class TlsStream:
     ) -> None:
         self.reader, self.writer, self.touch = reader, writer, touch
         self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._ended = False
+        if writer.get_extra_info("socket") is not None:
+            # room for a chunk while the next one is decrypted (not the relay's own transport)
+            writer.transport.set_write_buffer_limits(high=2 * CHUNK)
         self.tls = context.wrap_bio(
             self._in, self._out, server_side=server_side, server_hostname=server_hostname
         )
@@ -312,15 +340,31 @@ class TlsStream:
         await asyncio.wait_for(self._call(self.tls.do_handshake), HANDSHAKE_TIMEOUT)
 
     async def read(self) -> bytes:
-        """Some plaintext; b"" at the end (a close, clean or not)."""
+        """Some plaintext: all that the bytes already received hold, up to :data:`CHUNK` (TLS
+        gives one record, at most 16 KiB, at a time); b"" at the end (a close, clean or not)."""
+        if self._ended:
+            return b""
         try:
             data = await self._call(self.tls.read, CHUNK)
         except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
             return b""
         assert isinstance(data, bytes)
-        return data
+        parts, size = [data], len(data)
+        while size < CHUNK and data:
+            try:
+                data = self.tls.read(CHUNK - size)
+            except ssl.SSLWantReadError:
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                self._ended = True  # said at the next read, after what came before it
+                break
+            parts.append(data)
+            size += len(data)
+        if self._out.pending:
+            await self._flush()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | memoryview) -> None:
         """Send ``data`` whole."""
         view = memoryview(data)
         while view:
@@ -329,12 +373,13 @@ class TlsStream:
             view = view[sent:]
 
 
-async def _next(conn: h11.Connection, stream: TlsStream, idle: float) -> object:
+async def _next(conn: h11.Connection, stream: TlsStream) -> object:
+    """The next event; a quiet connection is ended by the proxy's sweeper (both of its sides)."""
     while True:
         event = conn.next_event()
         if event is not h11.NEED_DATA:
             return event
-        conn.receive_data(await asyncio.wait_for(stream.read(), idle))
+        conn.receive_data(await stream.read())
 
 
 async def _send(conn: h11.Connection, stream: TlsStream, event: h11.Event) -> None:
@@ -349,6 +394,7 @@ def _kept(headers: h11._headers.Headers) -> list[tuple[bytes, bytes]]:
 
 
 async def _refuse(conn: h11.Connection, stream: TlsStream, status: int, reason: str) -> None:
+    """Answer ``status`` with ``reason`` in the status line (clients show it) and the body."""
     body = (reason + "\n").encode()
     try:
         await _send(
@@ -361,6 +407,7 @@ async def _refuse(conn: h11.Connection, stream: TlsStream, status: int, reason: 
                     ("content-length", str(len(body))),
                     ("connection", "close"),
                 ],
+                reason=reason[:400].encode("ascii", "replace"),
             ),
         )
         await _send(conn, stream, h11.Data(data=body))
@@ -369,37 +416,84 @@ async def _refuse(conn: h11.Connection, stream: TlsStream, status: int, reason: 
         pass
 
 
+def _long_body(request: h11.Request, answer: h11.Response) -> int | None:
+    """The length of an answer's body to copy as it is (:func:`_copy_body`): one that h11 frames
+    by its ``Content-Length`` alone and that is at least :data:`LONG_BODY` bytes; else None."""
+    if request.method == b"HEAD" or answer.status_code in (204, 304):
+        return None
+    lengths = [v for n, v in answer.headers if n == b"content-length"]
+    if not lengths or any(n == b"transfer-encoding" for n, _ in answer.headers):
+        return None
+    length = int(lengths[0])  # h11 checked it: digits, and the same in every copy
+    return length if length >= LONG_BODY else None
+
+
+async def _copy_body(buffered: bytes, length: int, upstream: TlsStream, kernel: TlsStream) -> None:
+    """Send the kernel ``length`` bytes of body: those h11 holds already, then the upstream's as
+    they come (what follows them, if anything, is dropped: the connection then closes)."""
+    data = memoryview(buffered)
+    while True:
+        if data:
+            await kernel.write(data[:length])
+            length -= min(length, len(data))
+        if not length:
+            return
+        data = memoryview(await upstream.read())
+        if not data:
+            return
+
+
+async def refuse_request(stream: TlsStream, status: int, reason: str, head_limit: int) -> None:
+    """Read the kernel's request on ``stream`` and refuse it (nothing is relayed)."""
+    server = h11.Connection(h11.SERVER, max_incomplete_event_size=head_limit)
+    try:
+        await _next(server, stream)
+    except h11.RemoteProtocolError:
+        pass
+    await _refuse(server, stream, status, reason)
+
+
+Fill = Callable[
+    [str, int, list[tuple[bytes, bytes]], bytes], tuple[list[tuple[bytes, bytes]], bytes]
+]
+"""Put the values of the secrets bound to ``host:port`` in a request's headers and target
+(:meth:`.egress.Egress.fill`)."""
+
+
 async def relay_http(  # noqa: C901
-    table: SecretTable,
+    fill: Fill,
     host: str,
     port: int,
     kernel: TlsStream,
     upstream: TlsStream,
-    idle: float,
     head_limit: int,
     refused: Callable[[str, str], None],
 ) -> None:
     """Relay HTTP/1.1 requests from the kernel to ``host:port`` with the secrets filled in, and
-    the answers back, until either side closes. A request whose ``Host`` is not ``host:port`` is
-    refused (and reported to ``refused(name, reason)``); a redirect is passed back, never
-    followed."""
+    the answers back, until either side closes (or the proxy ends a quiet connection). A request
+    whose ``Host`` is not ``host:port`` is refused (and reported to ``refused(name, reason)``); a
+    redirect is passed back, never followed."""
     server = h11.Connection(h11.SERVER, max_incomplete_event_size=head_limit)
     client = h11.Connection(h11.CLIENT, max_incomplete_event_size=head_limit)
     authorities = {host.encode(), f"{host}:{port}".encode()}
     while True:
         try:
-            event = await _next(server, kernel, idle)
+            event = await _next(server, kernel)
         except h11.RemoteProtocolError as exc:
             await _refuse(server, kernel, 400, f"kernel-sandbox proxy: malformed request ({exc})")
             return
         if not isinstance(event, h11.Request):
             return
         hosts = [value.lower() for name, value in event.headers if name == b"host"]
+        if event.http_version not in (b"1.0", b"1.1"):
+            # h11 reads any N.N version: HTTP/2's preface (PRI * HTTP/2.0) is not a request here
+            await _refuse(server, kernel, 505, "kernel-sandbox proxy: HTTP/1.1 only")
+            return
         if not event.target.startswith(b"/") and event.target != b"*":
             # an absolute URI could name another host to the server or a proxy behind it
             await _refuse(server, kernel, 400, "kernel-sandbox proxy: request targets are paths")
             return
-        if hosts != [hosts[0]] or hosts[0] not in authorities:
+        if len(hosts) != 1 or hosts[0] not in authorities:
             reason = (
                 f"kernel-sandbox proxy: this connection is to {host}:{port}; its requests must "
                 "name that host, once, in their Host header"
@@ -407,7 +501,7 @@ async def relay_http(  # noqa: C901
             refused(f"{host}:{port}", reason)
             await _refuse(server, kernel, 421, reason)
             return
-        headers, target = table.fill(host, port, _kept(event.headers), event.target)
+        headers, target = fill(host, port, _kept(event.headers), event.target)
         if server.they_are_waiting_for_100_continue:
             await _send(server, kernel, h11.InformationalResponse(status_code=100, headers=[]))
         try:
@@ -418,7 +512,7 @@ async def relay_http(  # noqa: C901
         await _send(client, upstream, request)
         try:
             while True:
-                part = await _next(server, kernel, idle)
+                part = await _next(server, kernel)
                 if isinstance(part, h11.EndOfMessage):
                     await _send(client, upstream, h11.EndOfMessage())
                     break
@@ -428,25 +522,30 @@ async def relay_http(  # noqa: C901
         except h11.RemoteProtocolError:
             return
         try:
-            answer = await _next(client, upstream, idle)
+            answer = await _next(client, upstream)
             while isinstance(answer, h11.InformationalResponse):
-                answer = await _next(client, upstream, idle)
+                answer = await _next(client, upstream)
         except h11.RemoteProtocolError:
             await _refuse(server, kernel, 502, f"kernel-sandbox: {host} sent a malformed answer")
             return
         if not isinstance(answer, h11.Response):
             await _refuse(server, kernel, 502, f"kernel-sandbox: {host} closed without answering")
             return
+        headers = _kept(answer.headers)
+        length = _long_body(event, answer)
+        if length is not None:
+            headers.append((b"connection", b"close"))
         await _send(
             server,
             kernel,
-            h11.Response(
-                status_code=answer.status_code, headers=_kept(answer.headers), reason=answer.reason
-            ),
+            h11.Response(status_code=answer.status_code, headers=headers, reason=answer.reason),
         )
+        if length is not None:
+            await _copy_body(client.trailing_data[0], length, upstream, kernel)
+            return
         try:
             while True:
-                part = await _next(client, upstream, idle)
+                part = await _next(client, upstream)
                 if isinstance(part, h11.EndOfMessage):
                     await _send(server, kernel, h11.EndOfMessage())
                     break

@@ -110,7 +110,7 @@ def test_sigterm_removes_the_container_and_exits_cleanly(launched: ArgvKernel, d
 
 def test_a_shutdown_request_removes_the_container_and_exits_cleanly(launched: ArgvKernel, docker_engine) -> None:
     launched.client.shutdown()
-    assert launched.process.wait(30) == 0
+    assert launched.process.wait(60) == 0
     assert not containers(docker_engine)
 
 
@@ -207,3 +207,14 @@ def test_iopub_subscribers_are_welcomed_with_the_clients_key(launched: ArgvKerne
     finally:
         sub.close(linger=0)
         context.term()
+
+
+@pytest.mark.security("fault", "sessions")
+def test_a_kernel_that_outlives_its_shutdown_request_is_stopped(launched: ArgvKernel, docker_engine) -> None:
+    """A thread left running keeps the interpreter from exiting after the reply: the launcher stops it."""
+    code = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,)).start()"
+    assert launched.run(code)[1]["status"] == "ok"
+    launched.client.shutdown()
+    assert launched.process.wait(60) == 0
+    assert not containers(docker_engine)
+    assert b"did not exit within" in launched.process.stderr.read()

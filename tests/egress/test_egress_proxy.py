@@ -291,6 +291,19 @@ async def test_a_quiet_tunnel_is_closed_after_the_idle_timeout(make_rig) -> None
     writer.close()
 
 
+async def test_the_proxy_answers_the_kernel_without_waiting_for_acks(make_rig) -> None:
+    """The listening socket is made with proto 0 (as in the container's namespace), on which asyncio
+    sets no TCP_NODELAY: the proxy sets it on every connection from the kernel, so a small answer after
+    another small write is not held for a delayed ACK."""
+    rig = await make_rig(["index.test:PORT@127.0.0.1"], {"index.test": [["127.0.0.1"]]})
+    reader, writer = await rig.request(connect_line("index.test", rig.upstream_port))
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    [client] = rig.egress._clients
+    sock = client.get_extra_info("socket")
+    assert sock.proto == 0 and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    writer.close()
+
+
 async def test_an_install_window_opens_its_destinations_and_closing_it_cuts_its_connections(make_rig) -> None:
     rig = await make_rig([], {"index.test": [["127.0.0.1"]]})
     rig.egress.package_index = parse_destinations("package_index", [f"index.test:{rig.upstream_port}@127.0.0.1"])
@@ -324,6 +337,51 @@ async def test_bad_window_requests_are_answered_and_open_nothing(make_rig, conte
     answer = rig.egress.answer(content)
     assert answer.get("closed") is False or answer["status"] == "error"
     assert rig.egress.windows == {}
+
+
+SECRET = "sk-bind-test-value-000000000000"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"bind": [{"binding": "API_KEY@api.test", "value": SECRET}]},
+        {"bind": [{"binding": "API_KEY@api.test", "value": SECRET}], "seconds": 0},
+        {"bind": [{"binding": "API_KEY@api.test", "value": SECRET}], "seconds": True},
+        {"bind": [], "seconds": 5},
+        {"bind": {"API_KEY": SECRET}, "seconds": 5},
+        {"bind": [{"binding": "API_KEY@api.test", "value": SECRET + "\r\nX-Injected: 1"}], "seconds": 5},
+        {"bind": [{"binding": f"API_KEY={SECRET}@api.test", "value": SECRET}], "seconds": 5},
+        {"bind": [{"binding": "PATH@api.test", "value": SECRET}], "seconds": 5},
+        {"bind": [{"binding": "API_KEY@*.test", "value": SECRET}], "seconds": 5},
+        {"bind": [{"binding": "API_KEY@api.test", "value": SECRET, "extra": 1}], "seconds": 5},
+        {"bind": [{"binding": "K@api.test", "value": SECRET}] * 2, "seconds": 5},
+    ],
+)
+async def test_bad_bind_requests_bind_nothing_and_never_quote_the_value(make_rig, content) -> None:
+    """A tool call's ``bind`` that is malformed, out of bounds or names what a secret may not be:
+    answered with an error that does not hold the value, and nothing is opened."""
+    rig = await make_rig([])
+    answer = rig.egress.answer(content)
+    assert answer["status"] == "error" and SECRET not in answer["evalue"], answer
+    assert rig.egress.windows == {}
+
+
+async def test_a_bound_call_opens_its_hosts_until_it_is_closed(make_rig) -> None:
+    """``bind`` answers the call's placeholders (never the value) and opens the secret's host; closing
+    the window unbinds it and refuses the host again."""
+    rig = await make_rig([], {"api.test": [["127.0.0.1"]]})
+    binding = f"API_KEY@api.test:{rig.upstream_port}"
+    answer = rig.egress.answer({"bind": [{"binding": binding, "value": SECRET}], "seconds": 60})
+    assert answer["status"] == "ok" and SECRET not in str(answer) and len(answer["env"]["API_KEY"]) >= len(SECRET)
+    assert "BEGIN CERTIFICATE" in answer["env"]["KERNEL_SANDBOX_CA"]
+    assert rig.egress.fill("api.test", rig.upstream_port, [(b"x-key", answer["env"]["API_KEY"].encode())], b"/")[0] == [
+        (b"x-key", SECRET.encode())
+    ]
+    assert rig.egress.answer({"close": answer["window"]}) == {"status": "ok", "closed": True}
+    token = answer["env"]["API_KEY"].encode()
+    assert rig.egress.fill("api.test", rig.upstream_port, [(b"x-key", token)], b"/")[0] == [(b"x-key", token)]
+    assert (await rig.answer(connect_line("api.test", rig.upstream_port))).startswith(b"HTTP/1.1 403 ")
 
 
 async def test_a_kernel_flooding_refusals_leaves_a_bounded_log(make_rig, caplog) -> None:

@@ -331,6 +331,36 @@ def test_upgrade_and_expect_are_handled_by_the_proxy(sandbox: Sandbox, servers: 
     assert "expect" not in {k.lower() for k, _ in new["/expect"]["headers"]}
 
 
+H2 = """
+import socket, ssl
+sock = socket.create_connection(('127.0.0.1', 20080), timeout=20)
+sock.sendall(b'CONNECT api.test:{port} HTTP/1.1\\r\\nHost: api.test:{port}\\r\\n\\r\\n')
+head = b''
+while not head.endswith(b'\\r\\n\\r\\n'):
+    head += sock.recv(1)
+context = ssl.create_default_context()
+context.set_alpn_protocols(['h2'])
+tls = context.wrap_socket(sock, server_hostname='api.test')
+tls.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + b'\\0' * 9)
+answer = b''
+try:
+    while data := tls.recv(65536):
+        answer += data
+except OSError:
+    pass
+print(tls.selected_alpn_protocol(), answer.split(b'\\r\\n')[0].decode())
+"""
+
+
+def test_http2_by_alpn_is_not_spoken(sandbox: Sandbox, servers: Servers) -> None:
+    """A kernel that offers only ``h2`` in ALPN and sends HTTP/2's preface: the proxy picks no protocol,
+    answers the preface 505 and relays nothing."""
+    before = len(servers.requests)
+    out = sandbox.run(H2.format(port=servers.tls_port))
+    assert out.stdout.split()[:3] == ["None", "HTTP/1.1", "505"], out
+    assert len(servers.requests) == before
+
+
 def test_a_placeholder_split_across_two_writes_is_still_filled_in_only_for_the_bound_host(
     sandbox: Sandbox, servers: Servers
 ) -> None:
@@ -374,6 +404,274 @@ def test_another_kernels_placeholder_gets_nothing(
         assert VALUE not in str(got) and OTHER_VALUE not in str(got)
 
 
+CLIENTS = ("certifi", "requests", "urllib3", "idna", "charset_normalizer", "httpx", "httpcore")
+CLIENTS += ("h11", "anyio", "sniffio", "typing_extensions")
+
+
+def client_packages() -> bytes:
+    """The host's requests, httpx and certifi (and what they import), zipped for the kernel's work
+    directory: the kernel image has none of them, and the tests reach no package index."""
+    import importlib
+    import io
+    import zipfile
+
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        for name in CLIENTS:
+            origin = Path(importlib.import_module(name).__file__ or "")
+            if origin.name != "__init__.py":
+                archive.write(origin, origin.name)
+                continue
+            for path in origin.parent.rglob("*"):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, str(path.relative_to(origin.parent.parent)))
+    return data.getvalue()
+
+
+CLIENT_REQUESTS = """
+import os, sys, ssl, zipfile, urllib.request
+zipfile.ZipFile('clients.zip').extractall('clients')
+sys.path.insert(0, os.path.abspath('clients'))
+import certifi, requests, httpx
+url, auth = {url!r}, {{'Authorization': 'Bearer ' + os.environ['API_KEY']}}
+pinned = ssl.create_default_context(cafile=certifi.where())
+answers = [
+    requests.get(url + '/requests', headers=auth).text,
+    requests.get(url + '/requests-certifi', headers=auth, verify=certifi.where()).text,
+    httpx.get(url + '/httpx', headers=auth).text,
+    httpx.get(url + '/httpx-certifi', headers=auth, verify=pinned).text,
+    urllib.request.urlopen(urllib.request.Request(url + '/urllib-certifi', headers=auth), context=pinned).read().decode(),
+    str(certifi.where() == os.environ['SSL_CERT_FILE'] and certifi.contents() == open(certifi.where()).read()),
+]
+print(*answers)
+"""
+
+
+def test_python_clients_trust_the_kernels_ca_with_no_setting(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """requests, httpx and urllib, with the environment's trust or with certifi's bundle
+    (``certifi.where()``, which the kernel's boot makes follow the sandbox's bundle), all reach the
+    bound host through the proxy, the value filled in; nothing of certifi's own files changes."""
+    sandbox.upload({"clients.zip": client_packages()})
+    before = len(servers.requests)
+    out = sandbox.run(CLIENT_REQUESTS.format(url=f"https://api.test:{servers.tls_port}"))
+    assert out.stdout.split() == ["ok"] * 5 + ["True"], out.stdout + str(out.error)
+    new = servers.requests[before:]
+    assert [r["path"] for r in new] == [
+        "/requests",
+        "/requests-certifi",
+        "/httpx",
+        "/httpx-certifi",
+        "/urllib-certifi",
+    ]
+    assert all(["Authorization", f"Bearer {VALUE}"] in r["headers"] for r in new)
+    pristine = sandbox.run(
+        "import certifi, importlib.resources as r\n"
+        "print('kernel-sandbox' in r.files('certifi').joinpath('cacert.pem').read_text())"
+    )
+    assert pristine.stdout.strip() == "False", pristine
+
+
+KEEP_ALIVE = """
+import http.client, ssl
+conn = http.client.HTTPSConnection('127.0.0.1', 20080, context=ssl.create_default_context(), timeout=30)
+conn.set_tunnel('api.test', {port})
+sizes = []
+for path in ['/echo', '/echo', '/big/{size}', '/echo', '/big/{size}']:
+    conn.request('GET', path, headers={{'Authorization': 'Bearer ' + os.environ['API_KEY']}})
+    answer = conn.getresponse()
+    sizes.append((answer.status, len(answer.read()), answer.getheader('Connection')))
+print(sizes)
+"""
+
+
+def test_a_long_body_comes_whole_and_short_ones_keep_the_connection(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """An answer of 1 MiB from the bound host is copied to the kernel as it comes (not through h11's
+    buffer) and its connection closes after it; short answers keep the connection for the next
+    request; every request carries the value."""
+    import ast
+
+    size = 1 << 20
+    before = len(servers.requests)
+    out = sandbox.run("import os\n" + KEEP_ALIVE.format(port=servers.tls_port, size=size))
+    got = ast.literal_eval(out.stdout.strip())
+    assert got == [
+        (200, 2, None),
+        (200, 2, None),
+        (200, size, "close"),
+        (200, 2, None),
+        (200, size, "close"),
+    ], out
+    new = servers.requests[before:]
+    assert len(new) == 5 and all(["Authorization", f"Bearer {VALUE}"] in r["headers"] for r in new)
+
+
+async def test_a_quiet_bound_host_is_cut_off_after_the_idle_timeout(tmp_path: Path, monkeypatch) -> None:
+    """The kernel's request reaches a bound host that never answers: the proxy's sweeper ends both
+    sides of the intercepted connection after ``idle_timeout`` (no timer per read)."""
+    import asyncio
+    import socket
+    import ssl
+
+    from kernel_sandbox.egress import parse_destinations
+    from kernel_sandbox.hostsecrets import parse_binding
+    from kernel_sandbox.launch.egress import Egress
+    from kernel_sandbox.launch.intercept import KernelCA, SecretTable
+
+    heard: list[bytes] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heard.append(await reader.read(65536))
+        heard.append(await reader.read())  # b"" once the proxy gives up
+
+    server_ca = KernelCA(["api.test"])
+    server = await asyncio.start_server(
+        silent, "127.0.0.1", 0, ssl=server_ca.server_context("api.test")
+    )
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "ca.pem").write_text(server_ca.pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    network = parse_destinations("network", [f"api.test:{port}@127.0.0.1"])
+    egress = Egress(network, resolve=resolve, own_addresses=(), secrets=table, idle_timeout=1.0)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    await egress.serve(listener)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+        writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        await writer.start_tls(ssl.create_default_context(cadata=table.ca.pem), server_hostname="api.test")
+        writer.write(f"GET /quiet HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+        for _ in range(300):
+            if len(heard) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert heard[0].startswith(b"GET /quiet ") and heard[1] == b"" and not egress._clients
+        writer.close()
+    finally:
+        await egress.close()
+        server.close()
+
+
+def test_a_calls_trust_bundle_adds_its_ca_to_the_kernels_and_certifi_follows_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The kernel side, run on the host: a call's bundle holds the trust ``SSL_CERT_FILE`` named and
+    the call's CA, certifi (imported after the hook, as ``%pip`` would bring it) names that bundle
+    while the call's variables are set and its own file otherwise, and the bundle goes after the
+    call."""
+    import importlib
+    import os
+    import sys
+
+    from kernel_sandbox.kernelside import trust
+
+    (tmp_path / "certifi").mkdir()
+    (tmp_path / "certifi" / "__init__.py").write_text(
+        "def where():\n    return 'own.pem'\n\ndef contents():\n    return 'own'\n"
+    )
+    (tmp_path / "mine.pem").write_text("MINE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "mine.pem"))
+    monkeypatch.delitem(sys.modules, "certifi", raising=False)
+    saved = list(sys.meta_path)
+    try:
+        values = trust.call_env({"API_KEY": "placeholder", trust.CA_ENV: "CALL CA\n"})
+        certifi = importlib.import_module("certifi")
+        assert trust.CA_ENV not in values and values["API_KEY"] == "placeholder"
+        assert {values[name] for name in trust.TRUST_ENV} == {values["SSL_CERT_FILE"]}
+        assert certifi.where() == "own.pem"
+        monkeypatch.setenv("SSL_CERT_FILE", values["SSL_CERT_FILE"])
+        assert certifi.where() == values["SSL_CERT_FILE"] and certifi.contents() == "MINE\nCALL CA\n"
+        assert os.stat(values["SSL_CERT_FILE"]).st_mode & 0o777 == 0o444
+        trust.drop_call_bundle(values)
+        assert not os.path.exists(values["SSL_CERT_FILE"])
+    finally:
+        sys.meta_path[:] = saved
+        sys.modules.pop("certifi", None)
+
+
+def call_api(url: str, name: str = "CALL_KEY") -> dict:
+    """A tool: one request to ``url`` with the call's secret (the kernel's default trust), and what
+    the kernel held meanwhile."""
+    import os
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + os.environ[name]})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        body = answer.read().decode()
+    return {"body": body, "token": os.environ[name], "trust": os.environ.get("SSL_CERT_FILE")}
+
+
+def test_a_tool_calls_secret_is_bound_for_that_call_only(
+    docker_engine, servers: Servers
+) -> None:
+    """``run_tool(secrets=...)`` in a kernel without secrets of its own: during the call the bound host
+    gets the value (its TLS answered by the call's CA, which the kernel trusts for the call); after it,
+    the kernel holds neither the placeholder nor the call's trust, and the same placeholder sent again
+    reaches the host as it is."""
+    secret = Secret(VALUE, hosts=[f"api.test:{servers.tls_port}"])
+    url = f"https://api.test:{servers.tls_port}/call"
+    with Sandbox(network=servers.network(), timeout=120) as sb:
+        before = len(servers.requests)
+        result = sb.run_tool(call_api, {"url": url}, secrets={"CALL_KEY": secret})
+        assert result.status == "success", result.error
+        assert result.func_return["body"] == "ok" and VALUE not in repr(result)
+        assert ["Authorization", f"Bearer {VALUE}"] in servers.requests[before]["headers"]
+        token, trust = result.func_return["token"], result.func_return["trust"]
+        after = sb.run(
+            "import os; print('CALL_KEY' in os.environ, os.environ.get('SSL_CERT_FILE'), "
+            f"os.path.exists({trust!r}))"
+        ).stdout
+        assert after.split() == ["False", "None", "False"], after
+        before = len(servers.requests)
+        replay = fetch(sb, url, headers=f"{{'Authorization': 'Bearer {token}'}}", verify=False)
+        assert replay.startswith("200 ok"), replay
+        assert ["Authorization", f"Bearer {token}"] in servers.requests[before]["headers"]
+        assert VALUE not in str(servers.requests[before:])
+        with pytest.raises(ConfigError, match="in env too"):
+            sb.run_tool(call_api, {"url": url}, env={"CALL_KEY": "x"}, secrets={"CALL_KEY": secret})
+        with pytest.raises(ConfigError, match="must be a Secret"):
+            sb.run_tool(call_api, {"url": url}, secrets={"CALL_KEY": VALUE})  # type: ignore[dict-item]
+
+
+def test_a_tool_calls_secret_and_the_kernels_own_are_both_filled_in(
+    sandbox: Sandbox, servers: Servers
+) -> None:
+    """A call's secret bound to a host the kernel's own secret is bound to too: one request carries
+    both values; another call without it sends its old placeholder as it is."""
+    secret = Secret(OTHER_VALUE, hosts=[f"api.test:{servers.tls_port}"])
+    source = """
+def both(url):
+    import os, urllib.request
+    request = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + os.environ['API_KEY'], 'X-Call': os.environ.get('CALL_KEY', 'none')})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.read().decode(), os.environ.get('CALL_KEY')
+"""
+    url = f"https://api.test:{servers.tls_port}/both"
+    before = len(servers.requests)
+    first = sandbox.run_tool(source, {"url": url}, name="both", secrets={"CALL_KEY": secret})
+    assert first.status == "success", first.error
+    headers = servers.requests[before]["headers"]
+    assert ["Authorization", f"Bearer {VALUE}"] in headers and ["X-Call", OTHER_VALUE] in headers
+    token = first.func_return[1]
+    replay = sandbox.run_tool(source, {"url": url}, name="both", env={"CALL_KEY": token})
+    assert replay.status == "success", replay.error
+    assert ["X-Call", token] in servers.requests[before + 1]["headers"]
+    assert OTHER_VALUE not in str(servers.requests[before + 1])
+
+
 def test_a_secret_never_shows_its_value() -> None:
     """Secret's repr, str and pickling never show the value; a bare string is refused."""
     secret = Secret(VALUE, hosts=["api.openai.com"])
@@ -388,6 +686,10 @@ def test_a_secret_never_shows_its_value() -> None:
         Sandbox(secrets={"API_KEY": VALUE})
     with pytest.raises(ConfigError, match="opensandbox"):
         Sandbox("opensandbox", secrets={"API_KEY": secret}, api_base="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="network=True bypasses"):
+        Sandbox(network=True).run_tool(call_api, {"url": "x"}, secrets={"API_KEY": secret})
+    with pytest.warns(UserWarning), pytest.raises(ConfigError, match="'local' backend"):
+        Sandbox("local").run_tool(call_api, {"url": "x"}, secrets={"API_KEY": secret})
 
 
 async def run_in_kernelspec(name: str, code: str) -> str:
