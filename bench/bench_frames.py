@@ -27,7 +27,7 @@ from ipykernel.kernelspec import get_kernel_dict
 from report import Measure, Row, judge, markdown
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lab_kit import chromium, jupyterlab, wait_for_kernel  # noqa: E402
+from support.lab import chromium, jupyterlab, wait_for_kernel  # noqa: E402
 
 OUTPUTS = 200
 MIB = 1024 * 1024

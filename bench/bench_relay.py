@@ -44,13 +44,13 @@ from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, kernel_manager, shipped
 from kernel_sandbox.opensandbox import ExecdClient
 from kernel_sandbox.opensandbox.jupyter import JupyterServer, KernelSocket
 
-FAKES = Path(__file__).resolve().parents[1] / "tests" / "opensandbox"
+FAKES = Path(__file__).resolve().parents[1] / "tests"
 ROUNDS = 200
 CODE = "1"
 SERVE_FAKES = f"""
 import json, logging, secrets, sys
 sys.path.insert(0, {str(FAKES)!r})
-from opensandbox_fakes import FakeOpenSandbox, start_jupyter
+from support.opensandbox_fakes import FakeOpenSandbox, start_jupyter
 logging.disable(logging.ERROR)  # the proxy logs every 502 while a Jupyter server starts
 fake = FakeOpenSandbox(jupyter=True).start()
 token = secrets.token_hex(16)

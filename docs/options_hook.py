@@ -14,8 +14,8 @@ from typing import Any
 
 from mkdocs.exceptions import PluginError
 
-from kernel_sandbox import backends
-from kernel_sandbox.settings import BackendSettings
+from kernel_sandbox import backends, parsers
+from kernel_sandbox.settings import BackendSettings, parse_mounts
 
 MODELS: dict[str, type[BackendSettings]] = {
     name: entry.settings_model() for name, entry in backends.entries().items()
@@ -24,17 +24,17 @@ MODELS: dict[str, type[BackendSettings]] = {
 registry)."""
 _MARKER = re.compile(r"^<!-- options: (\w+) -->$", re.MULTILINE)
 
-FORMS = {
-    "_memory": "size or `unlimited`",
-    "_max_memory": "size or `unlimited`",
-    "_tmpfs": "size or `auto`",
-    "_cpus": "cores or `unlimited`",
-    "_pids": "int or `unlimited`",
-    "_max_kernels": "int or `unlimited`",
-    "_orphan_seconds": "seconds or `unlimited`",
-    "_seconds": "seconds",
-    "_id_range": "`LOW-HIGH`",
-    "_mounts": "list of mounts",
+FORMS: dict[Any, str] = {
+    parsers.parse_memory: "size or `unlimited`",
+    parsers.parse_max_memory: "size or `unlimited`",
+    parsers.parse_tmpfs: "size or `auto`",
+    parsers.parse_cpus: "cores or `unlimited`",
+    parsers.parse_pids: "int or `unlimited`",
+    parsers.parse_max_kernels: "int or `unlimited`",
+    parsers.parse_orphan_seconds: "seconds or `unlimited`",
+    parsers.parse_seconds: "seconds",
+    parsers.parse_id_range: "`LOW-HIGH`",
+    parse_mounts: "list of mounts",
 }
 """How a value is written, by the option's parser, where the model's field type (what the value
 becomes) would mislead: ``memory`` becomes ``int | None`` but is written ``1g`` or ``unlimited``."""
@@ -66,7 +66,7 @@ def _type(option: dataclasses.Field[Any]) -> str:
     choices = _choices(option)
     if choices:
         return " or ".join(f"`{choice}`" for choice in choices)
-    form = FORMS.get(getattr(option.metadata["parse"], "__name__", ""))
+    form = FORMS.get(option.metadata["parse"])
     if form:
         return form
     written = re.sub(r"tuple\[([\w\[\], ]+?), \.\.\.\]", r"list[\1]", str(option.type))

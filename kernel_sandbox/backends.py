@@ -16,21 +16,17 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, KernelLaunchError
+from .errors import KernelLaunchError
 
 if TYPE_CHECKING:
-    from .execution.backend import Backend
-    from .launch.front import KernelLink
-    from .launch.request import LaunchRequest
     from .settings import BackendSettings
 
 GROUP = "kernel_sandbox.backends"
 """The entry-point group every backend's :class:`BackendEntry` is registered in."""
-LOCAL = "local"
-"""The execution API's one backend that is not a wing (an ordinary local ipykernel, no sandbox)."""
 
 
-def _load(reference: str) -> Any:
+def load(reference: str) -> Any:
+    """What a ``module:attribute`` reference of an entry names (its module imported now)."""
     module, _, attribute = reference.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
@@ -52,13 +48,8 @@ class BackendEntry:
 
     def settings_model(self) -> type[BackendSettings]:
         """The settings model (imported now)."""
-        model: type[BackendSettings] = _load(self.settings)
+        model: type[BackendSettings] = load(self.settings)
         return model
-
-    def make_link(self, request: LaunchRequest) -> KernelLink:
-        """The kernel link that runs ``request``'s kernel."""
-        link: KernelLink = _load(self.link)(request)
-        return link
 
 
 @functools.cache
@@ -109,20 +100,3 @@ def for_settings(settings: BackendSettings) -> BackendEntry:
         if entry.settings == f"{model.__module__}:{model.__qualname__}":
             return entry
     raise KernelLaunchError(f"no backend is registered for {type(settings).__name__}")
-
-
-@functools.cache
-def adapter(name: str) -> Backend:
-    """The execution API's backend called ``name`` (ConfigError listing the known ones
-    otherwise)."""
-    if name == LOCAL:
-        from .execution.local import LocalBackend
-
-        return LocalBackend()
-    entry = entries().get(name)
-    if entry is None:
-        raise ConfigError(
-            f"Unknown backend {name!r}; choose one of {', '.join([*sorted(entries()), LOCAL])}"
-        )
-    made: Backend = _load(entry.adapter)()
-    return made

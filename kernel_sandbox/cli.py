@@ -187,7 +187,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 async def _gc_sandboxes(api_base: str, everything: bool) -> list[str]:
-    from .opensandbox.client import OpenSandboxClient
+    from .opensandbox.lifecycle import OpenSandboxClient
     from .opensandbox.gc import collect_garbage
 
     async with OpenSandboxClient(api_base) as client:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MetricsUnavailable
-from .settings import HOME_DIR, PACKAGES_DIR, WORK_DIR, MiB
+from .settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
+from .parsers import MiB
 
 __all__ = ["CgroupProbe", "MetricsUnavailable", "TmpfsUsage", "Usage", "near_misses"]
 

@@ -26,7 +26,7 @@ from jupyter_resource_usage.api import ApiHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from .backends import adapter, by_provisioner
+from .backends import by_provisioner
 from .metrics import CgroupProbe, MetricsUnavailable
 from .provisioners.launched import LaunchedProvisioner
 
@@ -97,6 +97,8 @@ class SandboxesMemory:
 
 def _probe(provisioner: LaunchedProvisioner) -> CgroupProbe:
     """The cgroup reader of the provisioner's container, as its backend finds it."""
+    from .execution.adapters import adapter  # the execution API, loaded when a kernel is probed
+
     entry = by_provisioner(provisioner.backend)
     if entry is None:
         raise MetricsUnavailable(f"no backend has the provisioner {provisioner.backend!r}")

@@ -25,7 +25,7 @@ from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL
 
 IN_CI = bool(os.environ.get("CI"))
 
-pytest_plugins = ["security_figures", "ci_strict", "pytester"]
+pytest_plugins = ["support.security_figures", "support.ci_strict", "pytester"]
 
 
 # The tiers, set here alone from what a test needs (its fixtures, as pytest resolved them) and where it
@@ -149,7 +149,7 @@ def no_standby_outlives_the_run(engine_if_any):
 def egress_stays_on_loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every launcher of the run resolves names from a test map (empty: nothing resolves) and its
     egress proxy connects to 127.0.0.0/8 only: no test can make it send a packet elsewhere, or ask
-    DNS. Tests with names to resolve set their own map (tests/egress/index_kit.py)."""
+    DNS. Tests with names to resolve set their own map (tests/support/package_index.py)."""
     from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
 
     resolver = tmp_path_factory.mktemp("egress-resolver") / "resolver.json"

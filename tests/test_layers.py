@@ -1,16 +1,21 @@
-"""The house's layers: the core imports no backend, and no module imports itself back.
+"""The house's layers: the core imports no wing, no wing imports a face, and no module imports
+itself back.
 
-Read from the source (``ast``), not by importing it: an import is counted when it runs at
-import time, that is at module level (inside ``if``/``try``/``with`` and class bodies too), but
-not inside a function (the lazy faces, such as the package root's) and not under
-``if TYPE_CHECKING:``. Importing ``a.b.c`` also runs ``a`` and ``a.b``: those count as well.
+Read from the source (``ast``), not by importing it, and every import counts: at module level,
+inside functions (the lazy faces), under ``if TYPE_CHECKING:`` (a type a module names is a module
+it depends on), and ``importlib.import_module("...")`` with a literal name. Importing ``a.b.c``
+also runs ``a`` and ``a.b``: those count as well.
+
+The layers: the **wings** (the backends, :data:`WINGS`) are found by the core through the
+registry only; the **faces** (:data:`FACES`: the command line, the Jupyter server's extensions,
+the MCP server, the integrations, the notebook runner) may import anything; every other module is
+the **core**, which imports no wing and no face.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
-from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -19,20 +24,36 @@ import pytest
 import kernel_sandbox
 from kernel_sandbox import backends
 from kernel_sandbox.errors import KernelLaunchError
+from kernel_sandbox.execution.adapters import adapter
 
 ROOT = Path(kernel_sandbox.__file__).parent
 WINGS = ("kernel_sandbox.docker", "kernel_sandbox.opensandbox")
-CORE = (
-    "kernel_sandbox.launch",
-    "kernel_sandbox.provisioners",
-    "kernel_sandbox.execution",
-    "kernel_sandbox.kernelside",
-    "kernel_sandbox.backends",
-    "kernel_sandbox.errors",
-    "kernel_sandbox.policy",
-    "kernel_sandbox.results",
-    "kernel_sandbox.settings",
+FACES = (
+    "kernel_sandbox.cli",
+    "kernel_sandbox.doctor",
+    "kernel_sandbox.top",
+    "kernel_sandbox.lab",
+    "kernel_sandbox.lab_manager",
+    "kernel_sandbox.server",
+    "kernel_sandbox.statusbar",
+    "kernel_sandbox.contents",
+    "kernel_sandbox.mcpserver",
+    "kernel_sandbox.notebooks",
+    "kernel_sandbox.integrations",
 )
+KNOWN = {
+    # Issue 38 ("Finish the house"), open while other branches rewrite these modules: each entry is
+    # one import the layers forbid, left out of the graph until its module is reworked. A test
+    # below fails when an entry no longer exists, so the list only shrinks.
+    ("kernel_sandbox.launch.egress", "kernel_sandbox.docker.settings"): (
+        "issue 38: the egress proxy is typed to DockerSettings (under TYPE_CHECKING); it moves "
+        "into the Docker wing"
+    ),
+    ("kernel_sandbox.docker.engine", "kernel_sandbox.doctor"): (
+        "issue 38: the engine's fix text (ENGINE_FIX) lives in the doctor face; it belongs to the "
+        "Docker wing (docker/engine.py), the doctor and lab importing it from there"
+    ),
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -48,25 +69,12 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _import_time(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements of ``body`` that run when the module is imported."""
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If):
-            test = node.test
-            if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-            ):
-                yield from _import_time(node.orelse)
-            else:
-                yield from _import_time(node.body)
-                yield from _import_time(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, *(handler.body for handler in node.handlers), node.orelse, node.finalbody):
-                yield from _import_time(block)
-        elif isinstance(node, (ast.With, ast.ClassDef)):
-            yield from _import_time(node.body)
+def _in(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _layer(name: str) -> str:
+    return "wing" if _in(name, WINGS) else "face" if _in(name, FACES) else "core"
 
 
 def _with_parents(name: str) -> set[str]:
@@ -74,28 +82,40 @@ def _with_parents(name: str) -> set[str]:
     return {".".join(parts[:end]) for end in range(1, len(parts) + 1)} & set(MODULES)
 
 
-def _imports(name: str) -> set[str]:
-    """The package's modules that importing ``name`` runs directly (but its own packages)."""
+def _targets(node: ast.AST, package: str) -> list[str]:
+    """The module names an AST node imports: an import statement, or a literal import_module()."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            module = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            module = node.module or ""
+        return [module, *(f"{module}.{alias.name}" for alias in node.names)]
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        function = node.func
+        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+        if name == "import_module" and isinstance(node.args[0].value, str):
+            return [node.args[0].value]
+    return []
+
+
+def _imports(name: str, known: bool = True) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its source (but its own packages);
+    ``known``: with the imports of :data:`KNOWN` too."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in _import_time(ast.parse(path.read_text()).body):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        else:
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
-            targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]
-        for target in targets:
-            if target in MODULES:
+    for node in ast.walk(ast.parse(path.read_text())):
+        for target in _targets(node, package):
+            if target in MODULES and (known or (name, target) not in KNOWN):
                 found |= _with_parents(target)
     return found - _with_parents(name)
 
 
-GRAPH = {name: _imports(name) for name in MODULES}
+FULL = {name: _imports(name) for name in MODULES}
+GRAPH = {name: _imports(name, known=False) for name in MODULES}
 
 
 def _reachable(start: set[str]) -> set[str]:
@@ -109,26 +129,46 @@ def _reachable(start: set[str]) -> set[str]:
 
 
 def _closure(name: str) -> set[str]:
-    """What importing ``name`` runs: its own packages and itself, and what they import."""
+    """What importing ``name`` may run: its own packages and itself, and what they import."""
     return _with_parents(name) | _reachable(_with_parents(name))
 
 
-def _in(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
-
-
 def test_the_graph_is_read() -> None:
-    """A check that finds nothing proves nothing: the graph has the arrows known to exist."""
-    assert "kernel_sandbox.launch.front" in GRAPH["kernel_sandbox.launch"]
+    """A check that finds nothing proves nothing: the graph has the arrows known to exist, of
+    every form."""
+    assert "kernel_sandbox.launch.front" in GRAPH["kernel_sandbox.launch"]  # module level
     assert "kernel_sandbox.provisioners.launched" in GRAPH["kernel_sandbox.docker.provisioner"]
-    assert "kernel_sandbox.execution.backend" in GRAPH["kernel_sandbox.opensandbox.execution"]
-    assert "kernel_sandbox.docker.settings" not in GRAPH["kernel_sandbox.launch.egress"]  # TYPE_CHECKING only
+    assert "kernel_sandbox.hostsecrets" in GRAPH["kernel_sandbox.settings"]  # in a function
+    assert "kernel_sandbox.launch.request" in GRAPH["kernel_sandbox.docker.link"]  # TYPE_CHECKING
+    assert "kernel_sandbox.execution" in GRAPH["kernel_sandbox"]  # the package root's lazy face
+    call = ast.parse('importlib.import_module("kernel_sandbox.docker")').body[0]
+    assert _targets(call.value, "kernel_sandbox") == ["kernel_sandbox.docker"]  # type: ignore[attr-defined]
+    assert {_layer(name) for name in MODULES} == {"core", "wing", "face"}
 
 
-@pytest.mark.parametrize("core", sorted(name for name in MODULES if _in(name, CORE)))
-def test_the_core_imports_no_backend(core: str) -> None:
-    wings = sorted(name for name in _closure(core) if _in(name, WINGS))
-    assert not wings, f"importing {core} imports the backends' {wings}: ask kernel_sandbox.backends instead"
+@pytest.mark.parametrize("known", sorted(KNOWN))
+def test_every_known_exception_still_exists(known: tuple[str, str]) -> None:
+    """An entry of KNOWN whose import is gone is removed from it, so the list only shrinks."""
+    importer, imported = known
+    assert imported in FULL[importer], f"{importer} no longer imports {imported}: remove it from KNOWN"
+
+
+@pytest.mark.parametrize("core", sorted(name for name in MODULES if _layer(name) == "core"))
+def test_the_core_imports_no_wing_and_no_face(core: str) -> None:
+    above = sorted(name for name in _closure(core) if _layer(name) != "core")
+    assert not above, (
+        f"importing {core} may import {above}: the core asks kernel_sandbox.backends for a wing, "
+        "and no face"
+    )
+
+
+@pytest.mark.parametrize("wing", sorted(name for name in MODULES if _layer(name) == "wing"))
+def test_no_wing_imports_a_face_or_another_wing(wing: str) -> None:
+    own = next(prefix for prefix in WINGS if _in(wing, (prefix,)))
+    others = sorted(
+        name for name in _closure(wing) if _layer(name) == "face" or (_layer(name) == "wing" and not _in(name, (own,)))
+    )
+    assert not others, f"importing {wing} may import {others}: a wing builds on the core only"
 
 
 def test_no_module_imports_itself_back() -> None:
@@ -143,7 +183,7 @@ def test_every_wing_is_registered_and_resolves() -> None:
     for entry in backends.entries().values():
         assert entry.settings_model().title.startswith("the ")
         assert provisioners[entry.provisioner].settings_model is entry.settings_model()
-        assert type(backends.adapter(entry.name)).__module__.startswith(f"kernel_sandbox.{entry.name}.")
+        assert type(adapter(entry.name)).__module__.startswith(f"kernel_sandbox.{entry.name}.")
         importlib.import_module(entry.link.partition(":")[0])
 
 

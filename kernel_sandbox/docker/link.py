@@ -58,7 +58,7 @@ from ..launch.front import (
 from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
 from ..privdir import LAUNCHER_STATE, SECRETS, PrivateDir
-from ..settings import MiB
+from ..parsers import MiB
 from . import watchdog
 from .blobs import ContainerFiles
 from .containers import (

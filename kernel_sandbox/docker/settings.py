@@ -14,33 +14,28 @@ from typing import Any
 from ..egress import parse_network
 from ..errors import ConfigError
 from ..hostsecrets import parse_bindings
-from ..settings import (
-    HOME_DIR,
-    PACKAGES_DIR,
+from ..settings import HOME_DIR, PACKAGES_DIR, WORK_DIR, BackendSettings, Mount, parse_mounts
+from ..parsers import (
     UNLIMITED,
-    WORK_DIR,
-    BackendSettings,
     MiB,
-    Mount,
-    _argv,
-    _choice,
-    _cpus,
-    _env,
-    _flag,
-    _id_range,
-    _max_kernels,
-    _max_memory,
-    _memory,
-    _mounts,
-    _option,
-    _pids,
-    _runtime,
-    _seconds,
-    _standby,
-    _text,
-    _tmpfs,
-    _user,
+    option,
+    parse_argv,
+    parse_choice,
+    parse_cpus,
+    parse_env,
+    parse_flag,
+    parse_id_range,
+    parse_max_kernels,
+    parse_max_memory,
+    parse_memory,
+    parse_pids,
+    parse_runtime,
+    parse_seconds,
     parse_size,
+    parse_standby,
+    parse_text,
+    parse_tmpfs,
+    parse_user,
 )
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
@@ -75,14 +70,14 @@ class DockerSettings(BackendSettings):
 
     title = "the Docker backend"
 
-    image: str = _option(DEFAULT_IMAGE, _text, "Docker image that runs the kernel.")
-    network: bool | tuple[str, ...] = _option(
+    image: str = option(DEFAULT_IMAGE, parse_text, "Docker image that runs the kernel.")
+    network: bool | tuple[str, ...] = option(
         False,
         parse_network,
         "false: no network; true: a bridge with open outbound access; or a list of destinations "
         "(HOST[:PORT][@ADDRESSES], *.domain) reached through the launcher's filtering proxy.",
     )
-    secrets: tuple[str, ...] = _option(
+    secrets: tuple[str, ...] = option(
         (),
         parse_bindings,
         "Secrets the egress proxy adds to requests, never given to the kernel: "
@@ -91,100 +86,102 @@ class DockerSettings(BackendSettings):
         "replaces the placeholder in the headers of requests to HOST only. HOST is allowed "
         "implicitly.",
     )
-    memory: int | None = _option(
-        "1g", _memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'."
+    memory: int | None = option(
+        "1g", parse_memory, "Memory limit, swap included (e.g. 512m, 2g), or 'unlimited'."
     )
-    cpus: float | None = _option(1.0, _cpus, "CPU limit in cores, or 'unlimited'.")
-    pids_limit: int | None = _option(
+    cpus: float | None = option(1.0, parse_cpus, "CPU limit in cores, or 'unlimited'.")
+    pids_limit: int | None = option(
         256,
-        _pids,
+        parse_pids,
         "Maximum number of processes and threads, or 'unlimited'; past it a fork or a thread "
         "fails with EAGAIN (under runsc too, by gVisor's own RLIMIT_NPROC).",
     )
-    user: str = _option(
+    user: str = option(
         "",
-        _user,
+        parse_user,
         "uid:gid the kernel runs as; empty: the host user's, or one from uid_range for root.",
     )
-    uid_range: tuple[int, int] = _option(
+    uid_range: tuple[int, int] = option(
         "100000-999999",
-        _id_range,
+        parse_id_range,
         "When Jupyter runs as root: the range the kernel's unused uid:gid is picked from.",
     )
-    read_only: bool = _option(True, _flag, "Mount the image's root filesystem read-only.")
-    tmp_size: int | None = _option(
+    read_only: bool = option(True, parse_flag, "Mount the image's root filesystem read-only.")
+    tmp_size: int | None = option(
         "auto",
-        _tmpfs,
+        parse_tmpfs,
         "Size of the writable tmpfs at /tmp; 'auto': memory/16 (under runsc: of memory less 64m).",
     )
-    shm_size: int | None = _option(
-        "auto", _tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16."
+    shm_size: int | None = option(
+        "auto", parse_tmpfs, "Size of /dev/shm (a tmpfs too); 'auto': memory/16."
     )
-    home_size: int | None = _option(
-        "auto", _tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/8."
+    home_size: int | None = option(
+        "auto", parse_tmpfs, f"Size of the writable tmpfs at {HOME_DIR}; 'auto': memory/8."
     )
-    work_size: int | None = _option(
-        "auto", _tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': memory/4."
+    work_size: int | None = option(
+        "auto", parse_tmpfs, f"Size of the writable tmpfs at {WORK_DIR}; 'auto': memory/4."
     )
-    packages_size: int | None = _option(
+    packages_size: int | None = option(
         "auto",
-        _tmpfs,
+        parse_tmpfs,
         f"Size of the tmpfs that pip installs into and unpacks in ({PACKAGES_DIR}, the one "
         "writable place where files may be run or loaded as code: compiled extensions); "
         "'auto': memory/4.",
     )
-    mounts: tuple[Mount, ...] = _option(
-        (), _mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'."
+    mounts: tuple[Mount, ...] = option(
+        (), parse_mounts, "Bind mounts HOST:CONTAINER[:ro|rw]; read-only unless ':rw'."
     )
-    mount_cwd: str = _option(
+    mount_cwd: str = option(
         "off",
-        _choice(("off", "ro", "rw")),
+        parse_choice(("off", "ro", "rw")),
         "Mount the kernel's working directory (the notebook's folder) as the work dir: off/ro/rw.",
     )
-    env: dict[str, str] = _option({}, _env, "Environment variables given to the kernel.")
-    runtime: str = _option(
-        "", _runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default."
+    env: dict[str, str] = option({}, parse_env, "Environment variables given to the kernel.")
+    runtime: str = option(
+        "", parse_runtime, "OCI runtime, e.g. 'runsc' for gVisor; empty: the engine's default."
     )
-    launch_timeout: float = _option(60.0, _seconds, "Seconds to wait for the kernel to come up.")
-    kernel_cmd: tuple[str, ...] = _option(
+    launch_timeout: float = option(
+        60.0, parse_seconds, "Seconds to wait for the kernel to come up."
+    )
+    kernel_cmd: tuple[str, ...] = option(
         DEFAULT_KERNEL_CMD,
-        _argv,
+        parse_argv,
         "The kernel's command inside the container; {connection_file} is replaced.",
     )
-    standby: int = _option(
+    standby: int = option(
         1,
-        _standby,
+        parse_standby,
         "Kernels kept started and idle for this configuration in the client's process, each handed "
         "whole to one launch (then replaced); 0: off.",
     )
-    max_kernels: int | None = _option(
+    max_kernels: int | None = option(
         UNLIMITED,
-        _max_kernels,
+        parse_max_kernels,
         "Docker kernels the client's process may run at once, standbys included; past it "
         "a launch waits up to launch_timeout for one to end. 'unlimited': no limit.",
     )
-    max_memory: int | None = _option(
+    max_memory: int | None = option(
         UNLIMITED,
-        _max_memory,
+        parse_max_memory,
         "Sum of the memory limits of the Docker kernels the client's process may run at once, "
         "standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no "
         "limit.",
     )
-    checkpoint_max_bytes: int = _option(
+    checkpoint_max_bytes: int = option(
         "1g",
         parse_size,
         "The largest checkpoint %checkpoint may keep on the host for one kernel (e.g. 512m, 2g).",
     )
-    max_checkpoint_bytes: int = _option(
+    max_checkpoint_bytes: int = option(
         "2g",
         parse_size,
         "The most disk the checkpoints %checkpoint keeps on the host may take, all kernels of "
         "the host user together (partial ones and a kernel's previous one until replaced "
         "included); 2g lets one kernel at the default checkpoint_max_bytes replace its own.",
     )
-    checkpoint_on_oom: bool = _option(
+    checkpoint_on_oom: bool = option(
         False,
-        _flag,
+        parse_flag,
         "After the kernel runs out of memory and is restarted, its first cell says that the "
         "checkpoint made with %checkpoint is kept, for %restore.",
     )

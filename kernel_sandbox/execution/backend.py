@@ -2,7 +2,7 @@
 differ.
 
 Each backend's wing holds one :class:`Backend` subclass (``local``'s is :mod:`.local`), found
-by name through the registry (:func:`kernel_sandbox.backends.adapter`). The session
+by name (:func:`.adapters.adapter`, which asks the registry). The session
 (:mod:`.sandbox`) asks its backend and never compares backend names.
 """
 
@@ -16,7 +16,6 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from ..backends import adapter
 from ..errors import SandboxError
 from ..kernelspecs import kernel_manager as spec_kernel_manager
 from ..metrics import CgroupProbe, MetricsUnavailable
@@ -97,17 +96,6 @@ class Backend:
 def given(options: dict[str, Any]) -> dict[str, Any]:
     """The options that were given (not None)."""
     return {key: value for key, value in options.items() if value is not None}
-
-
-def backend(name: str) -> Backend:
-    """The backend called ``name`` (ConfigError listing the known ones otherwise)."""
-    return adapter(name)
-
-
-def kernel_spec(name: str, options: dict[str, Any]) -> KernelSpec:
-    """Build the kernelspec for backend ``name`` with the sandbox ``options`` mapped onto its
-    provisioner."""
-    return backend(name).kernel_spec(options)
 
 
 def kernel_manager(spec: KernelSpec) -> AsyncKernelManager:

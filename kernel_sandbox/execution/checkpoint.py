@@ -20,7 +20,8 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ..errors import (
     CallTimeoutError,
@@ -34,11 +35,11 @@ from ..errors import (
 from .files import Gathered
 
 if TYPE_CHECKING:
-    from .sandbox import AsyncSandbox
+    from .backend import Backend
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 1024**3
-"""The largest checkpoint :meth:`AsyncSandbox.checkpoint` pulls (and :meth:`Checkpoint.load` reads)
-unless told."""
+"""The largest checkpoint :meth:`~kernel_sandbox.execution.sandbox.AsyncSandbox.checkpoint` pulls
+(and :meth:`Checkpoint.load` reads) unless told."""
 MAGIC = b"kernel-sandbox checkpoint 1\n"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_NAMES = 1_000_000
@@ -231,8 +232,29 @@ def _from_header(header: dict[str, Any], data: bytes) -> Checkpoint:
     return checkpoint
 
 
-async def take(sandbox: AsyncSandbox, max_bytes: int, timeout: float | None) -> Checkpoint:
-    """Checkpoint ``sandbox``'s kernel (see :meth:`AsyncSandbox.checkpoint`)."""
+class Session(Protocol):
+    """What a checkpoint needs of the session it is taken from or restored into (an
+    :class:`~kernel_sandbox.execution.sandbox.AsyncSandbox`, which calls :func:`take` and
+    :func:`restore_into` on itself): its backend, kernel manager and lock, and the helper's
+    operations with their deadlines and chunk size."""
+
+    backend: str
+    _backend: Backend
+    _km: Any
+    _lock: Any
+
+    def _deadline(self, timeout: float | None) -> tuple[float, float]: ...
+
+    async def _op(
+        self, request: dict[str, Any], buffers: Sequence[Any], seconds: float, deadline: float
+    ) -> Any: ...
+
+    def _chunk(self) -> int: ...
+
+
+async def take(sandbox: Session, max_bytes: int, timeout: float | None) -> Checkpoint:
+    """Checkpoint ``sandbox``'s kernel (see
+    :meth:`~kernel_sandbox.execution.sandbox.AsyncSandbox.checkpoint`)."""
     _check_cap(max_bytes)
     seconds, deadline = sandbox._deadline(timeout)
     image, image_name = await sandbox._backend.image(sandbox._km.provisioner)
@@ -286,7 +308,7 @@ def _stated(report: Any) -> tuple[int, str]:
 
 
 async def _pull(
-    sandbox: AsyncSandbox, size: int, max_bytes: int, seconds: float, deadline: float
+    sandbox: Session, size: int, max_bytes: int, seconds: float, deadline: float
 ) -> tuple[bytes, str]:
     """The blob, chunk by chunk into one buffer (the peak is its size once), and its sha256, hashed
     as it arrives; refused before a byte over ``max_bytes`` or ``size`` is kept."""
@@ -311,7 +333,7 @@ async def _pull(
     return gathered.value(), sha.hexdigest()
 
 
-async def restore_into(sandbox: AsyncSandbox, checkpoint: Checkpoint) -> None:
+async def restore_into(sandbox: Session, checkpoint: Checkpoint) -> None:
     """Load ``checkpoint`` into ``sandbox``'s fresh kernel, if it was made in the image the kernel
     runs."""
     image, image_name = await sandbox._backend.image(sandbox._km.provisioner)

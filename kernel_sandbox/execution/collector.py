@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..policy import OutputPolicy
+from ..policy.output import OutputPolicy
 from ..results import Execution, OutputFold
 from .channel import CHUNK, TARGET
 

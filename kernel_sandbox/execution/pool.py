@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, SandboxError
-from .backend import DEFAULT_BACKEND, backend
+from .adapters import adapter
+from .backend import DEFAULT_BACKEND
 from .sandbox import AsyncSandbox
 from .sync import LoopThread, Sandbox
 
@@ -57,7 +58,7 @@ class AsyncSandboxPool:
         self.size = size
         self.max_uses = max_uses
         self.idle_timeout = idle_timeout
-        defaults = backend(sandbox_options.get("backend", DEFAULT_BACKEND)).pool_defaults
+        defaults = adapter(sandbox_options.get("backend", DEFAULT_BACKEND)).pool_defaults
         self._options = {**defaults, **sandbox_options}
         with warnings.catch_warnings():  # the local backend's warning comes with each kernel
             warnings.simplefilter("ignore")

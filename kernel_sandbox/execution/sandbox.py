@@ -38,11 +38,11 @@ from ..errors import (
     SandboxFileError,
 )
 from ..metrics import CgroupProbe, Usage, near_misses
-from ..policy import OutputPolicy
+from ..policy.output import OutputPolicy
 from ..kernelside.toolhost import STATE_NOT_KEPT
 from ..results import Execution, ExecutionError, FileInfo, KernelDied, ToolResult
 from .backend import DEFAULT_BACKEND, kernel_manager
-from .backend import backend as backend_named
+from .adapters import adapter as backend_named
 from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint, restore_into, take
 from .channel import CHUNK
 from .decode import DecodeLimits, allowed_map

@@ -36,19 +36,14 @@ import time
 from .. import backends
 from ..controls import escape_controls
 from ..errors import KernelSandboxError
-from ..policy import OutputPolicy
+from ..policy.output import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, ORPHANED, OWNER_LOCK, PrivateDir
 from . import journal
 from .front import ExitStatus, Front, KernelLink
-from .request import (  # noqa: F401 (the request's names, importable from here as before)
-    FORWARDED_ENV,
+from .request import (
     LaunchRequest,
     Settings,
-    passed_env,
     read_request,
-    request_from_config,
-    request_from_kernelspec,
-    settings_from_config,
 )
 
 OWNER_CHECK_INTERVAL = 1.0
@@ -59,7 +54,8 @@ log = logging.getLogger("kernel_sandbox.launch")
 def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link of the request's backend (the registry imports its wing now: each pulls in
     its SDK)."""
-    return backends.for_settings(request.settings).make_link(request)
+    link: KernelLink = backends.load(backends.for_settings(request.settings).link)(request)
+    return link
 
 
 def output_policy(settings: Settings) -> OutputPolicy:

@@ -38,7 +38,7 @@ from ..kernelside.egress_relay import (
     PAUSE,
     RESUME,
 )
-from ..settings import MiB
+from ..parsers import MiB
 from .egress import HEAD_LIMIT, Egress
 
 log = logging.getLogger("kernel_sandbox.launch")

@@ -4,7 +4,7 @@ link.
 The front binds the channels named in the client's connection file and relays messages, not
 bytes: a client message is checked against the client's key and handed to the link, which signs
 it with the kernel's own key; a kernel message, checked by the link against the kernel's key,
-passes through the output policy (:class:`kernel_sandbox.policy.OutputPolicy`) on every channel
+passes through the output policy (:class:`OutputPolicy`) on every channel
 and is signed with the client's key. Routing identities are kept as ``zmq.proxy`` keeps them, so
 replies and ``input_request`` find their client.
 
@@ -37,7 +37,7 @@ import zmq
 from ..canonical import BUFFER_TYPES, PROTOCOL_VERSION
 from ..errors import ConfigError, KernelLaunchError
 from ..metrics import Usage, usage_reply
-from ..policy import OutputPolicy
+from ..policy.output import OutputPolicy
 from ..privdir import LAUNCHER_LOCK, PrivateDir
 from .gate import TcpGate
 from .journal import note

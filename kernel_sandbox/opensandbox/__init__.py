@@ -27,11 +27,11 @@ BACKEND = BackendEntry(
 :data:`~kernel_sandbox.backends.GROUP`)."""
 
 _CLIENT_API = {
-    "Endpoint": "client",
-    "ExecdClient": "client",
-    "Limits": "client",
-    "OpenSandboxClient": "client",
-    "Sandbox": "client",
+    "Endpoint": "execd",
+    "ExecdClient": "execd",
+    "Limits": "http",
+    "OpenSandboxClient": "lifecycle",
+    "Sandbox": "lifecycle",
     "keep_alive": "client",
     "run_once": "client",
     "run_once_sync": "client",

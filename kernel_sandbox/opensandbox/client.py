@@ -1,8 +1,8 @@
 """Async clients for an OpenSandbox deployment: the lifecycle server and a sandbox's execd.
 
 Capped HTTP is :mod:`.http`, the execd client :mod:`.execd`, the lifecycle client
-:mod:`.lifecycle`; this module keeps the conveniences (:func:`keep_alive`, :func:`run_once`)
-and every name of the three, importable from here as before.
+:mod:`.lifecycle`; this module holds the conveniences built on them (:func:`keep_alive`,
+:func:`run_once`).
 """
 
 from __future__ import annotations
@@ -17,63 +17,9 @@ import httpx
 
 from ..errors import SandboxNotFound
 from .events import ExecdRun
-from .execd import (  # noqa: F401 (the names of the three modules, importable from here as before)
-    DEFAULT_BUSY_WAIT,
-    DRAIN_TIMEOUT,
-    EXECD_PORT,
-    Endpoint,
-    EventCallback,
-    ExecdClient,
-    LostCallback,
-    endpoint_url,
-)
-from .http import (  # noqa: F401 (the names of the three modules, importable from here as before)
-    CAPACITY_FIRST_DELAY,
-    CAPACITY_MAX_DELAY,
-    CappedHTTP,
-    DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_MAX_STREAM_BYTES,
-    DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_STREAM_IDLE_TIMEOUT,
-    HTTPClientBase,
-    Limits,
-    RETRY_STATUSES,
-    _emit,
-    as_str_dict,
-    describe_transport_error,
-    json_object,
-    log,
-    raise_for_status,
-    retry_after,
-    url_segment,
-)
-from .lifecycle import (  # noqa: F401 (the names of the three modules, importable from here as before)
-    API_KEY_HEADER,
-    CAPACITY_STATUSES,
-    DEFAULT_DELETE_ATTEMPTS,
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_POLL_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    DEFAULT_RESOURCE_LIMITS,
-    DEFAULT_SANDBOX_IMAGE,
-    DEFAULT_SANDBOX_TIMEOUT,
-    ENV_API_BASE,
-    ENV_API_KEY,
-    KNOWN_STATES,
-    LABELS,
-    MAX_POLICY_RULES,
-    OpenSandboxClient,
-    PAUSED_STATES,
-    Sandbox,
-    TERMINAL_STATES,
-    WAITING_STATES,
-    build_create_body,
-    note_unknown_state,
-    policy_of,
-    resolve_api_base,
-    resolve_api_key,
-    sandbox_state,
-)
+from .execd import EventCallback, LostCallback
+from .http import _emit, log
+from .lifecycle import OpenSandboxClient
 
 
 async def keep_alive(

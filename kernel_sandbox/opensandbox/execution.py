@@ -72,7 +72,7 @@ class OpenSandboxBackend(Backend):
     @staticmethod
     def _client(provisioner: Any) -> Any:
         """A lifecycle client with the kernel's settings (the API key stays on the host)."""
-        from .client import OpenSandboxClient
+        from .lifecycle import OpenSandboxClient
 
         settings = provisioner.settings()
         return OpenSandboxClient(

@@ -15,7 +15,7 @@ import socket
 from typing import Any
 
 from ..provisioners.process import pid_alive
-from .client import LABELS, OpenSandboxClient
+from .lifecycle import LABELS, OpenSandboxClient
 
 LABEL_KERNEL_ID = "kernel-sandbox-kernel-id"
 LABEL_OWNER_HOST = "kernel-sandbox-owner-host"

@@ -33,7 +33,7 @@ import tornado.httpclient
 import tornado.websocket
 
 from ..errors import CallDeadlineExceeded, OpenSandboxConnectionError, OpenSandboxProtocolError
-from .client import HTTPClientBase, Limits, as_str_dict, json_object, raise_for_status
+from .http import as_str_dict, HTTPClientBase, json_object, Limits, raise_for_status
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def decode_v1(data: bytes | str) -> tuple[str, list[bytes]]:
     return channel, [data[offsets[i] : offsets[i + 1]] for i in range(1, count - 1)]
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
+    """A JSON part of a Jupyter message: compact, UTF-8."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -147,7 +148,7 @@ def decode_legacy(data: str | bytes) -> tuple[str, list[bytes]]:
             "a kernel websocket frame (legacy) lacks a header, parent, metadata or content"
         )
     try:
-        return channel, [*(_dumps(value) for value in fields), *buffers]
+        return channel, [*(dumps(value) for value in fields), *buffers]
     except (ValueError, RecursionError):
         raise OpenSandboxProtocolError(
             "a kernel websocket frame (legacy) holds JSON nested too deeply"

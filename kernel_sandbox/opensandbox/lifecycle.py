@@ -30,6 +30,7 @@ from ..errors import (
     SandboxTimeoutError,
 )
 from .events import ExecdRun
+from .network_policy import policy_of
 from .execd import EXECD_PORT, Endpoint, EventCallback, ExecdClient, endpoint_url
 from .http import (
     CAPACITY_FIRST_DELAY,
@@ -183,38 +184,6 @@ def build_create_body(
     if extensions:
         body["extensions"] = as_str_dict(extensions)
     return body
-
-
-MAX_POLICY_RULES = 4096
-
-
-def policy_of(answer: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """A networkPolicy rebuilt from ``answer``: ``defaultAction`` (allow/deny, kept only when given)
-    and ``egress`` rules of ``{"action": allow|deny, "target": name}``; anything else raises."""
-    default = answer.get("defaultAction")
-    rules = answer.get("egress") or []
-    if (
-        default not in (None, "allow", "deny")
-        or not isinstance(rules, list)
-        or len(rules) > MAX_POLICY_RULES
-    ):
-        raise OpenSandboxProtocolError(
-            f"{what}: not a networkPolicy (defaultAction allow|deny, egress a list of rules)"
-        )
-    egress = []
-    for rule in rules:
-        if (
-            not isinstance(rule, Mapping)
-            or rule.get("action") not in ("allow", "deny")
-            or not isinstance(rule.get("target"), str)
-            or not 0 < len(rule["target"]) <= 253
-        ):
-            raise OpenSandboxProtocolError(
-                f"{what}: an egress rule is not {{action: allow|deny, target: name}}: "
-                f"{str(rule)[:200]}"
-            )
-        egress.append({"action": rule["action"], "target": rule["target"]})
-    return {**({"defaultAction": default} if default else {}), "egress": egress}
 
 
 async def _retrying_delete(

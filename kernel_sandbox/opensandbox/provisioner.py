@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import OpenSandboxError
 from ..kernelspecs import OPENSANDBOX_PROVISIONER
-from .client import OpenSandboxClient
+from .lifecycle import OpenSandboxClient
 from .settings import OpenSandboxSettings
 from ..provisioners.launched import LaunchedProvisioner
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import CallDeadlineExceeded, OpenSandboxError, OutputLimitExceeded
-from .client import ExecdClient
+from .execd import ExecdClient
+from .jupyter import dumps
 from .settings import OpenSandboxSettings
 from .translate import CellRelay, CellTranslator
 from ..launch.front import PROTOCOL_VERSION, ExitStatus, Front, new_header
@@ -47,10 +48,6 @@ LANGUAGE_INFO = {
 QUEUE_LIMIT = 1000
 """Cells waiting to run; past it a cell is answered ``aborted`` at once."""
 _EMPTY = b"{}"
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class ExecdRelay:
@@ -97,7 +94,7 @@ class ExecdRelay:
     def _message(
         self, msg_type: str, parent: bytes, content: dict[str, Any], metadata: bytes = _EMPTY
     ) -> list[bytes]:
-        return [_dumps(new_header(msg_type, self._session)), parent, metadata, _dumps(content)]
+        return [dumps(new_header(msg_type, self._session)), parent, metadata, dumps(content)]
 
     def publish(self, msg_type: str, parent: bytes, content: dict[str, Any]) -> None:
         """Send an IOPub message whose parent is the request with header bytes ``parent``."""
@@ -107,7 +104,7 @@ class ExecdRelay:
         self, channel: str, idents: list[Any], parent: bytes, msg_type: str, content: dict[str, Any]
     ) -> None:
         metadata = (
-            _EMPTY if msg_type != "execute_reply" else _dumps({"status": content.get("status")})
+            _EMPTY if msg_type != "execute_reply" else dumps({"status": content.get("status")})
         )
         self.front.from_kernel(channel, idents, self._message(msg_type, parent, content, metadata))
 

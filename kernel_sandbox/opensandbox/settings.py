@@ -21,30 +21,32 @@ from urllib.parse import urlsplit
 
 from ..egress import PYPI, opensandbox_rules, parse_network
 from ..errors import ConfigError
-from ..settings import (
-    BackendSettings,
-    _argv,
-    _choice,
-    _env,
-    _flag,
-    _option,
-    _refuse,
-    _seconds,
-    _text,
+from ..settings import BackendSettings
+from ..parsers import (
+    option,
+    parse_argv,
+    parse_choice,
+    parse_env,
+    parse_flag,
+    parse_seconds,
+    parse_text,
+    refuse,
 )
-from .client import (
+from .lifecycle import (
     DEFAULT_ENTRYPOINT,
-    DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_MAX_STREAM_BYTES,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_READY_TIMEOUT,
-    DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RESOURCE_LIMITS,
     DEFAULT_SANDBOX_IMAGE,
     DEFAULT_SANDBOX_TIMEOUT,
-    Limits,
     resolve_api_base,
     resolve_api_key,
+)
+from .http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_STREAM_BYTES,
+    DEFAULT_REQUEST_TIMEOUT,
+    Limits,
 )
 
 MODES = ("auto", "websocket", "execd")
@@ -61,12 +63,12 @@ _LABEL_KEY = re.compile(
 
 def _api_base(name: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise _refuse(
+        raise refuse(
             name, value, "must be the lifecycle API's URL, e.g. http://localhost:8080/v1, or ''"
         )
     value = value.strip().rstrip("/")
     if value and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
-        raise _refuse(
+        raise refuse(
             name, value, "must be an http:// or https:// URL, e.g. http://localhost:8080/v1"
         )
     return value
@@ -74,14 +76,14 @@ def _api_base(name: str, value: Any) -> str:
 
 def _api_key(name: str, value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise _refuse(name, "***", "must be a string, or null to read $OPEN_SANDBOX_API_KEY")
+        raise refuse(name, "***", "must be a string, or null to read $OPEN_SANDBOX_API_KEY")
     return value
 
 
 def _whole(low: int, high: int) -> Any:
     def parse(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise _refuse(name, value, f"must be a whole number from {low} to {high}")
+            raise refuse(name, value, f"must be a whole number from {low} to {high}")
         return value
 
     return parse
@@ -89,10 +91,10 @@ def _whole(low: int, high: int) -> Any:
 
 def _strings(name: str, value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
-        raise _refuse(name, value, "must be a mapping of strings to strings")
+        raise refuse(name, value, "must be a mapping of strings to strings")
     for key, item in value.items():
         if not isinstance(key, str) or not key or not isinstance(item, str):
-            raise _refuse(name, value, f"{key!r}: keys and values must be non-empty strings")
+            raise refuse(name, value, f"{key!r}: keys and values must be non-empty strings")
     return dict(value)
 
 
@@ -100,13 +102,13 @@ def _labels(name: str, value: Any) -> dict[str, str]:
     labels = _strings(name, value)
     for key, item in labels.items():
         if not _LABEL_KEY.fullmatch(key) or key.startswith("opensandbox.io/"):
-            raise _refuse(
+            raise refuse(
                 name,
                 value,
                 f"{key!r} is not a label name the server accepts (opensandbox.io/ is reserved)",
             )
         if not _LABEL.fullmatch(item):
-            raise _refuse(
+            raise refuse(
                 name,
                 value,
                 f"the value of {key!r} must be a label value: up to 63 of A-Z a-z 0-9 - _ .",
@@ -118,14 +120,14 @@ def _policy(name: str, value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise _refuse(name, value, "must be a networkPolicy object, or null")
+        raise refuse(name, value, "must be a networkPolicy object, or null")
     return dict(value)
 
 
 def _index(name: str, value: Any) -> tuple[str, ...]:
     entries = [value] if isinstance(value, str) else value
     if not isinstance(entries, (list, tuple)) or not entries:
-        raise _refuse(
+        raise refuse(
             name, value, "must be a list of names such as ['pypi.org', 'files.pythonhosted.org']"
         )
     opensandbox_rules(name, entries)
@@ -186,33 +188,33 @@ def _volume_field(where: str, key: str, item: Any, volumes: Any) -> None:
     """Check one field of a volume backend against the server's schema."""
     if key in ("createIfNotExists", "deleteOnSandboxTermination"):
         if not isinstance(item, bool):
-            raise _refuse(where, volumes, f"{key} must be true or false")
+            raise refuse(where, volumes, f"{key} must be true or false")
     elif key in ("options", "accessModes"):
         if not isinstance(item, list) or not all(
             isinstance(entry, str) and entry for entry in item
         ):
-            raise _refuse(where, volumes, f"{key} must be a list of non-empty strings")
+            raise refuse(where, volumes, f"{key} must be a list of non-empty strings")
     elif not isinstance(item, str) or not item.strip():
-        raise _refuse(where, volumes, f"{key} must be a non-empty string")
+        raise refuse(where, volumes, f"{key} must be a non-empty string")
     elif key == "path" and not (item.startswith("/") and _no_dots(item)):
-        raise _refuse(where, volumes, "host.path must be an absolute host path without '..'")
+        raise refuse(where, volumes, "host.path must be an absolute host path without '..'")
     elif key == "claimName" and not (_NAME.fullmatch(item) and len(item) <= 253):
-        raise _refuse(
+        raise refuse(
             where, volumes, "pvc.claimName must be a lowercase name: a-z 0-9 and '-', at most 253"
         )
     elif key == "storage" and not _QUANTITY.fullmatch(item):
-        raise _refuse(where, volumes, "pvc.storage must be a size such as 1Gi or 10Gi")
+        raise refuse(where, volumes, "pvc.storage must be a size such as 1Gi or 10Gi")
     elif key == "version" and item not in ("1.0", "2.0"):
-        raise _refuse(where, volumes, "ossfs.version must be '1.0' or '2.0'")
+        raise refuse(where, volumes, "ossfs.version must be '1.0' or '2.0'")
     elif key == "bucket" and not 3 <= len(item) <= 63:
-        raise _refuse(where, volumes, "ossfs.bucket must have 3 to 63 characters")
+        raise refuse(where, volumes, "ossfs.bucket must have 3 to 63 characters")
 
 
 def _volumes(name: str, value: Any) -> tuple[dict[str, Any], ...]:  # noqa: C901
     """Storage mounts as server 1.1.1 takes them: a list of ``{name, host|pvc|ossfs, mountPath,
     readOnly?, subPath?}``."""
     if isinstance(value, Mapping) or not isinstance(value, (list, tuple)):
-        raise _refuse(
+        raise refuse(
             name,
             value,
             "must be a list of volumes, e.g. [{'name': 'data', 'pvc': {'claimName': 'data'}, "
@@ -223,13 +225,13 @@ def _volumes(name: str, value: Any) -> tuple[dict[str, Any], ...]:  # noqa: C901
     for index, volume in enumerate(value):
         where = f"{name}[{index}]"
         if not isinstance(volume, Mapping):
-            raise _refuse(
+            raise refuse(
                 where, volume, "must be a mapping with name, one of host/pvc/ossfs, and mountPath"
             )
         volume, shown = dict(volume), _masked(volume)
         unknown = sorted(set(volume) - _VOLUME_KEYS, key=str)
         if unknown:
-            raise _refuse(
+            raise refuse(
                 where,
                 shown,
                 f"has no field {unknown[0]!r}; fields: {', '.join(sorted(_VOLUME_KEYS))}",
@@ -240,47 +242,47 @@ def _volumes(name: str, value: Any) -> tuple[dict[str, Any], ...]:  # noqa: C901
             or not _NAME.fullmatch(volume_name)
             or len(volume_name) > 63
         ):
-            raise _refuse(
+            raise refuse(
                 where,
                 shown,
                 "name must be a lowercase name: a-z 0-9 and '-', at most 63 characters",
             )
         if volume_name in seen:
-            raise _refuse(where, shown, f"the name {volume_name!r} is used twice")
+            raise refuse(where, shown, f"the name {volume_name!r} is used twice")
         seen.add(volume_name)
         backends = [key for key in _BACKEND_KEYS if volume.get(key) is not None]
         if len(backends) != 1:
-            raise _refuse(where, shown, "must have exactly one of host, pvc, ossfs")
+            raise refuse(where, shown, "must have exactly one of host, pvc, ossfs")
         (backend,) = backends
         fields = volume[backend]
         if not isinstance(fields, Mapping):
-            raise _refuse(where, shown, f"{backend} must be a mapping")
+            raise refuse(where, shown, f"{backend} must be a mapping")
         allowed = _BACKEND_KEYS[backend]
         for key in sorted(set(fields) - set(allowed), key=str):
-            raise _refuse(
+            raise refuse(
                 where, shown, f"{backend} has no field {key!r}; fields: {', '.join(allowed)}"
             )
         for key, required in allowed.items():
             if key in fields:
                 _volume_field(where, key, fields[key], shown)
             elif required:
-                raise _refuse(where, shown, f"{backend}.{key} is required")
+                raise refuse(where, shown, f"{backend}.{key} is required")
         mount_path = volume.get("mountPath")
         if (
             not isinstance(mount_path, str)
             or not mount_path.startswith("/")
             or not _no_dots(mount_path)
         ):
-            raise _refuse(
+            raise refuse(
                 where, shown, "mountPath must be an absolute path in the sandbox without '..'"
             )
         if not isinstance(volume.get("readOnly", False), bool):
-            raise _refuse(where, shown, "readOnly must be true or false")
+            raise refuse(where, shown, "readOnly must be true or false")
         sub_path = volume.get("subPath")
         if sub_path is not None and (
             not isinstance(sub_path, str) or sub_path.startswith("/") or not _no_dots(sub_path)
         ):
-            raise _refuse(where, shown, "subPath must be a relative path without '..'")
+            raise refuse(where, shown, "subPath must be a relative path without '..'")
         checked.append(json.loads(json.dumps(dict(volume))))
     return tuple(checked)
 
@@ -290,11 +292,11 @@ def _extensions(name: str, value: Any) -> dict[str, str]:
     extensions = _strings(name, value)
     renew = extensions.get(EXTENSION_RENEW)
     if renew is not None and not (renew.strip().isdigit() and 300 <= int(renew) <= 86400):
-        raise _refuse(
+        raise refuse(
             name, value, f"{EXTENSION_RENEW!r} must be a whole number of seconds from 300 to 86400"
         )
     if EXTENSION_ISOLATION in extensions:
-        raise _refuse(
+        raise refuse(
             name,
             value,
             f"{EXTENSION_ISOLATION!r} is refused: the server then gives the sandbox CAP_SYS_ADMIN, "
@@ -302,15 +304,15 @@ def _extensions(name: str, value: Any) -> dict[str, str]:
         )
     pool = extensions.get(EXTENSION_POOL)
     if pool is not None and not (_NAME.fullmatch(pool) and len(pool) <= 253):
-        raise _refuse(name, value, f"{EXTENSION_POOL!r} must name a Pool: a-z 0-9 and '-'")
+        raise refuse(name, value, f"{EXTENSION_POOL!r} must name a Pool: a-z 0-9 and '-'")
     return extensions
 
 
 def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _refuse(name, value, "must be a number of seconds")
+        raise refuse(name, value, "must be a number of seconds")
     if not 0 <= value <= 86400:
-        raise _refuse(name, value, "must be from 0 to 86400 seconds")
+        raise refuse(name, value, "must be from 0 to 86400 seconds")
     return float(value)
 
 
@@ -320,129 +322,129 @@ class OpenSandboxSettings(BackendSettings):
 
     title = "the OpenSandbox backend"
 
-    api_base: str = _option(
+    api_base: str = option(
         "",
         _api_base,
         "Lifecycle API base URL, e.g. http://host:8080/v1; '': $OPEN_SANDBOX_API_BASE.",
     )
-    api_key: str | None = _option(
+    api_key: str | None = option(
         None, _api_key, "Lifecycle API key; null: $OPEN_SANDBOX_API_KEY; '': no key."
     )
-    image: str = _option(
+    image: str = option(
         DEFAULT_SANDBOX_IMAGE,
-        _text,
+        parse_text,
         "Sandbox image: execd, and a Jupyter server for the websocket mode.",
     )
-    entrypoint: tuple[str, ...] = _option(
-        list(DEFAULT_ENTRYPOINT), _argv, "The sandbox's entry process."
+    entrypoint: tuple[str, ...] = option(
+        list(DEFAULT_ENTRYPOINT), parse_argv, "The sandbox's entry process."
     )
-    mode: str = _option(
+    mode: str = option(
         "auto",
-        _choice(MODES),
+        parse_choice(MODES),
         "'websocket': the sandbox's Jupyter server; 'execd': execd's /code; 'auto': probe.",
     )
-    jupyter_port: int = _option(
+    jupyter_port: int = option(
         JUPYTER_PORT, _whole(1, 65535), "Port of the sandbox's Jupyter server ($JUPYTER_PORT)."
     )
-    jupyter_wait: float = _option(
+    jupyter_wait: float = option(
         30.0,
-        _seconds,
+        parse_seconds,
         "In 'auto' mode: seconds to wait for the Jupyter server before falling back to execd.",
     )
-    kernel_name: str = _option(
-        "python3", _text, "Kernelspec the sandbox's Jupyter server starts (websocket mode)."
+    kernel_name: str = option(
+        "python3", parse_text, "Kernelspec the sandbox's Jupyter server starts (websocket mode)."
     )
-    language: str = _option("python", _text, "execd context language (execd mode).")
-    timeout: int = _option(
+    language: str = option("python", parse_text, "execd context language (execd mode).")
+    timeout: int = option(
         DEFAULT_SANDBOX_TIMEOUT,
         _whole(MIN_TIMEOUT, 86400),
         "Sandbox lifetime in s (>= 60), renewed while the kernel lives.",
     )
-    renew_interval: float = _option(0.0, _non_negative, "Seconds between renewals; 0: timeout / 3.")
-    resource_limits: dict[str, str] = _option(
+    renew_interval: float = option(0.0, _non_negative, "Seconds between renewals; 0: timeout / 3.")
+    resource_limits: dict[str, str] = option(
         dict(DEFAULT_RESOURCE_LIMITS),
         _strings,
         "resourceLimits, e.g. {'cpu': '1', 'memory': '2Gi'}.",
     )
-    resource_requests: dict[str, str] = _option(
+    resource_requests: dict[str, str] = option(
         {}, _strings, "resourceRequests (left out when empty)."
     )
-    env: dict[str, str] = _option({}, _env, "Environment variables inside the sandbox.")
-    metadata: dict[str, str] = _option({}, _labels, "Extra sandbox metadata (labels).")
-    network: bool | tuple[str, ...] = _option(
+    env: dict[str, str] = option({}, parse_env, "Environment variables inside the sandbox.")
+    metadata: dict[str, str] = option({}, _labels, "Extra sandbox metadata (labels).")
+    network: bool | tuple[str, ...] = option(
         False,
         _network,
         "false: deny all egress; true: send no networkPolicy (open egress); or a list of names "
         "(pypi.org, *.domain) sent as networkPolicy allow rules, enforced by the deployment's "
         "egress sidecar.",
     )
-    allow_internet: bool = _option(
-        False, _flag, "The same as network: true (kept for existing kernelspecs)."
+    allow_internet: bool = option(
+        False, parse_flag, "The same as network: true (kept for existing kernelspecs)."
     )
-    network_policy: dict[str, Any] | None = _option(
+    network_policy: dict[str, Any] | None = option(
         None,
         _policy,
         "A networkPolicy sent as given, for full control (then network must be false).",
     )
-    package_index: tuple[str, ...] = _option(
+    package_index: tuple[str, ...] = option(
         PYPI,
         _index,
         "Names install() and run_skill(requirements=) add as allow rules to a network-off "
         "sandbox's policy for the call alone (the runtime /networkpolicy API).",
     )
-    secure_access: bool = _option(
-        False, _flag, "Ask the server to protect the sandbox's endpoints (secureAccess)."
+    secure_access: bool = option(
+        False, parse_flag, "Ask the server to protect the sandbox's endpoints (secureAccess)."
     )
-    volumes: tuple[dict[str, Any], ...] = _option(
+    volumes: tuple[dict[str, Any], ...] = option(
         [],
         _volumes,
         "Storage mounts (server schema: name, one of host/pvc/ossfs, mountPath, readOnly, "
         "subPath).",
     )
-    extensions: dict[str, str] = _option(
+    extensions: dict[str, str] = option(
         {},
         _extensions,
         "Server extensions, e.g. {'poolRef': 'my-pool'} (Kubernetes pools), renew-on-access.",
     )
-    signed_endpoints: float = _option(
+    signed_endpoints: float = option(
         0.0,
         _non_negative,
         "Ask for signed endpoints valid this many seconds (Kubernetes ingress gateway); 0: plain. "
         "A server without them is used plainly.",
     )
-    use_server_proxy: bool = _option(
-        False, _flag, "Reach the sandbox through the lifecycle server's proxy."
+    use_server_proxy: bool = option(
+        False, parse_flag, "Reach the sandbox through the lifecycle server's proxy."
     )
-    ready_timeout: float = _option(
+    ready_timeout: float = option(
         DEFAULT_READY_TIMEOUT,
-        _seconds,
+        parse_seconds,
         "Seconds to wait for Running, each endpoint, execd and the kernel.",
     )
-    poll_interval: float = _option(
-        DEFAULT_POLL_INTERVAL, _seconds, "Seconds between polls while waiting."
+    poll_interval: float = option(
+        DEFAULT_POLL_INTERVAL, parse_seconds, "Seconds between polls while waiting."
     )
-    request_timeout: float = _option(
+    request_timeout: float = option(
         DEFAULT_REQUEST_TIMEOUT,
-        _seconds,
+        parse_seconds,
         "Overall deadline of each HTTP call (connect, send, whole answer).",
     )
-    max_output_bytes: int = _option(
+    max_output_bytes: int = option(
         DEFAULT_MAX_STREAM_BYTES,
         _whole(1024, 2**40),
         "Byte cap on one execd run's stream and on one kernel message.",
     )
-    max_response_bytes: int = _option(
+    max_response_bytes: int = option(
         DEFAULT_MAX_RESPONSE_BYTES,
         _whole(1024, 2**40),
         "Byte cap on every other answer from the sandbox or server.",
     )
-    interrupt_grace: float = _option(
+    interrupt_grace: float = option(
         10.0,
         _non_negative,
         "Seconds a cell may go on after an interrupt before the relay ends it (execd mode).",
     )
-    state_check_interval: float = _option(
-        5.0, _seconds, "Seconds between checks that the sandbox still exists."
+    state_check_interval: float = option(
+        5.0, parse_seconds, "Seconds between checks that the sandbox still exists."
     )
 
     def __post_init__(self) -> None:
@@ -451,7 +453,7 @@ class OpenSandboxSettings(BackendSettings):
         if EXTENSION_POOL in self.extensions and (
             self.network_policy is not None or not self.egress["allow_internet"]
         ):
-            raise _refuse(
+            raise refuse(
                 "extensions",
                 self.extensions,
                 "poolRef cannot be combined with a networkPolicy (the server refuses it: a pool's "

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import KernelBudgetExceeded
-from ..settings import MiB
+from ..parsers import MiB
 
 POLL = 0.05
 """Seconds between looks for room while a launch waits."""

@@ -26,9 +26,9 @@ from traitlets.config import Config
 
 from kernel_sandbox.kernelspecs import install, started_client
 
-from attack_kit import HOST_PYTHON, OtherUser
-from kernel_kit import RUNTIMES, runtime_option
-from lab_kit import stop
+from support.attacks import HOST_PYTHON, OtherUser
+from support.kernel import RUNTIMES, runtime_option
+from support.lab import stop
 
 _POLICY = Path(__file__).resolve().parent.parent / "policy"
 if str(_POLICY) not in sys.path:

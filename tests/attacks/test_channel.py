@@ -30,7 +30,7 @@ import zmq.asyncio
 
 from kernel_sandbox.kernelspecs import started_client
 
-from attack_kit import KERNEL_TOOLS, MiB, PeakRSS, launcher_pid, outputs, request, wait_for
+from support.attacks import KERNEL_TOOLS, MiB, PeakRSS, launcher_pid, outputs, request, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

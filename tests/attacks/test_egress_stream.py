@@ -36,8 +36,8 @@ from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.launch.egress import PROXY_PORT, TEST_RESOLVER_ENV
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET
 
-from attack_kit import MiB, PeakRSS, launcher_pid, outputs, request
-from kernel_kit import RUNTIMES, runtime_option
+from support.attacks import MiB, PeakRSS, launcher_pid, outputs, request
+from support.kernel import RUNTIMES, runtime_option
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -27,7 +27,7 @@ from nbformat.sign import NotebookNotary
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.lab import confinement_arguments
 
-from lab_kit import (ARTIFACTS, click_in_frame, frame_with, in_frames, jupyterlab, page_outputs, recording_page, remove_kernels_of, run_cell,
+from support.lab import (ARTIFACTS, click_in_frame, frame_with, in_frames, jupyterlab, page_outputs, recording_page, remove_kernels_of, run_cell,
                      wait_for_kernel)
 from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
 

@@ -17,8 +17,8 @@ import tty
 
 import pytest
 
-from attack_kit import argv_client, outputs
-from lab_kit import stop
+from support.attacks import argv_client, outputs
+from support.lab import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

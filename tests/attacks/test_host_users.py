@@ -27,8 +27,8 @@ from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install
 
-from attack_kit import MiB, PeakRSS, argv_client, launcher_pid, outputs
-from lab_kit import stop
+from support.attacks import MiB, PeakRSS, argv_client, launcher_pid, outputs
+from support.lab import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -28,7 +28,7 @@ from tornado.websocket import websocket_connect
 
 from kernel_sandbox.kernelspecs import install
 
-from lab_kit import kernel_sandbox_lab, remove_kernels_of
+from support.lab import kernel_sandbox_lab, remove_kernels_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -5,7 +5,7 @@
   the kernel answers, and during a restart. Issue 12.1: the container is gone within 60 s, with
   no ``gc``.
 * The launcher alone is SIGKILLed during a start: the start fails and nothing is left
-  (tests/resource_counts.py's ResourceWatch).
+  (tests/support/resource_counts.py's ResourceWatch).
 * The engine becomes unreachable mid-session: ``DOCKER_HOST`` points at a Unix-socket proxy to
   the real engine that the test controls (the shared dockerd is never touched). ``cut`` closes
   every connection and refuses new ones; ``stalled`` keeps them open and forwards nothing, as a
@@ -39,9 +39,9 @@ from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.provisioners.standby import POOL
 
-from attack_kit import request
-from engine_proxy import EngineProxy
-from resource_counts import Bounds, ResourceWatch, private_host_dirs
+from support.attacks import request
+from support.engine_proxy import EngineProxy
+from support.resource_counts import Bounds, ResourceWatch, private_host_dirs
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

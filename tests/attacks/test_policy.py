@@ -11,9 +11,9 @@ import copy
 
 import pytest
 
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
-from checks import html_problems, untouched
+from support.policy_checks import html_problems, untouched
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -165,7 +165,7 @@ def test_a_description_switched_to_html_in_a_later_update_is_cleaned() -> None:
 def test_the_launcher_applies_the_strict_policy_to_every_kernel(backend) -> None:
     """The policy the launcher's front uses for a kernel with default settings: it must drop JavaScript."""
     from kernel_sandbox.launch import output_policy
-    from kernel_sandbox.policy import OutputPolicy
+    from kernel_sandbox.policy.output import OutputPolicy
 
     if backend == "docker":
         from kernel_sandbox.docker.settings import DockerSettings as settings_class

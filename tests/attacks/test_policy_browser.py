@@ -14,7 +14,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, frame_with, in_frames, recording_page, wait_for_kernel
+from support.lab import ARTIFACTS, frame_with, in_frames, recording_page, wait_for_kernel
 from test_policy_jupyterlab import HOSTILE_CELLS, _attack, put_notebook, run_all_cells, script_traces, shown
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]

@@ -13,9 +13,10 @@ import copy
 
 import pytest
 
-from kernel_sandbox.policy import OutputPolicy, _compose
+from kernel_sandbox.policy.output import OutputPolicy
+from kernel_sandbox.policy.text import compose
 
-from checks import html_problems, text_problems
+from support.policy_checks import html_problems, text_problems
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -84,7 +85,7 @@ def test_stream_links_hidden_in_lists_and_rewrites_are_broken(local_kernel) -> N
     text, cursor = "", 0
     for message in run.of("stream"):
         out = policy.filter_message("iopub", message["header"], message["parent_header"], message["metadata"], message["content"])
-        text, cursor = _compose(cursor, out[3]["text"], text)  # what JupyterLab's output area shows
+        text, cursor = compose(cursor, out[3]["text"], text)  # what JupyterLab's output area shows
     assert "alert" in text and text_problems(text) == [], text
 
 

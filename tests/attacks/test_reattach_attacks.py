@@ -26,7 +26,7 @@ from kernel_sandbox.privdir import CONFIG, LAUNCHER_LOCK, LAUNCHER_STATE, RECORD
 from kernel_sandbox.reattach import find, read_record
 from kernel_sandbox.server import ReattachingKernelManager
 
-from reattach_kit import end_launcher, make_orphans
+from support.reattach import end_launcher, make_orphans
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from host_memory import MiB, RssPeak
-from kernel_kit import RUNTIMES, runtime_option
+from support.host_memory import MiB, RssPeak
+from support.kernel import RUNTIMES, runtime_option
 from kernel_sandbox.errors import ResultLimitError, SandboxFileError, UnsafePayloadError
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool, SandboxError
 from kernel_sandbox.execution.decode import decode

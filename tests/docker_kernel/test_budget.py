@@ -23,10 +23,10 @@ from kernel_sandbox.provisioners import launched, standby
 from kernel_sandbox.provisioners.budget import Claim, KernelBudget
 from kernel_sandbox.provisioners.standby import POOL, STANDBY_ID_PREFIX
 from kernel_sandbox.docker.settings import DockerSettings
-from kernel_sandbox.settings import MiB
+from kernel_sandbox.parsers import MiB
 
-from kernel_kit import run_cell
-from reattach_kit import end_launcher, make_orphans
+from support.kernel import run_cell
+from support.reattach import end_launcher, make_orphans
 
 MEMORY = "128m"
 

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.errors import ChannelProtocolError, KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source

@@ -39,7 +39,7 @@ from kernel_sandbox.privdir import (
     stored_bytes,
 )
 
-from kernel_kit import RUNTIMES, runtime_option, until_ended
+from support.kernel import RUNTIMES, runtime_option, until_ended
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "own_store")
 

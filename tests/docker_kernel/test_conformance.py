@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import conformance_kit
+from support import conformance
 import pytest
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine", "conformance_specs")]
@@ -36,19 +36,19 @@ def conformance_specs(jupyter_prefix: Path, tmp_path_factory: pytest.TempPathFac
         yield
 
 
-class TestLocalPython(conformance_kit.PythonKernelTests):
+class TestLocalPython(conformance.PythonKernelTests):
     """The floor: a local ipykernel, run in the same session as the sandboxed ones."""
 
     kernel_name = "python3"
 
 
-class TestSandboxedPython(conformance_kit.PythonKernelTests):
+class TestSandboxedPython(conformance.PythonKernelTests):
     """Sandboxed Python through its provisioner, as JupyterLab and nbclient start it."""
 
     kernel_name = "sandboxed-python"
 
 
-class TestSandboxedPythonArgv(conformance_kit.PythonKernelTests):
+class TestSandboxedPythonArgv(conformance.PythonKernelTests):
     """Sandboxed Python's argv run by jupyter_client's local provisioner, as clients without provisioners run it."""
 
     kernel_name = ARGV_KERNEL

@@ -14,7 +14,7 @@ import pytest
 
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, OPENSANDBOX_SPEC, install, shipped_spec, started_client
 
-from kernel_kit import debug_a_cell
+from support.kernel import debug_a_cell
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

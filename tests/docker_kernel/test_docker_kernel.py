@@ -20,7 +20,7 @@ from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.privdir import CONFIG, user_root
 from kernel_sandbox.docker.containers import kernel_of
 
-from kernel_kit import RUNTIMES, runtime_option, until_ended
+from support.kernel import RUNTIMES, runtime_option, until_ended
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

@@ -21,11 +21,12 @@ from jupyter_client.manager import AsyncKernelManager
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.docker import link as docker_link
-from kernel_sandbox.launch import serve, request_from_kernelspec
+from kernel_sandbox.launch import serve
+from kernel_sandbox.launch.request import request_from_kernelspec
 from kernel_sandbox.launch.front import Connection
 
-from engine_proxy import EngineProxy
-from kernel_kit import ArgvKernel
+from support.engine_proxy import EngineProxy
+from support.kernel import ArgvKernel
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

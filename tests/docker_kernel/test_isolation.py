@@ -25,9 +25,10 @@ from traitlets.config import Config
 from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID, RUNSC_HOST_THREADS
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.docker.containers import kernel_of
-from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, MiB, WORK_DIR
+from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
+from kernel_sandbox.parsers import MiB
 
-from kernel_kit import RUNTIMES, run_cell, runtime_option
+from support.kernel import RUNTIMES, run_cell, runtime_option
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

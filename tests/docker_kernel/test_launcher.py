@@ -24,7 +24,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install
 
-from kernel_kit import ArgvKernel
+from support.kernel import ArgvKernel
 
 pytestmark = pytest.mark.usefixtures("docker_engine")
 

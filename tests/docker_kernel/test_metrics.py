@@ -23,7 +23,7 @@ from traitlets.config import Config
 from kernel_sandbox.execution import AsyncSandbox
 from kernel_sandbox.metrics import CgroupProbe, Usage, near_misses, process_cgroups
 
-from kernel_kit import memory_in_use
+from support.kernel import memory_in_use
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
@@ -312,7 +312,8 @@ async def test_forged_errors_and_idles_read_the_cgroup_on_a_timer_not_per_messag
     from jupyter_client.asynchronous import AsyncKernelClient
     from jupyter_client.connect import write_connection_file
 
-    from kernel_sandbox.launch import request_from_kernelspec, serve
+    from kernel_sandbox.launch.request import request_from_kernelspec
+    from kernel_sandbox.launch import serve
     from kernel_sandbox.launch.front import LIMITS_INTERVAL, Connection
 
     reads: list[float] = []

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.docker.containers import container_spec, run_as, unused_id
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.kernelspecs import shipped_kernelspecs
 from kernel_sandbox.docker.provisioner import DockerProvisioner
 from kernel_sandbox.docker.settings import OPTIONS, DockerSettings
-from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, MiB, WORK_DIR
+from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
+from kernel_sandbox.parsers import MiB
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -39,9 +39,9 @@ from kernel_sandbox.provisioners.standby import (
     STANDBY_ID_PREFIX,
     Standby,
 )
-from kernel_sandbox.settings import MAX_STANDBY
+from kernel_sandbox.parsers import MAX_STANDBY
 
-from kernel_kit import run_cell
+from support.kernel import run_cell
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 

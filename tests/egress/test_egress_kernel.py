@@ -1,6 +1,6 @@
 """Packages with the network off, for real: Docker kernels, the launcher's proxy, an index on 127.0.0.1.
 
-The index is ``index.test`` (:mod:`index_kit`): the launcher resolves it through the test's map
+The index is ``index.test`` (:mod:`support.package_index`): the launcher resolves it through the test's map
 to 127.0.0.1, which the entries allow explicitly (``index.test:PORT@127.0.0.1``), and connects
 through its loopback guard; every test checks that the guard never fired.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
-from index_kit import Index, serve_index
+from support.package_index import Index, serve_index
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import install as install_kernelspec
 

@@ -2,7 +2,7 @@
 kernelspec's ``network`` lists the test index ``%pip install``s from it and reaches nothing else.
 
 One browser session (Playwright + Debian's chromium) on a JupyterLab of its own, started with the
-resolver map that sends ``index.test`` to 127.0.0.1 (:mod:`index_kit`).
+resolver map that sends ``index.test`` to 127.0.0.1 (:mod:`support.package_index`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from index_kit import Index, serve_index
+from support.package_index import Index, serve_index
 from kernel_sandbox.kernelspecs import install as install_kernelspec
 from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
-from lab_kit import chromium, jupyterlab, recording_page, remove_kernels_of, run_cell
+from support.lab import chromium, jupyterlab, recording_page, remove_kernels_of, run_cell
 
 pytestmark = pytest.mark.security("attack", "egress")
 

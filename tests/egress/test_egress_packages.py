@@ -2,7 +2,7 @@
 through ``%pip`` in a notebook kernel and ``install()``, on runc and gVisor; and an index the proxy refuses,
 named in the cell with the option that allows it.
 
-The extension is built here (:func:`index_kit.build_extension_wheel`, the stable ABI, so the host's compiler
+The extension is built here (:func:`support.package_index.build_extension_wheel`, the stable ABI, so the host's compiler
 serves the image's Python). Packages land in the one tmpfs mounted ``exec`` (``packages_size``); an attacker's
 copy of the same library anywhere else writable must still fail to load.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
-from index_kit import Index, build_extension_wheel, build_large_wheel, serve_index
-from kernel_kit import RUNTIMES, run_cell, runtime_option
+from support.package_index import Index, build_extension_wheel, build_large_wheel, serve_index
+from support.kernel import RUNTIMES, run_cell, runtime_option
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelside import packages

@@ -26,9 +26,9 @@ from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, MAX_CLIENT
 from kernel_sandbox.launch.egress import Egress, guarded, open_outbound
 from kernel_sandbox.launch import egress_stream
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET, RelayStream
-from kernel_sandbox.settings import MiB
+from kernel_sandbox.parsers import MiB
 
-from host_memory import RssPeak
+from support.host_memory import RssPeak
 
 pytestmark = pytest.mark.security("attack", "egress")
 

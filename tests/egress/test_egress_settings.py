@@ -16,7 +16,7 @@ from kernel_sandbox.cli import build_parser, _install_config
 from kernel_sandbox.egress import package_index, parse_network
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandbox, Sandbox
-from kernel_sandbox.execution.backend import kernel_spec
+from kernel_sandbox.execution.adapters import kernel_spec
 from kernel_sandbox.docker.settings import DockerSettings
 
 

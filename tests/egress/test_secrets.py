@@ -1,5 +1,5 @@
 """Secrets that never enter the sandbox, for real: Docker kernels, the launcher's proxy, HTTPS servers on
-127.0.0.1 (:mod:`secrets_kit`).
+127.0.0.1 (:mod:`support.secrets_servers`).
 
 The kernel holds a placeholder in ``API_KEY``; the proxy puts the value in the headers of requests
 to ``api.test`` (its TLS answered with the kernel's own CA, the real server verified with the test
@@ -22,8 +22,8 @@ from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox, Secret
 from kernel_sandbox.kernelspecs import install as install_kernelspec
-from kernel_kit import run_cell
-from secrets_kit import Servers, serve
+from support.kernel import run_cell
+from support.secrets_servers import Servers, serve
 
 pytestmark = pytest.mark.security("attack", "egress")
 

@@ -1,5 +1,5 @@
 """A secret in JupyterLab: a notebook on a Sandboxed Python kernelspec installed with ``--secret`` calls
-the local HTTPS API (:mod:`secrets_kit`) and sees only the answer, while the API receives the value
+the local HTTPS API (:mod:`support.secrets_servers`) and sees only the answer, while the API receives the value
 that the Jupyter server's environment holds.
 
 One browser session (Playwright + Debian's chromium) on a JupyterLab of its own, started with the
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kernel_sandbox.cli import main as cli
-from lab_kit import chromium, jupyterlab, recording_page, remove_kernels_of, run_cell
-from secrets_kit import Servers, serve
+from support.lab import chromium, jupyterlab, recording_page, remove_kernels_of, run_cell
+from support.secrets_servers import Servers, serve
 
 pytestmark = pytest.mark.security("attack", "egress")
 

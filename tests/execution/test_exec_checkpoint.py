@@ -158,9 +158,9 @@ def test_the_host_side_module_holds_no_deserialiser() -> None:
     decoders = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in ("load", "loads", "Unpickler")]
     assert all(isinstance(node.value, ast.Name) and node.value.id in ("json", "cls") for node in decoders)
     assert sum(isinstance(node.value, ast.Name) and node.value.id == "json" for node in decoders) == 1, "the file's header only"
-    assert imported <= {"__future__", "contextlib", "datetime", "hashlib", "json", "os", "re", "struct", "dataclasses", "typing"}
+    assert imported <= {"__future__", "collections", "contextlib", "datetime", "hashlib", "json", "os", "re", "struct", "dataclasses", "typing"}
     relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-    assert relative == {"errors", "files", "sandbox"}, "the errors, the buffer chunks gather in, the session's type for hints"
+    assert relative == {"errors", "files", "backend"}, "the errors, the buffer chunks gather in, the session's backend type for hints"
     files = ast.parse(Path(host_checkpoint.__file__).with_name("files.py").read_text())
     assert {alias.name for node in ast.walk(files) if isinstance(node, ast.Import) for alias in node.names} <= {"io", "os", "posixpath"}
 

@@ -27,7 +27,7 @@ import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import DecodeLimits, ResultLimitError, UnsafePayloadError

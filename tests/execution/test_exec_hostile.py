@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from host_memory import RssPeak
+from support.host_memory import RssPeak
 from kernel_sandbox.execution import (
     DecodeLimits,
     FramingError,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_sandbox.errors import ConfigError
-from kernel_sandbox.execution.backend import kernel_spec
+from kernel_sandbox.execution.adapters import kernel_spec
 
 
 def test_limits_network_and_timeouts_map_onto_the_provisioner_config() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from exec_helpers import container_of
-from host_memory import RssPeak
+from support.execution import container_of
+from support.host_memory import RssPeak
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import (
     AsyncSandbox,

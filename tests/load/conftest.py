@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 
 import pytest
 
-from resource_counts import ResourceWatch, private_host_dirs
-from security_figures import full_size
+from support.resource_counts import ResourceWatch, private_host_dirs
+from support.security_figures import full_size
 
 
 @dataclass(frozen=True)

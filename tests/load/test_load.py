@@ -1,7 +1,7 @@
 """Load on the public API: many tool calls, many concurrent sessions, many kernel start/stop cycles.
 
 Each test warms up first (one kernel started and stopped, or a few calls), counts this process's
-resources (tests/resource_counts.py), runs the load and waits until the counts are back where they
+resources (tests/support/resource_counts.py), runs the load and waits until the counts are back where they
 started: processes, containers, networks, volumes and host paths exactly, open fds, threads and
 resident memory within the bounds below. Sizes: tests/load/conftest.py (``--full-size`` for the
 issue's numbers: 500 calls, 20 sessions, 200 cycles per path).
@@ -27,7 +27,7 @@ from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 from jupyter_core.paths import jupyter_runtime_dir
 
 from kernel_sandbox.execution import AsyncSandbox, Sandbox
-from resource_counts import MiB, Bounds, Counts, ResourceWatch
+from support.resource_counts import MiB, Bounds, Counts, ResourceWatch
 
 pytestmark = [pytest.mark.docker, pytest.mark.security("load", "sessions")]
 

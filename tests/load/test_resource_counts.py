@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernel_sandbox.docker.containers import DEFAULT_IMAGE, remove_container
-from resource_counts import LABEL, LABEL_OWNER_PID, Bounds, ResourceWatch, growth, private_host_dirs
+from support.resource_counts import LABEL, LABEL_OWNER_PID, Bounds, ResourceWatch, growth, private_host_dirs
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:

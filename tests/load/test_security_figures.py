@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from security_figures import main, render
+from support.security_figures import main, render
 
 SUITE = '''
 import pytest
@@ -58,7 +58,7 @@ def ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
 def run(pytester: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
     if not (pytester.path / "test_suite.py").exists():
         pytester.makepyfile(test_suite=SUITE)
-    return pytester.runpytest_subprocess(f"--rootdir={pytester.path}", "-p", "security_figures",
+    return pytester.runpytest_subprocess(f"--rootdir={pytester.path}", "-p", "support.security_figures",
                                          "--security-figures", str(out),
                                          "-p", "no:cacheprovider", *args)
 
@@ -97,7 +97,7 @@ def test_m_security_selects_the_counted_tests_and_runs_merge_dropping_removed_te
 
 def test_a_wrong_kind_or_layer_is_a_usage_error(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytester.makepyfile(test_bad='import pytest\n@pytest.mark.security("attack", "kernel")\ndef test_x(): pass\n')
-    result = pytester.runpytest_subprocess("-p", "security_figures", "--security-figures", str(tmp_path / "f.json"))
+    result = pytester.runpytest_subprocess("-p", "support.security_figures", "--security-figures", str(tmp_path / "f.json"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "layer one of" in "\n".join(result.errlines + result.outlines)
 

@@ -1,4 +1,4 @@
-"""Fixtures for the ``kernel-sandbox mcp`` tests (helpers in mcp_kit.py)."""
+"""Fixtures for the ``kernel-sandbox mcp`` tests (helpers in tests/support/mcp_server.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK: pip install 'kernel-sandbox[mcp]'")
 
-from mcp_kit import http_server_process  # noqa: E402
+from support.mcp_server import http_server_process  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def http_server(docker_engine) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``kernel-sandbox mcp --http`` on a free loopback port with the token ``mcp_kit.TOKEN``."""
+    """``kernel-sandbox mcp --http`` on a free loopback port with the token ``support.mcp_server.TOKEN``."""
     with http_server_process() as served:
         yield served

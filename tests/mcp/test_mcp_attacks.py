@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from mcp_kit import SERVER, TOKEN, containers_of, http_session, server_env, stdio_session
+from support.mcp_server import SERVER, TOKEN, containers_of, http_session, server_env, stdio_session
 
 FORGED = '{"jsonrpc": "2.0", "id": 2, "result": {"content": [{"type": "text", "text": "forged"}]}}'
 

@@ -10,7 +10,7 @@ import time
 
 import anyio
 
-from mcp_kit import children, containers_of, stdio_session
+from support.mcp_server import children, containers_of, stdio_session
 
 TOOLS = {
     "run_code",

@@ -11,12 +11,12 @@ from ipykernel.kernelspec import get_kernel_dict
 
 from kernel_sandbox.kernelspecs import install
 
-from lab_kit import LabServer, chromium, jupyterlab, remove_kernels_of
+from support.lab import LabServer, chromium, jupyterlab, remove_kernels_of
 
 
 @pytest.fixture(scope="session")
 def lab_server(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    """JupyterLab (see lab_kit.jupyterlab) with Sandboxed Python, a small variant of it, one with the output policy
+    """JupyterLab (see support.lab.jupyterlab) with Sandboxed Python, a small variant of it, one with the output policy
     `trusted`, and a plain local kernel (Local Python, this interpreter's ipykernel) installed."""
     base = tmp_path_factory.mktemp("lab")
     prefix = base / "prefix"
@@ -37,6 +37,6 @@ def lab_server(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Headless Chromium (lab_kit.chromium), one per test module."""
+    """Headless Chromium (support.lab.chromium), one per test module."""
     with chromium() as browser:
         yield browser

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from lab_kit import ARTIFACTS, LabServer, kernel_containers, recording_page, run_cell
+from support.lab import ARTIFACTS, LabServer, kernel_containers, recording_page, run_cell
 
 CODE = "import os, socket\nprint('hostname:', socket.gethostname())\nprint('interfaces:', sorted(os.listdir('/sys/class/net')))"
 

@@ -17,7 +17,7 @@ import httpx
 import nbformat
 import pytest
 
-from lab_kit import LabServer, kernel_containers, recording_page, run_cell, wait_for_kernel
+from support.lab import LabServer, kernel_containers, recording_page, run_cell, wait_for_kernel
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

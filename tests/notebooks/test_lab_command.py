@@ -26,8 +26,8 @@ from test_jupyter_server_api import KernelChannels
 
 from kernel_sandbox.docker.containers import LABEL, has_image
 
-from lab_kit import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_lab, remove_kernels_of, run_cell, wait_for_kernel
-from nb_helpers import cli
+from support.lab import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_lab, remove_kernels_of, run_cell, wait_for_kernel
+from support.notebooks import cli
 
 SPEC = "sandboxed-python"
 STATUS_BAR_LOADED = "kernel-sandbox: the status bar's memory counts the sandboxed kernels"

@@ -21,7 +21,7 @@ from kernel_sandbox.errors import EngineUnavailable, SetupError
 from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.lab import LABEXTENSIONS, LOCKED_DOWN, SandboxedKernelSpecManager, lab_arguments
 
-from nb_helpers import cli
+from support.notebooks import cli
 
 
 class FakeServer(Configurable):

@@ -14,7 +14,7 @@ import sys
 import nbformat
 import pytest
 
-from nb_helpers import NOTEBOOKS, REPO
+from support.notebooks import NOTEBOOKS, REPO
 
 BLOCK = re.compile(r"```(python|text)\n(.*?)```", re.S)
 

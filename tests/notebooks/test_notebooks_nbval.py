@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from nb_helpers import NOTEBOOKS, REPO
+from support.notebooks import NOTEBOOKS, REPO
 
 SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
 EXAMPLES = sorted(p for p in NOTEBOOKS.glob("*.ipynb") if not p.name.endswith(".out.ipynb"))

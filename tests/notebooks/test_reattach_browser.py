@@ -23,7 +23,7 @@ from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install
 from kernel_sandbox.reattach import session_database
 
-from lab_kit import ARTIFACTS, LabServer, chromium, frame_with, jupyterlab, kernel_sandbox_lab, recording_page, wait_for_kernel
+from support.lab import ARTIFACTS, LabServer, chromium, frame_with, jupyterlab, kernel_sandbox_lab, recording_page, wait_for_kernel
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 

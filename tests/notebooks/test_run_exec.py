@@ -19,7 +19,7 @@ from kernel_sandbox.notebooks import (
     tagged_source,
 )
 
-from nb_helpers import cli
+from support.notebooks import cli
 
 # ---------------------------------------------------------------- without Docker
 

@@ -19,8 +19,8 @@ import pytest
 
 from kernel_sandbox.kernelspecs import install
 
-from kernel_kit import memory_in_use
-from lab_kit import ARTIFACTS, LabServer, jupyterlab, kernel_containers, recording_page, remove_kernels_of, run_cell
+from support.kernel import memory_in_use
+from support.lab import ARTIFACTS, LabServer, jupyterlab, kernel_containers, recording_page, remove_kernels_of, run_cell
 from test_jupyter_server_api import KernelChannels
 
 MiB = 2**20

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, LabServer, click_in_frame, frame_with, in_frames, put_notebook, recording_page, run_all_cells
+from support.lab import ARTIFACTS, LabServer, click_in_frame, frame_with, in_frames, put_notebook, recording_page, run_all_cells
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

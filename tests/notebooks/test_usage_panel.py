@@ -12,8 +12,8 @@ import time
 
 import httpx
 
-from kernel_kit import memory_in_use
-from lab_kit import ARTIFACTS, kernel_containers, recording_page, run_cell
+from support.kernel import memory_in_use
+from support.lab import ARTIFACTS, kernel_containers, recording_page, run_cell
 
 SMALL = 256 * 2**20
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opensandbox_fakes import FakeOpenSandbox
+from support.opensandbox_fakes import FakeOpenSandbox
 
-from kernel_sandbox.opensandbox.client import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, OpenSandboxClient
+from kernel_sandbox.opensandbox.lifecycle import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, OpenSandboxClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
 

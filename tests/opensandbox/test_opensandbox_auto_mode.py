@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from jupyter_client.manager import AsyncKernelManager
-from opensandbox_fakes import FakeOpenSandbox
+from support.opensandbox_fakes import FakeOpenSandbox
 from traitlets.config import Config
 
 from kernel_sandbox.kernelspecs import started_client

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.errors import (
     ConfigError,
@@ -38,12 +38,13 @@ from kernel_sandbox.errors import (
     SandboxQuotaExceeded,
     SandboxTimeoutError,
 )
-from kernel_sandbox.backends import adapter
+from kernel_sandbox.execution.adapters import adapter
 from kernel_sandbox.opensandbox import client as client_module
 from kernel_sandbox.opensandbox import execd as execd_module
 from kernel_sandbox.opensandbox import http as http_module
 from kernel_sandbox.opensandbox import lifecycle as lifecycle_module
-from kernel_sandbox.opensandbox.client import CAPACITY_MAX_DELAY, build_create_body, retry_after
+from kernel_sandbox.opensandbox.http import CAPACITY_MAX_DELAY, retry_after
+from kernel_sandbox.opensandbox.lifecycle import build_create_body
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
 
 from test_opensandbox_client import ENDPOINT, Router, created_router, lifecycle, sandbox_json

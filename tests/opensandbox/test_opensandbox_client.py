@@ -34,7 +34,7 @@ from kernel_sandbox.errors import (
 )
 from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, Sandbox, keep_alive, run_once
 from kernel_sandbox.opensandbox import client as client_module
-from kernel_sandbox.opensandbox.client import DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE, build_create_body
+from kernel_sandbox.opensandbox.lifecycle import build_create_body, DEFAULT_ENTRYPOINT, DEFAULT_SANDBOX_IMAGE
 
 API = "http://sandbox.test/v1"
 EXECD = "http://127.0.0.1:40123/proxy/44772"
@@ -802,7 +802,7 @@ async def test_call_deadline_is_per_call_not_per_read() -> None:
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from security_figures import examples  # noqa: E402
+from support.security_figures import examples  # noqa: E402
 
 from kernel_sandbox.errors import OpenSandboxError  # noqa: E402
 

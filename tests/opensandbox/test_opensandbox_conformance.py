@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import conformance_kit
+from support import conformance
 import pytest
 
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
@@ -32,7 +32,7 @@ def websocket_spec(opensandbox_deployment: Any, tmp_path_factory: pytest.TempPat
     assert not left, f"sandboxes left behind by the conformance suite: {[s.get('id') for s in left]}"
 
 
-class TestOpenSandboxWebsocket(conformance_kit.PythonKernelTests):
+class TestOpenSandboxWebsocket(conformance.PythonKernelTests):
     """The OpenSandbox kernelspec, websocket mode, through its provisioner."""
 
     kernel_name = KERNEL_NAME

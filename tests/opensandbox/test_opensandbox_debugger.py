@@ -10,7 +10,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import started_client
 
-from kernel_kit import Debugger, debug_a_cell, reply_to
+from support.kernel import Debugger, debug_a_cell, reply_to
 
 pytestmark = pytest.mark.timeout(600)
 

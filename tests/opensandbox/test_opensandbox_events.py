@@ -125,7 +125,7 @@ def test_display_data_is_kept_apart_from_results() -> None:
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from security_figures import examples  # noqa: E402
+from support.security_figures import examples  # noqa: E402
 
 from kernel_sandbox.opensandbox.events import (  # noqa: E402
     MAX_TRACEBACK_CHARS,

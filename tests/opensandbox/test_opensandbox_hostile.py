@@ -1,6 +1,6 @@
 """Issue 18's attacks, replayed against the clients and the launcher's execd relay over real sockets.
 
-A hostile execd and a hostile lifecycle server (tests/opensandbox/hostile.py, tornado on
+A hostile execd and a hostile lifecycle server (tests/support/opensandbox_hostile.py, tornado on
 127.0.0.1) answer with huge bodies, trickles, deep nesting, lone surrogates, late events and
 broken streams. Every case checks what the user gets (a clean error naming the cap, deadline
 or call; one reply per cell), the exact requests sent, and memory measured on the process
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, kernel_message
+from support.opensandbox_hostile import HostileHandler, HostileKernelSocket, HostileServer, MiB, kernel_message
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_sandbox.errors import (
@@ -33,10 +33,10 @@ from kernel_sandbox.errors import (
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, shipped_kernelspecs, started_client
 from kernel_sandbox.opensandbox import ExecdClient, Limits, OpenSandboxClient, run_once
 from kernel_sandbox.opensandbox.jupyter import JupyterServer
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
-from host_memory import RssPeak
-from kernel_kit import reply_to, until_idle
+from support.host_memory import RssPeak
+from support.kernel import reply_to, until_idle
 
 MEMORY_BOUND = 64 * MiB
 COMPLETE = {"type": "execution_complete", "execution_time": 1}

@@ -19,7 +19,7 @@ import pytest
 
 from kernel_sandbox.errors import CallTimeoutError, NetworkDisabledError, SandboxError
 from kernel_sandbox.execution import AsyncSandbox
-from kernel_sandbox.execution.backend import backend
+from kernel_sandbox.execution.adapters import adapter
 from kernel_sandbox.opensandbox.settings import OpenSandboxSettings
 
 INDEX = ["index.test", "files.index.test"]
@@ -45,7 +45,7 @@ async def no_request(content: dict[str, Any]) -> dict[str, Any]:
 
 
 def window(fake: Any, **options: Any) -> Any:
-    return backend("opensandbox").index_window(provisioner(fake, **options), no_request, 60.0)
+    return adapter("opensandbox").index_window(provisioner(fake, **options), no_request, 60.0)
 
 
 # ---- HTTP error paths (fake lifecycle server) -------------------------------------------------------

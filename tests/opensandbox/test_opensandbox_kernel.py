@@ -1,4 +1,4 @@
-"""The OpenSandbox kernelspec through the launcher, on the in-process fakes (opensandbox_fakes.py).
+"""The OpenSandbox kernelspec through the launcher, on the in-process fakes (tests/support/opensandbox_fakes.py).
 
 Everything the published server can show runs against it in test_opensandbox_server.py; here
 stay what it cannot produce on demand: a sandbox that fails or turns Unknown under a live
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from jupyter_client.connect import write_connection_file
 from jupyter_client.manager import AsyncKernelManager
-from opensandbox_fakes import FakeOpenSandbox
+from support.opensandbox_fakes import FakeOpenSandbox
 from traitlets import TraitError
 from traitlets.config import Config
 

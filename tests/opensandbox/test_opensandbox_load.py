@@ -22,7 +22,7 @@ import httpx
 import pytest
 import tornado.web
 from jupyter_client.manager import AsyncKernelManager
-from opensandbox_fakes import ServedInThread
+from support.opensandbox_fakes import ServedInThread
 
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import started_client

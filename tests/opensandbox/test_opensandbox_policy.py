@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from html.parser import HTMLParser
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,12 +29,12 @@ from jupyter_client.manager import AsyncKernelManager
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
+
+from support.kernel import reply_to, until_idle
+from support.policy_checks import bundle_problems, text_problems, untouched
 
 POLICY_TESTS = Path(__file__).resolve().parents[1] / "policy"
-sys.path.insert(0, str(POLICY_TESTS))
-from checks import bundle_problems, text_problems, untouched  # noqa: E402
-from kernel_kit import reply_to, until_idle  # noqa: E402
 
 pytestmark = [pytest.mark.opensandbox_server, pytest.mark.timeout(600), pytest.mark.security("attack", "policy")]
 

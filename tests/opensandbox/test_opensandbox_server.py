@@ -37,7 +37,7 @@ from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC as KERNEL_NAME
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.opensandbox import ExecdClient, OpenSandboxClient, run_once
 
-from kernel_kit import ArgvKernel, reply_to, until_idle
+from support.kernel import ArgvKernel, reply_to, until_idle
 
 pytestmark = pytest.mark.opensandbox_server
 

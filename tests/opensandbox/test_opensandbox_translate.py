@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.errors import OpenSandboxConnectionError, OpenSandboxError, OutputLimitExceeded
 from kernel_sandbox.opensandbox.events import Event, parse_event

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 from jupyter_server.services.kernels.connection import base as jupyter_wire
 
 from kernel_sandbox.errors import ConfigError, OpenSandboxConfigError, OpenSandboxProtocolError

@@ -16,7 +16,7 @@ import pytest
 from kernel_sandbox.docker.containers import DEFAULT_IMAGE, owner_labels
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
-from lab_kit import chromium, jupyterlab, remove_kernels_of
+from support.lab import chromium, jupyterlab, remove_kernels_of
 from test_policy_jupyterlab import ARGV_SUFFIX, KERNELSPECS
 from ipykernel.kernelspec import get_kernel_dict
 from jupyter_client.kernelspec import KernelSpecManager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_sandbox.errors import ConfigError, KernelSandboxError
-from kernel_sandbox.policy import MODES, OutputPolicy
+from kernel_sandbox.policy.output import MODES, OutputPolicy
 
 
 def test_modes_by_name() -> None:

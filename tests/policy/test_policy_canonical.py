@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
 from kernel_sandbox.canonical import CHANNEL_TYPES, CONTENTS, PROTOCOL_VERSION, _Record
-from kernel_sandbox.policy import OutputPolicy, _compose
+from kernel_sandbox.policy.output import OutputPolicy
+from kernel_sandbox.policy.text import compose
 
-from checks import bundle_problems, html_problems, text_problems, unmarked
+from support.policy_checks import bundle_problems, html_problems, text_problems, unmarked
 
 HOSTILE_TEXT = [
     "javascript://%0aalert(document.cookie)", "java", "script://%0aalert(1)", "\r", "\b", "\x1b[0m", "\n",
@@ -131,7 +132,7 @@ def _is_canonical(channel: str, out: tuple) -> None:
         assert all(key in content for key in shape.required)
     if msg_type == "stream":
         assert content["name"] in ("stdout", "stderr") and isinstance(content["text"], str)
-        assert text_problems(_compose(0, content["text"], "")[0]) == []
+        assert text_problems(compose(0, content["text"], "")[0]) == []
     if msg_type == "error":
         assert all(isinstance(line, str) for line in content["traceback"]) and text_problems("\n".join(content["traceback"])) == []
     if "data" in content and msg_type not in ("comm_open", "comm_msg", "comm_close"):
@@ -243,7 +244,7 @@ def test_stream_text_composed_as_jupyterlab_composes_it_has_no_script_link(parts
     shown = [policy.filter_message("iopub", _header("stream"), {"msg_id": "cell"}, {}, {"name": "stdout", "text": p})[3]["text"] for p in parts]
     text, index = "", 0
     for part in shown:
-        text, index = _compose(index, part, text)
+        text, index = compose(index, part, text)
     assert text_problems(text) == [], shown
     plain = OutputPolicy()  # what is not hostile is not touched
     assert plain.filter("stream", {"name": "stdout", "text": "10%\r20%\rdone, see https://jupyter.org\n"})["text"] == (

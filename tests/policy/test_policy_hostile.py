@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_figures import examples
+from support.security_figures import examples
 
-from kernel_sandbox.policy import OutputPolicy, sanitize_html, sanitize_markdown, sanitize_svg
+from kernel_sandbox.policy.output import OutputPolicy
+from kernel_sandbox.policy.sanitizers import sanitize_html, sanitize_markdown, sanitize_svg
 
-from checks import html_problems, markdown_problems, text_problems
+from support.policy_checks import html_problems, markdown_problems, text_problems
 
 CORPUS = json.loads((Path(__file__).parent / "hostile.json").read_text())
 

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel_sandbox.policy import BINARY_FIELDS, MARK_KEY, WIDGET_NAMES, OutputPolicy
+from kernel_sandbox.policy.output import MARK_KEY, OutputPolicy
+from kernel_sandbox.policy.widgets import BINARY_FIELDS, WIDGET_NAMES
 
-from checks import html_problems
+from support.policy_checks import html_problems
 
 pytestmark = pytest.mark.security("attack", "policy")
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lab_kit import ARTIFACTS, frame_with, in_frames, page_outputs, put_notebook, recording_page, run_all_cells
+from support.lab import ARTIFACTS, frame_with, in_frames, page_outputs, put_notebook, recording_page, run_all_cells
 
 ARGV_SUFFIX = "-argv"
 """``NAME-argv``: the shipped kernelspec NAME's argv in a kernelspec without a provisioner."""

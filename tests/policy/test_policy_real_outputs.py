@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
-from checks import html_problems, untouched
+from support.policy_checks import html_problems, untouched
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -25,9 +25,9 @@ from jupyter_client.manager import KernelManager
 
 from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.launch.front import Connection, Front
-from kernel_sandbox.policy import OutputPolicy
+from kernel_sandbox.policy.output import OutputPolicy
 
-from checks import bundle_problems, html_problems, text_problems
+from support.policy_checks import bundle_problems, html_problems, text_problems
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300), pytest.mark.security("attack", "policy")]
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the notebook tests (imported by name: tests/ is not a package)."""
+"""Helpers shared by the notebook tests."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import tornado.iostream
 import tornado.netutil
 import tornado.web
 import tornado.websocket
-from opensandbox_fakes import ServedInThread
+from support.opensandbox_fakes import ServedInThread
 
 Behaviour = Callable[["HostileHandler"], Awaitable[None]]
 KernelBehaviour = Callable[["HostileKernelSocket", str, list[bytes]], Awaitable[None]]

@@ -17,8 +17,8 @@ from typing import Any
 from jupyter_client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
-from host_memory import MiB, rss
-from kernel_kit import ArgvKernel
+from support.host_memory import MiB, rss
+from support.kernel import ArgvKernel
 
 
 # ---- memory of host processes -------------------------------------------------------------------

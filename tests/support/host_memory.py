@@ -1,8 +1,7 @@
 """Host memory as the tests measure it: a process's resident set size now, and its peak while a block runs.
 
 Read from ``/proc/PID/status`` (``VmRSS``), sampled every few milliseconds in a thread, so the figures
-are peaks the host really saw, never a lifetime maximum like ``ru_maxrss``. Imported by name (tests/ is
-not a package; pytest puts tests/ on sys.path for its conftest.py).
+are peaks the host really saw, never a lifetime maximum like ``ru_maxrss``.
 """
 
 from __future__ import annotations

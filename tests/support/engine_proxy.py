@@ -1,7 +1,5 @@
 """A proxy to the Docker engine's socket that a test can cut or stall, for one launcher or kernel manager
 (pointed at it with DOCKER_HOST) while dockerd itself, shared with others, is never touched.
-
-Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ import tornado.ioloop
 import tornado.netutil
 import tornado.web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "opensandbox" / "server"))
 from execd_standin import TOKEN_HEADER, Execd  # noqa: E402
 
 logging.getLogger("tornado.access").setLevel(logging.ERROR)

@@ -1,6 +1,4 @@
 """What the JupyterLab and browser tests share: a free port, a JupyterLab server, `kernel-sandbox lab`, Chromium.
-
-Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import pytest
 from kernel_sandbox.docker.containers import LABEL, LABEL_OWNER_PID, kernel_of, remove_container
 from kernel_sandbox.lab import LABEXTENSIONS
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = os.environ.get("KERNEL_SANDBOX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,7 +1,5 @@
 """What tests that talk to kernels share: a kernelspec's argv started by hand (as VS Code starts it), the
 messages of one request, and JupyterLab's debugger sequence.
-
-Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """What the re-attach tests share: kernels whose owner process died (orphans), made in a subprocess.
-
-Imported by name (tests/ is not a package; pytest puts tests/ on sys.path for its conftest.py).
 """
 
 from __future__ import annotations
