@@ -94,6 +94,9 @@ class Usage:
     sampled_at: float = field(default_factory=time.time)
     secrets: tuple[tuple[str, int], ...] = ()
     """The kernel's secrets (names, never values), each with the requests that used it."""
+    state: str = "running"
+    """``running``, or ``suspended`` while the kernel sleeps (``suspend_after``: no container, its
+    memory 0)."""
 
     @property
     def memory_percent(self) -> float | None:

@@ -33,6 +33,7 @@ from ..settings import (
     _memory,
     _mounts,
     _option,
+    _orphan_seconds,
     _pids,
     _runtime,
     _seconds,
@@ -187,6 +188,21 @@ class DockerSettings(BackendSettings):
         _flag,
         "After the kernel runs out of memory and is restarted, its first cell says that the "
         "checkpoint made with %checkpoint is kept, for %restore.",
+    )
+
+    suspend_after: float | None = _option(
+        UNLIMITED,
+        _orphan_seconds,
+        "Seconds of idleness (no client request, no running cell, no open widget) after which the "
+        "launcher checkpoints the kernel, removes its container and wakes it, with its variables, "
+        "in a new container at the next request; 'unlimited' (the execution API's default): "
+        "never. The kernelspecs install writes 1800.",
+    )
+    suspend_lossy: bool = _option(
+        False,
+        _flag,
+        "Suspend an idle kernel even when its checkpoint would leave names behind (open sockets, "
+        "threads, generators...) or it has open widgets; false: such a kernel stays awake.",
     )
 
     def __post_init__(self) -> None:

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from typing import cast
 
 from .. import backends
 from ..controls import escape_controls
@@ -58,8 +59,15 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link of the request's backend (the registry imports its wing now: each pulls in
-    its SDK)."""
-    return backends.for_settings(request.settings).make_link(request)
+    its SDK); one that sleeps when idle with ``suspend_after`` (:mod:`.sleep`)."""
+    if getattr(request.settings, "suspend_after", None) is None:
+        return backends.for_settings(request.settings).make_link(request)
+    from .sleep import Sleeper, SleepableLink
+
+    return Sleeper(
+        request,
+        lambda: cast(SleepableLink, backends.for_settings(request.settings).make_link(request)),
+    )
 
 
 def output_policy(settings: Settings) -> OutputPolicy:

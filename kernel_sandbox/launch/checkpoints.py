@@ -83,10 +83,16 @@ class CheckpointStore:
     ``max_bytes``, among all this user's kernels' of at most ``max_total`` bytes together."""
 
     def __init__(
-        self, directory: Path, channel: BlobChannel, max_bytes: int, max_total: int, backend: str
+        self,
+        directory: Path,
+        channel: BlobChannel,
+        max_bytes: int,
+        max_total: int,
+        backend: str,
+        slot: str = "",
     ) -> None:
-        self.path = kept_checkpoint(directory)
-        self.part = checkpoint_part(directory)
+        self.path = kept_checkpoint(directory, slot)
+        self.part = checkpoint_part(directory, slot)
         self.offer_path = directory / OFFER
         self.channel = channel
         self.max_bytes = max_bytes
@@ -95,6 +101,13 @@ class CheckpointStore:
         self._serving = False
         self._asked: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.vet: Callable[[dict[str, Any]], None] | None = None
+        """Called with a checkpoint's checked header before a byte is pulled; it refuses by raising
+        :class:`CheckpointError` (a sleep that would lose names: :mod:`.sleep`)."""
+        self.expected: str | None = None
+        """The sha256 the kept checkpoint must have to be given back (None: any it records)."""
+        self.answered: Callable[[dict[str, Any]], None] | None = None
+        """Called with each answer the store gives the kernel."""
 
     def client_sent(self, parts: list[bytes]) -> None:
         """Note a cell the client signed that runs ``%checkpoint`` (:attr:`Front.client_shell`):
@@ -162,6 +175,8 @@ class CheckpointStore:
             reply = _error(f"the launcher failed: {exc!r}")
         finally:
             self._serving = False  # before the answer: the magic may send its next request at once
+        if self.answered is not None:
+            self.answered(reply)
         await self._answer(answer, reply)
 
     async def _answer(self, path: str, reply: dict[str, Any]) -> None:
@@ -174,6 +189,8 @@ class CheckpointStore:
     async def _keep(self, content: dict[str, Any]) -> dict[str, Any]:
         """Pull the blob the kernel made into the kept file, replacing the one kept before."""
         header = _stated(content)
+        if self.vet is not None:
+            self.vet(header)
         if header["size"] > self.max_bytes:
             raise CheckpointError(
                 f"Refused the checkpoint: it is {header['size']} bytes, over "
@@ -256,6 +273,11 @@ class CheckpointStore:
             ) from None
         with handle:
             header = read_header(handle, str(self.path), self.max_bytes, "checkpoint_max_bytes")
+            if self.expected is not None and header.get("sha256") != self.expected:
+                raise CheckpointError(
+                    f"Refused the checkpoint kept at {self.path}: it is not the one the launcher "
+                    "made (its recorded sha256 differs); it was changed on the host since."
+                )
             image, image_name = await self.channel.image()
             if header.get("image") != image:
                 raise CheckpointError(
