@@ -505,7 +505,7 @@ class DockerLink:
     def _report_secrets(self, table: SecretTable) -> None:
         """Keep the secrets' names and use counts in the kernel's private directory, for
         ``kernel-sandbox ps`` and ``metrics()`` (never a value)."""
-        private = self.request.private or self._own_dir
+        private = self.request.private or self.keep_dir or self._own_dir
         if private is None:
             return
 

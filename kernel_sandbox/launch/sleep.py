@@ -39,7 +39,7 @@ from ..kernelside.magics import REQUEST
 from ..metrics import Usage
 from ..privdir import LAUNCHER_LOCK, SLEEP, SLEEP_SLOT, PrivateDir
 from .checkpoints import BlobChannel, CheckpointStore
-from .front import ExitStatus, Front, KernelLink, _dumps, _json, _msg_type, new_header
+from .front import Answer, ExitStatus, Front, KernelLink, _dumps, _json, _msg_type, new_header
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
@@ -103,6 +103,9 @@ class Sleeper:
             self._dir.hold(LAUNCHER_LOCK)
         self._store: CheckpointStore | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._handlers: dict[str, Callable[[Any], Answer]] = {}
+        """The links' own answers to launcher requests, by type (the latest link's)."""
+        self._wrapped: dict[str, Callable[[Any], Answer]] = {}
         self._wake_task: asyncio.Future[None] | None = None
 
     # -- the link's life -----------------------------------------------------------------------
@@ -134,7 +137,36 @@ class Sleeper:
             )
             self._store.vet = self._vet
         self._store.channel = link.blob_channel()
+        self._wrap_requests()
         self._spawn(self._follow(link))
+
+    def _wrap_requests(self) -> None:
+        """Make the requests the new link answers itself (its egress window) wake a sleeping
+        kernel first: what they prepare is for the container that runs next."""
+        assert self._front is not None
+        requests = self._front.requests
+        for name, handler in list(requests.items()):
+            if name in (SUSPEND_REQUEST, WAKE_REQUEST, "usage_request"):
+                continue  # the sleeper's own, and the front's
+            if handler is self._wrapped.get(name):
+                continue  # wrapped already: the new link did not answer it anew
+            self._handlers[name] = handler
+            self._wrapped[name] = requests[name] = self._waking_handler(name)
+
+    def _waking_handler(self, name: str) -> Callable[[Any], Answer]:
+        def answer(content: Any) -> Answer:
+            if self.state == "awake":
+                return self._handlers[name](content)
+            return self._after_wake(name, content)
+
+        return answer
+
+    async def _after_wake(self, name: str, content: Any) -> dict[str, Any]:
+        woke = await self._wake_request()
+        if woke.get("status") != "ok":
+            return woke
+        answer = self._handlers[name](content)
+        return answer if isinstance(answer, dict) else await answer
 
     async def _follow(self, link: SleepableLink) -> None:
         """The kernel's end is the sleeper's, unless the link was let go to sleep."""

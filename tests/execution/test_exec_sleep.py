@@ -79,3 +79,17 @@ async def test_suspend_without_suspend_after_names_the_option() -> None:
 def test_the_opensandbox_backend_refuses_suspend_after_by_name() -> None:
     with pytest.raises(ConfigError, match="has no option 'suspend_after'"):
         Sandbox(backend="opensandbox", suspend_after=60)
+
+
+async def test_opening_the_package_index_wakes_a_sleeping_kernel_first() -> None:
+    """install() opens the egress window before its cell: the window must be the new container's."""
+    from kernel_sandbox.egress import WINDOW_REQUEST
+
+    async with AsyncSandbox(suspend_after=3600) as sb:
+        await sb.run("w = 'kept'")
+        await sb.suspend()
+        assert containers(sb.kernel_id) == []
+        reply = await sb._launcher_request({"open": 5}, WINDOW_REQUEST, 120)
+        assert reply.get("status") == "ok", reply
+        assert len(containers(sb.kernel_id)) == 1, "the window request woke the kernel"
+        assert (await sb.run("print(w)")).stdout == "kept\n"
