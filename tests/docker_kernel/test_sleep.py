@@ -79,8 +79,8 @@ async def until(check: Any, timeout: float = 30, what: str = "") -> None:
 
 async def asleep(km: AsyncKernelManager) -> None:
     """Wait until the kernel sleeps: its sleep.json says so and the engine has no container of it."""
-    await until(lambda: sleep_state(km).get("state") == "suspended", what="the kernel to sleep")
-    assert containers(km.kernel_id) == []
+    await until(lambda: sleep_state(km).get("state") == "suspended" and not containers(km.kernel_id),
+                what="the kernel to sleep and its container to go")
 
 
 async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_variables() -> None:
