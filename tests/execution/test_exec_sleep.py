@@ -5,6 +5,9 @@ OpenSandbox backend)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 import time
 
 import pytest
@@ -92,3 +95,32 @@ async def test_opening_the_package_index_wakes_a_sleeping_kernel_first() -> None
         assert reply.get("status") == "ok", reply
         assert len(containers(sb.kernel_id)) == 1, "the window request woke the kernel"
         assert (await sb.run("print(w)")).stdout == "kept\n"
+
+
+SLEEPING_OWNER = """
+import os
+from kernel_sandbox import Sandbox
+sandbox = Sandbox(suspend_after=3600).start()
+sandbox.run("kept = 'from the first owner'")
+sandbox.suspend()
+print(sandbox.kernel_id, flush=True)
+os._exit(0)  # killed: no close, the launcher of the sleeping kernel waits orphan_timeout for a new owner
+"""
+
+
+async def test_a_program_attaches_to_a_sleeping_kernel_whose_owner_died_and_wakes_it() -> None:
+    with tempfile.TemporaryFile("w+") as out:  # not a pipe: the launcher keeps its owner's
+        done = subprocess.run([sys.executable, "-c", SLEEPING_OWNER], stdout=out, stderr=subprocess.DEVNULL, timeout=240)
+        assert done.returncode == 0
+        out.seek(0)
+        kernel_id = out.read().strip()
+    assert containers(kernel_id) == []
+    sandbox = await AsyncSandbox.attach(kernel_id, timeout=120)
+    try:
+        # attaching opens the helper in the kernel: that woke it
+        assert len(containers(kernel_id)) == 1 and (await sandbox.metrics()).state == "running"
+        execution = await sandbox.run("print(kept)")
+        assert execution.stdout == "from the first owner\n", execution
+    finally:
+        await sandbox.close()
+    assert containers(kernel_id) == []
