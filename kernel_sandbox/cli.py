@@ -261,9 +261,10 @@ def _sleeps() -> tuple[list[str], dict[str, str]]:
                 time.strftime("%H:%M", time.localtime(since)) if isinstance(since, float) else "?"
             )
             size = state["bytes"] if isinstance(state.get("bytes"), int) else 0
+            saved = state["saved"] if isinstance(state.get("saved"), int) else 0
             lines.append(
                 f"-\tsuspended\tkernel {record.kernel_id}\t0\t-\t-\t-\t-\tasleep since {when}, "
-                f"checkpoint {size / 2**20:.1f} MiB on the host"
+                f"{saved / 2**20:.0f} MiB saved, checkpoint {size / 2**20:.1f} MiB on the host"
             )
         elif isinstance(state.get("why"), str):
             # the reason names the kernel's variables: shown escaped, never obeyed

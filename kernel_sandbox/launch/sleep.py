@@ -95,6 +95,7 @@ class Sleeper:
         self._lost: dict[str, str] = {}
         self._kept_sha: str | None = None
         self._since = 0.0
+        self._saved: int | None = None
         self._session = uuid.uuid4().hex
         self._own_dir: PrivateDir | None = None
         self._dir = request.private
@@ -264,7 +265,7 @@ class Sleeper:
     def usage(self) -> Usage | None:
         """The container's usage; asleep, no memory and state ``suspended``."""
         if self.state in ("asleep", "waking"):
-            return Usage(memory=0, source="launcher", state="suspended")
+            return Usage(memory=0, source="launcher", state="suspended", saved=self._saved)
         return self._link.usage() if self._link is not None else None
 
     def limits_hit(self, error_text: str = "") -> list[str]:
@@ -356,8 +357,11 @@ class Sleeper:
         self._since = time.time()
         assert link is not None and self._store is not None
         size = self._store.path.stat().st_size if self._store.path.exists() else 0
+        held = link.usage()
+        self._saved = held.memory if held is not None else None
         # said before the container goes: whoever finds it gone finds the kernel asleep
-        self._note({"state": "suspended", "since": self._since, "bytes": size, "why": why})
+        state = {"state": "suspended", "since": self._since, "bytes": size, "saved": self._saved}
+        self._note({**state, "why": why})
         await link.stop()
         log.info("the kernel sleeps (%s); its checkpoint is %d bytes", why, size)
         if self._queue and self._wake_task is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -94,6 +95,13 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).is_file()
         listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
         assert f"-\tsuspended\tkernel {km.kernel_id}\t0\t" in listed.stdout, listed.stdout + listed.stderr
+        assert re.search(r"asleep since \d\d:\d\d, \d+ MiB saved, checkpoint 7\.\d MiB on the host", listed.stdout), listed.stdout
+        usage = kc.session.msg("usage_request", {})
+        kc.control_channel.send(usage)
+        answer = await kc.get_control_msg(timeout=30)
+        assert answer["parent_header"]["msg_id"] == usage["header"]["msg_id"]
+        assert re.fullmatch(r"sandbox \(sleeping, \d+ MiB saved\)", answer["content"]["hostname"]), answer["content"]
+        assert answer["content"]["kernel_memory"] == 0
         assert await km.is_alive(), "a sleeping kernel is alive to its manager"
         info = await kc.kernel_info(reply=True, timeout=30)  # answered by the launcher
         assert info["content"]["implementation"] == "ipython"
