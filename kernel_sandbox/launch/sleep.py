@@ -94,6 +94,8 @@ class Sleeper:
         self._count: int | None = None
         self._lost: dict[str, str] = {}
         self._kept_sha: str | None = None
+        """The sha256 of the checkpoint kept at the last sleep (the only one a wake restores)."""
+        self._kept: str | None = None
         self._since = 0.0
         self._saved: int | None = None
         self._session = uuid.uuid4().hex
@@ -137,6 +139,7 @@ class Sleeper:
                 slot=SLEEP_SLOT,
             )
             self._store.vet = self._vet
+            self._store.answered = self._answered
         self._store.channel = link.blob_channel()
         self._wrap_requests()
         self._spawn(self._follow(link))
@@ -341,10 +344,13 @@ class Sleeper:
             self._note({"state": "awake", "why": refusal})
             return {"status": "error", "evalue": refusal}
         self.state = "suspending"
+        self._kept = None
         try:
             reply = await self._own_cell(f"__import__({EXTENSION!r}).ready_to_sleep()\n%checkpoint")
             if reply.get("status") != "ok":
                 raise CheckpointError(str(reply.get("evalue") or "the checkpoint failed"))
+            if self._kept is None:  # the kernel's word is not enough: the store must have kept it
+                raise CheckpointError("the launcher kept no checkpoint for it")
             if self._queue:
                 raise CheckpointError("a client's request came while the checkpoint was taken")
         except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
@@ -389,7 +395,11 @@ class Sleeper:
                 "stays awake (set suspend_lossy: true to suspend it anyway)"
             )
         self._lost = lost
-        self._kept_sha = header["sha256"]
+
+    def _answered(self, reply: dict[str, Any]) -> None:
+        """The store's answer to the sleep's checkpoint (or restore): the sha256 of what it kept."""
+        if self.state == "suspending" and reply.get("status") == "ok":
+            self._kept = self._kept_sha = reply.get("sha256")
 
     def _awake(self) -> None:
         """Back to awake with the container that runs; what waited meanwhile passes on."""

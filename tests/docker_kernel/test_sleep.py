@@ -252,3 +252,16 @@ async def test_a_kernel_with_packages_it_installed_stays_awake_even_when_lossy()
         await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
         assert "packages installed in this kernel (tinypkg) would be gone after a sleep" in sleep_state(km)["why"]
         assert len(containers(km.kernel_id)) == 1
+
+
+@pytest.mark.security("attack", "results")
+async def test_a_kernel_that_fakes_its_checkpoint_is_not_put_to_sleep() -> None:
+    """Its own %checkpoint answers "ok" and keeps nothing: the launcher trusts its store, not the kernel's reply."""
+    km = manager()
+    async with started_client(km) as kc:
+        code = "get_ipython().register_magic_function(lambda line: None, 'line', 'checkpoint')\nx = 'alive'"
+        assert (await cell(kc, code))[1]["status"] == "ok"
+        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+        assert "the launcher kept no checkpoint for it" in sleep_state(km)["why"]
+        assert len(containers(km.kernel_id)) == 1
+        assert (await cell(kc, "print(x)"))[0] == "alive\n"
