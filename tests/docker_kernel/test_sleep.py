@@ -265,3 +265,27 @@ async def test_a_kernel_that_fakes_its_checkpoint_is_not_put_to_sleep() -> None:
         assert "the launcher kept no checkpoint for it" in sleep_state(km)["why"]
         assert len(containers(km.kernel_id)) == 1
         assert (await cell(kc, "print(x)"))[0] == "alive\n"
+
+
+async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_goes() -> None:
+    km = manager()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        assert (await cell(kc, "x = 1"))[1]["status"] == "ok"
+        await asleep(km)
+        kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
+        assert kept.is_file()
+        await km.interrupt_kernel()  # nothing runs: nothing to interrupt, and no wake
+        msg_id = kc.shutdown()
+        reply = await kc.get_control_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "ok"
+        await until(lambda: km.provisioner.process.poll() is not None, what="the launcher to end")
+        assert km.provisioner.process.returncode == 0, "a clean shutdown"
+        await km.shutdown_kernel(now=True)
+        assert containers(km.kernel_id) == [], "the shutdown woke the kernel"
+        assert not kept.exists(), "the sleep's checkpoint goes with the kernel"
+    finally:
+        kc.stop_channels()
