@@ -28,6 +28,10 @@ GROUP = "kernel_sandbox.backends"
 """The entry-point group every backend's :class:`BackendEntry` is registered in."""
 LOCAL = "local"
 """The execution API's one backend that is not a wing (an ordinary local ipykernel, no sandbox)."""
+DOCKER_PROVISIONER = "kernel-sandbox-docker"
+OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
+"""The provisioners' entry-point names, which kernelspecs select (never renamed); here, not in
+:mod:`kernel_sandbox.kernelspecs`, so that the launcher does not import jupyter_client."""
 
 
 def _load(reference: str) -> Any:

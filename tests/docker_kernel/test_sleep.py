@@ -289,3 +289,16 @@ async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_go
         assert not kept.exists(), "the sleep's checkpoint goes with the kernel"
     finally:
         kc.stop_channels()
+
+
+def test_the_launcher_that_stays_for_a_sleeping_kernel_does_not_load_jupyter_client() -> None:
+    """What a sleeping kernel costs on the host is its launcher: jupyter_client (13 MiB with tornado and
+    traitlets) is the client's, never loaded there (its protocol 4 adapter only at a protocol 4 message)."""
+    code = (
+        "import sys, kernel_sandbox.launch, kernel_sandbox.launch.sleep, kernel_sandbox.docker.link\n"
+        "from kernel_sandbox import backends\n"
+        "backends.entries()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'jupyter_client', 'tornado', 'traitlets'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert loaded.stdout == "[]\n", loaded.stdout + loaded.stderr
