@@ -290,8 +290,8 @@ class Sleeper:
             if b'"status"' in header and _msg_type(header) == "status":
                 self._busy = b'"idle"' not in bytes(parts[3][:200])
                 self._last = self._loop.time()
-            elif b'"comm_' in header:
-                self._comm(parts, False)
+            elif b'"comm_' in header and _msg_type(header) in ("comm_open", "comm_close"):
+                self._comm(parts, False)  # never a comm_msg's content (widget data: megabytes)
         elif channel == "shell":
             if b"kernel_info_reply" in header and _msg_type(header) == "kernel_info_reply":
                 self._kernel_info = _json(bytes(parts[3]))
