@@ -28,7 +28,7 @@ from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint
 
-from kernel_kit import ArgvKernel, cell
+from kernel_kit import RUNTIMES, ArgvKernel, cell, runtime_option
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "sleepy", "own_store")
 
@@ -84,8 +84,9 @@ async def asleep(km: AsyncKernelManager) -> None:
                 what="the kernel to sleep and its container to go")
 
 
-async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_variables() -> None:
-    km = manager()
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_variables(runtime: str) -> None:
+    km = manager(**runtime_option(runtime))
     async with started_client(km) as kc:
         text, reply = await cell(kc, "import numpy as np\nx = 41 + 1\nbig = np.arange(10**6)\ndef f(v):\n    return v * x")
         assert reply["status"] == "ok", text
