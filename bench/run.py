@@ -36,6 +36,7 @@ import bench_policy
 import bench_relay
 import bench_scale
 import bench_secrets
+import bench_sleep
 from report import Measure, Row, markdown, unavailable, write
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,7 +45,7 @@ ROUNDS = {  # quick, full
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
     "egress": (10, bench_egress.ROUNDS), "secrets": (10, bench_secrets.ROUNDS),
     "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS), "frames": (50, bench_frames.OUTPUTS),
-    "mcp": (10, bench_mcp.ROUNDS),
+    "mcp": (10, bench_mcp.ROUNDS), "sleep": (1, bench_sleep.ROUNDS),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -68,6 +69,7 @@ MEASURES = [
     *bench_checkpoint.MEASURES,
     *bench_frames.MEASURES,
     *bench_mcp.MEASURES,
+    *bench_sleep.MEASURES,
 ]
 
 
@@ -117,6 +119,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("checkpoint", ["checkpoint"], lambda: _checkpoint(pick["checkpoint"])),
         ("frames", ["frames_memory"], lambda: asyncio.to_thread(bench_frames.rows, pick["frames"])),
         ("mcp", ["mcp"], lambda: _mcp(pick["mcp"])),
+        ("sleep", ["sleep_memory", "sleep_wake"], lambda: _sleep(pick["sleep"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -151,6 +154,10 @@ async def _checkpoint(rounds: int) -> list[Row]:
     return bench_checkpoint.rows(await bench_checkpoint.measure(rounds))
 
 
+async def _sleep(rounds: int) -> list[Row]:
+    return bench_sleep.rows(await bench_sleep.measure(rounds))
+
+
 async def _mcp(rounds: int) -> list[Row]:
     return bench_mcp.rows(await bench_mcp.measure(rounds))
 
@@ -165,7 +172,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
     parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "secrets",
-                                                      "metrics", "checkpoint", "frames", "mcp"],
+                                                      "metrics", "checkpoint", "frames", "mcp", "sleep"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

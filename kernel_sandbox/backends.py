@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 GROUP = "kernel_sandbox.backends"
 """The entry-point group every backend's :class:`BackendEntry` is registered in."""
+DOCKER_PROVISIONER = "kernel-sandbox-docker"
+OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
+"""The provisioners' entry-point names, which kernelspecs select (never renamed); here, not in
+:mod:`kernel_sandbox.kernelspecs`, so that the launcher does not import jupyter_client."""
 
 
 def load(reference: str) -> Any:

@@ -14,10 +14,10 @@ type dropped. The policy then cleans the values of this canonical form.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jupyter_client.adapter import V4toV5
 
 __all__ = [
     "CHANNEL_TYPES",
@@ -79,7 +79,6 @@ BUFFER_TYPES = frozenset({"comm_open", "comm_msg"})
 """The only types whose binary buffers a frontend reads (widget state); others lose them."""
 
 _HEADER_KEYS = ("msg_id", "msg_type", "username", "session", "date", "subshell_id")
-_V4 = V4toV5()
 _DROP = object()
 Message = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
 
@@ -409,6 +408,15 @@ def _major(version: Any) -> int | None:
         return None
 
 
+@functools.cache
+def _v4_adapter() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """jupyter_client's protocol 4 → 5 adapter, imported at the first such message: importing it
+    loads all of jupyter_client (13 MiB), which the launcher would hold for its life otherwise."""
+    from jupyter_client.adapter import V4toV5
+
+    return V4toV5()
+
+
 def _header(header: dict[str, Any]) -> dict[str, Any]:
     return {key: header[key] for key in _HEADER_KEYS if isinstance(header.get(key), str)}
 
@@ -433,7 +441,7 @@ def canonical_message(
             {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
         )
         try:
-            message = _V4(message)
+            message = _v4_adapter()(message)
         except Exception:  # what the client's adapter fails on, the client never shows
             return None
         header, parent, metadata, content = (

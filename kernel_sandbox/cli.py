@@ -202,11 +202,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from .top import COLUMNS, INSPECT_TIMEOUT, sampled_twice, usage_columns
 
     waiting = _orphans()
+    asleep, awake = _sleeps()
     print("\t".join((*COLUMNS, "NOTE")))
+    for line in asleep:
+        print(line)
     # one listing per sample: a container that hangs its inspect shows no usage
     for row in sampled_twice(docker_client(INSPECT_TIMEOUT)):
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
-        note = waiting.get(row.kernel or "", "")
+        note = waiting.get(row.kernel or "", "") + awake.get(row.kernel or "", "")
         kind = f"kernel {row.kernel}" if row.kernel else "standby"
         held = f"\tsecrets {secrets_text(row.secrets)}" if row.secrets else ""
         print(f"{row.name}\t{row.status}\t{kind}\t{usage}{note}{held}")
@@ -232,6 +235,41 @@ def cmd_top(args: argparse.Namespace) -> int:
         recording.write(Path(args.plot))
         print(f"Wrote {args.plot}")
     return 0
+
+
+def _sleeps() -> tuple[list[str], dict[str, str]]:
+    """The ``ps`` line of each of this user's kernels that sleeps (``suspend_after``: it has no
+    container), and for each kept awake the note that says why."""
+    import time
+
+    from .controls import escape_controls
+    from .privdir import SLEEP
+    from .reattach import records
+
+    found, _ = records()
+    lines, notes = [], {}
+    for record in found:
+        try:
+            state = json.loads((record.private / SLEEP).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(state, dict):
+            continue
+        if state.get("state") == "suspended":
+            since = state.get("since")
+            when = (
+                time.strftime("%H:%M", time.localtime(since)) if isinstance(since, float) else "?"
+            )
+            size = state["bytes"] if isinstance(state.get("bytes"), int) else 0
+            saved = state["saved"] if isinstance(state.get("saved"), int) else 0
+            lines.append(
+                f"-\tsuspended\tkernel {record.kernel_id}\t0\t-\t-\t-\t-\tasleep since {when}, "
+                f"{saved / 2**20:.0f} MiB saved, checkpoint {size / 2**20:.1f} MiB on the host"
+            )
+        elif isinstance(state.get("why"), str):
+            # the reason names the kernel's variables: shown escaped, never obeyed
+            notes[record.kernel_id] = f"\tawake: {escape_controls(state['why'][:300])}"
+    return lines, notes
 
 
 def _orphans() -> dict[str, str]:

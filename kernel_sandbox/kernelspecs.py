@@ -23,15 +23,16 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
 from . import backends
-from .backends import provisioner_settings
+from .backends import (  # noqa: F401 (the provisioners' names, importable from here as before)
+    DOCKER_PROVISIONER,
+    OPENSANDBOX_PROVISIONER,
+    provisioner_settings,
+)
 from .errors import ConfigError, KernelLaunchError
 from .resources import data_path
 
 DOCKER_SPEC = "sandboxed-python"
 OPENSANDBOX_SPEC = "sandboxed-python-opensandbox"
-DOCKER_PROVISIONER = "kernel-sandbox-docker"
-OPENSANDBOX_PROVISIONER = "kernel-sandbox-opensandbox"
-"""The provisioners' entry-point names, which kernelspecs select (never renamed)."""
 PYTHON_PLACEHOLDER = "{kernel_sandbox_python}"
 SPEC_DIR_PLACEHOLDER = "{kernel_sandbox_spec_dir}"
 """The shipped kernel.json files name the launcher with these; ``install`` writes absolute paths.

@@ -95,6 +95,11 @@ class Usage:
     sampled_at: float = field(default_factory=time.time)
     secrets: tuple[tuple[str, int], ...] = ()
     """The kernel's secrets (names, never values), each with the requests that used it."""
+    state: str = "running"
+    """``running``, or ``suspended`` while the kernel sleeps (``suspend_after``: no container, its
+    memory 0)."""
+    saved: int | None = None
+    """While suspended: the memory its container held when it went to sleep, in bytes."""
 
     @property
     def memory_percent(self) -> float | None:
@@ -398,11 +403,14 @@ def usage_reply(usage: Usage | None) -> dict[str, Any]:
     ``host_cpu_percent`` on ``cpu_count`` CPUs and ``host_virtual_memory``: here the sandbox's
     limits stand for the host (its memory limit as the total, else the machine's memory).
     ``kernel_sandbox`` carries the whole :class:`Usage`. Without figures the reply has only
-    ``hostname``, and the panel says so.
+    ``hostname``, and the panel says so; while the kernel sleeps, ``hostname`` says that.
     """
     content: dict[str, Any] = {"hostname": "sandbox", "kernel_sandbox": None}
     if usage is None:
         return content
+    if usage.state == "suspended":  # the panel shows the host's name: it says the kernel sleeps
+        saved = f", {usage.saved / 2**20:.0f} MiB saved" if usage.saved else ""
+        content["hostname"] = f"sandbox (sleeping{saved})"
     content["kernel_sandbox"] = {
         name: getattr(usage, name) for name in usage.__dataclass_fields__ if name != "tmpfs"
     }

@@ -47,6 +47,15 @@ ADOPTED = "adopted.json"
 RECORD = "record.json"
 ORPHANED = "orphaned.json"
 SECRETS = "secrets.json"
+SLEEP = "sleep.json"
+"""Written by the launcher while its kernel sleeps (``suspend_after``), or stays awake and why."""
+SUSPEND_REQUEST = "kernel_sandbox_suspend_request"
+"""A control request (from a client holding the connection key) to put the kernel to sleep now."""
+WAKE_REQUEST = "kernel_sandbox_wake_request"
+"""A control request to wake a sleeping kernel now."""
+SLEEP_SLOT = ".sleep"
+"""The name a sleeping kernel's checkpoint is kept under (:func:`kept_checkpoint`), beside its own
+``%checkpoint``."""
 NEW_DIR_GRACE_SECONDS = 60
 CHECKPOINT_SUFFIX = ".checkpoint"
 PART_SUFFIX = ".part"
@@ -79,15 +88,16 @@ def checkpoint_root() -> Path:
     return Path(state) / "kernel-sandbox" / "checkpoints"
 
 
-def kept_checkpoint(private: Path) -> Path:
-    """The file of the checkpoint kept for the kernel whose private directory is ``private``."""
-    return checkpoint_root() / f"{private.name}{CHECKPOINT_SUFFIX}"
+def kept_checkpoint(private: Path, slot: str = "") -> Path:
+    """The file of the checkpoint kept for the kernel whose private directory is ``private`` (in
+    ``slot``: :data:`SLEEP_SLOT` for its sleep)."""
+    return checkpoint_root() / f"{private.name}{slot}{CHECKPOINT_SUFFIX}"
 
 
-def checkpoint_part(private: Path) -> Path:
+def checkpoint_part(private: Path, slot: str = "") -> Path:
     """The file a checkpoint for the kernel whose private directory is ``private`` is written to
     before it replaces the kept one; its writer holds a lock on it (:func:`remove_dead_parts`)."""
-    return checkpoint_root() / f"{private.name}{CHECKPOINT_SUFFIX}{PART_SUFFIX}"
+    return checkpoint_root() / f"{private.name}{slot}{CHECKPOINT_SUFFIX}{PART_SUFFIX}"
 
 
 @contextlib.contextmanager
@@ -142,12 +152,23 @@ def remove_dead_parts() -> list[Path]:
     return removed
 
 
+def sleeping(private: Path) -> bool:
+    """True while the kernel whose private directory is ``private`` sleeps (its launcher's
+    :data:`SLEEP` says ``suspended``)."""
+    try:
+        state = json.loads((private / SLEEP).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("state") == "suspended"
+
+
 def remove_private(path: Path) -> None:
     """Delete a kernel's private directory with everything in it, and the checkpoint kept (or
     being written) for it."""
     shutil.rmtree(path, ignore_errors=True)
-    kept_checkpoint(path).unlink(missing_ok=True)
-    checkpoint_part(path).unlink(missing_ok=True)
+    for slot in ("", SLEEP_SLOT):
+        kept_checkpoint(path, slot).unlink(missing_ok=True)
+        checkpoint_part(path, slot).unlink(missing_ok=True)
 
 
 def _is_private_dir(path: Path) -> bool:

@@ -6,8 +6,7 @@ It stands on the core (:mod:`kernel_sandbox.launch`, :mod:`kernel_sandbox.provis
 (:mod:`kernel_sandbox.backends`) and never imports it.
 """
 
-from ..backends import BackendEntry
-from ..kernelspecs import DOCKER_PROVISIONER
+from ..backends import DOCKER_PROVISIONER, BackendEntry
 
 BACKEND = BackendEntry(
     name="docker",

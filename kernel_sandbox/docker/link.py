@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -352,7 +353,12 @@ class DockerLink:
         self._killed: str | None = None
         self._broken_by: ExitStatus | None = None
         self._checkpoints: CheckpointStore | None = None
+        self._files: ContainerFiles | None = None
         self._own_dir: PrivateDir | None = None
+        self.keep_dir: PrivateDir | None = None
+        """Where ``%checkpoint`` keeps its blob when the request has no private directory (a
+        sleeping kernel's launcher lends its own, so that the blob outlives the container); None:
+        a directory of the link's own, for its life."""
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -441,10 +447,10 @@ class DockerLink:
         private directory (a client that ran the kernelspec's argv has none: one of the
         launcher's own, for its life); pass on the offer a predecessor that ran out of memory
         left."""
-        private = self.request.private
+        private = self.request.private or self.keep_dir
         if private is None:
             private = self._own_dir = PrivateDir.create()
-        files = ContainerFiles(client, container_id, self.settings.image)
+        files = self._files = ContainerFiles(client, container_id, self.settings.image)
         settings = self.settings
         store = CheckpointStore(
             private.path,
@@ -459,6 +465,12 @@ class DockerLink:
         offer = store.take_offer()
         if offer is not None:
             front.notice_next_cell(offer)
+
+    def blob_channel(self) -> ContainerFiles:
+        """How blobs move into and out of the kernel's container (once it is created)."""
+        if self._files is None:
+            raise KernelLaunchError("the kernel has no container yet")
+        return self._files
 
     async def _start_egress(self) -> None:
         """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before
@@ -501,7 +513,7 @@ class DockerLink:
     def _report_secrets(self, table: SecretTable) -> None:
         """Keep the secrets' names and use counts in the kernel's private directory, for
         ``kernel-sandbox ps`` and ``metrics()`` (never a value)."""
-        private = self.request.private or self._own_dir
+        private = self.request.private or self.keep_dir or self._own_dir
         if private is None:
             return
 
@@ -988,6 +1000,9 @@ class DockerLink:
             task.cancel()
         if self._checkpoints is not None:
             await self._checkpoints.close()
+            if self._front is not None:  # a link that follows (a wake) registers its own
+                with contextlib.suppress(ValueError):
+                    self._front.client_shell.remove(self._checkpoints.client_sent)
         for transport in [
             *self._streams,
             *(channel.transport for channel in self._channels.values()),

@@ -34,7 +34,7 @@ from .containers import (
 )
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
-from ..privdir import CONFIG, PrivateDir
+from ..privdir import CONFIG, LAUNCHER_LOCK, PrivateDir, sleeping
 from .settings import DockerSettings
 from ..provisioners.budget import Claim
 from ..provisioners.launched import LaunchedProvisioner
@@ -101,6 +101,8 @@ class DockerProvisioner(LaunchedProvisioner):
         """The container the launcher recorded must be labelled as that launcher's, of that
         directory and kernel."""
         container_id, pid = state.get("container_id"), state.get("pid")
+        if sleeping(private.path) and isinstance(pid, int) and private.held(LAUNCHER_LOCK):
+            return  # asleep (suspend_after): no container, its launcher answers and wakes it
         if not isinstance(container_id, str) or not isinstance(pid, int):
             raise KernelLaunchError(
                 f"{private.path}: the launcher recorded no container: nothing to re-attach to"

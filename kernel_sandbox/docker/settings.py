@@ -28,6 +28,7 @@ from ..parsers import (
     parse_max_kernels,
     parse_max_memory,
     parse_memory,
+    parse_orphan_seconds,
     parse_pids,
     parse_runtime,
     parse_seconds,
@@ -184,6 +185,21 @@ class DockerSettings(BackendSettings):
         parse_flag,
         "After the kernel runs out of memory and is restarted, its first cell says that the "
         "checkpoint made with %checkpoint is kept, for %restore.",
+    )
+
+    suspend_after: float | None = option(
+        UNLIMITED,
+        parse_orphan_seconds,
+        "Seconds of idleness (no client request, no running cell, no open widget) after which the "
+        "launcher checkpoints the kernel, removes its container and wakes it, with its variables, "
+        "in a new container at the next request; 'unlimited' (the execution API's default): "
+        "never. The kernelspecs install writes 1800.",
+    )
+    suspend_lossy: bool = option(
+        False,
+        parse_flag,
+        "Suspend an idle kernel even when its checkpoint would leave names behind (open sockets, "
+        "threads, generators...) or it has open widgets; false: such a kernel stays awake.",
     )
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from ..hostsecrets import Secret, read_uses, secret_values, unsupported
 from ..errors import (
     ConfigError,
     FramingError,
+    KernelLaunchError,
     MetricsUnavailable,
     NetworkDisabledError,
     PathError,
@@ -38,6 +39,7 @@ from ..errors import (
     SandboxFileError,
 )
 from ..metrics import CgroupProbe, Usage, near_misses
+from ..privdir import SUSPEND_REQUEST, WAKE_REQUEST, sleeping
 from ..policy.output import OutputPolicy
 from ..kernelside.toolhost import STATE_NOT_KEPT
 from ..results import Execution, ExecutionError, FileInfo, KernelDied, ToolResult
@@ -382,6 +384,40 @@ class AsyncSandbox(KernelExchange):
         self._deadline(None)
         await self._backend.pause(self._km.provisioner, False)
 
+    async def suspend(self) -> None:
+        """Put the kernel to sleep now (Docker, started with ``suspend_after``): its variables are
+        checkpointed on the host and its container removed; the next call, or :meth:`wake`, wakes
+        it in a new container with them.
+
+        Raises :class:`SandboxError` saying why when it stays awake (names its checkpoint would
+        leave behind without ``suspend_lossy``, a checkpoint over its cap...): it then runs on.
+        """
+        await self._sleep_request(SUSPEND_REQUEST)
+
+    async def wake(self) -> None:
+        """Wake a sleeping kernel now and wait until it runs with its variables again (nothing
+        when it is awake); raises :class:`KernelLaunchError` naming the reason (and where its
+        checkpoint is kept) when it cannot: the kernel has then ended, and the next call says
+        so."""
+        await self._sleep_request(WAKE_REQUEST)
+
+    async def _sleep_request(self, msg_type: str) -> None:
+        self._deadline(None)
+        if getattr(self._km.provisioner.settings(), "suspend_after", None) is None:
+            raise ConfigError(
+                "suspend() and wake() need a kernel that may sleep: start the Sandbox with "
+                "suspend_after (seconds of idleness before it sleeps by itself, e.g. 1800)"
+            )
+        assert self._lock is not None
+        async with self._lock:
+            reply = await self._launcher_request({}, msg_type, self.timeout)
+        if reply.get("status") != "ok":
+            why = reply.get("evalue") or "the launcher did not answer"
+            if msg_type == WAKE_REQUEST:
+                raise KernelLaunchError(f"The kernel could not wake: {why}")
+            raise SandboxError(f"The kernel was not suspended: {why}")
+        self._channel, self._installed = None, False  # the helper is opened again in the new kernel
+
     async def close(self) -> None:
         """Shut the kernel down and remove everything the sandbox created. Safe to call twice."""
         km, self._km = self._km, None
@@ -429,6 +465,9 @@ class AsyncSandbox(KernelExchange):
     def _sample(self) -> Usage:
         """One sample from the kernel's current container (found again after a restart)."""
         provisioner = self._km.provisioner if self._km is not None else None
+        private = getattr(provisioner, "private", None)
+        if private is not None and sleeping(private.path):
+            return Usage(memory=0, source="launcher", state="suspended")
         probe = self._probe
         if probe is None or probe.container_id != getattr(provisioner, "container_id", None):
             probe = self._probe = self._backend.probe(provisioner)
@@ -703,11 +742,17 @@ class AsyncSandbox(KernelExchange):
         window = min(seconds + REPLY_GRACE, MAX_WINDOW)
         return self._backend.index_window(self._km.provisioner, self._launcher_request, window)
 
-    async def _launcher_request(self, content: dict[str, Any]) -> dict[str, Any]:
-        """Send an egress request to the launcher on the control channel and wait for its reply."""
-        msg = self._kc.session.msg(WINDOW_REQUEST, content)
+    async def _launcher_request(
+        self,
+        content: dict[str, Any],
+        msg_type: str = WINDOW_REQUEST,
+        wait: float = LAUNCHER_REPLY_WAIT,
+    ) -> dict[str, Any]:
+        """Send a request to the launcher on the control channel and wait up to ``wait`` s for its
+        reply (an egress window by default)."""
+        msg = self._kc.session.msg(msg_type, content)
         self._kc.control_channel.send(msg)
-        until = time.monotonic() + LAUNCHER_REPLY_WAIT
+        until = time.monotonic() + min(wait, MAX_WINDOW)
         while (left := until - time.monotonic()) > 0:
             try:
                 reply = await self._kc.control_channel.get_msg(timeout=left)

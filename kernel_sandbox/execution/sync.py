@@ -168,6 +168,14 @@ class Sandbox:
         """Resume a paused sandbox and wait until it runs again."""
         LoopThread.run(self._async.resume())
 
+    def suspend(self) -> None:
+        """See :meth:`AsyncSandbox.suspend`."""
+        LoopThread.run(self._async.suspend())
+
+    def wake(self) -> None:
+        """See :meth:`AsyncSandbox.wake`."""
+        LoopThread.run(self._async.wake())
+
     def metrics(self) -> Usage:
         """See :meth:`AsyncSandbox.metrics`."""
         return LoopThread.run(self._async.metrics())

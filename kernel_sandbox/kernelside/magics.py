@@ -156,6 +156,19 @@ class Magics:
         )
 
 
+def ready_to_sleep():
+    """Refuse a sleep (:mod:`kernel_sandbox.launch.sleep`, which runs this before its
+    ``%checkpoint``) while packages installed with ``%pip`` or ``install()`` are there: the new
+    container would not have them, and names that refer to them could not be restored."""
+    names = packages.installed(os.environ)
+    if names:
+        raise CheckpointFailed(
+            f"packages installed in this kernel ({_names(names)}) would be gone after a sleep, "
+            "and the names that use them could not come back; the kernel stays awake (install "
+            "them in the image to let it sleep)"
+        )
+
+
 def _no_arguments(name, line):
     if line.strip():
         raise CheckpointFailed(f"%{name} takes no arguments (got {line.strip()!r})")

@@ -75,3 +75,13 @@ def wrap_pip_magic(original):
 
     pip.__doc__ = original.__doc__
     return pip
+
+
+def installed(environ):
+    """The names of what pip installed into ``PIP_TARGET`` (none without it), sorted."""
+    target = environ.get("PIP_TARGET")
+    try:
+        names = os.listdir(target) if target else []
+    except OSError:
+        return []
+    return sorted(name for name in names if name != PIP_TMP and not name.endswith(".dist-info"))

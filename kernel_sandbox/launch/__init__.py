@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from typing import cast
 
 from .. import backends
 from ..controls import escape_controls
@@ -53,9 +54,14 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link of the request's backend (the registry imports its wing now: each pulls in
-    its SDK)."""
-    link: KernelLink = backends.load(backends.for_settings(request.settings).link)(request)
-    return link
+    its SDK); one that sleeps when idle with ``suspend_after`` (:mod:`.sleep`)."""
+    link_class = backends.load(backends.for_settings(request.settings).link)
+    if getattr(request.settings, "suspend_after", None) is None:
+        link: KernelLink = link_class(request)
+        return link
+    from .sleep import Sleeper, SleepableLink
+
+    return Sleeper(request, lambda: cast(SleepableLink, link_class(request)))
 
 
 def output_policy(settings: Settings) -> OutputPolicy:

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeGuard
 
+from ..checkpoint_file import header_bytes, read_header, reasons, strings
 from ..errors import CheckpointError, FramingError, KernelSandboxError
 from ..kernelside.magics import REQUEST, checkpoint_lines
 from ..privdir import checkpoint_part, checkpoint_store, kept_checkpoint, stored_bytes
@@ -83,10 +84,16 @@ class CheckpointStore:
     ``max_bytes``, among all this user's kernels' of at most ``max_total`` bytes together."""
 
     def __init__(
-        self, directory: Path, channel: BlobChannel, max_bytes: int, max_total: int, backend: str
+        self,
+        directory: Path,
+        channel: BlobChannel,
+        max_bytes: int,
+        max_total: int,
+        backend: str,
+        slot: str = "",
     ) -> None:
-        self.path = kept_checkpoint(directory)
-        self.part = checkpoint_part(directory)
+        self.path = kept_checkpoint(directory, slot)
+        self.part = checkpoint_part(directory, slot)
         self.offer_path = directory / OFFER
         self.channel = channel
         self.max_bytes = max_bytes
@@ -95,6 +102,13 @@ class CheckpointStore:
         self._serving = False
         self._asked: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.vet: Callable[[dict[str, Any]], None] | None = None
+        """Called with a checkpoint's checked header before a byte is pulled; it refuses by raising
+        :class:`CheckpointError` (a sleep that would lose names: :mod:`.sleep`)."""
+        self.expected: str | None = None
+        """The sha256 the kept checkpoint must have to be given back (None: any it records)."""
+        self.answered: Callable[[dict[str, Any]], None] | None = None
+        """Called with each answer the store gives the kernel."""
 
     def client_sent(self, parts: list[bytes]) -> None:
         """Note a cell the client signed that runs ``%checkpoint`` (:attr:`Front.client_shell`):
@@ -162,6 +176,8 @@ class CheckpointStore:
             reply = _error(f"the launcher failed: {exc!r}")
         finally:
             self._serving = False  # before the answer: the magic may send its next request at once
+        if self.answered is not None:
+            self.answered(reply)
         await self._answer(answer, reply)
 
     async def _answer(self, path: str, reply: dict[str, Any]) -> None:
@@ -174,6 +190,8 @@ class CheckpointStore:
     async def _keep(self, content: dict[str, Any]) -> dict[str, Any]:
         """Pull the blob the kernel made into the kept file, replacing the one kept before."""
         header = _stated(content)
+        if self.vet is not None:
+            self.vet(header)
         if header["size"] > self.max_bytes:
             raise CheckpointError(
                 f"Refused the checkpoint: it is {header['size']} bytes, over "
@@ -187,8 +205,6 @@ class CheckpointStore:
             backend=self.backend,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
-        from ..execution.checkpoint import header_bytes
-
         start = header_bytes(header)
         fd = self._reserve(len(start) + header["size"])  # no await: a cancel leaks no file
         digest = hashlib.sha256()
@@ -245,8 +261,6 @@ class CheckpointStore:
         """Write the kept blob where the kernel asks, if it was made in the image it runs."""
         if not _path(content.get("blob")):
             raise CheckpointError("the restore request names no valid path for the blob")
-        from ..execution.checkpoint import read_header
-
         try:
             handle = open(self.path, "rb")
         except FileNotFoundError:
@@ -256,6 +270,11 @@ class CheckpointStore:
             ) from None
         with handle:
             header = read_header(handle, str(self.path), self.max_bytes, "checkpoint_max_bytes")
+            if self.expected is not None and header.get("sha256") != self.expected:
+                raise CheckpointError(
+                    f"Refused the checkpoint kept at {self.path}: it is not the one the launcher "
+                    "made (its recorded sha256 differs); it was changed on the host since."
+                )
             image, image_name = await self.channel.image()
             if header.get("image") != image:
                 raise CheckpointError(
@@ -313,8 +332,6 @@ def _error(text: str) -> dict[str, Any]:
 
 def _stated(content: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's header from what the kernel states, checked for shape."""
-    from ..execution.checkpoint import reasons, strings
-
     size, digest, files = content.get("size"), content.get("sha256"), content.get("files")
     if type(size) is not int or size < 0 or type(files) is not int or not isinstance(digest, str):
         raise CheckpointError("the checkpoint request states no size")

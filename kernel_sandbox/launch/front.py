@@ -27,7 +27,7 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -73,6 +73,8 @@ MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
 Frames = Sequence[bytes]
 """A multipart message, one bytes object per frame."""
+Answer = dict[str, Any] | Awaitable[dict[str, Any]]
+"""What a launcher's own request handler returns: the reply's content, or an awaitable of it."""
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -319,10 +321,13 @@ class Front:
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
         self._gate_dir: PrivateDir | None = None
-        self.requests: dict[str, Callable[[Any], dict[str, Any]]] = {"usage_request": self._usage}
+        self.requests: dict[str, Callable[[Any], Answer]] = {"usage_request": self._usage}
         """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` →
-        ``x_reply``): only a client holding the connection key can send them; the kernel never sees
-        them."""
+        ``x_reply``; a handler may answer later, with an awaitable): only a client holding the
+        connection key can send them; the kernel never sees them."""
+        self.watchers: list[Callable[[str, list[bytes], list[bytes]], bool]] = []
+        """Called with each verified kernel message before anything else sees it; one that returns
+        True has taken it (the launcher's own exchange with the kernel, :mod:`.sleep`)."""
         self.kernel_requests: dict[str, Callable[[Any, Any], None]] = {}
         """IOPub messages of the kernel's addressed to the launcher, by ``msg_type``
         (:mod:`.checkpoints`): their content and parent header are handed to their handler, never
@@ -340,6 +345,7 @@ class Front:
         self._limits_timer: asyncio.TimerHandle | None = None
         self._holding_idle = False
         """True while IOPub is held for the timer's reading (see :meth:`_watch_errors`)."""
+        self._answering: set[asyncio.Future[None]] = set()
 
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
@@ -430,11 +436,52 @@ class Front:
         except Exception as exc:  # a bad request is answered, never fatal
             log.exception("the launcher could not answer a %s", msg_type)
             content = {"status": "error", "evalue": str(exc)[:500]}
+        if isinstance(content, dict):
+            self._reply(idents, parts, msg_type, content)
+        else:
+            task = asyncio.ensure_future(self._reply_later(idents, parts, msg_type, content))
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+        return True
+
+    async def _reply_later(
+        self,
+        idents: list[bytes],
+        parts: list[bytes],
+        msg_type: str,
+        answer: Awaitable[dict[str, Any]],
+    ) -> None:
+        try:
+            content = await answer
+        except Exception as exc:  # a bad request is answered, never fatal
+            log.exception("the launcher could not answer a %s", msg_type)
+            content = {"status": "error", "evalue": str(exc)[:500]}
+        if self._readers:
+            self._reply(idents, parts, msg_type, content)
+
+    def _reply(
+        self, idents: list[bytes], parts: list[bytes], msg_type: str, content: dict[str, Any]
+    ) -> None:
         reply_type = msg_type[: -len("_request")] + "_reply"
         reply = [self._header(reply_type), bytes(parts[0]), b"{}", _dumps(content)]
         if not self._readers["control"].send([*idents, DELIM, self._signer.sign(reply), *reply]):
             log.warning("dropped a %s: the client does not read its control channel", reply_type)
-        return True
+
+    def reply(
+        self,
+        channel: str,
+        idents: list[bytes],
+        parent: bytes,
+        reply_type: str,
+        content: dict[str, Any],
+    ) -> None:
+        """Send a reply of the launcher's own to a client's request (its header ``parent``)."""
+        parts = [self._header(reply_type), parent, b"{}", _dumps(content)]
+        self.from_kernel(channel, idents, parts)
+
+    def publish(self, parent: bytes, msg_type: str, content: dict[str, Any]) -> None:
+        """Publish a message of the launcher's own on IOPub (a status, say), child of ``parent``."""
+        self.from_kernel("iopub", [], [self._header(msg_type), parent, b"{}", _dumps(content)])
 
     def notice_next_cell(self, text: str) -> None:
         """Show ``text`` (on stderr, marked as the launcher's) in the next cell a client runs."""
@@ -582,6 +629,9 @@ class Front:
         bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
         dropped and logged; the session goes on.
         """
+        for watcher in self.watchers:
+            if watcher(channel, idents, parts):
+                return
         if (
             channel == "iopub"
             and self.kernel_requests
@@ -716,6 +766,8 @@ class Front:
         """Close every channel."""
         if self._limits_timer is not None:
             self._limits_timer.cancel()
+        for task in self._answering:
+            task.cancel()
         for gate in self._gates:
             gate.close()
         self._gates.clear()

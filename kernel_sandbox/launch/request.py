@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends import provisioner_settings
+from ..backends import DOCKER_PROVISIONER, provisioner_settings
 from ..errors import ConfigError, KernelLaunchError
-from ..kernelspecs import DOCKER_PROVISIONER
 from ..privdir import PrivateDir
 from ..settings import BackendSettings
 from .front import Connection

@@ -13,8 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..backends import BackendEntry
-from ..kernelspecs import OPENSANDBOX_PROVISIONER
+from ..backends import OPENSANDBOX_PROVISIONER, BackendEntry
 
 BACKEND = BackendEntry(
     name="opensandbox",

@@ -7,7 +7,8 @@ launcher has ended: one kernel and its ``memory`` limit. A launch whose ``max_ke
 ``max_memory`` the reservations held now leave no room for waits (idle standbys of other
 configurations are stopped to make room, they are only ahead of need) until a kernel ends, up to
 its ``launch_timeout``; then it fails with :class:`~kernel_sandbox.errors.KernelBudgetExceeded`
-naming the option. A standby never waits: when there is no room, it is not started.
+naming the option. A standby never waits: when there is no room, it is not started. A kernel
+that sleeps (``suspend_after``) still counts as a kernel, its memory as 0 until it wakes.
 
 It is a budget of this process (a Jupyter server, a program), as Enterprise Gateway's
 ``max_kernels`` is of its server: several processes of one host each have their own.
@@ -48,6 +49,13 @@ class Reservation:
         self.budget = budget
         self.claim = claim
         self._released = False
+        self.asleep: Callable[[], bool] = lambda: False
+        """True while the kernel sleeps (``suspend_after``): its memory then counts as 0."""
+
+    @property
+    def memory(self) -> int:
+        """The memory the kernel counts for now: its limit, or 0 while it sleeps."""
+        return 0 if self.asleep() else self.claim.memory
 
     def release(self) -> None:
         """Give the share back; later calls do nothing."""
@@ -76,15 +84,15 @@ class KernelBudget:
 
     @property
     def memory(self) -> int:
-        """The sum of their memory limits, in bytes."""
+        """The sum of their memory limits, in bytes (a sleeping kernel's counts 0)."""
         with self._lock:
-            return sum(reservation.claim.memory for reservation in self._held)
+            return sum(reservation.memory for reservation in self._held)
 
     def _refusal(self, claim: Claim) -> str | None:
         """Why ``claim`` does not fit now (naming the option), or None when it does. Call with the
         lock held."""
         kernels = len(self._held)
-        memory = sum(reservation.claim.memory for reservation in self._held)
+        memory = sum(reservation.memory for reservation in self._held)
         if claim.max_kernels is not None and kernels + 1 > claim.max_kernels:
             return (
                 f"max_kernels={claim.max_kernels}: this process runs {kernels} Docker kernels "

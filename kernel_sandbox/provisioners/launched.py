@@ -45,6 +45,7 @@ from ..privdir import (
     OWNER_LOCK,
     RECORD,
     PrivateDir,
+    sleeping,
 )
 from ..settings import BackendSettings
 from .budget import BUDGET, Claim, Reservation
@@ -399,6 +400,8 @@ class LaunchedProvisioner(LocalProvisioner):
         if self._reservation is not None and self._reservation is not reservation:
             self._reservation.release()
         self._reservation = reservation
+        if reservation is not None:
+            reservation.asleep = lambda: self.private is not None and sleeping(self.private.path)
 
     async def _forget(self) -> None:
         self._reserve(None)

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.launcher import launch_kernel
 
 from ..privdir import CONFIG, PrivateDir
 
@@ -55,6 +54,9 @@ def launcher_command(connection_file: str, config_file: Path, status_fd: int) ->
 def start_launcher(cmd: list[str], status_fd: int, **kwargs: Any) -> subprocess.Popen[bytes]:
     """Run the launcher as jupyter_client runs a local kernel (its own session), passing it
     ``status_fd``."""
+    # here, not at the top: the launcher imports this module (pid_alive) and never needs it
+    from jupyter_client.launcher import launch_kernel
+
     try:
         process: subprocess.Popen[bytes] = launch_kernel(cmd, pass_fds=(status_fd,), **kwargs)
     finally:

@@ -39,7 +39,7 @@ from kernel_sandbox.privdir import (
     stored_bytes,
 )
 
-from support.kernel import RUNTIMES, runtime_option, until_ended
+from support.kernel import RUNTIMES, cell, runtime_option, until_ended
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "own_store")
 
@@ -106,20 +106,6 @@ def manager(**settings: Any) -> AsyncKernelManager:
     )
     km.autorestart = False
     return km
-
-
-async def cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
-    """Run ``code``; return its stdout and stderr together, and the reply's content."""
-    out: list[str] = []
-
-    def hook(msg: dict[str, Any]) -> None:
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
-
-    reply = await kc.execute_interactive(code, timeout=timeout, output_hook=hook)
-    return "".join(out), reply["content"]
 
 
 async def restart(km: AsyncKernelManager, kc: Any) -> None:

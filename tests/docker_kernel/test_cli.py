@@ -41,7 +41,8 @@ def test_install_writes_the_options_into_kernel_json(tmp_path: Path) -> None:
     assert spec["display_name"] == "Big sandbox"
     assert spec["metadata"]["kernel_provisioner"] == {
         "provisioner_name": "kernel-sandbox-docker",
-        "config": {"memory": "2g", "cpus": 2.0, "network": True, "mounts": [f"{tmp_path}:data"], "env": {"A": "b"}},
+        "config": {"suspend_after": 1800, "memory": "2g", "cpus": 2.0, "network": True, "mounts": [f"{tmp_path}:data"],
+                   "env": {"A": "b"}},
     }
     assert (spec_dir / "logo-64x64.png").is_file()
 

@@ -58,6 +58,8 @@ DOCKER = {
     "checkpoint_max_bytes": SIZE,
     "max_checkpoint_bytes": SIZE,
     "checkpoint_on_oom": (bool,),
+    "suspend_after": (*NUMBER, str, type(None)),  # seconds or 'unlimited'
+    "suspend_lossy": (bool,),
     "secrets": (list, tuple),
 }
 OPENSANDBOX = {

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import kernel_sandbox.execution.checkpoint as host_checkpoint
+import kernel_sandbox.checkpoint_file as checkpoint_file
 from kernel_sandbox.docker.containers import DEFAULT_IMAGE
 from kernel_sandbox.errors import CheckpointError, ConfigError
 from kernel_sandbox.execution import Checkpoint, Sandbox
@@ -147,10 +148,12 @@ def test_a_malicious_pickle_in_the_checkpoint_runs_nothing_on_the_host(
 
 
 def test_the_host_side_module_holds_no_deserialiser() -> None:
-    """An ``ast`` scan of the host's checkpoint code: no pickle, dill, cloudpickle, marshal or eval."""
+    """An ``ast`` scan of the host's checkpoint code (the module and the file format it shares with
+    the launcher): no pickle, dill, cloudpickle, marshal or eval."""
     modules = {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "marshal", "shelve", "joblib", "jsonpickle",
                "copyreg", "importlib", "builtins"}
     tree = ast.parse(Path(host_checkpoint.__file__).read_text())
+    tree.body += ast.parse(Path(checkpoint_file.__file__).read_text()).body
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level}
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
@@ -160,7 +163,9 @@ def test_the_host_side_module_holds_no_deserialiser() -> None:
     assert sum(isinstance(node.value, ast.Name) and node.value.id == "json" for node in decoders) == 1, "the file's header only"
     assert imported <= {"__future__", "collections", "contextlib", "datetime", "hashlib", "json", "os", "re", "struct", "dataclasses", "typing"}
     relative = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-    assert relative == {"errors", "files", "backend"}, "the errors, the buffer chunks gather in, the session's backend type for hints"
+    assert relative == {"errors", "files", "backend", "checkpoint_file"}, (
+        "the errors, the buffer chunks gather in, the session's backend type for hints, the file format"
+    )
     files = ast.parse(Path(host_checkpoint.__file__).with_name("files.py").read_text())
     assert {alias.name for node in ast.walk(files) if isinstance(node, ast.Import) for alias in node.names} <= {"io", "os", "posixpath"}
 

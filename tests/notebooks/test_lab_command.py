@@ -86,7 +86,7 @@ def test_setup_builds_the_missing_image_and_installs_the_kernelspec(fresh: Fresh
     extension = fresh.prefix / "share" / "jupyter" / "labextensions" / "kernel-sandbox-frame"
     assert f"installed in {extension}" in out and (extension / "package.json").is_file()
     spec = json.loads((spec_dir / "kernel.json").read_text())
-    assert spec["metadata"]["kernel_provisioner"]["config"] == {"image": fresh.image}
+    assert spec["metadata"]["kernel_provisioner"]["config"] == {"suspend_after": 1800, "image": fresh.image}
     assert docker_engine.images.get(fresh.image).labels.get(LABEL) == "true"
 
 

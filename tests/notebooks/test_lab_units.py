@@ -71,7 +71,7 @@ def test_locked_down_manager_keeps_the_kernelspecs_it_read_at_start(tmp_path: Pa
     spec["metadata"]["kernel_provisioner"]["config"]["mounts"] = ["/:host:rw"]
     spec_file.write_text(json.dumps(spec))
     plain_kernelspec(spec_dir.parent, "added-later")
-    assert ksm.get_kernel_spec("sandboxed-python").metadata["kernel_provisioner"]["config"] == {}
+    assert ksm.get_kernel_spec("sandboxed-python").metadata["kernel_provisioner"]["config"] == {"suspend_after": 1800}
     assert "mounts" not in ksm.get_all_specs()["sandboxed-python"]["spec"]["metadata"]["kernel_provisioner"]["config"]
     with pytest.raises(NoSuchKernel):
         ksm.get_kernel_spec("added-later")

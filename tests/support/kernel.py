@@ -138,6 +138,20 @@ async def run_cell(km: Any, code: str, timeout: float = 120, ready_timeout: floa
     return "".join(out), reply["content"]
 
 
+async def cell(kc: Any, code: str, timeout: float = 180) -> tuple[str, dict[str, Any]]:
+    """Run ``code`` through the async client ``kc``; return its stdout and stderr together, and the reply's content."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+
+    reply = await kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return "".join(out), reply["content"]
+
+
 # ---- the debugger, as JupyterLab drives it --------------------------------------------------------
 
 DEBUG_CELL = "x = 42\ny = x + 1\nz = y * 2\n"

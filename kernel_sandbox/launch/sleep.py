@@ -1,0 +1,511 @@
+"""Kernels that sleep when idle and wake on the next message, with their variables
+(``suspend_after``).
+
+A :class:`Sleeper` stands between the front and the backend's links, one link per container. When
+the kernel has been idle for ``suspend_after`` seconds (no client request on shell or control, no
+cell running, no open widget), it runs ``%checkpoint`` in the kernel as a request of its own
+(silent: ``execution_count`` does not move, and no client sees its messages), keeps the blob on the
+host through the same :class:`~.checkpoints.CheckpointStore` as ``%checkpoint`` (same caps, same
+store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`), and removes the container.
+Asleep, the launcher answers heartbeats, ``kernel_info_request`` (with the live kernel's last
+reply), ``interrupt_request`` and ``shutdown_request`` itself. Any other request wakes the kernel: a
+new container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
+at sleep), ``execution_count`` set where it was, then the requests that waited pass on, and the
+first cell's output starts with one line saying the kernel woke up and what was not kept. The client
+keeps its connection, kernel id and connection file.
+
+Nothing is lost silently: a kernel whose checkpoint would leave names behind (sockets, threads,
+generators...) or that has open widgets stays awake unless ``suspend_lossy``; a checkpoint refused
+(over its cap, the store full) or failed leaves the container running; a request that comes while
+the checkpoint is taken abandons the sleep. Each refusal is written, with its reason, to the
+kernel's ``sleep.json`` (``kernel-sandbox ps``). A wake that fails ends the kernel with the reason
+and where the blob is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import ctypes
+import gc
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import CheckpointError, KernelLaunchError, KernelSandboxError
+from ..kernelside.boot import EXTENSION
+from ..kernelside.magics import REQUEST
+from ..metrics import Usage
+from ..privdir import LAUNCHER_LOCK, SLEEP, SLEEP_SLOT, SUSPEND_REQUEST, WAKE_REQUEST, PrivateDir
+from .checkpoints import BlobChannel, CheckpointStore
+from .front import Answer, ExitStatus, Front, KernelLink, _dumps, _json, _msg_type, new_header
+
+if TYPE_CHECKING:
+    from .request import LaunchRequest
+
+OWN_TIMEOUT = 600.0
+"""Seconds the launcher waits for its own ``%checkpoint`` or ``%restore`` cell (the magic itself
+gives the host 300 s to move the blob)."""
+CHECK_EVERY = 1.0
+"""Seconds between two looks at the idle clock, at most."""
+WIDGET_TARGET = "jupyter.widget"
+SHOWN = 8
+
+log = logging.getLogger("kernel_sandbox.launch")
+
+
+class SleepableLink(KernelLink, Protocol):
+    """A link whose container can be checkpointed and replaced (the Docker link)."""
+
+    keep_dir: PrivateDir | None
+
+    def blob_channel(self) -> BlobChannel:
+        """How blobs move into and out of the link's container."""
+
+
+class Sleeper:
+    """A :class:`KernelLink` that puts its kernel to sleep when idle (see the module docstring)."""
+
+    def __init__(self, request: LaunchRequest, make: Callable[[], SleepableLink]) -> None:
+        self.request = request
+        settings: Any = request.settings
+        self.after: float = settings.suspend_after
+        self.lossy: bool = settings.suspend_lossy
+        self._make = make
+        self._loop = asyncio.get_running_loop()
+        self._link: SleepableLink | None = None
+        self._front: Front | None = None
+        self._ended: asyncio.Future[ExitStatus] = self._loop.create_future()
+        self.state = "awake"
+        """``awake``, ``suspending``, ``asleep`` or ``waking``."""
+        self._last = self._loop.time()
+        self._busy = False
+        self._widgets: set[str] = set()
+        self._own: collections.deque[bytes] = collections.deque(maxlen=4)
+        """The msg_ids of the launcher's own latest cells (their messages reach no client)."""
+        self._own_reply: asyncio.Future[Any] | None = None
+        self._queue: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
+        self._kernel_info: Any = None
+        self._count: int | None = None
+        self._lost: dict[str, str] = {}
+        self._kept_sha: str | None = None
+        """The sha256 of the checkpoint kept at the last sleep (the only one a wake restores)."""
+        self._kept: str | None = None
+        self._since = 0.0
+        self._saved: int | None = None
+        self._session = uuid.uuid4().hex
+        self._own_dir: PrivateDir | None = None
+        self._dir = request.private
+        if self._dir is None:
+            self._dir = self._own_dir = PrivateDir.create()
+            self._dir.hold(LAUNCHER_LOCK)
+        self._store: CheckpointStore | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._handlers: dict[str, Callable[[Any], Answer]] = {}
+        """The links' own answers to launcher requests, by type (the latest link's)."""
+        self._wrapped: dict[str, Callable[[Any], Answer]] = {}
+        self._wake_task: asyncio.Future[None] | None = None
+
+    # -- the link's life -----------------------------------------------------------------------
+
+    async def start(self, front: Front) -> None:
+        """Start the first container; from now on, watch for idleness."""
+        self._front = front
+        front.watchers.append(self._watch)
+        front.requests[SUSPEND_REQUEST] = lambda content: self.suspend("asked by a client")
+        front.requests[WAKE_REQUEST] = lambda content: self._wake_request()
+        await self._start_link()
+        self._spawn(self._idle_clock())
+
+    async def _start_link(self) -> None:
+        assert self._front is not None and self._dir is not None
+        link = self._make()
+        link.keep_dir = self._own_dir
+        self._link = link
+        await link.start(self._front)
+        settings: Any = self.request.settings
+        if self._store is None:
+            self._store = CheckpointStore(
+                self._dir.path,
+                link.blob_channel(),
+                settings.checkpoint_max_bytes,
+                settings.max_checkpoint_bytes,
+                "docker",
+                slot=SLEEP_SLOT,
+            )
+            self._store.vet = self._vet
+            self._store.answered = self._answered
+        self._store.channel = link.blob_channel()
+        self._wrap_requests()
+        self._spawn(self._follow(link))
+
+    def _wrap_requests(self) -> None:
+        """Make the requests the new link answers itself (its egress window) wake a sleeping
+        kernel first: what they prepare is for the container that runs next."""
+        assert self._front is not None
+        requests = self._front.requests
+        for name, handler in list(requests.items()):
+            if name in (SUSPEND_REQUEST, WAKE_REQUEST, "usage_request"):
+                continue  # the sleeper's own, and the front's
+            if handler is self._wrapped.get(name):
+                continue  # wrapped already: the new link did not answer it anew
+            self._handlers[name] = handler
+            self._wrapped[name] = requests[name] = self._waking_handler(name)
+
+    def _waking_handler(self, name: str) -> Callable[[Any], Answer]:
+        def answer(content: Any) -> Answer:
+            if self.state == "awake":
+                return self._handlers[name](content)
+            return self._after_wake(name, content)
+
+        return answer
+
+    async def _after_wake(self, name: str, content: Any) -> dict[str, Any]:
+        woke = await self._wake_request()
+        if woke.get("status") != "ok":
+            return woke
+        answer = self._handlers[name](content)
+        return answer if isinstance(answer, dict) else await answer
+
+    async def _follow(self, link: SleepableLink) -> None:
+        """The kernel's end is the sleeper's, unless the link was let go to sleep."""
+        status = await link.ended()
+        if link is self._link:
+            self._end(status)
+
+    def _end(self, status: ExitStatus) -> None:
+        if not self._ended.done():
+            self._ended.set_result(status)
+
+    async def ended(self) -> ExitStatus:
+        """Wait until the kernel has ended (never by a sleep), and say how."""
+        return await asyncio.shield(self._ended)
+
+    async def stop(self) -> None:
+        """End the kernel: stop the container if it is awake, drop its sleep's checkpoint."""
+        for task in list(self._tasks):
+            task.cancel()
+        link, self._link = self._link, None
+        if link is not None:
+            await link.stop()
+        if self._store is not None:
+            await self._store.close()
+            if not self._ended.done() or self._ended.result().code == 0:
+                self._store.path.unlink(missing_ok=True)
+        if self._own_dir is not None:
+            self._own_dir.remove()
+
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
+        """A client's message: passed on while awake; asleep, answered here or queued for the
+        wake."""
+        if channel != "stdin":
+            self._last = self._loop.time()
+            if channel == "shell" and b"comm_close" in parts[0]:
+                self._comm(parts, True)
+        if self.state == "awake" and self._link is not None:
+            self._link.send(channel, idents, parts)
+            return
+        msg_type = _msg_type(bytes(parts[0])) or ""
+        if self.state == "asleep" and self._answer_asleep(channel, idents, parts, msg_type):
+            return
+        self._queue.append((channel, idents, parts))
+        if self.state == "asleep" and self._wake_task is None:
+            self._wake_task = self._spawn(self._wake())
+
+    def _answer_asleep(self, channel: str, idents: list[Any], parts: list[Any], kind: str) -> bool:
+        """Answer a request that needs no kernel (True), while it sleeps."""
+        front = self._front
+        assert front is not None
+        parent = bytes(parts[0])
+        if kind == "kernel_info_request" and self._kernel_info is not None:
+            front.publish(parent, "status", {"execution_state": "busy"})
+            front.reply(channel, idents, parent, "kernel_info_reply", self._kernel_info)
+            front.publish(parent, "status", {"execution_state": "idle"})
+            return True
+        if kind == "interrupt_request":
+            front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
+            return True
+        if kind == "shutdown_request":
+            content = _json(bytes(parts[3]))
+            restart = bool(content.get("restart")) if isinstance(content, dict) else False
+            front.reply(
+                channel, idents, parent, "shutdown_reply", {"status": "ok", "restart": restart}
+            )
+            self._end(ExitStatus(0, "the kernel shut down (asleep)"))
+            return True
+        return False
+
+    def heartbeat(self, frames: list[Any]) -> None:
+        """Pass a ping to the kernel; asleep or waking, the launcher answers it."""
+        if self._link is not None and self.state in ("awake", "suspending"):
+            self._link.heartbeat(frames)
+        elif self._front is not None:
+            self._front.heartbeat_reply(frames)
+
+    def pause_reading(self, channel: str, paused: bool) -> None:
+        """Pass flow control on to the container's link, if any."""
+        if self._link is not None:
+            self._link.pause_reading(channel, paused)
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell; a sleeping kernel runs none."""
+        if self._link is not None and self.state == "awake":
+            await self._link.interrupt()
+
+    def usage(self) -> Usage | None:
+        """The container's usage; asleep, no memory and state ``suspended``."""
+        if self.state in ("asleep", "waking"):
+            return Usage(memory=0, source="launcher", state="suspended", saved=self._saved)
+        return self._link.usage() if self._link is not None else None
+
+    def limits_hit(self, error_text: str = "") -> list[str]:
+        """The limits the kernel hit (read from its current container)."""
+        return self._link.limits_hit(error_text) if self._link is not None else []
+
+    def _watch(self, channel: str, idents: list[bytes], parts: list[bytes]) -> bool:
+        """See each kernel message first: take the replies to the launcher's own cells, note the
+        kernel's state (running, open widgets, last count, kernel_info) from the others."""
+        header, parent = parts[0], parts[1]
+        if not isinstance(header, bytes) or not isinstance(parent, bytes):
+            return False
+        if any(own in parent for own in self._own):
+            self._take_own(channel, parts)
+            return True  # none of its messages reaches a client
+        if channel == "iopub":
+            if b'"status"' in header and _msg_type(header) == "status":
+                self._busy = b'"idle"' not in bytes(parts[3][:200])
+                self._last = self._loop.time()
+            elif b'"comm_' in header and _msg_type(header) in ("comm_open", "comm_close"):
+                self._comm(parts, False)  # never a comm_msg's content (widget data: megabytes)
+        elif channel == "shell":
+            if b"kernel_info_reply" in header and _msg_type(header) == "kernel_info_reply":
+                self._kernel_info = _json(bytes(parts[3]))
+            elif b"execute_reply" in header and _msg_type(header) == "execute_reply":
+                content = _json(bytes(parts[3]))
+                count = content.get("execution_count") if isinstance(content, dict) else None
+                if type(count) is int and 0 <= count < 2**31:
+                    self._count = count
+        return False
+
+    def _take_own(self, channel: str, parts: list[bytes]) -> None:
+        """A message of the launcher's own cell: the checkpoint request, the reply."""
+        kind = _msg_type(parts[0])
+        if channel == "iopub" and kind == REQUEST and self._store is not None:
+            self._store.handle(_json(bytes(parts[3])), _json(parts[1]))
+        elif channel == "shell" and kind == "execute_reply" and self._own_reply is not None:
+            if not self._own_reply.done():
+                self._own_reply.set_result(_json(bytes(parts[3])))
+
+    def _comm(self, parts: list[Any], from_client: bool) -> None:
+        """Track the widget comms open (a sleep closes them)."""
+        kind = _msg_type(bytes(parts[0]))
+        content = _json(bytes(parts[3]))
+        comm_id = content.get("comm_id") if isinstance(content, dict) else None
+        if not isinstance(comm_id, str):
+            return
+        if kind == "comm_open" and not from_client and content.get("target_name") == WIDGET_TARGET:
+            self._widgets.add(comm_id)
+        elif kind == "comm_close":
+            self._widgets.discard(comm_id)
+
+    # -- sleeping ------------------------------------------------------------------------------
+
+    async def _idle_clock(self) -> None:
+        """Put the kernel to sleep once it has been idle ``suspend_after`` seconds."""
+        while True:
+            left = self._last + self.after - self._loop.time()
+            if left > 0:
+                await asyncio.sleep(min(left, CHECK_EVERY))
+                continue
+            if self.state == "awake" and not self._busy:
+                result = await self.suspend(f"idle for {self.after:g} s")
+                if result.get("status") != "ok":
+                    log.info("the kernel stays awake: %s", result.get("evalue"))
+            self._last = self._loop.time()
+
+    async def suspend(self, why: str) -> dict[str, Any]:
+        """Checkpoint the kernel and remove its container; the reply says whether it sleeps, or
+        why not (the container then runs on)."""
+        refusal = self._refusal()
+        if refusal is not None:
+            self._note({"state": "awake", "why": refusal})
+            return {"status": "error", "evalue": refusal}
+        self.state = "suspending"
+        self._kept = None
+        try:
+            reply = await self._own_cell(f"__import__({EXTENSION!r}).ready_to_sleep()\n%checkpoint")
+            if reply.get("status") != "ok":
+                raise CheckpointError(str(reply.get("evalue") or "the checkpoint failed"))
+            if self._kept is None:  # the kernel's word is not enough: the store must have kept it
+                raise CheckpointError("the launcher kept no checkpoint for it")
+            if self._queue:
+                raise CheckpointError("a client's request came while the checkpoint was taken")
+        except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
+            reason = str(exc) or "no answer in time"
+            self._awake()
+            self._note({"state": "awake", "why": reason})
+            return {"status": "error", "evalue": reason}
+        link, self._link = self._link, None
+        self.state = "asleep"
+        self._since = time.time()
+        assert link is not None and self._store is not None
+        size = self._store.path.stat().st_size if self._store.path.exists() else 0
+        held = link.usage()
+        self._saved = held.memory if held is not None else None
+        # said before the container goes: whoever finds it gone finds the kernel asleep
+        state = {"state": "suspended", "since": self._since, "bytes": size, "saved": self._saved}
+        self._note({**state, "why": why})
+        await link.stop()
+        _give_back_memory()
+        log.info("the kernel sleeps (%s); its checkpoint is %d bytes", why, size)
+        if self._queue and self._wake_task is None:
+            self._wake_task = self._spawn(self._wake())
+        return {"status": "ok", "state": "suspended", "bytes": size, "not_kept": self._lost}
+
+    def _refusal(self) -> str | None:
+        if self.state != "awake" or self._link is None:
+            return f"the kernel is {self.state}"
+        if self._busy:
+            return "a cell is running"
+        if self._widgets and not self.lossy:
+            return (
+                f"{len(self._widgets)} widget(s) are open and a sleep closes them (set "
+                "suspend_lossy: true to suspend it anyway)"
+            )
+        return None
+
+    def _vet(self, header: dict[str, Any]) -> None:
+        """Refuse a sleep's checkpoint that would leave names behind (unless ``suspend_lossy``)."""
+        lost = {**header["not_saved"], **header["files_not_saved"]}
+        if header["not_saved"] and not self.lossy:
+            raise CheckpointError(
+                f"its checkpoint would leave behind {_listed(header['not_saved'])}; the kernel "
+                "stays awake (set suspend_lossy: true to suspend it anyway)"
+            )
+        self._lost = lost
+
+    def _answered(self, reply: dict[str, Any]) -> None:
+        """The store's answer to the sleep's checkpoint (or restore): the sha256 of what it kept."""
+        if self.state == "suspending" and reply.get("status") == "ok":
+            self._kept = self._kept_sha = reply.get("sha256")
+
+    def _awake(self) -> None:
+        """Back to awake with the container that runs; what waited meanwhile passes on."""
+        self.state = "awake"
+        self._last = self._loop.time()
+        while self._queue and self._link is not None:
+            self._link.send(*self._queue.popleft())
+
+    async def _own_cell(self, code: str) -> Any:
+        """Run ``code`` as the launcher's own silent cell; its execute_reply content."""
+        assert self._link is not None and self._store is not None
+        header = new_header("execute_request", self._session, "kernel-sandbox")
+        content = {
+            "code": code,
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        parts = [_dumps(header), b"{}", b"{}", _dumps(content)]
+        self._own.append(header["msg_id"].encode())
+        self._own_reply = self._loop.create_future()
+        self._store.client_sent(parts)
+        self._link.send("shell", [], parts)
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(self._own_reply), OWN_TIMEOUT)
+        finally:
+            self._own_reply = None
+        return reply if isinstance(reply, dict) else {}
+
+    # -- waking --------------------------------------------------------------------------------
+
+    async def _wake_request(self) -> dict[str, Any]:
+        if self.state == "awake":
+            return {"status": "ok", "state": "awake"}
+        if self._wake_task is None:
+            self._wake_task = self._spawn(self._wake())
+        await asyncio.shield(self._wake_task)
+        if self._ended.done():
+            return {"status": "error", "evalue": self._ended.result().reason}
+        return {"status": "ok", "state": "awake"}
+
+    async def _wake(self) -> None:
+        """Start a new container, restore the sleep's checkpoint into it, pass on what waited."""
+        try:
+            if self.state != "asleep":
+                return
+            self.state = "waking"
+            assert self._store is not None
+            try:
+                await self._start_link()
+                self._store.expected = self._kept_sha
+                code = "%restore"
+                if self._count is not None:
+                    code += f"\nget_ipython().execution_count = {self._count + 1}"
+                reply = await self._own_cell(code)
+                if reply.get("status") != "ok":
+                    raise CheckpointError(str(reply.get("evalue") or "the restore failed"))
+            except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
+                reason = (
+                    f"the kernel could not wake from sleep ({exc or 'no answer in time'}); its "
+                    f"checkpoint is kept at {self._store.path}"
+                )
+                log.error("%s", reason)
+                self._end(ExitStatus(1, reason, KernelLaunchError.__name__))
+                return
+            self._note(None)
+            self._tell_first_cell()
+            self._awake()
+        finally:
+            self._wake_task = None
+
+    def _tell_first_cell(self) -> None:
+        """Say, once, in the first cell that waited (else the next one), that the kernel slept."""
+        assert self._front is not None
+        slept = time.strftime("%H:%M", time.localtime(self._since))
+        text = f"The kernel slept from {slept} and woke up in a new container with its variables."
+        if self._lost:
+            text += f" Not kept: {_listed(self._lost)}."
+        for channel, _, parts in self._queue:
+            if channel == "shell" and _msg_type(bytes(parts[0])) == "execute_request":
+                content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
+                self._front.publish(bytes(parts[0]), "stream", content)
+                return
+        self._front.notice_next_cell(text)
+
+    def _note(self, state: dict[str, Any] | None) -> None:
+        """Write (None: remove) the kernel's ``sleep.json`` for ``ps`` and ``metrics()``."""
+        if self.request.private is None:
+            return
+        with contextlib.suppress(OSError):
+            if state is None:
+                (self.request.private / SLEEP).unlink(missing_ok=True)
+            else:
+                self.request.private.write_json(SLEEP, state)
+
+
+def _give_back_memory() -> None:
+    """Return the heap the awake kernel's traffic left free to the system (glibc keeps it
+    otherwise), so that a sleeping kernel's launcher holds what it uses; nothing elsewhere."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _listed(reasons: dict[str, str]) -> str:
+    names = [f"{name} ({why})" for name, why in list(reasons.items())[:SHOWN]]
+    more = len(reasons) - SHOWN
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")

@@ -1,0 +1,305 @@
+"""Kernels that sleep when idle and wake on the next message, with their variables
+(``suspend_after``, :mod:`kernel_sandbox.launch.sleep`), on real Docker kernels and ipykernels.
+
+Asleep, the kernel has no container (asked of the engine by its kernel-id label) and the launcher
+answers heartbeats and kernel_info; the next cell wakes it in a new container with its variables,
+its execution count goes on, and the cell's first output says once that it slept. What a sleep
+would lose keeps the kernel awake unless ``suspend_lossy``; a checkpoint over its cap leaves the
+container running; a blob changed on the host is refused at the wake, which says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Config
+
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.kernelspecs import install, started_client
+from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint
+
+from support.kernel import RUNTIMES, ArgvKernel, cell, runtime_option
+
+pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "sleepy", "own_store")
+
+SLEEP_AFTER = 2
+"""Seconds of idleness before a test's kernel sleeps."""
+WOKE = "[kernel-sandbox] The kernel slept from "
+
+
+@pytest.fixture
+def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkpoint store of this test's own (its launchers inherit ``XDG_STATE_HOME``)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return checkpoint_root()
+
+
+@pytest.fixture(scope="module")
+def sleepy(jupyter_prefix: Path) -> Path:
+    """The kernelspec ``sleepy``: the Docker kernelspec with ``suspend_after`` a few seconds (the
+    kernelspec's config wins over the traitlets config)."""
+    return Path(install("sandboxed-python", prefix=str(jupyter_prefix.parent.parent), install_as="sleepy",
+                        config={"suspend_after": SLEEP_AFTER}))
+
+
+def manager(**settings: Any) -> AsyncKernelManager:
+    """A manager of the ``sleepy`` kernelspec with these provisioner settings besides."""
+    km = AsyncKernelManager(kernel_name="sleepy", config=Config({"DockerProvisioner": settings}))
+    km.autorestart = False
+    return km
+
+
+def containers(kernel_id: str) -> list[Any]:
+    """The engine's containers of this kernel, by its label."""
+    return docker_client().containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"})
+
+
+def sleep_state(km: AsyncKernelManager) -> dict[str, Any]:
+    """What the launcher wrote in the kernel's ``sleep.json`` (empty: nothing)."""
+    path = km.provisioner.private / SLEEP
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+async def until(check: Any, timeout: float = 30, what: str = "") -> None:
+    """Wait until ``check()`` is true (fail after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        await asyncio.sleep(0.2)
+
+
+async def asleep(km: AsyncKernelManager) -> None:
+    """Wait until the kernel sleeps: its sleep.json says so and the engine has no container of it."""
+    await until(lambda: sleep_state(km).get("state") == "suspended" and not containers(km.kernel_id),
+                what="the kernel to sleep and its container to go")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_variables(runtime: str) -> None:
+    km = manager(**runtime_option(runtime))
+    async with started_client(km) as kc:
+        text, reply = await cell(kc, "import numpy as np\nx = 41 + 1\nbig = np.arange(10**6)\ndef f(v):\n    return v * x")
+        assert reply["status"] == "ok", text
+        first = km.provisioner.container_id
+        count = reply["execution_count"]
+        await asleep(km)
+        assert kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).is_file()
+        listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
+        assert f"-\tsuspended\tkernel {km.kernel_id}\t0\t" in listed.stdout, listed.stdout + listed.stderr
+        assert re.search(r"asleep since \d\d:\d\d, \d+ MiB saved, checkpoint 7\.\d MiB on the host", listed.stdout), listed.stdout
+        usage = kc.session.msg("usage_request", {})
+        kc.control_channel.send(usage)
+        answer = await kc.get_control_msg(timeout=30)
+        assert answer["parent_header"]["msg_id"] == usage["header"]["msg_id"]
+        assert re.fullmatch(r"sandbox \(sleeping, \d+ MiB saved\)", answer["content"]["hostname"]), answer["content"]
+        assert answer["content"]["kernel_memory"] == 0
+        assert await km.is_alive(), "a sleeping kernel is alive to its manager"
+        info = await kc.kernel_info(reply=True, timeout=30)  # answered by the launcher
+        assert info["content"]["implementation"] == "ipython"
+        assert containers(km.kernel_id) == [], "kernel_info did not wake the kernel"
+
+        text, reply = await cell(kc, "print(x, f(2), int(big.sum()))")
+        assert reply["status"] == "ok", text
+        assert text.count(WOKE) == 1 and "woke up in a new container with its variables" in text
+        assert text.endswith("42 84 499999500000\n"), text
+        assert reply["execution_count"] == count + 1, "the execution count goes on"
+        assert len(containers(km.kernel_id)) == 1 and km.provisioner.container_id != first
+        assert sleep_state(km) == {}
+
+        text, reply = await cell(kc, "print(x)")
+        assert text == "42\n" and reply["execution_count"] == count + 2, "the line is said once"
+
+
+async def test_a_kernel_with_an_open_socket_stays_awake_and_ps_says_why() -> None:
+    km = manager()
+    async with started_client(km) as kc:
+        assert (await cell(kc, "import socket\nsock = socket.socket()\nx = 1"))[1]["status"] == "ok"
+        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+        why = sleep_state(km)["why"]
+        listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
+        assert "\tawake: its checkpoint would leave behind sock (" in listed.stdout, listed.stdout + listed.stderr
+        assert "its checkpoint would leave behind sock (TypeError: cannot pickle 'socket' object)" in why
+        assert "suspend_lossy" in why
+        assert len(containers(km.kernel_id)) == 1
+        text, reply = await cell(kc, "print(x, sock.fileno() > 0)")
+        assert text == "1 True\n", "the kernel kept running untouched"
+
+
+async def test_with_suspend_lossy_a_kernel_with_a_socket_sleeps_and_says_what_was_lost() -> None:
+    km = manager(suspend_lossy=True)
+    async with started_client(km) as kc:
+        assert (await cell(kc, "import socket\nsock = socket.socket()\nx = 1"))[1]["status"] == "ok"
+        await asleep(km)
+        text, _ = await cell(kc, "print(x, 'sock' in globals())")
+        assert "Not kept: sock (TypeError: cannot pickle 'socket' object)." in text
+        assert text.endswith("1 False\n")
+
+
+def test_a_client_that_ran_argv_keeps_its_connection_across_a_sleep(tmp_path: Path, sleepy: Path) -> None:
+    kernel_id = f"sleepy-{uuid.uuid4().hex[:8]}"
+    kernel = ArgvKernel(sleepy, tmp_path, kernel_id=kernel_id)
+    try:
+        kernel.ready()
+        assert kernel.run("y = 'kept'")[1]["status"] == "ok"
+        deadline = time.monotonic() + 120
+        while containers(kernel_id):
+            assert time.monotonic() < deadline, "the kernel did not sleep"
+            time.sleep(0.2)
+        assert kernel.client.is_alive()
+        text, reply = kernel.run("print(y)")
+        assert reply["status"] == "ok" and text.count(WOKE) == 1 and text.endswith("kept\n"), text
+        assert len(containers(kernel_id)) == 1
+    finally:
+        stderr = kernel.stop()
+    assert containers(kernel_id) == [], stderr
+
+
+async def test_a_kernel_with_an_open_widget_stays_awake() -> None:
+    km = manager()
+    async with started_client(km) as kc:
+        text, reply = await cell(kc, "import ipywidgets\nslider = ipywidgets.IntSlider(value=3)\ndisplay(slider)")
+        assert reply["status"] == "ok", text
+        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+        assert "widget(s) are open and a sleep closes them" in sleep_state(km)["why"]
+        assert len(containers(km.kernel_id)) == 1
+
+
+async def test_a_sleeping_kernel_counts_no_memory_in_the_budget_and_an_awake_one_its_limit() -> None:
+    km = manager(memory="256m")
+    async with started_client(km) as kc:
+        reservation = km.provisioner._reservation
+        assert reservation is not None and reservation.memory == 256 * 2**20
+        await asleep(km)
+        assert reservation.memory == 0, "a sleeping kernel's memory counts 0"
+        await cell(kc, "x = 1")
+        assert reservation.memory == 256 * 2**20, "awake again, it counts its limit"
+
+
+@pytest.mark.security("attack", "container")
+async def test_a_kernel_that_makes_its_checkpoint_huge_is_refused_and_keeps_running() -> None:
+    km = manager(checkpoint_max_bytes="1m")
+    async with started_client(km) as kc:
+        assert (await cell(kc, "import os\nbig = os.urandom(4 * 2**20)\nmark = 'alive'"))[1]["status"] == "ok"
+        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+        assert "over checkpoint_max_bytes=1048576; nothing was pulled" in sleep_state(km)["why"]
+        assert len(containers(km.kernel_id)) == 1
+        assert not kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).exists()
+        text, _ = await cell(kc, "print(mark, len(big))")
+        assert text == f"alive {4 * 2**20}\n"
+
+
+@pytest.mark.security("attack", "container")
+async def test_a_kernel_that_keeps_itself_awake_is_counted_as_awake() -> None:
+    km = manager(memory="256m")
+    async with started_client(km) as kc:
+        # a thread of the kernel's says "busy" now and then, with no request of a client's
+        code = (
+            "import threading, time\nk = get_ipython().kernel\n"
+            "def busy():\n    while True:\n        time.sleep(0.5)\n"
+            "        k.session.send(k.iopub_socket, 'status', {'execution_state': 'busy'}, ident=b'status')\n"
+            "threading.Thread(target=busy, daemon=True).start()"
+        )
+        assert (await cell(kc, code))[1]["status"] == "ok"
+        await asyncio.sleep(SLEEP_AFTER * 4)
+        assert sleep_state(km).get("state") != "suspended" and len(containers(km.kernel_id)) == 1
+        assert km.provisioner._reservation.memory == 256 * 2**20, "it counts its whole memory limit"
+
+
+@pytest.mark.security("attack", "results")
+@pytest.mark.parametrize("where", ["blob", "header and blob"])
+async def test_a_checkpoint_changed_on_the_host_while_the_kernel_sleeps_is_refused_at_the_wake(where: str) -> None:
+    from kernel_sandbox.checkpoint_file import header_bytes, read_header
+
+    km = manager()
+    async with started_client(km) as kc:
+        assert (await cell(kc, "secret = 'theirs'"))[1]["status"] == "ok"
+        await asleep(km)
+        kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
+        with open(kept, "rb") as handle:
+            header = read_header(handle, str(kept), 2**30, "test")
+            blob = bytearray(handle.read())
+        blob[-1] ^= 0xFF
+        if where == "header and blob":
+            import hashlib
+
+            header["sha256"] = hashlib.sha256(blob).hexdigest()
+        kept.write_bytes(header_bytes(header) + bytes(blob))
+        msg_id = kc.execute("print(secret)")
+        await until(lambda: km.provisioner.process is None or km.provisioner.process.poll() is not None, what="the kernel to end")
+        exit_reason = json.loads((km.provisioner.private / "exit.json").read_text())["reason"]
+        assert "the kernel could not wake from sleep" in exit_reason and str(kept) in exit_reason
+        expected = "it was changed on the host since" if where == "header and blob" else "did not arrive intact"
+        assert expected in exit_reason, exit_reason
+        assert containers(km.kernel_id) == []
+        del msg_id
+
+
+async def test_a_kernel_with_packages_it_installed_stays_awake_even_when_lossy() -> None:
+    km = manager(suspend_lossy=True)
+    async with started_client(km) as kc:
+        # what pip leaves in PIP_TARGET (the packages tmpfs), which a new container would not have
+        code = "import os\nos.makedirs(os.path.join(os.environ['PIP_TARGET'], 'tinypkg'))\nx = 1"
+        assert (await cell(kc, code))[1]["status"] == "ok"
+        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+        assert "packages installed in this kernel (tinypkg) would be gone after a sleep" in sleep_state(km)["why"]
+        assert len(containers(km.kernel_id)) == 1
+
+
+@pytest.mark.security("attack", "results")
+async def test_a_kernel_that_fakes_its_checkpoint_is_not_put_to_sleep() -> None:
+    """Its own %checkpoint answers "ok" and keeps nothing: the launcher trusts its store, not the kernel's reply."""
+    km = manager()
+    async with started_client(km) as kc:
+        code = "get_ipython().register_magic_function(lambda line: None, 'line', 'checkpoint')\nx = 'alive'"
+        assert (await cell(kc, code))[1]["status"] == "ok"
+        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+        assert "the launcher kept no checkpoint for it" in sleep_state(km)["why"]
+        assert len(containers(km.kernel_id)) == 1
+        assert (await cell(kc, "print(x)"))[0] == "alive\n"
+
+
+async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_goes() -> None:
+    km = manager()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        assert (await cell(kc, "x = 1"))[1]["status"] == "ok"
+        await asleep(km)
+        kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
+        assert kept.is_file()
+        await km.interrupt_kernel()  # nothing runs: nothing to interrupt, and no wake
+        msg_id = kc.shutdown()
+        reply = await kc.get_control_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "ok"
+        await until(lambda: km.provisioner.process.poll() is not None, what="the launcher to end")
+        assert km.provisioner.process.returncode == 0, "a clean shutdown"
+        await km.shutdown_kernel(now=True)
+        assert containers(km.kernel_id) == [], "the shutdown woke the kernel"
+        assert not kept.exists(), "the sleep's checkpoint goes with the kernel"
+    finally:
+        kc.stop_channels()
+
+
+def test_the_launcher_that_stays_for_a_sleeping_kernel_does_not_load_jupyter_client() -> None:
+    """What a sleeping kernel costs on the host is its launcher: jupyter_client (13 MiB with tornado and
+    traitlets) is the client's, never loaded there (its protocol 4 adapter only at a protocol 4 message)."""
+    code = (
+        "import sys, kernel_sandbox.launch, kernel_sandbox.launch.sleep, kernel_sandbox.docker.link\n"
+        "from kernel_sandbox import backends\n"
+        "backends.entries()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'jupyter_client', 'tornado', 'traitlets'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert loaded.stdout == "[]\n", loaded.stdout + loaded.stderr

@@ -1,0 +1,126 @@
+"""Sleeping kernels in the execution API: ``suspend()`` and ``wake()`` on demand, the automatic
+sleep after ``suspend_after`` (a ``SandboxPool``'s kernels too), ``metrics()`` while asleep, and
+the refusals that name why (a socket without ``suspend_lossy``, no ``suspend_after``, the
+OpenSandbox backend)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.errors import ConfigError, SandboxError
+from kernel_sandbox.execution import AsyncSandbox, Sandbox, SandboxPool
+
+pytestmark = pytest.mark.usefixtures("docker_engine")
+
+WOKE = "[kernel-sandbox] The kernel slept from "
+
+
+def containers(kernel_id: str | None) -> list[object]:
+    """The engine's containers of this kernel, by its label."""
+    return docker_client().containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"})
+
+
+def test_suspend_and_wake_on_demand_keep_the_variables() -> None:
+    with Sandbox(suspend_after=3600) as sb:
+        assert sb.run("import numpy as np\nx = np.arange(4) * 3").error is None
+        assert sb.metrics().state == "running"
+        sb.suspend()
+        assert containers(sb.kernel_id) == []
+        usage = sb.metrics()
+        assert usage.state == "suspended" and usage.memory == 0
+        sb.wake()
+        assert len(containers(sb.kernel_id)) == 1 and sb.metrics().state == "running"
+        execution = sb.run("print(x.tolist())")
+        assert execution.error is None and execution.stdout == "[0, 3, 6, 9]\n", execution
+        sb.wake()  # awake already: nothing to do
+
+
+def test_a_call_wakes_a_suspended_kernel_and_its_first_output_says_so() -> None:
+    with Sandbox(suspend_after=3600) as sb:
+        sb.run("y = 'kept'")
+        sb.suspend()
+        execution = sb.run("print(y)")
+        assert execution.error is None and execution.stdout == "kept\n", execution
+        assert execution.stderr.count(WOKE) == 1, execution.stderr
+        sb.upload({"note.txt": b"written after the wake"})  # the helper works in the new container
+        assert sb.download("note.txt") == b"written after the wake"
+
+
+def test_a_suspend_that_would_lose_a_socket_is_refused_and_the_kernel_runs_on() -> None:
+    with Sandbox(suspend_after=3600) as sb:
+        sb.run("import socket\nsock = socket.socket()")
+        with pytest.raises(SandboxError, match=r"not suspended: its checkpoint would leave behind sock \("):
+            sb.suspend()
+        assert len(containers(sb.kernel_id)) == 1
+        assert sb.run("print(sock.fileno() > 0)").stdout == "True\n"
+
+
+def test_an_idle_pool_kernel_sleeps_by_itself_and_wakes_for_the_next_call() -> None:
+    with SandboxPool(size=1, suspend_after=2) as pool:
+        with pool.acquire() as sb:
+            sb.run("z = 7")
+            deadline = time.monotonic() + 120
+            while sb.metrics().state != "suspended" or containers(sb.kernel_id):
+                assert time.monotonic() < deadline, "the kernel did not sleep"
+                time.sleep(0.3)
+            assert sb.run("print(z * 6)").stdout == "42\n"
+
+
+async def test_suspend_without_suspend_after_names_the_option() -> None:
+    async with AsyncSandbox() as sb:
+        with pytest.raises(ConfigError, match="start the Sandbox with suspend_after"):
+            await sb.suspend()
+
+
+def test_the_opensandbox_backend_refuses_suspend_after_by_name() -> None:
+    with pytest.raises(ConfigError, match="has no option 'suspend_after'"):
+        Sandbox(backend="opensandbox", suspend_after=60)
+
+
+async def test_opening_the_package_index_wakes_a_sleeping_kernel_first() -> None:
+    """install() opens the egress window before its cell: the window must be the new container's."""
+    from kernel_sandbox.egress import WINDOW_REQUEST
+
+    async with AsyncSandbox(suspend_after=3600) as sb:
+        await sb.run("w = 'kept'")
+        await sb.suspend()
+        assert containers(sb.kernel_id) == []
+        reply = await sb._launcher_request({"open": 5}, WINDOW_REQUEST, 120)
+        assert reply.get("status") == "ok", reply
+        assert len(containers(sb.kernel_id)) == 1, "the window request woke the kernel"
+        assert (await sb.run("print(w)")).stdout == "kept\n"
+
+
+SLEEPING_OWNER = """
+import os
+from kernel_sandbox import Sandbox
+sandbox = Sandbox(suspend_after=3600).start()
+sandbox.run("kept = 'from the first owner'")
+sandbox.suspend()
+print(sandbox.kernel_id, flush=True)
+os._exit(0)  # killed: no close, the launcher of the sleeping kernel waits orphan_timeout for a new owner
+"""
+
+
+async def test_a_program_attaches_to_a_sleeping_kernel_whose_owner_died_and_wakes_it() -> None:
+    with tempfile.TemporaryFile("w+") as out:  # not a pipe: the launcher keeps its owner's
+        done = subprocess.run([sys.executable, "-c", SLEEPING_OWNER], stdout=out, stderr=subprocess.DEVNULL, timeout=240)
+        assert done.returncode == 0
+        out.seek(0)
+        kernel_id = out.read().strip()
+    assert containers(kernel_id) == []
+    sandbox = await AsyncSandbox.attach(kernel_id, timeout=120)
+    try:
+        # attaching opens the helper in the kernel: that woke it
+        assert len(containers(kernel_id)) == 1 and (await sandbox.metrics()).state == "running"
+        execution = await sandbox.run("print(kept)")
+        assert execution.stdout == "from the first owner\n", execution
+    finally:
+        await sandbox.close()
+    assert containers(kernel_id) == []

@@ -1,0 +1,86 @@
+"""A kernel that sleeps while its notebook is open in JupyterLab (headless Chromium), and wakes for the next cell
+(issue 37).
+
+A notebook on a kernelspec with ``suspend_after`` a few seconds defines a 100 MB DataFrame; left idle, its
+kernel's container goes (asked of the engine by the kernel's id) while the page stays connected; the next cell
+gets the right answer from a new container, under the same kernel id, its execution count going on, with one
+line saying that the kernel slept.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import nbformat
+import pytest
+
+from kernel_sandbox.kernelspecs import install
+
+from support.lab import LabServer, jupyterlab, kernel_containers, recording_page, remove_kernels_of, run_cell, wait_for_kernel
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+SLEEPY = "sandboxed-python-sleepy"
+DISPLAY = "Sandboxed Python (sleepy)"
+
+
+@pytest.fixture(scope="module")
+def sleepy_lab(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """JupyterLab with a Docker kernelspec whose kernels sleep after 3 idle seconds."""
+    base = tmp_path_factory.mktemp("sleepy-lab")
+    prefix = base / "prefix"
+    install("sandboxed-python", prefix=str(prefix), install_as=SLEEPY, display_name=DISPLAY,
+            config={"suspend_after": 3, "memory": "1g"})
+    with jupyterlab(base, prefix / "share" / "jupyter", "jupyterlab-sleepy-server.log") as server:
+        yield server
+    assert not remove_kernels_of(docker_engine, server.process.pid), "JupyterLab left kernel containers behind"
+
+
+def _kernel_id(lab: LabServer, path: str) -> str:
+    (session,) = [s for s in httpx.get(f"{lab.url}/api/sessions", headers=lab.headers).json() if s["path"] == path]
+    return session["kernel"]["id"]
+
+
+def _page_shows(page: Any, text: str) -> bool:
+    """True when the page or one of its output frames shows ``text``."""
+    return any(text in frame.locator("body").inner_text() for frame in page.frames)
+
+
+def test_a_notebooks_kernel_sleeps_and_the_next_cell_wakes_it_with_its_dataframe(browser, sleepy_lab: LabServer, docker_engine) -> None:
+    path = f"sleepy-{secrets.token_hex(4)}.ipynb"
+    metadata = {"kernelspec": {"name": SLEEPY, "display_name": DISPLAY, "language": "python"}}
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell()], metadata=metadata), str(sleepy_lab.root_dir / path))
+    try:
+        with recording_page(browser, "sleep-browser-failure.png") as (page, _):
+            page.goto(f"{sleepy_lab.url}/lab/workspaces/sleepy/tree/{path}?reset&token={sleepy_lab.token}")
+            panel = page.locator(".jp-NotebookPanel:visible")
+            panel.locator(".jp-Toolbar-kernelName", has_text=DISPLAY).wait_for()
+            wait_for_kernel(page, panel)
+            code = ("import numpy as np, pandas as pd\n"
+                    "df = pd.DataFrame(np.ones((2**20 * 100 // 8 // 4, 4)))\nprint('made', df.shape)")
+            run_cell(page, panel, code, "made (3276800, 4)")
+            kernel_id = _kernel_id(sleepy_lab, path)
+            assert len(kernel_containers(docker_engine, sleepy_lab.process.pid, kernel_id)) == 1
+
+            deadline = time.monotonic() + 120
+            while kernel_containers(docker_engine, sleepy_lab.process.pid, kernel_id):
+                assert time.monotonic() < deadline, "the kernel did not sleep"
+                time.sleep(0.5)
+            page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()  # still connected
+
+            out = run_cell(page, panel, "print('shape', df.shape)", "shape")
+            assert out.strip() == "shape (3276800, 4)", out
+            assert _page_shows(page, "[kernel-sandbox] The kernel slept from"), "no line said the kernel slept"
+            assert _kernel_id(sleepy_lab, path) == kernel_id, "the same kernel, not a new one"
+            assert len(kernel_containers(docker_engine, sleepy_lab.process.pid, kernel_id)) == 1
+            prompts = panel.locator(".jp-InputArea-prompt").all_inner_texts()
+            assert "[2]:" in prompts, prompts  # the execution count went on
+    finally:
+        for session in httpx.get(f"{sleepy_lab.url}/api/sessions", headers=sleepy_lab.headers).json():
+            if session["path"] == path:
+                httpx.delete(f"{sleepy_lab.url}/api/sessions/{session['id']}", headers=sleepy_lab.headers, timeout=60)
