@@ -44,6 +44,7 @@ from ..settings import (
 )
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
+ENGINES = ("auto", "docker", "podman")
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
 TMPFS_SHARE = {
     "tmp_size": 1 / 16,
@@ -75,6 +76,13 @@ class DockerSettings(BackendSettings):
 
     title = "the Docker backend"
 
+    engine: str = _option(
+        "auto",
+        _choice(ENGINES),
+        "The container engine: 'docker' (DOCKER_HOST), 'podman' (its API socket: CONTAINER_HOST, "
+        "else root's or the user's $XDG_RUNTIME_DIR/podman/podman.sock), or 'auto': Docker, else "
+        "Podman's socket when Docker does not answer and DOCKER_HOST is unset.",
+    )
     image: str = _option(DEFAULT_IMAGE, _text, "Docker image that runs the kernel.")
     network: bool | tuple[str, ...] = _option(
         False,
