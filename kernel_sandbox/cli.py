@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
+from .docker.settings import ENGINES
 from .docker.containers import DEFAULT_IMAGE, GcReport, docker_client, engine_clients, gc
 from .controls import SafeWriter, escape_controls
 from .egress import PYPI, package_index
@@ -138,7 +139,12 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     """Build the kernel image."""
     from .docker.image import build_image
 
-    tag = build_image(tag=args.tag, base_image=args.base_image, rebuild_base=args.rebuild_base)
+    tag = build_image(
+        tag=args.tag,
+        base_image=args.base_image,
+        rebuild_base=args.rebuild_base,
+        engine=args.engine,
+    )
     print(f"Built {tag}")
     return 0
 
@@ -470,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image tag (default {DEFAULT_IMAGE})")
+    build.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="the engine whose store gets the image (the kernels' 'engine' option; default auto)",
+    )
     build.add_argument(
         "--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)"
     )

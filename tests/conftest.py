@@ -34,6 +34,7 @@ TIERS = {
     "opensandbox": {"opensandbox_deployment"},
     "browser": {"browser", "chromium"},
     "docker": {"docker_engine"},
+    "podman": {"podman_engine"},
 }
 
 
@@ -62,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _unavailable(reason: str) -> None:
     if IN_CI:
-        pytest.fail(f"{reason} (CI must run the Docker tests: .ci/run starts the engine and builds the image)")
+        pytest.fail(f"{reason} (CI must run the Docker and Podman tests: .ci/run starts the engines and builds the image)")
     pytest.skip(reason)
 
 
@@ -77,6 +78,21 @@ def docker_engine():
         require_image(client, DEFAULT_IMAGE)
     except ImageMissing:
         _unavailable(f"kernel image {DEFAULT_IMAGE} not built (`kernel-sandbox image build`)")
+    return client
+
+
+@pytest.fixture(scope="session")
+def podman_engine():
+    """A client of Podman's API socket (root's, or this user's) with the kernel image; skips outside CI
+    when absent (.ci/run installs Podman, loads the image into its store and starts the socket)."""
+    try:
+        client = docker_client(engine="podman")
+    except EngineUnavailable as exc:
+        _unavailable(f"no Podman API socket ({exc})")
+    try:
+        require_image(client, DEFAULT_IMAGE)
+    except ImageMissing:
+        _unavailable(f"kernel image {DEFAULT_IMAGE} not in Podman's store (`kernel-sandbox image build --engine podman`)")
     return client
 
 

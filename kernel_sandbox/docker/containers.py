@@ -422,6 +422,37 @@ def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
         raise ConfigError(f"cpus={settings.cpus}: the Docker engine has only {cores} CPUs")
 
 
+def podman_host(client: docker.DockerClient) -> dict[str, Any]:
+    """The ``host`` part of Podman's own ``/libpod/info`` (its compatible ``/info`` says every
+    limit is enforced even where a rootless Podman ignores them)."""
+    response = client.api.get(f"{client.api.base_url}/{PODMAN_API}/libpod/info")
+    response.raise_for_status()
+    return dict(response.json().get("host") or {})
+
+
+PODMAN_API = "v4.0.0"
+"""The version of Podman's own API asked (Podman 4 and 5 serve it)."""
+PODMAN_CONTROLLERS = (("memory", "memory"), ("pids_limit", "pids"), ("cpus", "cpu"))
+
+
+def check_podman(host: Mapping[str, Any], settings: DockerSettings) -> None:
+    """Refuse limits this Podman would ignore: each needs its cgroup controller delegated to
+    Podman (a rootless Podman on cgroup v1 has none)."""
+    controllers = set(host.get("cgroupControllers") or [])
+    rootless = (host.get("security") or {}).get("rootless")
+    for option, controller in PODMAN_CONTROLLERS:
+        if getattr(settings, option) is not None and controller not in controllers:
+            where = "rootless " if rootless else ""
+            raise ConfigError(
+                f"{option}: this {where}Podman cannot enforce it: its cgroup controller "
+                f"{controller!r} is not delegated to it (cgroup {host.get('cgroupVersion', '?')}, "
+                f"controllers: {', '.join(sorted(controllers)) or 'none'}). Run Podman on cgroup "
+                "v2 with the controllers delegated to the user (systemd: Delegate=yes in "
+                "user@.service), or as root; or set "
+                f"{option}='unlimited' to run without that limit"
+            )
+
+
 def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     """The limits of ``spec`` that the engine did not apply, read from the container's
     HostConfig."""

@@ -54,8 +54,10 @@ def build_image(
     base_image: str | None = None,
     progress: Progress = print,
     rebuild_base: bool = False,
+    engine: str = "auto",
 ) -> str:
-    """Build the kernel image ``tag`` from ``docker/`` and return the tag.
+    """Build the kernel image ``tag`` from ``docker/`` into ``engine``'s store (the engine
+    option's values) and return the tag.
 
     ``base_image`` overrides the choice of base; ``rebuild_base`` makes the debootstrap base
     (``BASE_FALLBACK``) again and builds on it.
@@ -65,7 +67,7 @@ def build_image(
             f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with "
             f"base_image={base_image!r}"
         )
-    client = docker_client()
+    client = docker_client(engine=engine)
     if rebuild_base:
         base = _bootstrap_base(client, progress)
     elif base_image:

@@ -65,6 +65,7 @@ from .blobs import ContainerFiles
 from .containers import (
     applied_limits,
     check_engine,
+    check_podman,
     container_spec,
     docker_client,
     concrete_engine,
@@ -73,6 +74,7 @@ from .containers import (
     is_podman,
     owner_labels,
     podman_applied,
+    podman_host,
     remove_container,
     require_image,
     resolve_mounts,
@@ -370,6 +372,8 @@ class DockerLink:
         podman = await asyncio.to_thread(is_podman, client)
         self._engine = concrete_engine(settings.engine, podman)
         self._engine_is_podman = podman
+        if podman:
+            check_podman(await asyncio.to_thread(podman_host, client), settings)
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
         direct = may_enter_netns(settings, info)
