@@ -365,18 +365,24 @@ def for_podman(spec: Mapping[str, Any]) -> dict[str, Any]:
         )
         for path, options in spec["tmpfs"].items()
     }
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
-    nproc = (
-        (spec["pids_limit"],) * 2
-        if "pids_limit" in spec
-        else resource.getrlimit(resource.RLIMIT_NPROC)
-    )
     ulimits = list(spec.get("ulimits", []))
-    for name, (soft, hard) in (("nofile", nofile), ("nproc", nproc)):
-        if not any(ulimit.name == name for ulimit in ulimits):
-            ulimits.append(docker.types.Ulimit(name=name, soft=soft, hard=hard))
-    podman["ulimits"] = ulimits
+    podman["ulimits"] = ulimits + [
+        ulimit
+        for ulimit in own_ulimits(spec.get("pids_limit"))
+        if not any(given.name == ulimit.name for given in ulimits)
+    ]
     return podman
+
+
+def own_ulimits(pids_limit: int | None = None) -> list[docker.types.Ulimit]:
+    """This process's open-files limit, and ``pids_limit`` (else this process's) as the process
+    limit: rlimits any engine can give a container (:func:`for_podman`)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nproc = (pids_limit, pids_limit) if pids_limit else resource.getrlimit(resource.RLIMIT_NPROC)
+    return [
+        docker.types.Ulimit(name=name, soft=soft, hard=hard)
+        for name, (soft, hard) in (("nofile", nofile), ("nproc", nproc))
+    ]
 
 
 RUNSC_HOST_THREADS = 512

@@ -22,7 +22,7 @@ from typing import Callable
 import docker
 from docker.errors import APIError, DockerException
 
-from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image
+from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image, own_ulimits
 from ..errors import ConfigError, ImageBuildError
 from ..resources import data_path
 
@@ -202,6 +202,7 @@ def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
             remove=True,
             network_mode="none",
             labels={LABEL: "true"},
+            ulimits=own_ulimits(64),  # root's Podman would ask for more than a host may allow
         )
     except DockerException as exc:
         raise ImageBuildError(
