@@ -178,3 +178,12 @@ def test_gc_and_ps_find_a_dead_launchers_container_on_podman(podman_engine) -> N
     finally:
         if not _gone(podman_engine, container.id):
             container.remove(force=True)
+
+
+def test_doctor_checks_podman_socket_init_image_and_limits(podman_engine) -> None:
+    result = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[") and "podman" in line]
+    assert [line.split(":")[0] for line in lines] == [
+        "[ok] podman init", *(["[ok] podman subuid"] if os.geteuid() else []), "[ok] podman socket", "[ok] podman image",
+        "[ok] podman limits",
+    ], result.stdout
