@@ -8,6 +8,7 @@ on the host into a wheelhouse matching the base's Python, so the build itself ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -195,16 +197,20 @@ def _run_streamed(cmd: list[str], progress: Progress, name: str) -> None:
 
 
 def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
+    name = f"kernel-sandbox-probe-{uuid.uuid4().hex[:12]}"
     try:
         out = client.containers.run(
             base,
             ["python3", "-c", _PROBE],
+            name=name,
             remove=True,
             network_mode="none",
             labels={LABEL: "true"},
             ulimits=own_ulimits(64),  # root's Podman would ask for more than a host may allow
         )
     except DockerException as exc:
+        with contextlib.suppress(DockerException):  # a container that failed to start stays
+            client.containers.get(name).remove(force=True)
         raise ImageBuildError(
             f"base image {base!r} cannot run python3 ({exc}); it needs python3 and python3-venv"
         ) from exc

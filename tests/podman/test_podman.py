@@ -9,10 +9,12 @@ a missing socket failing closed with the option and the fix.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 
@@ -187,3 +189,25 @@ def test_doctor_checks_podman_socket_init_image_and_limits(podman_engine) -> Non
         "[ok] podman init", *(["[ok] podman subuid"] if os.geteuid() else []), "[ok] podman socket", "[ok] podman image",
         "[ok] podman limits",
     ], result.stdout
+
+
+@pytest.mark.security("fault", "sessions")
+@pytest.mark.parametrize("engine_fixture", ["docker_engine", "podman_engine"])
+def test_a_base_image_that_cannot_run_python_fails_the_build_and_leaves_no_container(engine_fixture, request) -> None:
+    """The build's probe of the base image: a container that fails to start is not removed by the engine's
+    auto-remove (Podman as root refused the probe's rlimits this way and left three behind)."""
+    from kernel_sandbox.docker.image import _probe_python
+    from kernel_sandbox.errors import ImageBuildError
+
+    engine = request.getfixturevalue(engine_fixture)
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("empty"), io.BytesIO(b""))
+    tag = f"kernel-sandbox-no-python-{uuid.uuid4().hex[:8]}"
+    engine.api.import_image_from_data(layer.getvalue(), repository=tag, tag="latest")
+    try:
+        with pytest.raises(ImageBuildError, match="cannot run python3"):
+            _probe_python(engine, f"{tag}:latest")
+        assert not engine.containers.list(all=True, filters={"ancestor": f"{tag}:latest"}, ignore_removed=True)
+    finally:
+        engine.images.remove(f"{tag}:latest", force=True)
