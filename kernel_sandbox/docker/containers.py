@@ -58,6 +58,13 @@ home's room)."""
 
 PODMAN_ROOT_SOCKET = "/run/podman/podman.sock"
 """Where root's Podman API socket is (``podman system service``, or ``podman.socket``)."""
+PODMAN_API = "v4.0.0"
+"""The version of Podman's own API asked (Podman 4 and 5 serve it)."""
+PODMAN_FIX = (
+    "Start it: as root `podman system service --time=0 unix:///run/podman/podman.sock &`; as a "
+    "user `systemctl --user start podman.socket` or `podman system service --time=0 &` (or set "
+    "CONTAINER_HOST to its address); or set the kernel's 'engine' option to 'docker'."
+)
 
 
 def podman_address(environment: Mapping[str, str] | None = None) -> str:
@@ -82,13 +89,6 @@ def _podman_client(timeout: int, environment: Mapping[str, str] | None) -> docke
             f"engine='podman': cannot reach Podman's API socket at {address} ({exc}). {PODMAN_FIX}"
         ) from exc
     return client
-
-
-PODMAN_FIX = (
-    "Start it: as root `podman system service --time=0 unix:///run/podman/podman.sock &`; as a "
-    "user `systemctl --user start podman.socket` or `podman system service --time=0 &` (or set "
-    "CONTAINER_HOST to its address); or set the kernel's 'engine' option to 'docker'."
-)
 
 
 def docker_client(
@@ -436,8 +436,6 @@ def podman_host(client: docker.DockerClient) -> dict[str, Any]:
     return dict(response.json().get("host") or {})
 
 
-PODMAN_API = "v4.0.0"
-"""The version of Podman's own API asked (Podman 4 and 5 serve it)."""
 PODMAN_CONTROLLERS = (("memory", "memory"), ("pids_limit", "pids"), ("cpus", "cpu"))
 
 

@@ -211,3 +211,35 @@ def test_a_base_image_that_cannot_run_python_fails_the_build_and_leaves_no_conta
         assert not engine.containers.list(all=True, filters={"ancestor": f"{tag}:latest"}, ignore_removed=True)
     finally:
         engine.images.remove(f"{tag}:latest", force=True)
+
+
+SOCKETS = r"""
+import os, stat
+found = []
+for top in ("/run", "/var/run", "/tmp", "/home", "/dev", "/mnt", "/srv", "/opt", "/root"):
+    for base, dirs, files in os.walk(top, onerror=lambda e: None):
+        for name in dirs + files:
+            try:
+                if stat.S_ISSOCK(os.lstat(os.path.join(base, name)).st_mode):
+                    found.append(os.path.join(base, name))
+            except OSError:
+                pass
+engine = [p for p in ("/run/podman", "/var/run/docker.sock", "/run/user", "/run/containers") if os.path.exists(p)]
+print(found, engine, open("/proc/1/comm").read().strip())
+"""
+
+
+@pytest.mark.security("attack", "container")
+@pytest.mark.usefixtures("jupyter_prefix")
+async def test_the_kernel_finds_no_engine_socket_and_no_runtime_directory_of_the_host(podman_engine) -> None:
+    """What matters more rootless: the engine's socket is the user's own, in the user's runtime directory.
+    The kernel finds no Unix socket anywhere it can look, neither Podman's nor Docker's, nor a runtime
+    directory, and its pid 1 is the container's init (the host's processes are out of sight)."""
+    km = _manager()
+    await km.start_kernel()
+    try:
+        out, reply = await run_cell(km, SOCKETS)
+        assert reply["status"] == "ok", reply
+        assert out == "[] [] podman-init\n"  # catatonit, as Podman mounts it
+    finally:
+        await km.shutdown_kernel(now=True)
