@@ -148,7 +148,7 @@ podman_socket() {
 }
 
 podman_answers() {
-    curl -sf --max-time 5 --unix-socket "$1" http://d/_ping >/dev/null 2>&1
+    timeout 10 podman --remote --url "unix://$1" version >/dev/null 2>&1
 }
 
 # Starts `podman system service` on its socket when Podman is installed and nothing answers there
