@@ -133,6 +133,68 @@ start_docker_engine() {
     exit 1
 }
 
+PODMAN_LOG=/var/log/kernel-sandbox-ci-podman.log
+
+# Podman's API socket: root's (/run/podman/podman.sock) or this user's ($XDG_RUNTIME_DIR/podman/),
+# as kernel_sandbox.docker.containers.podman_address finds it.
+podman_socket() {
+    if [ -n "${CONTAINER_HOST:-}" ]; then
+        echo "${CONTAINER_HOST#unix://}"
+    elif [ "$(id -u)" -eq 0 ]; then
+        echo /run/podman/podman.sock
+    else
+        echo "${XDG_RUNTIME_DIR:-/run/user/$(id -u)}/podman/podman.sock"
+    fi
+}
+
+podman_answers() {
+    timeout 10 podman --remote --url "unix://$1" version >/dev/null 2>&1
+}
+
+# Starts `podman system service` on its socket when Podman is installed and nothing answers there
+# (a rootless user's socket needs its runtime directory). Without Podman it says so and goes on.
+start_podman_socket() {
+    local socket pid deadline
+    if ! command -v podman >/dev/null; then
+        echo "podman is not installed (as root: apt-get install podman catatonit); the Podman tests need it"
+        return
+    fi
+    socket=$(podman_socket)
+    if podman_answers "${socket}"; then
+        echo "Podman's API socket answers at ${socket}"
+        return
+    fi
+    mkdir -p "$(dirname "${socket}")"
+    echo "starting podman system service at ${socket} (log: ${PODMAN_LOG})"
+    # CONTAINER_HOST would make this podman a client of that socket
+    nohup env -u CONTAINER_HOST podman system service --time=0 "unix://${socket}" >>"${PODMAN_LOG}" 2>&1 &
+    pid=$!
+    deadline=$((SECONDS + 60))
+    until podman_answers "${socket}"; do
+        if ! kill -0 "${pid}" 2>/dev/null || [ $SECONDS -ge $deadline ]; then
+            echo "Podman's API socket did not answer; its log:" >&2
+            tail -n 30 "${PODMAN_LOG}" >&2
+            exit 1
+        fi
+        sleep 1
+    done
+    podman version --format 'podman {{.Server.Version}} ready'
+}
+
+# Copies the kernel image from Docker's store into Podman's when Podman's has another (or none):
+# no registry is needed, and the same image runs on both engines. Seconds when they match.
+load_image_into_podman() {
+    local image=kernel-sandbox-python:latest docker_id podman_id
+    command -v podman >/dev/null || return 0
+    docker_id=$(docker image inspect --format '{{.Id}}' "${image}")
+    podman_id=$(podman image inspect --format '{{.Id}}' "${image}" 2>/dev/null || true)
+    if [ "${docker_id#sha256:}" = "${podman_id#sha256:}" ]; then
+        echo "Podman's store has ${image} (${podman_id:0:12})"
+        return
+    fi
+    docker save "${image}" | podman load
+}
+
 # apt-get install, with an apt-get update first when the package lists do not have the packages.
 apt_install() {
     apt-get install -y -q "$@" || { apt-get update -q && apt-get install -y -q "$@"; }

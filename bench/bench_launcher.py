@@ -1,7 +1,7 @@
 """The launcher's two paths side by side with a local ipykernel, in one run, as ratios.
 
-Run: ``python bench/bench_launcher.py [--rounds N] [--runtime runsc]`` (needs the Docker engine
-and the kernel image). Three kernels answer the same trivial execute in turn in every round:
+Run: ``python bench/bench_launcher.py [--rounds N] [--runtime runsc] [--engine podman]`` (needs the
+engine and the kernel image in its store). Three kernels answer the same trivial execute in turn in every round:
 (a) the installed kernelspec's argv started by hand, as VS Code starts it (launcher, TCP),
 (b) the same kernelspec through jupyter_client's provisioner path (launcher, IPC in a private
 directory), (c) a local ipykernel. Cold start is timed the same way, a few times each.
@@ -57,9 +57,9 @@ async def cold_starts(argv: list[str], spec_dir: str, options: dict[str, Any]) -
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-async def main(rounds: int = ROUNDS, runtime: str = "") -> None:
+async def main(rounds: int = ROUNDS, runtime: str = "", engine: str = "") -> None:
     """Print the round-trip and cold-start tables."""
-    options = {"runtime": runtime} if runtime else {}
+    options = {**({"runtime": runtime} if runtime else {}), **({"engine": engine} if engine else {})}
     with tempfile.TemporaryDirectory() as prefix:
         spec_dir = install("sandboxed-python", prefix=prefix, install_as="bench-launcher", config=options)
         argv = json.loads((Path(spec_dir) / "kernel.json").read_text())["argv"]
@@ -74,7 +74,7 @@ async def main(rounds: int = ROUNDS, runtime: str = "") -> None:
                 clients.append(await stack.enter_async_context(started_client(km)))
             argv_ms, provisioner_ms, local_ms = await medians(rounds, *(execute(client) for client in clients))
         cold = await cold_starts(argv, spec_dir, options)
-    label = f" ({runtime})" if runtime else ""
+    label = f" ({', '.join(filter(None, (engine, runtime)))})" if runtime or engine else ""
     print_table([
         (f"execute round trip, provisioner path{label}", "local ipykernel, ≤ 1.05×",
          f"{provisioner_ms:.2f} ms vs {local_ms:.2f} ms", f"{provisioner_ms / local_ms:.2f}×"),
@@ -91,6 +91,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--runtime", default="", help="OCI runtime for the sandboxed kernels, e.g. runsc")
+    parser.add_argument("--engine", default="", help="the sandboxed kernels' engine option, e.g. podman")
     arguments = parser.parse_args()
     warnings.simplefilter("ignore")
-    asyncio.run(main(arguments.rounds, arguments.runtime))
+    asyncio.run(main(arguments.rounds, arguments.runtime, arguments.engine))

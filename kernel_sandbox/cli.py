@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .docker.containers import DEFAULT_IMAGE, docker_client, gc
+from .docker.settings import ENGINES
+from .docker.containers import DEFAULT_IMAGE, GcReport, docker_client, engine_clients, gc
 from .controls import SafeWriter, escape_controls
 from .egress import PYPI, package_index
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError
@@ -138,7 +139,12 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     """Build the kernel image."""
     from .docker.image import build_image
 
-    tag = build_image(tag=args.tag, base_image=args.base_image, rebuild_base=args.rebuild_base)
+    tag = build_image(
+        tag=args.tag,
+        base_image=args.base_image,
+        rebuild_base=args.rebuild_base,
+        engine=args.engine,
+    )
     print(f"Built {tag}")
     return 0
 
@@ -162,12 +168,17 @@ def cmd_gc(args: argparse.Namespace) -> int:
     by dead kernels."""
     api_base = args.api_base or os.environ.get("OPEN_SANDBOX_API_BASE")
     try:
-        report = gc(docker_client(), everything=args.all)
+        reports = [gc(client, everything=args.all) for client in engine_clients()]
     except EngineUnavailable as exc:
         if not api_base:
             raise
         print(f"no containers checked: {exc}")
     else:
+        report = GcReport(
+            [name for each in reports for name in each.containers],
+            [path for each in reports for path in each.private_dirs],
+            [path for each in reports for path in each.checkpoint_parts],
+        )
         for name in report.containers:
             print(f"removed container {name}")
         for path in report.private_dirs:
@@ -207,7 +218,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     for line in asleep:
         print(line)
     # one listing per sample: a container that hangs its inspect shows no usage
-    for row in sampled_twice(docker_client(INSPECT_TIMEOUT)):
+    rows = [row for client in engine_clients(INSPECT_TIMEOUT) for row in sampled_twice(client)]
+    for row in rows:
         usage = "\t".join(usage_columns(row.usage))  # memory, CPU, pids, tmpfs, OOM kills
         note = waiting.get(row.kernel or "", "") + awake.get(row.kernel or "", "")
         kind = f"kernel {row.kernel}" if row.kernel else "standby"
@@ -502,6 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     build.add_argument("--tag", default=DEFAULT_IMAGE, help=f"image tag (default {DEFAULT_IMAGE})")
+    build.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="the engine whose store gets the image (the kernels' 'engine' option; default auto)",
+    )
     build.add_argument(
         "--base-image", help="base image (default python:3.11-slim, else a debootstrap-made base)"
     )

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from importlib.metadata import entry_points
 
 from .docker.containers import (
     DEFAULT_IMAGE,
     OURS,
+    PODMAN_FIX,
     EngineUnavailable,
     ImageMissing,
+    check_podman,
     docker_client,
     is_orphan,
+    podman_address,
+    podman_host,
     require_image,
 )
+from .docker.settings import DockerSettings
 from .backends import GROUP, provisioner_names
-from .errors import KernelLaunchError
+from .errors import ConfigError, KernelLaunchError
 from .kernelspecs import DOCKER_SPEC, installed
 from .privdir import abandoned_dirs
 
@@ -83,6 +92,7 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             )
         )
         checks.append(runsc_check(client.info().get("Runtimes") or {}))
+    checks += podman_checks(image)
     specs = installed()
     checks.append(
         Check(
@@ -92,6 +102,56 @@ def run_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
             KERNELSPEC_FIX,
         )
     )
+    return checks
+
+
+CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/lib/podman/catatonit", "/usr/bin/catatonit")
+"""Where distributions put catatonit, the init Podman runs for ``--init``."""
+
+
+def podman_checks(image: str) -> list[Check]:
+    """Podman, when installed (optional: ``engine: podman``): its API socket, catatonit, the image
+    in its store, the limits it can enforce, and subordinate ids for a rootless user."""
+    if shutil.which("podman") is None:
+        return [Check("podman", True, "not installed (optional: `engine: podman` needs it)")]
+    checks = [
+        Check(
+            "podman init",
+            any(os.path.exists(path) for path in CATATONIT),
+            "catatonit (Podman's --init) is installed",
+            "apt-get install catatonit",
+        )
+    ]
+    if os.geteuid() != 0:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        ranges = Path("/etc/subuid").read_text() if Path("/etc/subuid").exists() else ""
+        checks.append(
+            Check(
+                "podman subuid",
+                any(
+                    line.split(":")[0] in (user, str(os.geteuid())) for line in ranges.splitlines()
+                ),
+                f"subordinate uids of {user} in /etc/subuid",
+                f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}",
+            )
+        )
+    try:
+        client = docker_client(engine="podman")
+    except EngineUnavailable as exc:
+        return [*checks, Check("podman socket", False, str(exc).split(". Start")[0], PODMAN_FIX)]
+    checks.append(Check("podman socket", True, f"answers at {podman_address()}"))
+    try:
+        require_image(client, image)
+        checks.append(Check("podman image", True, f"{image} is in Podman's store"))
+    except ImageMissing:
+        fix = f"kernel-sandbox image build --engine podman --tag {image}"
+        checks.append(Check("podman image", False, f"{image} is missing", fix))
+    try:
+        check_podman(podman_host(client), DockerSettings.from_config({}))
+        checks.append(Check("podman limits", True, "memory, pids and CPU limits can be enforced"))
+    except ConfigError as exc:
+        detail, _, fix = str(exc).partition(". ")
+        checks.append(Check("podman limits", False, detail, fix))
     return checks
 
 

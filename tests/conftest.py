@@ -34,6 +34,7 @@ TIERS = {
     "opensandbox": {"opensandbox_deployment"},
     "browser": {"browser", "chromium"},
     "docker": {"docker_engine"},
+    "podman": {"podman_engine"},
 }
 
 
@@ -62,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _unavailable(reason: str) -> None:
     if IN_CI:
-        pytest.fail(f"{reason} (CI must run the Docker tests: .ci/run starts the engine and builds the image)")
+        pytest.fail(f"{reason} (CI must run the Docker and Podman tests: .ci/run starts the engines and builds the image)")
     pytest.skip(reason)
 
 
@@ -77,6 +78,21 @@ def docker_engine():
         require_image(client, DEFAULT_IMAGE)
     except ImageMissing:
         _unavailable(f"kernel image {DEFAULT_IMAGE} not built (`kernel-sandbox image build`)")
+    return client
+
+
+@pytest.fixture(scope="session")
+def podman_engine():
+    """A client of Podman's API socket (root's, or this user's) with the kernel image; skips outside CI
+    when absent (.ci/run installs Podman, loads the image into its store and starts the socket)."""
+    try:
+        client = docker_client(engine="podman")
+    except EngineUnavailable as exc:
+        _unavailable(f"no Podman API socket ({exc})")
+    try:
+        require_image(client, DEFAULT_IMAGE)
+    except ImageMissing:
+        _unavailable(f"kernel image {DEFAULT_IMAGE} not in Podman's store (`kernel-sandbox image build --engine podman`)")
     return client
 
 
@@ -107,18 +123,26 @@ def engine_if_any():
         return None
 
 
+@pytest.fixture(scope="session")
+def podman_if_any():
+    """A client of Podman's API socket when it answers, else None (the leak checks look there too)."""
+    try:
+        return docker_client(engine="podman")
+    except EngineUnavailable:
+        return None
+
+
 @pytest.fixture(autouse=True)
-def nothing_leaks(engine_if_any):
-    """After every test, none of this process's kernel containers may be left stopped.
+def nothing_leaks(engine_if_any, podman_if_any):
+    """After every test, none of this process's kernel containers may be left stopped, on Docker or Podman.
 
     Only containers labelled with this process as their owner are looked at: other users of the
     engine (another test run, a notebook server) keep theirs, running or stopped.
     """
     yield
-    if engine_if_any is None:
-        return
     mine = {"label": [*OURS, f"{LABEL_OWNER_PID}={os.getpid()}"]}
-    containers = engine_if_any.containers.list(all=True, filters=mine, ignore_removed=True)
+    engines = [engine for engine in (engine_if_any, podman_if_any) if engine is not None]
+    containers = [c for engine in engines for c in engine.containers.list(all=True, filters=mine, ignore_removed=True)]
     leaked = [c.name for c in containers if is_orphan(c)]
     for container in containers:
         if container.name in leaked:
@@ -127,7 +151,7 @@ def nothing_leaks(engine_if_any):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_standby_outlives_the_run(engine_if_any):
+def no_standby_outlives_the_run(engine_if_any, podman_if_any):
     """At the end of the run, this process's standby kernels (``standby`` defaults to 1) go as at its exit.
 
     ``POOL.clear(CLOSE_WAIT)`` is what :mod:`atexit` runs (``close()``, which also starts no more):
@@ -135,10 +159,9 @@ def no_standby_outlives_the_run(engine_if_any):
     """
     yield
     POOL.clear(CLOSE_WAIT)
-    if engine_if_any is None:
-        return
     mine = {"label": [*OURS, f"{LABEL_OWNER_PID}={os.getpid()}"]}
-    containers = engine_if_any.containers.list(all=True, filters=mine, ignore_removed=True)
+    engines = [engine for engine in (engine_if_any, podman_if_any) if engine is not None]
+    containers = [c for engine in engines for c in engine.containers.list(all=True, filters=mine, ignore_removed=True)]
     idle = [c for c in containers if kernel_of(c.labels) is None]
     for container in idle:
         remove_container(container)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import socket
 import uuid
 from collections.abc import Iterable, Mapping
@@ -55,26 +56,114 @@ PACKAGES_ENV = {
 home's room)."""
 
 
-def docker_client(
-    timeout: int = API_TIMEOUT, environment: Mapping[str, str] | None = None
-) -> docker.DockerClient:
-    """Connect to the Docker engine named by ``environment`` (default: this process's;
-    ``DOCKER_HOST``)."""
+PODMAN_ROOT_SOCKET = "/run/podman/podman.sock"
+"""Where root's Podman API socket is (``podman system service``, or ``podman.socket``)."""
+PODMAN_API = "v4.0.0"
+"""The version of Podman's own API asked (Podman 4 and 5 serve it)."""
+PODMAN_FIX = (
+    "Start it: as root `podman system service --time=0 unix:///run/podman/podman.sock &`; as a "
+    "user `systemctl --user start podman.socket` or `podman system service --time=0 &` (or set "
+    "CONTAINER_HOST to its address); or set the kernel's 'engine' option to 'docker'."
+)
+
+
+def podman_address(environment: Mapping[str, str] | None = None) -> str:
+    """Where Podman's API socket is expected: ``CONTAINER_HOST``, else root's or this user's
+    (``$XDG_RUNTIME_DIR/podman/podman.sock``)."""
+    environ = os.environ if environment is None else environment
+    if environ.get("CONTAINER_HOST"):
+        return environ["CONTAINER_HOST"]
+    if os.geteuid() == 0:
+        return f"unix://{PODMAN_ROOT_SOCKET}"
+    runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
+    return f"unix://{runtime_dir}/podman/podman.sock"
+
+
+def _podman_client(timeout: int, environment: Mapping[str, str] | None) -> docker.DockerClient:
+    address = podman_address(environment)
     try:
-        client = docker.from_env(timeout=timeout, environment=environment)
+        client = docker.DockerClient(base_url=address, timeout=timeout)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineUnavailable(
-            f"Cannot reach the Docker engine at {engine_address()} ({exc}). Start it "
-            "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "
-            "or point DOCKER_HOST at a running engine; `kernel-sandbox doctor` checks the setup."
+            f"engine='podman': cannot reach Podman's API socket at {address} ({exc}). {PODMAN_FIX}"
         ) from exc
     return client
 
 
-def engine_address() -> str:
-    """Where the Docker engine is expected, for messages."""
+def docker_client(
+    timeout: int = API_TIMEOUT,
+    environment: Mapping[str, str] | None = None,
+    engine: str = "auto",
+) -> docker.DockerClient:
+    """Connect to the engine ``engine`` names: Docker (``DOCKER_HOST`` of ``environment``, default
+    this process's), Podman (:func:`podman_address`), or ``auto``: Docker, else Podman's socket
+    when Docker does not answer and ``DOCKER_HOST`` is unset."""
+    if engine == "podman":
+        return _podman_client(timeout, environment)
+    try:
+        client = docker.from_env(timeout=timeout, environment=environment)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        environ = os.environ if environment is None else environment
+        if engine == "auto" and not environ.get("DOCKER_HOST"):
+            try:
+                return _podman_client(timeout, environment)
+            except EngineUnavailable:
+                pass
+        raise EngineUnavailable(
+            f"Cannot reach the Docker engine at {engine_address()} ({exc}). Start it "
+            "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "
+            "or point DOCKER_HOST at a running engine (or start Podman's API socket and set "
+            "engine='podman'); `kernel-sandbox doctor` checks the setup."
+        ) from exc
+    return client
+
+
+def engine_clients(timeout: int = API_TIMEOUT) -> list[docker.DockerClient]:
+    """A client of each engine that answers here (Docker's and Podman's), for ``gc`` and ``ps``;
+    raise the Docker engine's error when none does."""
+    try:
+        clients = [docker_client(timeout, engine="docker")]
+    except EngineUnavailable as exc:
+        clients, error = [], exc
+    try:
+        podman = docker_client(timeout, engine="podman")
+        if not any(is_podman(client) for client in clients):  # DOCKER_HOST may name Podman
+            clients.append(podman)
+    except EngineUnavailable:
+        if not clients:
+            raise error from None
+    return clients
+
+
+def is_podman(client: docker.DockerClient) -> bool:
+    """True when ``client`` speaks to Podman's Docker-compatible API."""
+    components = client.version().get("Components") or []
+    return any(part.get("Name") == "Podman Engine" for part in components)
+
+
+def engine_address(engine: str = "docker") -> str:
+    """Where the engine (``docker`` or ``podman``) is expected, for messages."""
+    if engine == "podman":
+        return podman_address()
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def concrete_engine(engine: str, podman: bool) -> str:
+    """The engine a launcher's client reached, as the engine option names it for every later
+    call (its watchdog, the clean-up of what it left): ``auto`` that fell back to Podman is
+    'podman', else 'docker' (``DOCKER_HOST``, which may name a Podman socket)."""
+    if engine != "auto":
+        return engine
+    return "podman" if podman and not os.environ.get("DOCKER_HOST") else "docker"
+
+
+def unpinged_client(engine: str, timeout: int, version: str) -> docker.DockerClient:
+    """A client of ``engine`` made without any call to it (for a ping that must not hang)."""
+    if engine == "podman":
+        return docker.DockerClient(base_url=podman_address(), timeout=timeout, version=version)
+    return docker.from_env(timeout=timeout, version=version)
 
 
 def has_image(client: docker.DockerClient, image: str) -> bool:
@@ -258,6 +347,44 @@ def container_spec(
     return spec
 
 
+def for_podman(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` as Podman's Docker-compatible API takes it, with the same effect.
+
+    Podman refuses the tmpfs options ``uid=``/``gid=``: its own ``U`` gives the tmpfs to the
+    container's user instead, and ``notmpcopyup`` keeps it empty as Docker's is. As root Podman
+    raises the open-files and process rlimits to the kernel's maximum, which a host (or a
+    container) with lower hard limits refuses at start: the kernel gets the launcher's open-files
+    limit, and ``pids_limit`` (or the launcher's) as its process limit, which the pids cgroup
+    holds it to anyway.
+    """
+    podman = dict(spec)
+    podman["tmpfs"] = {
+        path: ",".join(
+            [opt for opt in options.split(",") if not opt.startswith(("uid=", "gid="))]
+            + (["U", "notmpcopyup"] if "uid=" in options else ["notmpcopyup"])
+        )
+        for path, options in spec["tmpfs"].items()
+    }
+    ulimits = list(spec.get("ulimits", []))
+    podman["ulimits"] = ulimits + [
+        ulimit
+        for ulimit in own_ulimits(spec.get("pids_limit"))
+        if not any(given.name == ulimit.name for given in ulimits)
+    ]
+    return podman
+
+
+def own_ulimits(pids_limit: int | None = None) -> list[docker.types.Ulimit]:
+    """This process's open-files limit, and ``pids_limit`` (else this process's) as the process
+    limit: rlimits any engine can give a container (:func:`for_podman`)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nproc = (pids_limit, pids_limit) if pids_limit else resource.getrlimit(resource.RLIMIT_NPROC)
+    return [
+        docker.types.Ulimit(name=name, soft=soft, hard=hard)
+        for name, (soft, hard) in (("nofile", nofile), ("nproc", nproc))
+    ]
+
+
 RUNSC_HOST_THREADS = 512
 """Host threads gVisor's runtime may use besides one per process or thread of the kernel (about
 150 idle: its Go runtime, gofer and platform)."""
@@ -301,6 +428,35 @@ def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
         raise ConfigError(f"cpus={settings.cpus}: the Docker engine has only {cores} CPUs")
 
 
+def podman_host(client: docker.DockerClient) -> dict[str, Any]:
+    """The ``host`` part of Podman's own ``/libpod/info`` (its compatible ``/info`` says every
+    limit is enforced even where a rootless Podman ignores them)."""
+    response = client.api.get(f"{client.api.base_url}/{PODMAN_API}/libpod/info")
+    response.raise_for_status()
+    return dict(response.json().get("host") or {})
+
+
+PODMAN_CONTROLLERS = (("memory", "memory"), ("pids_limit", "pids"), ("cpus", "cpu"))
+
+
+def check_podman(host: Mapping[str, Any], settings: DockerSettings) -> None:
+    """Refuse limits this Podman would ignore: each needs its cgroup controller delegated to
+    Podman (a rootless Podman on cgroup v1 has none)."""
+    controllers = set(host.get("cgroupControllers") or [])
+    rootless = (host.get("security") or {}).get("rootless")
+    for option, controller in PODMAN_CONTROLLERS:
+        if getattr(settings, option) is not None and controller not in controllers:
+            where = "rootless " if rootless else ""
+            raise ConfigError(
+                f"{option}: this {where}Podman cannot enforce it: its cgroup controller "
+                f"{controller!r} is not delegated to it (cgroup {host.get('cgroupVersion', '?')}, "
+                f"controllers: {', '.join(sorted(controllers)) or 'none'}). Run Podman on cgroup "
+                "v2 with the controllers delegated to the user (systemd: Delegate=yes in "
+                "user@.service), or as root; or set "
+                f"{option}='unlimited' to run without that limit"
+            )
+
+
 def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     """The limits of ``spec`` that the engine did not apply, read from the container's
     HostConfig."""
@@ -325,6 +481,43 @@ def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> l
         wrong.append(f"CapDrop is {host_config.get('CapDrop')!r}")
     if "no-new-privileges" not in (host_config.get("SecurityOpt") or []):
         wrong.append(f"SecurityOpt is {host_config.get('SecurityOpt')!r}")
+    return wrong
+
+
+PROCESS_HARDENING = {
+    "CapBnd": "0000000000000000",
+    "CapEff": "0000000000000000",
+    "NoNewPrivs": "1",
+    "Seccomp": "2",
+}
+"""What ``/proc/PID/status`` of a kernel's process shows: no capability can be held or gained, and
+a seccomp filter is on."""
+
+
+def podman_applied(attrs: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """:func:`applied_limits` for a Podman container, from its inspect data ``attrs``.
+
+    Podman's inspect shows its private IPC namespace as ``shareable`` and ``ALL`` dropped
+    capabilities one by one, so those are read from the container's init process instead: its
+    capabilities (none), ``no_new_privs``, seccomp, and an IPC namespace that is not this
+    process's.
+    """
+    host_config = {**attrs["HostConfig"], "IpcMode": spec["ipc_mode"], "CapDrop": ["ALL"]}
+    wrong = applied_limits(host_config, spec)
+    pid = (attrs.get("State") or {}).get("Pid")
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        own_ipc = os.readlink(f"/proc/{pid}/ns/ipc") != os.readlink("/proc/self/ns/ipc")
+    except (OSError, TypeError) as exc:
+        return [*wrong, f"the kernel's process {pid} cannot be checked here ({exc})"]
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    wrong += [
+        f"the kernel's {key} is {fields.get(key, '').strip()!r}, not {value!r}"
+        for key, value in PROCESS_HARDENING.items()
+        if fields.get(key, "").strip() != value
+    ]
+    if not own_ipc:
+        wrong.append("the kernel shares this process's IPC namespace")
     return wrong
 
 

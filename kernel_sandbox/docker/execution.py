@@ -60,29 +60,28 @@ class DockerBackend(Backend):
     async def image(self, provisioner: Any) -> tuple[str, str]:
         """The id of the kernel container's image, as the engine reports it, and the image
         option."""
-        from .containers import docker_client
-
         container_id = getattr(provisioner, "container_id", None)
         if not container_id:
             raise SandboxError("the kernel has no container (it is not running)")
-        found = await asyncio.to_thread(docker_client().api.inspect_container, container_id)
+        client = await asyncio.to_thread(provisioner.engine_client)
+        found = await asyncio.to_thread(client.api.inspect_container, container_id)
         return str(found["Image"]), provisioner.settings().image
 
     def probe(self, provisioner: Any) -> CgroupProbe:
         """The cgroup of the kernel's container, found through the engine's inspect data."""
-        from .containers import docker_client
-
         container_id = getattr(provisioner, "container_id", None)
         if not container_id:
             raise MetricsUnavailable("the kernel has no container (it is not running)")
-        return CgroupProbe.for_container(docker_client().api.inspect_container(container_id))
+        return CgroupProbe.for_container(
+            provisioner.engine_client().api.inspect_container(container_id)
+        )
 
     def kill_now(self, provisioner: Any) -> None:
         """Remove the container first (the launcher may be too slow to), then the rest."""
         with contextlib.suppress(Exception):
             container_id = getattr(provisioner, "container_id", None)
             if container_id:
-                from .containers import docker_client, remove_container
+                from .containers import remove_container
 
-                remove_container(docker_client().containers.get(container_id))
+                remove_container(provisioner.engine_client().containers.get(container_id))
         super().kill_now(provisioner)

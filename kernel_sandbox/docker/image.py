@@ -8,6 +8,7 @@ on the host into a wheelhouse matching the base's Python, so the build itself ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -22,7 +24,7 @@ from typing import Callable
 import docker
 from docker.errors import APIError, DockerException
 
-from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image
+from .containers import DEFAULT_IMAGE, LABEL, docker_client, has_image, own_ulimits
 from ..errors import ConfigError, ImageBuildError
 from ..resources import data_path
 
@@ -54,8 +56,10 @@ def build_image(
     base_image: str | None = None,
     progress: Progress = print,
     rebuild_base: bool = False,
+    engine: str = "auto",
 ) -> str:
-    """Build the kernel image ``tag`` from ``docker/`` and return the tag.
+    """Build the kernel image ``tag`` from ``docker/`` into ``engine``'s store (the engine
+    option's values) and return the tag.
 
     ``base_image`` overrides the choice of base; ``rebuild_base`` makes the debootstrap base
     (``BASE_FALLBACK``) again and builds on it.
@@ -65,7 +69,7 @@ def build_image(
             f"rebuild_base rebuilds {BASE_FALLBACK}; it cannot be combined with "
             f"base_image={base_image!r}"
         )
-    client = docker_client()
+    client = docker_client(engine=engine)
     if rebuild_base:
         base = _bootstrap_base(client, progress)
     elif base_image:
@@ -193,15 +197,20 @@ def _run_streamed(cmd: list[str], progress: Progress, name: str) -> None:
 
 
 def _probe_python(client: docker.DockerClient, base: str) -> dict[str, str]:
+    name = f"kernel-sandbox-probe-{uuid.uuid4().hex[:12]}"
     try:
         out = client.containers.run(
             base,
             ["python3", "-c", _PROBE],
+            name=name,
             remove=True,
             network_mode="none",
             labels={LABEL: "true"},
+            ulimits=own_ulimits(64),  # root's Podman would ask for more than a host may allow
         )
     except DockerException as exc:
+        with contextlib.suppress(DockerException):  # a container that failed to start stays
+            client.containers.get(name).remove(force=True)
         raise ImageBuildError(
             f"base image {base!r} cannot run python3 ({exc}); it needs python3 and python3-venv"
         ) from exc

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -65,14 +66,21 @@ from .blobs import ContainerFiles
 from .containers import (
     applied_limits,
     check_engine,
+    check_podman,
     container_spec,
     docker_client,
+    concrete_engine,
     engine_address,
+    for_podman,
+    is_podman,
     owner_labels,
+    podman_applied,
+    podman_host,
     remove_container,
     require_image,
     resolve_mounts,
     run_as,
+    unpinged_client,
 )
 from .exec_stream import Demux, own_socket
 from .netns import connect_in_netns, container_netns, listen_in_netns, may_enter_netns
@@ -310,6 +318,10 @@ class DockerLink:
         self._key = secrets.token_hex(32)
         self._signer = Signer(self._key.encode(), SIGNATURE_SCHEME)
         self._client: docker.DockerClient | None = None
+        self._engine = "docker"
+        """The engine that runs the container: 'docker' (``DOCKER_HOST``) or 'podman'."""
+        self._engine_is_podman = False
+        """Podman answers there (also when ``DOCKER_HOST`` names its socket)."""
         self._front: Front | None = None
         self._channels: dict[str, _Channel] = {}
         self._waiting: dict[str, collections.deque[list[Any]]] = {
@@ -366,8 +378,15 @@ class DockerLink:
         """Create and start the container, open its channels, and return once the kernel answers."""
         self._front = front
         request, settings = self.request, self.settings
-        client = self._client = await asyncio.to_thread(docker_client)
+        client = self._client = await asyncio.to_thread(
+            functools.partial(docker_client, engine=settings.engine)
+        )
         info = await asyncio.to_thread(client.info)
+        podman = await asyncio.to_thread(is_podman, client)
+        self._engine = concrete_engine(settings.engine, podman)
+        self._engine_is_podman = podman
+        if podman:
+            check_podman(await asyncio.to_thread(podman_host, client), settings)
         check_engine(info, settings)
         await asyncio.to_thread(require_image, client, settings.image)
         direct = may_enter_netns(settings, info)
@@ -395,7 +414,9 @@ class DockerLink:
                 private_dir=request.private.path if request.private else None,
             ),
         )
-        self._watchdog = watchdog.start(request.kernel_id)  # before the container exists
+        if podman:
+            spec = for_podman(spec)
+        self._watchdog = watchdog.start(request.kernel_id, self._engine)  # before the container
         self._creating = asyncio.ensure_future(
             asyncio.to_thread(client.containers.create, settings.image, **spec)
         )
@@ -409,7 +430,8 @@ class DockerLink:
         self.container_id = container.id
         if request.private is not None:
             request.private.write_json(
-                LAUNCHER_STATE, {"pid": os.getpid(), "container_id": container.id}
+                LAUNCHER_STATE,
+                {"pid": os.getpid(), "container_id": container.id, "engine": self._engine},
             )
         self._keep_checkpoints(front, client, container.id)
         await asyncio.to_thread(self._watch_events)
@@ -648,7 +670,10 @@ class DockerLink:
 
     def _check_limits(self, container: Any, spec: dict[str, Any]) -> None:
         container.reload()
-        wrong = applied_limits(container.attrs["HostConfig"], spec)
+        if self._engine_is_podman:
+            wrong = podman_applied(container.attrs, spec)
+        else:
+            wrong = applied_limits(container.attrs["HostConfig"], spec)
         if wrong:
             raise KernelLaunchError(
                 "The Docker engine did not apply the kernel's limits: " + "; ".join(wrong)
@@ -903,7 +928,9 @@ class DockerLink:
         time."""
         assert self.container_id is not None  # the events are those of its container
         try:
-            client = await asyncio.to_thread(docker_client, ENGINE_CHECK_TIMEOUT)
+            client = await asyncio.to_thread(
+                functools.partial(docker_client, ENGINE_CHECK_TIMEOUT, engine=self._engine)
+            )
             await asyncio.to_thread(client.containers.get, self.container_id)
         except EngineUnavailable as error:
             self._end(
@@ -924,7 +951,7 @@ class DockerLink:
         """
         assert self._client is not None
         # no engine call
-        client = docker.from_env(timeout=ENGINE_CHECK_TIMEOUT, version=self._client.api.api_version)
+        client = unpinged_client(self._engine, ENGINE_CHECK_TIMEOUT, self._client.api.api_version)
         while not (self._stopping or self._ended.done()):
             await asyncio.sleep(ENGINE_PROBE_INTERVAL)
             answered: asyncio.Future[bool] = self._loop.create_future()
@@ -947,8 +974,9 @@ class DockerLink:
                 self._end(
                     ExitStatus(
                         1,
-                        f"the Docker engine at {engine_address()} stopped answering (no reply to a "
-                        f"ping within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped",
+                        f"the {self._engine.capitalize()} engine at "
+                        f"{engine_address(self._engine)} stopped answering (no reply to a ping "
+                        f"within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped",
                     )
                 )
 

@@ -52,6 +52,7 @@ class DockerProvisioner(LaunchedProvisioner):
     settings_model = DockerSettings
     # the trait made from the model's option (LaunchedProvisioner.__init_subclass__)
     launch_timeout: float
+    engine: str
 
     def prepare(self, settings: DockerSettings, cwd: str | None) -> None:
         """The mounts' host paths must exist, and ``mount_cwd`` mount only a folder the server
@@ -66,7 +67,9 @@ class DockerProvisioner(LaunchedProvisioner):
         """The id of the image standbys run now: a rebuilt image replaces them. None when it cannot
         be read."""
         try:
-            return await asyncio.to_thread(_image_id, settings.image, _engine_env(launcher_env))
+            return await asyncio.to_thread(
+                _image_id, settings.image, _engine_env(launcher_env), settings.engine
+            )
         except (
             KernelSandboxError,
             docker.errors.DockerException,
@@ -92,6 +95,11 @@ class DockerProvisioner(LaunchedProvisioner):
             max_memory=settings.max_memory,
         )
 
+    def engine_client(self) -> docker.DockerClient:
+        """A client of the engine that runs (or ran) this kernel's container: the one its
+        launcher reached (it records it), else the ``engine`` option's."""
+        return docker_client(engine=str(self.launcher_state.get("engine") or self.engine))
+
     @property
     def container_id(self) -> str | None:
         """The id of the kernel's container, once the launcher has made it."""
@@ -115,8 +123,9 @@ class DockerProvisioner(LaunchedProvisioner):
             LABEL_PRIVATE_DIR: str(private.path),
             LABEL_OWNER_HOST: socket.gethostname(),
         }
+        engine = str(state.get("engine") or self.engine)
         try:
-            container = docker_client().containers.get(container_id)
+            container = docker_client(engine=engine).containers.get(container_id)
         except docker.errors.NotFound:
             raise KernelLaunchError(
                 f"{private.path}: its container {container_id[:12]} is gone"
@@ -139,10 +148,13 @@ class DockerProvisioner(LaunchedProvisioner):
     async def remove_leftover(self, state: dict[str, Any]) -> None:
         """Remove the container of a launcher that could not (it was killed), by its id or its
         labels."""
+        engine = str(state.get("engine") or self.engine)
         if state.get("container_id"):
-            await asyncio.to_thread(_remove_quietly, state["container_id"], self.log)
+            await asyncio.to_thread(_remove_quietly, state["container_id"], engine, self.log)
         if state.get("pid"):
-            await asyncio.to_thread(_remove_launchers, self.kernel_id, int(state["pid"]), self.log)
+            await asyncio.to_thread(
+                _remove_launchers, self.kernel_id, int(state["pid"]), engine, self.log
+            )
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """The launch already waits for the kernel; allow for the container's start."""
@@ -190,12 +202,12 @@ def _engine_env(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 @functools.lru_cache(maxsize=4)
-def _engine(environment: tuple[tuple[str, str], ...]) -> docker.DockerClient:
-    return docker_client(environment=dict(environment))
+def _engine(environment: tuple[tuple[str, str], ...], engine: str) -> docker.DockerClient:
+    return docker_client(environment=dict(environment), engine=engine)
 
 
-def _image_id(image: str, environment: tuple[tuple[str, str], ...]) -> str:
-    return str(_engine(environment).images.get(image).id)
+def _image_id(image: str, environment: tuple[tuple[str, str], ...], engine: str) -> str:
+    return str(_engine(environment, engine).images.get(image).id)
 
 
 def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]) -> bool:
@@ -204,7 +216,7 @@ def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]
     if not state.get("container_id"):
         return True
     try:
-        client = docker_client(timeout=10, environment=dict(environment))
+        client = docker_client(10, dict(environment), str(state.get("engine") or "auto"))
         remove_container(client.containers.get(state["container_id"]))
     except docker.errors.NotFound:
         return True
@@ -217,19 +229,19 @@ def _remove_left(environment: tuple[tuple[str, str], ...], state: dict[str, Any]
     return True
 
 
-def _remove_launchers(kernel_id: str, launcher_pid: int, log: Any) -> None:
+def _remove_launchers(kernel_id: str, launcher_pid: int, engine: str, log: Any) -> None:
     """Remove the containers a launcher made for ``kernel_id`` (it may have been killed before it
     recorded one)."""
     try:
-        remove_launcher_containers(docker_client(), kernel_id, launcher_pid)
+        remove_launcher_containers(docker_client(engine=engine), kernel_id, launcher_pid)
     except (KernelSandboxError, docker.errors.DockerException) as exc:
         log.warning("could not remove the containers of kernel %s: %s", kernel_id, exc)
 
 
-def _remove_quietly(container_id: str, log: Any) -> None:
+def _remove_quietly(container_id: str, engine: str, log: Any) -> None:
     """Remove a container whose launcher could not (it was killed); one already gone is fine."""
     try:
-        remove_container(docker_client().containers.get(container_id))
+        remove_container(docker_client(engine=engine).containers.get(container_id))
     except docker.errors.NotFound:
         return
     except (KernelSandboxError, docker.errors.DockerException) as exc:

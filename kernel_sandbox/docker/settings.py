@@ -40,6 +40,7 @@ from ..parsers import (
 )
 
 DEFAULT_IMAGE = "kernel-sandbox-python:latest"
+ENGINES = ("auto", "docker", "podman")
 DEFAULT_KERNEL_CMD = ("python", "-m", "ipykernel_launcher", "-f", "{connection_file}")
 TMPFS_SHARE = {
     "tmp_size": 1 / 16,
@@ -71,6 +72,13 @@ class DockerSettings(BackendSettings):
 
     title = "the Docker backend"
 
+    engine: str = option(
+        "auto",
+        parse_choice(ENGINES),
+        "The container engine: 'docker' (DOCKER_HOST), 'podman' (its API socket: CONTAINER_HOST, "
+        "else root's or the user's $XDG_RUNTIME_DIR/podman/podman.sock), or 'auto': Docker, else "
+        "Podman's socket when Docker does not answer and DOCKER_HOST is unset.",
+    )
     image: str = option(DEFAULT_IMAGE, parse_text, "Docker image that runs the kernel.")
     network: bool | tuple[str, ...] = option(
         False,

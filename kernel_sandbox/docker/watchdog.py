@@ -1,9 +1,10 @@
 """The launcher's watchdog: it removes the kernel's container when the launcher dies, whatever kills
 it.
 
-The Docker link starts it (``python -m kernel_sandbox.docker.watchdog LAUNCHER_PID KERNEL_ID``, in a
-session of its own, so that a signal to the launcher's process group does not reach it) before
-it creates the container, and holds the write end of the pipe that is the watchdog's stdin.
+The Docker link starts it (``python -m kernel_sandbox.docker.watchdog LAUNCHER_PID KERNEL_ID
+ENGINE``, in a session of its own, so that a signal to the launcher's process group does not
+reach it) before it creates the container, and holds the write end of the pipe that is the
+watchdog's stdin.
 When the launcher ends, the pipe closes. After a clean end the launcher has written :data:`DONE`
 first (its container is gone) and the watchdog just exits; otherwise (SIGKILL, the OOM killer, a
 crash) it removes every container labelled with the launcher's pid and the kernel id, and looks
@@ -34,11 +35,18 @@ PATIENCE = 600.0
 RETRY = 10.0
 
 
-def start(kernel_id: str) -> subprocess.Popen[bytes]:
-    """Start the watchdog of this launcher's containers for ``kernel_id``; write :data:`DONE` to its
-    stdin at a clean end."""
+def start(kernel_id: str, engine: str) -> subprocess.Popen[bytes]:
+    """Start the watchdog of this launcher's containers for ``kernel_id`` on ``engine`` (the
+    engine option); write :data:`DONE` to its stdin at a clean end."""
     return subprocess.Popen(
-        [sys.executable, "-m", "kernel_sandbox.docker.watchdog", str(os.getpid()), kernel_id],
+        [
+            sys.executable,
+            "-m",
+            "kernel_sandbox.docker.watchdog",
+            str(os.getpid()),
+            kernel_id,
+            engine,
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         # it may outlive the launcher: it holds none of the launcher's pipes
@@ -61,7 +69,7 @@ def release(watchdog: subprocess.Popen[bytes] | None, done: bool) -> None:
 
 def main(argv: list[str]) -> int:
     """Wait for the launcher's end on stdin; remove its containers unless it said it was done."""
-    launcher_pid, kernel_id = argv
+    launcher_pid, kernel_id, engine = argv
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)  # it ends with the launcher, never before
     said = b""
@@ -75,7 +83,7 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
-            client = docker_client()
+            client = docker_client(engine=engine)
             remove_launcher_containers(client, kernel_id, launcher_pid)
             time.sleep(LATE_CREATE)
             remove_launcher_containers(client, kernel_id, launcher_pid)

@@ -39,7 +39,7 @@ from kernel_sandbox.privdir import (
     stored_bytes,
 )
 
-from support.kernel import RUNTIMES, cell, runtime_option, until_ended
+from support.kernel import PODMAN, RUNTIMES, cell, runtime_option, until_ended
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "own_store")
 
@@ -130,8 +130,10 @@ async def session() -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
         yield km, kc
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-async def test_variables_and_files_come_back_in_the_restarted_kernels_new_container(runtime: str) -> None:
+@pytest.mark.parametrize("runtime", [*RUNTIMES, PODMAN])
+async def test_variables_and_files_come_back_in_the_restarted_kernels_new_container(runtime: str, request: pytest.FixtureRequest) -> None:
+    if runtime == PODMAN:
+        request.getfixturevalue("podman_engine")
     km = manager(**runtime_option(runtime))
     async with started_client(km) as kc:
         await cell(kc, MADE)

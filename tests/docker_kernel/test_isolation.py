@@ -28,7 +28,7 @@ from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
 from kernel_sandbox.parsers import MiB
 
-from support.kernel import RUNTIMES, run_cell, runtime_option
+from support.kernel import PODMAN, RUNTIMES, run_cell, runtime_option
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
@@ -102,16 +102,20 @@ def manager(runtime: str, **config: object) -> AsyncKernelManager:
     return AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": options}))
 
 
-@pytest.fixture(params=RUNTIMES)
+@pytest.fixture(params=[*RUNTIMES, PODMAN])
 async def km(request: pytest.FixtureRequest) -> AsyncIterator[AsyncKernelManager]:
+    if request.param == PODMAN:
+        request.getfixturevalue("podman_engine")
     kernel = manager(request.param)
     await kernel.start_kernel()
     yield kernel
     await kernel.shutdown_kernel(now=True)
 
 
-async def test_every_security_claim_holds_inside_the_kernel(km: AsyncKernelManager, docker_engine) -> None:
+async def test_every_security_claim_holds_inside_the_kernel(km: AsyncKernelManager, request: pytest.FixtureRequest) -> None:
     runtime = km.provisioner.settings().runtime or "runc"
+    podman = km.provisioner.settings().engine == PODMAN
+    engine = request.getfixturevalue("podman_engine" if podman else "docker_engine")
     facts = json.loads(await run(km, FACTS))
     assert facts["hostname"] == "sandbox"
     assert facts["interfaces"] == ["lo"]
@@ -128,7 +132,7 @@ async def test_every_security_claim_holds_inside_the_kernel(km: AsyncKernelManag
     assert facts["shm_id"] >= 0  # a shared memory segment made in the kernel is not the host's
     assert str(0x4B5342) not in [line.split()[0] for line in Path("/proc/sysvipc/shm").read_text().splitlines()]
     assert "KERNEL_SANDBOX_KEY" not in facts["env"] and "PATH" in facts["env"]
-    container = docker_engine.containers.get(km.provisioner.container_id)
+    container = engine.containers.get(km.provisioner.container_id)
     assert container.attrs["Mounts"] == []  # no host path at all: the channel is the engine's streams
     labels = container.labels
     assert labels[LABEL] == "true" and kernel_of(labels) == km.kernel_id  # the label, or a standby's adoption
@@ -136,7 +140,10 @@ async def test_every_security_claim_holds_inside_the_kernel(km: AsyncKernelManag
     host = container.attrs["HostConfig"]
     assert host["Memory"] == host["MemorySwap"] == 1024 * MiB
     assert host["NanoCpus"] == 10**9
-    if runtime == "runc":
+    if podman:  # its own rlimits, not Podman's (the host's maximum, which a host may refuse): nproc is pids_limit
+        assert host["PidsLimit"] == 256
+        assert {"Name": "RLIMIT_NPROC", "Soft": 256, "Hard": 256} in host["Ulimits"]  # Podman names it so
+    elif runtime == "runc":
         assert host["PidsLimit"] == 256 and not host.get("Ulimits")
     else:  # gVisor's own RLIMIT_NPROC is the limit; its cgroup holds the runtime's threads too
         assert host["PidsLimit"] == 2 * 256 + RUNSC_HOST_THREADS

@@ -33,6 +33,7 @@ SHARED = {
 }
 DOCKER = {
     **SHARED,
+    "engine": (str,),
     "image": (str,),
     "network": (bool, list, tuple),
     "memory": (*SIZE, type(None)),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
+from support.kernel import PODMAN
 from support.package_index import Index, serve_index
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import install as install_kernelspec
@@ -39,10 +40,12 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         assert served.guard_fired == [], "the launcher tried to connect outside 127.0.0.0/8"
 
 
-@pytest.fixture(scope="module")
-def sandbox(docker_engine, index: Index) -> Iterator[Sandbox]:
-    """A kernel with the network off whose package index is the test's."""
-    with Sandbox(package_index=[index.url, index.entry], timeout=120, standby=0) as sb:
+@pytest.fixture(scope="module", params=["docker", PODMAN])
+def sandbox(request: pytest.FixtureRequest, index: Index) -> Iterator[Sandbox]:
+    """A kernel with the network off whose package index is the test's, on Docker and on Podman."""
+    request.getfixturevalue(f"{request.param}_engine")
+    engine = {"engine": PODMAN} if request.param == PODMAN else {}
+    with Sandbox(package_index=[index.url, index.entry], timeout=120, standby=0, **engine) as sb:
         yield sb
 
 

@@ -21,8 +21,14 @@ RUNTIMES = ("runc", "runsc")
 """The OCI runtimes the container-facing tests run on: Docker's default and gVisor (.ci/run registers runsc)."""
 
 
+PODMAN = "podman"
+"""Not a runtime: Podman's engine (its default runtime), for the tests parametrised over runtimes and engines."""
+
+
 def runtime_option(runtime: str) -> dict[str, str]:
-    """The ``runtime`` option that selects ``runtime`` (none for runc, the engine's default)."""
+    """The option that selects ``runtime`` (none for runc, the engine's default), or ``engine`` for :data:`PODMAN`."""
+    if runtime == PODMAN:
+        return {"engine": PODMAN}
     return {"runtime": runtime} if runtime != "runc" else {}
 
 
