@@ -39,7 +39,8 @@ TIERS = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its tier: load (tests/load/), opensandbox, browser, docker, else unit.
+    """Mark every test with its tier: load (tests/load/), opensandbox, browser, docker, podman, else
+    unit (a test that takes its engine by a parameter carries the engine's mark on that parameter).
 
     The ``fresh_machine`` tier (a container playing a fresh machine, whose apt and pip reach the
     package registries) runs only when asked for by name, ``-m fresh_machine``: every other test
@@ -57,6 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tiers.append("load")
         if item.get_closest_marker("docker") or item.get_closest_marker("opensandbox_server"):
             tiers.append("docker")
+        if item.get_closest_marker("podman"):  # an engine chosen by a parameter's mark
+            tiers.append("podman")
         for tier in dict.fromkeys(tiers) or ["unit"]:
             item.add_marker(tier)
 

@@ -40,7 +40,10 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         assert served.guard_fired == [], "the launcher tried to connect outside 127.0.0.0/8"
 
 
-@pytest.fixture(scope="module", params=["docker", PODMAN])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param("docker", marks=pytest.mark.docker), pytest.param(PODMAN, marks=pytest.mark.podman)],
+)
 def sandbox(request: pytest.FixtureRequest, index: Index) -> Iterator[Sandbox]:
     """A kernel with the network off whose package index is the test's, on Docker and on Podman."""
     request.getfixturevalue(f"{request.param}_engine")

@@ -192,7 +192,10 @@ def test_doctor_checks_podman_socket_init_image_and_limits(podman_engine) -> Non
 
 
 @pytest.mark.security("fault", "sessions")
-@pytest.mark.parametrize("engine_fixture", ["docker_engine", "podman_engine"])
+@pytest.mark.parametrize(
+    "engine_fixture",
+    [pytest.param("docker_engine", marks=pytest.mark.docker), pytest.param("podman_engine", marks=pytest.mark.podman)],
+)
 def test_a_base_image_that_cannot_run_python_fails_the_build_and_leaves_no_container(engine_fixture, request) -> None:
     """The build's probe of the base image: a container that fails to start is not removed by the engine's
     auto-remove (Podman as root refused the probe's rlimits this way and left three behind)."""
