@@ -165,9 +165,15 @@ start_podman_socket() {
         return
     fi
     mkdir -p "$(dirname "${socket}")"
-    echo "starting podman system service at ${socket} (log: ${PODMAN_LOG})"
+    # crun, Podman's first choice when installed, refuses a host on cgroup v1 or hybrid cgroups
+    # ("cgroups in hybrid mode not supported"); runc, which docker.io brings, runs there
+    local runtime=()
+    if [ ! -f /sys/fs/cgroup/cgroup.controllers ] && command -v runc >/dev/null; then
+        runtime=(--runtime runc)
+    fi
+    echo "starting podman ${runtime[*]} system service at ${socket} (log: ${PODMAN_LOG})"
     # CONTAINER_HOST would make this podman a client of that socket
-    nohup env -u CONTAINER_HOST podman system service --time=0 "unix://${socket}" >>"${PODMAN_LOG}" 2>&1 &
+    nohup env -u CONTAINER_HOST podman "${runtime[@]}" system service --time=0 "unix://${socket}" >>"${PODMAN_LOG}" 2>&1 &
     pid=$!
     deadline=$((SECONDS + 60))
     until podman_answers "${socket}"; do
