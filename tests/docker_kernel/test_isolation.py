@@ -92,7 +92,7 @@ print(len(planted))
 
 async def run(km: AsyncKernelManager, code: str, timeout: float = 120) -> str:
     """The stdout of ``code``, which must succeed."""
-    out, reply = await run_cell(km, code, timeout, ready_timeout=90)
+    out, reply = await run_cell(km, code, timeout, ready_timeout=240)  # after a fill, a loaded host is slow
     assert reply["status"] == "ok", reply
     return out
 

@@ -26,7 +26,7 @@ from traitlets.config import Config
 
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
 from kernel_sandbox.kernelspecs import install, started_client
-from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint
+from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint, remove_private
 
 from support.kernel import RUNTIMES, ArgvKernel, cell, runtime_option
 
@@ -61,7 +61,9 @@ def manager(**settings: Any) -> AsyncKernelManager:
 
 def containers(kernel_id: str) -> list[Any]:
     """The engine's containers of this kernel, by its label."""
-    return docker_client().containers.list(all=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"})
+    return docker_client().containers.list(
+        all=True, ignore_removed=True, filters={"label": f"{LABEL_KERNEL_ID}={kernel_id}"}
+    )
 
 
 def sleep_state(km: AsyncKernelManager) -> dict[str, Any]:
@@ -70,7 +72,7 @@ def sleep_state(km: AsyncKernelManager) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-async def until(check: Any, timeout: float = 30, what: str = "") -> None:
+async def until(check: Any, timeout: float = 120, what: str = "") -> None:
     """Wait until ``check()`` is true (fail after ``timeout`` s)."""
     deadline = time.monotonic() + timeout
     while not check():
@@ -224,7 +226,8 @@ async def test_a_checkpoint_changed_on_the_host_while_the_kernel_sleeps_is_refus
     async with started_client(km) as kc:
         assert (await cell(kc, "secret = 'theirs'"))[1]["status"] == "ok"
         await asleep(km)
-        kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
+        private = km.provisioner.private.path
+        kept = kept_checkpoint(private, SLEEP_SLOT)
         with open(kept, "rb") as handle:
             header = read_header(handle, str(kept), 2**30, "test")
             blob = bytearray(handle.read())
@@ -242,6 +245,8 @@ async def test_a_checkpoint_changed_on_the_host_while_the_kernel_sleeps_is_refus
         assert expected in exit_reason, exit_reason
         assert containers(km.kernel_id) == []
         del msg_id
+    # a failed wake keeps its directory and blob for the user (the reason names them): the test removes its own
+    remove_private(private)
 
 
 async def test_a_kernel_with_packages_it_installed_stays_awake_even_when_lossy() -> None:

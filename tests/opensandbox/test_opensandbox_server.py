@@ -597,7 +597,8 @@ async def test_gc_deletes_this_hosts_sandboxes_whose_launcher_is_dead(deployment
                     metadata={**options["metadata"], **owner}, resource_limits=options["resource_limits"],
                 )
                 made[name] = sandbox.id
-            env = {**os.environ, "OPEN_SANDBOX_API_KEY": deployment.api_key, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+            no_engine = "unix:///nonexistent/engine.sock"  # neither Docker nor Podman: no container is checked
+            env = {**os.environ, "OPEN_SANDBOX_API_KEY": deployment.api_key, "DOCKER_HOST": no_engine, "CONTAINER_HOST": no_engine}
             result = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "kernel_sandbox.cli", "gc", "--api-base", deployment.api_base],
                 env=env, capture_output=True, text=True, timeout=120,
