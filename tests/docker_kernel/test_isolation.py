@@ -28,7 +28,7 @@ from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
 from kernel_sandbox.parsers import MiB
 
-from support.kernel import PODMAN, RUNTIMES, run_cell, runtime_option
+from support.kernel import PODMAN, RUNTIMES, cell, run_cell, runtime_option
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
 
@@ -107,14 +107,11 @@ async def fill_and_live(km: AsyncKernelManager) -> dict[str, int]:
     kc.start_channels()
     try:
         await kc.wait_for_ready(timeout=90)
-        out: list[str] = []
-        hook = lambda msg: out.append(msg["content"]["text"]) if msg["msg_type"] == "stream" else None  # noqa: E731
-        reply = await kc.execute_interactive(FILL, timeout=300, output_hook=hook)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        written = json.loads("".join(out))
-        out.clear()
-        reply = await kc.execute_interactive("print('alive')", timeout=120, output_hook=hook)
-        assert reply["content"]["status"] == "ok" and "".join(out) == "alive\n", (reply["content"], out)
+        out, reply = await cell(kc, FILL, timeout=300)
+        assert reply["status"] == "ok", reply
+        written = json.loads(out)
+        out, reply = await cell(kc, "print('alive')", timeout=120)
+        assert reply["status"] == "ok" and out == "alive\n", (reply, out)
     finally:
         kc.stop_channels()
     return written
