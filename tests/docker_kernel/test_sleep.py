@@ -80,6 +80,12 @@ async def until(check: Any, timeout: float = 120, what: str = "") -> None:
         await asyncio.sleep(0.2)
 
 
+async def kept_awake(km: AsyncKernelManager) -> str:
+    """Wait until the launcher refuses the kernel's sleep; why, as its ``sleep.json`` says."""
+    await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
+    return sleep_state(km)["why"]
+
+
 async def asleep(km: AsyncKernelManager) -> None:
     """Wait until the kernel sleeps: its sleep.json says so and the engine has no container of it."""
     await until(lambda: sleep_state(km).get("state") == "suspended" and not containers(km.kernel_id),
@@ -126,8 +132,7 @@ async def test_a_kernel_with_an_open_socket_stays_awake_and_ps_says_why() -> Non
     km = manager()
     async with started_client(km) as kc:
         assert (await cell(kc, "import socket\nsock = socket.socket()\nx = 1"))[1]["status"] == "ok"
-        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
-        why = sleep_state(km)["why"]
+        why = await kept_awake(km)
         listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
         assert "\tawake: its checkpoint would leave behind sock (" in listed.stdout, listed.stdout + listed.stderr
         assert "its checkpoint would leave behind sock (TypeError: cannot pickle 'socket' object)" in why
@@ -171,8 +176,7 @@ async def test_a_kernel_with_an_open_widget_stays_awake() -> None:
     async with started_client(km) as kc:
         text, reply = await cell(kc, "import ipywidgets\nslider = ipywidgets.IntSlider(value=3)\ndisplay(slider)")
         assert reply["status"] == "ok", text
-        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
-        assert "widget(s) are open and a sleep closes them" in sleep_state(km)["why"]
+        assert "widget(s) are open and a sleep closes them" in await kept_awake(km)
         assert len(containers(km.kernel_id)) == 1
 
 
@@ -192,8 +196,7 @@ async def test_a_kernel_that_makes_its_checkpoint_huge_is_refused_and_keeps_runn
     km = manager(checkpoint_max_bytes="1m")
     async with started_client(km) as kc:
         assert (await cell(kc, "import os\nbig = os.urandom(4 * 2**20)\nmark = 'alive'"))[1]["status"] == "ok"
-        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
-        assert "over checkpoint_max_bytes=1048576; nothing was pulled" in sleep_state(km)["why"]
+        assert "over checkpoint_max_bytes=1048576; nothing was pulled" in await kept_awake(km)
         assert len(containers(km.kernel_id)) == 1
         assert not kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).exists()
         text, _ = await cell(kc, "print(mark, len(big))")
@@ -255,8 +258,7 @@ async def test_a_kernel_with_packages_it_installed_stays_awake_even_when_lossy()
         # what pip leaves in PIP_TARGET (the packages tmpfs), which a new container would not have
         code = "import os\nos.makedirs(os.path.join(os.environ['PIP_TARGET'], 'tinypkg'))\nx = 1"
         assert (await cell(kc, code))[1]["status"] == "ok"
-        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
-        assert "packages installed in this kernel (tinypkg) would be gone after a sleep" in sleep_state(km)["why"]
+        assert "packages installed in this kernel (tinypkg) would be gone after a sleep" in await kept_awake(km)
         assert len(containers(km.kernel_id)) == 1
 
 
@@ -267,8 +269,7 @@ async def test_a_kernel_that_fakes_its_checkpoint_is_not_put_to_sleep() -> None:
     async with started_client(km) as kc:
         code = "get_ipython().register_magic_function(lambda line: None, 'line', 'checkpoint')\nx = 'alive'"
         assert (await cell(kc, code))[1]["status"] == "ok"
-        await until(lambda: sleep_state(km).get("state") == "awake", what="a refused sleep")
-        assert "the launcher kept no checkpoint for it" in sleep_state(km)["why"]
+        assert "the launcher kept no checkpoint for it" in await kept_awake(km)
         assert len(containers(km.kernel_id)) == 1
         assert (await cell(kc, "print(x)"))[0] == "alive\n"
 
