@@ -10,6 +10,8 @@ import '@jupyter-widgets/controls/css/widgets-base.css';
 
 const MODULES = { '@jupyter-widgets/base': base, '@jupyter-widgets/controls': controls, '@jupyter-widgets/output': output };
 const CONTROL = 'jupyter.widget.control';
+const ANSWER_MS = 10000;
+const CONTROL_VERSION = '1.0.0';
 
 // A comm whose messages go to the page (bridge.send) and come from it (handle)
 class Comm {
@@ -72,14 +74,70 @@ class FrameManager extends HTMLManager {
     return this.bridge.commInfo();
   }
 
-  load() {
-    return this._loadFromKernel();
+  // The kernel's widget states, asked on a control comm. ipywidgets' own load gives up after 4 s and asks each comm
+  // instead, whose answers carry no model names past the launcher's policy; but a kernel busy running a cell answers
+  // late, not never, so the frame waits for it (a kernel without the control comm's target closes it at once).
+  async load() {
+    const control = await this._create_comm(CONTROL, base.uuid(), {}, { version: CONTROL_VERSION });
+    let reply;
+    try {
+      reply = await new Promise((resolve, reject) => {
+        control.on_msg(msg => msg.content.data.method === 'update_states' && resolve(msg));
+        control.on_close(() => reject(new Error('the kernel closed the control comm')));
+        control.send({ method: 'request_states' }, {});
+      });
+    } catch {
+      return this._loadFromKernelModels();
+    }
+    control.close();
+    const { states, buffer_paths: paths } = reply.content.data;
+    (paths || []).forEach(([id, ...path], i) => states[id] && base.put_buffers(states[id], [path], [reply.buffers[i]]));
+    const ids = Object.keys(states).filter(id => !this.has_model(id));
+    // every model is registered before any is made: a widget's state names its layout and style models by id
+    const comms = await Promise.all(ids.map(id => this._create_comm(this.comm_target_name, id)));
+    await Promise.all(
+      ids.map((id, i) =>
+        this.new_model(
+          { model_name: states[id].model_name, model_module: states[id].model_module, model_module_version: states[id].model_module_version, comm: comms[i] },
+          states[id].state
+        ).catch(error => console.error(error))
+      )
+    );
   }
 
-  // ipywidgets < 7.7, or a control comm that did not answer in time: each model's state is asked on its comm
-  _loadFromKernelModels() {
+  // ipywidgets < 7.7, or a control comm that did not answer in time (a busy kernel): each model's state is asked
+  // on its comm. Upstream waits for every answer, and an answer the launcher's policy drops (a refused widget's
+  // state) would hold every widget of the frame forever: an answer not come in ANSWER_MS is given up.
+  async _loadFromKernelModels() {
     this.bridge.live();
-    return super._loadFromKernelModels();
+    const ids = Object.keys(await this._get_comm_info()).filter(id => !this.has_model(id));
+    const answers = await Promise.all(ids.map(id => this._askState(id)));
+    await Promise.all(
+      answers.filter(Boolean).map(({ comm, state }) =>
+        this.new_model(
+          { model_name: state._model_name, model_module: state._model_module, model_module_version: state._model_module_version, comm },
+          state
+        ).catch(error => console.error(error))
+      )
+    );
+  }
+
+  // The state the kernel sends on widget comm `id` in answer to request_state, or null after ANSWER_MS
+  async _askState(id) {
+    const comm = await this._create_comm(this.comm_target_name, id);
+    return new Promise(resolve => {
+      let msgId = '';
+      const timer = setTimeout(() => resolve(null), ANSWER_MS);
+      comm.on_msg(msg => {
+        const data = msg.content.data;
+        if (msg.parent_header.msg_id === msgId && msg.header.msg_type === 'comm_msg' && data.method === 'update') {
+          clearTimeout(timer);
+          base.put_buffers(data.state, data.buffer_paths || [], msg.buffers || []);
+          resolve({ comm, state: data.state });
+        }
+      });
+      msgId = comm.send({ method: 'request_state' }, this.callbacks(undefined));
+    });
   }
 }
 

@@ -304,7 +304,7 @@ class Relay {
   constructor(kernel) {
     this.kernel = kernel;
     this.comms = new Map(); // comm_id -> the kernel's widget comm
-    this.controls = new Map(); // comm_id -> {comm, entry}: frames' request_states
+    this.controls = new Map(); // comm_id -> {comm, entry, version}: frames' request_states (comm: once asked)
     this.frames = new Set();
     this.sent = new Map(); // kernel msg_id of a frame's message -> {entry, id}
     this.outputWidgets = new Map(); // Output widget comm_id -> {outputs, msgId, hook, clearWait}
@@ -381,7 +381,7 @@ class Relay {
     for (const [id, control] of this.controls) {
       if (control.entry === entry) {
         this.controls.delete(id);
-        control.comm.close();
+        control.comm?.close();
       }
     }
   }
@@ -423,7 +423,7 @@ class Relay {
       const control = this.controls.get(data.comm_id);
       if (control && control.entry === entry) {
         this.controls.delete(data.comm_id);
-        control.comm.close();
+        control.comm?.close();
       }
     } else if (type === 'comm-info' && typeof data.request === 'number') {
       this.commInfo({ target_name: WIDGET }).then(
@@ -440,34 +440,44 @@ class Relay {
     }
   }
 
+  // A frame's control comm is opened in the kernel only with its request_states, in one go: ipywidgets answers on
+  // the control comm the kernel opened last, so two frames' opens before their requests (a busy kernel, several
+  // widget outputs at once) would send both answers to one frame and none to the other
   openControl(entry, data) {
     const ours = [...this.controls.values()].filter(control => control.entry === entry).length;
     if (data.target !== CONTROL || !isCommId(data.comm_id) || this.controls.has(data.comm_id) || ours >= MAX_CONTROLS) {
       return;
     }
-    let comm;
-    try {
-      comm = this.create(CONTROL, data.comm_id);
-    } catch (error) {
-      return;
+    const version = isPlainObject(data.metadata) && typeof data.metadata.version === 'string' ? data.metadata.version.slice(0, 20) : undefined;
+    this.controls.set(data.comm_id, { comm: null, entry, version });
+  }
+
+  controlComm(id, control) {
+    if (control.comm) {
+      return control.comm;
     }
-    this.controls.set(data.comm_id, { comm, entry });
-    comm.onMsg = msg => {
+    try {
+      control.comm = this.create(CONTROL, id);
+    } catch (error) {
+      this.controls.delete(id);
+      return null;
+    }
+    control.comm.onMsg = msg => {
       const states = msg.content && msg.content.data && msg.content.data.states;
       if (isPlainObject(states)) {
-        Object.keys(states).forEach(id => this.learn(id));
-        for (const [id, state] of Object.entries(states)) {
-          this.watchState(id, state && state.state);
+        Object.keys(states).forEach(widget => this.learn(widget));
+        for (const [widget, state] of Object.entries(states)) {
+          this.watchState(widget, state && state.state);
         }
       }
-      this.toFrame(entry, msg);
+      this.toFrame(control.entry, msg);
     };
-    comm.onClose = msg => {
-      this.controls.delete(data.comm_id);
-      this.toFrame(entry, msg);
+    control.comm.onClose = msg => {
+      this.controls.delete(id);
+      this.toFrame(control.entry, msg);
     };
-    const version = isPlainObject(data.metadata) && typeof data.metadata.version === 'string' ? data.metadata.version.slice(0, 20) : undefined;
-    comm.open({}, version ? { version } : {});
+    control.comm.open({}, control.version ? { version: control.version } : {});
+    return control.comm;
   }
 
   send(entry, data) {
@@ -480,7 +490,7 @@ class Relay {
     }
     let comm;
     if (control && control.entry === entry) {
-      comm = payload.method === 'request_states' ? control.comm : null;
+      comm = payload.method === 'request_states' ? this.controlComm(id, control) : null;
     } else {
       comm = WIDGET_METHODS.has(payload.method) ? this.comms.get(id) : null;
     }

@@ -29,7 +29,7 @@ from kernel_sandbox.lab import confinement_arguments
 
 from support.lab import (ARTIFACTS, click_in_frame, frame_with, in_frames, jupyterlab, page_outputs, recording_page, remove_kernels_of, run_cell,
                      wait_for_kernel)
-from test_policy_jupyterlab import put_notebook, run_all_cells, script_traces
+from test_policy_jupyterlab import HOSTILE_CELLS, put_notebook, run_all_cells, script_traces
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -469,6 +469,24 @@ def test_widgets_work_in_their_frame_and_come_back_from_the_kernel_after_a_reloa
         assert panel.locator(".jupyter-widgets").count() == 0 and page_outputs(page) == []
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "frame-widgets.png"), full_page=True)
+
+
+@pytest.mark.security("attack", "policy")
+def test_a_widget_a_busy_kernel_shows_beside_a_refused_one_renders(browser, frame_lab) -> None:
+    """Two frames ask a busy kernel for its widgets' states at once. ipywidgets answers on the control comm it opened
+    last (the page opens each frame's with its request, so each frame gets its own answer), and late: the frame waits
+    (ipywidgets' own manager gives up after 4 s and asks each comm, whose answers carry no model names past the
+    policy and none for a refused widget). The slider shows, and the refused widget's frame the policy's note."""
+    lab = frame_lab
+    cells = [HOSTILE_CELLS["widget"],
+             "import ipywidgets as w, time\ndisplay(w.IntSlider(value=5, description='busy-slider'))\ntime.sleep(8)\nprint('slept')"]
+    put_notebook(lab, "frame-busy.ipynb", "frame-strict", cells)
+    with recording_page(browser, "frame-busy-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        run_all_cells(page, lab, "frame-busy", "frame-busy.ipynb")
+        frame_with(page, ".jp-RenderedText", "slept", seconds=90)
+        assert in_frames(page, ".widget-label", "busy-slider", seconds=60) == 1
+        assert in_frames(page, "em", "widget refused by the strict output policy", seconds=30) == 1
+        assert script_traces(page, lab, 1) == ([], [])
 
 
 @pytest.mark.security("attack", "policy")
