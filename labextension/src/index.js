@@ -21,6 +21,7 @@ import { ITooltipManager } from '@jupyterlab/tooltip';
 import { Widget } from '@lumino/widgets';
 
 import { frameMain } from './frame.js';
+import { WidgetStates, arrayBuffer, isPlainObject } from './states';
 import { themeLightAttribute, updateTheme, usableHandlers, usableHead } from './usable';
 
 const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
@@ -274,10 +275,6 @@ function guardFocus() {
   window.addEventListener('blur', () => [0, 20, 60, 150, 300].forEach(delay => setTimeout(check, delay)));
 }
 
-function isPlainObject(value) {
-  return value !== null && typeof value === 'object' && Object.getPrototypeOf(value) === Object.prototype;
-}
-
 function isCommId(value) {
   return typeof value === 'string' && value.length > 0 && value.length <= 128;
 }
@@ -308,6 +305,7 @@ class Relay {
     this.frames = new Set();
     this.sent = new Map(); // kernel msg_id of a frame's message -> {entry, id}
     this.outputWidgets = new Map(); // Output widget comm_id -> {outputs, msgId, hook, clearWait}
+    this.states = new WidgetStates(); // what a frame's request_states gets at once, once complete
     const refuse = name => new Error(`kernel-sandbox: the widgets of a sandboxed kernel live in its output frames (${name})`);
     this.register = kernel.registerCommTarget.bind(kernel);
     this.create = kernel.createComm.bind(kernel);
@@ -334,6 +332,16 @@ class Relay {
       return reply;
     };
     this.register(WIDGET, (comm, msg) => this.adopt(comm, msg));
+    // the states are complete when the kernel has no widget comm they lack (it had none before this page: a fresh
+    // kernel); else (a page reloaded) frames ask the kernel until one of its answers fills them
+    commInfo({ target_name: WIDGET }).then(
+      reply => {
+        if (Object.keys((reply.content && reply.content.comms) || {}).every(id => this.states.records.has(id))) {
+          this.states.complete = true;
+        }
+      },
+      () => undefined
+    );
     // a kernel's comm on the other targets is not a widget the page knows: left unanswered, it is closed
     kernel.statusChanged.connect((_, status) => {
       if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
@@ -344,6 +352,7 @@ class Relay {
           this.unhook(watched);
         }
         this.outputWidgets.clear();
+        this.states.clear();
       }
     });
   }
@@ -394,14 +403,22 @@ class Relay {
       parent_header: { msg_id: mine && mine.entry === entry ? mine.id : parent },
       content: msg.content,
       metadata: msg.metadata || {},
-      buffers: (msg.buffers || []).map(b => (b instanceof ArrayBuffer ? b : b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)))
+      buffers: (msg.buffers || []).map(arrayBuffer)
     };
     post(entry, 'comm', { msg: forwarded });
   }
 
   fromKernel(msg) {
     this.watchOutputWidget(msg);
-    const data = msg.content && msg.content.data;
+    const content = msg.content || {};
+    const data = content.data;
+    if (msg.header.msg_type === 'comm_open') {
+      this.states.open(content.comm_id, data, msg.buffers || []);
+    } else if (msg.header.msg_type === 'comm_close') {
+      this.states.close(content.comm_id);
+    } else if (data && (data.method === 'update' || data.method === 'echo_update')) {
+      this.states.update(content.comm_id, data, msg.buffers || []);
+    }
     if (data && data.method === 'custom' && data.content && data.content.do === 'focus') {
       return; // a widget's focus(): focus is the user's to give
     }
@@ -465,6 +482,7 @@ class Relay {
     control.comm.onMsg = msg => {
       const states = msg.content && msg.content.data && msg.content.data.states;
       if (isPlainObject(states)) {
+        this.states.replace(msg.content.data, msg.buffers || []);
         Object.keys(states).forEach(widget => this.learn(widget));
         for (const [widget, state] of Object.entries(states)) {
           this.watchState(widget, state && state.state);
@@ -486,6 +504,14 @@ class Relay {
     const payload = data.data;
     const buffers = Array.isArray(data.buffers) ? data.buffers : [];
     if (!isPlainObject(payload) || !buffers.every(b => b instanceof ArrayBuffer) || typeof data.id !== 'string' || data.id.length > 64) {
+      return;
+    }
+    if (control && control.entry === entry && payload.method === 'request_states' && this.states.complete) {
+      // answered at once from what the page has seen pass, even while the kernel runs a cell
+      const { data: answer, buffers: held } = this.states.snapshot();
+      const reply = { header: { msg_type: 'comm_msg' }, parent_header: { msg_id: data.id }, content: { comm_id: id, data: answer } };
+      post(entry, 'comm', { msg: { ...reply, metadata: {}, buffers: held.map(arrayBuffer) } });
+      post(entry, 'comm-status', { id: data.id, state: 'idle' });
       return;
     }
     let comm;

@@ -489,6 +489,23 @@ def test_a_widget_a_busy_kernel_shows_beside_a_refused_one_renders(browser, fram
         assert script_traces(page, lab, 1) == ([], [])
 
 
+def test_a_progress_bar_moves_while_its_cell_runs(browser, frame_lab) -> None:
+    """tqdm's bar in a frame moves while the loop runs, as on a local kernel: the frame does not wait for the busy
+    kernel to answer for its widgets' states."""
+    lab = frame_lab
+    cells = ["from tqdm.notebook import tqdm\nimport time\nfor i in tqdm(range(40), desc='slow-tqdm'):\n    time.sleep(0.5)\nprint('loop-done')"]
+    put_notebook(lab, "frame-progress.ipynb", "frame-strict", cells)
+    with recording_page(browser, "frame-progress-failed.png", height=900, timeout_ms=120_000) as (page, _):
+        run_all_cells(page, lab, "frame-progress", "frame-progress.ipynb")
+        bar = frame_with(page, ".widget-html-content", "/40", seconds=60)
+        counts = []
+        while not in_frames(page, ".jp-RenderedText", "loop-done"):
+            shown = bar.locator(".widget-html-content", has_text="/40").first.inner_text()
+            counts.append(int(shown.split("/")[0].split()[-1]))
+            page.wait_for_timeout(500)
+        assert len(set(counts)) >= 3 and min(counts) < 40, counts  # seen moving before the loop ended
+
+
 @pytest.mark.security("attack", "policy")
 def test_saved_outputs_of_a_sandboxed_kernel_stay_framed_on_a_local_kernel(browser, frame_lab) -> None:
     """A notebook saved with a sandboxed kernel's (marked) hostile outputs, opened on a plain local kernel and trusted:
