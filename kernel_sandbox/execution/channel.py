@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import FramingError, ResultLimitError
 from ..kernelside import sources
 from ..kernelside.toolhost import CHUNK, TARGET, VERSION
-from .decode import DecodeLimits
+from .limits import DecodeLimits
 
 MODULES = ("dataformat", "workfiles", "checkpoint", "packages", "trust", "toolhost")
 MAX_PARTS = 10_000

@@ -36,7 +36,8 @@ from .backend import DEFAULT_BACKEND, kernel_manager
 from .adapters import adapter as backend_named
 from .checkpoint import Checkpoint, restore_into
 from .channel import CHUNK
-from .decode import DecodeLimits, allowed_map
+from .instances import allowed_map
+from .limits import DecodeLimits
 from .collector import Callback, Collector
 from .exchange import DEFAULT_CALL_TIMEOUT, KernelExchange
 from .tools import check_env

@@ -17,7 +17,7 @@ from ..results import Execution, FileInfo, ToolResult
 from .backend import DEFAULT_BACKEND
 from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint
 from .collector import Callback
-from .decode import DecodeLimits
+from .limits import DecodeLimits
 from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
 from .exchange import DEFAULT_CALL_TIMEOUT
 from .sandbox import AsyncSandbox

@@ -13,7 +13,7 @@ from ..hostsecrets import Secret, secret_values, unsupported
 from ..errors import ConfigError, FramingError, SandboxError
 from ..kernelside.toolhost import STATE_NOT_KEPT
 from ..results import ToolResult
-from .decode import allowed_map
+from .instances import allowed_map
 from .exchange import REPLY_GRACE
 from .tools import body_error, check_env, tool_payload
 from .session import MAX_WINDOW, SandboxSession
