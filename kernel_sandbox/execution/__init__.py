@@ -15,7 +15,7 @@ from ..errors import (  # noqa: F401 (re-exported: the names in __all__)
 from ..hostsecrets import Secret  # noqa: F401
 from ..results import Execution, ExecutionError, FileInfo, ToolResult  # noqa: F401
 from .checkpoint import Checkpoint  # noqa: F401
-from .decode import DecodeLimits  # noqa: F401
+from .limits import DecodeLimits  # noqa: F401
 from .pool import AsyncSandboxPool, SandboxPool  # noqa: F401
 from .sandbox import AsyncSandbox  # noqa: F401
 from .sync import Sandbox  # noqa: F401

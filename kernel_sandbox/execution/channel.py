@@ -33,9 +33,9 @@ from typing import Any
 from ..errors import FramingError, ResultLimitError
 from ..kernelside import sources
 from ..kernelside.toolhost import CHUNK, TARGET, VERSION
-from .decode import DecodeLimits
+from .limits import DecodeLimits
 
-MODULES = ("dataformat", "workfiles", "checkpoint", "packages", "trust", "toolhost")
+MODULES = ("dataformat", "workfiles", "checkpoint", "packages", "trust", "guard", "toolhost")
 MAX_PARTS = 10_000
 _HEADER = re.compile(r"(\d{1,12}) ([0-9a-f]{64}) ")
 

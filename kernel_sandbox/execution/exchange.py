@@ -29,7 +29,8 @@ from ..errors import (
 from ..results import Execution, ExecutionError, KernelDied, NoAnswer, NoReply, TimedOut
 from .channel import VERSION, Answer, bootstrap_cell, new_marker, parse_text_frame, text_cell
 from .collector import Callback, Collector
-from .decode import DecodeLimits, decode
+from .decode import decode
+from .limits import DecodeLimits
 from .tools import body_error
 
 DEFAULT_CALL_TIMEOUT = 300.0

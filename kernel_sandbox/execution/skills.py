@@ -1,4 +1,4 @@
-"""Skills (LiteLLM's skills executor contract): the shape of a skill run's answer and its files."""
+"""Skills (LiteLLM's skills executor contract): running one, its answer's shape and files."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import mimetypes
 import mmap
 import posixpath
 import tempfile
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..errors import ConfigError, SandboxError
 from ..results import Execution
+from .files import MAX_FILE_BYTES, MAX_SKILL_FILES_BYTES
+from .packages import PackageInstalls
+from .transfer import FileTransfers
 
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/svg+xml": "svg"}
 
@@ -94,3 +99,64 @@ def skill_result(execution: Execution, files: list[dict[str, str]]) -> dict[str,
         "error": error,
         "files": files,
     }
+
+
+class SkillRuns(FileTransfers, PackageInstalls):
+    """``run_skill``: skill code run next to its files, and what it made."""
+
+    async def run_skill(
+        self,
+        code: str,
+        skill_files: Mapping[str, bytes | str] | None = None,
+        requirements: str | Iterable[str] | None = None,
+        *,
+        timeout: float | None = None,
+        max_files_bytes: int = MAX_SKILL_FILES_BYTES,
+    ) -> dict[str, Any]:
+        """Run skill ``code`` next to ``skill_files`` (LiteLLM's skills executor contract).
+
+        Returns ``{"success", "output", "error", "files"}``; ``files`` holds the files the code
+        created or changed in the work directory (not the unchanged skill files) and the images it
+        displayed (``figure_1.png``...), each ``{"name", "path", "content_base64", "mime_type"}``.
+        The files together may hold ``max_files_bytes`` (256 MiB by default) of base64 text, what
+        the answer holds (4/3 of their bytes), counted as they arrive; past it the run fails with an
+        error naming the limit.
+        """
+        if (
+            isinstance(max_files_bytes, bool)
+            or not isinstance(max_files_bytes, int)
+            or max_files_bytes < 0
+        ):
+            raise ConfigError(f"max_files_bytes must be a number of bytes, not {max_files_bytes!r}")
+        try:
+            if skill_files:
+                await self.upload(skill_files, timeout=timeout)
+            if requirements:
+                installed = await self.install(requirements, timeout=timeout)
+                if installed.error is not None:
+                    return failed_skill(installed.stdout, installed.stderr)
+            before = await self._simple("snapshot", timeout)
+            await self._simple("prepare", timeout)
+            execution = await self.run(code, timeout=timeout)
+            after = await self._simple("snapshot", timeout)
+            files, room = [], max_files_bytes
+            for path in sorted(after):
+                if before.get(path) != after[path]:
+                    limit = min(largest_encodable(room), MAX_FILE_BYTES)
+                    name = (
+                        f"max_files_bytes={max_files_bytes} of base64, {room} left"
+                        if limit < MAX_FILE_BYTES
+                        else "download's ceiling"
+                    )
+                    encoder = Encoder()
+                    try:
+                        await self._read(path, encoder.write, limit, f"run_skill's {name}", timeout)
+                        text = encoder.text()
+                    finally:
+                        encoder.close()
+                    room -= len(text)
+                    files.append(file_entry(path, text))
+            files += figure_files(execution.results)
+        except SandboxError as exc:
+            return failed_skill("", str(exc))
+        return skill_result(execution, files)

@@ -17,9 +17,11 @@ from ..results import Execution, FileInfo, ToolResult
 from .backend import DEFAULT_BACKEND
 from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint
 from .collector import Callback
-from .decode import DecodeLimits
+from .limits import DecodeLimits
 from .files import MAX_SKILL_FILES_BYTES, MAX_STREAM_BYTES, Content
-from .sandbox import DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_OUTPUT_BYTES, AsyncSandbox
+from .exchange import DEFAULT_CALL_TIMEOUT
+from .sandbox import AsyncSandbox
+from .session import DEFAULT_MAX_OUTPUT_BYTES
 
 T = TypeVar("T")
 

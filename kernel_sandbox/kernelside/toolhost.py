@@ -1,9 +1,10 @@
 """The kernel side of the execution API: tool calls, per-call environments, files, packages.
 
-The host installs this module (with ``dataformat``, ``files``, ``checkpoint`` and ``packages``)
-once per kernel and calls :func:`install`. Requests then arrive as comm messages on the channel
-:func:`install` opens (``docker``, ``local``), handled between cells without IPython's per-execute
-work, or as :func:`text_request` cells on transports without comms (the OpenSandbox relay).
+The host installs this module (with ``dataformat``, ``workfiles``, ``checkpoint``, ``packages``,
+``trust`` and ``guard``) once per kernel and calls :func:`install`. Requests then arrive as comm
+messages on the channel :func:`install` opens (``docker``, ``local``), handled between cells
+without IPython's per-execute work, or as :func:`text_request` cells on transports without comms
+(the OpenSandbox relay).
 
 A request is ``{"op", "marker", ...}`` plus binary buffers. Every answer is one message
 carrying the request's marker: ``{"marker", "lengths"}`` plus the buffers of a value encoded
@@ -13,13 +14,10 @@ over :data:`CHUNK` bytes is kept here and sent in chunks the host pulls (``"pull
 no message is larger.
 
 Sending the answer is the handler's last act. Before it, everything a tool may have changed
-that the next call relies on is put back: ``sys.stdout``/``stderr``/``displayhook``/
-``excepthook``, IPython's display hook and publisher, the comm manager and its handlers, this
-channel, and the path an answer takes to IOPub (the methods of the comm, comm manager, session
-and IOPub socket classes, methods set on those objects, the session's key and packers); the
-per-call environment is restored in any case. The answer is sent by the session straight to
-the IOPub socket, with the request as its parent, so a tool that sent a forged answer cannot
-also swallow the real one by patching the comm: the host sees two answers and refuses both.
+that the next call relies on is put back (:mod:`.guard`), and the per-call environment is
+restored in any case. The answer is sent by the session straight to the IOPub socket, with the
+request as its parent, so a tool that sent a forged answer cannot also swallow the real one by
+patching the comm: the host sees two answers and refuses both.
 """
 
 from __future__ import annotations
@@ -41,16 +39,16 @@ import types
 try:  # inside the kernel, the host installed the siblings under these names
     import _kernel_sandbox_checkpoint as checkpoint
     import _kernel_sandbox_dataformat as dataformat
+    import _kernel_sandbox_guard as guard
     import _kernel_sandbox_packages as packages
     import _kernel_sandbox_trust as trust
     import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint, dataformat, packages, trust
+    from kernel_sandbox.kernelside import checkpoint, dataformat, guard, packages, trust
     from kernel_sandbox.kernelside import workfiles as files
 
 VERSION = 2
 CHUNK = 4 * 1024 * 1024
-OUTPUT_FLUSH_BYTES = 1024 * 1024
 TARGET = "kernel_sandbox"
 TEXT_LIMIT = 64 * 1024
 STATE_NOT_KEPT = "state_not_kept"
@@ -76,223 +74,6 @@ def _holder():
 
 
 _state = _holder()
-
-
-# -- restoring what a tool may break -----------------------------------------------------------
-
-
-def _ipython():
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
-
-
-def _capture():
-    """The objects the channel and the next calls rely on, as they are now."""
-    shell = _ipython()
-    kernel = getattr(shell, "kernel", None)
-    saved = {
-        "sys": {
-            name: getattr(sys, name) for name in ("stdout", "stderr", "displayhook", "excepthook")
-        }
-    }
-    if shell is not None:
-        saved["shell"] = (
-            shell,
-            {name: getattr(shell, name, None) for name in ("displayhook", "display_pub")},
-        )
-    if kernel is not None:
-        handlers = {
-            "shell_handlers": dict(kernel.shell_handlers),
-            "control_handlers": dict(kernel.control_handlers),
-        }
-        saved["kernel"] = (kernel, getattr(kernel, "comm_manager", None), handlers)
-    try:
-        import comm
-
-        saved["comm"] = (comm, comm.get_comm_manager, comm.create_comm)
-    except ImportError:
-        pass
-    if kernel is not None:
-        saved["send"] = _send_path(kernel)
-    return saved
-
-
-SESSION_FIELDS = (
-    "key",
-    "auth",
-    "pack",
-    "unpack",
-    "digest_mod",
-    "signature_scheme",
-    "session",
-    "bsession",
-    "username",
-)
-
-
-def _send_path(kernel):
-    """What an answer goes through (the session, the IOPub socket and their classes, the comm
-    classes the requests arrive through), as it is now."""
-    session, socket = kernel.session, kernel.iopub_socket
-    objects = [
-        kernel,
-        session,
-        socket,
-        getattr(socket, "io_thread", None),
-        getattr(kernel, "comm_manager", None),
-    ]
-    objects = [obj for obj in objects if obj is not None]
-    classes = [type(obj) for obj in objects[1:]]
-    try:
-        from ipykernel.comm import Comm
-
-        classes.append(Comm)
-    except ImportError:
-        pass
-    methods = {}
-    for cls in {klass for root in classes for klass in root.__mro__ if klass is not object}:
-        methods[cls] = (
-            set(vars(cls)),
-            {name: value for name, value in vars(cls).items() if _is_code(value)},
-        )
-    return {
-        "kernel": (kernel, session, socket),
-        "session": {name: getattr(session, name, None) for name in SESSION_FIELDS},
-        "objects": [(obj, set(vars(obj))) for obj in objects],
-        "classes": methods,
-    }
-
-
-def _clean(obj, names):
-    """Remove what was set on ``obj`` since it had the attributes ``names`` and shadows a method of
-    its class."""
-    current = vars(obj)
-    for name in current.keys() - names:
-        if callable(current[name]) and _is_code(getattr(type(obj), name, None)):
-            delattr(obj, name)
-
-
-def _is_code(value):
-    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
-
-
-def _restore_send_path(saved):
-    kernel, session, socket = saved["kernel"]
-    for cls, (names, methods) in saved["classes"].items():
-        current = vars(cls)
-        for name in current.keys() - names:
-            if _is_code(current[name]):
-                delattr(cls, name)
-        for name, value in methods.items():
-            if current.get(name) is not value:
-                setattr(cls, name, value)
-    for obj, names in saved["objects"]:
-        _clean(obj, names)
-    if kernel.session is not session:
-        kernel.session = session
-    if kernel.iopub_socket is not socket:
-        kernel.iopub_socket = socket
-    for name, value in saved["session"].items():
-        if getattr(session, name, None) is not value:
-            setattr(session, name, value)
-
-
-def restore():  # noqa: C901
-    """Put back what :func:`_capture` saved at install, and re-attach this channel."""
-    saved = _state.originals
-    if not saved:
-        return
-    for name, value in saved["sys"].items():
-        if getattr(sys, name) is not value:
-            setattr(sys, name, value)
-        if name in ("stdout", "stderr"):
-            _unshadow(value)
-    if "shell" in saved:
-        shell, attributes = saved["shell"]
-        for name, value in attributes.items():
-            if value is not None and getattr(shell, name, None) is not value:
-                setattr(shell, name, value)
-    if "comm" in saved:
-        module, get_manager, create = saved["comm"]
-        module.get_comm_manager, module.create_comm = get_manager, create
-    if "kernel" in saved:
-        kernel, manager, handlers = saved["kernel"]
-        if manager is not None:
-            kernel.comm_manager = manager
-        for table, entries in handlers.items():
-            if not isinstance(getattr(kernel, table, None), dict):
-                setattr(kernel, table, {})
-            current = getattr(kernel, table)
-            for name, handler in entries.items():
-                if current.get(name) is not handler:
-                    current[name] = handler
-        if "send" in saved:
-            _restore_send_path(saved["send"])
-        if saved.get("channel") is not None:
-            _state.channel, _comm_id, _topic, names = saved["channel"]
-            _clean(_state.channel, names)
-        channel = _state.channel
-        if channel is not None and manager is not None:
-            manager.comms[channel.comm_id] = channel
-            channel._closed = False
-            channel._msg_callback = _on_msg
-
-
-def _bounded_output():
-    """Make ipykernel's output streams send what they hold once it passes OUTPUT_FLUSH_BYTES.
-
-    Left alone, a stream gathers everything written within its flush interval into one
-    message (100 MB printed in a tight loop becomes one 100 MB message); flushed by size,
-    output leaves in messages of about a megabyte, and the writer waits for them to go out.
-    The class's ``write`` is wrapped; :func:`_unshadow` removes the stale instance copies
-    of the old one that IPython leaves behind after a cell.
-    """
-    try:
-        from ipykernel.iostream import OutStream
-    except ImportError:
-        return
-    original = OutStream.write
-    if getattr(original, "kernel_sandbox", None) is not None:
-        return
-
-    def write(self, string):
-        if isinstance(string, str) and len(string) > OUTPUT_FLUSH_BYTES:
-            for start in range(0, len(string), OUTPUT_FLUSH_BYTES):
-                write(self, string[start : start + OUTPUT_FLUSH_BYTES])
-            return len(string)
-        written = original(self, string)
-        try:
-            with self._buffer_lock:
-                pending = sum(buffer.tell() for buffer in self._buffers.values())
-        except Exception:
-            return written
-        if pending > OUTPUT_FLUSH_BYTES:
-            self.flush()
-        return written
-
-    write.kernel_sandbox = original
-    OutStream.write = write
-
-
-def _unshadow(stream):
-    """Drop an instance attribute ``write`` that is the old, unwrapped method (IPython's
-    leftover)."""
-    method = getattr(stream, "__dict__", {}).get("write")
-    current = getattr(type(stream), "write", None)
-    if getattr(method, "__func__", None) is getattr(current, "kernel_sandbox", object()):
-        del stream.__dict__["write"]
-
-
-def _flush():
-    for name in ("stdout", "stderr"):
-        stream = _state.originals["sys"][name] if _state.originals else getattr(sys, name)
-        try:
-            stream.flush()
-        except Exception:
-            pass
 
 
 # -- answers -----------------------------------------------------------------------------------
@@ -541,8 +322,8 @@ def handle(request, buffers):
     except BaseException as exc:
         body = _error(exc)
     finally:
-        restore()
-        _flush()
+        guard.restore(_state, _on_msg)
+        guard.flush(_state)
     return answer(marker, body, allow_pickle)
 
 
@@ -604,9 +385,9 @@ def install(marker, work, probe=None, channel=True):
     global _state
     _state = _holder()
     if _state.originals is None:
-        _state.originals = _capture()
-        _bounded_output()
-    restore()
+        _state.originals = guard.capture()
+        guard.bounded_output()
+    guard.restore(_state, _on_msg)
     _restore_env()
     _state.work = os.path.realpath(work or os.getcwd())
     info = {"marker": marker, "version": VERSION, "work": _state.work, "seen": probe in _state.seen}
@@ -623,5 +404,5 @@ def install(marker, work, probe=None, channel=True):
         _state.channel.on_msg(_on_msg)
         channel = _state.channel
         _state.originals["channel"] = (channel, channel.comm_id, channel.topic, set(vars(channel)))
-        restore()
+        guard.restore(_state, _on_msg)
     return info

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from kernel_sandbox.cli import build_parser, _install_config
+from kernel_sandbox.cli import build_parser
+from kernel_sandbox.cli.arguments import install_config
 from kernel_sandbox.egress import package_index, parse_network
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandbox, Sandbox
@@ -95,14 +96,14 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_install_allow_writes_the_list() -> None:
-    assert _install_config(_args("--allow", "pypi.org", "--allow", "*.example.com:443"))["network"] == [
+    assert install_config(_args("--allow", "pypi.org", "--allow", "*.example.com:443"))["network"] == [
         "pypi.org", "*.example.com:443",
     ]
-    assert _install_config(_args("--allow-package-index"))["network"] == ["pypi.org", "files.pythonhosted.org"]
-    mirror = _install_config(_args("--allow-package-index", "--set", 'package_index="https://pypi.corp.example/simple"'))
+    assert install_config(_args("--allow-package-index"))["network"] == ["pypi.org", "files.pythonhosted.org"]
+    mirror = install_config(_args("--allow-package-index", "--set", 'package_index="https://pypi.corp.example/simple"'))
     assert mirror["network"] == ["pypi.corp.example:443"]
     with pytest.raises(ConfigError, match="both set the network"):
-        _install_config(_args("--network", "--allow", "pypi.org"))
+        install_config(_args("--network", "--allow", "pypi.org"))
 
 
 def test_install_refuses_a_malformed_allow_naming_it(tmp_path: Path) -> None:

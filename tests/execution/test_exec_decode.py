@@ -31,8 +31,9 @@ from support.security_figures import examples
 
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import DecodeLimits, ResultLimitError, UnsafePayloadError
-from kernel_sandbox.execution import decode as decode_module
-from kernel_sandbox.execution.decode import MAX_SAME_HASH, WINDOW, decode, measure
+from kernel_sandbox.execution import limits as limits_module
+from kernel_sandbox.execution.decode import MAX_SAME_HASH, decode
+from kernel_sandbox.execution.limits import WINDOW, measure
 from kernel_sandbox.kernelside.dataformat import EncodeError, encode
 
 
@@ -460,7 +461,7 @@ def test_fuzz_the_measure_does_not_depend_on_where_its_windows_fall(snippet: str
     doc = (snippet * (40 // max(len(snippet), 1) + 1)).encode()
     limits = DecodeLimits(max_str_length=limit, max_int_digits=limit, max_depth=limit, max_items=8 * limit)
     whole = outcome(doc, limits)
-    with mock.patch.object(decode_module, "WINDOW", window):
+    with mock.patch.object(limits_module, "WINDOW", window):
         assert (outcome(doc, limits) is None) == (whole is None)
 
 
@@ -486,7 +487,7 @@ def longest(tree: Any, kind: str, depth: int = 1) -> int:
 def test_fuzz_every_limit_is_measured_exactly_on_what_the_parser_builds(tree: Any, window: int) -> None:
     """At its true value a limit passes; one below, it refuses, naming itself (small windows, so values cross them)."""
     doc = json.dumps(tree).encode()
-    with mock.patch.object(decode_module, "WINDOW", window):
+    with mock.patch.object(limits_module, "WINDOW", window):
         for name, kind in (("max_str_length", "str"), ("max_int_digits", "digits"), ("max_depth", "depth")):
             value = longest(tree, kind)
             if value:

@@ -14,7 +14,8 @@ import cloudpickle
 import pytest
 
 from kernel_sandbox.execution.channel import Answer, parse_text_frame
-from kernel_sandbox.execution.decode import DecodeLimits, decode
+from kernel_sandbox.execution.decode import decode
+from kernel_sandbox.execution.limits import DecodeLimits
 from kernel_sandbox.kernelside import source, toolhost
 from kernel_sandbox.kernelside import workfiles as files
 

@@ -1,0 +1,7 @@
+"""``python -m kernel_sandbox.cli``: the ``kernel-sandbox`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
