@@ -6,7 +6,9 @@ the kernel has been idle for ``suspend_after`` seconds (no client request on she
 cell running, no open widget), it runs ``%checkpoint`` in the kernel as a request of its own
 (silent: ``execution_count`` does not move, and no client sees its messages), keeps the blob on the
 host through the same :class:`~.checkpoints.CheckpointStore` as ``%checkpoint`` (same caps, same
-store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`), and removes the container.
+store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`; all the user's sleeping
+kernels' blobs together within ``max_suspended_bytes``), and removes the container (the blob goes
+once the kernel is awake again).
 Asleep, the launcher answers heartbeats, ``kernel_info_request`` (with the live kernel's last
 reply), ``interrupt_request`` and ``shutdown_request`` itself. Any other request wakes the kernel: a
 new container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
@@ -16,10 +18,10 @@ keeps its connection, kernel id and connection file.
 
 Nothing is lost silently: a kernel whose checkpoint would leave names behind (sockets, threads,
 generators...) or that has open widgets stays awake unless ``suspend_lossy``; a checkpoint refused
-(over its cap, the store full) or failed leaves the container running; a request that comes while
-the checkpoint is taken abandons the sleep. Each refusal is written, with its reason, to the
-kernel's ``sleep.json`` (``kernel-sandbox ps``). A wake that fails ends the kernel with the reason
-and where the blob is kept.
+(over its cap, the store or ``max_suspended_bytes`` full) or failed leaves the container running;
+a request that comes while the checkpoint is taken abandons the sleep. Each refusal is written,
+with its reason, to the kernel's ``sleep.json`` (``kernel-sandbox ps``). A wake that fails ends
+the kernel with the reason and where the blob is kept.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ class Sleeper:
                 slot=SLEEP_SLOT,
             )
             self._store.vet = self._vet
+            if settings.max_suspended_bytes is not None:
+                self._store.slot_cap = (settings.max_suspended_bytes, "max_suspended_bytes")
             self._store.answered = self._answered
         self._store.channel = link.blob_channel()
         self._wrap_requests()
@@ -466,6 +470,7 @@ class Sleeper:
                 log.error("%s", reason)
                 self._end(ExitStatus(1, reason, KernelLaunchError.__name__))
                 return
+            self._store.path.unlink(missing_ok=True)  # awake, it holds no sleep's disk
             self._note(None)
             self._tell_first_cell()
             self._awake()

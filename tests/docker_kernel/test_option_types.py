@@ -56,6 +56,7 @@ DOCKER = {
     "standby": (int,),
     "max_kernels": (int, str, type(None)),
     "max_memory": (*SIZE, type(None)),
+    "max_suspended_bytes": (*SIZE, type(None)),
     "checkpoint_max_bytes": SIZE,
     "max_checkpoint_bytes": SIZE,
     "checkpoint_on_oom": (bool,),
