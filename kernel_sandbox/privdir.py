@@ -154,6 +154,18 @@ def remove_dead_parts() -> list[Path]:
     return removed
 
 
+def note_sleep(private: PrivateDir | None, state: dict[str, Any] | None) -> None:
+    """Write (None: remove) the kernel's :data:`SLEEP` for ``ps`` and ``metrics()``: it sleeps,
+    or stays awake and why; nothing without a private directory."""
+    if private is None:
+        return
+    with contextlib.suppress(OSError):
+        if state is None:
+            (private / SLEEP).unlink(missing_ok=True)
+        else:
+            private.write_json(SLEEP, state)
+
+
 def sleeping(private: Path) -> bool:
     """True while the kernel whose private directory is ``private`` sleeps (its launcher's
     :data:`SLEEP` says ``suspended``)."""

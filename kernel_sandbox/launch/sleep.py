@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import contextlib
 import ctypes
 import gc
@@ -41,7 +42,14 @@ from ..errors import CheckpointError, KernelLaunchError, KernelSandboxError
 from ..kernelside.boot import EXTENSION
 from ..kernelside.magics import REQUEST
 from ..metrics import Usage
-from ..privdir import LAUNCHER_LOCK, SLEEP, SLEEP_SLOT, SUSPEND_REQUEST, WAKE_REQUEST, PrivateDir
+from ..privdir import (
+    LAUNCHER_LOCK,
+    SLEEP_SLOT,
+    SUSPEND_REQUEST,
+    WAKE_REQUEST,
+    PrivateDir,
+    note_sleep,
+)
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink, _dumps, _json, _msg_type, new_header
 
@@ -231,15 +239,9 @@ class Sleeper:
         """Answer a request that needs no kernel (True), while it sleeps."""
         front = self._front
         assert front is not None
+        if answer_idle(front, channel, idents, parts, self._kernel_info):
+            return True
         parent = bytes(parts[0])
-        if kind == "kernel_info_request" and self._kernel_info is not None:
-            front.publish(parent, "status", {"execution_state": "busy"})
-            front.reply(channel, idents, parent, "kernel_info_reply", self._kernel_info)
-            front.publish(parent, "status", {"execution_state": "idle"})
-            return True
-        if kind == "interrupt_request":
-            front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
-            return True
         if kind == "shutdown_request":
             content = _json(bytes(parts[3]))
             restart = bool(content.get("restart")) if isinstance(content, dict) else False
@@ -478,28 +480,46 @@ class Sleeper:
             self._wake_task = None
 
     def _tell_first_cell(self) -> None:
-        """Say, once, in the first cell that waited (else the next one), that the kernel slept."""
         assert self._front is not None
         slept = time.strftime("%H:%M", time.localtime(self._since))
         text = f"The kernel slept from {slept} and woke up in a new container with its variables."
         if self._lost:
             text += f" Not kept: {_listed(self._lost)}."
-        for channel, _, parts in self._queue:
-            if channel == "shell" and _msg_type(bytes(parts[0])) == "execute_request":
-                content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
-                self._front.publish(bytes(parts[0]), "stream", content)
-                return
-        self._front.notice_next_cell(text)
+        tell_first_cell(self._front, self._queue, text)
 
     def _note(self, state: dict[str, Any] | None) -> None:
-        """Write (None: remove) the kernel's ``sleep.json`` for ``ps`` and ``metrics()``."""
-        if self.request.private is None:
+        note_sleep(self.request.private, state)
+
+
+def answer_idle(
+    front: Front, channel: str, idents: list[Any], parts: list[Any], kernel_info: Any
+) -> bool:
+    """Answer, for a kernel that sleeps, a ``kernel_info_request`` (with the live kernel's last
+    reply, ``kernel_info``) or an ``interrupt_request`` (nothing runs); False for any other."""
+    parent = bytes(parts[0])
+    kind = _msg_type(parent)
+    if kind == "kernel_info_request" and kernel_info is not None:
+        front.publish(parent, "status", {"execution_state": "busy"})
+        front.reply(channel, idents, parent, "kernel_info_reply", kernel_info)
+        front.publish(parent, "status", {"execution_state": "idle"})
+        return True
+    if kind == "interrupt_request":
+        front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
+        return True
+    return False
+
+
+def tell_first_cell(
+    front: Front, waiting: collections.abc.Iterable[tuple[str, Any, list[Any]]], text: str
+) -> None:
+    """Say ``text`` once, on stderr, in the first cell that ``waiting`` holds for a kernel that
+    woke up, else in the next cell a client runs."""
+    for channel, _, parts in waiting:
+        if channel == "shell" and _msg_type(bytes(parts[0])) == "execute_request":
+            content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
+            front.publish(bytes(parts[0]), "stream", content)
             return
-        with contextlib.suppress(OSError):
-            if state is None:
-                (self.request.private / SLEEP).unlink(missing_ok=True)
-            else:
-                self.request.private.write_json(SLEEP, state)
+    front.notice_next_cell(text)
 
 
 def _give_back_memory() -> None:

@@ -96,6 +96,7 @@ OPENSANDBOX = {
     "max_response_bytes": (int,),
     "interrupt_grace": NUMBER,
     "state_check_interval": NUMBER,
+    "suspend_after": (*NUMBER, str, type(None)),  # seconds or 'unlimited'
 }
 # The session's own keywords (the rest go to the backend's model, checked above).
 SESSION = {
