@@ -29,8 +29,8 @@ SLEEP_AFTER = 2
 RESUMED = "[kernel-sandbox] The sandbox was paused from "
 
 
-def sandbox_options(deployment: Any, **overrides: Any) -> dict[str, Any]:
-    options = deployment.options("execd", **overrides)
+def sandbox_options(deployment: Any, kind: str = "execd", **overrides: Any) -> dict[str, Any]:
+    options = deployment.options(kind, **overrides)
     options.pop("resource_limits")
     return {"memory": "512m", "cpus": 1, **options}
 
@@ -61,8 +61,9 @@ async def expires_at(deployment: Any, sandbox_id: str) -> str:
         return str((await client.get(sandbox_id))["expiresAt"])
 
 
-async def test_an_idle_sandbox_is_paused_with_its_state_and_resumed_by_the_next_cell(deployment: Any) -> None:
-    options = sandbox_options(deployment, suspend_after=SLEEP_AFTER, renew_interval=1, timeout=60)
+@pytest.mark.parametrize("kind", ["execd", "websocket"])
+async def test_an_idle_sandbox_is_paused_with_its_state_and_resumed_by_the_next_cell(deployment: Any, kind: str) -> None:
+    options = sandbox_options(deployment, kind, suspend_after=SLEEP_AFTER, renew_interval=1, timeout=60)
     async with AsyncSandbox("opensandbox", **options) as sb:
         assert (await sb.run("import os\nx = 41\npid = os.getpid()")).error is None
         sandbox_id = sb._km.provisioner.sandbox_id
@@ -80,6 +81,7 @@ async def test_an_idle_sandbox_is_paused_with_its_state_and_resumed_by_the_next_
         before = await expires_at(deployment, sandbox_id)
         info = await sb._kc.kernel_info(reply=True, timeout=30)
         assert info["content"]["status"] == "ok"
+        assert info["content"]["implementation"] == ("ipython" if kind == "websocket" else "kernel-sandbox-opensandbox")
         assert await sb._km.is_alive()
         await asyncio.sleep(3)
         assert await expires_at(deployment, sandbox_id) > before, "renewed while paused"
