@@ -279,7 +279,7 @@ class OpenSandboxLink:
                 )
                 self._running.clear()
             elif state == "Running" and self.asleep and not self._sleep_lock.locked():
-                self._woke("resumed by someone else")  # the link's own pause, ended elsewhere
+                self._woke(None)  # the link's own pause, ended by someone else
             elif state == "Running" and not self._running.is_set() and not self.asleep:
                 log.warning(
                     "sandbox %s runs again: passing on %d waiting messages",

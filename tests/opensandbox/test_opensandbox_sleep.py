@@ -134,3 +134,21 @@ async def test_a_sandbox_deleted_by_someone_while_paused_ends_the_kernel_with_th
         execution = await sb.run("print(x)")
         assert execution.state_lost and execution.error is not None and execution.error.name == "KernelDied"
         assert sandbox_id in execution.error.value, execution.error.value
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_sandbox_resumed_by_someone_else_while_it_sleeps_is_awake_again(deployment: Any) -> None:
+    """The launcher notices the resume (its state check) and passes requests on at once again."""
+    async with AsyncSandbox("opensandbox", **sandbox_options(deployment, suspend_after=3600)) as sb:
+        assert (await sb.run("z = 7")).error is None
+        sandbox_id = sb._km.provisioner.sandbox_id
+        await sb.suspend()
+        assert sleep_state(sb)["state"] == "suspended"
+        async with deployment.client() as client:
+            await client.resume(sandbox_id)
+        await until(lambda: sleep_state(sb) == {}, what="the launcher to see the resume")
+        stderr: list[str] = []
+        assert (await sb.run("print(z)", on_stderr=stderr.append)).stdout == "7\n"
+        assert stderr == [], "the launcher did not pause it: nothing to say"
+        await sb.suspend()  # and it sleeps again when asked
+        assert container_state(deployment, sandbox_id) == "paused"
