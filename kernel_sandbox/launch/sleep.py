@@ -343,6 +343,8 @@ class Sleeper:
     async def suspend(self, why: str) -> dict[str, Any]:
         """Checkpoint the kernel and remove its container; the reply says whether it sleeps, or
         why not (the container then runs on)."""
+        if self.state == "asleep":
+            return {"status": "ok", "state": "suspended", "not_kept": self._lost}
         refusal = self._refusal()
         if refusal is not None:
             self._note({"state": "awake", "why": refusal})

@@ -418,11 +418,13 @@ class OpenSandboxLink:
     async def suspend(self, why: str) -> dict[str, Any]:
         """Pause the sandbox; the reply says whether the kernel sleeps, or why not."""
         async with self._sleep_lock:
+            if self.asleep:
+                return {"status": "ok", "state": "suspended"}
             refusal = (
                 "the kernel is not connected yet"
                 if self._bridge is None or self._client is None or self.sandbox_id is None
-                else "the sandbox is paused already"
-                if self.asleep or not self._running.is_set()
+                else "the sandbox is paused by someone else"
+                if not self._running.is_set()
                 else "a cell is running"
                 if self._busy
                 else None

@@ -32,6 +32,7 @@ def test_suspend_and_wake_on_demand_keep_the_variables() -> None:
         assert sb.metrics().state == "running"
         sb.suspend()
         assert containers(sb.kernel_id) == []
+        sb.suspend()  # asleep already: nothing to do, and ps still says it sleeps
         usage = sb.metrics()
         assert usage.state == "suspended" and usage.memory == 0
         sb.wake()

@@ -103,7 +103,9 @@ async def test_suspend_and_wake_pause_and_resume_the_sandbox_on_demand(deploymen
         assert (await sb.run("y = 'kept'")).error is None
         sandbox_id = sb._km.provisioner.sandbox_id
         await sb.suspend()
+        await sb.suspend()  # asleep already: nothing to do, and it still says so
         assert container_state(deployment, sandbox_id) == "paused"
+        assert sleep_state(sb)["state"] == "suspended"
         await sb.wake()
         assert container_state(deployment, sandbox_id) == "running"
         assert (await sb.run("print(y)")).stdout == "kept\n"
