@@ -115,12 +115,14 @@ def checkpoint_store() -> Iterator[Path]:
         os.close(fd)
 
 
-def stored_bytes(root: Path) -> tuple[int, int]:
-    """``(bytes, files)`` of the checkpoints under ``root``, kept and partial (a partial one is
-    counted at the size its writer reserved)."""
+def stored_bytes(root: Path, slot: str = "") -> tuple[int, int]:
+    """``(bytes, files)`` of the checkpoints under ``root`` (only those of ``slot``, when given:
+    :data:`SLEEP_SLOT`), kept and partial (a partial one is counted at the size its writer
+    reserved)."""
     total = count = 0
+    kept = slot + CHECKPOINT_SUFFIX  # a private directory's name has no dot: no other slot ends so
     for entry in os.scandir(root):
-        if entry.name.endswith((CHECKPOINT_SUFFIX, CHECKPOINT_SUFFIX + PART_SUFFIX)) and (
+        if entry.name.endswith((kept, kept + PART_SUFFIX)) and (
             entry.is_file(follow_symlinks=False)
         ):
             total += entry.stat(follow_symlinks=False).st_size
@@ -150,6 +152,18 @@ def remove_dead_parts() -> list[Path]:
             finally:
                 os.close(fd)
     return removed
+
+
+def note_sleep(private: PrivateDir | None, state: dict[str, Any] | None) -> None:
+    """Write (None: remove) the kernel's :data:`SLEEP` for ``ps`` and ``metrics()``: it sleeps,
+    or stays awake and why; nothing without a private directory."""
+    if private is None:
+        return
+    with contextlib.suppress(OSError):
+        if state is None:
+            (private / SLEEP).unlink(missing_ok=True)
+        else:
+            private.write_json(SLEEP, state)
 
 
 def sleeping(private: Path) -> bool:

@@ -124,9 +124,15 @@ def _sleeps() -> tuple[list[str], dict[str, str]]:
             )
             size = state["bytes"] if isinstance(state.get("bytes"), int) else 0
             saved = state["saved"] if isinstance(state.get("saved"), int) else 0
+            paused = state.get("paused")  # an OpenSandbox sandbox paused, not checkpointed
+            held = (
+                f"sandbox {escape_controls(paused[:100])} paused"
+                if isinstance(paused, str)
+                else f"{saved / 2**20:.0f} MiB saved, checkpoint {size / 2**20:.1f} MiB on the host"
+            )
             lines.append(
                 f"-\tsuspended\tkernel {record.kernel_id}\t0\t-\t-\t-\t-\tasleep since {when}, "
-                f"{saved / 2**20:.0f} MiB saved, checkpoint {size / 2**20:.1f} MiB on the host"
+                f"{held}"
             )
         elif isinstance(state.get("why"), str):
             # the reason names the kernel's variables: shown escaped, never obeyed

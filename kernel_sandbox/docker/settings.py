@@ -176,6 +176,13 @@ class DockerSettings(BackendSettings):
         "standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no "
         "limit.",
     )
+    max_suspended_bytes: int | None = option(
+        UNLIMITED,
+        parse_max_memory,
+        "The most disk the checkpoints of sleeping kernels (suspend_after) may take, all kernels "
+        "of the host user together (e.g. 4g); a kernel whose sleep would go past it stays awake, "
+        "and ps says why. 'unlimited': only max_checkpoint_bytes bounds them.",
+    )
     checkpoint_max_bytes: int = option(
         "1g",
         parse_size,

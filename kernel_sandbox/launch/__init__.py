@@ -54,9 +54,12 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link of the request's backend (the registry imports its wing now: each pulls in
-    its SDK); one that sleeps when idle with ``suspend_after`` (:mod:`.sleep`)."""
+    its SDK); one that sleeps when idle with ``suspend_after`` (:mod:`.sleep`), unless the link
+    does that itself (``SUSPENDS_ITSELF``: OpenSandbox pauses its sandbox)."""
     link_class = backends.load(backends.for_settings(request.settings).link)
-    if getattr(request.settings, "suspend_after", None) is None:
+    if getattr(request.settings, "suspend_after", None) is None or getattr(
+        link_class, "SUSPENDS_ITSELF", False
+    ):
         link: KernelLink = link_class(request)
         return link
     from .sleep import Sleeper, SleepableLink

@@ -92,6 +92,7 @@ class CheckpointStore:
         backend: str,
         slot: str = "",
     ) -> None:
+        self.slot = slot
         self.path = kept_checkpoint(directory, slot)
         self.part = checkpoint_part(directory, slot)
         self.offer_path = directory / OFFER
@@ -109,6 +110,9 @@ class CheckpointStore:
         """The sha256 the kept checkpoint must have to be given back (None: any it records)."""
         self.answered: Callable[[dict[str, Any]], None] | None = None
         """Called with each answer the store gives the kernel."""
+        self.slot_cap: tuple[int, str] | None = None
+        """The most bytes the checkpoints of this store's slot may take, all this user's kernels'
+        together, and the option that sets it (the sleeps': ``max_suspended_bytes``)."""
 
     def client_sent(self, parts: list[bytes]) -> None:
         """Note a cell the client signed that runs ``%checkpoint`` (:attr:`Front.client_shell`):
@@ -243,6 +247,16 @@ class CheckpointStore:
                     "whose checkpoints you no longer need, or raise max_checkpoint_bytes in the "
                     "kernelspec's config)."
                 )
+            if self.slot_cap is not None:
+                cap, option = self.slot_cap
+                used, files = stored_bytes(root, self.slot)
+                if used + size > cap:
+                    raise CheckpointError(
+                        f"Refused the checkpoint: it needs {size} bytes, over {option}={cap} "
+                        f"with the {used} bytes the checkpoints of this user's sleeping kernels "
+                        f"hold ({files} file(s) in {root}); nothing was pulled (wake or shut "
+                        f"down sleeping kernels, or raise {option} in the kernelspec's config)."
+                    )
             fd = os.open(
                 self.part,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

@@ -6,7 +6,9 @@ the kernel has been idle for ``suspend_after`` seconds (no client request on she
 cell running, no open widget), it runs ``%checkpoint`` in the kernel as a request of its own
 (silent: ``execution_count`` does not move, and no client sees its messages), keeps the blob on the
 host through the same :class:`~.checkpoints.CheckpointStore` as ``%checkpoint`` (same caps, same
-store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`), and removes the container.
+store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`; all the user's sleeping
+kernels' blobs together within ``max_suspended_bytes``), and removes the container (the blob goes
+once the kernel is awake again).
 Asleep, the launcher answers heartbeats, ``kernel_info_request`` (with the live kernel's last
 reply), ``interrupt_request`` and ``shutdown_request`` itself. Any other request wakes the kernel: a
 new container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
@@ -16,16 +18,17 @@ keeps its connection, kernel id and connection file.
 
 Nothing is lost silently: a kernel whose checkpoint would leave names behind (sockets, threads,
 generators...) or that has open widgets stays awake unless ``suspend_lossy``; a checkpoint refused
-(over its cap, the store full) or failed leaves the container running; a request that comes while
-the checkpoint is taken abandons the sleep. Each refusal is written, with its reason, to the
-kernel's ``sleep.json`` (``kernel-sandbox ps``). A wake that fails ends the kernel with the reason
-and where the blob is kept.
+(over its cap, the store or ``max_suspended_bytes`` full) or failed leaves the container running;
+a request that comes while the checkpoint is taken abandons the sleep. Each refusal is written,
+with its reason, to the kernel's ``sleep.json`` (``kernel-sandbox ps``). A wake that fails ends
+the kernel with the reason and where the blob is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import contextlib
 import ctypes
 import gc
@@ -39,7 +42,14 @@ from ..errors import CheckpointError, KernelLaunchError, KernelSandboxError
 from ..kernelside.boot import EXTENSION
 from ..kernelside.magics import REQUEST
 from ..metrics import Usage
-from ..privdir import LAUNCHER_LOCK, SLEEP, SLEEP_SLOT, SUSPEND_REQUEST, WAKE_REQUEST, PrivateDir
+from ..privdir import (
+    LAUNCHER_LOCK,
+    SLEEP_SLOT,
+    SUSPEND_REQUEST,
+    WAKE_REQUEST,
+    PrivateDir,
+    note_sleep,
+)
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink, _dumps, _json, _msg_type, new_header
 
@@ -137,6 +147,8 @@ class Sleeper:
                 slot=SLEEP_SLOT,
             )
             self._store.vet = self._vet
+            if settings.max_suspended_bytes is not None:
+                self._store.slot_cap = (settings.max_suspended_bytes, "max_suspended_bytes")
             self._store.answered = self._answered
         self._store.channel = link.blob_channel()
         self._wrap_requests()
@@ -227,15 +239,9 @@ class Sleeper:
         """Answer a request that needs no kernel (True), while it sleeps."""
         front = self._front
         assert front is not None
+        if answer_idle(front, channel, idents, parts, self._kernel_info):
+            return True
         parent = bytes(parts[0])
-        if kind == "kernel_info_request" and self._kernel_info is not None:
-            front.publish(parent, "status", {"execution_state": "busy"})
-            front.reply(channel, idents, parent, "kernel_info_reply", self._kernel_info)
-            front.publish(parent, "status", {"execution_state": "idle"})
-            return True
-        if kind == "interrupt_request":
-            front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
-            return True
         if kind == "shutdown_request":
             content = _json(bytes(parts[3]))
             restart = bool(content.get("restart")) if isinstance(content, dict) else False
@@ -337,6 +343,8 @@ class Sleeper:
     async def suspend(self, why: str) -> dict[str, Any]:
         """Checkpoint the kernel and remove its container; the reply says whether it sleeps, or
         why not (the container then runs on)."""
+        if self.state == "asleep":
+            return {"status": "ok", "state": "suspended", "not_kept": self._lost}
         refusal = self._refusal()
         if refusal is not None:
             self._note({"state": "awake", "why": refusal})
@@ -466,6 +474,7 @@ class Sleeper:
                 log.error("%s", reason)
                 self._end(ExitStatus(1, reason, KernelLaunchError.__name__))
                 return
+            self._store.path.unlink(missing_ok=True)  # awake, it holds no sleep's disk
             self._note(None)
             self._tell_first_cell()
             self._awake()
@@ -473,28 +482,46 @@ class Sleeper:
             self._wake_task = None
 
     def _tell_first_cell(self) -> None:
-        """Say, once, in the first cell that waited (else the next one), that the kernel slept."""
         assert self._front is not None
         slept = time.strftime("%H:%M", time.localtime(self._since))
         text = f"The kernel slept from {slept} and woke up in a new container with its variables."
         if self._lost:
             text += f" Not kept: {_listed(self._lost)}."
-        for channel, _, parts in self._queue:
-            if channel == "shell" and _msg_type(bytes(parts[0])) == "execute_request":
-                content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
-                self._front.publish(bytes(parts[0]), "stream", content)
-                return
-        self._front.notice_next_cell(text)
+        tell_first_cell(self._front, self._queue, text)
 
     def _note(self, state: dict[str, Any] | None) -> None:
-        """Write (None: remove) the kernel's ``sleep.json`` for ``ps`` and ``metrics()``."""
-        if self.request.private is None:
+        note_sleep(self.request.private, state)
+
+
+def answer_idle(
+    front: Front, channel: str, idents: list[Any], parts: list[Any], kernel_info: Any
+) -> bool:
+    """Answer, for a kernel that sleeps, a ``kernel_info_request`` (with the live kernel's last
+    reply, ``kernel_info``) or an ``interrupt_request`` (nothing runs); False for any other."""
+    parent = bytes(parts[0])
+    kind = _msg_type(parent)
+    if kind == "kernel_info_request" and kernel_info is not None:
+        front.publish(parent, "status", {"execution_state": "busy"})
+        front.reply(channel, idents, parent, "kernel_info_reply", kernel_info)
+        front.publish(parent, "status", {"execution_state": "idle"})
+        return True
+    if kind == "interrupt_request":
+        front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
+        return True
+    return False
+
+
+def tell_first_cell(
+    front: Front, waiting: collections.abc.Iterable[tuple[str, Any, list[Any]]], text: str
+) -> None:
+    """Say ``text`` once, on stderr, in the first cell that ``waiting`` holds for a kernel that
+    woke up, else in the next cell a client runs."""
+    for channel, _, parts in waiting:
+        if channel == "shell" and _msg_type(bytes(parts[0])) == "execute_request":
+            content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
+            front.publish(bytes(parts[0]), "stream", content)
             return
-        with contextlib.suppress(OSError):
-            if state is None:
-                (self.request.private / SLEEP).unlink(missing_ok=True)
-            else:
-                self.request.private.write_json(SLEEP, state)
+    front.notice_next_cell(text)
 
 
 def _give_back_memory() -> None:

@@ -17,6 +17,15 @@ Two modes carry the kernel's messages (``mode``):
 ``jupyter_wait`` seconds, else execd. Whatever the mode, what the sandbox sends is capped
 (``max_output_bytes`` per message or execd run, ``max_response_bytes`` per answer) and every call
 has a deadline; the front applies the output policy and signs for the client.
+
+With ``suspend_after`` the link pauses its sandbox once the kernel has been idle that long (no
+client request on shell or control, no cell running): ``POST /sandboxes/{id}/pause`` keeps the
+container's processes and memory, so the kernel (or execd's context) keeps its state whole. While
+it sleeps the launcher answers heartbeats, ``kernel_info_request`` (with the kernel's last reply)
+and ``interrupt_request`` itself and renews the expiration as before; any other request resumes
+the sandbox, waits for execd's ``/ping`` and passes on what waited, the first cell saying once
+that the sandbox was paused. The kernel's ``sleep.json`` says it sleeps (``ps``, ``metrics()``), or
+why a pause failed; a resume that fails ends the kernel with the reason.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ import json
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING, Any, cast
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from ..errors import (
     KernelLaunchError,
@@ -43,9 +53,10 @@ from .bridge import WAITING_LIMIT, WebsocketBridge
 from .jupyter import JupyterServer, dumps
 from ..metrics import Usage
 from .settings import OpenSandboxSettings
-from ..privdir import LAUNCHER_STATE
+from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
 from .relay import ExecdRelay
-from ..launch.front import ExitStatus, Front, new_header
+from ..launch.front import ExitStatus, Front, _json, _msg_type, new_header
+from ..launch.sleep import CHECK_EVERY, answer_idle, tell_first_cell
 
 if TYPE_CHECKING:
     from ..launch.request import LaunchRequest
@@ -60,6 +71,10 @@ STOP_WAIT = 30.0
 
 class OpenSandboxLink:
     """The kernel in a fresh OpenSandbox sandbox (see the module docstring)."""
+
+    SUSPENDS_ITSELF: ClassVar[bool] = True
+    """``suspend_after`` pauses the sandbox here (no :class:`~kernel_sandbox.launch.sleep.Sleeper`
+    around the link)."""
 
     def __init__(self, request: LaunchRequest) -> None:
         self.request = request
@@ -83,6 +98,14 @@ class OpenSandboxLink:
         self._named = asyncio.Event()
         self._stopping = False
         self._ended: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
+        self.asleep = False
+        """True from the moment the link pauses its idle sandbox until it has resumed it."""
+        self._sleep_lock = asyncio.Lock()
+        self._waking: asyncio.Future[None] | None = None
+        self._last = asyncio.get_running_loop().time()
+        self._busy = False
+        self._kernel_info: Any = None
+        self._since = 0.0
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -144,6 +167,11 @@ class OpenSandboxLink:
             sandbox.id,
             self.mode,
         )
+        if settings.suspend_after is not None:
+            front.watchers.append(self._watch_kernel)
+            front.requests[SUSPEND_REQUEST] = lambda content: self.suspend("asked by a client")
+            front.requests[WAKE_REQUEST] = lambda content: self._wake_request()
+            self._tasks.append(asyncio.ensure_future(self._idle_clock()))
         self._flush()
 
     def _created(self, sandbox_id: str) -> None:
@@ -250,7 +278,9 @@ class OpenSandboxLink:
                     state,
                 )
                 self._running.clear()
-            elif state == "Running" and not self._running.is_set():
+            elif state == "Running" and self.asleep and not self._sleep_lock.locked():
+                self._woke(None)  # the link's own pause, ended by someone else
+            elif state == "Running" and not self._running.is_set() and not self.asleep:
                 log.warning(
                     "sandbox %s runs again: passing on %d waiting messages",
                     self.sandbox_id,
@@ -271,12 +301,22 @@ class OpenSandboxLink:
 
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
         """Pass a client message on (kept until the kernel is connected and its sandbox not
-        paused)."""
+        paused); while the link has paused the idle sandbox, answered here or kept for the
+        resume it starts."""
+        if channel != "stdin":
+            self._last = asyncio.get_running_loop().time()
+        if self.asleep:
+            assert self._front is not None
+            if answer_idle(self._front, channel, idents, parts, self._kernel_info):
+                return
+            if self._waking is None:
+                self._waking = asyncio.ensure_future(self._wake())
+                self._tasks.append(self._waking)
         if self._bridge is not None and self._running.is_set():
             self._bridge.send(channel, idents, parts)
         elif len(self._waiting) < WAITING_LIMIT:
             self._waiting.append((channel, idents, parts))
-            if self._bridge is not None:
+            if self._bridge is not None and not self.asleep:
                 self._note_paused(channel, parts)
         else:
             log.warning(
@@ -329,8 +369,8 @@ class OpenSandboxLink:
 
     def usage(self) -> Usage | None:
         """None: the host has no reading of a sandbox's usage (execd's ``/metrics`` is the sandbox's
-        own word)."""
-        return None
+        own word); while the link has paused it, ``suspended``."""
+        return Usage(memory=0, source="launcher", state="suspended") if self.asleep else None
 
     def limits_hit(self, error_text: str = "") -> list[str]:
         """Nothing: no host-side reading of the sandbox's limits."""
@@ -344,6 +384,115 @@ class OpenSandboxLink:
             await self._bridge.interrupt()
         except OpenSandboxError as exc:
             log.warning("could not interrupt the kernel: %s", exc)
+
+    # -- sleeping: pause when idle (suspend_after) ------------------------------------------------
+
+    def _watch_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> bool:
+        """Note from the kernel's messages whether a cell runs, and its last kernel_info reply."""
+        header = parts[0]
+        if not isinstance(header, bytes):
+            return False
+        if channel == "iopub" and b'"status"' in header and _msg_type(header) == "status":
+            self._busy = b'"idle"' not in bytes(parts[3][:200])
+            self._last = asyncio.get_running_loop().time()
+        elif channel == "shell" and _msg_type(header) == "kernel_info_reply":
+            self._kernel_info = _json(bytes(parts[3]))
+        return False
+
+    async def _idle_clock(self) -> None:
+        """Pause the sandbox once the kernel has been idle ``suspend_after`` seconds."""
+        after = self.settings.suspend_after
+        assert after is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            left = self._last + after - loop.time()
+            if left > 0:
+                await asyncio.sleep(min(left, CHECK_EVERY))
+                continue
+            if not self.asleep and not self._busy and self._running.is_set():
+                result = await self.suspend(f"idle for {after:g} s")
+                if result.get("status") != "ok":
+                    log.info("the sandbox stays running: %s", result.get("evalue"))
+            self._last = loop.time()
+
+    async def suspend(self, why: str) -> dict[str, Any]:
+        """Pause the sandbox; the reply says whether the kernel sleeps, or why not."""
+        async with self._sleep_lock:
+            if self.asleep:
+                return {"status": "ok", "state": "suspended"}
+            refusal = (
+                "the kernel is not connected yet"
+                if self._bridge is None or self._client is None or self.sandbox_id is None
+                else "the sandbox is paused by someone else"
+                if not self._running.is_set()
+                else "a cell is running"
+                if self._busy
+                else None
+            )
+            if refusal is not None:
+                note_sleep(self.request.private, {"state": "awake", "why": refusal})
+                return {"status": "error", "evalue": refusal}
+            assert self._client is not None and self.sandbox_id is not None
+            self.asleep = True
+            self._running.clear()  # from now on client messages wait, and wake it
+            try:
+                await self._client.pause(self.sandbox_id)
+            except OpenSandboxError as exc:
+                reason = f"the server did not pause sandbox {self.sandbox_id}: {exc}"
+                self._woke(None)
+                note_sleep(self.request.private, {"state": "awake", "why": reason})
+                return {"status": "error", "evalue": reason}
+            self._since = time.time()
+            state = {"state": "suspended", "since": self._since, "paused": self.sandbox_id}
+            note_sleep(self.request.private, {**state, "why": why})
+        log.info("sandbox %s is paused (%s)", self.sandbox_id, why)
+        return {"status": "ok", "state": "suspended"}
+
+    async def _wake_request(self) -> dict[str, Any]:
+        if self.asleep and self._waking is None:
+            self._waking = asyncio.ensure_future(self._wake())
+            self._tasks.append(self._waking)
+        if self._waking is not None:
+            await asyncio.shield(self._waking)
+        if self._ended.done():
+            return {"status": "error", "evalue": self._ended.result().reason}
+        return {"status": "ok", "state": "awake"}
+
+    async def _wake(self) -> None:
+        """Resume the sandbox, wait for execd, pass on what waited."""
+        try:
+            async with self._sleep_lock:
+                if not self.asleep:
+                    return
+                assert self._client is not None and self._execd is not None
+                settings = self.settings
+                try:
+                    await self._client.resume(str(self.sandbox_id))
+                    await self._execd.wait_ready(
+                        settings.ready_timeout, min(settings.poll_interval, 0.2)
+                    )
+                except OpenSandboxError as exc:
+                    reason = (
+                        f"the kernel could not wake: sandbox {self.sandbox_id} did not resume "
+                        f"({exc})"
+                    )
+                    log.error("%s", reason)
+                    self._end(ExitStatus(1, reason))
+                    return
+                slept = time.strftime("%H:%M", time.localtime(self._since))
+                self._woke(f"The sandbox was paused from {slept} while idle and resumed as it was.")
+        finally:
+            self._waking = None
+
+    def _woke(self, text: str | None) -> None:
+        """Awake again: what waited passes on, the first cell saying ``text`` (if any)."""
+        self.asleep = False
+        self._last = asyncio.get_running_loop().time()
+        note_sleep(self.request.private, None)
+        if text is not None and self._front is not None:
+            tell_first_cell(self._front, self._waiting, text)
+        self._running.set()
+        self._flush()
 
     async def stop(self) -> None:
         """Close the connection and delete the sandbox; safe at any time, twice too."""

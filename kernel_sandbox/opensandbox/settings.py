@@ -23,11 +23,13 @@ from ..egress import PYPI, opensandbox_rules, parse_network
 from ..errors import ConfigError
 from ..settings import BackendSettings
 from ..parsers import (
+    UNLIMITED,
     option,
     parse_argv,
     parse_choice,
     parse_env,
     parse_flag,
+    parse_orphan_seconds,
     parse_seconds,
     parse_text,
     refuse,
@@ -445,6 +447,13 @@ class OpenSandboxSettings(BackendSettings):
     )
     state_check_interval: float = option(
         5.0, parse_seconds, "Seconds between checks that the sandbox still exists."
+    )
+    suspend_after: float | None = option(
+        UNLIMITED,
+        parse_orphan_seconds,
+        "Seconds of idleness (no client request, no running cell) after which the launcher "
+        "pauses the sandbox (POST /sandboxes/{id}/pause: its processes and memory are kept) and "
+        "resumes it at the next request that needs the kernel; 'unlimited': never.",
     )
 
     def __post_init__(self) -> None:

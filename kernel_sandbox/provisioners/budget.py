@@ -8,7 +8,9 @@ launcher has ended: one kernel and its ``memory`` limit. A launch whose ``max_ke
 configurations are stopped to make room, they are only ahead of need) until a kernel ends, up to
 its ``launch_timeout``; then it fails with :class:`~kernel_sandbox.errors.KernelBudgetExceeded`
 naming the option. A standby never waits: when there is no room, it is not started. A kernel
-that sleeps (``suspend_after``) still counts as a kernel, its memory as 0 until it wakes.
+that sleeps (``suspend_after``) still counts as a kernel, its memory as 0 until it wakes; the disk
+its checkpoint takes counts against ``max_suspended_bytes``, which its launcher's checkpoint store
+enforces for all the host user's kernels (:mod:`kernel_sandbox.launch.sleep`).
 
 It is a budget of this process (a Jupyter server, a program), as Enterprise Gateway's
 ``max_kernels`` is of its server: several processes of one host each have their own.

@@ -112,6 +112,7 @@ async def test_a_waiting_launch_asks_for_room_from_idle_standbys() -> None:
         ({"max_kernels": "4"}, "max_kernels='4'"),
         ({"max_kernels": True}, "max_kernels=True"),
         ({"max_memory": "lots"}, "max_memory='lots'"),
+        ({"max_suspended_bytes": "lots"}, "max_suspended_bytes='lots'"),
         ({"max_memory": "1g", "memory": "2g"}, "does not fit in max_memory=1024m"),
         ({"max_memory": "1g", "memory": "unlimited"}, "memory='unlimited' does not fit in max_memory"),
     ],

@@ -56,6 +56,7 @@ DOCKER = {
     "standby": (int,),
     "max_kernels": (int, str, type(None)),
     "max_memory": (*SIZE, type(None)),
+    "max_suspended_bytes": (*SIZE, type(None)),
     "checkpoint_max_bytes": SIZE,
     "max_checkpoint_bytes": SIZE,
     "checkpoint_on_oom": (bool,),
@@ -95,6 +96,7 @@ OPENSANDBOX = {
     "max_response_bytes": (int,),
     "interrupt_grace": NUMBER,
     "state_check_interval": NUMBER,
+    "suspend_after": (*NUMBER, str, type(None)),  # seconds or 'unlimited'
 }
 # The session's own keywords (the rest go to the backend's model, checked above).
 SESSION = {

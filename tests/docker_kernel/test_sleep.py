@@ -26,7 +26,7 @@ from traitlets.config import Config
 
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
 from kernel_sandbox.kernelspecs import install, started_client
-from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint, remove_private
+from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint, remove_private, stored_bytes
 
 from support.kernel import RUNTIMES, ArgvKernel, cell, runtime_option
 
@@ -201,6 +201,58 @@ async def test_a_kernel_that_makes_its_checkpoint_huge_is_refused_and_keeps_runn
         assert not kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).exists()
         text, _ = await cell(kc, "print(mark, len(big))")
         assert text == f"alive {4 * 2**20}\n"
+
+
+@pytest.mark.security("attack", "container")
+async def test_a_kernel_that_inflates_its_sleep_fills_max_suspended_bytes_and_never_goes_past_it(own_store: Path) -> None:
+    """One kernel's big state takes most of the sleeping kernels' disk: the next kernel's sleep is refused
+    (it stays awake, counted with its whole memory, and ps says why), the cap is never passed, and the
+    room comes back when the first one wakes (its sleep's blob goes)."""
+    cap = 6 * 2**20
+    first, second = (manager(memory="256m", max_suspended_bytes="6m", standby=0) for _ in range(2))
+    async with started_client(first) as kc1:
+        assert (await cell(kc1, "import os\nbig = os.urandom(4 * 2**20)"))[1]["status"] == "ok"
+        await asleep(first)
+        async with started_client(second) as kc2:
+            assert (await cell(kc2, "import os\nmine = os.urandom(3 * 2**20)\nmark = 'alive'"))[1]["status"] == "ok"
+            why = await kept_awake(second)
+            assert "over max_suspended_bytes=6291456 with the " in why and "raise max_suspended_bytes" in why, why
+            assert stored_bytes(own_store, SLEEP_SLOT)[0] <= cap
+            assert not kept_checkpoint(second.provisioner.private.path, SLEEP_SLOT).exists()
+            assert len(containers(second.kernel_id)) == 1
+            assert second.provisioner._reservation.memory == 256 * 2**20, "awake, it counts its memory limit"
+            listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
+            line = next((row for row in listed.stdout.splitlines() if f"kernel {second.kernel_id}" in row), "")
+            assert "\tawake: Refused the checkpoint: it needs " in line and "over max_suspended_bytes=6291456" in line, listed.stdout
+            assert (await cell(kc2, "print(mark, len(mine))"))[0] == f"alive {3 * 2**20}\n"
+
+            # awake again, the first gives its room back (a socket keeps it awake from now on)
+            text, reply = await cell(kc1, "import socket\nheld = socket.socket()\nprint(len(big))")
+            assert reply["status"] == "ok" and text.endswith(f"{4 * 2**20}\n"), text
+            assert not kept_checkpoint(first.provisioner.private.path, SLEEP_SLOT).exists()
+            await asleep(second)
+            assert 3 * 2**20 < stored_bytes(own_store, SLEEP_SLOT)[0] <= cap
+
+
+@pytest.mark.security("attack", "container")
+async def test_a_kernel_that_understates_its_sleep_to_slip_under_max_suspended_bytes_stays_awake(own_store: Path) -> None:
+    """It states a small checkpoint to the launcher and keeps a big one: the launcher counts what it
+    reserved, pulls no byte past it, and keeps nothing."""
+    km = manager(max_suspended_bytes="2m", standby=0)
+    async with started_client(km) as kc:
+        code = (
+            "import os, _kernel_sandbox_magics as magics\nbig = os.urandom(4 * 2**20)\nreal = magics._ask\n"
+            "def lying(kernel, action, **fields):\n"
+            "    if action == 'checkpoint':\n        fields['size'] = 2**20\n"
+            "    return real(kernel, action, **fields)\n"
+            "magics._ask = lying"
+        )
+        assert (await cell(kc, code))[1]["status"] == "ok"
+        why = await kept_awake(km)
+        assert "not the 1048576 stated; nothing was kept" in why, why
+        assert stored_bytes(own_store, SLEEP_SLOT) == (0, 0), "no blob, no partial file left"
+        assert len(containers(km.kernel_id)) == 1
+        assert (await cell(kc, "print(len(big))"))[0] == f"{4 * 2**20}\n"
 
 
 @pytest.mark.security("attack", "container")

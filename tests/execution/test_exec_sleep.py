@@ -1,7 +1,7 @@
 """Sleeping kernels in the execution API: ``suspend()`` and ``wake()`` on demand, the automatic
 sleep after ``suspend_after`` (a ``SandboxPool``'s kernels too), ``metrics()`` while asleep, and
 the refusals that name why (a socket without ``suspend_lossy``, no ``suspend_after``, the
-OpenSandbox backend)."""
+OpenSandbox backend's refusal of the checkpoint sleep's options)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_suspend_and_wake_on_demand_keep_the_variables() -> None:
         assert sb.metrics().state == "running"
         sb.suspend()
         assert containers(sb.kernel_id) == []
+        sb.suspend()  # asleep already: nothing to do, and ps still says it sleeps
         usage = sb.metrics()
         assert usage.state == "suspended" and usage.memory == 0
         sb.wake()
@@ -78,9 +79,12 @@ async def test_suspend_without_suspend_after_names_the_option() -> None:
             await sb.suspend()
 
 
-def test_the_opensandbox_backend_refuses_suspend_after_by_name() -> None:
-    with pytest.raises(ConfigError, match="has no option 'suspend_after'"):
-        Sandbox(backend="opensandbox", suspend_after=60)
+def test_the_opensandbox_backend_refuses_the_checkpoint_sleeps_options_by_name() -> None:
+    """Its suspend_after pauses the sandbox (tests/opensandbox/test_opensandbox_sleep.py): nothing is
+    checkpointed, so the options of a checkpoint's sleep are not its own."""
+    for option in ("suspend_lossy", "max_suspended_bytes"):
+        with pytest.raises(ConfigError, match=f"has no option '{option}'"):
+            Sandbox(backend="opensandbox", suspend_after=60, **{option: True if option == "suspend_lossy" else "1g"})
 
 
 async def test_opening_the_package_index_wakes_a_sleeping_kernel_first() -> None:

@@ -284,3 +284,25 @@ async def test_reattach_after_server_restart(opensandbox_kernelspec: str, fake_o
     await second.shutdown_kernel()
     assert sandbox_id in fake_opensandbox.lifecycle.deleted and not fake_opensandbox.lifecycle.live()
     await asyncio.wait_for(first.provisioner.wait(), 30)
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_server_that_cannot_pause_leaves_the_kernel_running_and_says_why(
+    opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox
+) -> None:
+    """``suspend_after`` on a server without pause (the fakes have no such route: 404): the sandbox runs
+    on, its kernel answers, and ``sleep.json`` (``ps``) says why it was not paused."""
+    from kernel_sandbox.privdir import SLEEP
+
+    km = manager(opensandbox_kernelspec, suspend_after=1)
+    async with started_client(km, timeout=120) as kc:
+        path = km.provisioner.private / SLEEP
+
+        async def refused() -> bool:
+            return path.exists() and json.loads(path.read_text()).get("state") == "awake"
+
+        await until(refused, "a refused pause")
+        why = json.loads(path.read_text())["why"]
+        assert f"the server did not pause sandbox {km.provisioner.sandbox_id}" in why and "404" in why, why
+        reply = await kc.execute("6 * 7", reply=True, timeout=60)
+        assert reply["content"]["status"] == "ok"
