@@ -12,7 +12,8 @@ from typing import Any
 
 from . import __version__
 from .docker.settings import ENGINES
-from .docker.containers import DEFAULT_IMAGE, GcReport, docker_client, engine_clients, gc
+from .docker.containers import DEFAULT_IMAGE, GcReport, gc
+from .docker.connect import docker_client, engine_clients
 from .controls import SafeWriter, escape_controls
 from .egress import PYPI, package_index
 from .errors import ConfigError, EngineUnavailable, KernelSandboxError

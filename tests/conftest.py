@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.docker.containers import (
-    DEFAULT_IMAGE,
-    LABEL_OWNER_PID,
-    OURS,
-    EngineUnavailable,
-    ImageMissing,
-    docker_client,
-    is_orphan,
-    remove_container,
-    require_image,
-)
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL_OWNER_PID, OURS, is_orphan, remove_container
+from kernel_sandbox.errors import EngineUnavailable, ImageMissing
+from kernel_sandbox.docker.connect import docker_client, require_image
 from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL

@@ -63,23 +63,21 @@ from ..privdir import LAUNCHER_STATE, SECRETS, PrivateDir
 from ..parsers import MiB
 from . import watchdog
 from .blobs import ContainerFiles
+from .checks import applied_limits, check_engine, check_podman, podman_applied, podman_host
 from .containers import (
-    applied_limits,
-    check_engine,
-    check_podman,
     container_spec,
+    for_podman,
+    owner_labels,
+    remove_container,
+    resolve_mounts,
+    run_as,
+)
+from .connect import (
     docker_client,
     concrete_engine,
     engine_address,
-    for_podman,
     is_podman,
-    owner_labels,
-    podman_applied,
-    podman_host,
-    remove_container,
     require_image,
-    resolve_mounts,
-    run_as,
     unpinged_client,
 )
 from .exec_stream import Demux, own_socket
