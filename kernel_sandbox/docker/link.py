@@ -47,16 +47,9 @@ from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..kernelside.connector import HELLO
 from ..launch import egress, journal
 from ..launch.checkpoints import REQUEST, CheckpointStore
-from ..launch.front import (
-    DELIM,
-    PROTOCOL_VERSION,
-    REQUEST_CHANNELS,
-    ExitStatus,
-    Front,
-    Signer,
-    _msg_type,
-    unpack,
-)
+from ..launch.messages import DELIM, REQUEST_CHANNELS, Signer, msg_type_of, unpack
+from ..canonical import PROTOCOL_VERSION
+from ..launch.front import ExitStatus, Front
 from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
 from ..privdir import LAUNCHER_STATE, SECRETS, PrivateDir
@@ -789,7 +782,7 @@ class DockerLink:
         if message is None or self._front is None:
             return
         idents, parts = message
-        if channel == "iopub" and b"status" in parts[0] and _msg_type(parts[0]) == "status":
+        if channel == "iopub" and b"status" in parts[0] and msg_type_of(parts[0]) == "status":
             self._idle = b'"idle"' in parts[3]
         if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
             self._welcomed.set_result(None)
@@ -808,7 +801,7 @@ class DockerLink:
             and channel != "stdin"
             and isinstance(header, bytes)
             and b"shutdown_request" in header
-            and _msg_type(header) == "shutdown_request"
+            and msg_type_of(header) == "shutdown_request"
         ):
             self._shutdown_asked = True
             self._loop.call_later(SHUTDOWN_WAIT, self._shutdown_overdue)

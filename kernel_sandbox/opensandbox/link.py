@@ -45,7 +45,8 @@ from ..metrics import Usage
 from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE
 from .relay import ExecdRelay
-from ..launch.front import ExitStatus, Front, new_header
+from ..launch.front import ExitStatus, Front
+from ..launch.messages import new_header
 
 if TYPE_CHECKING:
     from ..launch.request import LaunchRequest

@@ -23,7 +23,7 @@ from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.docker import link as docker_link
 from kernel_sandbox.launch import serve
 from kernel_sandbox.launch.request import request_from_kernelspec
-from kernel_sandbox.launch.front import Connection
+from kernel_sandbox.launch.sockets import Connection
 
 from support.engine_proxy import EngineProxy
 from support.kernel import ArgvKernel
