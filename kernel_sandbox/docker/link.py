@@ -74,6 +74,7 @@ from .connect import (
     unpinged_client,
 )
 from .exec_stream import Demux, own_socket
+from .proxy import kernel_env, proxy_for
 from .netns import connect_in_netns, container_netns, listen_in_netns, may_enter_netns
 from .settings import DockerSettings
 
@@ -395,7 +396,7 @@ class DockerLink:
             user=run_as(settings),
             env={
                 **request.env,
-                **(egress.kernel_env(settings) if proxied else {}),
+                **(kernel_env(settings) if proxied else {}),
                 **kernel_secrets,
             },
             mounts=resolve_mounts(settings, request.cwd),
@@ -492,7 +493,7 @@ class DockerLink:
         exec stream (:mod:`.egress_stream`)."""
         front = self._front
         assert front is not None
-        proxy = self._egress = egress.Egress.for_settings(self.settings, self._secrets)
+        proxy = self._egress = proxy_for(self.settings, self._secrets)
         try:
             if self._netns is not None:
                 sock = await asyncio.to_thread(listen_in_netns, self._netns, egress.PROXY_PORT)
