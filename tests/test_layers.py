@@ -135,7 +135,7 @@ def test_the_graph_is_read() -> None:
     assert "kernel_sandbox.launch.front" in GRAPH["kernel_sandbox.launch"]  # module level
     assert "kernel_sandbox.provisioners.launched" in GRAPH["kernel_sandbox.docker.provisioner"]
     assert "kernel_sandbox.hostsecrets" in GRAPH["kernel_sandbox.settings"]  # in a function
-    assert "kernel_sandbox.launch.request" in GRAPH["kernel_sandbox.docker.link"]  # TYPE_CHECKING
+    assert "kernel_sandbox.launch.request" in GRAPH["kernel_sandbox.docker.channels"]  # TYPE_CHECKING
     assert "kernel_sandbox.execution" in GRAPH["kernel_sandbox"]  # the package root's lazy face
     call = ast.parse('importlib.import_module("kernel_sandbox.docker")').body[0]
     assert _targets(call.value, "kernel_sandbox") == ["kernel_sandbox.docker"]  # type: ignore[attr-defined]
