@@ -16,8 +16,8 @@ change.
 Every outbound connection is made by :func:`~.egress_outbound.open_outbound`, the one function
 that connects. Bounds: :data:`MAX_CONNECTIONS` per kernel, :data:`~.egress_grammar.HEAD_LIMIT`
 bytes and :data:`HEAD_TIMEOUT` seconds for a request's head, :data:`IDLE_TIMEOUT` for a quiet
-connection; a refused name is logged at most once per :data:`LOG_EVERY` seconds
-(:class:`RefusalLog`).
+connection; a refused name is logged at most once per :data:`~.egress_grammar.LOG_EVERY` seconds
+(:class:`~.egress_grammar.RefusalLog`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..egress import DEFAULT_PORTS, Address, Destination, literal_address
-from .egress_grammar import HEAD_LIMIT, Refusal, Request, parse_head
+from .egress_grammar import HEAD_LIMIT, Refusal, RefusalLog, Request, parse_head
 from .egress_outbound import (
     CHUNK,
     CONNECT_TIMEOUT,
@@ -63,42 +63,6 @@ IDLE_TIMEOUT = 120.0
 """Seconds a spliced connection may carry nothing either way before it is closed."""
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 4 * 2**20
-LOG_EVERY = 60.0
-LOG_NAMES = 256
-"""Names whose last refusal is remembered; refusals of others are counted and summed up once per
-:data:`LOG_EVERY`."""
-
-
-class RefusalLog:
-    """Log each refused name at most once per :data:`LOG_EVERY` s, remembering at most
-    :data:`LOG_NAMES` names."""
-
-    def __init__(self, every: float = LOG_EVERY, names: int = LOG_NAMES) -> None:
-        self.every = every
-        self.names = names
-        self._last: dict[str, float] = {}
-        self._unlogged = 0
-        self._summary = float("-inf")
-
-    def refused(self, name: str, reason: str) -> None:
-        """Note one refusal of ``name``: logged unless that name was logged less than a minute ago;
-        the others are counted, and the count logged at most once a minute."""
-        now = time.monotonic()
-        for old in [key for key, when in self._last.items() if now - when >= self.every]:
-            del self._last[old]
-        if name not in self._last and len(self._last) < self.names:
-            self._last[name] = now
-            log.warning("egress refused: %s", reason[:300])
-            return
-        self._unlogged += 1
-        if now - self._summary >= self.every:
-            self._summary = now
-            log.warning(
-                "egress: %d more refusals, not logged one by one (at most one line per name a "
-                "minute)",
-                self._unlogged,
-            )
-            self._unlogged = 0
 
 
 @dataclass
@@ -445,52 +409,18 @@ class Egress:
         upstream_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
     ) -> None:
-        """A CONNECT to a destination with a secret: answer the kernel's TLS as that host while
-        the real host is verified (at once, not in turn), then relay HTTP with the secrets filled
-        in (:func:`.intercept.relay_http`); a host that did not verify gets nothing, and the
-        kernel's request is refused naming it."""
-        from .intercept import TlsStream, refuse_request, relay_http, upstream_context
-
-        host, port = request.host, request.port
+        """Carry a CONNECT to a destination with a secret through :func:`.egress_tls.intercept`."""
+        from .egress_tls import intercept
+        from .intercept import upstream_context
 
         def touch() -> None:
             self._clients[writer] = time.monotonic()
 
         if self._upstream is None:
             self._upstream = upstream_context()
-        outbound = TlsStream(
-            upstream_reader,
-            upstream,
-            self._upstream,
-            server_side=False,
-            server_hostname=host,
-            touch=touch,
-        )
-        verified = asyncio.ensure_future(outbound.handshake())
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        inbound = TlsStream(
-            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
-        )
-        try:
-            await inbound.handshake()
-        except (ssl.SSLError, OSError, asyncio.TimeoutError):
-            verified.cancel()
-            return
-        try:
-            await verified
-        except (ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
-            why = getattr(exc, "verify_message", None) or type(exc).__name__
-            refusal = Refusal(
-                502,
-                f"kernel-sandbox refused {host}:{port}: its TLS certificate did not verify on the "
-                f"host ({why}); nothing was sent to it",
-                f"{host}:{port}",
-            )
-            self.refusals.refused(refusal.name, refusal.reason)
-            await refuse_request(inbound, refusal.status, refusal.reason, HEAD_LIMIT)
-            return
+        streams = (reader, writer, upstream_reader, upstream)
         refused = self.refusals.refused
-        await relay_http(self.fill, host, port, inbound, outbound, HEAD_LIMIT, refused)
+        await intercept(request, table, streams, self._upstream, touch, refused, self.fill)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter

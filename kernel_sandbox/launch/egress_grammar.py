@@ -1,16 +1,25 @@
 """The grammar of the egress proxy's requests: a request head parsed strictly (one request, CRLF
-lines, tokens only; ``CONNECT host:port`` or a plain-HTTP absolute URI), and the refusal a request
-the proxy does not carry is answered with."""
+lines, tokens only; ``CONNECT host:port`` or a plain-HTTP absolute URI), the refusal a request the
+proxy does not carry is answered with, and the log of refusals (at most a line per name a
+minute)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from ..egress import literal_address, split_host_port, valid_name
 
+log = logging.getLogger("kernel_sandbox.launch")
+
 HEAD_LIMIT = 16 * 1024
 """Bytes of a request line and its headers together."""
 MAX_HEADERS = 64
+LOG_EVERY = 60.0
+LOG_NAMES = 256
+"""Names whose last refusal is remembered; refusals of others are counted and summed up once per
+:data:`LOG_EVERY`."""
 _TOKEN = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _HOP_BY_HOP = {
     "connection",
@@ -32,6 +41,38 @@ class Refusal(Exception):
         self.status = status
         self.reason = reason
         self.name = name
+
+
+class RefusalLog:
+    """Log each refused name at most once per :data:`LOG_EVERY` s, remembering at most
+    :data:`LOG_NAMES` names."""
+
+    def __init__(self, every: float = LOG_EVERY, names: int = LOG_NAMES) -> None:
+        self.every = every
+        self.names = names
+        self._last: dict[str, float] = {}
+        self._unlogged = 0
+        self._summary = float("-inf")
+
+    def refused(self, name: str, reason: str) -> None:
+        """Note one refusal of ``name``: logged unless that name was logged less than a minute ago;
+        the others are counted, and the count logged at most once a minute."""
+        now = time.monotonic()
+        for old in [key for key, when in self._last.items() if now - when >= self.every]:
+            del self._last[old]
+        if name not in self._last and len(self._last) < self.names:
+            self._last[name] = now
+            log.warning("egress refused: %s", reason[:300])
+            return
+        self._unlogged += 1
+        if now - self._summary >= self.every:
+            self._summary = now
+            log.warning(
+                "egress: %d more refusals, not logged one by one (at most one line per name a "
+                "minute)",
+                self._unlogged,
+            )
+            self._unlogged = 0
 
 
 @dataclass
