@@ -16,13 +16,13 @@ other channels never wait behind them.
 
 A backend plugs in as a :class:`KernelLink`: the Docker link is one; any other sandbox that can
 carry Jupyter messages (an OpenSandbox relay, say) is another. The messages' wire format is
-:mod:`.messages`; the client's sockets, :mod:`.sockets`.
+:mod:`.messages`; the client's sockets, :mod:`.sockets`; the delivery of the kernel's messages to
+the clients, in order and with bounded holding, :mod:`.delivery`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -35,13 +35,12 @@ from ..errors import KernelLaunchError
 from ..metrics import Usage, usage_reply
 from ..policy.output import OutputPolicy
 from ..privdir import LAUNCHER_LOCK, PrivateDir
+from .delivery import Delivery
 from .gate import TcpGate
 from .messages import (
     DELIM,
-    REQUEST_CHANNELS,
     Signer,
     dumps,
-    filter_parts,
     msg_type_of,
     new_header,
     parse_part,
@@ -49,15 +48,6 @@ from .messages import (
 )
 from .sockets import KINDS, Connection, Reader, client_socket
 
-COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
-INLINE_BYTES = 32 * 1024
-"""Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a
-thread."""
-HELD_BYTES = 64 * 2**20
-"""Bytes of a channel's messages held while one ahead of them waits; past it, newer messages are
-dropped (as a ZMQ queue at its high-water mark drops them), with a warning. Each message counts
-:data:`HELD_OVERHEAD` bytes besides its parts, so a flood of tiny messages is bounded too."""
-HELD_OVERHEAD = 1024
 ERROR_TEXT_BYTES = 4096
 """Bytes of a kernel error's content kept to explain it (see
 :func:`kernel_sandbox.metrics.near_misses`)."""
@@ -65,9 +55,6 @@ LIMITS_INTERVAL = 0.5
 """Seconds between two readings of the limits the kernel hit (its cgroup, on Docker): however many
 errors and idle statuses the kernel publishes, the launcher reads them at most once per interval
 (see :meth:`Front._watch_errors`)."""
-RETRY_SECONDS = 0.005
-MAX_RETRY_SECONDS = 0.1
-"""A message for a full client queue is offered again after these delays (doubling)."""
 Answer = dict[str, Any] | Awaitable[dict[str, Any]]
 """What a launcher's own request handler returns: the reply's content, or an awaitable of it."""
 
@@ -130,16 +117,11 @@ class Front:
         self.connection = connection
         self.policy = policy
         self._loop = asyncio.get_running_loop()
-        self._waiting: set[str] = set()
-        self._held: dict[str, collections.deque[tuple[list[bytes], list[bytes]]]] = {
-            channel: collections.deque() for channel in (*REQUEST_CHANNELS, "iopub")
-        }
-        self._held_bytes = dict.fromkeys(self._held, 0)
-        self._dropping = dict.fromkeys(self._held, False)
         self._signer = Signer(connection.key, connection.signature_scheme)
         self._session = uuid.uuid4().hex
         self._context = zmq.Context()
         self._readers: dict[str, Reader] = {}
+        self._delivery = Delivery(policy, self._signer, self._readers, self._pause)
         self._link: KernelLink | None = None
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
@@ -174,7 +156,7 @@ class Front:
         """Bind the five channels where the connection file says; raise naming the one that failed.
 
         Every socket is bounded (:func:`.sockets.client_socket`); past its queue the channel's
-        messages are held up to :data:`HELD_BYTES` (see :meth:`from_kernel`), so the launcher
+        messages are held up to :data:`~.delivery.HELD_BYTES` (:mod:`.delivery`), so the launcher
         holds a bounded amount per channel whatever the kernel sends and however slowly clients
         read. On TCP the ports admit this user's own processes only (:mod:`.gate`); the ZMQ
         sockets then sit in a private directory.
@@ -345,12 +327,10 @@ class Front:
             self._read_limits()
             return False
         self._limits_timer = self._loop.call_later(wait, self._read_limits)
-        if "iopub" in self._waiting:  # held for a client already: the notes follow it
+        if self._delivery.waiting("iopub"):  # held for a client already: the notes follow it
             return False
-        self._wait("iopub")
         self._holding_idle = True
-        self._held["iopub"].append((idents, parts))
-        self._held_bytes["iopub"] += sum(map(len, parts)) + HELD_OVERHEAD
+        self._delivery.hold_back("iopub", idents, parts)
         return True
 
     def _read_limits(self) -> None:
@@ -376,11 +356,7 @@ class Front:
                 self.from_kernel("iopub", idents, parts)
             return
         self._holding_idle = False
-        self._waiting.discard("iopub")
-        for parts in reversed(notes):
-            self._held["iopub"].appendleft((idents, parts))
-            self._held_bytes["iopub"] += sum(map(len, parts)) + HELD_OVERHEAD
-        self._release("iopub")
+        self._delivery.release_after("iopub", [(idents, parts) for parts in notes])
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:
@@ -425,16 +401,9 @@ class Front:
         )
 
     def from_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
-        """Pass a kernel message (verified by the link) through the output policy to the clients.
-
-        Messages of a channel keep their order. While one of them waits (filtered in a thread, or
-        for room in a client's queue), the channel's later messages are held, up to
-        :data:`HELD_BYTES`; past that they are dropped. The link stops reading a waiting request
-        channel from the kernel; IOPub is read on (ipykernel queues output it cannot send in its
-        own memory, without limit), so a client that stops reading loses output past the held
-        bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
-        dropped and logged; the session goes on.
-        """
+        """Pass a kernel message (verified by the link) through the output policy to the clients,
+        in order and with bounded holding (:class:`.delivery.Delivery`), once the launcher's own
+        watchers, the kernel's requests to the launcher and the limits' notes have seen it."""
         for watcher in self.watchers:
             if watcher(channel, idents, parts):
                 return
@@ -454,119 +423,12 @@ class Front:
                     return  # held until the limits are read
             except Exception:  # the note is lost, never the kernel's message
                 log.exception("could not read the limits the kernel hit")
-        held = self._held.get(channel)
-        if held is None:
-            log.warning("dropped a kernel message on the unknown channel %r", channel)
-        elif channel in self._waiting:
-            size = sum(map(len, parts)) + HELD_OVERHEAD
-            if self._held_bytes[channel] + size > HELD_BYTES:
-                if not self._dropping.get(channel):
-                    log.warning(
-                        "dropping %s messages: the kernel sends faster than its clients take them",
-                        channel,
-                    )
-                self._dropping[channel] = True
-                return
-            held.append((idents, parts))
-            self._held_bytes[channel] += size
-        else:
-            self._dropping[channel] = False
-            self._relay(channel, idents, parts)
+        self._delivery.deliver(channel, idents, parts)
 
-    def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
-        """Filter and send one message (the channel may be left waiting for it); never raises."""
-        try:
-            msg_type = msg_type_of(parts[0])
-            if msg_type is None:
-                log.warning(
-                    "dropped a %s message from the kernel: its header has no msg_type", channel
-                )
-                return
-            if channel == "iopub" and msg_type == "iopub_welcome":
-                return  # the front welcomes its own subscribers
-            if channel == "control" and msg_type == "usage_reply":
-                log.debug(
-                    "dropped a usage_reply from the kernel: the launcher answers usage requests"
-                )
-                return
-            if channel != "iopub" and msg_type in COMM_TYPES:
-                log.warning(
-                    "dropped a %s on %s: kernels send comm messages on IOPub only",
-                    msg_type,
-                    channel,
-                )
-                return
-            if not self.policy.inspects(msg_type):
-                self._send(channel, idents, parts)
-            elif sum(map(len, parts[:4])) <= INLINE_BYTES:
-                self._send(channel, idents, filter_parts(self.policy, channel, msg_type, parts))
-            else:
-                self._wait(channel)
-                work = self._loop.run_in_executor(
-                    None, filter_parts, self.policy, channel, msg_type, parts
-                )
-                work.add_done_callback(lambda done: self._filtered(channel, idents, parts, done))
-        except Exception:  # whatever the kernel sent: one message is lost, never the session
-            log.exception("dropped a %s message from the kernel: relaying it failed", channel)
-
-    def _filtered(
-        self,
-        channel: str,
-        idents: list[bytes],
-        parts: list[bytes],
-        done: asyncio.Future[list[bytes] | None],
-    ) -> None:
-        """A thread has filtered a large message: send it, then what the channel held meanwhile."""
-        self._waiting.discard(channel)
-        try:
-            filtered = None if done.cancelled() else done.result()
-        except Exception:
-            log.exception("dropped a %s message from the kernel: filtering it failed", channel)
-            filtered = None
-        self._send(channel, idents, filtered)
-        self._release(channel)
-
-    def _send(self, channel: str, idents: list[bytes], parts: list[bytes] | None) -> None:
-        """Sign ``parts`` for the client and send them; None drops the message.
-
-        When the client's queue is full the message waits, and the channel with it.
-        """
-        reader = self._readers.get(channel)
-        if parts is None or reader is None:
-            return
-        frames = [*idents, DELIM, self._signer.sign(parts), *parts]
-        if not reader.send(frames):
-            self._wait(channel)
-            self._loop.call_later(RETRY_SECONDS, self._retry, channel, frames, RETRY_SECONDS)
-
-    def _retry(self, channel: str, frames: list[Any], delay: float) -> None:
-        reader = self._readers.get(channel)
-        if reader is None:
-            return
-        if not reader.send(frames):
-            delay = min(delay * 2, MAX_RETRY_SECONDS)
-            self._loop.call_later(delay, self._retry, channel, frames, delay)
-            return
-        self._waiting.discard(channel)
-        self._release(channel)
-
-    def _wait(self, channel: str) -> None:
-        """The channel's next message waits: hold the later ones (and stop reading a request
-        channel)."""
-        self._waiting.add(channel)
-        if self._link is not None and channel != "iopub":
-            self._link.pause_reading(channel, True)
-
-    def _release(self, channel: str) -> None:
-        """Relay what the channel held, until one of its messages has to wait again; then read
-        on."""
-        held = self._held[channel]
-        while held and channel not in self._waiting:
-            idents, parts = held.popleft()
-            self._held_bytes[channel] -= sum(map(len, parts)) + HELD_OVERHEAD
-            self._relay(channel, idents, parts)
-        if channel not in self._waiting and self._link is not None and channel != "iopub":
-            self._link.pause_reading(channel, False)
+    def _pause(self, channel: str, paused: bool) -> None:
+        """Stop (resume) reading a request channel from the kernel while its message waits."""
+        if self._link is not None:
+            self._link.pause_reading(channel, paused)
 
     def close(self) -> None:
         """Close every channel."""
