@@ -17,7 +17,7 @@ from typing import Any
 
 from jupyter_client.manager import KernelManager
 
-from kernel_sandbox.launch.front import filter_parts
+from kernel_sandbox.launch.messages import filter_parts
 from kernel_sandbox.policy.output import OutputPolicy
 from report import Row
 

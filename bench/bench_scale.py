@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_sandbox.docker.containers import docker_client
+from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, kernel_manager, shipped_spec
 from report import Row
 

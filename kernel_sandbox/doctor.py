@@ -9,19 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from importlib.metadata import entry_points
 
-from .docker.containers import (
-    DEFAULT_IMAGE,
-    OURS,
-    PODMAN_FIX,
-    EngineUnavailable,
-    ImageMissing,
-    check_podman,
-    docker_client,
-    is_orphan,
-    podman_address,
-    podman_host,
-    require_image,
-)
+from .docker.containers import DEFAULT_IMAGE, OURS, is_orphan
+from .errors import EngineUnavailable, ImageMissing
+from .docker.connect import PODMAN_FIX, docker_client, podman_address, require_image
+from .docker.checks import check_podman, podman_host
 from .docker.settings import DockerSettings
 from .backends import GROUP, provisioner_names
 from .errors import ConfigError, KernelLaunchError

@@ -30,7 +30,8 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_core.paths import is_hidden, jupyter_config_path, jupyter_data_dir, jupyter_path
 from traitlets import default
 
-from .docker.containers import DEFAULT_IMAGE, has_image
+from .docker.containers import DEFAULT_IMAGE
+from .docker.connect import has_image
 from .doctor import Check, engine_fix, image_fix
 from .errors import EngineUnavailable, SetupError
 from .kernelspecs import DOCKER_SPEC, install, is_sandboxed
@@ -104,7 +105,7 @@ def _engine_step(install_engine: bool, progress: Progress) -> Check:
 
 
 def _image_step(image: str, progress: Progress) -> Check:
-    from .docker.containers import docker_client
+    from .docker.connect import docker_client
     from .errors import ImageBuildError
     from .docker.image import build_image
 

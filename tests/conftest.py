@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.docker.containers import (
-    DEFAULT_IMAGE,
-    LABEL_OWNER_PID,
-    OURS,
-    EngineUnavailable,
-    ImageMissing,
-    docker_client,
-    is_orphan,
-    remove_container,
-    require_image,
-)
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL_OWNER_PID, OURS, is_orphan, remove_container
+from kernel_sandbox.errors import EngineUnavailable, ImageMissing
+from kernel_sandbox.docker.connect import docker_client, require_image
 from kernel_sandbox.kernelspecs import install
 from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL
@@ -176,7 +168,7 @@ def egress_stays_on_loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """Every launcher of the run resolves names from a test map (empty: nothing resolves) and its
     egress proxy connects to 127.0.0.0/8 only: no test can make it send a packet elsewhere, or ask
     DNS. Tests with names to resolve set their own map (tests/support/package_index.py)."""
-    from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
+    from kernel_sandbox.launch.egress_outbound import TEST_RESOLVER_ENV
 
     resolver = tmp_path_factory.mktemp("egress-resolver") / "resolver.json"
     resolver.write_text("{}")

@@ -200,7 +200,7 @@ CAPABILITIES = dict(enumerate((
 
 
 def _has(client, image: str) -> bool:
-    from kernel_sandbox.docker.containers import has_image
+    from kernel_sandbox.docker.connect import has_image
 
     return has_image(client, image)
 

@@ -8,7 +8,8 @@ import json
 import os
 import sys
 
-from ..docker.containers import GcReport, docker_client, engine_clients, gc
+from ..docker.connect import docker_client, engine_clients
+from ..docker.containers import GcReport, gc
 from ..controls import escape_controls
 from ..errors import ConfigError, EngineUnavailable
 from .arguments import doc

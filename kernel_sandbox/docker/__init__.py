@@ -1,5 +1,6 @@
 """The Docker backend's wing: the launcher's link, the provisioner, the execution API's adapter,
-the engine calls (containers, image, engine, watchdog) and the settings.
+the engine calls (connect, checks, containers, image, engine, watchdog), the egress proxy's wiring
+(proxy) and the settings.
 
 It stands on the core (:mod:`kernel_sandbox.launch`, :mod:`kernel_sandbox.provisioners`,
 :mod:`kernel_sandbox.execution`), which finds it through :data:`BACKEND` in the registry

@@ -1,5 +1,6 @@
-"""Docker Engine calls shared by the launcher, the CLI and the garbage collector, and the container
-spec.
+"""The kernel's container: its spec, its labels, who it runs as, its removal, and the garbage
+collection of what dead launchers left (the engine's clients: :mod:`.connect`; its checks:
+:mod:`.checks`).
 
 :func:`container_spec` is a pure function from settings to the docker SDK's keyword arguments:
 what the sandbox is made of can be read (and unit-tested) without an engine.
@@ -21,10 +22,9 @@ from typing import Any
 import docker
 import docker.errors
 import docker.types
-import requests.exceptions
 from docker.models.containers import Container
 
-from ..errors import ConfigError, EngineUnavailable, ImageMissing, KernelSandboxError
+from ..errors import ConfigError, KernelSandboxError
 from ..kernelside import MAGICS, source, sources
 from ..kernelside.boot import KEY_ENV, MODULES_ENV
 from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_dead_parts, remove_private
@@ -44,8 +44,6 @@ LABEL_LAUNCHER_PID = "kernel-sandbox.launcher-pid"
 LABEL_PRIVATE_DIR = "kernel-sandbox.private-dir"
 OURS = [LABEL, LABEL_KERNEL_ID]
 """Docker label filter for kernel containers (the image's own label alone is not enough)."""
-API_TIMEOUT = 30
-"""Seconds any single Docker API call may take before it fails (streams have no such limit)."""
 PACKAGES_ENV = {
     "PIP_TARGET": PACKAGES_DIR,
     "PYTHONPATH": PACKAGES_DIR,
@@ -54,134 +52,6 @@ PACKAGES_ENV = {
 """pip in the kernel installs into the packages' tmpfs (on ``sys.path``), unpacks there
 (:mod:`.kernelside.packages`), and keeps no cache (a kernel is disposable; a cache would take the
 home's room)."""
-
-
-PODMAN_ROOT_SOCKET = "/run/podman/podman.sock"
-"""Where root's Podman API socket is (``podman system service``, or ``podman.socket``)."""
-PODMAN_API = "v4.0.0"
-"""The version of Podman's own API asked (Podman 4 and 5 serve it)."""
-PODMAN_FIX = (
-    "Start it: as root `podman system service --time=0 unix:///run/podman/podman.sock &`; as a "
-    "user `systemctl --user start podman.socket` or `podman system service --time=0 &` (or set "
-    "CONTAINER_HOST to its address); or set the kernel's 'engine' option to 'docker'."
-)
-
-
-def podman_address(environment: Mapping[str, str] | None = None) -> str:
-    """Where Podman's API socket is expected: ``CONTAINER_HOST``, else root's or this user's
-    (``$XDG_RUNTIME_DIR/podman/podman.sock``)."""
-    environ = os.environ if environment is None else environment
-    if environ.get("CONTAINER_HOST"):
-        return environ["CONTAINER_HOST"]
-    if os.geteuid() == 0:
-        return f"unix://{PODMAN_ROOT_SOCKET}"
-    runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
-    return f"unix://{runtime_dir}/podman/podman.sock"
-
-
-def _podman_client(timeout: int, environment: Mapping[str, str] | None) -> docker.DockerClient:
-    address = podman_address(environment)
-    try:
-        client = docker.DockerClient(base_url=address, timeout=timeout)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise EngineUnavailable(
-            f"engine='podman': cannot reach Podman's API socket at {address} ({exc}). {PODMAN_FIX}"
-        ) from exc
-    return client
-
-
-def docker_client(
-    timeout: int = API_TIMEOUT,
-    environment: Mapping[str, str] | None = None,
-    engine: str = "auto",
-) -> docker.DockerClient:
-    """Connect to the engine ``engine`` names: Docker (``DOCKER_HOST`` of ``environment``, default
-    this process's), Podman (:func:`podman_address`), or ``auto``: Docker, else Podman's socket
-    when Docker does not answer and ``DOCKER_HOST`` is unset."""
-    if engine == "podman":
-        return _podman_client(timeout, environment)
-    try:
-        client = docker.from_env(timeout=timeout, environment=environment)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        environ = os.environ if environment is None else environment
-        if engine == "auto" and not environ.get("DOCKER_HOST"):
-            try:
-                return _podman_client(timeout, environment)
-            except EngineUnavailable:
-                pass
-        raise EngineUnavailable(
-            f"Cannot reach the Docker engine at {engine_address()} ({exc}). Start it "
-            "(`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd) "
-            "or point DOCKER_HOST at a running engine (or start Podman's API socket and set "
-            "engine='podman'); `kernel-sandbox doctor` checks the setup."
-        ) from exc
-    return client
-
-
-def engine_clients(timeout: int = API_TIMEOUT) -> list[docker.DockerClient]:
-    """A client of each engine that answers here (Docker's and Podman's), for ``gc`` and ``ps``;
-    raise the Docker engine's error when none does."""
-    try:
-        clients = [docker_client(timeout, engine="docker")]
-    except EngineUnavailable as exc:
-        clients, error = [], exc
-    try:
-        podman = docker_client(timeout, engine="podman")
-        if not any(is_podman(client) for client in clients):  # DOCKER_HOST may name Podman
-            clients.append(podman)
-    except EngineUnavailable:
-        if not clients:
-            raise error from None
-    return clients
-
-
-def is_podman(client: docker.DockerClient) -> bool:
-    """True when ``client`` speaks to Podman's Docker-compatible API."""
-    components = client.version().get("Components") or []
-    return any(part.get("Name") == "Podman Engine" for part in components)
-
-
-def engine_address(engine: str = "docker") -> str:
-    """Where the engine (``docker`` or ``podman``) is expected, for messages."""
-    if engine == "podman":
-        return podman_address()
-    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-
-
-def concrete_engine(engine: str, podman: bool) -> str:
-    """The engine a launcher's client reached, as the engine option names it for every later
-    call (its watchdog, the clean-up of what it left): ``auto`` that fell back to Podman is
-    'podman', else 'docker' (``DOCKER_HOST``, which may name a Podman socket)."""
-    if engine != "auto":
-        return engine
-    return "podman" if podman and not os.environ.get("DOCKER_HOST") else "docker"
-
-
-def unpinged_client(engine: str, timeout: int, version: str) -> docker.DockerClient:
-    """A client of ``engine`` made without any call to it (for a ping that must not hang)."""
-    if engine == "podman":
-        return docker.DockerClient(base_url=podman_address(), timeout=timeout, version=version)
-    return docker.from_env(timeout=timeout, version=version)
-
-
-def has_image(client: docker.DockerClient, image: str) -> bool:
-    """True when the engine has an image named ``image``."""
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
-
-
-def require_image(client: docker.DockerClient, image: str) -> None:
-    """Raise :class:`ImageMissing` with the command that builds ``image`` when it is absent."""
-    if not has_image(client, image):
-        raise ImageMissing(
-            f"The kernel image {image!r} is not on this Docker engine. "
-            f"Build it with `kernel-sandbox image build --tag {image}`."
-        )
 
 
 def owner_labels(
@@ -399,126 +269,6 @@ def runsc_pids(pids_limit: int) -> dict[str, Any]:
         "ulimits": [docker.types.Ulimit(name="nproc", soft=pids_limit, hard=pids_limit)],
         "pids_limit": 2 * pids_limit + RUNSC_HOST_THREADS,
     }
-
-
-def check_engine(info: Mapping[str, Any], settings: DockerSettings) -> None:
-    """Refuse, before any container exists, settings that this engine cannot enforce."""
-    runtimes = info.get("Runtimes") or {}
-    if settings.runtime and settings.runtime not in runtimes:
-        raise ConfigError(
-            f"runtime={settings.runtime!r} is not registered with the Docker engine (it has: "
-            f"{', '.join(sorted(runtimes)) or 'none'}); register it under 'runtimes' in "
-            "/etc/docker/daemon.json and reload dockerd (`kernel-sandbox doctor` shows how)"
-        )
-    needs = [
-        ("memory", settings.memory is not None, "MemoryLimit"),
-        ("memory", settings.memory is not None, "SwapLimit"),
-        ("pids_limit", settings.pids_limit is not None, "PidsLimit"),
-        ("cpus", settings.cpus is not None, "CpuCfsQuota"),
-    ]
-    for option, wanted, capability in needs:
-        if wanted and info.get(capability) is False:
-            raise ConfigError(
-                f"{option}: this Docker engine cannot enforce it ({capability} is off in `docker "
-                f"info`); enable the cgroup controller, or set {option}='unlimited' to run without "
-                "that limit"
-            )
-    cores = info.get("NCPU")
-    if settings.cpus is not None and isinstance(cores, int) and settings.cpus > cores:
-        raise ConfigError(f"cpus={settings.cpus}: the Docker engine has only {cores} CPUs")
-
-
-def podman_host(client: docker.DockerClient) -> dict[str, Any]:
-    """The ``host`` part of Podman's own ``/libpod/info`` (its compatible ``/info`` says every
-    limit is enforced even where a rootless Podman ignores them)."""
-    response = client.api.get(f"{client.api.base_url}/{PODMAN_API}/libpod/info")
-    response.raise_for_status()
-    return dict(response.json().get("host") or {})
-
-
-PODMAN_CONTROLLERS = (("memory", "memory"), ("pids_limit", "pids"), ("cpus", "cpu"))
-
-
-def check_podman(host: Mapping[str, Any], settings: DockerSettings) -> None:
-    """Refuse limits this Podman would ignore: each needs its cgroup controller delegated to
-    Podman (a rootless Podman on cgroup v1 has none)."""
-    controllers = set(host.get("cgroupControllers") or [])
-    rootless = (host.get("security") or {}).get("rootless")
-    for option, controller in PODMAN_CONTROLLERS:
-        if getattr(settings, option) is not None and controller not in controllers:
-            where = "rootless " if rootless else ""
-            raise ConfigError(
-                f"{option}: this {where}Podman cannot enforce it: its cgroup controller "
-                f"{controller!r} is not delegated to it (cgroup {host.get('cgroupVersion', '?')}, "
-                f"controllers: {', '.join(sorted(controllers)) or 'none'}). Run Podman on cgroup "
-                "v2 with the controllers delegated to the user (systemd: Delegate=yes in "
-                "user@.service), or as root; or set "
-                f"{option}='unlimited' to run without that limit"
-            )
-
-
-def applied_limits(host_config: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
-    """The limits of ``spec`` that the engine did not apply, read from the container's
-    HostConfig."""
-    expected = {
-        "Memory": spec.get("mem_limit", 0),
-        "MemorySwap": spec.get("memswap_limit", 0),
-        "NanoCpus": spec.get("nano_cpus", 0),
-        "ReadonlyRootfs": spec["read_only"],
-        "NetworkMode": spec["network_mode"],
-        "IpcMode": spec["ipc_mode"],
-    }
-    wrong = [
-        f"{key} is {host_config.get(key)!r}, not {value!r}"
-        for key, value in expected.items()
-        if (host_config.get(key) or 0) != (value or 0)
-    ]
-    if (host_config.get("PidsLimit") or 0) != spec.get("pids_limit", 0):
-        wrong.append(
-            f"PidsLimit is {host_config.get('PidsLimit')!r}, not {spec.get('pids_limit')!r}"
-        )
-    if sorted(host_config.get("CapDrop") or []) != ["ALL"]:
-        wrong.append(f"CapDrop is {host_config.get('CapDrop')!r}")
-    if "no-new-privileges" not in (host_config.get("SecurityOpt") or []):
-        wrong.append(f"SecurityOpt is {host_config.get('SecurityOpt')!r}")
-    return wrong
-
-
-PROCESS_HARDENING = {
-    "CapBnd": "0000000000000000",
-    "CapEff": "0000000000000000",
-    "NoNewPrivs": "1",
-    "Seccomp": "2",
-}
-"""What ``/proc/PID/status`` of a kernel's process shows: no capability can be held or gained, and
-a seccomp filter is on."""
-
-
-def podman_applied(attrs: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
-    """:func:`applied_limits` for a Podman container, from its inspect data ``attrs``.
-
-    Podman's inspect shows its private IPC namespace as ``shareable`` and ``ALL`` dropped
-    capabilities one by one, so those are read from the container's init process instead: its
-    capabilities (none), ``no_new_privs``, seccomp, and an IPC namespace that is not this
-    process's.
-    """
-    host_config = {**attrs["HostConfig"], "IpcMode": spec["ipc_mode"], "CapDrop": ["ALL"]}
-    wrong = applied_limits(host_config, spec)
-    pid = (attrs.get("State") or {}).get("Pid")
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        own_ipc = os.readlink(f"/proc/{pid}/ns/ipc") != os.readlink("/proc/self/ns/ipc")
-    except (OSError, TypeError) as exc:
-        return [*wrong, f"the kernel's process {pid} cannot be checked here ({exc})"]
-    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-    wrong += [
-        f"the kernel's {key} is {fields.get(key, '').strip()!r}, not {value!r}"
-        for key, value in PROCESS_HARDENING.items()
-        if fields.get(key, "").strip() != value
-    ]
-    if not own_ipc:
-        wrong.append("the kernel shares this process's IPC namespace")
-    return wrong
 
 
 def remove_container(container: Container) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import docker
 
-from .containers import docker_client
+from .connect import docker_client
 from ..doctor import ENGINE_FIX
 from ..errors import EngineUnavailable
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import EngineUnavailable
-from .containers import engine_address
+from .connect import engine_address
 
 _HEADER = struct.Struct(">BxxxL")
 

@@ -17,360 +17,80 @@ gone. How the kernel ended (out of memory included) is read from the engine's ev
 auto-removed container cannot be inspected afterwards: an OOM kill of another process of the
 container (a child the kernel ran) is told apart by a heartbeat the kernel answers after it; an
 engine that stops answering (its connections open, nothing moving) is noticed by a ping every
-:data:`ENGINE_PROBE_INTERVAL` s.
+:data:`~.events.ENGINE_PROBE_INTERVAL` s.
+
+The link is built in layers: its channels and the kernel's end (:mod:`.channels`, each stream a
+:class:`~.kernel_stream.ChannelStream`), the engine watched (:mod:`.events`), and here its start
+(the container, the egress proxy, ``%checkpoint``'s store), usage, interrupt and stop; the
+container's own output is :mod:`.output`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import json
 import logging
 import os
-import secrets
-import socket
-import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 import requests.exceptions
 
 from ..egress import WINDOW_REQUEST
-from ..errors import ChannelProtocolError, EngineUnavailable, KernelLaunchError, KernelSandboxError
+from ..errors import KernelLaunchError, KernelSandboxError
 from ..kernelside import source
-from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
-from ..kernelside.connector import HELLO
-from ..launch import egress, journal
+from ..launch import egress
 from ..launch.checkpoints import REQUEST, CheckpointStore
-from ..launch.front import (
-    DELIM,
-    PROTOCOL_VERSION,
-    REQUEST_CHANNELS,
-    ExitStatus,
-    Front,
-    Signer,
-    _msg_type,
-    unpack,
-)
-from ..launch.zmtp import READ_SIZE, SUBSCRIBE_ALL, ZmtpPeer
+from ..launch.messages import DELIM
+from ..canonical import PROTOCOL_VERSION
+from ..launch.front import Front
 from ..metrics import CgroupProbe, MetricsUnavailable, Usage, near_misses
 from ..privdir import LAUNCHER_STATE, SECRETS, PrivateDir
-from ..parsers import MiB
 from . import watchdog
 from .blobs import ContainerFiles
+from .checks import applied_limits, check_engine, check_podman, podman_applied, podman_host
 from .containers import (
-    applied_limits,
-    check_engine,
-    check_podman,
     container_spec,
-    docker_client,
-    concrete_engine,
-    engine_address,
     for_podman,
-    is_podman,
     owner_labels,
-    podman_applied,
-    podman_host,
     remove_container,
-    require_image,
     resolve_mounts,
     run_as,
-    unpinged_client,
+)
+from .connect import (
+    docker_client,
+    concrete_engine,
+    is_podman,
+    require_image,
 )
 from .exec_stream import Demux, own_socket
-from .netns import connect_in_netns, container_netns, listen_in_netns, may_enter_netns
-from .settings import DockerSettings
+from .channels import CHANNEL_PORTS, EXIT_REPORT_WAIT, PROBE
+from .events import WatchedLink
+from .output import OutputStream
+from .proxy import kernel_env, proxy_for
+from .netns import container_netns, listen_in_netns, may_enter_netns
 
 if TYPE_CHECKING:
     from ..launch.intercept import SecretTable
-    from ..launch.request import LaunchRequest
 
 log = logging.getLogger("kernel_sandbox.launch")
 
-ROUTING_ID = b"kernel-sandbox-launcher"
-"""One routing id for the shell, control and stdin sockets, so ipykernel's stdin requests reach
-us."""
-PROBE = b"kernel-sandbox-probe"
-OOM_PROBE = b"kernel-sandbox-oom-probe"
-"""The heartbeat ping sent after each OOM event: its echo says the kernel's process lived through
-it (the OOM killer took another process of the container)."""
-SIGKILLED = 128 + 9
-"""The init's exit code when the kernel's process was killed with SIGKILL."""
 PROBE_INTERVAL = 0.5
-REOPEN_DELAY = 0.2
-"""Seconds before a kernel stream that ended is opened again; doubled after each loss, up to
-:data:`REOPEN_MAX_DELAY`."""
-REOPEN_MAX_DELAY = 5.0
-REOPEN_LIMIT = 10
-"""Losses of one channel in a row (none of them open for :data:`REOPEN_STABLE` s) that end the
-kernel."""
-REOPEN_STABLE = 10.0
-WAITING_LIMIT = 1000
-"""Client messages kept per channel while its stream is not open yet (ZMQ's own default queue
-size)."""
-ENGINE_CHECK_TIMEOUT = 10
-ENGINE_PROBE_INTERVAL = 10.0
-"""Seconds between two pings of the engine while the kernel runs: a hung engine (connections
-open, nothing answered) reports no event, so it is asked; no answer within
-:data:`ENGINE_CHECK_TIMEOUT` s ends the kernel."""
 WELCOME_WAIT = 1.0
 """Seconds to wait, once the heartbeat answers, for ipykernel 7's ``iopub_welcome`` (JEP 65) to
 confirm the launcher's IOPub subscription; kernels without it start after this pause."""
-EXIT_REPORT_WAIT = 5.0
-"""Seconds to wait for the engine's report of a kernel that died while its channels were opened."""
-OUTPUT_CAP = 1 * MiB
-"""Bytes of the container's own stdout/stderr held during start-up (passed on once it answers)."""
-OUTPUT_TAIL_LINES = 40
-TAIL_LINE_CHARS = 4096
-"""Characters of each of those last lines kept for an error message."""
-LIFELINE_CHANNEL = "hb"
-"""The channel that always goes through an exec stream: its connector is the kernel's lifeline."""
-CHANNEL_PORTS = {
-    channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")
-}
 INTERRUPT_DELAY = 0.2
 """Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see
 :meth:`DockerLink.interrupt`)."""
-SHUTDOWN_WAIT = 10.0
-"""Seconds a kernel has, after its ``shutdown_request``, to exit on its own before the launcher
-stops it (as jupyter_client's manager kills a kernel after ``shutdown_wait_time``: an ipykernel
-thread left running can keep the interpreter from exiting)."""
-ENGINE_TEXT_BYTES = 1000
-"""Bytes of the engine's own error text (an exec that could not start) kept for the log."""
 
 
-def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> None:
-    """Call ``callback`` on ``loop`` from another thread; nothing when the loop is closed (the
-    launcher is exiting)."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass
-
-
-class _Channel(asyncio.BufferedProtocol):
-    """One kernel channel with ZMTP spoken through it: an exec stream (demultiplexed) or a socket.
-
-    A socket is read straight into the ZMTP peer's buffers; an exec stream into a scratch
-    buffer whose payloads the demultiplexer passes on, from the connector's :data:`HELLO` on:
-    bytes before it are the engine's error text (the exec could not start), kept for the log.
-    """
-
-    def __init__(self, link: DockerLink, name: str, *, multiplexed: bool = True) -> None:
-        self.link = link
-        self.name = name
-        self.transport: asyncio.Transport | None = None
-        self.peer: ZmtpPeer | None = None
-        self.opened = 0.0
-        self._demux = Demux(self._from_kernel, self._stderr) if multiplexed else None
-        self._scratch = memoryview(bytearray(READ_SIZE)) if multiplexed else None
-        self._hello: bytearray | None = bytearray() if multiplexed else None
-        self.engine_text: bytes | None = None
-        """What the engine wrote in place of the connector (it could not start it), if it did."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.opened = time.monotonic()
-        kind = b"SUB" if self.name == "iopub" else b"DEALER"
-        identity = ROUTING_ID if self.name in REQUEST_CHANNELS else b""
-        self.peer = ZmtpPeer(kind, transport.write, self._message, identity=identity)
-        if kind == b"SUB":
-            self.peer.send([SUBSCRIBE_ALL])
-        self.link._channel_open(self)
-
-    def send(self, frames: list[Any]) -> None:
-        assert self.peer is not None
-        self.peer.send(frames)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._scratch is not None:
-            return self._scratch
-        assert self.peer is not None
-        return self.peer.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        assert self.peer is not None
-        try:
-            if self._demux is not None:
-                assert self._scratch is not None  # made with the demultiplexer
-                self._demux.feed(self._scratch[:nbytes])
-            else:
-                self.peer.buffer_updated(nbytes)
-        except ChannelProtocolError as exc:
-            self.link._broken(
-                ExitStatus(1, f"the kernel broke its {self.name} channel ({exc}); it was stopped")
-            )
-            if self.transport is not None:
-                self.transport.abort()  # the connector's stdin closes: it ends the kernel
-
-    def _from_kernel(self, data: memoryview) -> None:
-        assert self.peer is not None
-        if self._hello is not None:
-            if self.engine_text is not None:
-                self.engine_text += bytes(data[: ENGINE_TEXT_BYTES - len(self.engine_text)])
-                return
-            need = len(HELLO) - len(self._hello)
-            self._hello += data[:need]
-            if not HELLO.startswith(self._hello):
-                self.engine_text, self._hello = bytes(self._hello), bytearray()
-                self._from_kernel(data[need:])
-                return
-            if len(self._hello) < len(HELLO):
-                return
-            self._hello, data = None, data[need:]
-        self.peer.feed(data)
-
-    def _message(self, frames: list[Any]) -> None:
-        try:
-            self.link._from_kernel(self.name, frames)
-        except Exception:  # whatever the kernel sent: one message is lost, never the channel
-            log.exception(
-                "dropped a message from the kernel's %s channel: relaying it failed", self.name
-            )
-
-    def _stderr(self, data: memoryview) -> None:
-        log.debug("%s connector: %s", self.name, bytes(data[:500]).decode(errors="replace").strip())
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.link._channel_lost(self)
-
-    def pause_writing(self) -> None:
-        if self.peer is not None:
-            self.peer.paused = True
-        self.link._throttle(self.name, True)
-
-    def resume_writing(self) -> None:
-        if self.peer is not None:
-            self.peer.paused = False
-        self.link._throttle(self.name, False)
-
-
-class _OutputStream(asyncio.Protocol):
-    """The container's attached stdout and stderr, demultiplexed into a :class:`KernelOutput`."""
-
-    def __init__(self, output: KernelOutput) -> None:
-        self._demux = Demux(
-            lambda data: output.write(bytes(data)), lambda data: output.write(bytes(data))
-        )
-
-    def data_received(self, data: bytes) -> None:
-        self._demux.feed(data)
-
-
-class KernelOutput:
-    """The container's own stdout and stderr, passed to our stderr through the journal (escaped,
-    within the kernel's log budget: :mod:`.journal`), the tail kept for errors.
-
-    Until :meth:`release` (the kernel answered) output is only kept, up to ``cap`` bytes: a launch
-    that fails reports it once, inside its error message.
-    """
-
-    def __init__(self, cap: int = OUTPUT_CAP) -> None:
-        self._cap = cap
-        self.tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-        self._partial = ""
-        self._held: list[bytes] | None = []
-
-    def release(self) -> None:
-        """Pass on what was held during start-up, and everything from now on."""
-        held, self._held = self._held or [], None
-        for chunk in held:
-            self._pass_on(chunk)
-
-    def write(self, data: bytes) -> None:
-        """Record and pass on one chunk of the container's output."""
-        text = self._partial + data.decode(errors="replace")
-        *lines, partial = text.split("\n")
-        self._partial = partial[-TAIL_LINE_CHARS:]  # a line without end is not gathered without end
-        self.tail.extend(line[-TAIL_LINE_CHARS:] for line in lines[-OUTPUT_TAIL_LINES:])
-        if self._held is not None:
-            if sum(map(len, self._held)) < self._cap:
-                self._held.append(data)
-            return
-        self._pass_on(data)
-
-    def _pass_on(self, data: bytes) -> None:
-        journal.installed().output(data)
-
-    def text(self) -> str:
-        """The last lines the container wrote."""
-        return "\n".join([*self.tail, self._partial]).strip()
-
-
-class DockerLink:
+class DockerLink(WatchedLink):
     """The kernel in a locked-down container on the Docker engine (see the module docstring)."""
-
-    def __init__(self, request: LaunchRequest) -> None:
-        self.request = request
-        # make_link chose this link by their type
-        self.settings = cast(DockerSettings, request.settings)
-        self.container_id: str | None = None
-        self.output = KernelOutput()
-        self._key = secrets.token_hex(32)
-        self._signer = Signer(self._key.encode(), SIGNATURE_SCHEME)
-        self._client: docker.DockerClient | None = None
-        self._engine = "docker"
-        """The engine that runs the container: 'docker' (``DOCKER_HOST``) or 'podman'."""
-        self._engine_is_podman = False
-        """Podman answers there (also when ``DOCKER_HOST`` names its socket)."""
-        self._front: Front | None = None
-        self._channels: dict[str, _Channel] = {}
-        self._waiting: dict[str, collections.deque[list[Any]]] = {
-            name: collections.deque() for name in CHANNEL_PORTS
-        }
-        self._streams: list[asyncio.BaseTransport] = []
-        self._execs: dict[str, asyncio.Transport] = {}
-        """The exec streams by exec id: each is closed when the engine reports its process's end
-        (code in the kernel that holds a process's pipe open keeps its stream open otherwise)."""
-        self._events: Any = None
-        self._oom_events = 0
-        """OOM kills the engine reported in the container (any of its processes)."""
-        self._oom_lived = 0
-        """The most of them the kernel's process answered a heartbeat after: it was not their
-        victim."""
-        self._oom = False
-        """True when the kernel's own process ended out of memory (decided at its end)."""
-        self._stopping = False
-        self._loop = asyncio.get_running_loop()
-        self._ended: asyncio.Future[ExitStatus] = self._loop.create_future()
-        self._ready: asyncio.Future[None] = self._loop.create_future()
-        self._welcomed: asyncio.Future[None] = self._loop.create_future()
-        self._informed: asyncio.Future[None] = self._loop.create_future()
-        self._info_id = secrets.token_hex(16)
-        self._creating: asyncio.Future[Any] | None = None
-        self._netns: int | None = None
-        self._cancel = threading.Event()
-        self._losses = dict.fromkeys(CHANNEL_PORTS, 0)
-        self._paused: set[str] = set()
-        self._watchdog: Any = None
-        self._engine_hung = False
-        self._probing: asyncio.Future[None] | None = None
-        self._reopening: set[asyncio.Future[None]] = set()
-        self._shutdown_asked = False
-        self._idle = True
-        """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
-        self._egress: egress.Egress | None = None
-        self._secrets: SecretTable | None = None
-        self._cgroup: CgroupProbe | None = None
-        self._checked = Usage()
-        self._killed: str | None = None
-        self._broken_by: ExitStatus | None = None
-        self._checkpoints: CheckpointStore | None = None
-        self._files: ContainerFiles | None = None
-        self._own_dir: PrivateDir | None = None
-        self.keep_dir: PrivateDir | None = None
-        """Where ``%checkpoint`` keeps its blob when the request has no private directory (a
-        sleeping kernel's launcher lends its own, so that the blob outlives the container); None:
-        a directory of the link's own, for its life."""
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -404,7 +124,7 @@ class DockerLink:
             user=run_as(settings),
             env={
                 **request.env,
-                **(egress.kernel_env(settings) if proxied else {}),
+                **(kernel_env(settings) if proxied else {}),
                 **kernel_secrets,
             },
             mounts=resolve_mounts(settings, request.cwd),
@@ -501,7 +221,7 @@ class DockerLink:
         exec stream (:mod:`.egress_stream`)."""
         front = self._front
         assert front is not None
-        proxy = self._egress = egress.Egress.for_settings(self.settings, self._secrets)
+        proxy = self._egress = proxy_for(self.settings, self._secrets)
         try:
             if self._netns is not None:
                 sock = await asyncio.to_thread(listen_in_netns, self._netns, egress.PROXY_PORT)
@@ -569,33 +289,6 @@ class DockerLink:
             f"The kernel exited during start-up ({status.reason}).\n{self.output.text()}".strip()
         )
 
-    def _exec_socket(self, cmd: list[str]) -> tuple[str, socket.socket]:
-        """Run ``cmd`` in the container; its exec id and its stdin/stdout stream."""
-        assert self._client is not None and self.container_id is not None
-        exec_id = self._client.api.exec_create(
-            self.container_id, cmd, stdin=True, stdout=True, stderr=True
-        )["Id"]
-        return exec_id, own_socket(self._client.api.exec_start(exec_id, socket=True))
-
-    async def _open_channel(self, name: str) -> None:
-        port, wait = CHANNEL_PORTS[name], self.settings.launch_timeout
-        netns = None if name == LIFELINE_CHANNEL else self._netns
-        exec_id = None
-        if netns is not None:
-            # past the launch deadline, so that a kernel that never listens is reported as such
-            sock = await connect_in_netns(netns, port, wait + EXIT_REPORT_WAIT, self._cancel)
-        else:
-            cmd = ["python", "-I", "-S", "-c", source("connector"), str(port), str(wait)]
-            exec_id, sock = await asyncio.to_thread(self._exec_socket, cmd)
-        if self._stopping:
-            sock.close()
-            return
-        transport, _ = await self._loop.connect_accepted_socket(
-            lambda: _Channel(self, name, multiplexed=netns is None), sock
-        )
-        if exec_id is not None:
-            self._execs[exec_id] = transport
-
     async def _attach_output(self) -> None:
         assert self._client is not None and self.container_id is not None
         params = {"stdout": 1, "stderr": 1, "stream": 1, "logs": 0}
@@ -603,7 +296,7 @@ class DockerLink:
             self._client.api.attach_socket, self.container_id, params
         )
         transport, _ = await self._loop.connect_accepted_socket(
-            lambda: _OutputStream(self.output), own_socket(sdk_socket)
+            lambda: OutputStream(self.output), own_socket(sdk_socket)
         )
         self._streams.append(transport)
 
@@ -702,293 +395,6 @@ class DockerLink:
             return []
         checked, self._checked = self._checked, usage
         return near_misses(checked, usage, error_text)
-
-    # -- channels and messages -----------------------------------------------------------------
-
-    def _channel_open(self, channel: _Channel) -> None:
-        self._channels[channel.name] = channel
-        if channel.name in self._paused and channel.transport is not None:
-            channel.transport.pause_reading()
-        waiting = self._waiting[channel.name]
-        while waiting:
-            channel.send(waiting.popleft())
-
-    def _expected_loss(self) -> bool:
-        """True when losing a kernel stream is what should happen: the launcher stops, the kernel
-        ended, or a client asked it to shut down (a restart too)."""
-        return self._stopping or self._ended.done() or self._shutdown_asked
-
-    def _open_failed(self, name: str, reason: object) -> None:
-        """Log a kernel stream that could not be (re)opened: a warning only when nothing explains
-        it."""
-        if self._expected_loss():
-            log.debug("the kernel's %s stream did not open while the kernel ends: %s", name, reason)
-        else:
-            log.warning("could not reopen the kernel's %s stream: %s", name, reason)
-
-    def _channel_lost(self, channel: _Channel) -> None:
-        if self._channels.get(channel.name) is channel:
-            del self._channels[channel.name]
-        if channel.engine_text is not None:
-            text = channel.engine_text.decode(errors="replace").strip()
-            self._open_failed(
-                channel.name, f"the Docker engine could not start its connector ({text})"
-            )
-        if self._stopping or self._ended.done():
-            return
-        name = channel.name
-        stable = time.monotonic() - channel.opened >= REOPEN_STABLE
-        losses = self._losses[name] = 1 if stable else self._losses[name] + 1
-        if losses > REOPEN_LIMIT:
-            self._end(
-                ExitStatus(
-                    1,
-                    f"the kernel's {name} stream ended {REOPEN_LIMIT} times in a row; it was "
-                    "stopped",
-                )
-            )
-            return
-        delay = min(REOPEN_DELAY * 2 ** (losses - 1), REOPEN_MAX_DELAY)
-        log.debug("the kernel's %s stream ended; opening another in %.1f s", name, delay)
-
-        async def reopen() -> None:
-            await asyncio.sleep(delay)
-            if not (self._stopping or self._ended.done()):
-                try:
-                    await self._open_channel(name)
-                # judged after the failure: stop() cancels a connect in flight
-                except Exception as exc:
-                    self._open_failed(name, exc)
-
-        task = asyncio.ensure_future(reopen())
-        self._reopening.add(task)
-        task.add_done_callback(self._reopening.discard)
-
-    def _throttle(self, channel: str, paused: bool) -> None:
-        if self._front is not None and channel in REQUEST_CHANNELS:
-            self._front.throttle(channel, paused)
-
-    def _send(self, channel: str, frames: list[Any]) -> None:
-        open_channel = self._channels.get(channel)
-        if open_channel is not None:
-            open_channel.send(frames)
-        elif len(self._waiting[channel]) < WAITING_LIMIT:
-            self._waiting[channel].append(frames)
-        else:
-            log.warning("dropped a %s message: the kernel's channel is not open", channel)
-
-    def _from_kernel(self, channel: str, frames: list[bytes]) -> None:
-        if channel == "hb":
-            if frames[0] == PROBE:
-                if not self._ready.done():
-                    self._ready.set_result(None)
-            elif frames[0] == OOM_PROBE and len(frames) == 2 and frames[1].isdigit():
-                self._oom_lived = max(self._oom_lived, min(int(frames[1]), self._oom_events))
-            elif self._front is not None:
-                self._front.heartbeat_reply(frames)
-            return
-        message = unpack(frames, self._signer, f"kernel on {channel}")
-        if message is None or self._front is None:
-            return
-        idents, parts = message
-        if channel == "iopub" and b"status" in parts[0] and _msg_type(parts[0]) == "status":
-            self._idle = b'"idle"' in parts[3]
-        if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
-            self._welcomed.set_result(None)
-        if not idents and channel == "shell" and self._info_id.encode() in parts[1]:
-            if not self._informed.done():
-                self._informed.set_result(None)
-            return  # the answer to the launcher's own request
-        self._front.from_kernel(channel, idents, parts)
-
-    def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
-        """Sign a client message with the kernel's key and send it on (noting a shutdown
-        request)."""
-        header = parts[0]
-        if (
-            not self._shutdown_asked
-            and channel != "stdin"
-            and isinstance(header, bytes)
-            and b"shutdown_request" in header
-            and _msg_type(header) == "shutdown_request"
-        ):
-            self._shutdown_asked = True
-            self._loop.call_later(SHUTDOWN_WAIT, self._shutdown_overdue)
-        self._send(channel, [*idents, DELIM, self._signer.sign(parts), *parts])
-
-    def heartbeat(self, frames: list[Any]) -> None:
-        """Forward a ping to the kernel's heartbeat."""
-        self._send("hb", list(frames))
-
-    def pause_reading(self, channel: str, paused: bool) -> None:
-        """Stop (resume) reading ``channel``'s stream: the kernel's own socket then holds or drops
-        its messages."""
-        if paused:
-            self._paused.add(channel)
-        else:
-            self._paused.discard(channel)
-        open_channel = self._channels.get(channel)
-        transport = open_channel.transport if open_channel is not None else None
-        if transport is not None and not transport.is_closing():
-            if paused:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
-
-    # -- life and death ------------------------------------------------------------------------
-
-    def _watch_events(self) -> None:
-        """Follow the container's events from a thread (subscribed before it starts: nothing is
-        missed)."""
-        assert self._client is not None
-        stream = self._client.events(filters={"container": self.container_id}, decode=True)
-        self._events = stream
-        loop = self._loop
-
-        def follow() -> None:
-            try:
-                for event in stream:
-                    _post(loop, self._on_event, event)
-            except Exception as exc:  # the stream broke (or stop() closed it): judged on the loop
-                _post(loop, self._on_events_lost, exc)
-            else:
-                _post(loop, self._on_events_lost, None)
-
-        threading.Thread(target=follow, name="docker-events", daemon=True).start()
-
-    def _on_event(self, event: dict[str, Any]) -> None:
-        status = event.get("status") or event.get("Action")
-        attributes = event.get("Actor", {}).get("Attributes", {})
-        if status == "oom":
-            self._oom_events += 1
-            self.heartbeat([OOM_PROBE, str(self._oom_events).encode()])
-        elif status == "kill" and not self._stopping:
-            self._killed = str(attributes.get("signal", "?"))
-        elif status == "exec_die":
-            stream = self._execs.pop(str(attributes.get("execID")), None)
-            if stream is not None:
-                stream.abort()
-        elif status == "die":
-            code = int(attributes.get("exitCode", 1))
-            # the kernel's own end, not an earlier OOM kill of another process of its container
-            self._oom = code == SIGKILLED and self._oom_events > self._oom_lived
-            if self._broken_by is not None and not self._oom and self._killed is None:
-                self._end(self._broken_by)
-            if code and self._shutdown_asked and not self._oom and self._killed is None:
-                # asked to shut down, it did: an abort in the interpreter's teardown is no crash
-                log.info("the kernel exited with code %d on its way out after shutdown", code)
-                code = 0
-            self._end(ExitStatus(code, self._ending(code)))
-
-    def _shutdown_overdue(self) -> None:
-        if not self._ended.done():
-            log.warning(
-                "the kernel did not exit within %.0f s of its shutdown request: stopped",
-                SHUTDOWN_WAIT,
-            )
-            self._end(ExitStatus(0, "the kernel shut down (stopped after its shutdown request)"))
-
-    def _broken(self, status: ExitStatus) -> None:
-        """A channel's stream broke: the kernel's doing, unless the engine reports another end
-        meanwhile.
-
-        A container killed from outside breaks its streams before the engine's events say so;
-        the engine's word (kill, OOM) wins when it comes within :data:`EXIT_REPORT_WAIT` s.
-        """
-        if self._broken_by is not None or self._ended.done():
-            return
-        self._broken_by = status
-        self._loop.call_later(EXIT_REPORT_WAIT, self._end, status)
-
-    def _ending(self, code: int) -> str:
-        """How the kernel ended, in words, from what the engine reported (never from the kernel):
-        out of memory only when its own process was (the init's exit says SIGKILL, and it answered
-        no heartbeat after the container's last OOM kill)."""
-        if self._oom:
-            limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
-            return f"out of memory{limit}; raise memory"
-        if self._killed is not None and self._killed not in ("2", "SIGINT"):
-            return (
-                f"killed through the Docker engine (signal {self._killed}: a `docker kill`, "
-                "`docker stop` or `docker rm -f`)"
-            )
-        if code == SIGKILLED:
-            return (
-                "killed with SIGKILL by the container runtime or the host's kernel, not through "
-                "the engine"
-            )
-        return "the kernel shut down" if code == 0 else f"exit code {code}"
-
-    def _on_events_lost(self, exc: BaseException | None) -> None:
-        if not (self._stopping or self._ended.done()):
-            asyncio.ensure_future(self._explain_loss(exc))
-
-    async def _explain_loss(self, exc: BaseException | None) -> None:
-        """The event stream ended while the kernel should be running: find out why, in bounded
-        time."""
-        assert self.container_id is not None  # the events are those of its container
-        try:
-            client = await asyncio.to_thread(
-                functools.partial(docker_client, ENGINE_CHECK_TIMEOUT, engine=self._engine)
-            )
-            await asyncio.to_thread(client.containers.get, self.container_id)
-        except EngineUnavailable as error:
-            self._end(
-                ExitStatus(1, f"the Docker engine became unreachable ({error.__cause__ or error})")
-            )
-        except docker.errors.NotFound:
-            self._end(ExitStatus(1, "the kernel's container was removed"))
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-            self._end(ExitStatus(1, f"the Docker engine failed: {error}"))
-        else:
-            self._end(ExitStatus(1, f"the Docker engine stopped reporting on the kernel ({exc})"))
-
-    async def _probe_engine(self) -> None:
-        """Ping the engine now and then; end the kernel when it stops answering.
-
-        The ping runs in a daemon thread with its own client and timeout: a hung engine leaves
-        nothing for the launcher's exit to wait for.
-        """
-        assert self._client is not None
-        # no engine call
-        client = unpinged_client(self._engine, ENGINE_CHECK_TIMEOUT, self._client.api.api_version)
-        while not (self._stopping or self._ended.done()):
-            await asyncio.sleep(ENGINE_PROBE_INTERVAL)
-            answered: asyncio.Future[bool] = self._loop.create_future()
-
-            def ping() -> None:
-                try:
-                    client.ping()
-                    ok = True
-                except Exception:  # any failure is the engine's: reported below as no answer
-                    ok = False
-                _post(self._loop, lambda: None if answered.done() else answered.set_result(ok))
-
-            threading.Thread(target=ping, name="docker-ping", daemon=True).start()
-            try:
-                ok = await asyncio.wait_for(asyncio.shield(answered), ENGINE_CHECK_TIMEOUT + 1)
-            except asyncio.TimeoutError:
-                ok = False
-            if not ok and not (self._stopping or self._ended.done()):
-                self._engine_hung = True
-                self._end(
-                    ExitStatus(
-                        1,
-                        f"the {self._engine.capitalize()} engine at "
-                        f"{engine_address(self._engine)} stopped answering (no reply to a ping "
-                        f"within {ENGINE_CHECK_TIMEOUT} s); the kernel was stopped",
-                    )
-                )
-
-    def _end(self, status: ExitStatus) -> None:
-        if not self._ended.done():
-            self._ended.set_result(status)
-            if self._oom and self.settings.checkpoint_on_oom and self._checkpoints is not None:
-                self._checkpoints.leave_offer(status.reason)
-
-    async def ended(self) -> ExitStatus:
-        """Wait until the kernel has ended, and say how."""
-        return await asyncio.shield(self._ended)
 
     async def interrupt(self) -> None:
         """Send SIGINT to the kernel through the container's init, unless it is idle and being shut

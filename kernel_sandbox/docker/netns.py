@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from ..kernelside.connector import MAX_RETRY_SECONDS, RETRY_SECONDS, connect
-from .containers import engine_address
+from .connect import engine_address
 
 if TYPE_CHECKING:
     from .settings import DockerSettings

@@ -27,11 +27,11 @@ from .containers import (
     LABEL_LAUNCHER_PID,
     LABEL_OWNER_HOST,
     LABEL_PRIVATE_DIR,
-    docker_client,
     remove_container,
     remove_launcher_containers,
     resolve_mounts,
 )
+from .connect import docker_client
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
 from ..kernelspecs import DOCKER_PROVISIONER
 from ..privdir import CONFIG, LAUNCHER_LOCK, PrivateDir, sleeping

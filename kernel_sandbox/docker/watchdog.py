@@ -78,7 +78,8 @@ def main(argv: list[str]) -> int:
     if said == DONE:
         return 0
     # the Docker SDK only when needed
-    from .containers import docker_client, remove_launcher_containers
+    from .connect import docker_client
+    from .containers import remove_launcher_containers
 
     deadline = time.monotonic() + PATIENCE
     while True:

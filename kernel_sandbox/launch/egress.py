@@ -3,54 +3,50 @@
 The launcher listens on the container's own loopback (:data:`PROXY_PORT`): from a thread in the
 container's network namespace where it may (root, runc), else through a relay in the container over
 one exec stream (:mod:`.egress_stream`); the kernel's environment points ``HTTP(S)_PROXY`` there, so
-pip, requests, httpx and urllib use it unchanged. Each connection carries one request: ``CONNECT
-host:port`` (a tunnel, TLS inside it is not inspected) or a plain-HTTP request with an absolute URI.
+pip, requests, httpx and urllib use it unchanged. Each connection carries one request
+(:mod:`.egress_grammar`): ``CONNECT host:port`` (a tunnel, TLS inside it is not inspected unless a
+secret is bound to the host: :mod:`.intercept`) or a plain-HTTP request with an absolute URI.
 The launcher decides on the host (:meth:`Egress.decide`): the destination must be on the kernel's
 ``network`` list or in an open install window (:meth:`Egress.open_window`); the name is resolved
-once on the host (:data:`Resolver`), refused when any address is not global or is the host's own
-unless the entry allows it, and the connection goes to the address that was resolved, never to a
-second lookup's. Everything else is answered ``403`` with the option to change.
+once on the host (:data:`~.egress_outbound.Resolver`), refused when any address is not global or
+is the host's own unless the entry allows it, and the connection goes to the address that was
+resolved, never to a second lookup's. Everything else is answered ``403`` with the option to
+change.
 
-Every outbound connection is made by :func:`open_outbound`, the one function that connects.
-Bounds: :data:`MAX_CONNECTIONS` per kernel, :data:`HEAD_LIMIT` bytes and :data:`HEAD_TIMEOUT`
-seconds for a request's head, :data:`IDLE_TIMEOUT` for a quiet connection; a refused name is
-logged at most once per :data:`LOG_EVERY` seconds (:class:`RefusalLog`).
-
-Tests name a map of host names to addresses in ``KERNEL_SANDBOX_TEST_RESOLVER`` (the launcher's
-own environment, which the kernel cannot set): the launcher then resolves from it alone and
-connects to loopback only (:func:`guarded`), writing ``PATH.guard`` if anything else was tried.
+Every outbound connection is made by :func:`~.egress_outbound.open_outbound`, the one function
+that connects. Bounds: :data:`MAX_CONNECTIONS` per kernel, :data:`~.egress_grammar.HEAD_LIMIT`
+bytes and :data:`HEAD_TIMEOUT` seconds for a request's head, :data:`IDLE_TIMEOUT` for a quiet
+connection; a refused name is logged at most once per :data:`~.egress_grammar.LOG_EVERY` seconds
+(:class:`~.egress_grammar.RefusalLog`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import ipaddress
-import json
 import logging
-import os
 import socket
 import ssl
-import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..egress import (
-    DEFAULT_PORTS,
-    Address,
-    Destination,
-    literal_address,
-    package_index,
-    parse_destinations,
-    split_host_port,
-    valid_name,
+from ..egress import DEFAULT_PORTS, Address, Destination, literal_address
+from .egress_grammar import HEAD_LIMIT, Refusal, RefusalLog, Request, parse_head
+from .egress_outbound import (
+    CHUNK,
+    CONNECT_TIMEOUT,
+    Connector,
+    Resolver,
+    host_addresses,
+    open_outbound,
+    refused_address,
+    system_resolve,
+    test_hooks,
 )
 
 if TYPE_CHECKING:
-    from ..docker.settings import DockerSettings
     from .intercept import SecretTable
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -61,296 +57,12 @@ MAX_CONNECTIONS = 64
 BACKLOG = 1024
 """Connections the kernel may have waiting to be accepted (each then answered, refused past
 :data:`MAX_CONNECTIONS`)."""
-HEAD_LIMIT = 16 * 1024
-"""Bytes of a request line and its headers together."""
-MAX_HEADERS = 64
 HEAD_TIMEOUT = 10.0
 """Seconds a client has to send its whole request head (a slow client is cut off)."""
-CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 120.0
 """Seconds a spliced connection may carry nothing either way before it is closed."""
-CHUNK = 256 * 1024
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 4 * 2**20
-LOG_EVERY = 60.0
-LOG_NAMES = 256
-"""Names whose last refusal is remembered; refusals of others are counted and summed up once per
-:data:`LOG_EVERY`."""
-TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
-PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-NO_PROXY = "localhost,127.0.0.1,::1"
-_TOKEN = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "upgrade",
-}
-
-Resolver = Callable[[str, int], Awaitable[list[str]]]
-"""Resolve a host name to its addresses (``host``, ``port``): the one place the launcher asks
-DNS."""
-Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-
-
-def kernel_env(settings: DockerSettings, port: int = PROXY_PORT) -> dict[str, str]:
-    """The proxy variables for the kernel's environment (upper and lower case: tools read either);
-    pip uses ``package_index``'s URL when it names one."""
-    url = f"http://127.0.0.1:{port}"
-    env = dict.fromkeys(PROXY_ENV, url)
-    env.update(NO_PROXY=NO_PROXY, no_proxy=NO_PROXY)
-    if settings.network is False:
-        # every request is refused: pip says why once (its retry warning), not five times
-        env["PIP_RETRIES"] = "1"
-    index = package_index("package_index", settings.package_index)
-    if index.url is not None:
-        env["PIP_INDEX_URL"] = index.url
-        if index.url.startswith("http://"):
-            env["PIP_TRUSTED_HOST"] = index.destinations[0].host
-    return env
-
-
-async def system_resolve(host: str, port: int) -> list[str]:
-    """The host's resolver (getaddrinfo), TCP answers only."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-async def open_outbound(
-    address: str, port: int
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect to ``address:port``: every outbound connection of the proxy is made here."""
-    return await asyncio.wait_for(
-        asyncio.open_connection(address, port, limit=CHUNK), CONNECT_TIMEOUT
-    )
-
-
-class GuardError(OSError):
-    """A connection to an address outside 127.0.0.0/8 was attempted while the guard was on."""
-
-
-def guarded(connect: Connector, fired: Callable[[str], None]) -> Connector:
-    """``connect``, refusing (and reporting through ``fired``) any address outside 127.0.0.0/8."""
-
-    async def connect_loopback(
-        address: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if ipaddress.ip_address(address) not in ipaddress.ip_network("127.0.0.0/8"):
-            fired(f"{address}:{port}")
-            raise GuardError(f"the test guard refused {address}:{port}")
-        return await connect(address, port)
-
-    return connect_loopback
-
-
-def test_hooks(
-    environ: dict[str, str] | os._Environ[str] = os.environ,
-) -> tuple[Resolver, Connector] | None:
-    """The resolver and guarded connector of a test run (``KERNEL_SANDBOX_TEST_RESOLVER``), or None.
-
-    The map is JSON ``{"name": ["address", ...]}`` in a file of the launcher's own user that no
-    one else may write; the guard leaves ``PATH.guard`` behind when it fires.
-    """
-    path = environ.get(TEST_RESOLVER_ENV)
-    if not path:
-        return None
-    info = os.stat(path)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            f"{TEST_RESOLVER_ENV}={path}: must be this user's file, writable by no one else"
-        )
-
-    async def resolve(host: str, port: int) -> list[str]:
-        with open(path) as handle:
-            table = json.load(handle)
-        if host not in table:
-            raise socket.gaierror(socket.EAI_NONAME, f"{host} is not in the test's resolver map")
-        return [str(address) for address in table[host]]
-
-    def fired(where: str) -> None:
-        log.error("egress guard: a connection to %s was attempted", where)
-        with open(path + ".guard", "a") as handle:
-            handle.write(where + "\n")
-
-    return resolve, guarded(open_outbound, fired)
-
-
-def host_addresses() -> frozenset[Address]:
-    """The host's own addresses: its interfaces' (IPv4 by ioctl, IPv6 from /proc) and its name's."""
-    found: set[Address] = set()
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for _, name in socket.if_nameindex():
-            try:
-                # SIOCGIFADDR
-                packed = fcntl.ioctl(
-                    probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15])
-                )
-                found.add(ipaddress.ip_address(packed[20:24]))
-            except OSError:
-                pass
-    finally:
-        probe.close()
-    try:
-        with open("/proc/net/if_inet6") as handle:
-            found.update(
-                ipaddress.ip_address(bytes.fromhex(line.split()[0]))
-                for line in handle
-                if line.strip()
-            )
-    except OSError:
-        pass
-    try:
-        found.update(
-            ipaddress.ip_address(a) for a in socket.gethostbyname_ex(socket.gethostname())[2]
-        )
-    except OSError:
-        pass
-    return frozenset(found)
-
-
-def refused_address(address: Address, own: frozenset[Address]) -> str | None:
-    """Why ``address`` may not be reached by default (None: it is a global address of someone
-    else)."""
-    if address in own:
-        return "is this host's own address"
-    if address.is_multicast:
-        return "is a multicast address"
-    if address.is_loopback:
-        return "is a loopback address"
-    if address.is_link_local:
-        return "is a link-local address"
-    if not address.is_global:
-        return "is a private or reserved address"
-    return None
-
-
-class Refusal(Exception):
-    """A request the proxy does not carry: answered with ``status`` and a one-line ``reason``."""
-
-    def __init__(self, status: int, reason: str, name: str = "") -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.name = name
-
-
-class RefusalLog:
-    """Log each refused name at most once per :data:`LOG_EVERY` s, remembering at most
-    :data:`LOG_NAMES` names."""
-
-    def __init__(self, every: float = LOG_EVERY, names: int = LOG_NAMES) -> None:
-        self.every = every
-        self.names = names
-        self._last: dict[str, float] = {}
-        self._unlogged = 0
-        self._summary = float("-inf")
-
-    def refused(self, name: str, reason: str) -> None:
-        """Note one refusal of ``name``: logged unless that name was logged less than a minute ago;
-        the others are counted, and the count logged at most once a minute."""
-        now = time.monotonic()
-        for old in [key for key, when in self._last.items() if now - when >= self.every]:
-            del self._last[old]
-        if name not in self._last and len(self._last) < self.names:
-            self._last[name] = now
-            log.warning("egress refused: %s", reason[:300])
-            return
-        self._unlogged += 1
-        if now - self._summary >= self.every:
-            self._summary = now
-            log.warning(
-                "egress: %d more refusals, not logged one by one (at most one line per name a "
-                "minute)",
-                self._unlogged,
-            )
-            self._unlogged = 0
-
-
-@dataclass
-class Request:
-    """A parsed request head: where it goes, and for plain HTTP the head to send on."""
-
-    host: str
-    port: int
-    connect: bool
-    head: bytes = b""
-
-
-def parse_head(raw: bytes) -> Request:  # noqa: C901
-    """Parse a request head (ending in CRLF CRLF), strictly: one request, CRLF lines, tokens
-    only."""
-    if b"\0" in raw:
-        raise Refusal(400, "kernel-sandbox proxy: NUL in the request head")
-    try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError:
-        raise Refusal(400, "kernel-sandbox proxy: the request head is not ASCII") from None
-    lines = text[:-4].split("\r\n")
-    if any("\r" in line or "\n" in line for line in lines):
-        raise Refusal(400, "kernel-sandbox proxy: a bare CR or LF in the request head")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise Refusal(431, f"kernel-sandbox proxy: more than {MAX_HEADERS} headers")
-    parts = lines[0].split(" ")
-    if (
-        len(parts) != 3
-        or parts[2] not in ("HTTP/1.1", "HTTP/1.0")
-        or not parts[0]
-        or set(parts[0]) - _TOKEN
-    ):
-        raise Refusal(400, "kernel-sandbox proxy: malformed request line")
-    method, target, version = parts
-    if any(ord(ch) <= 32 or ord(ch) == 127 for ch in target):
-        raise Refusal(400, "kernel-sandbox proxy: control character in the request target")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not name or set(name) - _TOKEN:
-            raise Refusal(400, "kernel-sandbox proxy: malformed header line")
-        if any(ord(ch) < 32 and ch != "\t" or ord(ch) == 127 for ch in value):
-            raise Refusal(400, "kernel-sandbox proxy: control character in a header")
-        headers.append((name, value.strip()))
-    if method == "CONNECT":
-        host_port = split_host_port(target)
-        if host_port is None or host_port[1] is None or not _host_ok(host_port[0]):
-            raise Refusal(400, "kernel-sandbox proxy: CONNECT needs HOST:PORT")
-        return Request(host_port[0], host_port[1], True)
-    if not target.startswith("http://"):
-        raise Refusal(
-            400, "kernel-sandbox proxy: only CONNECT and absolute http:// URIs are proxied"
-        )
-    authority, slash, path = target[len("http://") :].partition("/")
-    host_port = split_host_port(authority)
-    if host_port is None or "@" in authority or not _host_ok(host_port[0]):
-        raise Refusal(400, "kernel-sandbox proxy: malformed host in the request URI")
-    host, port = host_port[0], host_port[1] or 80
-    for name, value in headers:
-        given = split_host_port(value.lower()) if name.lower() == "host" else (host, port)
-        if given is None or given[0] != host or (given[1] or 80) != port:
-            raise Refusal(
-                400, "kernel-sandbox proxy: the Host header differs from the request URI's host"
-            )
-    kept = [(name, value) for name, value in headers if name.lower() not in _HOP_BY_HOP]
-    if not any(name.lower() == "host" for name, _ in kept):
-        kept.insert(0, ("Host", authority.lower()))
-    head = "\r\n".join(
-        [
-            f"{method} /{path if slash else ''} {version}",
-            *(f"{n}: {v}" for n, v in kept),
-            "Connection: close",
-            "",
-            "",
-        ]
-    )
-    return Request(host, port, False, head.encode("ascii"))
-
-
-def _host_ok(host: str) -> bool:
-    return literal_address(host) is not None or valid_name(host)
 
 
 @dataclass
@@ -407,21 +119,6 @@ class Egress:
         """How bound hosts are verified (:func:`.intercept.upstream_context`), made once."""
         self.ended: str | None = None
         """Why the kernel's egress was ended for good (see :meth:`end`), once it was."""
-
-    @classmethod
-    def for_settings(cls, settings: DockerSettings, secrets: SecretTable | None = None) -> Egress:
-        """The proxy of a kernel with these settings (``network`` false or a list) and
-        ``secrets``."""
-        allowed = (
-            parse_destinations("network", settings.network)
-            if isinstance(settings.network, tuple)
-            else ()
-        )
-        return cls(
-            allowed,
-            package_index=package_index("package_index", settings.package_index).destinations,
-            secrets=secrets,
-        )
 
     # -- install windows -------------------------------------------------------------------
 
@@ -712,52 +409,18 @@ class Egress:
         upstream_reader: asyncio.StreamReader,
         upstream: asyncio.StreamWriter,
     ) -> None:
-        """A CONNECT to a destination with a secret: answer the kernel's TLS as that host while
-        the real host is verified (at once, not in turn), then relay HTTP with the secrets filled
-        in (:func:`.intercept.relay_http`); a host that did not verify gets nothing, and the
-        kernel's request is refused naming it."""
-        from .intercept import TlsStream, refuse_request, relay_http, upstream_context
-
-        host, port = request.host, request.port
+        """Carry a CONNECT to a destination with a secret through :func:`.egress_tls.intercept`."""
+        from .egress_tls import intercept
+        from .intercept import upstream_context
 
         def touch() -> None:
             self._clients[writer] = time.monotonic()
 
         if self._upstream is None:
             self._upstream = upstream_context()
-        outbound = TlsStream(
-            upstream_reader,
-            upstream,
-            self._upstream,
-            server_side=False,
-            server_hostname=host,
-            touch=touch,
-        )
-        verified = asyncio.ensure_future(outbound.handshake())
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        inbound = TlsStream(
-            reader, writer, table.ca.server_context(host), server_side=True, touch=touch
-        )
-        try:
-            await inbound.handshake()
-        except (ssl.SSLError, OSError, asyncio.TimeoutError):
-            verified.cancel()
-            return
-        try:
-            await verified
-        except (ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
-            why = getattr(exc, "verify_message", None) or type(exc).__name__
-            refusal = Refusal(
-                502,
-                f"kernel-sandbox refused {host}:{port}: its TLS certificate did not verify on the "
-                f"host ({why}); nothing was sent to it",
-                f"{host}:{port}",
-            )
-            self.refusals.refused(refusal.name, refusal.reason)
-            await refuse_request(inbound, refusal.status, refusal.reason, HEAD_LIMIT)
-            return
+        streams = (reader, writer, upstream_reader, upstream)
         refused = self.refusals.refused
-        await relay_http(self.fill, host, port, inbound, outbound, HEAD_LIMIT, refused)
+        await intercept(request, table, streams, self._upstream, touch, refused, self.fill)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter

@@ -39,7 +39,8 @@ from ..kernelside.egress_relay import (
     RESUME,
 )
 from ..parsers import MiB
-from .egress import HEAD_LIMIT, Egress
+from .egress_grammar import HEAD_LIMIT
+from .egress import Egress
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -47,14 +48,15 @@ MAX_FRAME = CHUNK
 """The longest payload of a frame (the relay reads at most that much at a time)."""
 CONNECTION_BUDGET = 4 * MiB
 """Bytes received for one connection and not yet read by the proxy. The launcher pauses a
-connection once it holds twice :data:`~.egress.HEAD_LIMIT` of it, so a relay that obeys leaves
-that, one frame and what was in flight on the stream."""
+connection once it holds twice :data:`~.egress_grammar.HEAD_LIMIT` of it, so a relay that obeys
+leaves that, one frame and what was in flight on the stream."""
 READ_BUDGET = 16 * MiB
 """Bytes received for all connections together and not yet read by the proxy."""
 WRITE_BUDGET = 32 * MiB
 """Bytes written to the relay that it has not read yet. The proxy waits for room before it writes
 more to a connection, so a relay that reads slowly leaves one chunk per connection
-(:data:`~.egress.MAX_CONNECTIONS` times :data:`~.egress.CHUNK`: 16 MiB) and a few answers."""
+(:data:`~.egress.MAX_CONNECTIONS` times :data:`~.egress_outbound.CHUNK`: 16 MiB) and a few
+answers."""
 
 
 class _Reader(asyncio.StreamReader):

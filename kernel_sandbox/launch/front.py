@@ -15,52 +15,39 @@ tables: nh3 cleans ~10 MB/s) are filtered in a thread, so heartbeats, control re
 other channels never wait behind them.
 
 A backend plugs in as a :class:`KernelLink`: the Docker link is one; any other sandbox that can
-carry Jupyter messages (an OpenSandbox relay, say) is another.
+carry Jupyter messages (an OpenSandbox relay, say) is another. The messages' wire format is
+:mod:`.messages`; the client's sockets, :mod:`.sockets`; the delivery of the kernel's messages to
+the clients, in order and with bounded holding, :mod:`.delivery`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import hashlib
-import hmac
-import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import zmq
 
-from ..canonical import BUFFER_TYPES, PROTOCOL_VERSION
-from ..errors import ConfigError, KernelLaunchError
+from ..errors import KernelLaunchError
 from ..metrics import Usage, usage_reply
 from ..policy.output import OutputPolicy
 from ..privdir import LAUNCHER_LOCK, PrivateDir
+from .delivery import Delivery
 from .gate import TcpGate
-from .journal import note
-from .zmtp import LARGE_FRAME, MAX_MESSAGE_BYTES
+from .messages import (
+    DELIM,
+    Signer,
+    dumps,
+    msg_type_of,
+    new_header,
+    parse_part,
+    unpack,
+)
+from .sockets import KINDS, Connection, Reader, client_socket
 
-DELIM = b"<IDS|MSG>"
-REQUEST_CHANNELS = ("shell", "control", "stdin")
-CHANNELS = (*REQUEST_CHANNELS, "iopub", "hb")
-COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
-INLINE_BYTES = 32 * 1024
-"""Contents up to this size are filtered on the event loop (a few ms at most); larger ones in a
-thread."""
-HELD_BYTES = 64 * 2**20
-"""Bytes of a channel's messages held while one ahead of them waits; past it, newer messages are
-dropped (as a ZMQ queue at its high-water mark drops them), with a warning. Each message counts
-:data:`HELD_OVERHEAD` bytes besides its parts, so a flood of tiny messages is bounded too."""
-HELD_OVERHEAD = 1024
-CLIENT_QUEUE = 16
-"""Messages ZMQ queues per client and channel, each way (its default is 1000, of any size)."""
-CLIENT_MAX_BYTES = MAX_MESSAGE_BYTES
-"""The largest message a client may send (``ZMQ_MAXMSGSIZE``): libzmq drops the connection of a
-client that announces more, before reading it (it would otherwise assemble it, unsigned, in
-memory)."""
 ERROR_TEXT_BYTES = 4096
 """Bytes of a kernel error's content kept to explain it (see
 :func:`kernel_sandbox.metrics.near_misses`)."""
@@ -68,67 +55,10 @@ LIMITS_INTERVAL = 0.5
 """Seconds between two readings of the limits the kernel hit (its cgroup, on Docker): however many
 errors and idle statuses the kernel publishes, the launcher reads them at most once per interval
 (see :meth:`Front._watch_errors`)."""
-RETRY_SECONDS = 0.005
-MAX_RETRY_SECONDS = 0.1
-"""A message for a full client queue is offered again after these delays (doubling)."""
-Frames = Sequence[bytes]
-"""A multipart message, one bytes object per frame."""
 Answer = dict[str, Any] | Awaitable[dict[str, Any]]
 """What a launcher's own request handler returns: the reply's content, or an awaitable of it."""
 
 log = logging.getLogger("kernel_sandbox.launch")
-
-
-class Signer:
-    """HMAC signatures of Jupyter messages with one key (an empty key signs nothing, as in
-    Jupyter)."""
-
-    def __init__(self, key: bytes, scheme: str = "hmac-sha256") -> None:
-        algorithm = scheme.partition("hmac-")[2]
-        if not scheme.startswith("hmac-") or algorithm not in hashlib.algorithms_available:
-            raise KernelLaunchError(f"unsupported signature_scheme {scheme!r}; use hmac-sha256")
-        self._hmac = hmac.new(key, digestmod=algorithm) if key else None
-
-    def sign(self, parts: Frames) -> bytes:
-        """The hex signature of a message's header, parent header, metadata and content."""
-        if self._hmac is None:
-            return b""
-        digest = self._hmac.copy()
-        for part in parts[:4]:
-            digest.update(part)
-        return digest.hexdigest().encode()
-
-    def verify(self, signature: Any, parts: Frames) -> bool:
-        """True when ``signature`` is this key's signature of ``parts`` (one of the wrong length
-        costs no digest)."""
-        if self._hmac is None:
-            return True
-        return len(signature) == self._hmac.digest_size * 2 and hmac.compare_digest(
-            bytes(signature), self.sign(parts)
-        )
-
-
-def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], list[bytes]] | None:
-    """Routing identities and parts of a message signed by ``signer``; None (logged) for anything
-    else."""
-    message = split(frames)
-    if message is None:
-        return None
-    idents, signature, parts = message
-    if not signer.verify(signature, parts):
-        note(log, logging.WARNING, "dropped a message with a bad signature from the %s", sender)
-        return None
-    return idents, parts
-
-
-def split(frames: Frames) -> tuple[list[bytes], bytes, list[bytes]] | None:
-    """Routing identities, signature and the parts after it; None when there is no delimiter."""
-    for index, frame in enumerate(frames):
-        if frame == DELIM:
-            if len(frames) < index + 6:
-                return None
-            return list(frames[:index]), frames[index + 1], list(frames[index + 2 :])
-    return None
 
 
 @dataclass(frozen=True)
@@ -180,126 +110,6 @@ class KernelLink(Protocol):
         :func:`kernel_sandbox.metrics.near_misses`)."""
 
 
-class Reader:
-    """Drain a ZMQ socket from the event loop whenever it has messages, a batch at a time."""
-
-    BATCH = 64
-
-    def __init__(
-        self, name: str, sock: zmq.Socket[Any], handle: Callable[[list[Any]], None]
-    ) -> None:
-        self.name = name
-        self.sock = sock
-        self._handle = handle
-        self._loop = asyncio.get_running_loop()
-        self._scheduled = False
-        self.paused = False
-        self._loop.add_reader(sock.FD, self._drain)
-        self.kick()
-
-    def kick(self) -> None:
-        """Drain soon: call after sending on the socket, whose file descriptor only signals
-        edges."""
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._drain)
-
-    def send(self, frames: list[Any]) -> bool:
-        """Send ``frames`` without blocking; False when the queue to the client is full (nothing
-        sent).
-
-        A message for a client that is gone is dropped (True). Large frames are not copied: ZMQ
-        keeps a reference until they are sent.
-        """
-        try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            log.debug("dropped a message for a client that is gone from %s", self.name)
-        self.kick()
-        return True
-
-    def pause(self, paused: bool) -> None:
-        """Stop taking messages while ``paused`` (they wait in ZMQ's bounded queues), resume
-        after."""
-        self.paused = paused
-        if not paused:
-            self.kick()
-
-    def _drain(self) -> None:
-        self._scheduled = False
-        if self.sock.closed or self.paused:
-            return
-        for _ in range(self.BATCH):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._handle(
-                [frame.buffer if len(frame) >= LARGE_FRAME else frame.bytes for frame in frames]
-            )
-        self.kick()
-
-    def close(self) -> None:
-        """Stop watching and close the socket."""
-        if not self.sock.closed:
-            self._loop.remove_reader(self.sock.FD)
-            self.sock.close(linger=0)
-
-
-@dataclass(frozen=True)
-class Connection:
-    """What a client's connection file says: where to bind and the client's key."""
-
-    transport: str
-    ip: str
-    ports: dict[str, int]
-    key: bytes
-    signature_scheme: str
-
-    @classmethod
-    def from_info(cls, info: dict[str, Any]) -> Connection:
-        """Read a connection file's content; refuse what a client could not have meant."""
-        transport = info.get("transport", "tcp")
-        if transport not in ("tcp", "ipc"):
-            raise KernelLaunchError(f"connection file: transport {transport!r} is not tcp or ipc")
-        try:
-            ports = {name: int(info[f"{name}_port"]) for name in CHANNELS}
-        except (KeyError, TypeError, ValueError) as exc:
-            raise KernelLaunchError(f"connection file: missing or bad port ({exc})") from None
-        key = info.get("key", "")
-        key = (
-            key.encode()
-            if isinstance(key, str)
-            else bytes(key)
-            if isinstance(key, bytes | bytearray)
-            else b""
-        )
-        if not key:
-            raise ConfigError(
-                "connection file: the key is empty, so the client would not sign its messages and "
-                "any process that reaches a port could run code in the kernel; the launcher "
-                "refuses unsigned channels. Let the client write a key (jupyter_client does by "
-                "default: do not set Session.key to '')"
-            )
-        return cls(
-            transport=transport,
-            ip=str(info.get("ip", "127.0.0.1")),
-            ports=ports,
-            key=key,
-            signature_scheme=str(info.get("signature_scheme", "hmac-sha256")),
-        )
-
-    def address(self, channel: str) -> str:
-        """The ZMQ address the client expects ``channel`` at."""
-        if self.transport == "ipc":
-            return f"ipc://{self.ip}-{self.ports[channel]}"
-        return f"tcp://{self.ip}:{self.ports[channel]}"
-
-
 class Front:
     """Bind the client's channels and relay them to a :class:`KernelLink`."""
 
@@ -307,16 +117,11 @@ class Front:
         self.connection = connection
         self.policy = policy
         self._loop = asyncio.get_running_loop()
-        self._waiting: set[str] = set()
-        self._held: dict[str, collections.deque[tuple[list[bytes], list[bytes]]]] = {
-            channel: collections.deque() for channel in (*REQUEST_CHANNELS, "iopub")
-        }
-        self._held_bytes = dict.fromkeys(self._held, 0)
-        self._dropping = dict.fromkeys(self._held, False)
         self._signer = Signer(connection.key, connection.signature_scheme)
         self._session = uuid.uuid4().hex
         self._context = zmq.Context()
         self._readers: dict[str, Reader] = {}
+        self._delivery = Delivery(policy, self._signer, self._readers, self._pause)
         self._link: KernelLink | None = None
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
@@ -350,35 +155,18 @@ class Front:
     def bind(self) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
 
-        Every socket refuses messages over :data:`CLIENT_MAX_BYTES` and queues at most
-        :data:`CLIENT_QUEUE` messages per client; past that the channel's messages are held up to
-        :data:`HELD_BYTES` (see :meth:`from_kernel`), so the launcher holds a bounded amount per
-        channel whatever the kernel sends and however slowly clients read. On TCP the ports admit
-        this user's own processes only (:mod:`.gate`); the ZMQ sockets then sit in a private
-        directory.
+        Every socket is bounded (:func:`.sockets.client_socket`); past its queue the channel's
+        messages are held up to :data:`~.delivery.HELD_BYTES` (:mod:`.delivery`), so the launcher
+        holds a bounded amount per channel whatever the kernel sends and however slowly clients
+        read. On TCP the ports admit this user's own processes only (:mod:`.gate`); the ZMQ
+        sockets then sit in a private directory.
         """
         if self.connection.transport == "tcp":
             self._gate_dir = PrivateDir.create()
             self._gate_dir.hold(LAUNCHER_LOCK)  # not abandoned while the launcher runs
-        kinds = {
-            "shell": zmq.ROUTER,
-            "control": zmq.ROUTER,
-            "stdin": zmq.ROUTER,
-            "iopub": zmq.XPUB,
-            "hb": zmq.ROUTER,
-        }
         handlers = {"iopub": self._subscribed, "hb": self._ping}
-        for channel, kind in kinds.items():
-            sock = self._context.socket(kind)
-            sock.linger = 1000
-            sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_MAX_BYTES)
-            sock.setsockopt(zmq.SNDHWM, CLIENT_QUEUE)
-            sock.setsockopt(zmq.RCVHWM, CLIENT_QUEUE)
-            if kind == zmq.XPUB:
-                sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-                sock.setsockopt(zmq.XPUB_NODROP, 1)
-            else:
-                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        for channel in KINDS:
+            sock = client_socket(self._context, channel)
             address = self.connection.address(channel)
             try:
                 if self._gate_dir is None:
@@ -427,12 +215,12 @@ class Front:
     def _answer(self, idents: list[bytes], parts: list[bytes]) -> bool:
         """Answer a control request addressed to the launcher (see :attr:`requests`); False for any
         other."""
-        msg_type = _msg_type(parts[0])
+        msg_type = msg_type_of(parts[0])
         handler = self.requests.get(msg_type or "")
         if handler is None or msg_type is None:
             return False
         try:
-            content = handler(_json(parts[3]))
+            content = handler(parse_part(parts[3]))
         except Exception as exc:  # a bad request is answered, never fatal
             log.exception("the launcher could not answer a %s", msg_type)
             content = {"status": "error", "evalue": str(exc)[:500]}
@@ -463,7 +251,7 @@ class Front:
         self, idents: list[bytes], parts: list[bytes], msg_type: str, content: dict[str, Any]
     ) -> None:
         reply_type = msg_type[: -len("_request")] + "_reply"
-        reply = [self._header(reply_type), bytes(parts[0]), b"{}", _dumps(content)]
+        reply = [self._header(reply_type), bytes(parts[0]), b"{}", dumps(content)]
         if not self._readers["control"].send([*idents, DELIM, self._signer.sign(reply), *reply]):
             log.warning("dropped a %s: the client does not read its control channel", reply_type)
 
@@ -476,22 +264,22 @@ class Front:
         content: dict[str, Any],
     ) -> None:
         """Send a reply of the launcher's own to a client's request (its header ``parent``)."""
-        parts = [self._header(reply_type), parent, b"{}", _dumps(content)]
+        parts = [self._header(reply_type), parent, b"{}", dumps(content)]
         self.from_kernel(channel, idents, parts)
 
     def publish(self, parent: bytes, msg_type: str, content: dict[str, Any]) -> None:
         """Publish a message of the launcher's own on IOPub (a status, say), child of ``parent``."""
-        self.from_kernel("iopub", [], [self._header(msg_type), parent, b"{}", _dumps(content)])
+        self.from_kernel("iopub", [], [self._header(msg_type), parent, b"{}", dumps(content)])
 
     def notice_next_cell(self, text: str) -> None:
         """Show ``text`` (on stderr, marked as the launcher's) in the next cell a client runs."""
         self._notice = text
 
     def _tell_first_cell(self, idents: list[bytes], parts: list[bytes]) -> None:
-        if _msg_type(parts[0]) != "execute_request" or self._notice is None:
+        if msg_type_of(parts[0]) != "execute_request" or self._notice is None:
             return
         text, self._notice = self._notice, None
-        content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {text}\n"})
+        content = dumps({"name": "stderr", "text": f"[kernel-sandbox] {text}\n"})
         self.from_kernel("iopub", [], [self._header("stream"), bytes(parts[0]), b"{}", content])
 
     def _usage(self, content: Any) -> dict[str, Any]:
@@ -502,7 +290,7 @@ class Front:
 
     def _header(self, msg_type: str) -> bytes:
         """The header of a message the launcher itself sends."""
-        return _dumps(new_header(msg_type, self._session))
+        return dumps(new_header(msg_type, self._session))
 
     def _watch_errors(self, idents: list[bytes], parts: list[bytes]) -> bool:
         """Note a kernel error; when its request goes idle, a stderr note in the same cell for each
@@ -515,7 +303,7 @@ class Front:
         status passed here is held.
         """
         header = parts[0]
-        if b'"error"' in header and _msg_type(header) == "error":
+        if b'"error"' in header and msg_type_of(header) == "error":
             self._failed = (
                 bytes(parts[1]),
                 bytes(parts[3][:ERROR_TEXT_BYTES]).decode(errors="replace"),
@@ -524,7 +312,7 @@ class Front:
         if not (
             self._failed is not None
             and b'"status"' in header
-            and _msg_type(header) == "status"
+            and msg_type_of(header) == "status"
             and b'"idle"' in bytes(parts[3][:200])
         ):
             return False
@@ -539,12 +327,10 @@ class Front:
             self._read_limits()
             return False
         self._limits_timer = self._loop.call_later(wait, self._read_limits)
-        if "iopub" in self._waiting:  # held for a client already: the notes follow it
+        if self._delivery.waiting("iopub"):  # held for a client already: the notes follow it
             return False
-        self._wait("iopub")
         self._holding_idle = True
-        self._held["iopub"].append((idents, parts))
-        self._held_bytes["iopub"] += sum(map(len, parts)) + HELD_OVERHEAD
+        self._delivery.hold_back("iopub", idents, parts)
         return True
 
     def _read_limits(self) -> None:
@@ -563,18 +349,14 @@ class Front:
             hits = []
         for hit in hits:
             log.warning("the kernel hit a limit: %s", hit)
-            content = _dumps({"name": "stderr", "text": f"[kernel-sandbox] {hit}\n"})
+            content = dumps({"name": "stderr", "text": f"[kernel-sandbox] {hit}\n"})
             notes.append([self._header("stream"), parent, b"{}", content])
         if not self._holding_idle:
             for parts in notes:
                 self.from_kernel("iopub", idents, parts)
             return
         self._holding_idle = False
-        self._waiting.discard("iopub")
-        for parts in reversed(notes):
-            self._held["iopub"].appendleft((idents, parts))
-            self._held_bytes["iopub"] += sum(map(len, parts)) + HELD_OVERHEAD
-        self._release("iopub")
+        self._delivery.release_after("iopub", [(idents, parts) for parts in notes])
 
     def _ping(self, frames: list[Any]) -> None:
         if self._link is not None and self._kernel_ready:
@@ -612,23 +394,16 @@ class Front:
             self._header("iopub_welcome"),
             b"{}",
             b"{}",
-            _dumps({"subscription": topic.decode(errors="replace")}),
+            dumps({"subscription": topic.decode(errors="replace")}),
         ]
         self._readers["iopub"].send(
             [*([topic] if topic else []), DELIM, self._signer.sign(parts), *parts]
         )
 
     def from_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
-        """Pass a kernel message (verified by the link) through the output policy to the clients.
-
-        Messages of a channel keep their order. While one of them waits (filtered in a thread, or
-        for room in a client's queue), the channel's later messages are held, up to
-        :data:`HELD_BYTES`; past that they are dropped. The link stops reading a waiting request
-        channel from the kernel; IOPub is read on (ipykernel queues output it cannot send in its
-        own memory, without limit), so a client that stops reading loses output past the held
-        bytes, as a ZMQ subscriber past its high-water mark does. A message the relay fails on is
-        dropped and logged; the session goes on.
-        """
+        """Pass a kernel message (verified by the link) through the output policy to the clients,
+        in order and with bounded holding (:class:`.delivery.Delivery`), once the launcher's own
+        watchers, the kernel's requests to the launcher and the limits' notes have seen it."""
         for watcher in self.watchers:
             if watcher(channel, idents, parts):
                 return
@@ -638,9 +413,9 @@ class Front:
             and isinstance(parts[0], bytes)
             and b'"kernel_sandbox_' in parts[0]
         ):
-            handler = self.kernel_requests.get(_msg_type(parts[0]) or "")
+            handler = self.kernel_requests.get(msg_type_of(parts[0]) or "")
             if handler is not None:
-                handler(_json(bytes(parts[3])), _json(bytes(parts[1])))
+                handler(parse_part(bytes(parts[3])), parse_part(bytes(parts[1])))
                 return
         if channel == "iopub" and self._link is not None and isinstance(parts[0], bytes):
             try:
@@ -648,119 +423,12 @@ class Front:
                     return  # held until the limits are read
             except Exception:  # the note is lost, never the kernel's message
                 log.exception("could not read the limits the kernel hit")
-        held = self._held.get(channel)
-        if held is None:
-            log.warning("dropped a kernel message on the unknown channel %r", channel)
-        elif channel in self._waiting:
-            size = sum(map(len, parts)) + HELD_OVERHEAD
-            if self._held_bytes[channel] + size > HELD_BYTES:
-                if not self._dropping.get(channel):
-                    log.warning(
-                        "dropping %s messages: the kernel sends faster than its clients take them",
-                        channel,
-                    )
-                self._dropping[channel] = True
-                return
-            held.append((idents, parts))
-            self._held_bytes[channel] += size
-        else:
-            self._dropping[channel] = False
-            self._relay(channel, idents, parts)
+        self._delivery.deliver(channel, idents, parts)
 
-    def _relay(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
-        """Filter and send one message (the channel may be left waiting for it); never raises."""
-        try:
-            msg_type = _msg_type(parts[0])
-            if msg_type is None:
-                log.warning(
-                    "dropped a %s message from the kernel: its header has no msg_type", channel
-                )
-                return
-            if channel == "iopub" and msg_type == "iopub_welcome":
-                return  # the front welcomes its own subscribers
-            if channel == "control" and msg_type == "usage_reply":
-                log.debug(
-                    "dropped a usage_reply from the kernel: the launcher answers usage requests"
-                )
-                return
-            if channel != "iopub" and msg_type in COMM_TYPES:
-                log.warning(
-                    "dropped a %s on %s: kernels send comm messages on IOPub only",
-                    msg_type,
-                    channel,
-                )
-                return
-            if not self.policy.inspects(msg_type):
-                self._send(channel, idents, parts)
-            elif sum(map(len, parts[:4])) <= INLINE_BYTES:
-                self._send(channel, idents, filter_parts(self.policy, channel, msg_type, parts))
-            else:
-                self._wait(channel)
-                work = self._loop.run_in_executor(
-                    None, filter_parts, self.policy, channel, msg_type, parts
-                )
-                work.add_done_callback(lambda done: self._filtered(channel, idents, parts, done))
-        except Exception:  # whatever the kernel sent: one message is lost, never the session
-            log.exception("dropped a %s message from the kernel: relaying it failed", channel)
-
-    def _filtered(
-        self,
-        channel: str,
-        idents: list[bytes],
-        parts: list[bytes],
-        done: asyncio.Future[list[bytes] | None],
-    ) -> None:
-        """A thread has filtered a large message: send it, then what the channel held meanwhile."""
-        self._waiting.discard(channel)
-        try:
-            filtered = None if done.cancelled() else done.result()
-        except Exception:
-            log.exception("dropped a %s message from the kernel: filtering it failed", channel)
-            filtered = None
-        self._send(channel, idents, filtered)
-        self._release(channel)
-
-    def _send(self, channel: str, idents: list[bytes], parts: list[bytes] | None) -> None:
-        """Sign ``parts`` for the client and send them; None drops the message.
-
-        When the client's queue is full the message waits, and the channel with it.
-        """
-        reader = self._readers.get(channel)
-        if parts is None or reader is None:
-            return
-        frames = [*idents, DELIM, self._signer.sign(parts), *parts]
-        if not reader.send(frames):
-            self._wait(channel)
-            self._loop.call_later(RETRY_SECONDS, self._retry, channel, frames, RETRY_SECONDS)
-
-    def _retry(self, channel: str, frames: list[Any], delay: float) -> None:
-        reader = self._readers.get(channel)
-        if reader is None:
-            return
-        if not reader.send(frames):
-            delay = min(delay * 2, MAX_RETRY_SECONDS)
-            self._loop.call_later(delay, self._retry, channel, frames, delay)
-            return
-        self._waiting.discard(channel)
-        self._release(channel)
-
-    def _wait(self, channel: str) -> None:
-        """The channel's next message waits: hold the later ones (and stop reading a request
-        channel)."""
-        self._waiting.add(channel)
-        if self._link is not None and channel != "iopub":
-            self._link.pause_reading(channel, True)
-
-    def _release(self, channel: str) -> None:
-        """Relay what the channel held, until one of its messages has to wait again; then read
-        on."""
-        held = self._held[channel]
-        while held and channel not in self._waiting:
-            idents, parts = held.popleft()
-            self._held_bytes[channel] -= sum(map(len, parts)) + HELD_OVERHEAD
-            self._relay(channel, idents, parts)
-        if channel not in self._waiting and self._link is not None and channel != "iopub":
-            self._link.pause_reading(channel, False)
+    def _pause(self, channel: str, paused: bool) -> None:
+        """Stop (resume) reading a request channel from the kernel while its message waits."""
+        if self._link is not None:
+            self._link.pause_reading(channel, paused)
 
     def close(self) -> None:
         """Close every channel."""
@@ -778,69 +446,3 @@ class Front:
         if self._gate_dir is not None:
             self._gate_dir.remove()
             self._gate_dir = None
-
-
-def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[str, Any]:
-    """A fresh message header of ``session``, as a kernel (or ``username``) writes it."""
-    return {
-        "msg_id": uuid.uuid4().hex,
-        "msg_type": msg_type,
-        "username": username,
-        "session": session,
-        "date": datetime.now(timezone.utc).isoformat(),
-        "version": PROTOCOL_VERSION,
-    }
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-def _json(raw: bytes) -> Any:
-    """A message part parsed as clients parse it, but strictly: UTF-8 only; None when it is not
-    JSON."""
-    try:
-        return json.loads(raw.decode())
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past Python's stack
-        return None
-
-
-def _msg_type(header: bytes) -> str | None:
-    value = _json(header)
-    msg_type = value.get("msg_type") if isinstance(value, dict) else None
-    return msg_type if isinstance(msg_type, str) else None
-
-
-def filter_parts(
-    policy: OutputPolicy, channel: str, msg_type: str, parts: list[bytes]
-) -> list[bytes] | None:
-    """A message's parts as ``policy`` lets them through: each part the kernel's own bytes when
-    untouched, or None (drop).
-
-    Content that is not UTF-8 JSON is dropped: what the policy cannot read, no client may see.
-    A parent header or metadata that is not a JSON object becomes ``{}``.
-    """
-    header, parent, metadata, content = map(_json, parts[:4])
-    if content is None:
-        log.warning("dropped a %s from the kernel: its content is not UTF-8 JSON", msg_type)
-        return None
-    try:
-        filtered = policy.filter_message(channel, header, parent, metadata, content)
-    except Exception:  # whatever the kernel sent: what the policy could not check is not shown
-        log.exception("dropped a %s from the kernel: the output policy failed on it", msg_type)
-        return None
-    if filtered is None:
-        return None
-    try:
-        out = [
-            raw if new is old else _dumps(new)
-            for raw, old, new in zip(parts, (header, parent, metadata, content), filtered)
-        ]
-    except (ValueError, RecursionError):
-        log.warning(
-            "dropped a %s from the kernel: its content cannot be written as JSON (NaN, or nested "
-            "too deep)",
-            msg_type,
-        )
-        return None
-    return out + (parts[4:] if filtered[0].get("msg_type") in BUFFER_TYPES else [])

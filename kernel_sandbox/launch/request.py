@@ -19,7 +19,7 @@ from ..backends import DOCKER_PROVISIONER, provisioner_settings
 from ..errors import ConfigError, KernelLaunchError
 from ..privdir import PrivateDir
 from ..settings import BackendSettings
-from .front import Connection
+from .sockets import Connection
 
 Settings = BackendSettings
 """A backend's settings (each backend's wing has its model)."""

@@ -51,7 +51,8 @@ from ..privdir import (
     note_sleep,
 )
 from .checkpoints import BlobChannel, CheckpointStore
-from .front import Answer, ExitStatus, Front, KernelLink, _dumps, _json, _msg_type, new_header
+from .front import Answer, ExitStatus, Front, KernelLink
+from .messages import dumps, parse_part, msg_type_of, new_header
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
@@ -228,7 +229,7 @@ class Sleeper:
         if self.state == "awake" and self._link is not None:
             self._link.send(channel, idents, parts)
             return
-        msg_type = _msg_type(bytes(parts[0])) or ""
+        msg_type = msg_type_of(bytes(parts[0])) or ""
         if self.state == "asleep" and self._answer_asleep(channel, idents, parts, msg_type):
             return
         self._queue.append((channel, idents, parts))
@@ -243,7 +244,7 @@ class Sleeper:
             return True
         parent = bytes(parts[0])
         if kind == "shutdown_request":
-            content = _json(bytes(parts[3]))
+            content = parse_part(bytes(parts[3]))
             restart = bool(content.get("restart")) if isinstance(content, dict) else False
             front.reply(
                 channel, idents, parent, "shutdown_reply", {"status": "ok", "restart": restart}
@@ -289,16 +290,16 @@ class Sleeper:
             self._take_own(channel, parts)
             return True  # none of its messages reaches a client
         if channel == "iopub":
-            if b'"status"' in header and _msg_type(header) == "status":
+            if b'"status"' in header and msg_type_of(header) == "status":
                 self._busy = b'"idle"' not in bytes(parts[3][:200])
                 self._last = self._loop.time()
-            elif b'"comm_' in header and _msg_type(header) in ("comm_open", "comm_close"):
+            elif b'"comm_' in header and msg_type_of(header) in ("comm_open", "comm_close"):
                 self._comm(parts, False)  # never a comm_msg's content (widget data: megabytes)
         elif channel == "shell":
-            if b"kernel_info_reply" in header and _msg_type(header) == "kernel_info_reply":
-                self._kernel_info = _json(bytes(parts[3]))
-            elif b"execute_reply" in header and _msg_type(header) == "execute_reply":
-                content = _json(bytes(parts[3]))
+            if b"kernel_info_reply" in header and msg_type_of(header) == "kernel_info_reply":
+                self._kernel_info = parse_part(bytes(parts[3]))
+            elif b"execute_reply" in header and msg_type_of(header) == "execute_reply":
+                content = parse_part(bytes(parts[3]))
                 count = content.get("execution_count") if isinstance(content, dict) else None
                 if type(count) is int and 0 <= count < 2**31:
                     self._count = count
@@ -306,17 +307,17 @@ class Sleeper:
 
     def _take_own(self, channel: str, parts: list[bytes]) -> None:
         """A message of the launcher's own cell: the checkpoint request, the reply."""
-        kind = _msg_type(parts[0])
+        kind = msg_type_of(parts[0])
         if channel == "iopub" and kind == REQUEST and self._store is not None:
-            self._store.handle(_json(bytes(parts[3])), _json(parts[1]))
+            self._store.handle(parse_part(bytes(parts[3])), parse_part(parts[1]))
         elif channel == "shell" and kind == "execute_reply" and self._own_reply is not None:
             if not self._own_reply.done():
-                self._own_reply.set_result(_json(bytes(parts[3])))
+                self._own_reply.set_result(parse_part(bytes(parts[3])))
 
     def _comm(self, parts: list[Any], from_client: bool) -> None:
         """Track the widget comms open (a sleep closes them)."""
-        kind = _msg_type(bytes(parts[0]))
-        content = _json(bytes(parts[3]))
+        kind = msg_type_of(bytes(parts[0]))
+        content = parse_part(bytes(parts[3]))
         comm_id = content.get("comm_id") if isinstance(content, dict) else None
         if not isinstance(comm_id, str):
             return
@@ -427,7 +428,7 @@ class Sleeper:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        parts = [_dumps(header), b"{}", b"{}", _dumps(content)]
+        parts = [dumps(header), b"{}", b"{}", dumps(content)]
         self._own.append(header["msg_id"].encode())
         self._own_reply = self._loop.create_future()
         self._store.client_sent(parts)
@@ -499,7 +500,7 @@ def answer_idle(
     """Answer, for a kernel that sleeps, a ``kernel_info_request`` (with the live kernel's last
     reply, ``kernel_info``) or an ``interrupt_request`` (nothing runs); False for any other."""
     parent = bytes(parts[0])
-    kind = _msg_type(parent)
+    kind = msg_type_of(parent)
     if kind == "kernel_info_request" and kernel_info is not None:
         front.publish(parent, "status", {"execution_state": "busy"})
         front.reply(channel, idents, parent, "kernel_info_reply", kernel_info)
@@ -517,7 +518,7 @@ def tell_first_cell(
     """Say ``text`` once, on stderr, in the first cell that ``waiting`` holds for a kernel that
     woke up, else in the next cell a client runs."""
     for channel, _, parts in waiting:
-        if channel == "shell" and _msg_type(bytes(parts[0])) == "execute_request":
+        if channel == "shell" and msg_type_of(bytes(parts[0])) == "execute_request":
             content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
             front.publish(bytes(parts[0]), "stream", content)
             return

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import OpenSandboxError, SandboxTimeoutError
-from ..launch.front import PROTOCOL_VERSION, REQUEST_CHANNELS, ExitStatus, Front
+from ..canonical import PROTOCOL_VERSION
+from ..launch.messages import REQUEST_CHANNELS
+from ..launch.front import ExitStatus, Front
 from .events import REPLY_TRACEBACK_CHARS, capped_error
 from .jupyter import JupyterServer, KernelSocket, dumps
 from .settings import OpenSandboxSettings

@@ -55,7 +55,8 @@ from ..metrics import Usage
 from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
 from .relay import ExecdRelay
-from ..launch.front import ExitStatus, Front, _json, _msg_type, new_header
+from ..launch.front import ExitStatus, Front
+from ..launch.messages import msg_type_of, new_header, parse_part
 from ..launch.sleep import CHECK_EVERY, answer_idle, tell_first_cell
 
 if TYPE_CHECKING:
@@ -392,11 +393,11 @@ class OpenSandboxLink:
         header = parts[0]
         if not isinstance(header, bytes):
             return False
-        if channel == "iopub" and b'"status"' in header and _msg_type(header) == "status":
+        if channel == "iopub" and b'"status"' in header and msg_type_of(header) == "status":
             self._busy = b'"idle"' not in bytes(parts[3][:200])
             self._last = asyncio.get_running_loop().time()
-        elif channel == "shell" and _msg_type(header) == "kernel_info_reply":
-            self._kernel_info = _json(bytes(parts[3]))
+        elif channel == "shell" and msg_type_of(header) == "kernel_info_reply":
+            self._kernel_info = parse_part(bytes(parts[3]))
         return False
 
     async def _idle_clock(self) -> None:

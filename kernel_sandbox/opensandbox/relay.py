@@ -30,7 +30,9 @@ from .execd import ExecdClient
 from .jupyter import dumps
 from .settings import OpenSandboxSettings
 from .translate import CellRelay, CellTranslator
-from ..launch.front import PROTOCOL_VERSION, ExitStatus, Front, new_header
+from ..canonical import PROTOCOL_VERSION
+from ..launch.front import ExitStatus, Front
+from ..launch.messages import new_header
 
 log = logging.getLogger("kernel_sandbox.launch")
 

@@ -15,7 +15,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
+from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.errors import ConfigError, KernelBudgetExceeded, KernelLaunchError
 from kernel_sandbox.provisioners import budget as budget_module
 from kernel_sandbox.docker import provisioner as docker_provisioner

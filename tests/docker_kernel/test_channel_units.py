@@ -18,8 +18,9 @@ from support.security_figures import examples
 
 from kernel_sandbox.errors import ChannelProtocolError, KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source
-from kernel_sandbox.docker.link import Demux
-from kernel_sandbox.launch.front import DELIM, Connection, Signer, split
+from kernel_sandbox.docker.exec_stream import Demux
+from kernel_sandbox.launch.messages import DELIM, Signer, split
+from kernel_sandbox.launch.sockets import Connection
 from kernel_sandbox.launch.zmtp import (
     GREETING,
     GROW_FROM,

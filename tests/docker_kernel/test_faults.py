@@ -21,9 +21,10 @@ from jupyter_client.manager import AsyncKernelManager
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.docker import link as docker_link
+from kernel_sandbox.docker.channels import REOPEN_LIMIT
 from kernel_sandbox.launch import serve
 from kernel_sandbox.launch.request import request_from_kernelspec
-from kernel_sandbox.launch.front import Connection
+from kernel_sandbox.launch.sockets import Connection
 
 from support.engine_proxy import EngineProxy
 from support.kernel import ArgvKernel
@@ -82,7 +83,7 @@ async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_for
             assert time.monotonic() < deadline, "the launcher kept reopening the streams the kernel kills"
             await asyncio.sleep(1)
         reason = km.provisioner.exit_reason or ""
-        assert f"ended {docker_link.REOPEN_LIMIT} times in a row" in reason, reason
+        assert f"ended {REOPEN_LIMIT} times in a row" in reason, reason
 
 
 async def test_the_next_kernel_after_the_engine_is_back_works() -> None:

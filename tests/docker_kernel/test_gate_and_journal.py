@@ -19,7 +19,7 @@ import pytest
 from kernel_sandbox.controls import ByteEscaper, SafeWriter, escape_controls
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.launch import gate, journal
-from kernel_sandbox.launch.front import Connection
+from kernel_sandbox.launch.sockets import Connection
 
 HOSTILE = "ok\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[H\x9b31m\rfake\bprompt\x00\a\n\tend"
 """OSC 52 (a clipboard write), clear screen and home, a C1 CSI, carriage return, backspace, NUL, BEL."""

@@ -314,7 +314,8 @@ async def test_forged_errors_and_idles_read_the_cgroup_on_a_timer_not_per_messag
 
     from kernel_sandbox.launch.request import request_from_kernelspec
     from kernel_sandbox.launch import serve
-    from kernel_sandbox.launch.front import LIMITS_INTERVAL, Connection
+    from kernel_sandbox.launch.front import LIMITS_INTERVAL
+    from kernel_sandbox.launch.sockets import Connection
 
     reads: list[float] = []
     read = CgroupProbe.read

@@ -24,7 +24,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
+from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint, remove_private, stored_bytes
 

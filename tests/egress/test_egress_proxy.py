@@ -17,16 +17,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from kernel_sandbox.egress import Destination, parse_destinations
-from kernel_sandbox.launch.egress import (
-    LOG_NAMES,
-    Egress,
-    guarded,
-    host_addresses,
-    kernel_env,
-    open_outbound,
-    parse_head,
-    Refusal,
-)
+from kernel_sandbox.launch.egress import Egress
+from kernel_sandbox.launch.egress_outbound import guarded, host_addresses, open_outbound
+from kernel_sandbox.docker.proxy import kernel_env
+from kernel_sandbox.launch.egress_grammar import LOG_NAMES, Refusal, parse_head
 from kernel_sandbox.docker.settings import DockerSettings
 
 pytestmark = pytest.mark.security("attack", "egress")

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from kernel_sandbox.docker.containers import LABEL_KERNEL_ID, docker_client
+from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
+from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.errors import ConfigError, SandboxError
 from kernel_sandbox.execution import AsyncSandbox, Sandbox, SandboxPool
 

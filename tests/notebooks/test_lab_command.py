@@ -24,7 +24,8 @@ import pytest
 from docker.errors import ImageNotFound
 from test_jupyter_server_api import KernelChannels
 
-from kernel_sandbox.docker.containers import LABEL, has_image
+from kernel_sandbox.docker.containers import LABEL
+from kernel_sandbox.docker.connect import has_image
 
 from support.lab import ARTIFACTS, LabServer, chromium, free_port, kernel_sandbox_lab, remove_kernels_of, run_cell, wait_for_kernel
 from support.notebooks import cli

@@ -23,15 +23,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.containers import (
-    LABEL,
-    LABEL_KERNEL_ID,
-    LABEL_LAUNCHER_PID,
-    check_podman,
-    container_spec,
-    for_podman,
-    podman_applied,
-)
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, container_spec, for_podman
+from kernel_sandbox.docker.checks import check_podman, podman_applied
 from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError, KernelSandboxError
 

@@ -24,7 +24,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from kernel_sandbox.kernelspecs import install
-from kernel_sandbox.launch.front import Connection, Front
+from kernel_sandbox.launch.sockets import Connection
+from kernel_sandbox.launch.front import Front
 from kernel_sandbox.policy.output import OutputPolicy
 
 from support.policy_checks import bundle_problems, html_problems, text_problems

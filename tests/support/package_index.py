@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernel_sandbox.launch.egress import TEST_RESOLVER_ENV
+from kernel_sandbox.launch.egress_outbound import TEST_RESOLVER_ENV
 
 INDEX_HOST = "index.test"
 PRIVATE_HOST = "api.example.com"

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE, docker_client
+from kernel_sandbox.docker.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.docker.image import _fill_wheelhouse, _probe_python
 
 SERVER_VERSION = "1.1.1"
