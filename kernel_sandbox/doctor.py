@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 
 from .docker.containers import DEFAULT_IMAGE, OURS, is_orphan
 from .errors import EngineUnavailable, ImageMissing
-from .docker.connect import PODMAN_FIX, docker_client, podman_address, require_image
+from .docker.connect import PODMAN_FIX, docker_client, engine_fix, podman_address, require_image
 from .docker.checks import check_podman, podman_host
 from .docker.settings import DockerSettings
 from .backends import GROUP, provisioner_names
@@ -161,26 +161,10 @@ def runsc_check(runtimes: dict) -> Check:
     )
 
 
-ENGINE_FIX = (
-    "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; not "
-    "installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see "
-    "https://docs.docker.com/engine/install/; as root on Debian/Ubuntu, `kernel-sandbox setup "
-    "--install-engine` does both; a remote engine: export DOCKER_HOST"
-)
 KERNELSPEC_FIX = (
     "`kernel-sandbox install --sys-prefix` (this Python environment) or `kernel-sandbox install "
     "--user`"
 )
-SOCKET_FIX = (
-    "let your user use the engine: `sudo usermod -aG docker $USER`, then log in again "
-    "(the docker group is root-equivalent on this host); or run the command with sudo"
-)
-
-
-def engine_fix(error: Exception) -> str:
-    """The fix for an unreachable engine: the docker group when the socket refused us, else starting
-    it."""
-    return SOCKET_FIX if "Permission denied" in str(error) else ENGINE_FIX
 
 
 def image_fix(image: str) -> str:

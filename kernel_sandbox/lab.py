@@ -32,7 +32,8 @@ from traitlets import default
 
 from .docker.containers import DEFAULT_IMAGE
 from .docker.connect import has_image
-from .doctor import Check, engine_fix, image_fix
+from .docker.connect import engine_fix
+from .doctor import Check, image_fix
 from .errors import EngineUnavailable, SetupError
 from .kernelspecs import DOCKER_SPEC, install, is_sandboxed
 

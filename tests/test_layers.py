@@ -1,5 +1,5 @@
-"""The house's layers: the core imports no wing, no wing imports a face, and no module imports
-itself back.
+"""The house's layers: the core imports no wing, no wing imports a face, no module imports itself
+back, and none is over 600 lines.
 
 Read from the source (``ast``), not by importing it, and every import counts: at module level,
 inside functions (the lazy faces), under ``if TYPE_CHECKING:`` (a type a module names is a module
@@ -41,15 +41,6 @@ FACES = (
     "kernel_sandbox.notebooks",
     "kernel_sandbox.integrations",
 )
-KNOWN = {
-    # Issue 38 ("Finish the house"), open while other branches rewrite these modules: each entry is
-    # one import the layers forbid, left out of the graph until its module is reworked. A test
-    # below fails when an entry no longer exists, so the list only shrinks.
-    ("kernel_sandbox.docker.engine", "kernel_sandbox.doctor"): (
-        "issue 38: the engine's fix text (ENGINE_FIX) lives in the doctor face; it belongs to the "
-        "Docker wing (docker/engine.py), the doctor and lab importing it from there"
-    ),
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -97,21 +88,19 @@ def _targets(node: ast.AST, package: str) -> list[str]:
     return []
 
 
-def _imports(name: str, known: bool = True) -> set[str]:
-    """The package's modules ``name`` imports anywhere in its source (but its own packages);
-    ``known``: with the imports of :data:`KNOWN` too."""
+def _imports(name: str) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its source (but its own packages)."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         for target in _targets(node, package):
-            if target in MODULES and (known or (name, target) not in KNOWN):
+            if target in MODULES:
                 found |= _with_parents(target)
     return found - _with_parents(name)
 
 
-FULL = {name: _imports(name) for name in MODULES}
-GRAPH = {name: _imports(name, known=False) for name in MODULES}
+GRAPH = {name: _imports(name) for name in MODULES}
 
 
 def _reachable(start: set[str]) -> set[str]:
@@ -142,13 +131,6 @@ def test_the_graph_is_read() -> None:
     assert {_layer(name) for name in MODULES} == {"core", "wing", "face"}
 
 
-@pytest.mark.parametrize("known", sorted(KNOWN))
-def test_every_known_exception_still_exists(known: tuple[str, str]) -> None:
-    """An entry of KNOWN whose import is gone is removed from it, so the list only shrinks."""
-    importer, imported = known
-    assert imported in FULL[importer], f"{importer} no longer imports {imported}: remove it from KNOWN"
-
-
 @pytest.mark.parametrize("core", sorted(name for name in MODULES if _layer(name) == "core"))
 def test_the_core_imports_no_wing_and_no_face(core: str) -> None:
     above = sorted(name for name in _closure(core) if _layer(name) != "core")
@@ -170,6 +152,15 @@ def test_no_wing_imports_a_face_or_another_wing(wing: str) -> None:
 def test_no_module_imports_itself_back() -> None:
     circles = sorted(name for name in MODULES if name in _reachable({name}))
     assert not circles, f"import circles through {circles}"
+
+
+MAX_LINES = 600
+"""A module holds one idea: past this many lines it holds several (issue 38)."""
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = {str(path.relative_to(ROOT)): n for path in ROOT.rglob("*.py") if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them along their ideas): {long}"
 
 
 def test_every_wing_is_registered_and_resolves() -> None:

@@ -21,6 +21,24 @@ PODMAN_ROOT_SOCKET = "/run/podman/podman.sock"
 """Where root's Podman API socket is (``podman system service``, or ``podman.socket``)."""
 PODMAN_API = "v4.0.0"
 """The version of Podman's own API asked (Podman 4 and 5 serve it)."""
+ENGINE_FIX = (
+    "start the engine: `sudo systemctl start docker`; without systemd: `sudo dockerd &`; not "
+    "installed: `sudo apt-get install docker.io` (Debian/Ubuntu) or see "
+    "https://docs.docker.com/engine/install/; as root on Debian/Ubuntu, `kernel-sandbox setup "
+    "--install-engine` does both; a remote engine: export DOCKER_HOST"
+)
+SOCKET_FIX = (
+    "let your user use the engine: `sudo usermod -aG docker $USER`, then log in again "
+    "(the docker group is root-equivalent on this host); or run the command with sudo"
+)
+
+
+def engine_fix(error: Exception) -> str:
+    """The fix for an unreachable engine: the docker group when the socket refused us, else starting
+    it."""
+    return SOCKET_FIX if "Permission denied" in str(error) else ENGINE_FIX
+
+
 PODMAN_FIX = (
     "Start it: as root `podman system service --time=0 unix:///run/podman/podman.sock &`; as a "
     "user `systemctl --user start podman.socket` or `podman system service --time=0 &` (or set "

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import docker
 
-from .connect import docker_client
-from ..doctor import ENGINE_FIX
+from .connect import ENGINE_FIX, docker_client
 from ..errors import EngineUnavailable
 
 LOCAL_ENGINES = ("unix:///var/run/docker.sock", "unix:///run/docker.sock")
