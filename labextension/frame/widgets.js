@@ -93,14 +93,16 @@ class FrameManager extends HTMLManager {
     const { states, buffer_paths: paths } = reply.content.data;
     (paths || []).forEach(([id, ...path], i) => states[id] && base.put_buffers(states[id], [path], [reply.buffers[i]]));
     const ids = Object.keys(states).filter(id => !this.has_model(id));
-    // every model is registered before any is made: a widget's state names its layout and style models by id
     const comms = await Promise.all(ids.map(id => this._create_comm(this.comm_target_name, id)));
-    await Promise.all(
-      ids.map((id, i) =>
-        this.new_model(
-          { model_name: states[id].model_name, model_module: states[id].model_module, model_module_version: states[id].model_module_version, comm: comms[i] },
-          states[id].state
-        ).catch(error => console.error(error))
+    await this._newModels(ids.map((id, i) => ({ ...states[id], comm: comms[i] })));
+  }
+
+  // Models made of {comm, state, model_name, model_module, model_module_version}, all registered before any is made
+  // (a widget's state names its layout and style models by id); one that fails leaves the others
+  _newModels(models) {
+    return Promise.all(
+      models.map(({ comm, state, model_name, model_module, model_module_version }) =>
+        this.new_model({ model_name, model_module, model_module_version, comm }, state).catch(error => console.error(error))
       )
     );
   }
@@ -111,14 +113,15 @@ class FrameManager extends HTMLManager {
   async _loadFromKernelModels() {
     this.bridge.live();
     const ids = Object.keys(await this._get_comm_info()).filter(id => !this.has_model(id));
-    const answers = await Promise.all(ids.map(id => this._askState(id)));
-    await Promise.all(
-      answers.filter(Boolean).map(({ comm, state }) =>
-        this.new_model(
-          { model_name: state._model_name, model_module: state._model_module, model_module_version: state._model_module_version, comm },
-          state
-        ).catch(error => console.error(error))
-      )
+    const answers = (await Promise.all(ids.map(id => this._askState(id)))).filter(Boolean);
+    await this._newModels(
+      answers.map(({ comm, state }) => ({
+        comm,
+        state,
+        model_name: state._model_name,
+        model_module: state._model_module,
+        model_module_version: state._model_module_version
+      }))
     );
   }
 

@@ -335,11 +335,7 @@ class Relay {
     // the states are complete when the kernel has no widget comm they lack (it had none before this page: a fresh
     // kernel); else (a page reloaded) frames ask the kernel until one of its answers fills them
     commInfo({ target_name: WIDGET }).then(
-      reply => {
-        if (Object.keys((reply.content && reply.content.comms) || {}).every(id => this.states.records.has(id))) {
-          this.states.complete = true;
-        }
-      },
+      reply => this.states.listed(Object.keys((reply.content && reply.content.comms) || {})),
       () => undefined
     );
     // a kernel's comm on the other targets is not a widget the page knows: left unanswered, it is closed

@@ -4,8 +4,8 @@
 // the very cell that shows them (a progress bar would then move only when its loop is over).
 //
 // A record is the state of a widget with its binary buffers kept apart, by path, as ipywidgets sends them.
-// `complete` says whether the records hold every widget the kernel has: a fresh kernel's relay sees every comm_open;
-// after a page reload only the kernel's own answer to request_states (which `replace` takes) makes them complete.
+// `complete` says whether the records hold every widget the kernel has: a fresh kernel's listing of its widget comms
+// (`listed`) names none they lack; after a page reload only the kernel's own answer to request_states (`replace`) does.
 
 const NAME_KEYS = ['model_name', 'model_module', 'model_module_version'];
 
@@ -57,6 +57,13 @@ export class WidgetStates {
 
   close(id) {
     this.records.delete(id);
+  }
+
+  // The kernel's listing of its widget comms: the records are complete when it names none they lack
+  listed(ids) {
+    if (ids.every(id => this.records.has(id))) {
+      this.complete = true;
+    }
   }
 
   // The kernel's answer to request_states: every widget it has, as it was when it answered

@@ -84,3 +84,12 @@ test('the kernel\'s own answer replaces the states and makes them complete; a re
   assert.deepEqual(states.snapshot().data.states, {});
   assert.equal(states.complete, true);
 });
+
+test('a listing of the kernel\'s widget comms makes the states complete only when it names none they lack', () => {
+  const states = new WidgetStates();
+  states.open('a', { state: { ...NAMES }, buffer_paths: [] }, []);
+  states.listed(['a', 'b']);
+  assert.equal(states.complete, false);
+  states.listed(['a']);
+  assert.equal(states.complete, true);
+});

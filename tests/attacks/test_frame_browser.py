@@ -499,7 +499,9 @@ def test_a_progress_bar_moves_while_its_cell_runs(browser, frame_lab) -> None:
         run_all_cells(page, lab, "frame-progress", "frame-progress.ipynb")
         bar = frame_with(page, ".widget-html-content", "/40", seconds=60)
         counts = []
+        deadline = time.monotonic() + 90  # the loop takes 20 s
         while not in_frames(page, ".jp-RenderedText", "loop-done"):
+            assert time.monotonic() < deadline, f"the cell never ended; the bar showed {counts}"
             shown = bar.locator(".widget-html-content", has_text="/40").first.inner_text()
             counts.append(int(shown.split("/")[0].split()[-1]))
             page.wait_for_timeout(500)
