@@ -174,6 +174,28 @@ async function answerNeed(entry, name) {
   }
 }
 
+// A frame's widget messages from before its kernel connection exists (a reloaded page draws a notebook's frames
+// first), held until attach() has the kernel's relay; bounded, and dropped with the frame's document
+const HELD_MAX = 256;
+
+function hold(entry, type, data) {
+  entry.held = entry.held || [];
+  if (entry.held.length < HELD_MAX) {
+    entry.held.push([type, data]);
+  }
+}
+
+function release(relay) {
+  for (const entry of entries) {
+    if (entry.held && entry.held.length && entry.relay() === relay) {
+      const held = entry.held;
+      entry.held = [];
+      relay.join(entry);
+      held.forEach(([type, data]) => relay.fromFrame(entry, type, data));
+    }
+  }
+}
+
 function onMessage(event) {
   const data = event.data;
   if (event.origin !== 'null' || !data || typeof data !== 'object' || typeof data.type !== 'string' || !data.type.startsWith(PREFIX)) {
@@ -193,6 +215,7 @@ function onMessage(event) {
     // a new document: what the last one loaded and opened is gone
     entry.ready = true;
     entry.loaded = new Set();
+    entry.held = [];
     if (relay) {
       relay.forget(entry);
     }
@@ -205,8 +228,13 @@ function onMessage(event) {
   } else if (type === 'need') {
     void answerNeed(entry, data.name);
 
-  } else if (relay && entry.loaded.has('widgets')) {
-    relay.fromFrame(entry, type, data);
+  } else if (entry.loaded.has('widgets')) {
+    if (relay) {
+      relay.join(entry);
+      relay.fromFrame(entry, type, data);
+    } else {
+      hold(entry, type, data);
+    }
   }
 }
 
@@ -810,7 +838,7 @@ function guard(app, rendermime, sessionContext, documentKernel) {
   const attach = () => {
     const current = kernel();
     if (current && framed()) {
-      relayOf(current);
+      release(relayOf(current));
     }
   };
   sessionContext.kernelChanged.connect(attach);
