@@ -49,6 +49,14 @@ class BackendEntry:
     """The launcher's :class:`~kernel_sandbox.launch.front.KernelLink` that runs its kernels."""
     adapter: str
     """The execution API's :class:`~kernel_sandbox.execution.backend.Backend` for it."""
+    magics: bool = False
+    """Whether its kernels load ``%checkpoint`` and ``%restore`` at start (the lab extension offers
+    "Restart Kernel, Keep Variables" for them)."""
+
+    def identity(self) -> dict[str, Any]:
+        """What an installed kernelspec's metadata says of its backend, under ``kernel_sandbox``
+        (the lab extension reads it: which kernels' outputs it frames, which have the magics)."""
+        return {"backend": self.name, "magics": self.magics}
 
     def settings_model(self) -> type[BackendSettings]:
         """The settings model (imported now)."""

@@ -38,6 +38,8 @@ SPEC_DIR_PLACEHOLDER = "{kernel_sandbox_spec_dir}"
 """The shipped kernel.json files name the launcher with these; ``install`` writes absolute paths.
 
 A kernelspec copied by hand keeps them, so its argv cannot start anything: it fails closed."""
+IDENTITY_KEY = "kernel_sandbox"
+"""The key of an installed kernelspec's metadata that names its backend (:meth:`BackendEntry.identity`)."""
 
 
 def shipped_kernelspecs() -> dict[str, Path]:
@@ -180,6 +182,8 @@ def install(
         settings = provisioner_settings(provisioner["provisioner_name"], provisioner["config"])
         # JupyterLab's debugger toggle reads it
         spec["metadata"]["debugger"] = getattr(settings, "mode", "") != "execd"
+        # the lab extension reads it (labextension/src/index.js: isSandboxedSpec)
+        spec["metadata"][IDENTITY_KEY] = backends.for_settings(settings).identity()
         (staged / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
         destination = KernelSpecManager().install_kernel_spec(
             str(staged), install_as or name, user=user, prefix=prefix

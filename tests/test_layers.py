@@ -185,3 +185,21 @@ def test_an_install_without_the_backends_entry_points_fails_closed_naming_the_fi
         monkeypatch.undo()
         backends.entries.cache_clear()
     assert backends.by_provisioner("kernel-sandbox-docker") is backends.entries()["docker"]
+
+
+def test_the_lab_extension_learns_a_backend_from_the_kernelspec_not_from_a_list_of_its_own(tmp_path: Path) -> None:
+    """Backend identity has one home, the registry: `install` writes it into the kernelspec's metadata,
+    where the lab extension reads which kernels' outputs it frames and which have the magics."""
+    import json
+
+    from kernel_sandbox.kernelspecs import IDENTITY_KEY, install, shipped_kernelspecs
+
+    for name in shipped_kernelspecs():
+        spec = json.loads((Path(install(name, prefix=str(tmp_path))) / "kernel.json").read_text())
+        entry = backends.by_provisioner(spec["metadata"]["kernel_provisioner"]["provisioner_name"])
+        assert entry is not None and spec["metadata"][IDENTITY_KEY] == {"backend": entry.name, "magics": entry.magics}
+    assert backends.entries()["docker"].magics and not backends.entries()["opensandbox"].magics
+    source = "".join(path.read_text() for path in (ROOT.parent / "labextension" / "src").glob("*.js"))
+    named = [entry.provisioner for entry in backends.entries().values() if entry.provisioner in source]
+    assert not named, f"the lab extension names provisioners itself: {named}"
+    assert "metadata.kernel_sandbox" in source

@@ -15,6 +15,7 @@ BACKEND = BackendEntry(
     settings="kernel_sandbox.docker.settings:DockerSettings",
     link="kernel_sandbox.docker.link:DockerLink",
     adapter="kernel_sandbox.docker.execution:DockerBackend",
+    magics=True,
 )
 """The Docker backend as the registry knows it (entry point ``docker`` of
 :data:`~kernel_sandbox.backends.GROUP`)."""

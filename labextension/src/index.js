@@ -24,7 +24,6 @@ import { frameMain } from './frame.js';
 import { WidgetStates, arrayBuffer, isPlainObject } from './states';
 import { themeLightAttribute, updateTheme, usableHandlers, usableHead } from './usable';
 
-const PROVISIONERS = new Set(['kernel-sandbox-docker', 'kernel-sandbox-opensandbox']);
 // Rendered by JupyterLab without script or page-wide layout: a tooltip or inspector showing only these is left as it is.
 const INERT = new Set([
   'text/plain',
@@ -801,15 +800,16 @@ function kernelspecOf(specs, name) {
   return name && specs && specs.kernelspecs ? specs.kernelspecs[name] : undefined;
 }
 
-// The name of the provisioner a kernelspec's metadata names, if any
-function provisionerOf(spec) {
-  const provisioner = spec.metadata && spec.metadata.kernel_provisioner;
-  return provisioner && typeof provisioner === 'object' ? provisioner.provisioner_name : undefined;
+// What `kernel-sandbox kernelspec install` writes into a kernelspec's metadata of its backend
+// ({backend, magics}: kernel_sandbox/backends.py, BackendEntry.identity), if anything
+function identityOf(spec) {
+  const identity = spec.metadata && spec.metadata.kernel_sandbox;
+  return identity && typeof identity === 'object' ? identity : null;
 }
 
-// A kernel-sandbox provisioner in its metadata, or the launcher in its argv (a kernelspec run without provisioner)
+// A kernel-sandbox backend in its metadata, or the launcher in its argv (every installed kernelspec runs it)
 function isSandboxedSpec(spec) {
-  if (PROVISIONERS.has(provisionerOf(spec))) {
+  if (identityOf(spec)) {
     return true;
   }
   return Array.isArray(spec.argv) && spec.argv.some(arg => typeof arg === 'string' && arg.includes('kernel_sandbox.launch'));
@@ -929,17 +929,14 @@ const KEEP_TITLE = 'Restart Kernel, Keep Variables';
 // "File not saved: path (why)"): their names go into the notification, which shows 140 characters.
 const NOT_SAVED = /^(?:File )?not saved: (.+?)(?: \(.*\))?$/i;
 
-// The backends whose kernels load %checkpoint and %restore at start (OpenSandbox kernels have the
-// execution API's checkpoint() only).
-const MAGIC_PROVISIONERS = new Set(['kernel-sandbox-docker']);
-
-// The kernel of notebook `panel` when its kernelspec is known and names a sandboxed backend with the
-// magics (a subset of isSandboxedSpec's), else null.
+// The kernel of notebook `panel` when its kernelspec is known and names a sandboxed backend whose kernels load
+// %checkpoint and %restore at start (a subset of isSandboxedSpec's), else null.
 function sandboxedKernelOf(app, panel) {
   const session = panel && panel.sessionContext.session;
   const kernel = session && session.kernel;
   const spec = kernel && kernelspecOf(app.serviceManager.kernelspecs.specs, kernel.name);
-  return spec && MAGIC_PROVISIONERS.has(provisionerOf(spec)) ? kernel : null;
+  const identity = spec && identityOf(spec);
+  return identity && identity.magics === true ? kernel : null;
 }
 
 // Runs a line magic as a request of its own (not a cell: nothing shows in the notebook, no history) and
