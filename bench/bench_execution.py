@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kernel_sandbox.execution import AsyncSandbox, AsyncSandboxPool
-from kernel_sandbox.execution.backend import kernel_manager, kernel_spec
+from kernel_sandbox.execution.adapters import kernel_spec
+from kernel_sandbox.execution.backend import kernel_manager
 from kernel_sandbox.kernelspecs import started_client
 from peer_per_call import per_call_interpreter
 from report import Row

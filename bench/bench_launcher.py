@@ -26,7 +26,8 @@ from bench_execution import medians, print_table
 from bench_peers import Launcher
 from jupyter_client import AsyncKernelClient
 
-from kernel_sandbox.execution.backend import kernel_manager, kernel_spec
+from kernel_sandbox.execution.adapters import kernel_spec
+from kernel_sandbox.execution.backend import kernel_manager
 from kernel_sandbox.kernelspecs import install, started_client
 
 ROUNDS = 200

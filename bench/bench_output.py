@@ -25,7 +25,8 @@ import psutil
 
 from report import Measure, Row, judge, markdown
 from kernel_sandbox.execution import AsyncSandbox
-from kernel_sandbox.execution.backend import kernel_manager, kernel_spec
+from kernel_sandbox.execution.adapters import kernel_spec
+from kernel_sandbox.execution.backend import kernel_manager
 from kernel_sandbox.kernelspecs import started_client
 
 TOTAL = 50 * 1024 * 1024

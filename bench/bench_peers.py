@@ -51,9 +51,10 @@ from bench_execution import agent_tool
 from bench_relay import execute
 from peer_per_call import per_call_interpreter
 from report import Measure, Row, unavailable
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from kernel_sandbox.execution import AsyncSandbox
-from kernel_sandbox.execution.backend import kernel_manager, kernel_spec
+from kernel_sandbox.execution.adapters import kernel_spec
+from kernel_sandbox.execution.backend import kernel_manager
 from kernel_sandbox.kernelspecs import DOCKER_SPEC, install, started_client
 
 HERE = Path(__file__).resolve().parent

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from importlib.metadata import entry_points
 
-from .docker.containers import DEFAULT_IMAGE, OURS, is_orphan
+from .docker.containers import OURS, is_orphan
+from .docker.settings import DEFAULT_IMAGE
 from .errors import EngineUnavailable, ImageMissing
 from .docker.connect import PODMAN_FIX, docker_client, engine_fix, podman_address, require_image
 from .docker.checks import check_podman, podman_host

@@ -39,7 +39,8 @@ SPEC_DIR_PLACEHOLDER = "{kernel_sandbox_spec_dir}"
 
 A kernelspec copied by hand keeps them, so its argv cannot start anything: it fails closed."""
 IDENTITY_KEY = "kernel_sandbox"
-"""The key of an installed kernelspec's metadata that names its backend (:meth:`BackendEntry.identity`)."""
+"""The key of an installed kernelspec's metadata that names its backend
+(:meth:`~kernel_sandbox.backends.BackendEntry.identity`)."""
 
 
 def shipped_kernelspecs() -> dict[str, Path]:

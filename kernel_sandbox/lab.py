@@ -30,7 +30,7 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_core.paths import is_hidden, jupyter_config_path, jupyter_data_dir, jupyter_path
 from traitlets import default
 
-from .docker.containers import DEFAULT_IMAGE
+from .docker.settings import DEFAULT_IMAGE
 from .docker.connect import has_image
 from .docker.connect import engine_fix
 from .doctor import Check, image_fix

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL_OWNER_PID, OURS, is_orphan, remove_container
+from kernel_sandbox.docker.containers import LABEL_OWNER_PID, OURS, is_orphan, remove_container
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from kernel_sandbox.errors import EngineUnavailable, ImageMissing
 from kernel_sandbox.docker.connect import docker_client, require_image
 from kernel_sandbox.kernelspecs import install

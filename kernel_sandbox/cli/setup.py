@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..docker.settings import ENGINES
-from ..docker.containers import DEFAULT_IMAGE
+from ..docker.settings import DEFAULT_IMAGE
 from ..kernelspecs import DOCKER_SPEC, install, shipped_kernelspecs
 from .arguments import doc, install_config, sandbox_arguments
 

@@ -30,9 +30,7 @@ from ..kernelside.boot import KEY_ENV, MODULES_ENV
 from ..privdir import ADOPTED, PrivateDir, abandoned_dirs, remove_dead_parts, remove_private
 from ..provisioners.process import pid_alive
 from ..settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
-from .settings import DEFAULT_IMAGE, DockerSettings
-
-__all__ = ["DEFAULT_IMAGE", "HOME_DIR", "WORK_DIR"]
+from .settings import DockerSettings
 
 LABEL = "kernel-sandbox"
 LABEL_KERNEL_ID = "kernel-sandbox.kernel-id"

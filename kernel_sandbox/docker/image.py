@@ -24,7 +24,8 @@ from typing import Callable
 import docker
 from docker.errors import APIError, DockerException
 
-from .containers import DEFAULT_IMAGE, LABEL, own_ulimits
+from .containers import LABEL, own_ulimits
+from .settings import DEFAULT_IMAGE
 from .connect import docker_client, has_image
 from ..errors import ConfigError, ImageBuildError
 from ..resources import data_path

@@ -26,7 +26,8 @@ from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE, LABEL, LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS, kernel_of
+from kernel_sandbox.docker.containers import LABEL, LABEL_KERNEL_ID, LABEL_LAUNCHER_PID, LABEL_OWNER_PID, LABEL_PRIVATE_DIR, OURS, kernel_of
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import AsyncSandboxPool

@@ -21,7 +21,7 @@ import pytest
 
 import kernel_sandbox.execution.checkpoint as host_checkpoint
 import kernel_sandbox.checkpoint_file as checkpoint_file
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from kernel_sandbox.errors import CheckpointError, ConfigError
 from kernel_sandbox.execution import Checkpoint, Sandbox
 from kernel_sandbox.execution.channel import CHUNK

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE, remove_container
+from kernel_sandbox.docker.containers import remove_container
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from support.resource_counts import LABEL, LABEL_OWNER_PID, Bounds, ResourceWatch, growth, private_host_dirs
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE, owner_labels
+from kernel_sandbox.docker.containers import owner_labels
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, shipped_kernelspecs
 
 from support.lab import chromium, jupyterlab, remove_kernels_of

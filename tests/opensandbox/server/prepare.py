@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
-from kernel_sandbox.docker.containers import DEFAULT_IMAGE
+from kernel_sandbox.docker.settings import DEFAULT_IMAGE
 from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.docker.image import _fill_wheelhouse, _probe_python
 
