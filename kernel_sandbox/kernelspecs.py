@@ -1,8 +1,8 @@
 """Kernelspecs: the shipped ones, installing them, finding them, and starting a kernel from one.
 
-The one home of the provisioner names (which backend answers to each: :mod:`.backends`), of the
-kernelspec manager that falls back to the shipped kernelspecs, and of :func:`started_client`
-(start, wait until ready, stop).
+The one home of the kernelspec manager that falls back to the shipped kernelspecs, and of
+:func:`started_client` (start, wait until ready, stop); which backend answers to a provisioner
+name is :mod:`.backends`'s to say.
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
 from . import backends
-from .backends import (  # noqa: F401 (the provisioners' names, importable from here as before)
-    DOCKER_PROVISIONER,
-    OPENSANDBOX_PROVISIONER,
-    provisioner_settings,
-)
+from .backends import provisioner_settings
 from .errors import ConfigError, KernelLaunchError
 from .resources import data_path
 

@@ -33,7 +33,7 @@ from .containers import (
 )
 from .connect import docker_client
 from ..errors import ConfigError, KernelLaunchError, KernelSandboxError
-from ..kernelspecs import DOCKER_PROVISIONER
+from ..backends import DOCKER_PROVISIONER
 from ..privdir import CONFIG, LAUNCHER_LOCK, PrivateDir, sleeping
 from .settings import DockerSettings
 from ..provisioners.budget import Claim

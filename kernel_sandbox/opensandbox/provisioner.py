@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import OpenSandboxError
-from ..kernelspecs import OPENSANDBOX_PROVISIONER
+from ..backends import OPENSANDBOX_PROVISIONER
 from .lifecycle import OpenSandboxClient
 from .settings import OpenSandboxSettings
 from ..provisioners.launched import LaunchedProvisioner
