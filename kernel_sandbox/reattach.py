@@ -198,9 +198,10 @@ def _check_launcher(private: PrivateDir, pid: int) -> None:
         )
 
 
-def records() -> tuple[list[Record], list[str]]:
+def records(runtime_dir: str | None = None) -> tuple[list[Record], list[str]]:
     """Every checked kernel record of this user, and one line per directory whose record was
-    refused."""
+    refused; with ``runtime_dir``, a refusal of a record that names another runtime directory
+    (another server's kernel, e.g. one whose launcher was killed) is left out."""
     found, refused = [], []
     for entry in sorted(user_root().iterdir()):
         if entry.is_symlink() or not entry.is_dir():
@@ -210,11 +211,21 @@ def records() -> tuple[list[Record], list[str]]:
         try:
             found.append(read_record(entry))
         except KernelLaunchError as exc:
-            refused.append(str(exc))
+            if runtime_dir is None or _recorded_runtime_dir(entry) in (None, runtime_dir):
+                refused.append(str(exc))
         # a shape nobody foresaw: refused too
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             refused.append(f"{entry}: unreadable record ({exc!r})")
     return found, refused
+
+
+def _recorded_runtime_dir(directory: Path) -> str | None:
+    """The runtime directory a refused record names (resolved), None when it cannot be read."""
+    try:
+        named = _read_private_json(directory / RECORD).get("runtime_dir")
+    except (KernelLaunchError, OSError, ValueError, AttributeError):
+        return None
+    return os.path.realpath(named) if isinstance(named, str) else None
 
 
 def _ended(directory: Path) -> bool:

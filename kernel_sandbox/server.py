@@ -61,10 +61,10 @@ class ReattachingKernelManager(AsyncMappingKernelManager):
     def reattach_all(self) -> list[str]:
         """Re-attach the live kernels recorded for this runtime directory (before the server
         serves); their ids."""
-        found, refused = records()
+        here = os.path.realpath(self.connection_dir)
+        found, refused = records(runtime_dir=here)
         for line in refused:
             self.log.warning("kernel-sandbox: not re-attaching a kernel: %s", line)
-        here = os.path.realpath(self.connection_dir)
         done = []
         for record in found:
             if record.runtime_dir != here or record.kernel_id in self or record.attached:

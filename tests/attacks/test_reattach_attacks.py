@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,34 @@ def test_another_account_cannot_attach(orphans, other_user) -> None:
     while (record := read_record(orphan.private_dir)).orphaned is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert record.kernel_id == orphan.kernel_id and not record.attached and record.time_left() is not None
+
+
+def test_a_dead_kernel_is_reported_by_its_own_server_only(tmp_path, caplog) -> None:
+    """A record whose launcher is gone (killed, no exit status yet) is refused; the server of its runtime
+    directory says so at its start, a server of another runtime directory (another notebook server of the
+    same user) keeps quiet about it."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    dirs = []
+    try:
+        for runtime in (here, there):
+            runtime.mkdir(mode=0o700)
+            private = _forged_dir()
+            dirs.append(private)
+            kernel_id = str(uuid.uuid4())
+            info = {"private_dir": str(private), "pid": dead.pid,
+                    "connection_info": {"key": "k", "signature_scheme": "hmac-sha256", "transport": "ipc", "ip": str(private / "k")}}
+            _write(private / RECORD, {"kernel_id": kernel_id, "kernel_name": "sandboxed-python",
+                                      "runtime_dir": str(runtime.resolve()), "provisioner_info": info})
+            _write(private / CONFIG, {"kernel_id": kernel_id})
+        caplog.set_level(logging.WARNING, logger="test.reattach.dead")
+        manager = ReattachingKernelManager(connection_dir=str(here), kernel_spec_manager=SandboxKernelSpecManager(),
+                                           log=logging.getLogger("test.reattach.dead"))
+        assert manager.list_kernel_ids() == []
+        said = "\n".join(r.getMessage() for r in caplog.records)
+        assert f"{dirs[0]}: no live launcher with pid {dead.pid} holds it" in said, said
+        assert str(dirs[1]) not in said, said
+    finally:
+        for path in dirs:
+            shutil.rmtree(path, ignore_errors=True)
