@@ -100,6 +100,9 @@ class Usage:
     memory 0)."""
     saved: int | None = None
     """While suspended: the memory its container held when it went to sleep, in bytes."""
+    kept_awake: str | None = None
+    """Why a kernel with ``suspend_after`` did not go to sleep when it was due (an open socket, a
+    widget, a checkpoint refused), as its launcher noted; None when nothing kept it awake."""
 
     @property
     def memory_percent(self) -> float | None:

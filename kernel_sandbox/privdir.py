@@ -166,14 +166,19 @@ def note_sleep(private: PrivateDir | None, state: dict[str, Any] | None) -> None
             private.write_json(SLEEP, state)
 
 
-def sleeping(private: Path) -> bool:
-    """True while the kernel whose private directory is ``private`` sleeps (its launcher's
-    :data:`SLEEP` says ``suspended``)."""
+def sleep_note(private: Path) -> dict[str, Any]:
+    """What the launcher of the kernel whose private directory is ``private`` last noted of its
+    sleep (:data:`SLEEP`: ``state`` ``suspended``, or ``awake`` with ``why``); empty when none."""
     try:
         state = json.loads((private / SLEEP).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(state, dict) and state.get("state") == "suspended"
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def sleeping(private: Path) -> bool:
+    """True while the kernel whose private directory is ``private`` sleeps."""
+    return sleep_note(private).get("state") == "suspended"
 
 
 def remove_private(path: Path) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 from ..hostsecrets import read_uses
 from ..errors import ConfigError, KernelLaunchError, MetricsUnavailable, SandboxError
 from ..metrics import Usage, near_misses
-from ..privdir import SUSPEND_REQUEST, WAKE_REQUEST, sleeping
+from ..privdir import SUSPEND_REQUEST, WAKE_REQUEST, sleep_note
 from ..results import ExecutionError, KernelDied
 from .checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, Checkpoint, take
 from .skills import SkillRuns
@@ -106,15 +106,27 @@ class AsyncSandbox(SkillRuns, ToolCalls):
         """One sample from the kernel's current container (found again after a restart)."""
         provisioner = self._km.provisioner if self._km is not None else None
         private = getattr(provisioner, "private", None)
-        if private is not None and sleeping(private.path):
-            return Usage(memory=0, source="launcher", state="suspended")
+        note = sleep_note(private.path) if private is not None else {}
+        if note.get("state") == "suspended":
+            saved = note.get("saved")
+            return Usage(
+                memory=0,
+                source="launcher",
+                state="suspended",
+                saved=saved if isinstance(saved, int) and not isinstance(saved, bool) else None,
+            )
         probe = self._probe
         if probe is None or probe.container_id != getattr(provisioner, "container_id", None):
             probe = self._probe = self._backend.probe(provisioner)
             self._checked = Usage()
         usage = probe.read()
-        held = read_uses(getattr(getattr(provisioner, "private", None), "path", None))
-        return dataclasses.replace(usage, secrets=held) if held else usage
+        held = read_uses(getattr(private, "path", None))
+        why = note.get("why") if note.get("state") == "awake" else None
+        return dataclasses.replace(
+            usage,
+            secrets=held or usage.secrets,
+            kept_awake=why[:500] if isinstance(why, str) else None,
+        )
 
     async def _name_limits(self, error: ExecutionError | None) -> None:
         """Say in ``error`` which limits the kernel hit since they were last looked at, as the host

@@ -36,6 +36,7 @@ def test_suspend_and_wake_on_demand_keep_the_variables() -> None:
         sb.suspend()  # asleep already: nothing to do, and ps still says it sleeps
         usage = sb.metrics()
         assert usage.state == "suspended" and usage.memory == 0
+        assert usage.saved and usage.saved > 2**20, usage  # what its container held when it went to sleep
         sb.wake()
         assert len(containers(sb.kernel_id)) == 1 and sb.metrics().state == "running"
         execution = sb.run("print(x.tolist())")
@@ -60,6 +61,8 @@ def test_a_suspend_that_would_lose_a_socket_is_refused_and_the_kernel_runs_on() 
         with pytest.raises(SandboxError, match=r"not suspended: its checkpoint would leave behind sock \("):
             sb.suspend()
         assert len(containers(sb.kernel_id)) == 1
+        usage = sb.metrics()
+        assert usage.state == "running" and "would leave behind sock (" in (usage.kept_awake or ""), usage
         assert sb.run("print(sock.fileno() > 0)").stdout == "True\n"
 
 
