@@ -243,6 +243,13 @@ class Sleeper:
         if answer_idle(front, channel, idents, parts, self._kernel_info):
             return True
         parent = bytes(parts[0])
+        if kind == "comm_info_request":
+            # a sleep closed every comm, and the kernel that wakes has none: nothing to wake it for
+            # (JupyterLab lists them each time a page opens the notebook)
+            front.publish(parent, "status", {"execution_state": "busy"})
+            front.reply(channel, idents, parent, "comm_info_reply", {"status": "ok", "comms": {}})
+            front.publish(parent, "status", {"execution_state": "idle"})
+            return True
         if kind == "shutdown_request":
             content = parse_part(bytes(parts[3]))
             restart = bool(content.get("restart")) if isinstance(content, dict) else False

@@ -115,7 +115,9 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert await km.is_alive(), "a sleeping kernel is alive to its manager"
         info = await kc.kernel_info(reply=True, timeout=30)  # answered by the launcher
         assert info["content"]["implementation"] == "ipython"
-        assert containers(km.kernel_id) == [], "kernel_info did not wake the kernel"
+        listing = await kc.comm_info(reply=True, timeout=30)  # as JupyterLab asks when a page opens the notebook
+        assert listing["content"] == {"status": "ok", "comms": {}}  # a sleep closed them: the woken kernel has none
+        assert containers(km.kernel_id) == [], "kernel_info or comm_info woke the kernel"
 
         text, reply = await cell(kc, "print(x, f(2), int(big.sum()))")
         assert reply["status"] == "ok", text
