@@ -269,9 +269,10 @@ class CappedHTTP:
         json: Any = None,
         params: Any = None,
         timeout: float | None = None,
+        deadline_is: str = "request_timeout, per call",
     ) -> httpx.Response:
         """One request, its whole answer read (capped) within ``timeout`` (default:
-        request_timeout).
+        request_timeout; ``deadline_is`` names it in the error).
 
         Returns a response whose body is in memory; raises for transport errors and the deadline,
         never for an HTTP status.
@@ -301,7 +302,7 @@ class CappedHTTP:
             return await asyncio.wait_for(send(), deadline)
         except asyncio.TimeoutError:
             raise CallDeadlineExceeded(
-                f"{what}: no complete answer within {deadline:g} s (request_timeout, per call)"
+                f"{what}: no complete answer within {round(deadline, 1):g} s ({deadline_is})"
             ) from None
         except httpx.TransportError as exc:
             raise OpenSandboxConnectionError(

@@ -298,7 +298,8 @@ class OpenSandboxClient(HTTPClientBase):
 
     async def _post_create(self, body: dict[str, Any]) -> httpx.Response:
         """``POST /sandboxes``, retried while the server has no capacity (429, 503) until
-        ``ready_timeout``.
+        ``ready_timeout``; each attempt may take what is left of ``ready_timeout`` (the published
+        server answers only once the container exists), at least ``request_timeout``.
 
         The wait between attempts is the answer's ``Retry-After`` (else 1, 2, 4... s, at most
         :data:`CAPACITY_MAX_DELAY`), cut short at the deadline; when the deadline runs out,
@@ -309,7 +310,13 @@ class OpenSandboxClient(HTTPClientBase):
         delay, attempts = CAPACITY_FIRST_DELAY, 0
         while True:
             attempts += 1
-            response = await self._call("POST", "/sandboxes", json=body)
+            # the server answers once it made the container (image pull included): this call has
+            # what is left of the launch deadline, never less than any other call's
+            left = self.ready_timeout - (time.monotonic() - started)
+            longer: dict[str, Any] = {}
+            if left > self.limits.request_timeout:
+                longer = {"timeout": left, "deadline_is": "what was left of ready_timeout"}
+            response = await self._call("POST", "/sandboxes", json=body, **longer)
             if response.status_code not in CAPACITY_STATUSES:
                 raise_for_status(response)
                 return response

@@ -428,7 +428,8 @@ class OpenSandboxSettings(BackendSettings):
     request_timeout: float = option(
         DEFAULT_REQUEST_TIMEOUT,
         parse_seconds,
-        "Overall deadline of each HTTP call (connect, send, whole answer).",
+        "Overall deadline of each HTTP call (connect, send, whole answer); the create, which "
+        "the server answers once the container exists, may take what is left of ready_timeout.",
     )
     max_output_bytes: int = option(
         DEFAULT_MAX_STREAM_BYTES,

@@ -783,6 +783,25 @@ async def test_run_once_deletes_even_when_the_run_raises(sleeps: list[float]) ->
     assert router.calls()[-1] == ("DELETE", "/v1/sandboxes/osb_1")
 
 
+async def test_a_create_slower_than_a_call_is_awaited_within_the_launch_deadline() -> None:
+    """The published server answers POST /sandboxes once the container exists: under load, or with an image to
+    pull, that takes longer than request_timeout, and still counts against ready_timeout alone."""
+    router = created_router()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            await asyncio.sleep(0.6)
+        return router(request)
+
+    def client(ready_timeout: float) -> OpenSandboxClient:
+        return OpenSandboxClient(API, "", http=httpx.AsyncClient(transport=httpx.MockTransport(slow)), poll_interval=0,
+                                 limits=Limits(request_timeout=0.2), ready_timeout=ready_timeout)
+
+    assert (await client(5).create()).id == "osb_1"
+    with pytest.raises(CallDeadlineExceeded, match=r"POST .*/sandboxes: no complete answer within 0.4 s \(what was left of ready_timeout\)"):
+        await client(0.4).create()
+
+
 async def test_call_deadline_is_per_call_not_per_read() -> None:
     """A body trickled slowly: each read is quick, the whole answer is not."""
 

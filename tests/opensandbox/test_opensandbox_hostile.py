@@ -198,8 +198,8 @@ async def test_a_stream_that_trickles_bytes_but_no_events_ends(hostile: HostileS
 
 async def test_a_trickling_lifecycle_server_cannot_hold_a_call(hostile: HostileServer) -> None:
     hostile.behaviour["POST /v1/sandboxes"] = trickle(data=b'{"id": "' + b"a" * 1000)
-    client = OpenSandboxClient(f"{hostile.url}/v1", "key", limits=Limits(request_timeout=1))
-    with pytest.raises(CallDeadlineExceeded, match=r"POST .*/v1/sandboxes: no complete answer within 1 s"):
+    client = OpenSandboxClient(f"{hostile.url}/v1", "key", limits=Limits(request_timeout=1), ready_timeout=2)
+    with pytest.raises(CallDeadlineExceeded, match=r"POST .*/v1/sandboxes: no complete answer within 2 s \(what was left of ready_timeout\)"):
         await within(client.create(image="img"), 30, "create")
     await client.aclose()
 
