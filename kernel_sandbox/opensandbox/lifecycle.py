@@ -310,8 +310,6 @@ class OpenSandboxClient(HTTPClientBase):
         delay, attempts = CAPACITY_FIRST_DELAY, 0
         while True:
             attempts += 1
-            # the server answers once it made the container (image pull included): this call has
-            # what is left of the launch deadline, never less than any other call's
             left = self.ready_timeout - (time.monotonic() - started)
             longer: dict[str, Any] = {}
             if left > self.limits.request_timeout:
