@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 
@@ -106,18 +105,13 @@ def _sleeps() -> tuple[list[str], dict[str, str]]:
     container), and for each kept awake the note that says why."""
     import time
 
-    from ..privdir import SLEEP
+    from ..privdir import sleep_note
     from ..reattach import records
 
     found, _ = records()
     lines, notes = [], {}
     for record in found:
-        try:
-            state = json.loads((record.private / SLEEP).read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(state, dict):
-            continue
+        state = sleep_note(record.private)
         if state.get("state") == "suspended":
             since = state.get("since")
             when = (

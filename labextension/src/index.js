@@ -800,7 +800,7 @@ function kernelspecOf(specs, name) {
   return name && specs && specs.kernelspecs ? specs.kernelspecs[name] : undefined;
 }
 
-// What `kernel-sandbox kernelspec install` writes into a kernelspec's metadata of its backend
+// What `kernel-sandbox install` writes into a kernelspec's metadata of its backend
 // ({backend, magics}: kernel_sandbox/backends.py, BackendEntry.identity), if anything
 function identityOf(spec) {
   const identity = spec.metadata && spec.metadata.kernel_sandbox;
