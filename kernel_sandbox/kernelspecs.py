@@ -7,11 +7,13 @@ name is :mod:`.backends`'s to say.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -131,14 +133,21 @@ async def started_client(
     client's channels and shut the kernel down (at once), unless it is already gone.
 
     ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with
-    ``kwargs``).
+    ``kwargs``). ``timeout`` bounds the whole start: a kernel that has not answered by then is
+    stopped (a launch still under way is given up) and KernelLaunchError says so.
     """
     km = kernel if isinstance(kernel, AsyncKernelManager) else kernel_manager(kernel, **kwargs)
-    await km.start_kernel()
+    deadline = time.monotonic() + timeout
+    try:
+        await asyncio.wait_for(km.start_kernel(), timeout)
+    except asyncio.TimeoutError:
+        raise KernelLaunchError(
+            f"the kernel did not start within started_client's timeout ({timeout:g} s)"
+        ) from None
     kc = km.client()
     try:
         kc.start_channels()
-        await kc.wait_for_ready(timeout=timeout)
+        await kc.wait_for_ready(timeout=max(deadline - time.monotonic(), 1.0))
         yield kc
     finally:
         kc.stop_channels()

@@ -273,20 +273,34 @@ class LaunchedProvisioner(LocalProvisioner):
         self.pid = self.process.pid
         self.pgid = os.getpgid(self.pid)
         self.cwd = kwargs.get("cwd")
-        ready = await asyncio.to_thread(read_status, self._status_reader)
+        try:
+            ready = await asyncio.to_thread(read_status, self._status_reader)
+        except asyncio.CancelledError:
+            # the start was given up (a client's timeout): the launcher stops, removing what it
+            # made, and its end closes the pipe the thread reads
+            self.process.terminate()
+            await asyncio.shield(self._end_failed_launch())
+            raise
         if not ready:
-            code = await asyncio.to_thread(self.process.wait)
-            reason = self._read_exit(code)
-            recorded = self.private.read_json(EXIT) if self.private else None
-            if code < 0:  # killed: it could not remove its container or sandbox itself
-                await self.remove_leftover({**self.launcher_state, "pid": self.pid})
-            await self._forget()
-            assert self.parent is not None
-            self.parent.cleanup_connection_file()
+            recorded, reason = await self._end_failed_launch()
             raise _launch_error(recorded, reason)
         self._refill()
         await self._write_record()
         return self.connection_info
+
+    async def _end_failed_launch(self) -> tuple[Any, str]:
+        """After a launch that did not become ready: wait for the launcher's end, remove what a
+        killed one left, forget the kernel; return its recorded exit and the reason."""
+        assert self.process is not None
+        code = await asyncio.to_thread(self.process.wait)
+        reason = self._read_exit(code)
+        recorded = self.private.read_json(EXIT) if self.private else None
+        if code < 0:  # killed: it could not remove its container or sandbox itself
+            await self.remove_leftover({**self.launcher_state, "pid": self.pid})
+        await self._forget()
+        assert self.parent is not None
+        self.parent.cleanup_connection_file()
+        return recorded, reason
 
     async def _adopt(self, standby: Standby) -> KernelConnectionInfo:
         """Make a standby this provisioner's kernel: its directory (owner lock held), launcher and

@@ -31,6 +31,7 @@ from kernel_sandbox.kernelspecs import OPENSANDBOX_SPEC, install, started_client
 from kernel_sandbox.opensandbox.relay import IMPLEMENTATION
 from kernel_sandbox.opensandbox.gc import host_label
 from kernel_sandbox.opensandbox.provisioner import OpenSandboxProvisioner
+from kernel_sandbox.provisioners.process import pid_alive
 
 FAST = {"poll_interval": 0.05, "state_check_interval": 0.2, "mode": "execd"}
 
@@ -149,6 +150,32 @@ async def test_failed_launch_deletes_the_sandbox(opensandbox_kernelspec: str, fa
     with pytest.raises(KernelLaunchError, match="401"):
         await manager(opensandbox_kernelspec).start_kernel()
     assert len(fake_opensandbox.lifecycle.deleted) >= 1 and not fake_opensandbox.lifecycle.live()
+
+
+@pytest.mark.security("fault", "opensandbox")
+async def test_a_start_given_up_stops_its_launcher_and_deletes_its_sandbox(
+    opensandbox_kernelspec: str, fake_opensandbox: FakeOpenSandbox
+) -> None:
+    fake_opensandbox.lifecycle.polls_until_running = 10**6  # the sandbox never runs
+    km = manager(opensandbox_kernelspec, ready_timeout=3600.0)
+
+    async def start() -> None:
+        async with started_client(km, timeout=15):
+            raise AssertionError("a sandbox that never runs gave a kernel")
+
+    starting = asyncio.ensure_future(start())
+
+    async def created() -> bool:
+        return bool(fake_opensandbox.lifecycle.live()) and km.provisioner is not None and km.provisioner.pid is not None
+
+    await until(created, "the launcher never asked for its sandbox")
+    assert km.provisioner is not None
+    launcher = km.provisioner.pid
+    with pytest.raises(KernelLaunchError, match=r"did not start within started_client's timeout \(15 s\)"):
+        await starting
+    assert launcher is not None and not pid_alive(launcher), "the launcher of the given-up start still runs"
+    assert not fake_opensandbox.lifecycle.live(), "the given-up start left its sandbox"
+    assert km.provisioner is None or km.provisioner.private is None, "its private directory was kept"
 
 
 @pytest.mark.security("fault", "sessions")
