@@ -133,14 +133,17 @@ async def started_client(
     client's channels and shut the kernel down (at once), unless it is already gone.
 
     ``kernel`` is a kernel manager, or a kernelspec name for :func:`kernel_manager` (with
-    ``kwargs``). ``timeout`` bounds the whole start: a kernel that has not answered by then is
-    stopped (a launch still under way is given up) and KernelLaunchError says so.
+    ``kwargs``). ``timeout`` bounds the whole start, and the kernel is stopped when it runs out:
+    KernelLaunchError when the launch was still under way (it is given up), jupyter_client's
+    RuntimeError when the kernel did not answer.
     """
     km = kernel if isinstance(kernel, AsyncKernelManager) else kernel_manager(kernel, **kwargs)
     deadline = time.monotonic() + timeout
     try:
         await asyncio.wait_for(km.start_kernel(), timeout)
     except asyncio.TimeoutError:
+        if km.has_kernel:  # it came up as the time ran out
+            await km.shutdown_kernel(now=True)
         raise KernelLaunchError(
             f"the kernel did not start within started_client's timeout ({timeout:g} s)"
         ) from None
