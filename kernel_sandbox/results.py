@@ -7,6 +7,7 @@ Kept free of heavy imports: the launcher's OpenSandbox relay builds these too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -159,6 +160,25 @@ class FileInfo:
     is_dir: bool
 
 
+DROP_NOTE = re.compile(r"\[kernel-sandbox\] (\d+) output messages \((\d+) bytes\) were dropped")
+"""How a drop note begins (:func:`drop_note`)."""
+
+
+def drop_note(messages: int, size: int) -> str:
+    """The stderr text that tells a cell's clients that ``messages`` of its output messages
+    (``size`` bytes) were dropped."""
+    return (
+        f"[kernel-sandbox] {messages} output messages ({size} bytes) were dropped: the client "
+        "took them slower than the kernel sent them\n"
+    )
+
+
+def dropped_bytes(text: str) -> int:
+    """The bytes a drop note at the start of ``text`` says were dropped (0 for any other text)."""
+    found = DROP_NOTE.match(text)
+    return int(found.group(2)) if found else 0
+
+
 class OutputFold:
     """The one fold from a run's output to its :class:`Execution`, keeping at most ``cap`` bytes.
 
@@ -213,8 +233,14 @@ class OutputFold:
         return kept
 
     def stream(self, name: str, text: Any) -> str | None:
-        """Fold text of the stream ``name`` (``stderr``, else stdout); return the part kept."""
-        kept = self._fit(text if isinstance(text, str) else str(text))
+        """Fold text of the stream ``name`` (``stderr``, else stdout); return the part kept.
+
+        The bytes a launcher's drop note says it dropped count as truncated too.
+        """
+        text = text if isinstance(text, str) else str(text)
+        if name == "stderr":
+            self.execution.truncated_bytes += dropped_bytes(text)
+        kept = self._fit(text)
         if not kept:
             return None
         (self._err if name == "stderr" else self._out).append(kept)

@@ -6,6 +6,9 @@ in a client's queue), the channel's later messages are held, up to :data:`HELD_B
 they are dropped. The link stops reading a waiting request channel from the kernel; IOPub is read
 on (ipykernel queues output it cannot send in its own memory, without limit), so a client that
 stops reading loses output past the held bytes, as a ZMQ subscriber past its high-water mark does.
+The clients are told: where the dropped messages were, a stderr note of the cell they belonged to
+says how many and how many bytes (:func:`~kernel_sandbox.results.drop_note`; the execution API
+counts them as truncated).
 A message the relay fails on is dropped and logged; the session goes on.
 """
 
@@ -13,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..policy.output import OutputPolicy
+from ..results import drop_note
 from .messages import DELIM, REQUEST_CHANNELS, Signer, filter_parts, msg_type_of
 from .sockets import Reader
 
@@ -50,11 +55,16 @@ class Delivery:
         signer: Signer,
         readers: dict[str, Reader],
         pause: Callable[[str, bool], None],
+        header: Callable[[str], bytes],
     ) -> None:
         self.policy = policy
         self._signer = signer
         self._readers = readers
         self._pause = pause
+        self._header = header
+        self._dropped: tuple[int, int, list[bytes], bytes] | None = None
+        """IOPub messages dropped since the last note: their count and bytes, and the last one's
+        routing identities and parent header."""
         self._loop = asyncio.get_running_loop()
         self._waiting: set[str] = set()
         self._held: dict[str, collections.deque[Held]] = {
@@ -78,12 +88,36 @@ class Delivery:
                         channel,
                     )
                 self._dropping[channel] = True
+                if channel == "iopub":
+                    count, total, _, _ = self._dropped or (0, 0, [], b"")
+                    parent = parts[1] if len(parts) > 1 else b"{}"
+                    self._dropped = (count + 1, total + size - HELD_OVERHEAD, idents, parent)
                 return
-            held.append((idents, parts))
-            self._held_bytes[channel] += size
+            self._hold(channel, self._note_of_drops(channel))
+            self._hold(channel, (idents, parts))
         else:
             self._dropping[channel] = False
-            self._relay(channel, idents, parts)
+            note = self._note_of_drops(channel)
+            if note is not None:
+                self._relay(channel, *note)
+            if channel in self._waiting:
+                self._hold(channel, (idents, parts))
+            else:
+                self._relay(channel, idents, parts)
+
+    def _hold(self, channel: str, message: Held | None) -> None:
+        if message is not None:
+            self._held[channel].append(message)
+            self._held_bytes[channel] += sum(map(len, message[1])) + HELD_OVERHEAD
+
+    def _note_of_drops(self, channel: str) -> Held | None:
+        """The stderr note for the IOPub messages dropped since the last one, in the cell of the
+        last of them (None: none dropped); it goes where they would have been."""
+        if channel != "iopub" or self._dropped is None:
+            return None
+        (count, total, idents, parent), self._dropped = self._dropped, None
+        content = json.dumps({"name": "stderr", "text": drop_note(count, total)}).encode()
+        return idents, [self._header("stream"), parent, b"{}", content]
 
     def waiting(self, channel: str) -> bool:
         """True while one of ``channel``'s messages waits (the later ones are held)."""

@@ -121,7 +121,7 @@ class Front:
         self._session = uuid.uuid4().hex
         self._context = zmq.Context()
         self._readers: dict[str, Reader] = {}
-        self._delivery = Delivery(policy, self._signer, self._readers, self._pause)
+        self._delivery = Delivery(policy, self._signer, self._readers, self._pause, self._header)
         self._link: KernelLink | None = None
         self._kernel_ready = False
         self._gates: list[TcpGate] = []

@@ -1,0 +1,92 @@
+"""Output the launcher drops for a slow client is said where it was, and counted as truncated.
+
+The launcher holds a channel's messages while a client's queue is full, up to ``HELD_BYTES``, and
+drops what comes past that (``kernel_sandbox.launch.delivery``). Its clients then get a stderr note
+in the cell of the dropped messages, in their place, with how many and how many bytes; the
+execution API's fold adds those bytes to ``truncated_bytes``. The kernel of the flood test
+(``test_exec_hostile.py``) is real; here a client queue that is full until told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from kernel_sandbox.launch import delivery
+from kernel_sandbox.launch.delivery import Delivery
+from kernel_sandbox.launch.messages import Signer, dumps, new_header
+from kernel_sandbox.policy.output import OutputPolicy
+from kernel_sandbox.results import OutputFold, drop_note
+
+
+class FullQueue:
+    """A client socket whose queue is full until ``room`` is set; it keeps what it sent."""
+
+    def __init__(self) -> None:
+        self.room = False
+        self.sent: list[list[Any]] = []
+
+    def send(self, frames: list[Any]) -> bool:
+        if self.room:
+            self.sent.append(frames)
+        return self.room
+
+
+def stream(text: str, cell: str) -> list[bytes]:
+    parent = json.dumps({"msg_id": cell}).encode()
+    return [dumps(new_header("stream", "kernel")), parent, b"{}", json.dumps({"name": "stdout", "text": text}).encode()]
+
+
+def texts(sent: list[list[Any]]) -> list[tuple[str, str, str]]:
+    """(stream name, text, parent msg_id) of each sent message (frames: topic, DELIM, signature, parts)."""
+    return [
+        (json.loads(f[6])["name"], json.loads(f[6])["text"], json.loads(f[4])["msg_id"]) for f in sent
+    ]
+
+
+async def test_dropped_iopub_is_said_in_its_cell_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(delivery, "HELD_BYTES", 8 * 1024)
+    monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
+    queue = FullQueue()
+    relay = Delivery(
+        OutputPolicy.from_name("strict"),
+        Signer(b"key"),
+        {"iopub": queue},  # type: ignore[dict-item]
+        lambda channel, paused: None,
+        lambda msg_type: dumps(new_header(msg_type, "launcher")),
+    )
+    chunk = "x" * 1000
+    relay.deliver("iopub", [b"topic"], stream("first " + chunk, "cell-1"))  # waits for the full queue
+    flood = stream("flood " + chunk, "cell-1")
+    for _ in range(40):  # past the held bytes: most are dropped
+        relay.deliver("iopub", [b"topic"], flood)
+    queue.room = True
+    for _ in range(200):
+        if not relay.waiting("iopub"):
+            break
+        await asyncio.sleep(0.005)
+    relay.deliver("iopub", [b"topic"], stream("after", "cell-2"))
+
+    sent = texts(queue.sent)
+    notes = [i for i, (name, text, _) in enumerate(sent) if name == "stderr"]
+    assert len(notes) == 1, sent
+    (note,) = notes
+    kept = len(sent) - 2  # the first message and what was held, less the note and "after"
+    dropped = 41 - kept
+    size = sum(map(len, flood))
+    assert dropped > 30 and sent[note][1] == drop_note(dropped, dropped * size)
+    assert sent[note][2] == "cell-1", "the note is in the cell its output was dropped from"
+    assert sent[-2] == sent[note] and sent[-1][1] == "after", "the note stands where the dropped messages were"
+
+
+def test_the_fold_counts_what_a_drop_note_says_as_truncated() -> None:
+    fold = OutputFold(cap=1000)
+    assert fold.message("stream", {"name": "stderr", "text": drop_note(3, 3_000_000)}) is not None
+    fold.message("stream", {"name": "stdout", "text": drop_note(5, 5_000_000)})  # not the launcher's stream
+    fold.message("stream", {"name": "stderr", "text": "say " + drop_note(7, 7_000_000)})  # not at the start
+    fold.finish()
+    assert fold.execution.truncated_bytes == 3_000_000
+    assert "[output truncated: 3000000 bytes" in fold.execution.stdout
