@@ -160,8 +160,11 @@ class FileInfo:
     is_dir: bool
 
 
-DROP_NOTE = re.compile(r"\[kernel-sandbox\] (\d+) output messages \((\d+) bytes\) were dropped")
-"""How a drop note begins (:func:`drop_note`)."""
+DROP_NOTE = re.compile(
+    r"\[kernel-sandbox\] (\d{1,19}) output messages \((\d{1,19}) bytes\) were dropped"
+)
+"""How a drop note begins (:func:`drop_note`); numbers of at most 19 digits (a 64-bit count), so
+that a forged note cannot make ``int()`` refuse a number of thousands of digits."""
 
 
 def drop_note(messages: int, size: int) -> str:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..policy.output import OutputPolicy
 from ..results import drop_note
-from .messages import DELIM, REQUEST_CHANNELS, Signer, filter_parts, msg_type_of
+from .messages import DELIM, REQUEST_CHANNELS, Signer, dumps, filter_parts, msg_type_of
 from .sockets import Reader
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -116,7 +115,7 @@ class Delivery:
         if channel != "iopub" or self._dropped is None:
             return None
         (count, total, idents, parent), self._dropped = self._dropped, None
-        content = json.dumps({"name": "stderr", "text": drop_note(count, total)}).encode()
+        content = dumps({"name": "stderr", "text": drop_note(count, total)})
         return idents, [self._header("stream"), parent, b"{}", content]
 
     def waiting(self, channel: str) -> bool:
@@ -126,8 +125,7 @@ class Delivery:
     def hold_back(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
         """Hold a message, and the channel behind it, until :meth:`release_after`."""
         self._wait(channel)
-        self._held[channel].append((idents, parts))
-        self._held_bytes[channel] += sum(map(len, parts)) + HELD_OVERHEAD
+        self._hold(channel, (idents, parts))
 
     def release_after(self, channel: str, first: list[Held]) -> None:
         """Relay ``first``, then what the channel held, as :meth:`hold_back` left it."""

@@ -90,3 +90,10 @@ def test_the_fold_counts_what_a_drop_note_says_as_truncated() -> None:
     fold.finish()
     assert fold.execution.truncated_bytes == 3_000_000
     assert "[output truncated: 3000000 bytes" in fold.execution.stdout
+
+
+def test_a_forged_note_with_a_number_past_ints_digit_limit_counts_nothing_and_never_raises() -> None:
+    fold = OutputFold()
+    huge = drop_note(1, 1).replace("(1 bytes)", "(" + "9" * 5000 + " bytes)")  # int() refuses past 4300 digits
+    assert fold.message("stream", {"name": "stderr", "text": huge}) == ("stderr", huge)
+    assert fold.execution.truncated_bytes == 0
