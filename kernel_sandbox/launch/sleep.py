@@ -10,8 +10,9 @@ store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`; all the us
 kernels' blobs together within ``max_suspended_bytes``), and removes the container (the blob goes
 once the kernel is awake again).
 Asleep, the launcher answers heartbeats, ``kernel_info_request`` (with the live kernel's last
-reply), ``interrupt_request`` and ``shutdown_request`` itself. Any other request wakes the kernel: a
-new container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
+reply), ``comm_info_request``, the debugger's ``debugInfo`` (while it was off),
+``interrupt_request`` and ``shutdown_request`` itself. Any other request wakes the kernel: a new
+container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
 at sleep), ``execution_count`` set where it was, then the requests that waited pass on, and the
 first cell's output starts with one line saying the kernel woke up and what was not kept. The client
 keeps its connection, kernel id and connection file.
@@ -64,6 +65,8 @@ CHECK_EVERY = 1.0
 """Seconds between two looks at the idle clock, at most."""
 WIDGET_TARGET = "jupyter.widget"
 SHOWN = 8
+DEBUG_INFO_MAX = 64 * 1024
+"""Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -100,6 +103,9 @@ class Sleeper:
         self._own_reply: asyncio.Future[Any] | None = None
         self._queue: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
         self._kernel_info: Any = None
+        self._debug_info: dict[str, Any] | None = None
+        """The kernel's last ``debugInfo`` answer while its debugger was off (None: none, or the
+        debugger was used since)."""
         self._count: int | None = None
         self._lost: dict[str, str] = {}
         self._kept_sha: str | None = None
@@ -226,6 +232,9 @@ class Sleeper:
             self._last = self._loop.time()
             if channel == "shell" and b"comm_close" in parts[0]:
                 self._comm(parts, True)
+            elif channel == "control" and b"debug_request" in parts[0]:
+                if _debug_command(parts) != "debugInfo":
+                    self._debug_info = None  # the debugger is in use: only the kernel answers
         if self.state == "awake" and self._link is not None:
             self._link.send(channel, idents, parts)
             return
@@ -243,6 +252,18 @@ class Sleeper:
         if answer_idle(front, channel, idents, parts, self._kernel_info):
             return True
         parent = bytes(parts[0])
+        if kind == "debug_request" and self._debug_info is not None:
+            # JupyterLab asks each time a page opens the notebook: the woken kernel's debugger is
+            # off too, with no breakpoints
+            request = parse_part(bytes(parts[3]))
+            if isinstance(request, dict) and request.get("command") == "debugInfo":
+                seq = request.get("seq")
+                seq = seq if type(seq) is int else 0
+                answer = {**self._debug_info, "request_seq": seq, "seq": seq + 1}
+                front.publish(parent, "status", {"execution_state": "busy"})
+                front.reply(channel, idents, parent, "debug_reply", answer)
+                front.publish(parent, "status", {"execution_state": "idle"})
+                return True
         if kind == "comm_info_request":
             # a sleep closed every comm, and the kernel that wakes has none: nothing to wake it for
             # (JupyterLab lists them each time a page opens the notebook)
@@ -302,6 +323,8 @@ class Sleeper:
                 self._last = self._loop.time()
             elif b'"comm_' in header and msg_type_of(header) in ("comm_open", "comm_close"):
                 self._comm(parts, False)  # never a comm_msg's content (widget data: megabytes)
+        elif channel == "control" and b"debug_reply" in header and len(parts[3]) < DEBUG_INFO_MAX:
+            self._note_debug_info(parse_part(bytes(parts[3])))
         elif channel == "shell":
             if b"kernel_info_reply" in header and msg_type_of(header) == "kernel_info_reply":
                 self._kernel_info = parse_part(bytes(parts[3]))
@@ -311,6 +334,16 @@ class Sleeper:
                 if type(count) is int and 0 <= count < 2**31:
                     self._count = count
         return False
+
+    def _note_debug_info(self, reply: Any) -> None:
+        """Keep a ``debugInfo`` answer of the kernel whose debugger is off, to answer it asleep."""
+        if not isinstance(reply, dict) or reply.get("command") != "debugInfo":
+            return
+        body = reply.get("body")
+        if not isinstance(body, dict):
+            return
+        off = body.get("isStarted") is False and not body.get("breakpoints")
+        self._debug_info = reply if off and not body.get("stoppedThreads") else None
 
     def _take_own(self, channel: str, parts: list[bytes]) -> None:
         """A message of the launcher's own cell: the checkpoint request, the reply."""
@@ -517,6 +550,15 @@ def answer_idle(
         front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
         return True
     return False
+
+
+def _debug_command(parts: list[Any]) -> str | None:
+    """The command of a client's ``debug_request`` (None: not one, or malformed)."""
+    if msg_type_of(bytes(parts[0])) != "debug_request":
+        return None
+    content = parse_part(bytes(parts[3]))
+    command = content.get("command") if isinstance(content, dict) else None
+    return command if isinstance(command, str) else None
 
 
 def tell_first_cell(

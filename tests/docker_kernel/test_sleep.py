@@ -87,6 +87,17 @@ async def kept_awake(km: AsyncKernelManager) -> str:
     return sleep_state(km)["why"]
 
 
+async def debug_request(kc: Any, command: str, seq: int) -> dict[str, Any]:
+    """Send the debugger's request ``command`` on control and return the content of its reply."""
+    request = kc.session.msg("debug_request", {"type": "request", "seq": seq, "command": command, "arguments": {}})
+    kc.control_channel.send(request)
+    while True:
+        reply = await kc.get_control_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
+            assert reply["msg_type"] == "debug_reply", reply
+            return reply["content"]
+
+
 async def asleep(km: AsyncKernelManager) -> None:
     """Wait until the kernel sleeps: its sleep.json says so and the engine has no container of it."""
     await until(lambda: sleep_state(km).get("state") == "suspended" and not containers(km.kernel_id),
@@ -101,6 +112,8 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert reply["status"] == "ok", text
         first = km.provisioner.container_id
         count = reply["execution_count"]
+        debug_info = await debug_request(kc, "debugInfo", 1)  # JupyterLab's debugger asks this of the kernel
+        assert debug_info["success"] and debug_info["body"]["isStarted"] is False, debug_info
         await asleep(km)
         assert kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).is_file()
         listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
@@ -117,7 +130,9 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert info["content"]["implementation"] == "ipython"
         listing = await kc.comm_info(reply=True, timeout=30)  # as JupyterLab asks when a page opens the notebook
         assert listing["content"] == {"status": "ok", "comms": {}}  # a sleep closed them: the woken kernel has none
-        assert containers(km.kernel_id) == [], "kernel_info or comm_info woke the kernel"
+        asleep_info = await debug_request(kc, "debugInfo", 7)  # as a page that opens the notebook asks
+        assert asleep_info["body"] == debug_info["body"] and asleep_info["request_seq"] == 7, asleep_info
+        assert containers(km.kernel_id) == [], "kernel_info, comm_info or debugInfo woke the kernel"
 
         text, reply = await cell(kc, "print(x, f(2), int(big.sum()))")
         assert reply["status"] == "ok", text
