@@ -94,7 +94,8 @@ class Usage:
     """Where the numbers come from: ``cgroup v1``, ``cgroup v2`` or ``execd``."""
     sampled_at: float = field(default_factory=time.time)
     secrets: tuple[tuple[str, int], ...] = ()
-    """The kernel's secrets (names, never values), each with the requests that used it."""
+    """The kernel's secrets and its tool calls' (names, never values), each with the requests that
+    used it."""
     state: str = "running"
     """``running``, or ``suspended`` while the kernel sleeps (``suspend_after``: no container, its
     memory 0)."""

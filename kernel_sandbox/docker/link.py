@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import docker
 import docker.errors
@@ -74,9 +74,6 @@ from .events import WatchedLink
 from .output import OutputStream
 from .proxy import kernel_env, proxy_for
 from .netns import container_netns, listen_in_netns, may_enter_netns
-
-if TYPE_CHECKING:
-    from ..launch.intercept import SecretTable
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -249,24 +246,13 @@ class DockerLink(WatchedLink):
                 f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"
             ) from exc
         front.requests[WINDOW_REQUEST] = proxy.answer
-        if self._secrets is not None:
-            self._report_secrets(self._secrets)
-
-    def _report_secrets(self, table: SecretTable) -> None:
-        """Keep the secrets' names and use counts in the kernel's private directory, for
-        ``kernel-sandbox ps`` and ``metrics()`` (never a value)."""
         private = self.request.private or self.keep_dir or self._own_dir
-        if private is None:
-            return
-
-        def report() -> None:
-            try:
-                private.write_json(SECRETS, dict(table.uses))
-            except OSError:
-                log.debug("could not record the secrets' use", exc_info=True)
-
-        table.on_use = report
-        report()
+        if private is not None:
+            # the secrets' names and use counts, the kernel's and its tool calls', for
+            # `kernel-sandbox ps` and metrics() (never a value)
+            proxy.on_secret_use = functools.partial(private.write_json, SECRETS)
+            if self._secrets is not None:
+                private.write_json(SECRETS, proxy.secret_uses())
 
     async def _channels_failed(self, opening: Sequence[asyncio.Future[None]]) -> None:
         """Raise when a channel could not be opened: the kernel's own end if it died, else the

@@ -27,7 +27,8 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,13 @@ class Egress:
         """How bound hosts are verified (:func:`.intercept.upstream_context`), made once."""
         self.ended: str | None = None
         """Why the kernel's egress was ended for good (see :meth:`end`), once it was."""
+        self.on_secret_use: Callable[[dict[str, int]], object] = lambda uses: None
+        """Called with :meth:`secret_uses` when a secret is bound, used or unbound (the launcher
+        keeps them for ``ps`` and ``metrics()``)."""
+        self._call_uses: Counter[str] = Counter()
+        """The tool calls' secrets whose windows closed, with the requests that used each."""
+        if secrets is not None:
+            secrets.on_use = self._secrets_changed
 
     # -- install windows -------------------------------------------------------------------
 
@@ -170,7 +178,25 @@ class Egress:
         except ConfigError as exc:
             return {"status": "error", "evalue": str(exc)}
         token = self.open_window(table.destinations, float(seconds), table)
+        table.on_use = self._secrets_changed
+        self._secrets_changed()
         return {"status": "ok", "window": token, "env": table.call_env()}
+
+    def secret_uses(self) -> dict[str, int]:
+        """Each secret's name (never its value) with the requests that used it: the kernel's own,
+        and the tool calls' summed over every call, those bound now included."""
+        uses: Counter[str] = Counter(self.secrets.uses if self.secrets else {})
+        uses.update(self._call_uses)
+        for window in self.windows.values():
+            if window.secrets is not None:
+                uses.update(window.secrets.uses)
+        return dict(uses)
+
+    def _secrets_changed(self) -> None:
+        try:
+            self.on_secret_use(self.secret_uses())
+        except Exception:  # a report that fails never fails a request
+            log.debug("could not report the secrets' use", exc_info=True)
 
     def open_window(
         self,
@@ -197,6 +223,9 @@ class Egress:
             window.timer.cancel()
         for writer in window.connections:
             self._abort(writer)
+        if window.secrets is not None:
+            self._call_uses.update(window.secrets.uses)
+            self._secrets_changed()
         log.info("egress: closed %s", ", ".join(map(str, window.destinations)))
         return True
 

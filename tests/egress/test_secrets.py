@@ -615,12 +615,15 @@ def call_api(url: str, name: str = "CALL_KEY") -> dict:
 
 
 def test_a_tool_calls_secret_is_bound_for_that_call_only(
-    docker_engine, servers: Servers
+    docker_engine, servers: Servers, capsys
 ) -> None:
     """``run_tool(secrets=...)`` in a kernel without secrets of its own: during the call the bound host
     gets the value (its TLS answered by the call's CA, which the kernel trusts for the call); after it,
     the kernel holds neither the placeholder nor the call's trust, and the same placeholder sent again
-    reaches the host as it is."""
+    reaches the host as it is. ``metrics()`` and ``ps`` count the call's use of its secret, not the
+    replay."""
+    from kernel_sandbox.cli import main
+
     secret = Secret(VALUE, hosts=[f"api.test:{servers.tls_port}"])
     url = f"https://api.test:{servers.tls_port}/call"
     with Sandbox(network=servers.network(), timeout=120) as sb:
@@ -640,6 +643,12 @@ def test_a_tool_calls_secret_is_bound_for_that_call_only(
         assert replay.startswith("200 ok"), replay
         assert ["Authorization", f"Bearer {token}"] in servers.requests[before]["headers"]
         assert VALUE not in str(servers.requests[before:])
+        assert dict(sb.metrics().secrets) == {"CALL_KEY": 1}
+        capsys.readouterr()
+        assert main(["ps"]) == 0
+        listing = capsys.readouterr().out
+        assert f"kernel {sb.kernel_id}" in listing and "secrets CALL_KEY:1" in listing
+        assert VALUE not in listing and token not in listing
         with pytest.raises(ConfigError, match="in env too"):
             sb.run_tool(call_api, {"url": url}, env={"CALL_KEY": "x"}, secrets={"CALL_KEY": secret})
         with pytest.raises(ConfigError, match="must be a Secret"):
