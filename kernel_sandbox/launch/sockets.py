@@ -157,7 +157,14 @@ class Connection:
 
 def client_socket(context: zmq.Context[Any], channel: str) -> zmq.Socket[Any]:
     """A socket for ``channel``'s clients: it refuses messages over :data:`CLIENT_MAX_BYTES` and
-    queues at most :data:`CLIENT_QUEUE` messages per client, each way."""
+    queues at most :data:`CLIENT_QUEUE` messages per client, each way.
+
+    A ROUTER hands a client's routing id over to the newest connection that claims it
+    (``ROUTER_HANDOVER``, as ipykernel sets it): jupyter_client names a client's shell, stdin and
+    control sockets by its session, which a manager's clients share. Without it a client that
+    connects before the ROUTER has seen its predecessor with that id go would be ignored: its
+    requests never read, its kernel never answering.
+    """
     kind = KINDS[channel]
     sock = context.socket(kind)
     sock.linger = 1000
@@ -169,4 +176,5 @@ def client_socket(context: zmq.Context[Any], channel: str) -> zmq.Socket[Any]:
         sock.setsockopt(zmq.XPUB_NODROP, 1)
     else:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     return sock

@@ -20,7 +20,7 @@ from kernel_sandbox.errors import ChannelProtocolError, KernelLaunchError
 from kernel_sandbox.kernelside import boot, connector, source
 from kernel_sandbox.docker.exec_stream import Demux
 from kernel_sandbox.launch.messages import DELIM, Signer, split
-from kernel_sandbox.launch.sockets import Connection
+from kernel_sandbox.launch.sockets import Connection, client_socket
 from kernel_sandbox.launch.zmtp import (
     GREETING,
     GROW_FROM,
@@ -212,6 +212,33 @@ async def test_zmtp_talks_to_libzmq_and_waits_for_the_handshake() -> None:
     transport.close()
     router.close(linger=0)
     context.term()
+
+
+def test_a_client_that_reuses_a_routing_id_still_in_use_is_heard(tmp_path: Path) -> None:
+    """jupyter_client names a client's shell socket by its session, which every client of one
+    manager shares: a new client may connect while the old connection with that id is still
+    there (closed, not yet seen gone). The launcher's ROUTER hands the id over to it; without
+    that, its requests were never read, and the kernel never answered it."""
+    context = zmq.Context()
+    router = client_socket(context, "shell")
+    router.bind(f"ipc://{tmp_path}/shell")
+    old, new = (context.socket(zmq.DEALER) for _ in range(2))
+    try:
+        for dealer in (old, new):
+            dealer.setsockopt(zmq.IDENTITY, b"the-session")
+        old.connect(f"ipc://{tmp_path}/shell")
+        old.send(b"from the old client")
+        assert router.poll(10_000) and router.recv_multipart() == [b"the-session", b"from the old client"]
+        new.connect(f"ipc://{tmp_path}/shell")  # the old connection is still there
+        new.send(b"from the new client")
+        assert router.poll(10_000), "the new client's request was never read"
+        assert router.recv_multipart() == [b"the-session", b"from the new client"]
+        router.send_multipart([b"the-session", b"reply"])
+        assert new.poll(10_000) and new.recv() == b"reply", "the reply went to the old connection"
+    finally:
+        for sock in (old, new, router):
+            sock.close(linger=0)
+        context.term()
 
 
 def test_demux_splits_docker_streams_at_any_boundary() -> None:
