@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_COMMAND = "python -m pytest -q -ra"
+TEST_COMMAND = "python -m pytest -q -ra -n 2 --dist loadfile"
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 
