@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,27 @@ TIERS = {
 }
 
 
+ONE_SERVER = ("tests/opensandbox/", "tests/policy/test_policy_jupyterlab.py")
+"""The test files that use the published OpenSandbox server: under ``-n 2 --dist loadfile`` all run
+in one worker (:func:`pytest_xdist_make_scheduler`), so that one server runs at a time. At its
+start the server removes the egress sidecars of sandboxes it does not know and schedules the
+expiry of every sandbox on the engine: two servers on one engine delete each other's sandboxes."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the files of :data:`ONE_SERVER` as one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneServer(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return ONE_SERVER[0] if path.startswith(ONE_SERVER) else path
+
+    return OneServer(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test with its tier: load (tests/load/), opensandbox, browser, docker, podman, else
     unit (a test that takes its engine by a parameter carries the engine's mark on that parameter).
@@ -55,6 +77,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tiers.append("podman")
         for tier in dict.fromkeys(tiers) or ["unit"]:
             item.add_marker(tier)
+        server = "opensandbox" in tiers or item.get_closest_marker("opensandbox_server")
+        if server and not item.nodeid.startswith(ONE_SERVER):
+            raise pytest.UsageError(f"{item.nodeid} uses the OpenSandbox server: add its file to ONE_SERVER")
 
 
 def _unavailable(reason: str) -> None:
