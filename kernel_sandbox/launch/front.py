@@ -41,6 +41,7 @@ from .messages import (
     DELIM,
     Signer,
     dumps,
+    launcher_note,
     msg_type_of,
     new_header,
     parse_part,
@@ -279,7 +280,7 @@ class Front:
         if msg_type_of(parts[0]) != "execute_request" or self._notice is None:
             return
         text, self._notice = self._notice, None
-        content = dumps({"name": "stderr", "text": f"[kernel-sandbox] {text}\n"})
+        content = dumps(launcher_note(text))
         self.from_kernel("iopub", [], [self._header("stream"), bytes(parts[0]), b"{}", content])
 
     def _usage(self, content: Any) -> dict[str, Any]:
@@ -349,7 +350,7 @@ class Front:
             hits = []
         for hit in hits:
             log.warning("the kernel hit a limit: %s", hit)
-            content = dumps({"name": "stderr", "text": f"[kernel-sandbox] {hit}\n"})
+            content = dumps(launcher_note(hit))
             notes.append([self._header("stream"), parent, b"{}", content])
         if not self._holding_idle:
             for parts in notes:

@@ -93,6 +93,12 @@ def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[st
     }
 
 
+def launcher_note(text: str) -> dict[str, str]:
+    """The content of a stderr stream message of the launcher's own saying ``text``, marked as
+    the launcher's."""
+    return {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
+
+
 def dumps(value: Any) -> bytes:
     """``value`` as a message part: compact UTF-8 JSON (NaN refused)."""
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

@@ -53,7 +53,7 @@ from ..privdir import (
 )
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink
-from .messages import dumps, parse_part, msg_type_of, new_header
+from .messages import dumps, launcher_note, msg_type_of, new_header, parse_part
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
@@ -323,8 +323,9 @@ class Sleeper:
                 self._last = self._loop.time()
             elif b'"comm_' in header and msg_type_of(header) in ("comm_open", "comm_close"):
                 self._comm(parts, False)  # never a comm_msg's content (widget data: megabytes)
-        elif channel == "control" and b"debug_reply" in header and len(parts[3]) < DEBUG_INFO_MAX:
-            self._note_debug_info(parse_part(bytes(parts[3])))
+        elif channel == "control" and b"debug_reply" in header:
+            if msg_type_of(header) == "debug_reply" and len(parts[3]) < DEBUG_INFO_MAX:
+                self._note_debug_info(parse_part(bytes(parts[3])))
         elif channel == "shell":
             if b"kernel_info_reply" in header and msg_type_of(header) == "kernel_info_reply":
                 self._kernel_info = parse_part(bytes(parts[3]))
@@ -568,8 +569,7 @@ def tell_first_cell(
     woke up, else in the next cell a client runs."""
     for channel, _, parts in waiting:
         if channel == "shell" and msg_type_of(bytes(parts[0])) == "execute_request":
-            content = {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
-            front.publish(bytes(parts[0]), "stream", content)
+            front.publish(bytes(parts[0]), "stream", launcher_note(text))
             return
     front.notice_next_cell(text)
 

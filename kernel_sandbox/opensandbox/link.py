@@ -56,7 +56,7 @@ from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
 from .relay import ExecdRelay
 from ..launch.front import ExitStatus, Front
-from ..launch.messages import msg_type_of, new_header, parse_part
+from ..launch.messages import launcher_note, msg_type_of, new_header, parse_part
 from ..launch.sleep import CHECK_EVERY, answer_idle, tell_first_cell
 
 if TYPE_CHECKING:
@@ -341,12 +341,12 @@ class OpenSandboxLink:
         except (ValueError, AttributeError, TypeError, RecursionError, IndexError):
             return
         text = (
-            f"[kernel-sandbox] sandbox {self.sandbox_id} is paused; this request waits until it is "
-            "resumed (POST /sandboxes/<id>/resume, or Sandbox.resume())\n"
+            f"sandbox {self.sandbox_id} is paused; this request waits until it is resumed "
+            "(POST /sandboxes/<id>/resume, or Sandbox.resume())"
         )
         for msg_type, content in (
             ("status", {"execution_state": "busy"}),
-            ("stream", {"name": "stderr", "text": text}),
+            ("stream", launcher_note(text)),
         ):
             header = new_header(msg_type, session, username="kernel-sandbox")
             self._front.from_kernel(
