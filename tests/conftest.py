@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support import launcher_guard
 
 from kernel_sandbox.docker.containers import LABEL_OWNER_PID, OURS, is_orphan, remove_container
 from kernel_sandbox.docker.settings import DEFAULT_IMAGE
@@ -189,21 +193,31 @@ def no_standby_outlives_the_run(engine_if_any, podman_if_any):
     assert not idle, f"standby kernels left behind after the pool was cleared: {[c.name for c in idle]}"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def egress_stays_on_loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every launcher of the run resolves names from a test map (empty: nothing resolves) and its
-    egress proxy connects to 127.0.0.0/8 only: no test can make it send a packet elsewhere, or ask
-    DNS. Tests with names to resolve set their own map (tests/support/package_index.py)."""
-    from kernel_sandbox.launch.egress_outbound import TEST_RESOLVER_ENV
+GUARD = pytest.StashKey[contextlib.ExitStack]()
 
-    resolver = tmp_path_factory.mktemp("egress-resolver") / "resolver.json"
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every launcher of the run resolves names from a test map (empty: nothing resolves) and its
+    egress proxy connects to 127.0.0.0/8 only (tests/support/launcher_guard.py): no test can make
+    it send a packet elsewhere, or ask DNS. Set up once, by the process that starts the workers;
+    tests with names to resolve set their own map (tests/support/package_index.py)."""
+    if hasattr(config, "workerinput"):
+        return
+    stack = config.stash[GUARD] = contextlib.ExitStack()
+    resolver = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "resolver.json"
     resolver.write_text("{}")
     resolver.chmod(0o600)
-    old = os.environ.get(TEST_RESOLVER_ENV)
-    os.environ[TEST_RESOLVER_ENV] = str(resolver)
+    stack.enter_context(launcher_guard.installed(resolver))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if GUARD in config.stash:
+        config.stash[GUARD].close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def egress_stays_on_loopback() -> Iterator[None]:
+    """Fails the session if a launcher tried to connect outside 127.0.0.0/8."""
+    resolver = os.environ[launcher_guard.TEST_RESOLVER_ENV]
     yield
-    if old is None:
-        os.environ.pop(TEST_RESOLVER_ENV, None)
-    else:
-        os.environ[TEST_RESOLVER_ENV] = old
-    assert not Path(str(resolver) + ".guard").exists(), "a launcher tried to connect outside 127.0.0.0/8"
+    assert not Path(resolver + ".guard").exists(), "a launcher tried to connect outside 127.0.0.0/8"

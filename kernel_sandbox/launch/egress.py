@@ -44,7 +44,6 @@ from .egress_outbound import (
     open_outbound,
     refused_address,
     system_resolve,
-    test_hooks,
 )
 
 if TYPE_CHECKING:
@@ -100,9 +99,8 @@ class Egress:
         intercepted."""
         self.allowed = tuple(dict.fromkeys([*allowed, *(secrets.destinations if secrets else ())]))
         self.package_index = tuple(package_index)
-        hooks = test_hooks() if resolve is None and connect is None else None
-        self.resolve = resolve or (hooks[0] if hooks else system_resolve)
-        self.connect = connect or (hooks[1] if hooks else open_outbound)
+        self.resolve = resolve or system_resolve
+        self.connect = connect or open_outbound
         self.own = frozenset(own_addresses) if own_addresses is not None else host_addresses()
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout

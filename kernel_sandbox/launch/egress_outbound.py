@@ -1,31 +1,20 @@
-"""How the egress proxy reaches out: the host's resolver, :func:`open_outbound` (the one function
-that connects), which addresses a name may not lead to by default, and the test run's resolver map
-and loopback guard.
-
-Tests name a map of host names to addresses in ``KERNEL_SANDBOX_TEST_RESOLVER`` (the launcher's
-own environment, which the kernel cannot set): the launcher then resolves from it alone and
-connects to loopback only (:func:`guarded`), writing ``PATH.guard`` if anything else was tried.
-"""
+"""How the egress proxy reaches out: the host's resolver (:func:`system_resolve`, the one place
+the launcher asks DNS), :func:`open_outbound` (the one function that connects), and which addresses
+a name may not lead to by default."""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
 import ipaddress
-import json
-import logging
-import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
 
 from ..egress import Address
 
-log = logging.getLogger("kernel_sandbox.launch")
-
 CONNECT_TIMEOUT = 10.0
 CHUNK = 256 * 1024
-TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """Resolve a host name to its addresses (``host``, ``port``): the one place the launcher asks
@@ -46,56 +35,6 @@ async def open_outbound(
     return await asyncio.wait_for(
         asyncio.open_connection(address, port, limit=CHUNK), CONNECT_TIMEOUT
     )
-
-
-class GuardError(OSError):
-    """A connection to an address outside 127.0.0.0/8 was attempted while the guard was on."""
-
-
-def guarded(connect: Connector, fired: Callable[[str], None]) -> Connector:
-    """``connect``, refusing (and reporting through ``fired``) any address outside 127.0.0.0/8."""
-
-    async def connect_loopback(
-        address: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if ipaddress.ip_address(address) not in ipaddress.ip_network("127.0.0.0/8"):
-            fired(f"{address}:{port}")
-            raise GuardError(f"the test guard refused {address}:{port}")
-        return await connect(address, port)
-
-    return connect_loopback
-
-
-def test_hooks(
-    environ: dict[str, str] | os._Environ[str] = os.environ,
-) -> tuple[Resolver, Connector] | None:
-    """The resolver and guarded connector of a test run (``KERNEL_SANDBOX_TEST_RESOLVER``), or None.
-
-    The map is JSON ``{"name": ["address", ...]}`` in a file of the launcher's own user that no
-    one else may write; the guard leaves ``PATH.guard`` behind when it fires.
-    """
-    path = environ.get(TEST_RESOLVER_ENV)
-    if not path:
-        return None
-    info = os.stat(path)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            f"{TEST_RESOLVER_ENV}={path}: must be this user's file, writable by no one else"
-        )
-
-    async def resolve(host: str, port: int) -> list[str]:
-        with open(path) as handle:
-            table = json.load(handle)
-        if host not in table:
-            raise socket.gaierror(socket.EAI_NONAME, f"{host} is not in the test's resolver map")
-        return [str(address) for address in table[host]]
-
-    def fired(where: str) -> None:
-        log.error("egress guard: a connection to %s was attempted", where)
-        with open(path + ".guard", "a") as handle:
-            handle.write(where + "\n")
-
-    return resolve, guarded(open_outbound, fired)
 
 
 def host_addresses() -> frozenset[Address]:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -18,7 +22,8 @@ import pytest
 
 from kernel_sandbox.egress import Destination, parse_destinations
 from kernel_sandbox.launch.egress import Egress
-from kernel_sandbox.launch.egress_outbound import guarded, host_addresses, open_outbound
+from kernel_sandbox.launch.egress_outbound import host_addresses, open_outbound
+from support.launcher_guard import TEST_RESOLVER_ENV, guarded
 from kernel_sandbox.docker.proxy import kernel_env
 from kernel_sandbox.launch.egress_grammar import LOG_NAMES, Refusal, parse_head
 from kernel_sandbox.docker.settings import DockerSettings
@@ -418,3 +423,41 @@ def test_destinations_match_names_wildcards_ports_and_addresses() -> None:
     assert api.matches("api.x.com", 8443) and not api.matches("api.x.com", 443)
     assert addr.matches("10.1.2.3", 80) and addr.permits(ipaddress.ip_address("10.1.2.3"))
     assert Destination("x.test").permits(ipaddress.ip_address("10.0.0.1")) is False
+
+
+GUARD_PROBE = """
+import asyncio, socket
+from kernel_sandbox.launch import egress_outbound as outbound
+from kernel_sandbox.launch.egress import Egress
+
+async def probe():
+    try:
+        await outbound.system_resolve("localhost", 443)
+    except socket.gaierror as error:
+        print("resolve:", error.strerror)
+    else:
+        raise SystemExit("unguarded: localhost resolved from the host")
+    try:
+        await Egress([]).connect("192.0.2.1", 443)
+    except OSError as error:
+        print("connect:", error)
+
+asyncio.run(probe())
+"""
+"""Stops before any connection if the guard is not in place (``localhost`` then resolves)."""
+
+
+def test_the_run_s_guard_reaches_a_launcher_started_isolated(tmp_path):
+    """A process started as the kernelspecs start the launcher (``python -I``) resolves from the
+    test's map alone and connects to loopback only; the attempt is recorded for the session."""
+    resolver = tmp_path / "resolver.json"
+    resolver.write_text(json.dumps({}))
+    resolver.chmod(0o600)
+    env = {**os.environ, TEST_RESOLVER_ENV: str(resolver)}
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", GUARD_PROBE], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resolve: localhost is not in the test's resolver map" in done.stdout
+    assert "connect: the test guard refused 192.0.2.1:443" in done.stdout
+    assert (tmp_path / "resolver.json.guard").read_text() == "192.0.2.1:443\n"
