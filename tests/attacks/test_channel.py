@@ -245,16 +245,11 @@ async def test_the_kernel_finds_no_way_to_the_host(kernel, docker_engine, record
     root = docker_engine.info().get("DockerRootDir", "/var/lib/docker")
     free_before = shutil.disk_usage(root).free
     code = r'''
-import errno, os, socket
+import errno, os
 print('interfaces', sorted(os.listdir('/sys/class/net')))
-for host, port in (('172.17.0.1', 2375), ('172.17.0.1', 80), ('10.0.0.1', 22), ('8.8.8.8', 53)):
-    s = socket.socket(); s.settimeout(2)
-    try:
-        s.connect((host, port)); print('connected', host, port)
-    except OSError as exc:
-        print('refused', host, errno.errorcode.get(exc.errno, exc.errno))
-    finally:
-        s.close()
+routes = [line.split()[0] for line in open('/proc/net/route').readlines()[1:]]
+routes += [line.split()[-1] for line in open('/proc/net/ipv6_route') if line.split()[-1] != 'lo']
+print('routes', routes)
 sockets = [p for p in ('/var/run/docker.sock', '/run/docker.sock', '/run/containerd/containerd.sock') if os.path.exists(p)]
 print('engine sockets', sockets)
 writable = []
@@ -287,7 +282,7 @@ for path in filled:
     record_property("written_mib", written // MiB)
     record_property("host_free_drop_mib", (free_before - free_after) // MiB)
     assert "interfaces ['lo']" in text, text
-    assert "connected" not in text, text
+    assert "routes []" in text, text  # nowhere to send a packet but lo: shown, never tried
     assert "engine sockets []" in text, text
     writable = eval(text.split("writable", 1)[1].split("\n", 1)[0])  # noqa: S307 (our own printed list)
     assert all(fstype == "tmpfs" for point, fstype in writable), writable
