@@ -51,6 +51,8 @@ ESTABLISHED = 1
 LETTING_GO = (4, 5, 11)
 """FIN_WAIT1, FIN_WAIT2, CLOSING: a socket its process closed first, which still names its uid (a
 TIME_WAIT row, 6, names none: it reads as uid 0)."""
+PEER_ENDED = (7, 8)
+"""CLOSE, CLOSE_WAIT: our end of a connection its peer reset or closed."""
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST = 1
@@ -254,6 +256,16 @@ def _refuse(conn: socket.socket, channel: str, why: str, level: int = logging.WA
     conn.close()
 
 
+def _let_go(conn: socket.socket) -> bool:
+    """Whether the peer has ended the connection already: ours has its FIN (CLOSE_WAIT) or its
+    reset (CLOSE)."""
+    try:
+        state = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except OSError:
+        return False
+    return state in PEER_ENDED
+
+
 _RESET = struct.pack("ii", 1, 0)
 """SO_LINGER on, 0 s: close() resets the connection."""
 
@@ -340,7 +352,11 @@ class _Doorkeeper:
             owner = peer_owner(conn.getsockname()[:2], conn.getpeername()[:2])
         except OSError:  # the peer is gone already
             owner = None
-        if owner is None:
+        if owner is None and _let_go(conn):
+            # its socket is gone (reset, or closed and reaped under load) with nothing read of it:
+            # whoever it was can do nothing more, and a warning could not say whose it was
+            _refuse(conn, gate.channel, "the peer let go before the check", logging.DEBUG)
+        elif owner is None:
             _refuse(conn, gate.channel, "no live socket of this host is its peer")
         elif owner[0] != ESTABLISHED:
             why = f"the peer's socket is not connected (TCP state {owner[0]})"

@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import socket
+import struct
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,30 @@ async def test_the_gate_refuses_a_peer_that_closed_before_its_check(gated, caplo
     assert len(refusals) == 20 and all("not connected" in r.getMessage() for r in refusals)
     assert {r.levelno for r in refusals} == {logging.DEBUG}, "this user's own closed peers were warned of"
     assert _Inner.connections == 0 and _Inner.received == [] and not door.admitted, "a closed peer was admitted"
+
+
+async def test_the_gate_refuses_a_peer_already_gone_without_a_warning(gated, caplog) -> None:
+    """A peer whose socket is gone before the check (reset here; under load a closed one is reaped so): refused
+    with nothing read, and no warning, for nothing of it is left to act or to be named. A live peer the gate
+    cannot find is still warned of (above)."""
+    door, _ = gated
+    caplog.set_level(logging.DEBUG, logger="kernel_sandbox.launch")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    try:
+        for _ in range(20):
+            client = socket.create_connection(listener.getsockname())
+            client.sendall(b"execute_request")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()  # a reset: its socket is gone at once
+        gate._the_doorkeeper()._accept(listener, door)
+    finally:
+        listener.close()
+    await asyncio.sleep(0.1)
+    refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(refusals) == 20 and all("let go before the check" in r.getMessage() for r in refusals)
+    assert {r.levelno for r in refusals} == {logging.DEBUG}
+    assert _Inner.connections == 0 and _Inner.received == [] and not door.admitted, "a gone peer was admitted"
 
 
 async def test_the_gate_bounds_the_connections_of_one_uid(gated, monkeypatch) -> None:
