@@ -1,12 +1,19 @@
-"""A sleeping kernel (``suspend_after``): host memory asleep vs awake, and the time to wake it.
+"""A sleeping kernel (``suspend_after``): host memory asleep vs awake, and the time to wake it; and
+a fleet of idle kernels asleep vs awake.
 
-Run: ``python bench/bench_sleep.py [--rounds N]`` (needs the Docker engine and the kernel image).
+Run: ``python bench/bench_sleep.py [--rounds N] [--fleet K]`` (needs the Docker engine and the kernel
+image; ``--fleet 0`` leaves the fleet out).
 One Docker kernel holds a 100 MB NumPy array. Awake, the host holds its container (the cgroup's
 memory, as ``docker stats``) and its launcher (unique memory, USS); asleep, the launcher alone.
 Each round: ``suspend()``, then the first call (``run("1")``), which wakes it in a new container with
 its variables, beside the same call on a kernel that never slept. Goals (issue 37): a sleeping
 kernel costs at most 12 MiB on the host besides its blob on disk (today's launcher is more: it is
 measured, not slimmed yet), and the wake of 100 MB takes at most 2 s. Nothing asserts on time.
+
+The fleet (issue 37's bench): ``--fleet`` kernels (100) with 50 MB each, started a few at a time
+and left idle; the host's memory for them awake (their containers' cgroup memory plus their
+launchers' unique memory), then with all asleep (the launchers alone; the blobs are on disk, their
+bytes reported beside), and the wake of one of them. Goal: ≤ 1.5 GiB for 100 asleep.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from report import Measure, Row
 ROUNDS = 3
 OPTIONS = {"memory": "2g", "standby": 0, "timeout": 300, "suspend_after": 86400}
 STATE = "import numpy as np\nbig = np.ones(100 * 2**20 // 8)\n"
+FLEET = 100
+FLEET_STATE = "import numpy as np\nstate = np.ones(50 * 2**20 // 8)\n"
+AT_ONCE = 4
+"""Fleet kernels started (or put to sleep) at the same time."""
 MEASURES = [
     Measure("sleep_memory", "A sleeping kernel vs an awake one: host memory (100 MB of state)", "MiB",
             "Awake: the container's memory (cgroup, as docker stats) plus the launcher's unique memory (USS); "
@@ -32,6 +43,9 @@ MEASURES = [
     Measure("sleep_wake", "Waking a sleeping kernel (100 MB of state)", "s",
             "`suspend()`, then the first `run(\"1\")`: a new container, the blob restored; beside the same "
             "call on a kernel that never slept. Goal: ≤ 2 s."),
+    Measure("sleep_fleet", "Idle kernels on one host: all awake vs all asleep (50 MB of state each)", "MiB",
+            "The kernels' host memory: awake, their containers (cgroup) plus their launchers (USS); asleep, "
+            "the launchers alone, the blobs on disk beside. Goal: ≤ 1.5 GiB for 100 asleep."),
 ]
 
 
@@ -70,6 +84,55 @@ async def measure(rounds: int) -> dict[str, Any]:
     }
 
 
+async def _in_batches(coros: list[Any]) -> list[Any]:
+    results = []
+    for start in range(0, len(coros), AT_ONCE):
+        results += await asyncio.gather(*coros[start:start + AT_ONCE])
+    return results
+
+
+async def measure_fleet(kernels: int) -> dict[str, Any]:
+    """``kernels`` sandboxes with 50 MB each: host memory all awake and all asleep, and one wake."""
+    fleet = [AsyncSandbox(**OPTIONS) for _ in range(kernels)]
+    started = time.perf_counter()
+    try:
+        await _in_batches([sandbox.__aenter__() for sandbox in fleet])
+        for result in await _in_batches([sandbox.run(FLEET_STATE) for sandbox in fleet]):
+            assert result.error is None, result
+        start_s = time.perf_counter() - started
+        containers = sum((await sandbox.metrics()).memory or 0 for sandbox in fleet) / 2**20
+        launchers_awake = sum(_launcher_uss(sandbox) for sandbox in fleet)
+        await _in_batches([sandbox.suspend() for sandbox in fleet])
+        launchers_asleep = sum(_launcher_uss(sandbox) for sandbox in fleet)
+        saved = sum(((await sandbox.metrics()).saved or 0) for sandbox in fleet)
+        woke = time.perf_counter()
+        check = await fleet[0].run("bool(state.sum() == state.size)")
+        wake_s = time.perf_counter() - woke
+        assert check.text == "True", check
+    finally:
+        await asyncio.gather(*(sandbox.__aexit__(None, None, None) for sandbox in fleet),
+                             return_exceptions=True)
+    return {"kernels": kernels, "containers": containers, "launchers_awake": launchers_awake,
+            "launchers_asleep": launchers_asleep, "saved": saved / 2**20, "wake": wake_s,
+            "start": start_s}
+
+
+def fleet_rows(result: dict[str, Any]) -> list[Row]:
+    """Report rows: the fleet's host memory awake and asleep."""
+    k = result["kernels"]
+    awake = result["containers"] + result["launchers_awake"]
+    return [
+        Row("sleep_fleet", f"{k} kernels awake: containers + launchers", "floor", awake, stat="sum",
+            note=f"containers {result['containers']:.0f} MiB, launchers {result['launchers_awake']:.0f} MiB; "
+                 f"started with their state in {result['start']:.0f} s"),
+        Row("sleep_fleet", f"{k} kernels asleep: launchers", "ours", result["launchers_asleep"], stat="sum",
+            reference=f"{k} kernels awake: containers + launchers",
+            goal_max=1536.0 * k / FLEET, goal=f"≤ {1.5 * k / FLEET:g} GiB",
+            note=f"{result['launchers_asleep'] / k:.1f} MiB per kernel; memory saved as the sleeps report it "
+                 f"{result['saved']:.0f} MiB; one woke in {result['wake']:.2f} s"),
+    ]
+
+
 def rows(result: dict[str, Any]) -> list[Row]:
     """Report rows: memory awake and asleep; the wake beside a call on a kernel that never slept."""
     times, memory, n = result["times"], result["memory"], result["n"]
@@ -89,9 +152,13 @@ def rows(result: dict[str, Any]) -> list[Row]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
-    result = asyncio.run(measure(parser.parse_args().rounds))
-    for row in rows(result):
-        print(f"{row.what:36} {row.value:8.2f}  {row.note}")
+    parser.add_argument("--fleet", type=int, default=FLEET, help="kernels in the fleet (0: none)")
+    args = parser.parse_args()
+    found = rows(asyncio.run(measure(args.rounds)))
+    if args.fleet:
+        found += fleet_rows(asyncio.run(measure_fleet(args.fleet)))
+    for row in found:
+        print(f"{row.what:44} {row.value:8.2f}  {row.note}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ ROUNDS = {  # quick, full
     "output": (1, 3), "relay": (20, 200), "scale": (4, bench_scale.KERNELS), "policy": (30, 300),
     "egress": (10, bench_egress.ROUNDS), "secrets": (10, bench_secrets.ROUNDS),
     "metrics": (20, 300), "checkpoint": (1, bench_checkpoint.ROUNDS), "frames": (50, bench_frames.OUTPUTS),
-    "mcp": (10, bench_mcp.ROUNDS), "sleep": (1, bench_sleep.ROUNDS),
+    "mcp": (10, bench_mcp.ROUNDS), "sleep": (1, bench_sleep.ROUNDS), "fleet": (8, bench_sleep.FLEET),
 }
 MEASURES = [
     *bench_peers.MEASURES,
@@ -120,6 +120,7 @@ async def measure_all(quick: bool, only: set[str] | None) -> list[Row]:
         ("frames", ["frames_memory"], lambda: asyncio.to_thread(bench_frames.rows, pick["frames"])),
         ("mcp", ["mcp"], lambda: _mcp(pick["mcp"])),
         ("sleep", ["sleep_memory", "sleep_wake"], lambda: _sleep(pick["sleep"])),
+        ("fleet", ["sleep_fleet"], lambda: _fleet(pick["fleet"])),
     ]
     selected = only if only is not None else {name for name, _, _ in plan} - {"start"}  # `peers` has the starts
     rows: list[Row] = []
@@ -158,6 +159,10 @@ async def _sleep(rounds: int) -> list[Row]:
     return bench_sleep.rows(await bench_sleep.measure(rounds))
 
 
+async def _fleet(kernels: int) -> list[Row]:
+    return bench_sleep.fleet_rows(await bench_sleep.measure_fleet(kernels))
+
+
 async def _mcp(rounds: int) -> list[Row]:
     return bench_mcp.rows(await bench_mcp.measure(rounds))
 
@@ -172,7 +177,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="few rounds and kernels: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report (default bench/results)")
     parser.add_argument("--only", nargs="+", choices=["peers", "start", "api", "output", "relay", "scale", "policy", "egress", "secrets",
-                                                      "metrics", "checkpoint", "frames", "mcp", "sleep"],
+                                                      "metrics", "checkpoint", "frames", "mcp", "sleep", "fleet"],
                         help="run only these parts (the report then holds only their rows); `start`: the cold "
                              "starts and the warm standby alone (`peers` includes them)")
     args = parser.parse_args()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from support import launcher_guard
+from support import launcher_hooks
 
 from kernel_sandbox.docker.containers import LABEL_OWNER_PID, OURS, is_orphan, remove_container
 from kernel_sandbox.docker.settings import DEFAULT_IMAGE
@@ -198,7 +198,7 @@ GUARD = pytest.StashKey[contextlib.ExitStack]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every launcher of the run resolves names from a test map (empty: nothing resolves) and its
-    egress proxy connects to 127.0.0.0/8 only (tests/support/launcher_guard.py): no test can make
+    egress proxy connects to 127.0.0.0/8 only (tests/support/launcher_hooks.py): no test can make
     it send a packet elsewhere, or ask DNS. Set up once, by the process that starts the workers;
     tests with names to resolve set their own map (tests/support/package_index.py)."""
     if hasattr(config, "workerinput"):
@@ -207,7 +207,7 @@ def pytest_configure(config: pytest.Config) -> None:
     resolver = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "resolver.json"
     resolver.write_text("{}")
     resolver.chmod(0o600)
-    stack.enter_context(launcher_guard.installed(resolver))
+    stack.enter_context(launcher_hooks.installed(resolver))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -218,6 +218,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def egress_stays_on_loopback() -> Iterator[None]:
     """Fails the session if a launcher tried to connect outside 127.0.0.0/8."""
-    resolver = os.environ[launcher_guard.TEST_RESOLVER_ENV]
+    resolver = os.environ[launcher_hooks.TEST_RESOLVER_ENV]
     yield
     assert not Path(resolver + ".guard").exists(), "a launcher tried to connect outside 127.0.0.0/8"

@@ -18,17 +18,11 @@ if TYPE_CHECKING:
     from .settings import DockerSettings
 
 CLONE_NEWNET = 0x40000000
-EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
 
 
 def may_enter_netns(settings: DockerSettings, info: dict[str, Any]) -> bool:
     """The direct path needs root on the engine's own host and runc (gVisor keeps its own network
-    stack).
-
-    ``KERNEL_SANDBOX_TEST_EXEC_STREAMS`` in the launcher's environment makes tests take the exec
-    streams as root too, as every other user does."""
-    if os.environ.get(EXEC_STREAMS_ENV):
-        return False
+    stack)."""
     runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
     return os.geteuid() == 0 and runtime == "runc" and engine_address().startswith("unix://")
 

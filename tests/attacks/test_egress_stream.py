@@ -30,11 +30,11 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
-from kernel_sandbox.docker.netns import EXEC_STREAMS_ENV
+from support.launcher_hooks import EXEC_STREAMS_ENV
 from kernel_sandbox.kernelside.egress_relay import DATA, HEADER, MAX_CLIENTS, OPEN
 from kernel_sandbox.kernelspecs import started_client
 from kernel_sandbox.launch.egress import PROXY_PORT
-from support.launcher_guard import TEST_RESOLVER_ENV
+from support.launcher_hooks import TEST_RESOLVER_ENV
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET
 
 from support.attacks import MiB, PeakRSS, launcher_pid, outputs, request

@@ -168,7 +168,7 @@ def test_a_window_request_not_signed_with_the_client_key_opens_nothing(sandbox: 
 
 def test_the_exec_stream_relay_serves_the_same_proxy(docker_engine, index: Index, monkeypatch) -> None:
     """As any user but root on runc gets it: the proxy reached through a relay over an exec stream."""
-    from kernel_sandbox.docker.netns import EXEC_STREAMS_ENV
+    from support.launcher_hooks import EXEC_STREAMS_ENV
 
     monkeypatch.setenv(EXEC_STREAMS_ENV, "1")
     with Sandbox(package_index=[index.url, index.entry], network=["api.example.com"], timeout=120, standby=0) as sb:

@@ -14,7 +14,7 @@ import pytest
 
 from support.package_index import Index, serve_index
 from kernel_sandbox.kernelspecs import install as install_kernelspec
-from support.launcher_guard import TEST_RESOLVER_ENV
+from support.launcher_hooks import TEST_RESOLVER_ENV
 from support.lab import chromium, jupyterlab, recording_page, remove_kernels_of, run_cell
 
 pytestmark = pytest.mark.security("attack", "egress")

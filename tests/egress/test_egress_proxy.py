@@ -23,7 +23,7 @@ import pytest
 from kernel_sandbox.egress import Destination, parse_destinations
 from kernel_sandbox.launch.egress import Egress
 from kernel_sandbox.launch.egress_outbound import host_addresses, open_outbound
-from support.launcher_guard import TEST_RESOLVER_ENV, guarded
+from support.launcher_hooks import EXEC_STREAMS_ENV, TEST_RESOLVER_ENV, guarded
 from kernel_sandbox.docker.proxy import kernel_env
 from kernel_sandbox.launch.egress_grammar import LOG_NAMES, Refusal, parse_head
 from kernel_sandbox.docker.settings import DockerSettings
@@ -443,17 +443,20 @@ async def probe():
         print("connect:", error)
 
 asyncio.run(probe())
+from kernel_sandbox.docker import netns
+print("direct path:", netns.may_enter_netns(None, {}))
 """
 """Stops before any connection if the guard is not in place (``localhost`` then resolves)."""
 
 
-def test_the_run_s_guard_reaches_a_launcher_started_isolated(tmp_path):
+def test_the_run_s_hooks_reach_a_launcher_started_isolated(tmp_path):
     """A process started as the kernelspecs start the launcher (``python -I``) resolves from the
-    test's map alone and connects to loopback only; the attempt is recorded for the session."""
+    test's map alone and connects to loopback only (the attempt is recorded for the session), and
+    with the exec streams asked for never takes the direct path."""
     resolver = tmp_path / "resolver.json"
     resolver.write_text(json.dumps({}))
     resolver.chmod(0o600)
-    env = {**os.environ, TEST_RESOLVER_ENV: str(resolver)}
+    env = {**os.environ, TEST_RESOLVER_ENV: str(resolver), EXEC_STREAMS_ENV: "1"}
     done = subprocess.run(
         [sys.executable, "-I", "-c", GUARD_PROBE], env=env, capture_output=True, text=True, timeout=60
     )
@@ -461,3 +464,4 @@ def test_the_run_s_guard_reaches_a_launcher_started_isolated(tmp_path):
     assert "resolve: localhost is not in the test's resolver map" in done.stdout
     assert "connect: the test guard refused 192.0.2.1:443" in done.stdout
     assert (tmp_path / "resolver.json.guard").read_text() == "192.0.2.1:443\n"
+    assert "direct path: False" in done.stdout

@@ -25,7 +25,7 @@ from kernel_sandbox.kernelside import source
 from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, MAX_CLIENTS, OPEN
 from kernel_sandbox.launch.egress import Egress
 from kernel_sandbox.launch.egress_outbound import open_outbound
-from support.launcher_guard import guarded
+from support.launcher_hooks import guarded
 from kernel_sandbox.launch import egress_stream
 from kernel_sandbox.launch.egress_stream import CONNECTION_BUDGET, MAX_FRAME, READ_BUDGET, WRITE_BUDGET, RelayStream
 from kernel_sandbox.parsers import MiB

@@ -802,7 +802,7 @@ def test_the_exec_stream_relay_intercepts_the_same_way(
     docker_engine, servers: Servers, monkeypatch
 ) -> None:
     """As any user but root on runc gets it: TLS to the kernel over the relay's exec stream."""
-    from kernel_sandbox.docker.netns import EXEC_STREAMS_ENV
+    from support.launcher_hooks import EXEC_STREAMS_ENV
 
     monkeypatch.setenv(EXEC_STREAMS_ENV, "1")
     with Sandbox(

@@ -1,6 +1,6 @@
 """A package index on 127.0.0.1 for the egress tests: pip's simple-repository layout over wheels built here.
 
-The index is named ``index.test``; the launchers' test resolver map (:mod:`support.launcher_guard`)
+The index is named ``index.test``; the launchers' test resolver map (:mod:`support.launcher_hooks`)
 sends that name to 127.0.0.1, and their loopback guard records any connection elsewhere.
 """
 
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.launcher_guard import TEST_RESOLVER_ENV
+from support.launcher_hooks import TEST_RESOLVER_ENV
 
 INDEX_HOST = "index.test"
 PRIVATE_HOST = "api.example.com"

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from support.launcher_guard import TEST_RESOLVER_ENV
+from support.launcher_hooks import TEST_RESOLVER_ENV
 
 NAMES = ("api.test", "other.test", "forged.test", "sniff.test")
 

@@ -3,8 +3,7 @@
 Run by ``.ci/run`` (and by the ``opensandbox_server`` fixture, so ``pytest -m opensandbox_server``
 works alone)::
 
-    python tests/opensandbox/server/prepare.py                # the server, then the images
-    python tests/opensandbox/server/prepare.py --server-only  # the server alone, before the kernel image
+    python tests/opensandbox/server/prepare.py
 
 Everything is cached and reused when present: the server's virtualenv (never the project's) under
 ``~/.cache/kernel-sandbox/``, and each image, rebuilt only when its inputs changed (a hash of the
@@ -27,7 +26,6 @@ Images (all local, all STAND-INS where named so):
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import os
 import shutil
@@ -101,17 +99,7 @@ def log(message: str) -> None:
 
 
 def install_server(force: bool = False) -> Path:
-    """Install ``opensandbox-server`` into its own virtualenv (reused when its version matches).
-
-    One install at a time: ``.ci/run`` starts it beside the kernel image's build, whose end starts
-    :func:`prepare`, which waits here for it."""
-    SERVER_VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(SERVER_VENV.with_name(SERVER_VENV.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _install_server(force)
-
-
-def _install_server(force: bool) -> Path:
+    """Install ``opensandbox-server`` into its own virtualenv (reused when its version matches)."""
     server_bin = SERVER_VENV / "bin" / "opensandbox-server"
     stamp = SERVER_VENV / "installed-version"
     if not force and server_bin.exists() and stamp.exists() and stamp.read_text().strip() == SERVER_VERSION:
@@ -119,6 +107,7 @@ def _install_server(force: bool) -> Path:
         return server_bin
     started = time.monotonic()
     shutil.rmtree(SERVER_VENV, ignore_errors=True)
+    SERVER_VENV.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(SERVER_VENV)], check=True)
     pip = [str(SERVER_VENV / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run([*pip, f"opensandbox-server=={SERVER_VERSION}"], check=True)
@@ -192,15 +181,8 @@ def prepare(force: bool = False) -> Prepared:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--force", action="store_true", help="reinstall the server and rebuild every image")
-    parser.add_argument(
-        "--server-only", action="store_true", help="install the server alone (it needs no image, so it can go first)"
-    )
-    args = parser.parse_args()
     try:
-        if args.server_only:
-            install_server(args.force)
-        else:
-            prepare(force=args.force)
+        prepare(force=parser.parse_args().force)
     except Exception as exc:  # noqa: BLE001 (a CI phase: say why, exit non-zero)
         raise SystemExit(f"[opensandbox-server harness] failed: {type(exc).__name__}: {exc}") from exc
 
