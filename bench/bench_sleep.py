@@ -93,18 +93,19 @@ async def _in_batches(coros: list[Any]) -> list[Any]:
 
 async def measure_fleet(kernels: int) -> dict[str, Any]:
     """``kernels`` sandboxes with 50 MB each: host memory all awake and all asleep, and one wake."""
-    fleet = [AsyncSandbox(**OPTIONS) for _ in range(kernels)]
+    # the host's checkpoints may hold 2 GiB by default: 100 sleeps of 50 MB need more
+    fleet = [AsyncSandbox(**OPTIONS, max_checkpoint_bytes="8g") for _ in range(kernels)]
     started = time.perf_counter()
     try:
         await _in_batches([sandbox.__aenter__() for sandbox in fleet])
         for result in await _in_batches([sandbox.run(FLEET_STATE) for sandbox in fleet]):
             assert result.error is None, result
         start_s = time.perf_counter() - started
-        containers = sum((await sandbox.metrics()).memory or 0 for sandbox in fleet) / 2**20
+        containers = sum(usage.memory or 0 for usage in await _in_batches([s.metrics() for s in fleet])) / 2**20
         launchers_awake = sum(_launcher_uss(sandbox) for sandbox in fleet)
         await _in_batches([sandbox.suspend() for sandbox in fleet])
         launchers_asleep = sum(_launcher_uss(sandbox) for sandbox in fleet)
-        saved = sum(((await sandbox.metrics()).saved or 0) for sandbox in fleet)
+        saved = sum(usage.saved or 0 for usage in await _in_batches([s.metrics() for s in fleet]))
         woke = time.perf_counter()
         check = await fleet[0].run("bool(state.sum() == state.size)")
         wake_s = time.perf_counter() - woke
