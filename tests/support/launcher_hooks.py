@@ -1,9 +1,9 @@
 """The test run's hooks into every launcher, from outside the product (which reads none).
 
-While the tests run, a ``.pth`` file in the environment's site-packages (:func:`installed`) makes
-each Python process that starts with ``KERNEL_SANDBOX_TEST_RESOLVER`` in its environment run this
-file, even under ``python -I`` as the kernelspecs start the launcher. As the modules load, it
-changes them:
+A ``.pth`` file in the environment's site-packages, written when the tests start
+(:func:`installed`), makes each Python process that starts with ``KERNEL_SANDBOX_TEST_RESOLVER``
+in its environment run this file, even under ``python -I`` as the kernelspecs start the launcher.
+As the modules load, it changes them:
 
 * the egress proxy's resolver and connector (:mod:`kernel_sandbox.launch.egress_outbound`): names
   resolve from the JSON map ``{"name": ["address", ...]}`` in the file the variable names, and
@@ -38,8 +38,8 @@ TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
 EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
 OUTBOUND = "kernel_sandbox.launch.egress_outbound"
 NETNS = "kernel_sandbox.docker.netns"
-RUN_NAME = "kernel_sandbox_test_guard"
-PTH = "kernel_sandbox_test_guard.pth"
+RUN_NAME = "kernel_sandbox_test_hooks"
+PTH = "kernel_sandbox_test_hooks.pth"
 
 Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -130,13 +130,20 @@ def hooks(environ: dict[str, str] | os._Environ[str]) -> dict[str, Callable[[Mod
 
 @contextlib.contextmanager
 def installed(resolver: Path) -> Iterator[None]:
-    """The ``.pth`` hook in this environment's site-packages and ``resolver`` in the environment,
-    for the duration; both removed after."""
+    """The ``.pth`` hook in this environment's site-packages, and ``resolver`` in the environment
+    for the duration.
+
+    The ``.pth`` stays after the run: it does nothing where the variable is not set, and another
+    run from the same environment may still need it (so it is replaced whole, never removed)."""
     pth = Path(sysconfig.get_paths()["purelib"]) / PTH
-    pth.write_text(
+    line = (
         f"import os; os.environ.get({TEST_RESOLVER_ENV!r}) and "
         f"__import__('runpy').run_path({str(Path(__file__).resolve())!r}, run_name={RUN_NAME!r})\n"
     )
+    if not pth.exists() or pth.read_text() != line:
+        fresh = pth.with_name(f".{PTH}.{os.getpid()}")
+        fresh.write_text(line)
+        fresh.replace(pth)
     old = os.environ.get(TEST_RESOLVER_ENV)
     os.environ[TEST_RESOLVER_ENV] = str(resolver)
     try:
@@ -146,7 +153,6 @@ def installed(resolver: Path) -> Iterator[None]:
             os.environ.pop(TEST_RESOLVER_ENV, None)
         else:
             os.environ[TEST_RESOLVER_ENV] = old
-        pth.unlink(missing_ok=True)
 
 
 if __name__ == RUN_NAME:
