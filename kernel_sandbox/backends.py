@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from .errors import KernelLaunchError
@@ -68,6 +67,10 @@ class BackendEntry:
 def entries() -> dict[str, BackendEntry]:
     """Every registered backend, by its execution API name (KernelLaunchError when there is
     none)."""
+    # here, not at the top: importlib.metadata is 2.4 MiB that the watchdog (which imports the
+    # Docker wing's package, so this module) never needs
+    from importlib.metadata import entry_points
+
     found = {}
     for point in entry_points(group=GROUP):
         entry = point.load()

@@ -176,7 +176,7 @@ def test_every_wing_is_registered_and_resolves() -> None:
 
 def test_an_install_without_the_backends_entry_points_fails_closed_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     """Metadata older than the code (an editable install not reinstalled) registers no wing."""
-    monkeypatch.setattr(backends, "entry_points", lambda group: [])
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [])
     backends.entries.cache_clear()
     try:
         with pytest.raises(KernelLaunchError, match=r"kernel_sandbox\.backends.*pip install -e \."):
