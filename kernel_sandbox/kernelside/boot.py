@@ -24,13 +24,15 @@ import sys
 import types
 
 PORTS = {
-    "shell_port": 20001,
-    "iopub_port": 20002,
-    "stdin_port": 20003,
-    "control_port": 20004,
-    "hb_port": 20005,
+    "shell_port": 10001,
+    "iopub_port": 10002,
+    "stdin_port": 10003,
+    "control_port": 10004,
+    "hb_port": 10005,
 }
-"""Below Linux's ephemeral port range, so a connection attempt can never take a kernel's port."""
+"""Below the ephemeral port ranges of Linux (32768-60999) and of gVisor (16000-65535), so a
+connection attempt can never take a kernel's port (gVisor hands its ports out in turn: the
+connectors' retries while the kernel started once walked onto 20002, its old iopub port)."""
 KEY_ENV = "KERNEL_SANDBOX_KEY"
 MODULES_ENV = "KERNEL_SANDBOX_MODULES"
 EXTENSION = "_kernel_sandbox_magics"

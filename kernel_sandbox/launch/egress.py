@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kernel_sandbox.launch")
 
-PROXY_PORT = 20080
+PROXY_PORT = 10080
 """The proxy's port on the container's loopback: below the ephemeral range, like the kernel's."""
 MAX_CONNECTIONS = 64
 BACKLOG = 1024

@@ -286,6 +286,6 @@ async def test_mount_cwd_mounts_the_notebook_folder_read_only(tmp_path: Path) ->
 
 def test_nothing_listens_for_the_kernel_on_the_host_network(docker_engine) -> None:
     """The kernel's ports are in its own network namespace: the host's loopback does not have them."""
-    for port in (20001, 20002, 20003, 20004, 20005):
+    for port in (10001, 10002, 10003, 10004, 10005):
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -84,7 +84,7 @@ held = {{'state': 'trying'}}
 def hold():
     import time
     while True:
-        s = socket.create_connection(('127.0.0.1', 20080))
+        s = socket.create_connection(('127.0.0.1', 10080))
         s.sendall(b'CONNECT index.test:{port} HTTP/1.1\\r\\n\\r\\n')
         answer = s.recv(200)
         if answer.startswith(b'HTTP/1.1 200'):

@@ -408,7 +408,7 @@ def test_the_host_knows_its_own_addresses() -> None:
 
 def test_the_kernel_environment_points_every_client_at_the_proxy() -> None:
     env = kernel_env(DockerSettings.from_config({}))
-    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://127.0.0.1:20080"
+    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://127.0.0.1:10080"
     assert "PIP_INDEX_URL" not in env and "127.0.0.1" in env["NO_PROXY"]
     mirror = kernel_env(DockerSettings.from_config({"package_index": "http://index.test:8080/simple"}))
     assert mirror["PIP_INDEX_URL"] == "http://index.test:8080/simple" and mirror["PIP_TRUSTED_HOST"] == "index.test"

@@ -46,7 +46,7 @@ except Exception as exc:
 RAW = """
 import os, socket, ssl, time
 def raw(connect, parts, tls=True, context=None):
-    sock = socket.create_connection(('127.0.0.1', 20080), timeout=20)
+    sock = socket.create_connection(('127.0.0.1', 10080), timeout=20)
     sock.sendall(f'CONNECT {connect} HTTP/1.1\\r\\nHost: {connect}\\r\\n\\r\\n'.encode())
     head = b''
     while b'\\r\\n\\r\\n' not in head:
@@ -333,7 +333,7 @@ def test_upgrade_and_expect_are_handled_by_the_proxy(sandbox: Sandbox, servers: 
 
 H2 = """
 import socket, ssl
-sock = socket.create_connection(('127.0.0.1', 20080), timeout=20)
+sock = socket.create_connection(('127.0.0.1', 10080), timeout=20)
 sock.sendall(b'CONNECT api.test:{port} HTTP/1.1\\r\\nHost: api.test:{port}\\r\\n\\r\\n')
 head = b''
 while not head.endswith(b'\\r\\n\\r\\n'):
@@ -475,7 +475,7 @@ def test_python_clients_trust_the_kernels_ca_with_no_setting(
 
 KEEP_ALIVE = """
 import http.client, ssl
-conn = http.client.HTTPSConnection('127.0.0.1', 20080, context=ssl.create_default_context(), timeout=30)
+conn = http.client.HTTPSConnection('127.0.0.1', 10080, context=ssl.create_default_context(), timeout=30)
 conn.set_tunnel('api.test', {port})
 sizes = []
 for path in ['/echo', '/echo', '/big/{size}', '/echo', '/big/{size}']:

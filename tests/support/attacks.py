@@ -128,7 +128,7 @@ def launcher_pid(km: AsyncKernelManager) -> int:
 # bytes into the stream it feeds to the launcher (its stdout pipe, reopened through /proc).
 KERNEL_TOOLS = r'''
 import os, signal, struct, time
-HB_PORT = 20005
+HB_PORT = 10005
 def connectors():
     found = {}
     for pid in os.listdir('/proc'):
