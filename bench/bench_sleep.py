@@ -12,8 +12,9 @@ measured, not slimmed yet), and the wake of 100 MB takes at most 2 s. Nothing as
 
 The fleet (issue 37's bench): ``--fleet`` kernels (100) with 50 MB each, started a few at a time
 and left idle; the host's memory for them awake (their containers' cgroup memory plus their
-launchers' unique memory), then with all asleep (the launchers alone; the blobs are on disk, their
-bytes reported beside), and the wake of one of them. Goal: ≤ 1.5 GiB for 100 asleep.
+launchers' unique memory), then with all asleep (the launchers alone; the blobs are on disk, and the
+memory the sleeps report saved is shown beside), and the wake of one of them. Goal: ≤ 1.5 GiB for
+100 asleep.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ MEASURES = [
             "call on a kernel that never slept. Goal: ≤ 2 s."),
     Measure("sleep_fleet", "Idle kernels on one host: all awake vs all asleep (50 MB of state each)", "MiB",
             "The kernels' host memory: awake, their containers (cgroup) plus their launchers (USS); asleep, "
-            "the launchers alone, the blobs on disk beside. Goal: ≤ 1.5 GiB for 100 asleep."),
+            "the launchers alone (the blobs are on disk). Goal: ≤ 1.5 GiB for 100 asleep."),
 ]
 
 

@@ -135,24 +135,32 @@ async def test_the_gate_joins_a_live_connection_of_this_user(gated) -> None:
         client.close()
 
 
+def _peers_gone_before_the_check(door: gate.TcpGate, caplog, reset: bool) -> list[logging.LogRecord]:
+    """Twenty peers that connect, send and close (with a reset: their sockets are gone at once) before the
+    doorkeeper looks; then it looks. The refusals it logged."""
+    caplog.set_level(logging.DEBUG, logger="kernel_sandbox.launch")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    try:
+        for _ in range(20):
+            client = socket.create_connection(listener.getsockname())
+            client.sendall(b"execute_request")
+            if reset:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+        gate._the_doorkeeper()._accept(listener, door)
+    finally:
+        listener.close()
+    return [r for r in caplog.records if "refused a connection" in r.getMessage()]
+
+
 async def test_the_gate_refuses_a_peer_that_closed_before_its_check(gated, caplog) -> None:
     """Connect, send, close before the check: refused (what another account's connect-send-close looked like to
     the old gate: a TIME_WAIT row, uid 0). This user's own peers that let go (FIN_WAIT, still naming the uid:
     jupyter_client's heartbeat reconnecting after a missed beat) are refused without a warning."""
     door, _ = gated
-    caplog.set_level(logging.DEBUG, logger="kernel_sandbox.launch")
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
-    try:
-        for _ in range(20):  # every peer is gone before the doorkeeper looks
-            client = socket.create_connection(listener.getsockname())
-            client.sendall(b"execute_request")
-            client.close()
-        gate._the_doorkeeper()._accept(listener, door)
-    finally:
-        listener.close()
+    refusals = _peers_gone_before_the_check(door, caplog, reset=False)
     await asyncio.sleep(0.1)
-    refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
     assert len(refusals) == 20 and all("not connected" in r.getMessage() for r in refusals)
     assert {r.levelno for r in refusals} == {logging.DEBUG}, "this user's own closed peers were warned of"
     assert _Inner.connections == 0 and _Inner.received == [] and not door.admitted, "a closed peer was admitted"
@@ -163,20 +171,8 @@ async def test_the_gate_refuses_a_peer_already_gone_without_a_warning(gated, cap
     with nothing read, and no warning, for nothing of it is left to act or to be named. A live peer the gate
     cannot find is still warned of (above)."""
     door, _ = gated
-    caplog.set_level(logging.DEBUG, logger="kernel_sandbox.launch")
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
-    try:
-        for _ in range(20):
-            client = socket.create_connection(listener.getsockname())
-            client.sendall(b"execute_request")
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            client.close()  # a reset: its socket is gone at once
-        gate._the_doorkeeper()._accept(listener, door)
-    finally:
-        listener.close()
+    refusals = _peers_gone_before_the_check(door, caplog, reset=True)
     await asyncio.sleep(0.1)
-    refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
     assert len(refusals) == 20 and all("let go before the check" in r.getMessage() for r in refusals)
     assert {r.levelno for r in refusals} == {logging.DEBUG}
     assert _Inner.connections == 0 and _Inner.received == [] and not door.admitted, "a gone peer was admitted"

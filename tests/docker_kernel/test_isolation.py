@@ -23,6 +23,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Config
 
 from kernel_sandbox.docker.containers import LABEL, LABEL_LAUNCHER_PID, LABEL_OWNER_PID, RUNSC_HOST_THREADS
+from kernel_sandbox.kernelside.boot import PORTS
 from kernel_sandbox.privdir import user_root
 from kernel_sandbox.docker.containers import kernel_of
 from kernel_sandbox.settings import HOME_DIR, PACKAGES_DIR, WORK_DIR
@@ -286,6 +287,6 @@ async def test_mount_cwd_mounts_the_notebook_folder_read_only(tmp_path: Path) ->
 
 def test_nothing_listens_for_the_kernel_on_the_host_network(docker_engine) -> None:
     """The kernel's ports are in its own network namespace: the host's loopback does not have them."""
-    for port in (10001, 10002, 10003, 10004, 10005):
+    for port in PORTS.values():
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -29,10 +29,13 @@ import os
 import socket
 import sys
 import sysconfig
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # never at run time: importing the module here would load it unhooked
+    from kernel_sandbox.launch.egress_outbound import Connector
 
 TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
 EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
@@ -40,8 +43,6 @@ OUTBOUND = "kernel_sandbox.launch.egress_outbound"
 NETNS = "kernel_sandbox.docker.netns"
 RUN_NAME = "kernel_sandbox_test_hooks"
 PTH = "kernel_sandbox_test_hooks.pth"
-
-Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
 class GuardError(OSError):
