@@ -6,6 +6,8 @@ in a client's queue), the channel's later messages are held, up to :data:`HELD_B
 they are dropped. The link stops reading a waiting request channel from the kernel; IOPub is read
 on (ipykernel queues output it cannot send in its own memory, without limit), so a client that
 stops reading loses output past the held bytes, as a ZMQ subscriber past its high-water mark does.
+Only output is dropped there: the messages a client waits on (``status``, a comm's answer) are
+held for :data:`SIGNAL_BYTES` more, so a flood never costs a client the end of its request.
 The clients are told: where the dropped messages were, a stderr note of the cell they belonged to
 says how many and how many bytes (:func:`~kernel_sandbox.results.drop_note`; the execution API
 counts them as truncated).
@@ -36,11 +38,26 @@ HELD_BYTES = 64 * 2**20
 dropped (as a ZMQ queue at its high-water mark drops them), with a warning. Each message counts
 :data:`HELD_OVERHEAD` bytes besides its parts, so a flood of tiny messages is bounded too."""
 HELD_OVERHEAD = 1024
+OUTPUT_TYPES = frozenset(
+    {"stream", "display_data", "update_display_data", "execute_result", "error", "execute_input"}
+)
+"""The IOPub messages dropped first: output, which a drop note stands for."""
+HEADER_BYTES = 4096
+SIGNAL_BYTES = 16 * 2**20
+"""Bytes past :data:`HELD_BYTES` held for the other messages (``status``, comms, debug events),
+which clients wait on and no note can stand for; past both, these are dropped too."""
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
 Held = tuple[list[bytes], list[bytes]]
 """A held message: its routing identities and its parts."""
+
+
+def _is_output(parts: list[bytes]) -> bool:
+    """Whether a message is output (:data:`OUTPUT_TYPES`), or has a header too large to be read
+    on the event loop, which no client waits on either."""
+    header = parts[0] if parts else b""
+    return len(header) > HEADER_BYTES or msg_type_of(header) in OUTPUT_TYPES
 
 
 class Delivery:
@@ -80,7 +97,10 @@ class Delivery:
             log.warning("dropped a kernel message on the unknown channel %r", channel)
         elif channel in self._waiting:
             size = sum(map(len, parts)) + HELD_OVERHEAD
-            if self._held_bytes[channel] + size > HELD_BYTES:
+            held_bytes = self._held_bytes[channel] + size
+            if held_bytes > HELD_BYTES and (
+                held_bytes > HELD_BYTES + SIGNAL_BYTES or _is_output(parts)
+            ):
                 if not self._dropping.get(channel):
                     log.warning(
                         "dropping %s messages: the kernel sends faster than its clients take them",

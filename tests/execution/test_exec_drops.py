@@ -82,6 +82,45 @@ async def test_dropped_iopub_is_said_in_its_cell_where_it_was(monkeypatch: pytes
     assert sent[-2] == sent[note] and sent[-1][1] == "after", "the note stands where the dropped messages were"
 
 
+def status(state: str, cell: str) -> list[bytes]:
+    parent = json.dumps({"msg_id": cell}).encode()
+    return [dumps(new_header("status", "kernel")), parent, b"{}", json.dumps({"execution_state": state}).encode()]
+
+
+async def test_a_flood_never_costs_a_client_the_end_of_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the held bytes output is dropped, but ``status`` (and comms) are held on, to a second cap."""
+    flood = stream("flood " + "x" * 1000, "cell-1")
+    monkeypatch.setattr(delivery, "HELD_BYTES", 3 * (sum(map(len, flood)) + delivery.HELD_OVERHEAD))  # full: no room left
+    monkeypatch.setattr(delivery, "SIGNAL_BYTES", 16 * 1024)
+    monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
+    queue = FullQueue()
+    relay = Delivery(
+        OutputPolicy.from_name("strict"),
+        Signer(b"key"),
+        {"iopub": queue},  # type: ignore[dict-item]
+        lambda channel, paused: None,
+        lambda msg_type: dumps(new_header(msg_type, "launcher")),
+    )
+    relay.deliver("iopub", [b"topic"], stream("first", "cell-1"))  # waits for the full queue
+    for _ in range(40):
+        relay.deliver("iopub", [b"topic"], flood)
+    relay.deliver("iopub", [b"topic"], status("idle", "cell-1"))
+    for _ in range(100):  # a kernel that floods status messages is bounded by the second cap
+        relay.deliver("iopub", [b"topic"], status("busy", "cell-2"))
+    queue.room = True
+    for _ in range(200):
+        if not relay.waiting("iopub"):
+            break
+        await asyncio.sleep(0.005)
+
+    kinds = [(json.loads(f[3])["msg_type"], json.loads(f[4])["msg_id"]) for f in queue.sent]
+    idle = kinds.index(("status", "cell-1"))
+    assert kinds[idle - 1] == ("stream", "cell-1") and "were dropped" in json.loads(queue.sent[idle - 1][6])["text"]
+    assert json.loads(queue.sent[idle][6]) == {"execution_state": "idle"}, "the end of the flooded request arrives"
+    busy = kinds.count(("status", "cell-2"))
+    assert 0 < busy < 100, f"{busy} of 100 forged status messages held: the second cap does not bound them"
+
+
 def test_the_fold_counts_what_a_drop_note_says_as_truncated() -> None:
     fold = OutputFold(cap=1000)
     assert fold.message("stream", {"name": "stderr", "text": drop_note(3, 3_000_000)}) is not None
