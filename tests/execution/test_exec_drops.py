@@ -47,27 +47,37 @@ def texts(sent: list[list[Any]]) -> list[tuple[str, str, str]]:
     ]
 
 
-async def test_dropped_iopub_is_said_in_its_cell_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delivery, "HELD_BYTES", 8 * 1024)
-    monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
-    queue = FullQueue()
-    relay = Delivery(
+def delivery_to(queue: FullQueue) -> Delivery:
+    """A strict-policy delivery whose IOPub clients are ``queue``."""
+    return Delivery(
         OutputPolicy.from_name("strict"),
         Signer(b"key"),
         {"iopub": queue},  # type: ignore[dict-item]
         lambda channel, paused: None,
         lambda msg_type: dumps(new_header(msg_type, "launcher")),
     )
-    chunk = "x" * 1000
-    relay.deliver("iopub", [b"topic"], stream("first " + chunk, "cell-1"))  # waits for the full queue
-    flood = stream("flood " + chunk, "cell-1")
-    for _ in range(40):  # past the held bytes: most are dropped
-        relay.deliver("iopub", [b"topic"], flood)
+
+
+async def make_room(queue: FullQueue, relay: Delivery) -> None:
+    """Let ``queue`` take messages again, and wait until ``relay`` has sent what it held."""
     queue.room = True
     for _ in range(200):
         if not relay.waiting("iopub"):
             break
         await asyncio.sleep(0.005)
+
+
+async def test_dropped_iopub_is_said_in_its_cell_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(delivery, "HELD_BYTES", 8 * 1024)
+    monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
+    queue = FullQueue()
+    relay = delivery_to(queue)
+    chunk = "x" * 1000
+    relay.deliver("iopub", [b"topic"], stream("first " + chunk, "cell-1"))  # waits for the full queue
+    flood = stream("flood " + chunk, "cell-1")
+    for _ in range(40):  # past the held bytes: most are dropped
+        relay.deliver("iopub", [b"topic"], flood)
+    await make_room(queue, relay)
     relay.deliver("iopub", [b"topic"], stream("after", "cell-2"))
 
     sent = texts(queue.sent)
@@ -94,24 +104,14 @@ async def test_a_flood_never_costs_a_client_the_end_of_its_request(monkeypatch: 
     monkeypatch.setattr(delivery, "SIGNAL_BYTES", 16 * 1024)
     monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
     queue = FullQueue()
-    relay = Delivery(
-        OutputPolicy.from_name("strict"),
-        Signer(b"key"),
-        {"iopub": queue},  # type: ignore[dict-item]
-        lambda channel, paused: None,
-        lambda msg_type: dumps(new_header(msg_type, "launcher")),
-    )
+    relay = delivery_to(queue)
     relay.deliver("iopub", [b"topic"], stream("first", "cell-1"))  # waits for the full queue
     for _ in range(40):
         relay.deliver("iopub", [b"topic"], flood)
     relay.deliver("iopub", [b"topic"], status("idle", "cell-1"))
     for _ in range(100):  # a kernel that floods status messages is bounded by the second cap
         relay.deliver("iopub", [b"topic"], status("busy", "cell-2"))
-    queue.room = True
-    for _ in range(200):
-        if not relay.waiting("iopub"):
-            break
-        await asyncio.sleep(0.005)
+    await make_room(queue, relay)
 
     kinds = [(json.loads(f[3])["msg_type"], json.loads(f[4])["msg_id"]) for f in queue.sent]
     idle = kinds.index(("status", "cell-1"))
