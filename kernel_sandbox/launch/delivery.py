@@ -43,6 +43,8 @@ OUTPUT_TYPES = frozenset(
 )
 """The IOPub messages dropped first: output, which a drop note stands for."""
 HEADER_BYTES = 4096
+"""A header larger than this is not parsed on the event loop to learn its type: it counts as
+output."""
 SIGNAL_BYTES = 16 * 2**20
 """Bytes past :data:`HELD_BYTES` held for the other messages (``status``, comms, debug events),
 which clients wait on and no note can stand for; past both, these are dropped too."""
