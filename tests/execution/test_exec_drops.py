@@ -121,6 +121,27 @@ async def test_a_flood_never_costs_a_client_the_end_of_its_request(monkeypatch: 
     assert 0 < busy < 100, f"{busy} of 100 forged status messages held: the second cap does not bound them"
 
 
+async def test_a_status_with_a_header_too_large_to_read_is_dropped_as_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header past ``HEADER_BYTES`` is never parsed to learn its type: past the held bytes it is dropped."""
+    flood = stream("flood " + "x" * 1000, "cell-1")
+    monkeypatch.setattr(delivery, "HELD_BYTES", 3 * (sum(map(len, flood)) + delivery.HELD_OVERHEAD))
+    monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
+    queue = FullQueue()
+    relay = delivery_to(queue)
+    relay.deliver("iopub", [b"topic"], stream("first", "cell-1"))
+    for _ in range(4):
+        relay.deliver("iopub", [b"topic"], flood)
+    header = json.loads(dumps(new_header("status", "kernel")))
+    header["padding"] = "p" * delivery.HEADER_BYTES
+    big = status("idle", "cell-big")
+    relay.deliver("iopub", [b"topic"], [json.dumps(header).encode(), *big[1:]])
+    relay.deliver("iopub", [b"topic"], status("idle", "cell-1"))
+    await make_room(queue, relay)
+
+    parents = [json.loads(f[4])["msg_id"] for f in queue.sent]
+    assert "cell-big" not in parents and "cell-1" in parents
+
+
 def test_the_fold_counts_what_a_drop_note_says_as_truncated() -> None:
     fold = OutputFold(cap=1000)
     assert fold.message("stream", {"name": "stderr", "text": drop_note(3, 3_000_000)}) is not None
