@@ -138,8 +138,10 @@ async def test_a_status_with_a_header_too_large_to_read_is_dropped_as_output(mon
     relay.deliver("iopub", [b"topic"], status("idle", "cell-1"))
     await make_room(queue, relay)
 
-    parents = [json.loads(f[4])["msg_id"] for f in queue.sent]
-    assert "cell-big" not in parents and "cell-1" in parents
+    kinds = [(json.loads(f[3])["msg_type"], json.loads(f[4])["msg_id"]) for f in queue.sent]
+    assert ("status", "cell-big") not in kinds, "a header too large to read is held past the output's cap"
+    assert ("stream", "cell-big") in kinds, "its drop note stands in its cell"
+    assert ("status", "cell-1") in kinds
 
 
 def test_the_fold_counts_what_a_drop_note_says_as_truncated() -> None:
