@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_sandbox.docker import provisioner as docker_provisioner
 from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL
 
 MiB = 1024 * 1024
@@ -225,8 +226,11 @@ class ResourceWatch:
 
         The process's own numbers are read first, and the watch's connections to the engine are
         closed after each snapshot, so the watch never counts itself (but for its sampler thread,
-        which is there in every snapshot).
+        which is there in every snapshot). The Docker provisioner's shared engine client is dropped
+        first: it keeps idle keep-alive connections to the engine, as many as its requests ran at
+        once (up to ten per URL), a cache bounded by design like the standby pool.
         """
+        docker_provisioner._engine.cache_clear()  # its pools close when collected
         gc.collect()
         with self._busy:
             fds, threads, rss = len(os.listdir("/proc/self/fd")) - 1, len(os.listdir("/proc/self/task")), _rss()
