@@ -253,7 +253,8 @@ async def test_another_host_account_finds_no_key_and_reaches_no_kernel(tmp_path:
             "    for base, dirs, files in os.walk(top, onerror=lambda e: None):\n"
             "        for f in files:\n"
             "            try:\n"
-            "                if key in open(os.path.join(base, f), errors='ignore').read(1 << 20): found.append(f)\n"
+            "                with open(os.path.join(base, f), 'rb') as handle:\n"
+            "                    if key.encode() in handle.read(1 << 20): found.append(f)\n"
             "            except OSError:\n                pass\n"
             "print(results, found)\n"
         )
