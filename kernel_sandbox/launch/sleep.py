@@ -10,8 +10,9 @@ store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`; all the us
 kernels' blobs together within ``max_suspended_bytes``), and removes the container (the blob goes
 once the kernel is awake again).
 Asleep, the launcher answers heartbeats, ``kernel_info_request`` (with the live kernel's last
-reply), ``comm_info_request``, the debugger's ``debugInfo`` (while it was off),
-``interrupt_request`` and ``shutdown_request`` itself. Any other request wakes the kernel: a new
+reply), ``comm_info_request`` and ``history_request`` (as the woken kernel will: no comms, no
+history), the debugger's ``debugInfo`` (while it was off), ``interrupt_request`` and
+``shutdown_request`` itself. Any other request wakes the kernel: a new
 container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
 at sleep), ``execution_count`` set where it was, then the requests that waited pass on, and the
 first cell's output starts with one line saying the kernel woke up and what was not kept. The client
@@ -66,6 +67,12 @@ CHECK_EVERY = 1.0
 WIDGET_TARGET = "jupyter.widget"
 SHOWN = 8
 DEBUG_INFO_MAX = 64 * 1024
+WOKEN_ANSWERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "comm_info_request": ("comm_info_reply", {"status": "ok", "comms": {}}),
+    "history_request": ("history_reply", {"status": "ok", "history": []}),
+}
+"""Requests a sleeping kernel answers as the kernel that wakes will: no comms (a sleep closes
+them), no input history (its IPython is a new one, in a new container)."""
 """Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
 
 log = logging.getLogger("kernel_sandbox.launch")
@@ -264,11 +271,12 @@ class Sleeper:
                 front.reply(channel, idents, parent, "debug_reply", answer)
                 front.publish(parent, "status", {"execution_state": "idle"})
                 return True
-        if kind == "comm_info_request":
-            # a sleep closed every comm, and the kernel that wakes has none: nothing to wake it for
-            # (JupyterLab lists them each time a page opens the notebook)
+        if kind in WOKEN_ANSWERS:
+            # what the kernel that wakes would answer (JupyterLab asks both each time a page opens
+            # the notebook): nothing to wake it for
+            reply_type, content = WOKEN_ANSWERS[kind]
             front.publish(parent, "status", {"execution_state": "busy"})
-            front.reply(channel, idents, parent, "comm_info_reply", {"status": "ok", "comms": {}})
+            front.reply(channel, idents, parent, reply_type, content)
             front.publish(parent, "status", {"execution_state": "idle"})
             return True
         if kind == "shutdown_request":

@@ -132,7 +132,9 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert listing["content"] == {"status": "ok", "comms": {}}  # a sleep closed them: the woken kernel has none
         asleep_info = await debug_request(kc, "debugInfo", 7)  # as a page that opens the notebook asks
         assert asleep_info["body"] == debug_info["body"] and asleep_info["request_seq"] == 7, asleep_info
-        assert containers(km.kernel_id) == [], "kernel_info, comm_info or debugInfo woke the kernel"
+        history = await kc.history(raw=True, output=False, hist_access_type="tail", n=500, reply=True, timeout=30)
+        assert history["content"] == {"status": "ok", "history": []}  # so JupyterLab asks; the woken kernel's is new
+        assert containers(km.kernel_id) == [], "kernel_info, comm_info, debugInfo or history woke the kernel"
 
         text, reply = await cell(kc, "print(x, f(2), int(big.sum()))")
         assert reply["status"] == "ok", text
@@ -144,6 +146,8 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
 
         text, reply = await cell(kc, "print(x)")
         assert text == "42\n" and reply["execution_count"] == count + 2, "the line is said once"
+        history = await kc.history(raw=True, output=False, hist_access_type="tail", n=500, reply=True, timeout=30)
+        assert [entry[2] for entry in history["content"]["history"]] == ["print(x, f(2), int(big.sum()))", "print(x)"]
 
 
 async def test_a_kernel_with_an_open_socket_stays_awake_and_ps_says_why() -> None:

@@ -4,7 +4,8 @@
 A notebook on a kernelspec with ``suspend_after`` a few seconds defines a 100 MB DataFrame; left idle, its
 kernel's container goes (asked of the engine by the kernel's id) while the page stays connected; the next cell
 gets the right answer from a new container, under the same kernel id, its execution count going on, with one
-line saying that the kernel slept.
+line saying that the kernel slept. A page reload while it sleeps (kernel_info, comm_info, the debugger's
+``debugInfo``) does not wake it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,23 @@ def test_a_notebooks_kernel_sleeps_and_the_next_cell_wakes_it_with_its_dataframe
                 assert time.monotonic() < deadline, "the kernel did not sleep"
                 time.sleep(0.5)
             page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()  # still connected
+
+            # a reload while it sleeps: the page asks kernel_info, comm_info and the debugger's debugInfo
+            # again, and the launcher answers them all without waking the kernel
+            sent: list[str] = []
+            page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(
+                payload if isinstance(payload, str) else payload.decode(errors="replace"))))
+            page.reload()
+            deadline, settled = time.monotonic() + 60, 0.0
+            while not settled or time.monotonic() < settled + 2:  # anything that would wake it has come by then
+                assert not kernel_containers(docker_engine, sleepy_lab.process.pid, kernel_id), "the reload woke the kernel"
+                assert time.monotonic() < deadline, ("the page did not ask debugInfo and show the debugger after the reload; "
+                                                         f"debugInfo asked: {any('debugInfo' in frame for frame in sent)}")
+                if not settled and any('"debugInfo"' in frame for frame in sent) and page.locator(
+                        '.jp-DebuggerBugButton[title="Enable Debugger"]').count():
+                    settled = time.monotonic()
+                page.wait_for_timeout(250)
+            wait_for_kernel(page, panel)
 
             out = run_cell(page, panel, "print('shape', df.shape)", "shape")
             assert out.strip() == "shape (3276800, 4)", out
