@@ -15,6 +15,7 @@ BUILD_ROOT=/tmp/kernel-sandbox-frame-build
 shipped=kernel_sandbox/labextensions/kernel-sandbox-frame
 exec 9>"${BUILD_ROOT}.lock"
 flock 9  # one build at a time on this machine: they share BUILD_ROOT
+trap 'rm -rf "${BUILD_ROOT}"' EXIT  # its 30,000 files (node_modules) are no use once it is done
 rm -rf "${BUILD_ROOT}"
 mkdir -p "${BUILD_ROOT}/labextension" "${BUILD_ROOT}/kernel_sandbox/labextensions"
 tar --exclude=./node_modules --exclude=./build-frame --exclude='./src/*-source.js' --exclude='./src/*-licenses.txt' \
