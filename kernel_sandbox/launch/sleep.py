@@ -67,13 +67,13 @@ CHECK_EVERY = 1.0
 WIDGET_TARGET = "jupyter.widget"
 SHOWN = 8
 DEBUG_INFO_MAX = 64 * 1024
+"""Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
 WOKEN_ANSWERS: dict[str, tuple[str, dict[str, Any]]] = {
     "comm_info_request": ("comm_info_reply", {"status": "ok", "comms": {}}),
     "history_request": ("history_reply", {"status": "ok", "history": []}),
 }
 """Requests a sleeping kernel answers as the kernel that wakes will: no comms (a sleep closes
 them), no input history (its IPython is a new one, in a new container)."""
-"""Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
 
 log = logging.getLogger("kernel_sandbox.launch")
 

@@ -4,8 +4,8 @@
 A notebook on a kernelspec with ``suspend_after`` a few seconds defines a 100 MB DataFrame; left idle, its
 kernel's container goes (asked of the engine by the kernel's id) while the page stays connected; the next cell
 gets the right answer from a new container, under the same kernel id, its execution count going on, with one
-line saying that the kernel slept. A page reload while it sleeps (kernel_info, comm_info, the debugger's
-``debugInfo``) does not wake it.
+line saying that the kernel slept. A page reload while it sleeps (kernel_info, comm_info, history, the
+debugger's ``debugInfo``) does not wake it.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def test_a_notebooks_kernel_sleeps_and_the_next_cell_wakes_it_with_its_dataframe
                 time.sleep(0.5)
             page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()  # still connected
 
-            # a reload while it sleeps: the page asks kernel_info, comm_info and the debugger's debugInfo
-            # again, and the launcher answers them all without waking the kernel
+            # a reload while it sleeps: the page asks kernel_info, comm_info, history and the debugger's
+            # debugInfo again, and the launcher answers them all without waking the kernel
             sent: list[str] = []
             page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(
                 payload if isinstance(payload, str) else payload.decode(errors="replace"))))
