@@ -47,7 +47,7 @@ LAUNCHER_BOUND = READ_BUDGET + WRITE_BUDGET + 64 * MiB
 what its budgets let it hold, its buffers from the upstreams (512 KiB a connection) and the
 allocator's slack."""
 
-# Kernel-side tools: find the relay (``python -I -S -c SOURCE 10080``), stop it and write into the
+# Kernel-side tools: find the relay (``python -I -S -c SOURCE PROXY_PORT``), stop it and write into the
 # pipe that carries its stdout to the launcher; frames in the relay's own format.
 RELAY_TOOLS = f'''
 import os, signal, struct, time

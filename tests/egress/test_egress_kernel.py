@@ -18,6 +18,7 @@ from support.kernel import PODMAN
 from support.package_index import Index, serve_index
 from kernel_sandbox.execution import Sandbox
 from kernel_sandbox.kernelspecs import install as install_kernelspec
+from kernel_sandbox.launch.egress import PROXY_PORT
 
 pytestmark = pytest.mark.security("attack", "egress")
 
@@ -78,13 +79,13 @@ def test_a_failing_install_closes_the_index_too(sandbox: Sandbox, index: Index) 
     assert reachable(sandbox, index).startswith("refused 403")
 
 
-HOLD = """
+HOLD = f"PROXY_PORT = {PROXY_PORT}\n" + """
 import socket, threading
 held = {{'state': 'trying'}}
 def hold():
     import time
     while True:
-        s = socket.create_connection(('127.0.0.1', 10080))
+        s = socket.create_connection(('127.0.0.1', PROXY_PORT))
         s.sendall(b'CONNECT index.test:{port} HTTP/1.1\\r\\n\\r\\n')
         answer = s.recv(200)
         if answer.startswith(b'HTTP/1.1 200'):

@@ -22,6 +22,7 @@ from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox, Secret
 from kernel_sandbox.kernelspecs import install as install_kernelspec
+from kernel_sandbox.launch.egress import PROXY_PORT
 from support.kernel import run_cell
 from support.secrets_servers import Servers, serve
 
@@ -43,10 +44,10 @@ except Exception as exc:
     print('refused', getattr(exc, 'code', None), exc)
 """
 
-RAW = """
+RAW = f"PROXY_PORT = {PROXY_PORT}\n" + """
 import os, socket, ssl, time
 def raw(connect, parts, tls=True, context=None):
-    sock = socket.create_connection(('127.0.0.1', 10080), timeout=20)
+    sock = socket.create_connection(('127.0.0.1', PROXY_PORT), timeout=20)
     sock.sendall(f'CONNECT {connect} HTTP/1.1\\r\\nHost: {connect}\\r\\n\\r\\n'.encode())
     head = b''
     while b'\\r\\n\\r\\n' not in head:
@@ -331,9 +332,9 @@ def test_upgrade_and_expect_are_handled_by_the_proxy(sandbox: Sandbox, servers: 
     assert "expect" not in {k.lower() for k, _ in new["/expect"]["headers"]}
 
 
-H2 = """
+H2 = f"PROXY_PORT = {PROXY_PORT}\n" + """
 import socket, ssl
-sock = socket.create_connection(('127.0.0.1', 10080), timeout=20)
+sock = socket.create_connection(('127.0.0.1', PROXY_PORT), timeout=20)
 sock.sendall(b'CONNECT api.test:{port} HTTP/1.1\\r\\nHost: api.test:{port}\\r\\n\\r\\n')
 head = b''
 while not head.endswith(b'\\r\\n\\r\\n'):
@@ -473,9 +474,9 @@ def test_python_clients_trust_the_kernels_ca_with_no_setting(
     assert pristine.stdout.strip() == "False", pristine
 
 
-KEEP_ALIVE = """
+KEEP_ALIVE = f"PROXY_PORT = {PROXY_PORT}\n" + """
 import http.client, ssl
-conn = http.client.HTTPSConnection('127.0.0.1', 10080, context=ssl.create_default_context(), timeout=30)
+conn = http.client.HTTPSConnection('127.0.0.1', PROXY_PORT, context=ssl.create_default_context(), timeout=30)
 conn.set_tunnel('api.test', {port})
 sizes = []
 for path in ['/echo', '/echo', '/big/{size}', '/echo', '/big/{size}']:

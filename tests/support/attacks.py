@@ -17,6 +17,7 @@ from typing import Any
 from jupyter_client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
+from kernel_sandbox.kernelside.boot import PORTS
 from support.host_memory import MiB, rss
 from support.kernel import ArgvKernel
 
@@ -126,9 +127,8 @@ def launcher_pid(km: AsyncKernelManager) -> int:
 # Kernel-side helpers the attacks share: find the connector processes (the ``python -I -S -c
 # SOURCE PORT WAIT`` processes the launcher runs with ``docker exec``), stop one and write raw
 # bytes into the stream it feeds to the launcher (its stdout pipe, reopened through /proc).
-KERNEL_TOOLS = r'''
+KERNEL_TOOLS = f"HB_PORT = {PORTS['hb_port']}\n" + r'''
 import os, signal, struct, time
-HB_PORT = 10005
 def connectors():
     found = {}
     for pid in os.listdir('/proc'):
