@@ -11,6 +11,11 @@ held for :data:`SIGNAL_BYTES` more, so a flood never costs a client the end of i
 The clients are told: where the dropped messages were, a stderr note of the cell they belonged to
 says how many and how many bytes (:func:`~kernel_sandbox.results.drop_note`; the execution API
 counts them as truncated).
+One IOPub client that takes nothing (a suspended ``jupyter console``, a program that never reads
+its IOPub) holds the others back for :data:`STALL_SECONDS` at most: from then on, until every
+client has room again, each IOPub message goes to the clients that have room and is dropped for
+those that have none, as a ZMQ subscriber past its high-water mark loses messages (no note is
+sent: the others got them).
 A message the relay fails on is dropped and logged; the session goes on.
 """
 
@@ -48,6 +53,9 @@ output."""
 SIGNAL_BYTES = 16 * 2**20
 """Bytes past :data:`HELD_BYTES` held for the other messages (``status``, comms, debug events),
 which clients wait on and no note can stand for; past both, these are dropped too."""
+STALL_SECONDS = 5.0
+"""How long an IOPub message waits for a client's full queue before it is sent to the clients
+that have room (and dropped for that one)."""
 RETRY_SECONDS = 0.005
 MAX_RETRY_SECONDS = 0.1
 """A message for a full client queue is offered again after these delays (doubling)."""
@@ -90,6 +98,9 @@ class Delivery:
         }
         self._held_bytes = dict.fromkeys(self._held, 0)
         self._dropping = dict.fromkeys(self._held, False)
+        self._stalled = False
+        """True while an IOPub client has had no room for :data:`STALL_SECONDS`: messages go to
+        the others."""
 
     def deliver(self, channel: str, idents: list[bytes], parts: list[bytes]) -> None:
         """Relay one message now, or hold it behind the channel's waiting one (dropped past
@@ -219,18 +230,32 @@ class Delivery:
         if parts is None or reader is None:
             return
         frames = [*idents, DELIM, self._signer.sign(parts), *parts]
-        if not reader.send(frames):
+        if reader.send(frames):
+            if channel == "iopub":
+                self._stalled = False  # every client has room again
+        elif channel == "iopub" and self._stalled:
+            reader.send_lossy(frames)
+        else:
             self._wait(channel)
-            self._loop.call_later(RETRY_SECONDS, self._retry, channel, frames, RETRY_SECONDS)
+            since = self._loop.time()
+            self._loop.call_later(RETRY_SECONDS, self._retry, channel, frames, RETRY_SECONDS, since)
 
-    def _retry(self, channel: str, frames: list[Any], delay: float) -> None:
+    def _retry(self, channel: str, frames: list[Any], delay: float, since: float) -> None:
         reader = self._readers.get(channel)
         if reader is None:
             return
         if not reader.send(frames):
-            delay = min(delay * 2, MAX_RETRY_SECONDS)
-            self._loop.call_later(delay, self._retry, channel, frames, delay)
-            return
+            if channel != "iopub" or self._loop.time() - since < STALL_SECONDS:
+                delay = min(delay * 2, MAX_RETRY_SECONDS)
+                self._loop.call_later(delay, self._retry, channel, frames, delay, since)
+                return
+            log.warning(
+                "an IOPub client has taken no message for %g s: IOPub messages now go to the "
+                "clients that have room, and are dropped for those that have none",
+                STALL_SECONDS,
+            )
+            self._stalled = True
+            reader.send_lossy(frames)
         self._waiting.discard(channel)
         self._release(channel)
 

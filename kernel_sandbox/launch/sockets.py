@@ -77,6 +77,16 @@ class Reader:
         self.kick()
         return True
 
+    def send_lossy(self, frames: list[Any]) -> None:
+        """Send ``frames`` to the IOPub clients that have room, dropping it for those whose queue
+        is full (libzmq's own way, ``XPUB_NODROP`` off for this one message)."""
+        self.sock.setsockopt(zmq.XPUB_NODROP, 0)
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        finally:
+            self.sock.setsockopt(zmq.XPUB_NODROP, 1)
+        self.kick()
+
     def pause(self, paused: bool) -> None:
         """Stop taking messages while ``paused`` (they wait in ZMQ's bounded queues), resume
         after."""

@@ -27,6 +27,7 @@ import docker.errors
 import pytest
 import zmq
 import zmq.asyncio
+from jupyter_client.asynchronous import AsyncKernelClient
 
 from kernel_sandbox.kernelspecs import started_client
 
@@ -94,6 +95,23 @@ async def test_a_stalled_client_does_not_make_the_launcher_hold_a_kernels_flood(
         f"{peak.growth('launcher') / MiB:.0f} MiB (bound {2 * LAUNCHER_BOUND // MiB} MiB): it queues up to "
         "ZMQ's default high-water mark of 1000 messages per subscriber, whatever their size"
     )
+
+
+@pytest.mark.security("attack", "channel")
+@pytest.mark.parametrize("kernel", ["runc"], indirect=True)  # the launcher's delivery: the runtime plays no part
+async def test_a_client_that_never_reads_iopub_does_not_hold_back_another_clients_output(kernel) -> None:
+    """A second client of the kernel subscribes to IOPub and takes nothing (a suspended `jupyter
+    console`): the first client's cell, thousands of output messages, still ends with its output.
+    Before, every client's IOPub waited for the stalled one: the cell never ended."""
+    km, kc = kernel
+    stalled = AsyncKernelClient()  # a session of its own, as another program's client has
+    stalled.load_connection_info(km.get_connection_info())
+    stalled.start_channels(shell=False, stdin=False, hb=False, control=False)  # IOPub only, never read
+    try:
+        text = await outputs(kc, "for i in range(3000):\n    print(i, flush=True)\nprint('done')", timeout=120)
+    finally:
+        stalled.stop_channels()
+    assert text.endswith("2999\ndone\n"), text[-200:]
 
 
 FLOOD_SECONDS = 10

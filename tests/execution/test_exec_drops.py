@@ -159,3 +159,39 @@ def test_a_forged_note_with_a_number_past_ints_digit_limit_counts_nothing_and_ne
     huge = drop_note(1, 1).replace("(1 bytes)", "(" + "9" * 5000 + " bytes)")  # int() refuses past 4300 digits
     assert fold.message("stream", {"name": "stderr", "text": huge}) == ("stderr", huge)
     assert fold.execution.truncated_bytes == 0
+
+
+class OneStalled(FullQueue):
+    """IOPub clients one of which takes nothing until ``room``: a lossy send reaches the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lossy: list[list[Any]] = []
+
+    def send_lossy(self, frames: list[Any]) -> None:
+        self.lossy.append(frames)
+
+
+async def test_a_stalled_client_holds_iopub_back_for_stall_seconds_then_until_all_have_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(delivery, "STALL_SECONDS", 0.05)
+    monkeypatch.setattr(delivery, "RETRY_SECONDS", 0.001)
+    queue = OneStalled()
+    relay = delivery_to(queue)
+    relay.deliver("iopub", [b"topic"], stream("first", "cell-1"))  # waits for the stalled client
+    relay.deliver("iopub", [b"topic"], stream("second", "cell-1"))  # held behind it
+    assert relay.waiting("iopub") and not queue.lossy
+    for _ in range(200):
+        if not relay.waiting("iopub"):
+            break
+        await asyncio.sleep(0.005)
+    assert [text for _, text, _ in texts(queue.lossy)] == ["first", "second"], "past the stall, both go to the others"
+    relay.deliver("iopub", [b"topic"], stream("third", "cell-1"))
+    assert [text for _, text, _ in texts(queue.lossy)][-1] == "third", "still stalled: no new wait"
+    queue.room = True  # every client has room again
+    relay.deliver("iopub", [b"topic"], stream("fourth", "cell-2"))
+    assert texts(queue.sent)[-1][1] == "fourth"
+    queue.room = False
+    relay.deliver("iopub", [b"topic"], stream("fifth", "cell-2"))
+    assert relay.waiting("iopub") and texts(queue.lossy)[-1][1] == "third", "a new stall waits again first"
