@@ -1,7 +1,7 @@
-"""``python -m kernel_sandbox.launch``: see :mod:`kernel_sandbox.launch`."""
+"""``python -m kernel_sandbox.launch``: see :mod:`kernel_sandbox.launch.launcher`."""
 
 import sys
 
-from . import main
+from .launcher import main
 
 sys.exit(main())

@@ -5,12 +5,9 @@ kernel's channels on ``127.0.0.1`` ports, which every account on the host can co
 plain ZMQ sockets there, another account could subscribe to IOPub and read every cell's code and
 output (the key only protects what a client sends), or make the launcher hold whatever it sends
 before the signature is checked. So the launcher listens on those ports itself and admits a
-connection only when the other end is a live socket of the launcher's own user: the kernel is
-asked about that one socket by its exact four addresses and ports (``NETLINK_SOCK_DIAG``; on a
-kernel without it, ``/proc/net/tcp{,6}`` is read, matched the same way), and the answer must
-say ESTABLISHED and the launcher's uid. A peer that already closed (its socket half-closed, or a
-``TIME_WAIT`` row, which has no owner and reads as uid 0) is refused, as are connections from
-other hosts or network namespaces (no local socket is theirs).
+connection only when the other end is a live socket of the launcher's own user
+(:func:`.peers.judge`: a peer that already closed, or one from another host or network namespace,
+is refused).
 
 Accepting and checking happen in one thread of their own (:class:`_Doorkeeper`), never on the
 event loop: a refused connection is reset there and the loop never sees it, so a flood of knocks
@@ -26,19 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 import logging
 import os
 import queue
 import selectors
 import socket
-import struct
 import threading
 from pathlib import Path
 from typing import Any, cast
 
 from ..errors import KernelLaunchError
 from .journal import note
+from .peers import judge, reset
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -46,113 +42,6 @@ HIGH_WATER = 1024 * 1024
 """Bytes a joined side may have unsent before the other side stops being read."""
 MAX_PER_UID = 32
 """Admitted connections one uid may hold on one channel (a client holds one)."""
-ESTABLISHED = 1
-"""The kernel's TCP state number for a live connection (``/proc/net/tcp`` writes it ``01``)."""
-LETTING_GO = (4, 5, 11)
-"""FIN_WAIT1, FIN_WAIT2, CLOSING: a socket its process closed first, which still names its uid (a
-TIME_WAIT row, 6, names none: it reads as uid 0)."""
-PEER_ENDED = (7, 8)
-"""CLOSE, CLOSE_WAIT: our end of a connection its peer reset or closed."""
-NETLINK_SOCK_DIAG = 4
-SOCK_DIAG_BY_FAMILY = 20
-NLM_F_REQUEST = 1
-NLMSG_ERROR = 2
-NO_COOKIE = 0xFFFFFFFF
-_NLMSG = struct.Struct("=IHHII")
-_DIAG_REQUEST = struct.Struct("=BBBxI")
-_PORTS = struct.Struct(">HH")
-_DIAG_TAIL = struct.Struct("=III")
-_DIAG_REPLY = struct.Struct("=BBBB")
-_DIAG_OWNER = struct.Struct("=IIIII")
-DIAG_TIMEOUT = 1.0
-"""Seconds the worker waits for the kernel's answer about one socket."""
-
-
-def _endpoint(address: tuple[str, int]) -> tuple[int, bytes, int]:
-    """The family, packed address and port of a socket name (IPv4-mapped IPv6 read as IPv4)."""
-    ip = ipaddress.ip_address(address[0].split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return (socket.AF_INET if ip.version == 4 else socket.AF_INET6), ip.packed, int(address[1])
-
-
-def diag_owner(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
-    """The TCP state and owner uid of the socket bound to ``local`` and connected to ``remote``.
-
-    One ``SOCK_DIAG_BY_FAMILY`` request for exactly that socket; None when there is none. Raises
-    OSError when the kernel offers no such lookup.
-    """
-    family, src, sport = _endpoint(local)
-    _, dst, dport = _endpoint(remote)
-    request = (
-        _DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF)
-        + _PORTS.pack(sport, dport)
-        + src.ljust(16, b"\0")
-        + dst.ljust(16, b"\0")
-        + _DIAG_TAIL.pack(0, NO_COOKIE, NO_COOKIE)
-    )
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as diag:
-        diag.settimeout(DIAG_TIMEOUT)
-        diag.sendto(
-            _NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
-            + request,
-            (0, 0),
-        )
-        answer = diag.recv(65536)
-    _, kind, _, _, _ = _NLMSG.unpack_from(answer)
-    body = _NLMSG.size
-    if kind == NLMSG_ERROR:
-        error = -struct.unpack_from("=i", answer, body)[0]
-        if error == 2:  # ENOENT: no such socket
-            return None
-        raise OSError(error, os.strerror(error))
-    if kind != SOCK_DIAG_BY_FAMILY:
-        raise OSError(f"sock_diag answered message type {kind}")
-    got_family, state, _, _ = _DIAG_REPLY.unpack_from(answer, body)
-    got_sport, got_dport = _PORTS.unpack_from(answer, body + 4)
-    got_src = answer[body + 8 : body + 8 + len(src)]
-    got_dst = answer[body + 24 : body + 24 + len(dst)]
-    if (got_family, got_sport, got_dport, got_src, got_dst) != (family, sport, dport, src, dst):
-        return None  # another socket (say, a listener found instead): not the one asked about
-    uid = _DIAG_OWNER.unpack_from(answer, body + 52)[3]  # after the id: expires, queues, uid, inode
-    return state, uid
-
-
-def _table_address(family: int, packed: bytes, port: int) -> str:
-    """How /proc/net/tcp{,6} writes an address: 32-bit words in host byte order, then the port."""
-    words = struct.unpack(f"={len(packed) // 4}I", packed)
-    return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
-
-
-def table_owner(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
-    """:func:`diag_owner` read from ``/proc/net/tcp{,6}`` (the row matched by both ends), for
-    kernels without sock_diag."""
-    family, mine, my_port = _endpoint(local)
-    _, theirs, their_port = _endpoint(remote)
-    wanted = (_table_address(family, mine, my_port), _table_address(family, theirs, their_port))
-    table = "/proc/net/tcp6" if family == socket.AF_INET6 else "/proc/net/tcp"
-    with open(table) as rows:
-        next(rows)
-        for row in rows:
-            fields = row.split()
-            if (fields[1], fields[2]) == wanted:
-                return int(fields[3], 16), int(fields[7])
-    return None
-
-
-def peer_owner(sock_name: tuple[str, int], peer_name: tuple[str, int]) -> tuple[int, int] | None:
-    """State and uid of the local socket at the other end of our connection ``sock_name`` ↔
-    ``peer_name``.
-
-    None when no local socket is it, or it cannot be told (read as "refuse").
-    """
-    try:
-        try:
-            return diag_owner(peer_name, sock_name)
-        except OSError:
-            return table_owner(peer_name, sock_name)
-    except (OSError, ValueError, IndexError, StopIteration, struct.error):
-        return None
 
 
 class _Side(asyncio.Protocol):
@@ -249,25 +138,7 @@ class _Door(_Side):
 def _refuse(conn: socket.socket, channel: str, why: str, level: int = logging.WARNING) -> None:
     """Reset ``conn`` (nothing it sent is read) and log why, once per kind and interval."""
     note(log, level, "refused a connection to the %s channel: %s", channel, why)
-    try:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-    except OSError:
-        pass
-    conn.close()
-
-
-def _let_go(conn: socket.socket) -> bool:
-    """Whether the peer has ended the connection already: ours has its FIN (CLOSE_WAIT) or its
-    reset (CLOSE)."""
-    try:
-        state = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-    except OSError:
-        return False
-    return state in PEER_ENDED
-
-
-_RESET = struct.pack("ii", 1, 0)
-"""SO_LINGER on, 0 s: close() resets the connection."""
+    reset(conn)
 
 
 class _Doorkeeper:
@@ -348,28 +219,11 @@ class _Doorkeeper:
 
     def _decide(self, conn: socket.socket, gate: TcpGate) -> None:
         """Admit ``conn`` (hand it to its gate) or refuse it, by the owner of its peer's socket."""
-        try:
-            owner = peer_owner(conn.getsockname()[:2], conn.getpeername()[:2])
-        except OSError:  # the peer is gone already
-            owner = None
-        if owner is None and _let_go(conn):
-            # its socket is gone (reset, or closed and reaped under load) with nothing read of it:
-            # whoever it was can do nothing more, and a warning could not say whose it was
-            _refuse(conn, gate.channel, "the peer let go before the check", logging.DEBUG)
-        elif owner is None:
-            _refuse(conn, gate.channel, "no live socket of this host is its peer")
-        elif owner[0] != ESTABLISHED:
-            why = f"the peer's socket is not connected (TCP state {owner[0]})"
-            # this user's own client let go before the check (jupyter_client's heartbeat makes a
-            # new connection after a missed beat, as a launcher starting under load misses some):
-            # nothing of it was read and nothing is wrong; another uid's, or a TIME_WAIT row's
-            # (uid 0, whoever made it), is warned of
-            own = owner[1] == gate.uid and owner[0] in LETTING_GO
-            _refuse(conn, gate.channel, why, logging.DEBUG if own else logging.WARNING)
-        elif owner[1] != gate.uid:
-            _refuse(conn, gate.channel, f"a process of uid {owner[1]}, not this user's")
+        why, quiet = judge(conn, gate.uid)
+        if why is None:
+            gate.hand_over(conn, gate.uid)
         else:
-            gate.hand_over(conn, owner[1])
+            _refuse(conn, gate.channel, why, logging.DEBUG if quiet else logging.WARNING)
 
 
 CHANGE_WAIT = 5.0
@@ -388,7 +242,9 @@ class TcpGate:
     """Listen on ``ip``:``port`` and join each live connection of this user's processes to
     ``ipc_path``."""
 
-    def __init__(self, channel: str, ip: str, port: int, ipc_path: Path) -> None:
+    def __init__(
+        self, channel: str, ip: str, port: int, ipc_path: Path, sock: socket.socket | None = None
+    ) -> None:
         self.channel = channel
         self.ipc_path = ipc_path
         self.uid = os.geteuid()
@@ -398,11 +254,15 @@ class TcpGate:
         host = "0.0.0.0" if ip in ("*", "") else ip
         try:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-            self._sock: socket.socket | None = socket.create_server((host, port), family=family)
+            self._sock: socket.socket | None = sock or socket.create_server(
+                (host, port), family=family
+            )
         except OSError as exc:
             raise KernelLaunchError(
                 f"cannot listen on {ip}:{port} for the {channel} channel: {exc}"
             ) from exc
+        self.listener = self._sock
+        """The listening socket (``sock``, one inherited across an exec, or a new one)."""
         self._sock.setblocking(False)
         _the_doorkeeper().watch(self._sock, self)
 

@@ -19,7 +19,7 @@ import pytest
 
 from kernel_sandbox.controls import ByteEscaper, SafeWriter, escape_controls
 from kernel_sandbox.errors import ConfigError
-from kernel_sandbox.launch import gate, journal
+from kernel_sandbox.launch import gate, journal, peers
 from kernel_sandbox.launch.sockets import Connection
 
 HOSTILE = "ok\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[H\x9b31m\rfake\bprompt\x00\a\n\tend"
@@ -73,16 +73,16 @@ def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
     return server, client, accepted
 
 
-@pytest.mark.parametrize("lookup", [gate.diag_owner, gate.table_owner], ids=["sock_diag", "proc"])
+@pytest.mark.parametrize("lookup", [peers.diag_owner, peers.table_owner], ids=["sock_diag", "proc"])
 def test_the_owner_lookup_sees_a_live_socket_and_not_a_closed_one(lookup) -> None:
     server, client, accepted = _pair()
     try:
         names = (client.getsockname(), accepted.getsockname())
-        assert lookup(*names) == (gate.ESTABLISHED, os.geteuid())
+        assert lookup(*names) == (peers.ESTABLISHED, os.geteuid())
         assert lookup(client.getsockname(), ("127.0.0.1", 1)) is None  # both ends must match
         client.close()  # its row stays (FIN_WAIT, then TIME_WAIT), owned by nobody
         state = lookup(*names)
-        assert state is not None and state[0] != gate.ESTABLISHED
+        assert state is not None and state[0] != peers.ESTABLISHED
     finally:
         for sock in (server, client, accepted):
             sock.close()
