@@ -4,11 +4,12 @@ a fleet of idle kernels asleep vs awake.
 Run: ``python bench/bench_sleep.py [--rounds N] [--fleet K]`` (needs the Docker engine and the kernel
 image; ``--fleet 0`` leaves the fleet out).
 One Docker kernel holds a 100 MB NumPy array. Awake, the host holds its container (the cgroup's
-memory, as ``docker stats``) and its launcher (unique memory, USS); asleep, the launcher alone.
+memory, as ``docker stats``) and its launcher (unique memory, USS); asleep, the launcher alone, once
+it has made way for its dormant process (kernel_sandbox/launch/dormant.py).
 Each round: ``suspend()``, then the first call (``run("1")``), which wakes it in a new container with
 its variables, beside the same call on a kernel that never slept. Goals (issue 37): a sleeping
-kernel costs at most 12 MiB on the host besides its blob on disk (today's launcher is more: it is
-measured, not slimmed yet), and the wake of 100 MB takes at most 2 s. Nothing asserts on time.
+kernel costs at most 12 MiB on the host besides its blob on disk, and the wake of 100 MB takes at
+most 2 s. Nothing asserts on time.
 
 The fleet (issue 37's bench): ``--fleet`` kernels (100) with 50 MB each, started a few at a time
 and left idle; the host's memory for them awake (their containers' cgroup memory plus their
@@ -56,6 +57,15 @@ def _launcher_uss(sandbox: AsyncSandbox) -> float:
     return psutil.Process(pid).memory_full_info().uss / 2**20
 
 
+async def _dormant(sandbox: AsyncSandbox, timeout: float = 30) -> None:
+    """Wait until the sandbox's sleeping kernel's launcher is the dormant process."""
+    cmdline = f"/proc/{sandbox._km.provisioner.pid}/cmdline"
+    deadline = time.monotonic() + timeout
+    while b"kernel_sandbox.launch.dormant" not in open(cmdline, "rb").read():
+        assert time.monotonic() < deadline, "the sleeping kernel's launcher did not make way"
+        await asyncio.sleep(0.2)
+
+
 async def measure(rounds: int) -> dict[str, Any]:
     """Host memory awake and asleep; seconds to suspend, to wake (first call), and a never-slept call."""
     times: dict[str, list[float]] = {"suspend": [], "wake": [], "awake_call": []}
@@ -69,6 +79,7 @@ async def measure(rounds: int) -> dict[str, Any]:
             started = time.perf_counter()
             await sleeper.suspend()
             times["suspend"].append(time.perf_counter() - started)
+            await _dormant(sleeper)
             memory["launcher_asleep"].append(_launcher_uss(sleeper))
             started = time.perf_counter()
             assert (await sleeper.run("1")).error is None
@@ -105,6 +116,7 @@ async def measure_fleet(kernels: int) -> dict[str, Any]:
         containers = sum(usage.memory or 0 for usage in await _in_batches([s.metrics() for s in fleet])) / 2**20
         launchers_awake = sum(_launcher_uss(sandbox) for sandbox in fleet)
         await _in_batches([sandbox.suspend() for sandbox in fleet])
+        await asyncio.gather(*(_dormant(sandbox, timeout=120) for sandbox in fleet))
         launchers_asleep = sum(_launcher_uss(sandbox) for sandbox in fleet)
         saved = sum(usage.saved or 0 for usage in await _in_batches([s.metrics() for s in fleet]))
         woke = time.perf_counter()

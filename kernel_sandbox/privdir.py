@@ -274,6 +274,15 @@ class PrivateDir:
         self._held[name] = fd
         return True
 
+    def lock_fd(self, name: str) -> int | None:
+        """The descriptor holding the lock ``name`` (None: not held by this object)."""
+        return self._held.get(name)
+
+    def adopt(self, name: str, fd: int) -> None:
+        """Hold the lock ``name`` by ``fd``, inherited across an exec (:mod:`.launch.dormant`)."""
+        os.set_inheritable(fd, False)
+        self._held[name] = fd
+
     def release(self, name: str) -> None:
         """Let go of the lock ``name`` if this object holds it."""
         fd = self._held.pop(name, None)

@@ -23,7 +23,10 @@ the clients, in order and with bounded holding, :mod:`.delivery`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ from .messages import (
     DELIM,
     Signer,
     dumps,
+    filter_parts,
     launcher_note,
     msg_type_of,
     new_header,
@@ -56,6 +60,8 @@ LIMITS_INTERVAL = 0.5
 """Seconds between two readings of the limits the kernel hit (its cgroup, on Docker): however many
 errors and idle statuses the kernel publishes, the launcher reads them at most once per interval
 (see :meth:`Front._watch_errors`)."""
+LISTEN_BACKLOG = 128
+"""Connections an IPC channel's listening socket queues (ZMQ's own default, ``ZMQ_BACKLOG``)."""
 Answer = dict[str, Any] | Awaitable[dict[str, Any]]
 """What a launcher's own request handler returns: the reply's content, or an awaitable of it."""
 
@@ -126,6 +132,10 @@ class Front:
         self._link: KernelLink | None = None
         self._kernel_ready = False
         self._gates: list[TcpGate] = []
+        self._listeners: dict[str, socket.socket] = {}
+        self._handlers: dict[str, Callable[[list[Any]], None]] = {}
+        self.subscriptions = 0
+        """IOPub subscriptions received (a client's SUB socket makes one each time it connects)."""
         self._gate_dir: PrivateDir | None = None
         self.requests: dict[str, Callable[[Any], Answer]] = {"usage_request": self._usage}
         """Control messages the launcher answers itself, by ``msg_type`` (``x_request`` →
@@ -153,14 +163,16 @@ class Front:
         """True while IOPub is held for the timer's reading (see :meth:`_watch_errors`)."""
         self._answering: set[asyncio.Future[None]] = set()
 
-    def bind(self) -> None:
+    def bind(self, adopted: dict[str, int] | None = None) -> None:
         """Bind the five channels where the connection file says; raise naming the one that failed.
 
         Every socket is bounded (:func:`.sockets.client_socket`); past its queue the channel's
         messages are held up to :data:`~.delivery.HELD_BYTES` (:mod:`.delivery`), so the launcher
         holds a bounded amount per channel whatever the kernel sends and however slowly clients
         read. On TCP the ports admit this user's own processes only (:mod:`.gate`); the ZMQ
-        sockets then sit in a private directory.
+        sockets then sit in a private directory. The listening sockets are the launcher's own
+        (IPC ones given to ZMQ, ``ZMQ_USE_FD``), so that they outlive an exec: ``adopted`` are
+        those of the launcher before it (:mod:`.dormant`), by channel.
         """
         if self.connection.transport == "tcp":
             self._gate_dir = PrivateDir.create()
@@ -169,20 +181,25 @@ class Front:
         for channel in KINDS:
             sock = client_socket(self._context, channel)
             address = self.connection.address(channel)
+            fd = (adopted or {}).get(channel)
             try:
                 if self._gate_dir is None:
+                    listener = _unix_listener(address, fd)
+                    sock.setsockopt(zmq.USE_FD, os.dup(listener.fileno()))
+                    self._listeners[channel] = listener
                     sock.bind(address)
                 else:
                     sock.bind(self._gate_dir.ipc(channel))
-                    self._gates.append(
-                        TcpGate(
-                            channel,
-                            self.connection.ip,
-                            self.connection.ports[channel],
-                            self._gate_dir / channel,
-                        )
+                    gate = TcpGate(
+                        channel,
+                        self.connection.ip,
+                        self.connection.ports[channel],
+                        self._gate_dir / channel,
+                        None if fd is None else socket.socket(fileno=fd),
                     )
-            except (zmq.ZMQError, KernelLaunchError) as exc:
+                    self._gates.append(gate)
+                    self._listeners[channel] = gate.listener
+            except (zmq.ZMQError, KernelLaunchError, OSError) as exc:
                 sock.close(linger=0)
                 self.close()
                 if isinstance(exc, KernelLaunchError):
@@ -191,7 +208,40 @@ class Front:
                     f"cannot listen on {address} for the {channel} channel: {exc}"
                 ) from exc
             handler = handlers.get(channel) or self._request_handler(channel)
+            self._handlers[channel] = handler
             self._readers[channel] = Reader(f"client {channel}", sock, handler)
+
+    def input_waiting(self) -> bool:
+        """Whether a client's message waits in a channel's queue, not read yet."""
+        return any(
+            int(reader.sock.get(zmq.EVENTS)) & zmq.POLLIN for reader in self._readers.values()
+        )
+
+    def answering(self) -> bool:
+        """Whether a launcher's own request is being answered (its reply is yet to go)."""
+        return bool(self._answering)
+
+    def listener_fds(self) -> dict[str, int]:
+        """The listening sockets' descriptors, by channel (for :mod:`.dormant`)."""
+        return {channel: listener.fileno() for channel, listener in self._listeners.items()}
+
+    def gate_dir(self) -> PrivateDir | None:
+        """The private directory of the ZMQ sockets behind the TCP ports (None: IPC)."""
+        return self._gate_dir
+
+    async def clients_back(self, subscribers: int, timeout: float) -> None:
+        """After an exec (:mod:`.dormant`): wait until ``subscribers`` IOPub subscriptions came
+        back (at most ``timeout`` s), and until then hold replies to clients not yet reconnected
+        rather than drop them."""
+        deadline = self._loop.time() + timeout
+        for reader in self._readers.values():
+            reader.hold_unreachable_until = deadline
+        while self.subscriptions < subscribers and self._loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    def replay(self, channel: str, frames: list[bytes]) -> None:
+        """Handle ``frames`` as if the channel's socket had just received them."""
+        self._handlers[channel](frames)
 
     def attach(self, link: KernelLink) -> None:
         """Relay to ``link`` from now on (client messages before this are dropped)."""
@@ -267,6 +317,13 @@ class Front:
         """Send a reply of the launcher's own to a client's request (its header ``parent``)."""
         parts = [self._header(reply_type), parent, b"{}", dumps(content)]
         self.from_kernel(channel, idents, parts)
+
+    def reply_content(self, channel: str, reply_type: str, content: dict[str, Any]) -> str:
+        """A reply's content as the output policy lets clients see it (JSON text), to be sent
+        later without the launcher (:mod:`.dormant`)."""
+        parts = [self._header(reply_type), b"{}", b"{}", dumps(content)]
+        filtered = filter_parts(self.policy, channel, reply_type, parts)
+        return bytes(filtered[3]).decode() if filtered is not None else "{}"
 
     def publish(self, parent: bytes, msg_type: str, content: dict[str, Any]) -> None:
         """Publish a message of the launcher's own on IOPub (a status, say), child of ``parent``."""
@@ -390,6 +447,7 @@ class Front:
         event = bytes(frames[0])
         if not event or event[0] != 1:
             return
+        self.subscriptions += 1
         topic = event[1:]
         parts = [
             self._header("iopub_welcome"),
@@ -444,6 +502,30 @@ class Front:
             reader.close()
         self._readers.clear()
         self._context.term()
+        for listener in self._listeners.values():
+            if listener.family == socket.AF_UNIX:
+                with contextlib.suppress(OSError):
+                    os.unlink(listener.getsockname())
+            listener.close()
+        self._listeners.clear()
         if self._gate_dir is not None:
             self._gate_dir.remove()
             self._gate_dir = None
+
+
+def _unix_listener(address: str, fd: int | None) -> socket.socket:
+    """The listening socket of an ``ipc://`` address: ``fd``'s, or a new one (a file left at the
+    path is replaced, as ZMQ replaces it)."""
+    if fd is not None:
+        return socket.socket(fileno=fd)
+    path = address[len("ipc://") :]
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(LISTEN_BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener

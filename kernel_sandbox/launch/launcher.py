@@ -29,25 +29,43 @@ import asyncio
 import contextlib
 import logging
 import os
+import json
 import signal
 import sys
 import time
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from .. import backends
+from ..canonical import PROTOCOL_VERSION
 from ..controls import escape_controls
 from ..errors import KernelSandboxError
+from ..metrics import usage_reply
 from ..policy.output import OutputPolicy
 from ..privdir import EXIT, LAUNCHER_LOCK, ORPHANED, OWNER_LOCK, PrivateDir
 from . import journal
+from .asleep import dormant_answers
+from .dormant import (
+    STATE_OPTION,
+    decode_frames,
+    dormant_argv,
+    exec_with,
+    handle_signals,
+    read_state,
+)
 from .front import ExitStatus, Front, KernelLink
 from .request import (
     LaunchRequest,
     Settings,
     read_request,
+    request_from_state,
+    request_state,
 )
+from .sleep import Sleeper, SleepableLink
 
 OWNER_CHECK_INTERVAL = 1.0
+RECONNECT_WAIT = 5.0
+"""Seconds a launcher exec'd by the dormant process waits for its clients to reconnect."""
 
 log = logging.getLogger("kernel_sandbox.launch")
 
@@ -62,8 +80,6 @@ def make_link(request: LaunchRequest) -> KernelLink:
     ):
         link: KernelLink = link_class(request)
         return link
-    from .sleep import Sleeper, SleepableLink
-
     return Sleeper(request, lambda: cast(SleepableLink, link_class(request)))
 
 
@@ -108,17 +124,24 @@ async def _watch_owner(request: LaunchRequest, gone: asyncio.Future[str]) -> Non
         await asyncio.sleep(OWNER_CHECK_INTERVAL)
 
 
-async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
+async def serve(
+    request: LaunchRequest,
+    status_fd: int | None = None,
+    resumed: dict[str, Any] | None = None,
+    may_exec: bool = False,
+) -> int:
     """Run the kernel for ``request`` until it ends or is stopped; return the launcher's exit
-    code."""
+    code. ``resumed``: the state a launcher before an exec left (:mod:`.dormant`); ``may_exec``:
+    this process is the launcher's own, which a sleeping kernel's dormant process may replace."""
     loop = asyncio.get_running_loop()
     private = request.private
     if private is not None:
-        private.hold(LAUNCHER_LOCK)
+        _hold_lock(private, resumed)
     stop: asyncio.Future[str] = loop.create_future()
     front = Front(request.connection, output_policy(request.settings))
     try:
-        front.bind()  # first, so that a client's first heartbeat is answered at once
+        # first, so that a client's first heartbeat is answered at once
+        front.bind(resumed["listeners"] if resumed is not None else None)
     except KernelSandboxError as exc:
         print(f"kernel-sandbox: {escape_controls(str(exc))}", file=sys.stderr, flush=True)
         _finish(private, ExitStatus(1, str(exc), type(exc).__name__))
@@ -132,20 +155,26 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop_with, "stopped by SIGTERM")
     loop.add_signal_handler(signal.SIGHUP, stop_with, "stopped by SIGHUP")
     loop.add_signal_handler(signal.SIGINT, lambda: asyncio.ensure_future(link.interrupt()))
+    handle_signals()  # blocked across an exec by the dormant process
     owner = asyncio.ensure_future(_watch_owner(request, stop))
     ticking = asyncio.ensure_future(journal.keep_time())
+    tasks: set[asyncio.Future[None]] = set()
     try:
         front.attach(link)
-        started = asyncio.ensure_future(link.start(front))
+        if resumed is not None:
+            started = asyncio.ensure_future(cast(Sleeper, link).resume(front, resumed["sleep"]))
+        else:
+            started = asyncio.ensure_future(link.start(front))
         await asyncio.wait((started, stop), return_when=asyncio.FIRST_COMPLETED)
         if started.done():
             started.result()
             front.kernel_ready()
             _report_ready(status_fd)
             status_fd = None  # closed: its number may be reused by now
-            ended = asyncio.ensure_future(link.ended())
-            await asyncio.wait((ended, stop), return_when=asyncio.FIRST_COMPLETED)
-            status = ended.result() if ended.done() else ExitStatus(0, stop.result())
+            if resumed is not None:
+                tasks.add(asyncio.ensure_future(_take_back(front, resumed, stop_with)))
+            resting = _resting(link, request, may_exec, owner)
+            status = await _until_ended(request, front, link, stop, resting)
         else:
             started.cancel()
             status = ExitStatus(0, stop.result())
@@ -158,6 +187,8 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     finally:
         owner.cancel()
         ticking.cancel()
+        for task in tasks:
+            task.cancel()
         await link.stop()
         front.close()
         _close(status_fd)
@@ -166,6 +197,146 @@ async def serve(request: LaunchRequest, status_fd: int | None = None) -> int:
     journal.installed().flush_counts()
     _finish(private, status)
     return status.code
+
+
+async def _until_ended(
+    request: LaunchRequest,
+    front: Front,
+    link: KernelLink,
+    stop: asyncio.Future[str],
+    resting: asyncio.Future[Any],
+) -> ExitStatus:
+    """Wait until the kernel ends or the launcher is stopped; meanwhile, once ``resting`` says so,
+    let the dormant process take a sleeping kernel's place."""
+    ended = asyncio.ensure_future(link.ended())
+    while True:
+        await asyncio.wait((ended, stop, resting), return_when=asyncio.FIRST_COMPLETED)
+        if ended.done() or stop.done():
+            break
+        sleeper = cast(Sleeper, link)
+        if front.input_waiting():  # a message came meanwhile: handled here, the rest is later
+            sleeper.resting = resting = asyncio.get_running_loop().create_future()
+            continue
+        _go_dormant(request, front, sleeper)  # returns only if it failed
+        resting = asyncio.get_running_loop().create_future()  # it sleeps on in this process
+    return ended.result() if ended.done() else ExitStatus(0, stop.result())
+
+
+def _resting(
+    link: KernelLink, request: LaunchRequest, may_exec: bool, owner: asyncio.Future[None]
+) -> asyncio.Future[Any]:
+    """Done when the dormant process may take over the sleeping kernel: the launcher is its own
+    process, the link is a :class:`Sleeper`, and the kernel's owner is there (else the owner watch
+    counts down here)."""
+    if not may_exec or not isinstance(link, Sleeper):
+        return asyncio.get_running_loop().create_future()  # never
+    private = request.private
+
+    def owner_there() -> bool:
+        if owner.done():
+            return False
+        if private is None:
+            return os.getppid() == request.client_pid
+        return private.held(OWNER_LOCK) and not (private / ORPHANED).exists()
+
+    link.may_rest = owner_there
+    return link.resting
+
+
+def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
+    """Exec the dormant process (:mod:`.dormant`) in this one's place; returns only if the exec
+    failed (the kernel then sleeps on here)."""
+    locks = [fd for fd in (_lock_fd(request.private), _lock_fd(link.own_dir())) if fd is not None]
+    argv = launcher_argv()
+    listeners = front.listener_fds()
+    owner = (
+        {"pid": request.client_pid}
+        if request.private is None
+        else {"lock": str(request.private / OWNER_LOCK)}
+    )
+    gate_dir = front.gate_dir()
+    kept = link.snapshot()
+    answers = dormant_answers(kept["kernel_info"], kept["lost"])
+    state: dict[str, Any] = {
+        "launcher": {
+            "request": request_state(request),
+            "sleep": kept,
+            "listeners": listeners,
+            "lock": _lock_fd(request.private),
+            "argv": argv,
+        },
+        "answers": {
+            kind: {
+                "channels": ["shell", "control"] if channel == "shell" else [channel],
+                "reply": reply,
+                # the launcher's own replies skip the output policy, as they do when it is awake
+                "content": json.dumps(content)
+                if kind in front.requests
+                else front.reply_content(channel, reply, content),
+                "status": status,
+            }
+            for kind, (channel, reply, content, status) in answers.items()
+        },
+        "key": request.connection.key.hex(),
+        "signature_scheme": request.connection.signature_scheme,
+        "version": PROTOCOL_VERSION,
+        "transport": request.connection.transport,
+        "listeners": listeners,
+        "locks": locks,
+        "owner": owner,
+        "argv": argv,
+        "remove": None if gate_dir is None else str(gate_dir.path),
+    }
+    state["answers"]["usage_request"] = {
+        "channels": ["control"],
+        "reply": "usage_reply",
+        "content": json.dumps(usage_reply(link.usage())),
+        "status": False,
+    }
+    journal.installed().flush_counts()
+    log.info("the sleeping kernel's channels go to the dormant process")
+    try:
+        exec_with(dormant_argv(argv), state, [*listeners.values(), *locks])
+    except OSError as exc:
+        log.warning("the sleeping kernel's launcher stays whole: %s", exc)
+
+
+def _hold_lock(private: PrivateDir, resumed: dict[str, Any] | None) -> None:
+    """Hold the launcher's lock of ``private``: the one inherited across an exec, if any."""
+    if resumed is not None:
+        private.adopt(LAUNCHER_LOCK, resumed["lock"])
+    else:
+        private.hold(LAUNCHER_LOCK)
+
+
+def _lock_fd(directory: PrivateDir | None) -> int | None:
+    return None if directory is None else directory.lock_fd(LAUNCHER_LOCK)
+
+
+async def _take_back(
+    front: Front, resumed: dict[str, Any], stop_with: Callable[[str], None]
+) -> None:
+    """After the dormant process exec'd the launcher again: wait for the clients to reconnect,
+    handle the messages it read, and stop if a signal was why."""
+    await front.clients_back(resumed["subscribers"], RECONNECT_WAIT)
+    for channel, frames in resumed["pending"]:
+        front.replay(channel, decode_frames(frames))
+    why = resumed["why"]
+    if isinstance(why, str) and why.startswith("stopped by"):
+        stop_with(why)
+
+
+def launcher_argv() -> list[str]:
+    """This launcher's command line, to exec it again (without the options of one start)."""
+    argv, skip = [sys.executable], False
+    for arg in sys.orig_argv[1:]:
+        if skip:
+            skip = False
+        elif arg in ("--status-fd", STATE_OPTION):
+            skip = True
+        elif not arg.startswith(("--status-fd=", f"{STATE_OPTION}=")):
+            argv.append(arg)
+    return argv
 
 
 def _finish(private: PrivateDir | None, status: ExitStatus) -> None:
@@ -219,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="FILE", help="effective settings written by the provisioner (0600)"
     )
     parser.add_argument("--status-fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(STATE_OPTION, dest="state_fd", type=int, help=argparse.SUPPRESS)
     return parser
 
 
@@ -226,10 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the launcher; the exit code is the kernel's fate (0: a clean shutdown)."""
     args = build_parser().parse_args(argv)
     journal.install(os.environ.get("KERNEL_SANDBOX_LOG_LEVEL", "WARNING").upper())
+    resumed = read_state(args.state_fd) if args.state_fd is not None else None
     try:
-        request = read_request(args)
+        request = request_from_state(resumed["request"]) if resumed else read_request(args)
     except KernelSandboxError as exc:
         print(f"kernel-sandbox: {escape_controls(str(exc))}", file=sys.stderr)
         _close(args.status_fd)
         return 1
-    return asyncio.run(serve(request, args.status_fd))
+    return asyncio.run(serve(request, args.status_fd, resumed, may_exec=True))

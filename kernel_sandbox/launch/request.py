@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import backends
 from ..backends import DOCKER_PROVISIONER, provisioner_settings
 from ..errors import ConfigError, KernelLaunchError
 from ..privdir import PrivateDir
@@ -99,6 +100,34 @@ def request_from_config(connection: Connection, config_file: str) -> LaunchReque
         env=dict(config.get("env") or {}),
         cwd=config.get("cwd"),
         private=private,
+    )
+
+
+def request_state(request: LaunchRequest) -> dict[str, Any]:
+    """``request`` as JSON, for the launcher exec'd again (:mod:`.dormant`): what it was started
+    with, not what the files say by then."""
+    return {
+        "connection": request.connection.info(),
+        "provisioner": backends.for_settings(request.settings).provisioner,
+        "settings": request.settings.to_config(),
+        "kernel_id": request.kernel_id,
+        "env": request.env,
+        "cwd": request.cwd,
+        "client_pid": request.client_pid,
+        "private": None if request.private is None else str(request.private.path),
+    }
+
+
+def request_from_state(state: dict[str, Any]) -> LaunchRequest:
+    """The request :func:`request_state` wrote."""
+    return LaunchRequest(
+        connection=Connection.from_info(state["connection"]),
+        settings=settings_from_config(state["provisioner"], state["settings"]),
+        kernel_id=state["kernel_id"],
+        env=state["env"],
+        cwd=state["cwd"],
+        client_pid=state["client_pid"],
+        private=None if state["private"] is None else PrivateDir(Path(state["private"])),
     )
 
 

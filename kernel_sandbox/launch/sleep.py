@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import collections.abc
 import contextlib
 import ctypes
 import gc
@@ -38,6 +37,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import CheckpointError, KernelLaunchError, KernelSandboxError
@@ -50,11 +50,13 @@ from ..privdir import (
     SUSPEND_REQUEST,
     WAKE_REQUEST,
     PrivateDir,
+    kept_checkpoint,
     note_sleep,
 )
+from .asleep import answer_idle, answer_woken, debug_command, tell_first_cell
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink
-from .messages import dumps, launcher_note, msg_type_of, new_header, parse_part
+from .messages import dumps, msg_type_of, new_header, parse_part
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
@@ -64,17 +66,13 @@ OWN_TIMEOUT = 600.0
 gives the host 300 s to move the blob)."""
 CHECK_EVERY = 1.0
 """Seconds between two looks at the idle clock, at most."""
+DORMANT_AFTER = 2.0
+"""Seconds a sleeping kernel stays quiet before its launcher makes way for the small process that
+holds the channels meanwhile (:mod:`.dormant`)."""
 WIDGET_TARGET = "jupyter.widget"
 SHOWN = 8
 DEBUG_INFO_MAX = 64 * 1024
 """Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
-WOKEN_ANSWERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "comm_info_request": ("comm_info_reply", {"status": "ok", "comms": {}}),
-    "history_request": ("history_reply", {"status": "ok", "history": []}),
-}
-"""Requests a sleeping kernel answers as the kernel that wakes will: no comms (a sleep closes
-them), no input history (its IPython is a new one, in a new container)."""
-
 log = logging.getLogger("kernel_sandbox.launch")
 
 
@@ -123,26 +121,68 @@ class Sleeper:
         self._session = uuid.uuid4().hex
         self._own_dir: PrivateDir | None = None
         self._dir = request.private
-        if self._dir is None:
-            self._dir = self._own_dir = PrivateDir.create()
-            self._dir.hold(LAUNCHER_LOCK)
         self._store: CheckpointStore | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._handlers: dict[str, Callable[[Any], Answer]] = {}
         """The links' own answers to launcher requests, by type (the latest link's)."""
         self._wrapped: dict[str, Callable[[Any], Answer]] = {}
         self._wake_task: asyncio.Future[None] | None = None
+        self.resting: asyncio.Future[None] = self._loop.create_future()
+        """Done once the kernel has slept quietly for :data:`DORMANT_AFTER` seconds and
+        :attr:`may_rest` says yes: the launcher may then exec the dormant process."""
+        self.may_rest: Callable[[], bool] = lambda: False
 
     # -- the link's life -----------------------------------------------------------------------
 
     async def start(self, front: Front) -> None:
         """Start the first container; from now on, watch for idleness."""
+        self._attach(front)
+        if self._dir is None:
+            self._dir = self._own_dir = PrivateDir.create()
+            self._dir.hold(LAUNCHER_LOCK)
+        await self._start_link()
+        self._spawn(self._idle_clock())
+
+    def _attach(self, front: Front) -> None:
         self._front = front
         front.watchers.append(self._watch)
         front.requests[SUSPEND_REQUEST] = lambda content: self.suspend("asked by a client")
         front.requests[WAKE_REQUEST] = lambda content: self._wake_request()
-        await self._start_link()
+
+    async def resume(self, front: Front, kept: dict[str, Any]) -> None:
+        """Go on asleep as the launcher before an exec left off (:meth:`snapshot`)."""
+        self._attach(front)
+        if kept["own_dir"] is not None:
+            path, fd = kept["own_dir"]
+            self._dir = self._own_dir = PrivateDir(Path(path))
+            self._own_dir.adopt(LAUNCHER_LOCK, fd)
+        self._kernel_info, self._debug_info = kept["kernel_info"], kept["debug_info"]
+        self._count, self._lost, self._kept_sha = kept["count"], kept["lost"], kept["kept_sha"]
+        self._since, self._saved = kept["since"], kept["saved"]
+        for name in kept["requests"]:  # the link's own, registered again at the wake
+            self._wrapped[name] = front.requests[name] = self._waking_handler(name)
+        self.state = "asleep"
         self._spawn(self._idle_clock())
+
+    def own_dir(self) -> PrivateDir | None:
+        """The directory made for a kernel whose client ran argv (None: the provisioner's)."""
+        return self._own_dir
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a launcher exec'd anew needs to go on with this sleeping kernel (JSON; the own
+        directory's lock descriptor is to be inherited)."""
+        own = self._own_dir
+        return {
+            "own_dir": None if own is None else [str(own.path), own.lock_fd(LAUNCHER_LOCK)],
+            "kernel_info": self._kernel_info,
+            "debug_info": self._debug_info,
+            "count": self._count,
+            "lost": self._lost,
+            "kept_sha": self._kept_sha,
+            "since": self._since,
+            "saved": self._saved,
+            "requests": list(self._handlers),
+        }
 
     async def _start_link(self) -> None:
         assert self._front is not None and self._dir is not None
@@ -217,10 +257,13 @@ class Sleeper:
         link, self._link = self._link, None
         if link is not None:
             await link.stop()
+        clean = not self._ended.done() or self._ended.result().code == 0
         if self._store is not None:
             await self._store.close()
-            if not self._ended.done() or self._ended.result().code == 0:
+            if clean:
                 self._store.path.unlink(missing_ok=True)
+        elif clean and self._dir is not None:  # resumed asleep (:meth:`resume`): no store yet
+            kept_checkpoint(self._dir.path, SLEEP_SLOT).unlink(missing_ok=True)
         if self._own_dir is not None:
             self._own_dir.remove()
 
@@ -240,7 +283,7 @@ class Sleeper:
             if channel == "shell" and b"comm_close" in parts[0]:
                 self._comm(parts, True)
             elif channel == "control" and b"debug_request" in parts[0]:
-                if _debug_command(parts) != "debugInfo":
+                if debug_command(parts) != "debugInfo":
                     self._debug_info = None  # the debugger is in use: only the kernel answers
         if self.state == "awake" and self._link is not None:
             self._link.send(channel, idents, parts)
@@ -258,32 +301,17 @@ class Sleeper:
         assert front is not None
         if answer_idle(front, channel, idents, parts, self._kernel_info):
             return True
-        parent = bytes(parts[0])
-        if kind == "debug_request" and self._debug_info is not None:
-            # JupyterLab asks each time a page opens the notebook: the woken kernel's debugger is
-            # off too, with no breakpoints
-            request = parse_part(bytes(parts[3]))
-            if isinstance(request, dict) and request.get("command") == "debugInfo":
-                seq = request.get("seq")
-                seq = seq if type(seq) is int else 0
-                answer = {**self._debug_info, "request_seq": seq, "seq": seq + 1}
-                front.publish(parent, "status", {"execution_state": "busy"})
-                front.reply(channel, idents, parent, "debug_reply", answer)
-                front.publish(parent, "status", {"execution_state": "idle"})
-                return True
-        if kind in WOKEN_ANSWERS:
-            # what the kernel that wakes would answer (JupyterLab asks both each time a page opens
-            # the notebook): nothing to wake it for
-            reply_type, content = WOKEN_ANSWERS[kind]
-            front.publish(parent, "status", {"execution_state": "busy"})
-            front.reply(channel, idents, parent, reply_type, content)
-            front.publish(parent, "status", {"execution_state": "idle"})
+        if answer_woken(front, channel, idents, parts, self._debug_info):
             return True
         if kind == "shutdown_request":
             content = parse_part(bytes(parts[3]))
             restart = bool(content.get("restart")) if isinstance(content, dict) else False
             front.reply(
-                channel, idents, parent, "shutdown_reply", {"status": "ok", "restart": restart}
+                channel,
+                idents,
+                bytes(parts[0]),
+                "shutdown_reply",
+                {"status": "ok", "restart": restart},
             )
             self._end(ExitStatus(0, "the kernel shut down (asleep)"))
             return True
@@ -380,6 +408,10 @@ class Sleeper:
     async def _idle_clock(self) -> None:
         """Put the kernel to sleep once it has been idle ``suspend_after`` seconds."""
         while True:
+            if self.state == "asleep":
+                self._rest_if_quiet()
+                await asyncio.sleep(CHECK_EVERY / 4)
+                continue
             left = self._last + self.after - self._loop.time()
             if left > 0:
                 await asyncio.sleep(min(left, CHECK_EVERY))
@@ -389,6 +421,13 @@ class Sleeper:
                 if result.get("status") != "ok":
                     log.info("the kernel stays awake: %s", result.get("evalue"))
             self._last = self._loop.time()
+
+    def _rest_if_quiet(self) -> None:
+        assert self._front is not None
+        busy = self._front.answering() or self._wake_task is not None or self._queue
+        quiet = not busy and self._loop.time() - self._last >= DORMANT_AFTER
+        if quiet and not self.resting.done() and self.may_rest():
+            self.resting.set_result(None)
 
     async def suspend(self, why: str) -> dict[str, Any]:
         """Checkpoint the kernel and remove its container; the reply says whether it sleeps, or
@@ -425,6 +464,7 @@ class Sleeper:
         state = {"state": "suspended", "since": self._since, "bytes": size, "saved": self._saved}
         self._note({**state, "why": why})
         await link.stop()
+        self._last = self._loop.time()  # quiet from now on: its reply is yet to go
         _give_back_memory()
         log.info("the kernel sleeps (%s); its checkpoint is %d bytes", why, size)
         if self._queue and self._wake_task is None:
@@ -506,9 +546,9 @@ class Sleeper:
             if self.state != "asleep":
                 return
             self.state = "waking"
-            assert self._store is not None
             try:
                 await self._start_link()
+                assert self._store is not None
                 self._store.expected = self._kept_sha
                 code = "%restore"
                 if self._count is not None:
@@ -517,9 +557,11 @@ class Sleeper:
                 if reply.get("status") != "ok":
                     raise CheckpointError(str(reply.get("evalue") or "the restore failed"))
             except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
+                assert self._dir is not None
+                kept = kept_checkpoint(self._dir.path, SLEEP_SLOT)
                 reason = (
                     f"the kernel could not wake from sleep ({exc or 'no answer in time'}); its "
-                    f"checkpoint is kept at {self._store.path}"
+                    f"checkpoint is kept at {kept}"
                 )
                 log.error("%s", reason)
                 self._end(ExitStatus(1, reason, KernelLaunchError.__name__))
@@ -541,45 +583,6 @@ class Sleeper:
 
     def _note(self, state: dict[str, Any] | None) -> None:
         note_sleep(self.request.private, state)
-
-
-def answer_idle(
-    front: Front, channel: str, idents: list[Any], parts: list[Any], kernel_info: Any
-) -> bool:
-    """Answer, for a kernel that sleeps, a ``kernel_info_request`` (with the live kernel's last
-    reply, ``kernel_info``) or an ``interrupt_request`` (nothing runs); False for any other."""
-    parent = bytes(parts[0])
-    kind = msg_type_of(parent)
-    if kind == "kernel_info_request" and kernel_info is not None:
-        front.publish(parent, "status", {"execution_state": "busy"})
-        front.reply(channel, idents, parent, "kernel_info_reply", kernel_info)
-        front.publish(parent, "status", {"execution_state": "idle"})
-        return True
-    if kind == "interrupt_request":
-        front.reply(channel, idents, parent, "interrupt_reply", {"status": "ok"})
-        return True
-    return False
-
-
-def _debug_command(parts: list[Any]) -> str | None:
-    """The command of a client's ``debug_request`` (None: not one, or malformed)."""
-    if msg_type_of(bytes(parts[0])) != "debug_request":
-        return None
-    content = parse_part(bytes(parts[3]))
-    command = content.get("command") if isinstance(content, dict) else None
-    return command if isinstance(command, str) else None
-
-
-def tell_first_cell(
-    front: Front, waiting: collections.abc.Iterable[tuple[str, Any, list[Any]]], text: str
-) -> None:
-    """Say ``text`` once, on stderr, in the first cell that ``waiting`` holds for a kernel that
-    woke up, else in the next cell a client runs."""
-    for channel, _, parts in waiting:
-        if channel == "shell" and msg_type_of(bytes(parts[0])) == "execute_request":
-            front.publish(bytes(parts[0]), "stream", launcher_note(text))
-            return
-    front.notice_next_cell(text)
 
 
 def _give_back_memory() -> None:

@@ -49,6 +49,9 @@ class Reader:
         self._loop = asyncio.get_running_loop()
         self._scheduled = False
         self.paused = False
+        self.hold_unreachable_until = 0.0
+        """Until then (loop time) a message for a client that is not connected waits for it
+        (:meth:`.front.Front.clients_back`) instead of being dropped."""
         self._loop.add_reader(sock.FD, self._drain)
         self.kick()
 
@@ -73,6 +76,8 @@ class Reader:
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
+            if self._loop.time() < self.hold_unreachable_until:
+                return False
             log.debug("dropped a message for a client that is gone from %s", self.name)
         self.kick()
         return True
@@ -157,6 +162,16 @@ class Connection:
             key=key,
             signature_scheme=str(info.get("signature_scheme", "hmac-sha256")),
         )
+
+    def info(self) -> dict[str, Any]:
+        """The connection file's content that :meth:`from_info` reads back to this connection."""
+        return {
+            "transport": self.transport,
+            "ip": self.ip,
+            **{f"{name}_port": port for name, port in self.ports.items()},
+            "key": self.key.decode(),
+            "signature_scheme": self.signature_scheme,
+        }
 
     def address(self, channel: str) -> str:
         """The ZMQ address the client expects ``channel`` at."""

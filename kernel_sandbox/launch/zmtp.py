@@ -93,6 +93,24 @@ def encode(frames: Sequence[Any]) -> list[Any]:
     return chunks
 
 
+def _property(metadata: bytes, wanted: bytes) -> bytes:
+    """The value of property ``wanted`` in a READY command's metadata (empty: absent, or the
+    metadata is malformed)."""
+    at = 0
+    while at < len(metadata):
+        name_size = metadata[at]
+        name = metadata[at + 1 : at + 1 + name_size]
+        at += 1 + name_size
+        if at + 4 > len(metadata):
+            return b""
+        (size,) = struct.unpack_from(">I", metadata, at)
+        value = metadata[at + 4 : at + 4 + size]
+        at += 4 + size
+        if name.lower() == wanted.lower():
+            return value if len(value) == size else b""
+    return b""
+
+
 class ZmtpPeer:
     """ZMTP framing for one connection: give it the peer's bytes, it calls back with whole messages.
 
@@ -113,13 +131,16 @@ class ZmtpPeer:
         identity: bytes = b"",
         on_ready: Callable[[], None] | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        read_size: int = READ_SIZE,
+        large_frame: int = LARGE_FRAME,
     ) -> None:
         self._max = max_message_bytes
+        self._read_size, self._large_frame = read_size, large_frame
         self._message_bytes = 0
         self._write = write
         self._on_message = on_message
         self._on_ready = on_ready
-        self._scratch = bytearray(READ_SIZE)
+        self._scratch = bytearray(read_size)
         self._view = memoryview(self._scratch)
         self._start = self._end = 0
         self._large: bytearray | None = None
@@ -129,6 +150,8 @@ class ZmtpPeer:
         self._greeted = False
         self._pending: list[bytes] = []
         self.ready = False
+        self.identity = b""
+        """The routing identity the peer's READY announced (empty: none)."""
         self.paused = False
         """Set while the transport's write buffer is full: PINGs are then not answered."""
         write(GREETING + ready(socket_type, identity))
@@ -169,7 +192,8 @@ class ZmtpPeer:
             return memoryview(self._large)[self._large_filled :]
         if self._start == self._end:
             self._start = self._end = 0
-        elif self._end > READ_SIZE - LARGE_FRAME:  # keep room: move the unparsed tail to the front
+        elif self._end > self._read_size - self._large_frame:
+            # keep room: move the unparsed tail to the front
             tail = self._end - self._start
             # copied first: the ranges overlap
             self._scratch[:tail] = bytes(self._view[self._start : self._end])
@@ -247,7 +271,7 @@ class ZmtpPeer:
             if self._message_bytes > self._max:
                 raise ChannelProtocolError(f"a message over {self._max // 2**20} MiB")
             more = bool(flags & MORE)
-            if size >= LARGE_FRAME:
+            if size >= self._large_frame:
                 have = min(self._end - body, size)
                 frame = bytearray(max(have, min(size, GROW_FROM)))
                 frame[:have] = view[body : body + have]
@@ -278,6 +302,7 @@ class ZmtpPeer:
     def _command(self, body: bytes) -> None:
         name = body[1 : 1 + body[0]] if body else b""
         if name == b"READY":
+            self.identity = _property(body[1 + body[0] :], b"Identity")
             self.ready = True
             pending, self._pending = self._pending, []
             if pending:

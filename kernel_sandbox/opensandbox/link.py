@@ -57,7 +57,8 @@ from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
 from .relay import ExecdRelay
 from ..launch.front import ExitStatus, Front
 from ..launch.messages import launcher_note, msg_type_of, new_header, parse_part
-from ..launch.sleep import CHECK_EVERY, answer_idle, tell_first_cell
+from ..launch.asleep import answer_idle, tell_first_cell
+from ..launch.sleep import CHECK_EVERY
 
 if TYPE_CHECKING:
     from ..launch.request import LaunchRequest

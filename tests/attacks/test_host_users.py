@@ -27,7 +27,8 @@ from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.errors import KernelLaunchError
 from kernel_sandbox.kernelspecs import install
 
-from support.attacks import MiB, PeakRSS, argv_client, launcher_pid, outputs
+from support.attacks import MiB, PeakRSS, argv_client, launcher_pid, outputs, wait_for_async
+from support.kernel import DORMANT_GOAL, dormant, unique_memory
 from support.lab import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -221,11 +222,9 @@ async def test_another_account_finds_no_key_and_reaches_no_kernel(
         assert stat.S_IMODE(mode) == 0o700, f"{path} is {oct(mode)}"
 
 
-@pytest.fixture
-def argv_kernel(docker_engine, tmp_path):
-    """A kernel started the way VS Code starts one: the kernelspec's argv, a TCP connection file."""
-    prefix = tmp_path / "prefix"
-    spec_dir = install("sandboxed-python", prefix=str(prefix))
+def _argv_kernel(tmp_path: Path, config: dict | None = None):
+    """Start a kernel the way VS Code starts one: the kernelspec's argv, a TCP connection file."""
+    spec_dir = install("sandboxed-python", prefix=str(tmp_path / "prefix"), config=config)
     argv = json.loads((Path(spec_dir) / "kernel.json").read_text())["argv"]
     connection_file, info = write_connection_file(str(tmp_path / "kernel-argv.json"), ip="127.0.0.1",
                                                   transport="tcp", key=os.urandom(16).hex().encode())
@@ -234,6 +233,12 @@ def argv_kernel(docker_engine, tmp_path):
         yield launcher, connection_file, info
     finally:
         stop(launcher)
+
+
+@pytest.fixture
+def argv_kernel(docker_engine, tmp_path):
+    """A kernel started the way VS Code starts one: the kernelspec's argv, a TCP connection file."""
+    yield from _argv_kernel(tmp_path)
 
 
 @pytest.mark.security("attack", "channel")
@@ -258,6 +263,44 @@ async def test_another_account_cannot_read_an_argv_kernels_output(argv_kernel, o
         f"another host account read the kernel's output ({seen['bytes']} bytes of IOPub, the cell's code and its "
         "stdout included): the launcher binds the client's TCP ports on 127.0.0.1 for every local account"
     )
+
+
+@pytest.fixture
+def sleepy_argv_kernel(docker_engine, tmp_path):
+    """An argv kernel (TCP) that sleeps after 2 s idle, its launcher then the dormant process."""
+    yield from _argv_kernel(tmp_path, {"suspend_after": 2})
+
+
+@pytest.mark.security("attack", "channel")
+async def test_another_account_gets_nothing_from_a_sleeping_kernels_dormant_launcher(sleepy_argv_kernel, other_user) -> None:
+    """The dormant process holds a sleeping kernel's TCP ports with no gate thread of the launcher's:
+    another account subscribes to IOPub while the owner's kernel_info is answered (with its status
+    messages), and sends a 400 MiB message to shell. It reads nothing, the dormant process holds
+    nothing, and it is still the dormant process (nothing woke)."""
+    launcher, connection_file, info = sleepy_argv_kernel
+    kc = await argv_client(connection_file)
+    try:
+        assert "ready" in await outputs(kc, "print('ready')")
+        await wait_for_async(lambda: dormant(launcher.pid), 120, "the dormant launcher")
+        spy = subprocess.Popen(
+            ["runuser", "-u", other_user.name, "--", "/usr/bin/python3", "-I", "-c", ZMTP_CLIENT,
+             "sub", "127.0.0.1", str(info["iopub_port"]), "6"],
+            stdout=subprocess.PIPE, text=True,
+        )
+        huge = other_user.run("/usr/bin/python3", "-I", "-c", ZMTP_CLIENT, "dealer", "127.0.0.1",
+                              str(info["shell_port"]), "400", timeout=300)
+        reply = await kc.kernel_info(reply=True, timeout=30)
+        seen = json.loads(spy.communicate(timeout=60)[0])
+        assert reply["content"]["status"] == "ok"
+        assert dormant(launcher.pid), "another account's connections took the dormant process's place"
+        assert unique_memory(launcher.pid) <= DORMANT_GOAL, f"{unique_memory(launcher.pid) / MiB:.1f} MiB"
+    finally:
+        kc.stop_channels()
+    assert seen["connected"], seen
+    # reset at the connect, in the handshake, or while the message was sent
+    assert "refused" in huge.stdout or "reset" in huge.stderr or json.loads(huge.stdout)["sent"] < 400 * MiB, huge
+    assert seen["bytes"] == 0 and "execution_state" not in seen["text"], (
+        "another account read a sleeping kernel's IOPub from its dormant launcher")
 
 
 @pytest.mark.security("attack", "channel")

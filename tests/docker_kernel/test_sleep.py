@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import re
 import subprocess
 import sys
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.session import Session
 from traitlets.config import Config
 
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
@@ -29,13 +33,14 @@ from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.kernelspecs import install, started_client
 from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint, remove_private, stored_bytes
 
-from support.kernel import RUNTIMES, ArgvKernel, cell, runtime_option
+from support.kernel import DORMANT_GOAL, RUNTIMES, ArgvKernel, cell, dormant, runtime_option, unique_memory
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix", "sleepy", "own_store")
 
 SLEEP_AFTER = 2
 """Seconds of idleness before a test's kernel sleeps."""
 WOKE = "[kernel-sandbox] The kernel slept from "
+
 
 
 @pytest.fixture
@@ -116,6 +121,9 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert debug_info["success"] and debug_info["body"]["isStarted"] is False, debug_info
         await asleep(km)
         assert kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT).is_file()
+        launcher = km.provisioner.process.pid
+        await until(lambda: dormant(launcher), what="the launcher to make way for the dormant process")
+        assert unique_memory(launcher) <= DORMANT_GOAL, f"{unique_memory(launcher) / 2**20:.1f} MiB"
         listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
         assert f"-\tsuspended\tkernel {km.kernel_id}\t0\t" in listed.stdout, listed.stdout + listed.stderr
         assert re.search(r"asleep since \d\d:\d\d, \d+ MiB saved, checkpoint 7\.\d MiB on the host", listed.stdout), listed.stdout
@@ -130,6 +138,7 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert info["content"]["implementation"] == "ipython"
         listing = await kc.comm_info(reply=True, timeout=30)  # as JupyterLab asks when a page opens the notebook
         assert listing["content"] == {"status": "ok", "comms": {}}  # a sleep closed them: the woken kernel has none
+        assert dormant(launcher), "usage, kernel_info or comm_info took the dormant launcher's place"
         asleep_info = await debug_request(kc, "debugInfo", 7)  # as a page that opens the notebook asks
         assert asleep_info["body"] == debug_info["body"] and asleep_info["request_seq"] == 7, asleep_info
         history = await kc.history(raw=True, output=False, hist_access_type="tail", n=500, reply=True, timeout=30)
@@ -181,8 +190,8 @@ def test_a_client_that_ran_argv_keeps_its_connection_across_a_sleep(tmp_path: Pa
         kernel.ready()
         assert kernel.run("y = 'kept'")[1]["status"] == "ok"
         deadline = time.monotonic() + 120
-        while containers(kernel_id):
-            assert time.monotonic() < deadline, "the kernel did not sleep"
+        while containers(kernel_id) or not dormant(kernel.process.pid):
+            assert time.monotonic() < deadline, "the kernel did not sleep, or its launcher did not make way"
             time.sleep(0.2)
         assert kernel.client.is_alive()
         text, reply = kernel.run("print(y)")
@@ -359,6 +368,7 @@ async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_go
         await asleep(km)
         kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
         assert kept.is_file()
+        await until(lambda: dormant(km.provisioner.process.pid), what="the dormant launcher")
         await km.interrupt_kernel()  # nothing runs: nothing to interrupt, and no wake
         msg_id = kc.shutdown()
         reply = await kc.get_control_msg(timeout=30)
@@ -370,6 +380,33 @@ async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_go
         assert not kept.exists(), "the sleep's checkpoint goes with the kernel"
     finally:
         kc.stop_channels()
+
+
+async def test_a_forged_request_wakes_no_dormant_launcher_and_sigterm_ends_the_kernel_cleanly() -> None:
+    """A request signed with another key reaches the dormant process (the launcher of a sleeping
+    kernel): it is dropped, nothing wakes. SIGTERM then ends the kernel as it ends an awake one:
+    exit 0, its sleep's checkpoint gone, though the signal came to the dormant process."""
+    km = manager()
+    async with started_client(km) as kc:
+        assert (await cell(kc, "x = 1"))[1]["status"] == "ok"
+        await asleep(km)
+        launcher = km.provisioner.process.pid
+        await until(lambda: dormant(launcher), what="the dormant launcher")
+        forger = AsyncKernelClient(session=Session(key=b"not-the-key"))
+        forger.load_connection_info({**km.get_connection_info(), "key": b"not-the-key"})
+        forger.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        try:
+            forger.execute("x = 'forged'")
+            await asyncio.sleep(3)
+        finally:
+            forger.stop_channels()
+        assert dormant(launcher) and containers(km.kernel_id) == [], "a forged request woke the kernel"
+        kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
+        assert kept.is_file()
+        os.kill(launcher, signal.SIGTERM)
+        await until(lambda: km.provisioner.process.poll() is not None, what="the launcher to end")
+        assert km.provisioner.process.returncode == 0, "a clean stop"
+        assert not kept.exists() and containers(km.kernel_id) == []
 
 
 def test_the_launcher_that_stays_for_a_sleeping_kernel_does_not_load_jupyter_client() -> None:

@@ -16,6 +16,9 @@ from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.errors import ConfigError, SandboxError
 from kernel_sandbox.execution import AsyncSandbox, Sandbox, SandboxPool
+from kernel_sandbox.launch.sleep import DORMANT_AFTER
+
+from support.kernel import dormant
 
 pytestmark = pytest.mark.usefixtures("docker_engine")
 
@@ -31,8 +34,14 @@ def test_suspend_and_wake_on_demand_keep_the_variables() -> None:
     with Sandbox(suspend_after=3600) as sb:
         assert sb.run("import numpy as np\nx = np.arange(4) * 3").error is None
         assert sb.metrics().state == "running"
-        sb.suspend()
+        time.sleep(DORMANT_AFTER + 0.5)  # quiet for longer than the launcher waits before it makes way
+        sb.suspend()  # whose reply comes all the same
         assert containers(sb.kernel_id) == []
+        launcher = sb._async._km.provisioner.pid
+        deadline = time.monotonic() + 60
+        while not dormant(launcher):  # then suspend, metrics and wake reach the dormant process
+            assert time.monotonic() < deadline, "the sleeping kernel's launcher did not make way"
+            time.sleep(0.2)
         sb.suspend()  # asleep already: nothing to do, and ps still says it sleeps
         usage = sb.metrics()
         assert usage.state == "suspended" and usage.memory == 0

@@ -18,10 +18,13 @@ from typing import Any
 
 import httpx
 import nbformat
+import psutil
 import pytest
 
 from kernel_sandbox.kernelspecs import install
+from kernel_sandbox.reattach import records
 
+from support.kernel import DORMANT_GOAL, dormant, unique_memory
 from support.lab import LabServer, jupyterlab, kernel_containers, recording_page, remove_kernels_of, run_cell, wait_for_kernel
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -73,6 +76,14 @@ def test_a_notebooks_kernel_sleeps_and_the_next_cell_wakes_it_with_its_dataframe
                 assert time.monotonic() < deadline, "the kernel did not sleep"
                 time.sleep(0.5)
             page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()  # still connected
+            (private,) = [record.private for record in records()[0] if record.kernel_id == kernel_id]
+            (launcher,) = [child.pid for child in psutil.Process(sleepy_lab.process.pid).children(recursive=True)
+                           if child.status() != psutil.STATUS_ZOMBIE and str(private) in " ".join(child.cmdline())]
+            while not dormant(launcher):  # the page's connections now reach the small process that holds them
+                assert time.monotonic() < deadline, "the sleeping kernel's launcher did not make way"
+                time.sleep(0.5)
+            page.wait_for_timeout(3000)  # the usage panel's polls, answered by the dormant process
+            assert dormant(launcher) and unique_memory(launcher) <= DORMANT_GOAL
 
             # a reload while it sleeps: the page asks kernel_info, comm_info, history and the debugger's
             # debugInfo again, and the launcher answers them all without waking the kernel

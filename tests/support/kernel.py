@@ -269,3 +269,19 @@ def memory_in_use(container_id: str) -> int:
     if "total_inactive_file" in stat:
         return int(cgroup_file(container_id, "memory", "memory.usage_in_bytes")) - int(stat["total_inactive_file"])
     return int(cgroup_file(container_id, "memory", "memory.current")) - int(stat["inactive_file"])
+
+
+DORMANT_GOAL = 12 * 2**20
+"""Issue 37: what a sleeping kernel may cost the host (its launcher, the dormant process)."""
+
+
+def dormant(pid: int) -> bool:
+    """Whether the launcher ``pid`` is a sleeping kernel's dormant process now
+    (kernel_sandbox/launch/dormant.py)."""
+    return b"kernel_sandbox.launch.dormant" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def unique_memory(pid: int) -> int:
+    """The process's unique memory (USS), in bytes."""
+    rows = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    return 1024 * sum(int(row.split()[1]) for row in rows if row.startswith(("Private_Clean", "Private_Dirty")))
