@@ -397,7 +397,7 @@ async def test_a_forged_request_wakes_no_dormant_launcher_and_sigterm_ends_the_k
         forger.start_channels(iopub=False, stdin=False, hb=False, control=False)
         try:
             forger.execute("x = 'forged'")
-            await asyncio.sleep(3)
+            await asyncio.sleep(2)
         finally:
             forger.stop_channels()
         assert dormant(launcher) and containers(km.kernel_id) == [], "a forged request woke the kernel"

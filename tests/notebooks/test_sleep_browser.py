@@ -82,7 +82,7 @@ def test_a_notebooks_kernel_sleeps_and_the_next_cell_wakes_it_with_its_dataframe
             while not dormant(launcher):  # the page's connections now reach the small process that holds them
                 assert time.monotonic() < deadline, "the sleeping kernel's launcher did not make way"
                 time.sleep(0.5)
-            page.wait_for_timeout(3000)  # the usage panel's polls, answered by the dormant process
+            page.wait_for_timeout(1000)  # the usage panel's polls, answered by the dormant process
             assert dormant(launcher) and unique_memory(launcher) <= DORMANT_GOAL
 
             # a reload while it sleeps: the page asks kernel_info, comm_info, history and the debugger's
