@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -276,7 +277,8 @@ async def test_another_account_gets_nothing_from_a_sleeping_kernels_dormant_laun
     """The dormant process holds a sleeping kernel's TCP ports with no gate thread of the launcher's:
     another account subscribes to IOPub while the owner's kernel_info is answered (with its status
     messages), and sends a 400 MiB message to shell. It reads nothing, the dormant process holds
-    nothing, and it is still the dormant process (nothing woke)."""
+    nothing, and it is still the dormant process (nothing woke). Then SIGTERM to it ends the kernel
+    cleanly, as it ends an awake one."""
     launcher, connection_file, info = sleepy_argv_kernel
     kc = await argv_client(connection_file)
     try:
@@ -294,6 +296,8 @@ async def test_another_account_gets_nothing_from_a_sleeping_kernels_dormant_laun
         assert reply["content"]["status"] == "ok"
         assert dormant(launcher.pid), "another account's connections took the dormant process's place"
         assert unique_memory(launcher.pid) <= DORMANT_GOAL, f"{unique_memory(launcher.pid) / MiB:.1f} MiB"
+        launcher.send_signal(signal.SIGTERM)  # to the dormant process: the kernel ends as an awake one does
+        assert launcher.wait(60) == 0, "SIGTERM to a sleeping kernel's launcher is a clean stop"
     finally:
         kc.stop_channels()
     assert seen["connected"], seen

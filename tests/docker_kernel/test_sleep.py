@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import re
 import subprocess
 import sys
@@ -358,6 +356,8 @@ async def test_a_kernel_that_fakes_its_checkpoint_is_not_put_to_sleep() -> None:
 
 
 async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_goes() -> None:
+    """Through its dormant launcher: a request signed with another key wakes nothing, an interrupt
+    and a shutdown are answered, and the kernel ends cleanly with its checkpoint."""
     km = manager()
     await km.start_kernel()
     kc = km.client()
@@ -368,7 +368,17 @@ async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_go
         await asleep(km)
         kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
         assert kept.is_file()
-        await until(lambda: dormant(km.provisioner.process.pid), what="the dormant launcher")
+        launcher = km.provisioner.process.pid
+        await until(lambda: dormant(launcher), what="the dormant launcher")
+        forger = AsyncKernelClient(session=Session(key=b"not-the-key"))  # its request is dropped: nothing wakes
+        forger.load_connection_info({**km.get_connection_info(), "key": b"not-the-key"})
+        forger.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        try:
+            forger.execute("x = 'forged'")
+            await asyncio.sleep(2)
+        finally:
+            forger.stop_channels()
+        assert dormant(launcher) and containers(km.kernel_id) == [], "a forged request woke the kernel"
         await km.interrupt_kernel()  # nothing runs: nothing to interrupt, and no wake
         msg_id = kc.shutdown()
         reply = await kc.get_control_msg(timeout=30)
@@ -380,33 +390,6 @@ async def test_a_sleeping_kernel_shuts_down_without_waking_and_its_checkpoint_go
         assert not kept.exists(), "the sleep's checkpoint goes with the kernel"
     finally:
         kc.stop_channels()
-
-
-async def test_a_forged_request_wakes_no_dormant_launcher_and_sigterm_ends_the_kernel_cleanly() -> None:
-    """A request signed with another key reaches the dormant process (the launcher of a sleeping
-    kernel): it is dropped, nothing wakes. SIGTERM then ends the kernel as it ends an awake one:
-    exit 0, its sleep's checkpoint gone, though the signal came to the dormant process."""
-    km = manager()
-    async with started_client(km) as kc:
-        assert (await cell(kc, "x = 1"))[1]["status"] == "ok"
-        await asleep(km)
-        launcher = km.provisioner.process.pid
-        await until(lambda: dormant(launcher), what="the dormant launcher")
-        forger = AsyncKernelClient(session=Session(key=b"not-the-key"))
-        forger.load_connection_info({**km.get_connection_info(), "key": b"not-the-key"})
-        forger.start_channels(iopub=False, stdin=False, hb=False, control=False)
-        try:
-            forger.execute("x = 'forged'")
-            await asyncio.sleep(2)
-        finally:
-            forger.stop_channels()
-        assert dormant(launcher) and containers(km.kernel_id) == [], "a forged request woke the kernel"
-        kept = kept_checkpoint(km.provisioner.private.path, SLEEP_SLOT)
-        assert kept.is_file()
-        os.kill(launcher, signal.SIGTERM)
-        await until(lambda: km.provisioner.process.poll() is not None, what="the launcher to end")
-        assert km.provisioner.process.returncode == 0, "a clean stop"
-        assert not kept.exists() and containers(km.kernel_id) == []
 
 
 def test_the_launcher_that_stays_for_a_sleeping_kernel_does_not_load_jupyter_client() -> None:
