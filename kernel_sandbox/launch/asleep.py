@@ -65,15 +65,16 @@ def answer_woken(
 
 def dormant_answers(
     kernel_info: Any, lost: dict[str, str]
-) -> dict[str, tuple[str, str, dict[str, Any], bool]]:
-    """What the dormant process answers by itself, by request type: the channel (``shell``: shell
-    or control), the reply's type and content, and whether the status messages go around it."""
-    answers = {kind: ("shell", *answer, True) for kind, answer in WOKEN_ANSWERS.items()}
+) -> dict[str, tuple[list[str], str, dict[str, Any], bool]]:
+    """What the dormant process answers by itself, by request type: the channels it comes on,
+    the reply's type and content, and whether the status messages go around it."""
+    either = ["shell", "control"]
+    answers = {kind: (either, *answer, True) for kind, answer in WOKEN_ANSWERS.items()}
     if kernel_info is not None:
-        answers["kernel_info_request"] = ("shell", "kernel_info_reply", kernel_info, True)
-    answers["interrupt_request"] = ("control", "interrupt_reply", {"status": "ok"}, False)
+        answers["kernel_info_request"] = (either, "kernel_info_reply", kernel_info, True)
+    answers["interrupt_request"] = (["control"], "interrupt_reply", {"status": "ok"}, False)
     answers[SUSPEND_REQUEST] = (
-        "control",
+        ["control"],
         SUSPEND_REQUEST[: -len("_request")] + "_reply",
         {"status": "ok", "state": "suspended", "not_kept": lost},
         False,

@@ -18,14 +18,14 @@ for their IOPub subscriptions before it answers. A client whose socket sets no r
 cannot be told apart after it reconnects: a reply to the request that woke the launcher is then
 lost.
 
-Standard library and :mod:`.zmtp` only: this module must stay light to import.
+The standard library, :mod:`.wire`, :mod:`.peers` and :mod:`.zmtp` only: this module must stay
+light to import.
 """
 
 from __future__ import annotations
 
 import binascii
 import fcntl
-import hmac
 import json
 import os
 import selectors
@@ -38,6 +38,7 @@ from typing import Any
 
 from ..errors import ChannelProtocolError
 from .peers import judge, reset
+from .wire import DELIM, Signer, dumps, new_header
 from .zmtp import ZmtpPeer
 
 STATE_OPTION = "--state-fd"
@@ -49,7 +50,6 @@ SOCKET_TYPES = {
     "hb": b"ROUTER",
     "iopub": b"XPUB",
 }
-DELIM = b"<IDS|MSG>"
 MAX_PEERS = 32
 """Connections held per channel (the launcher's :data:`.gate.MAX_PER_UID`)."""
 MAX_UNSENT = 1024 * 1024
@@ -158,9 +158,7 @@ class Dormant:
         self.state = state
         self.carried: dict[str, Any] = state["launcher"]
         self.answers: dict[str, Any] = state["answers"]
-        self.key = bytes.fromhex(state["key"])
-        self.digest = state["signature_scheme"].removeprefix("hmac-")
-        self.version = state["version"]
+        self.signer = Signer(bytes.fromhex(state["key"]), state["signature_scheme"])
         self.session = os.urandom(16).hex()
         self.tcp = state["transport"] == "tcp"
         self.uid = os.geteuid()
@@ -169,7 +167,7 @@ class Dormant:
         self.peers: dict[str, set[_Peer]] = {channel: set() for channel in SOCKET_TYPES}
         self.pending: list[tuple[str, list[bytes]]] = []
         self.why: str | None = None
-        for channel, fd in state["listeners"].items():
+        for channel, fd in self.carried["listeners"].items():
             listener = socket.socket(fileno=fd)
             listener.setblocking(False)
             self.listeners[channel] = listener
@@ -295,9 +293,9 @@ class Dormant:
             peer.topics.discard(topic)
             return
         peer.topics.add(topic)
-        welcome = json.dumps({"subscription": topic.decode(errors="replace")})
-        parts = [self._header("iopub_welcome"), b"{}", b"{}", welcome.encode()]
-        peer.zmtp.send([*([topic] if topic else []), DELIM, self._sign(parts), *parts])
+        welcome = dumps({"subscription": topic.decode(errors="replace")})
+        parts = [self._header("iopub_welcome"), b"{}", b"{}", welcome]
+        peer.zmtp.send([*([topic] if topic else []), DELIM, self.signer.sign(parts), *parts])
 
     def _request(self, peer: _Peer, frames: list[bytes]) -> None:
         try:
@@ -305,7 +303,7 @@ class Dormant:
         except ValueError:
             return
         signature, parts = frames[at + 1 : at + 2], frames[at + 2 :]
-        if len(parts) < 4 or not hmac.compare_digest(signature[0], self._sign(parts[:4])):
+        if len(parts) < 4 or not self.signer.verify(signature[0], parts):
             return  # as the launcher: unsigned or forged, dropped
         try:
             header = json.loads(parts[0])
@@ -319,36 +317,20 @@ class Dormant:
         if answer["status"]:
             self._publish(parts[0], "status", b'{"execution_state":"busy"}')
         reply = [self._header(answer["reply"]), parts[0], b"{}", answer["content"].encode()]
-        peer.zmtp.send([*frames[:at], DELIM, self._sign(reply), *reply])
+        peer.zmtp.send([*frames[:at], DELIM, self.signer.sign(reply), *reply])
         if answer["status"]:
             self._publish(parts[0], "status", b'{"execution_state":"idle"}')
 
     def _publish(self, parent: bytes, msg_type: str, content: bytes) -> None:
         parts = [self._header(msg_type), parent, b"{}", content]
-        frames = [DELIM, self._sign(parts), *parts]
+        frames = [DELIM, self.signer.sign(parts), *parts]
         for peer in list(self.peers["iopub"]):
             if any(DELIM.startswith(topic) for topic in peer.topics):
                 peer.zmtp.send(frames)
                 self._flush(peer)
 
-    def _sign(self, parts: list[bytes]) -> bytes:
-        mac = hmac.new(self.key, digestmod=self.digest)
-        for part in parts:
-            mac.update(part)
-        return mac.hexdigest().encode()
-
     def _header(self, msg_type: str) -> bytes:
-        now = time.time()
-        date = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-        header = {
-            "msg_id": os.urandom(16).hex(),
-            "msg_type": msg_type,
-            "username": "kernel",
-            "session": self.session,
-            "date": f"{date}.{int(now % 1 * 1e6):06d}+00:00",
-            "version": self.version,
-        }
-        return json.dumps(header, separators=(",", ":")).encode()
+        return dumps(new_header(msg_type, self.session))
 
     # -- back to the launcher ------------------------------------------------------------------
 
@@ -360,9 +342,9 @@ class Dormant:
             "why": self.why,
             "subscribers": sum(1 for peer in self.peers["iopub"] if peer.topics),
         }
-        keep = [*self.state["listeners"].values(), *self.state["locks"]]
+        keep = [*self.carried["listeners"].values(), *self.state["locks"]]
         try:
-            exec_with(self.state["argv"], state, keep)
+            exec_with(self.carried["argv"], state, keep)
         except OSError as exc:
             print(
                 f"kernel-sandbox: the sleeping kernel's launcher could not start again: {exc}",

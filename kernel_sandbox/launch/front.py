@@ -47,11 +47,11 @@ from .messages import (
     filter_parts,
     launcher_note,
     msg_type_of,
-    new_header,
     parse_part,
     unpack,
 )
 from .sockets import KINDS, Connection, Reader, client_socket
+from .wire import new_header
 
 ERROR_TEXT_BYTES = 4096
 """Bytes of a kernel error's content kept to explain it (see

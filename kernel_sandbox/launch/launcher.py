@@ -28,8 +28,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import json
+import os
 import signal
 import sys
 import time
@@ -37,7 +37,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .. import backends
-from ..canonical import PROTOCOL_VERSION
 from ..controls import escape_controls
 from ..errors import KernelSandboxError
 from ..metrics import usage_reply
@@ -267,24 +266,21 @@ def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
         },
         "answers": {
             kind: {
-                "channels": ["shell", "control"] if channel == "shell" else [channel],
+                "channels": channels,
                 "reply": reply,
                 # the launcher's own replies skip the output policy, as they do when it is awake
                 "content": json.dumps(content)
                 if kind in front.requests
-                else front.reply_content(channel, reply, content),
+                else front.reply_content(channels[0], reply, content),
                 "status": status,
             }
-            for kind, (channel, reply, content, status) in answers.items()
+            for kind, (channels, reply, content, status) in answers.items()
         },
         "key": request.connection.key.hex(),
         "signature_scheme": request.connection.signature_scheme,
-        "version": PROTOCOL_VERSION,
         "transport": request.connection.transport,
-        "listeners": listeners,
         "locks": locks,
         "owner": owner,
-        "argv": argv,
         "remove": None if gate_dir is None else str(gate_dir.path),
     }
     state["answers"]["usage_request"] = {

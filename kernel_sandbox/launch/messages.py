@@ -1,61 +1,24 @@
-"""Jupyter messages on the wire: the delimiter and the channels' names, HMAC signatures, taking a
-signed message apart, headers and strict JSON parts, and a message's parts as an output policy
-lets them through (:func:`filter_parts`)."""
+"""Jupyter messages on the wire: the channels' names, taking a signed message apart, strict JSON
+parts, and a message's parts as an output policy lets them through (:func:`filter_parts`); the
+delimiter, signatures, headers and :func:`~.wire.dumps` are :mod:`.wire`'s."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import uuid
-from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ..canonical import BUFFER_TYPES, PROTOCOL_VERSION
-from ..errors import KernelLaunchError
+from ..canonical import BUFFER_TYPES
 from .journal import note
+from .wire import DELIM, Frames, Signer, dumps
 
 if TYPE_CHECKING:
     from ..policy.output import OutputPolicy
 
 log = logging.getLogger("kernel_sandbox.launch")
 
-DELIM = b"<IDS|MSG>"
 REQUEST_CHANNELS = ("shell", "control", "stdin")
 CHANNELS = (*REQUEST_CHANNELS, "iopub", "hb")
-Frames = Sequence[bytes]
-"""A multipart message, one bytes object per frame."""
-
-
-class Signer:
-    """HMAC signatures of Jupyter messages with one key (an empty key signs nothing, as in
-    Jupyter)."""
-
-    def __init__(self, key: bytes, scheme: str = "hmac-sha256") -> None:
-        algorithm = scheme.partition("hmac-")[2]
-        if not scheme.startswith("hmac-") or algorithm not in hashlib.algorithms_available:
-            raise KernelLaunchError(f"unsupported signature_scheme {scheme!r}; use hmac-sha256")
-        self._hmac = hmac.new(key, digestmod=algorithm) if key else None
-
-    def sign(self, parts: Frames) -> bytes:
-        """The hex signature of a message's header, parent header, metadata and content."""
-        if self._hmac is None:
-            return b""
-        digest = self._hmac.copy()
-        for part in parts[:4]:
-            digest.update(part)
-        return digest.hexdigest().encode()
-
-    def verify(self, signature: Any, parts: Frames) -> bool:
-        """True when ``signature`` is this key's signature of ``parts`` (one of the wrong length
-        costs no digest)."""
-        if self._hmac is None:
-            return True
-        return len(signature) == self._hmac.digest_size * 2 and hmac.compare_digest(
-            bytes(signature), self.sign(parts)
-        )
 
 
 def unpack(frames: Frames, signer: Signer, sender: str) -> tuple[list[bytes], list[bytes]] | None:
@@ -81,27 +44,10 @@ def split(frames: Frames) -> tuple[list[bytes], bytes, list[bytes]] | None:
     return None
 
 
-def new_header(msg_type: str, session: str, username: str = "kernel") -> dict[str, Any]:
-    """A fresh message header of ``session``, as a kernel (or ``username``) writes it."""
-    return {
-        "msg_id": uuid.uuid4().hex,
-        "msg_type": msg_type,
-        "username": username,
-        "session": session,
-        "date": datetime.now(timezone.utc).isoformat(),
-        "version": PROTOCOL_VERSION,
-    }
-
-
 def launcher_note(text: str) -> dict[str, str]:
     """The content of a stderr stream message of the launcher's own saying ``text``, marked as
     the launcher's."""
     return {"name": "stderr", "text": f"[kernel-sandbox] {text}\n"}
-
-
-def dumps(value: Any) -> bytes:
-    """``value`` as a message part: compact UTF-8 JSON (NaN refused)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def parse_part(raw: bytes) -> Any:

@@ -56,7 +56,8 @@ from ..privdir import (
 from .asleep import answer_idle, answer_woken, debug_command, tell_first_cell
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink
-from .messages import dumps, msg_type_of, new_header, parse_part
+from .messages import dumps, msg_type_of, parse_part
+from .wire import new_header
 
 if TYPE_CHECKING:
     from .request import LaunchRequest

@@ -56,7 +56,8 @@ from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
 from .relay import ExecdRelay
 from ..launch.front import ExitStatus, Front
-from ..launch.messages import launcher_note, msg_type_of, new_header, parse_part
+from ..launch.messages import launcher_note, msg_type_of, parse_part
+from ..launch.wire import new_header
 from ..launch.asleep import answer_idle, tell_first_cell
 from ..launch.sleep import CHECK_EVERY
 

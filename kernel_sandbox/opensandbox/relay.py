@@ -32,7 +32,7 @@ from .settings import OpenSandboxSettings
 from .translate import CellRelay, CellTranslator
 from ..canonical import PROTOCOL_VERSION
 from ..launch.front import ExitStatus, Front
-from ..launch.messages import new_header
+from ..launch.wire import new_header
 
 log = logging.getLogger("kernel_sandbox.launch")
 

@@ -17,7 +17,8 @@ import pytest
 
 from kernel_sandbox.launch import delivery
 from kernel_sandbox.launch.delivery import Delivery
-from kernel_sandbox.launch.messages import Signer, dumps, new_header
+from kernel_sandbox.launch.messages import Signer, dumps
+from kernel_sandbox.launch.wire import new_header
 from kernel_sandbox.policy.output import OutputPolicy
 from kernel_sandbox.results import OutputFold, drop_note
 
