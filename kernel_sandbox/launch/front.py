@@ -218,8 +218,14 @@ class Front:
         )
 
     def answering(self) -> bool:
-        """Whether a launcher's own request is being answered (its reply is yet to go)."""
+        """Whether a launcher's own request is being answered (its reply is yet to go), or other
+        work given to :meth:`track` is under way."""
         return bool(self._answering)
+
+    def track(self, work: asyncio.Future[None]) -> None:
+        """Count ``work`` as an answer under way until it is done (cancelled at :meth:`close`)."""
+        self._answering.add(work)
+        work.add_done_callback(self._answering.discard)
 
     def listener_fds(self) -> dict[str, int]:
         """The listening sockets' descriptors, by channel (for :mod:`.dormant`)."""
@@ -278,9 +284,7 @@ class Front:
         if isinstance(content, dict):
             self._reply(idents, parts, msg_type, content)
         else:
-            task = asyncio.ensure_future(self._reply_later(idents, parts, msg_type, content))
-            self._answering.add(task)
-            task.add_done_callback(self._answering.discard)
+            self.track(asyncio.ensure_future(self._reply_later(idents, parts, msg_type, content)))
         return True
 
     async def _reply_later(

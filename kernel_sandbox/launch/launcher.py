@@ -157,7 +157,6 @@ async def serve(
     handle_signals()  # blocked across an exec by the dormant process
     owner = asyncio.ensure_future(_watch_owner(request, stop))
     ticking = asyncio.ensure_future(journal.keep_time())
-    tasks: set[asyncio.Future[None]] = set()
     try:
         front.attach(link)
         if resumed is not None:
@@ -170,8 +169,8 @@ async def serve(
             front.kernel_ready()
             _report_ready(status_fd)
             status_fd = None  # closed: its number may be reused by now
-            if resumed is not None:
-                tasks.add(asyncio.ensure_future(_take_back(front, resumed, stop_with)))
+            if resumed is not None:  # the launcher is busy (no rest) until it is done
+                front.track(asyncio.ensure_future(_take_back(front, resumed, stop_with)))
             resting = _resting(link, request, may_exec, owner)
             status = await _until_ended(request, front, link, stop, resting)
         else:
@@ -186,8 +185,6 @@ async def serve(
     finally:
         owner.cancel()
         ticking.cancel()
-        for task in tasks:
-            task.cancel()
         await link.stop()
         front.close()
         _close(status_fd)
@@ -312,14 +309,15 @@ def _lock_fd(directory: PrivateDir | None) -> int | None:
 async def _take_back(
     front: Front, resumed: dict[str, Any], stop_with: Callable[[str], None]
 ) -> None:
-    """After the dormant process exec'd the launcher again: wait for the clients to reconnect,
-    handle the messages it read, and stop if a signal was why."""
-    await front.clients_back(resumed["subscribers"], RECONNECT_WAIT)
-    for channel, frames in resumed["pending"]:
-        front.replay(channel, decode_frames(frames))
+    """After the dormant process exec'd the launcher again: stop at once if a signal was why;
+    else wait for the clients to reconnect and handle the messages it read."""
     why = resumed["why"]
     if isinstance(why, str) and why.startswith("stopped by"):
         stop_with(why)
+        return
+    await front.clients_back(resumed["subscribers"], RECONNECT_WAIT)
+    for channel, frames in resumed["pending"]:
+        front.replay(channel, decode_frames(frames))
 
 
 def launcher_argv() -> list[str]:
