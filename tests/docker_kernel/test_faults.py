@@ -27,6 +27,7 @@ from kernel_sandbox.launch.request import request_from_kernelspec
 from kernel_sandbox.launch.sockets import Connection
 
 from support.engine_proxy import EngineProxy
+from support.launcher_hooks import REOPEN_MAX_DELAY_ENV
 from support.kernel import ArgvKernel
 
 pytestmark = pytest.mark.usefixtures("docker_engine", "jupyter_prefix")
@@ -73,8 +74,10 @@ threading.Thread(target=kill_connectors, daemon=True).start()
 """
 
 
-async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_forever() -> None:
-    """Each loss of a kernel stream is reopened later than the one before; after a limit the kernel ends."""
+async def test_a_kernel_that_keeps_killing_its_streams_is_ended_not_reopened_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each loss of a kernel stream is reopened later than the one before; after a limit the kernel ends.
+    The waits between reopens stop growing at 1 s here, not at REOPEN_MAX_DELAY (5 s: 31 s of waiting)."""
+    monkeypatch.setenv(REOPEN_MAX_DELAY_ENV, "1")
     km = AsyncKernelManager(kernel_name="sandboxed-python")
     async with started_client(km, timeout=90) as kc:
         kc.execute(KILL_STREAMS)

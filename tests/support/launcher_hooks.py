@@ -12,6 +12,9 @@ As the modules load, it changes them:
 * with ``KERNEL_SANDBOX_TEST_EXEC_STREAMS`` set too, the Docker link's choice of the direct path
   (:func:`kernel_sandbox.docker.netns.may_enter_netns`): never, so tests running as root take the
   exec streams every other user takes.
+* with ``KERNEL_SANDBOX_TEST_REOPEN_MAX_DELAY`` set too, the longest wait before the Docker link
+  reopens a kernel stream that ended (:data:`kernel_sandbox.docker.channels.REOPEN_MAX_DELAY`):
+  the test of a kernel that keeps killing its streams then sees the ten losses in seconds.
 
 Nothing else is imported here, so the file also runs where the tests' packages are not on the path.
 """
@@ -39,8 +42,10 @@ if TYPE_CHECKING:  # never at run time: importing the module here would load it 
 
 TEST_RESOLVER_ENV = "KERNEL_SANDBOX_TEST_RESOLVER"
 EXEC_STREAMS_ENV = "KERNEL_SANDBOX_TEST_EXEC_STREAMS"
+REOPEN_MAX_DELAY_ENV = "KERNEL_SANDBOX_TEST_REOPEN_MAX_DELAY"
 OUTBOUND = "kernel_sandbox.launch.egress_outbound"
 NETNS = "kernel_sandbox.docker.netns"
+CHANNELS = "kernel_sandbox.docker.channels"
 RUN_NAME = "kernel_sandbox_test_hooks"
 PTH = "kernel_sandbox_test_hooks.pth"
 
@@ -126,6 +131,9 @@ def hooks(environ: dict[str, str] | os._Environ[str]) -> dict[str, Callable[[Mod
     }
     if environ.get(EXEC_STREAMS_ENV):
         found[NETNS] = never_enter_netns
+    if environ.get(REOPEN_MAX_DELAY_ENV):
+        seconds = float(environ[REOPEN_MAX_DELAY_ENV])
+        found[CHANNELS] = lambda module: setattr(module, "REOPEN_MAX_DELAY", seconds)
     return found
 
 
