@@ -7,11 +7,11 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from support import launcher_hooks
+from support.schedule import ONE_SERVER
 
 from kernel_sandbox.docker.containers import LABEL_OWNER_PID, OURS, is_orphan, remove_container
 from kernel_sandbox.docker.settings import DEFAULT_IMAGE
@@ -23,7 +23,7 @@ from kernel_sandbox.provisioners.standby import CLOSE_WAIT, POOL
 
 IN_CI = bool(os.environ.get("CI"))
 
-pytest_plugins = ["support.security_figures", "support.ci_strict", "pytester"]
+pytest_plugins = ["support.security_figures", "support.ci_strict", "support.schedule", "pytester"]
 
 
 # The tiers, set here alone from what a test needs (its fixtures, as pytest resolved them) and where it
@@ -34,27 +34,6 @@ TIERS = {
     "docker": {"docker_engine"},
     "podman": {"podman_engine"},
 }
-
-
-ONE_SERVER = ("tests/opensandbox/", "tests/policy/test_policy_jupyterlab.py")
-"""The test files that use the published OpenSandbox server: under ``-n 2 --dist loadfile`` all run
-in one worker (:func:`pytest_xdist_make_scheduler`), so that one server runs at a time. At its
-start the server removes the egress sidecars of sandboxes it does not know and schedules the
-expiry of every sandbox on the engine: two servers on one engine delete each other's sandboxes."""
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, with the files of :data:`ONE_SERVER` as one."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class OneServer(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return ONE_SERVER[0] if path.startswith(ONE_SERVER) else path
-
-    return OneServer(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
