@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from support import launcher_hooks
-from support.schedule import ONE_SERVER
 
 from kernel_sandbox.docker.containers import LABEL_OWNER_PID, OURS, is_orphan, remove_container
 from kernel_sandbox.docker.settings import DEFAULT_IMAGE
@@ -60,9 +59,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tiers.append("podman")
         for tier in dict.fromkeys(tiers) or ["unit"]:
             item.add_marker(tier)
-        server = "opensandbox" in tiers or item.get_closest_marker("opensandbox_server")
-        if server and not item.nodeid.startswith(ONE_SERVER):
-            raise pytest.UsageError(f"{item.nodeid} uses the OpenSandbox server: add its file to ONE_SERVER")
 
 
 def _unavailable(reason: str) -> None:

@@ -273,6 +273,9 @@ class Dormant:
             self.peers[peer.channel].discard(peer)
             self.selector.unregister(peer.conn)
             peer.conn.close()
+            # the parser refers to its peer: dropped here, what it held (a refused message of up
+            # to 64 MiB) goes now, not at a collection this quiet process may never reach
+            del peer.zmtp
 
     # -- messages ------------------------------------------------------------------------------
 

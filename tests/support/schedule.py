@@ -20,7 +20,8 @@ import pytest
 
 ONE_SERVER = ("tests/opensandbox/", "tests/policy/test_policy_jupyterlab.py")
 """The test files that use the published OpenSandbox server: under ``-n 2 --dist loadfile`` all run
-in one worker (:func:`pytest_xdist_make_scheduler`), so that one server runs at a time. At its
+in one worker (:func:`pytest_xdist_make_scheduler`), so that one server runs at a time (a test of
+another file that uses it is refused at collection). At its
 start the server removes the egress sidecars of sandboxes it does not know and schedules the
 expiry of every sandbox on the engine: two servers on one engine delete each other's sandboxes."""
 FILE_SECONDS = Path(__file__).parents[1] / "file-seconds.json"
@@ -60,6 +61,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py has marked the tiers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test that uses the OpenSandbox server from a file outside :data:`ONE_SERVER`."""
+    for item in items:
+        server = item.get_closest_marker("opensandbox") or item.get_closest_marker("opensandbox_server")
+        if server and not item.nodeid.startswith(ONE_SERVER):
+            raise pytest.UsageError(f"{item.nodeid} uses the OpenSandbox server: add its file to ONE_SERVER")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
