@@ -55,10 +55,11 @@ INJECTIONS = {
 
 
 RAW_CASES = [(runtime, attack) for attack in INJECTIONS for runtime in RUNTIMES
-             if runtime == "runc" or attack != "a message without end, 1 MiB frames"]
+             if runtime == "runc" or attack in ("one frame declaring 1 TiB", "ten million one-byte parts")]
 """Every injection on runc; on gVisor, whose only difference is the pipe the bytes cross (the
-launcher parses them with the same code), all but the endless message: gVisor lets the kernel go on
-writing its 300 MiB after the launcher has closed the stream (35 s of both cores)."""
+launcher parses them with the same code), the two that show the hijack works there and cost little:
+gVisor lets the kernel go on writing after the launcher has closed the stream (the endless message
+took 35 s of both cores there, the unread PINGs 11 s of CPU)."""
 
 
 @pytest.mark.security("attack", "channel")
@@ -93,14 +94,14 @@ async def test_a_stalled_client_does_not_make_the_launcher_hold_a_kernels_flood(
     launcher = launcher_pid(km)
     peak = PeakRSS(launcher=launcher, client=os.getpid())
     try:
-        outcome = await request(km, kc, FLOOD.format(count=2300), timeout=400)
+        outcome = await request(km, kc, FLOOD.format(count=1300), timeout=400)
     finally:
         peak.stop()
     for name, value in peak.figures().items():
         record_property(name, value)
     assert outcome.status == "ok", outcome
     assert peak.growth("launcher") <= 2 * LAUNCHER_BOUND, (
-        f"2300 x 1 MiB of stdout to a client that reads nothing: the launcher's memory rose by "
+        f"1300 x 1 MiB of stdout to a client that reads nothing: the launcher's memory rose by "
         f"{peak.growth('launcher') / MiB:.0f} MiB (bound {2 * LAUNCHER_BOUND // MiB} MiB): it queues up to "
         "ZMQ's default high-water mark of 1000 messages per subscriber, whatever their size"
     )
@@ -123,8 +124,8 @@ async def test_a_client_that_never_reads_iopub_does_not_hold_back_another_client
     assert text.endswith("2999\ndone\n"), text[-200:]
 
 
-FLOOD_SECONDS = 10
-"""How long each flood lasts; heartbeats and control requests are timed during its first 8 s."""
+FLOOD_SECONDS = 6
+"""How long each flood lasts; heartbeats and control requests are timed during its first 4 s."""
 HEAVY_FLOODS = {
     "small prints": f"import time\nt = time.time()\nwhile time.time() - t < {FLOOD_SECONDS}:\n    print('x' * 100, flush=True)\n",
     "1 MiB stdout messages": "import sys, time\nc = 'y' * (1 << 20)\nt = time.time()\n"
