@@ -186,6 +186,8 @@ class Dormant:
             for key, events in self.selector.select(OWNER_EVERY):
                 if isinstance(key.data, str):
                     self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
+                elif key.data not in self.peers[key.data.channel]:
+                    continue  # closed by an earlier event of this round (its parser is gone)
                 elif events & selectors.EVENT_READ:
                     self._read(key.data)
                 else:

@@ -242,7 +242,8 @@ def _resting(
 def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
     """Exec the dormant process (:mod:`.dormant`) in this one's place; returns only if the exec
     failed (the kernel then sleeps on here)."""
-    locks = [fd for fd in (_lock_fd(request.private), _lock_fd(link.own_dir())) if fd is not None]
+    lock = _lock_fd(request.private)
+    locks = [fd for fd in (lock, _lock_fd(link.own_dir())) if fd is not None]
     argv = launcher_argv()
     listeners = front.listener_fds()
     owner = (
@@ -258,7 +259,7 @@ def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
             "request": request_state(request),
             "sleep": kept,
             "listeners": listeners,
-            "lock": _lock_fd(request.private),
+            "lock": lock,
             "argv": argv,
         },
         "answers": {

@@ -30,22 +30,21 @@ from jupyter_client.session import Session
 
 from kernel_sandbox.launch.asleep import dormant_answers
 from kernel_sandbox.launch.zmtp import GREETING, ready
-from kernel_sandbox.launch.dormant import MAX_PEERS, MAX_UNSENT, STATE_OPTION, dormant_argv, write_state
+from kernel_sandbox.launch.dormant import MAX_PEERS, MAX_UNSENT, SOCKET_TYPES, STATE_OPTION, dormant_argv, write_state
 
 from support.kernel import unique_memory
 
-CHANNELS = ("shell", "control", "stdin", "hb", "iopub")
 KERNEL_INFO = {"status": "ok", "protocol_version": "5.3", "implementation": "ipython", "banner": "asleep"}
-HANDED = """\
+HANDED = f"""\
 import json, sys
-fd = int(sys.argv[sys.argv.index('--state-fd') + 1])
+fd = int(sys.argv[sys.argv.index({STATE_OPTION!r}) + 1])
 with open(sys.argv[1], 'w') as out:
     json.dump(json.load(open(fd)), out)
 """
 """The launcher the dormant process execs: it writes down the state it was handed."""
 GROWTH = 16 * 2**20
-"""How far the dormant process's unique memory may rise under an attack that sends no whole
-message (an attack by one of the user's own clients: a 64 MiB message is its own to send)."""
+"""How far the dormant process's unique memory may stay above where it started once an attack is
+over (a refused 64 MiB message included: what the closed connection held goes back)."""
 
 
 @dataclass
@@ -93,7 +92,7 @@ class Dormant:
 @pytest.fixture
 def dormant(tmp_path: Path) -> Iterator[Dormant]:
     listeners = {}
-    for channel in CHANNELS:
+    for channel in SOCKET_TYPES:
         listener = socket.create_server(("127.0.0.1", 0))
         listener.set_inheritable(True)
         listeners[channel] = listener

@@ -21,9 +21,9 @@ import pytest
 ONE_SERVER = ("tests/opensandbox/", "tests/policy/test_policy_jupyterlab.py")
 """The test files that use the published OpenSandbox server: under ``-n 2 --dist loadfile`` all run
 in one worker (:func:`pytest_xdist_make_scheduler`), so that one server runs at a time (a test of
-another file that uses it is refused at collection). At its
-start the server removes the egress sidecars of sandboxes it does not know and schedules the
-expiry of every sandbox on the engine: two servers on one engine delete each other's sandboxes."""
+another file that uses it is refused at collection). At its start the server removes the egress
+sidecars of sandboxes it does not know and schedules the expiry of every sandbox on the engine:
+two servers on one engine delete each other's sandboxes."""
 FILE_SECONDS = Path(__file__).parents[1] / "file-seconds.json"
 MEASURED = Path(__file__).parents[2] / "test-artifacts" / "file-seconds.json"
 UNLISTED_SECONDS = 5.0
