@@ -3,9 +3,9 @@
 Built on the official ``mcp`` SDK (``pip install 'kernel-sandbox[mcp]'``) and on the execution
 API: each MCP connection gets a kernel from an :class:`AsyncSandboxPool` on its first tool call,
 and gives it back (the container is removed) when the connection ends or the server exits. A
-server killed outright leaves its kernels to their launchers, which end them within
-``orphan_timeout``. Every refusal and limit is a tool error (``isError``) whose text says what to
-do; the server itself keeps running.
+server killed outright (SIGKILL; SIGTERM ends the launchers at once, see ``cli/mcp.py``) leaves
+its kernels to their launchers, which end them within ``orphan_timeout``. Every refusal and
+limit is a tool error (``isError``) whose text says what to do; the server itself keeps running.
 """
 
 from __future__ import annotations

@@ -4,13 +4,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 from typing import Any
 
 from ..errors import ConfigError
 from ..hostsecrets import Secret, parse_binding
 from .arguments import doc, install_config, sandbox_arguments
+
+
+async def _serve_stdio(server: Any) -> None:
+    """Serve on stdin and stdout until stdin ends or SIGTERM comes.
+
+    An MCP client that stops its server closes stdin, sends SIGTERM 2 s later and SIGKILL 2 s after
+    that; a service manager starts at SIGTERM. At SIGTERM every kernel's launcher is told to end at
+    once (each removes its container, SIGKILL or not), then the server closes as at stdin's end.
+    """
+    from ..execution.session import stop_launchers
+
+    serving = asyncio.current_task()
+    assert serving is not None
+
+    def terminate() -> None:
+        stop_launchers()
+        serving.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
+    with contextlib.suppress(asyncio.CancelledError):
+        await server.run_stdio_async()
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -34,7 +57,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         options["max_output_bytes"] = args.max_output_bytes
     if args.http is None:
         server = mcpserver.build_server(options, pool_size=args.pool_size)
-        asyncio.run(server.run_stdio_async())
+        asyncio.run(_serve_stdio(server))
         return 0
     host, _, port = args.http.rpartition(":")
     if not host or not port.isdigit():

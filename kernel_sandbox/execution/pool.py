@@ -67,6 +67,7 @@ class AsyncSandboxPool:
         self._failures: deque[BaseException] = deque()
         self._in_use: set[AsyncSandbox] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._starting: set[asyncio.Future[AsyncSandbox]] = set()
         self._cond: asyncio.Condition | None = None
         self._initial: list[asyncio.Task[None]] = []
         self._janitor: asyncio.Task[None] | None = None
@@ -111,11 +112,19 @@ class AsyncSandboxPool:
 
     async def _fresh(self) -> None:
         sandbox = AsyncSandbox(**self._options)
+        start = asyncio.ensure_future(sandbox.start())
+        self._starting.add(start)
         try:
-            await sandbox.start()
+            await start
+        except asyncio.CancelledError:
+            if not self._closed:
+                raise
+            return  # close() cancelled it: start() has removed what it began
         except Exception as exc:
             await self._offer(None, exc)
             return
+        finally:
+            self._starting.discard(start)
         await self._offer(_Entry(sandbox))
 
     async def _recycle(self, entry: _Entry) -> None:
@@ -183,12 +192,14 @@ class AsyncSandboxPool:
             self._give_back(entry)
 
     async def close(self) -> None:
-        """Close every kernel of the pool, ready, starting or in use."""
+        """Close every kernel of the pool, ready, in use or starting (a start is cut short)."""
         if self._closed:
             return
         self._closed = True
         if self._janitor is not None:
             self._janitor.cancel()
+        for start in self._starting:
+            start.cancel()
         if self._cond is not None:
             async with self._cond:
                 self._cond.notify_all()

@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from kernel_sandbox.errors import ConfigError
+from kernel_sandbox.errors import ConfigError, SandboxError
 from kernel_sandbox.execution import AsyncSandboxPool, Sandbox, SandboxPool
 from kernel_sandbox.execution.channel import CHUNK
 
@@ -104,6 +104,27 @@ async def test_pool_gives_20_concurrent_callers_clean_kernels(docker_engine, own
         leaks = await asyncio.gather(*(user(index) for index in range(20)))
         assert leaks == ["(None, [])"] * 20
         assert len(seen_ids) == 20
+    assert own_containers() == before
+
+
+async def test_a_pool_closed_while_its_kernels_start_cuts_the_starts_short(docker_engine, own_containers) -> None:
+    """close() does not wait for kernels to come up only to stop them (an MCP server whose client
+    left has 2 s): their starts are cancelled, and leave nothing."""
+    before = own_containers()
+    pool = AsyncSandboxPool(2)
+
+    async def take() -> None:
+        async with pool.acquire():
+            pass
+
+    waiting = asyncio.create_task(take())
+    await asyncio.sleep(0.3)  # the launchers are on their way
+    starting = list(pool._starting)
+    assert len(starting) == 2
+    await pool.close()
+    with pytest.raises(SandboxError, match="closed"):
+        await waiting
+    assert all(start.cancelled() for start in starting)
     assert own_containers() == before
 
 

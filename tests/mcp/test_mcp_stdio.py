@@ -84,8 +84,11 @@ async def test_client_cancellation_interrupts_the_kernel(docker_engine):
 
 
 async def test_two_sessions_two_containers_nothing_shared(docker_engine):
+    """Each session's kernel is its own, and goes with its session: the server removes it (the
+    orphan_timeout of 600 s would keep it otherwise), the pool's refill in flight cut short."""
     before = children()
-    async with stdio_session() as one, stdio_session() as two:
+    long_orphans = ("--set", "orphan_timeout=600")
+    async with stdio_session(*long_orphans) as one, stdio_session(*long_orphans) as two:
         await one.call_tool("run_code", {"code": "secret = 'one'"})
         seen = await two.call_tool("run_code", {"code": "secret"})
         assert seen.is_error and "NameError" in text(seen)
@@ -98,6 +101,21 @@ async def test_two_sessions_two_containers_nothing_shared(docker_engine):
     while any(containers_of(docker_engine, pid) for pid in servers):
         assert time.monotonic() < deadline, "a session's container outlived its session"
         await asyncio.sleep(0.5)
+
+
+async def test_sigterm_ends_the_kernels_at_once(docker_engine):
+    """SIGTERM (an MCP client's next step when the server outlives stdin by 2 s, a service
+    manager's stop) ends the session's kernel at once, not after orphan_timeout (600 s here)."""
+    before = children()
+    async with stdio_session("--set", "orphan_timeout=600") as session:
+        await session.call_tool("run_code", {"code": "1"})
+        (server,) = children() - before
+        assert containers_of(docker_engine, server)
+        os.kill(server, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while containers_of(docker_engine, server):
+            assert time.monotonic() < deadline, "the kernel outlived its server's SIGTERM"
+            await asyncio.sleep(0.5)
 
 
 async def test_container_gone_after_the_server_is_killed(docker_engine):
