@@ -266,8 +266,30 @@ def wait_for_kernel(page: Any, panel: Any) -> None:
     silently leaves a cell unrun when it is run with no kernel yet ("[ ]:", nothing sent); the status
     bar's "NAME | Idle" is the kernel's own status once it is connected.
     """
-    panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
-    page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()
+    from playwright.sync_api import TimeoutError
+
+    try:
+        panel.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for()
+        page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r" \| Idle$")).wait_for()
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{lab_state(page)}") from None
+
+
+def lab_state(page: Any) -> str:
+    """What a JupyterLab page shows of its notebooks' kernels, for a failure message: the URL, the
+    panels, their execution indicators, the status bar, and any dialog."""
+    state = page.evaluate("""() => {
+        const texts = selector => [...document.querySelectorAll(selector)].map(node => node.innerText.slice(0, 300));
+        return {
+            url: location.href,
+            panels: texts('.jp-NotebookPanel').length,
+            indicators: [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')].map(node => node.dataset.status),
+            status: texts('.jp-StatusBar-TextItem'),
+            dialogs: texts('.jp-Dialog'),
+            notifications: texts('.jp-Notification-Toast'),
+        };
+    }""")
+    return "the page shows " + json.dumps(state, indent=1)
 
 
 def run_cell(page: Any, panel: Any, code: str, shows: str) -> str:
@@ -305,7 +327,11 @@ def run_all_cells(page: Any, lab: dict, workspace: str, path: str) -> Any:
     cannot run in another tab), wait for its kernel, run all its cells; return the notebook's panel."""
     page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{path}?reset&token={lab['token']}")
     panel = page.locator(".jp-NotebookPanel:visible")
-    wait_for_kernel(page, panel)
+    try:
+        wait_for_kernel(page, panel)
+    except AssertionError as exc:
+        log = lab["log"].read_text().splitlines()[-40:] if "log" in lab else ["(not kept)"]
+        raise AssertionError(f"{exc}\nthe server's log ends:\n" + "\n".join(log)) from None
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
     return panel
