@@ -192,7 +192,7 @@ class Dormant:
                     self._read(key.data)
                 else:
                     self._flush(key.data)
-            if time.monotonic() >= next_look:
+            if self.why is None and time.monotonic() >= next_look:  # a signal's reason stands
                 next_look = time.monotonic() + OWNER_EVERY
                 self._look_at_owner()
 

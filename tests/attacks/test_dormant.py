@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +93,13 @@ class Dormant:
 
 @pytest.fixture
 def dormant(tmp_path: Path) -> Iterator[Dormant]:
+    with started_dormant(tmp_path, {"pid": os.getpid()}) as found:
+        yield found
+
+
+@contextlib.contextmanager
+def started_dormant(tmp_path: Path, owner: dict) -> Iterator[Dormant]:
+    """The dormant process as the launcher starts it, its owner watched as ``owner`` says (a pid, a lock)."""
     listeners = {}
     for channel in SOCKET_TYPES:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -107,7 +116,7 @@ def dormant(tmp_path: Path) -> Iterator[Dormant]:
     state = {
         "launcher": {"listeners": fds, "argv": [sys.executable, "-c", HANDED, str(handed)]},
         "answers": answers, "key": key, "signature_scheme": "hmac-sha256", "transport": "tcp",
-        "locks": [], "owner": {"pid": os.getpid()}, "remove": None,
+        "locks": [], "owner": owner, "remove": None,
     }
     state_fd = write_state(state)
     process = subprocess.Popen([*dormant_argv(["launcher"]), STATE_OPTION, str(state_fd)], pass_fds=[state_fd, *fds.values()])
@@ -122,6 +131,25 @@ def dormant(tmp_path: Path) -> Iterator[Dormant]:
         process.kill()
         process.wait(10)
         found.context.destroy(linger=0)
+
+
+@pytest.mark.security("fault", "sessions")
+def test_a_signal_stands_when_the_owner_lets_go_at_once(tmp_path: Path) -> None:
+    """SIGTERM, then the owner's lock let go (a pool of standbys clearing: each told to stop, then
+    let go): the launcher is exec'd to stop, not to keep the kernel for the owner's return
+    (``orphan_timeout``, 30 s by default) as it is when the owner goes first."""
+    lock = tmp_path / "owner.lock"
+    lock.touch()
+    held = os.open(lock, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    with started_dormant(tmp_path, {"lock": str(lock)}) as dormant:
+        dormant.process.send_signal(signal.SIGSTOP)  # both come before its next look at its owner
+        dormant.process.send_signal(signal.SIGTERM)
+        os.close(held)
+        time.sleep(1.5)
+        dormant.process.send_signal(signal.SIGCONT)
+        assert dormant.process.wait(30) == 0
+        assert json.loads(dormant.handed.read_text())["why"] == "stopped by SIGTERM"
 
 
 def _raw(dormant: Dormant, channel: str) -> socket.socket:
