@@ -576,6 +576,8 @@ class Sleeper:
 
     def _tell_first_cell(self) -> None:
         assert self._front is not None
+        if self._count is None and not self._lost:
+            return  # no cell ran before the sleep (a standby's, say): nothing was there to keep
         slept = time.strftime("%H:%M", time.localtime(self._since))
         text = f"The kernel slept from {slept} and woke up in a new container with its variables."
         if self._lost:

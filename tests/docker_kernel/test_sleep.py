@@ -29,6 +29,7 @@ from traitlets.config import Config
 from kernel_sandbox.docker.containers import LABEL_KERNEL_ID
 from kernel_sandbox.docker.connect import docker_client
 from kernel_sandbox.kernelspecs import install, started_client
+from kernel_sandbox.provisioners.standby import POOL
 from kernel_sandbox.privdir import SLEEP, SLEEP_SLOT, checkpoint_root, kept_checkpoint, remove_private, stored_bytes
 
 from support.kernel import DORMANT_GOAL, RUNTIMES, ArgvKernel, cell, dormant, runtime_option, unique_memory
@@ -155,6 +156,25 @@ async def test_an_idle_kernel_sleeps_without_a_container_and_wakes_with_its_vari
         assert text == "42\n" and reply["execution_count"] == count + 2, "the line is said once"
         history = await kc.history(raw=True, output=False, hist_access_type="tail", n=500, reply=True, timeout=30)
         assert [entry[2] for entry in history["content"]["history"]] == ["print(x, f(2), int(big.sum()))", "print(x)"]
+
+
+async def test_a_standby_that_slept_wakes_for_its_adopter_without_a_word_of_sleep() -> None:
+    """A standby idle past ``suspend_after`` sleeps like any kernel (it holds no memory while it waits). The
+    kernel that adopts it wakes it at its first cell, which says nothing of a sleep: no cell had run in it."""
+    before = set(POOL.standbys())
+    first = manager(pids_limit=77)  # a configuration of its own: its standby is the one the second adopts
+    async with started_client(first):
+        def slept() -> list[int]:
+            return [s.process.pid for s in set(POOL.standbys()) - before
+                    if s.started.done() and s.started.result() and s.process is not None and dormant(s.process.pid)]
+        await until(lambda: slept(), what="the standby to sleep")
+        (standby,) = slept()
+        second = manager(pids_limit=77)
+        async with started_client(second) as kc:
+            assert second.provisioner.process.pid == standby, "the second kernel is the standby that slept"
+            text, reply = await cell(kc, "print(6 * 7)")
+            assert reply["status"] == "ok" and reply["execution_count"] == 1, reply
+            assert text == "42\n", text
 
 
 async def test_a_kernel_with_an_open_socket_stays_awake_and_ps_says_why() -> None:
