@@ -438,8 +438,9 @@ class SandboxSession(KernelExchange):
 
 def stop_launchers() -> None:
     """Tell the launcher of every sandbox this process started to end now, without waiting (SIGTERM:
-    each removes its container or sandbox, whatever happens to this process next). For a program's
-    own SIGTERM handler; a kernel taken over with ``attach()`` is left to its ``orphan_timeout``."""
+    each removes its container or sandbox, whatever happens to this process next), as the MCP
+    server's SIGTERM handler does; a kernel taken over with ``attach()`` is left to its
+    ``orphan_timeout``."""
     for sandbox in list(_LIVE):
         process = getattr(getattr(sandbox._km, "provisioner", None), "process", None)
         if process is not None and process.poll() is None:
