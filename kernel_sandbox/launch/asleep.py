@@ -17,6 +17,8 @@ WOKEN_ANSWERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Requests a sleeping kernel answers as the kernel that wakes will: no comms (a sleep closes
 them), no input history (its IPython is a new one, in a new container)."""
+SHOWN = 8
+"""Names a sleep's messages list at most (the others are counted)."""
 
 
 def answer_idle(
@@ -101,3 +103,10 @@ def tell_first_cell(
             front.publish(bytes(parts[0]), "stream", launcher_note(text))
             return
     front.notice_next_cell(text)
+
+
+def listed(reasons: dict[str, str]) -> str:
+    """``name (why), ...`` for the first :data:`SHOWN` of ``reasons``, and how many more."""
+    names = [f"{name} ({why})" for name, why in list(reasons.items())[:SHOWN]]
+    more = len(reasons) - SHOWN
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")

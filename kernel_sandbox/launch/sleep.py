@@ -53,7 +53,7 @@ from ..privdir import (
     kept_checkpoint,
     note_sleep,
 )
-from .asleep import answer_idle, answer_woken, debug_command, tell_first_cell
+from .asleep import answer_idle, answer_woken, debug_command, listed, tell_first_cell
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink
 from .messages import dumps, msg_type_of, parse_part
@@ -71,7 +71,6 @@ DORMANT_AFTER = 2.0
 """Seconds a sleeping kernel stays quiet before its launcher makes way for the small process that
 holds the channels meanwhile (:mod:`.dormant`)."""
 WIDGET_TARGET = "jupyter.widget"
-SHOWN = 8
 DEBUG_INFO_MAX = 64 * 1024
 """Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
 log = logging.getLogger("kernel_sandbox.launch")
@@ -489,7 +488,7 @@ class Sleeper:
         lost = {**header["not_saved"], **header["files_not_saved"]}
         if header["not_saved"] and not self.lossy:
             raise CheckpointError(
-                f"its checkpoint would leave behind {_listed(header['not_saved'])}; the kernel "
+                f"its checkpoint would leave behind {listed(header['not_saved'])}; the kernel "
                 "stays awake (set suspend_lossy: true to suspend it anyway)"
             )
         self._lost = lost
@@ -581,7 +580,7 @@ class Sleeper:
         slept = time.strftime("%H:%M", time.localtime(self._since))
         text = f"The kernel slept from {slept} and woke up in a new container with its variables."
         if self._lost:
-            text += f" Not kept: {_listed(self._lost)}."
+            text += f" Not kept: {listed(self._lost)}."
         tell_first_cell(self._front, self._queue, text)
 
     def _note(self, state: dict[str, Any] | None) -> None:
@@ -594,9 +593,3 @@ def _give_back_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _listed(reasons: dict[str, str]) -> str:
-    names = [f"{name} ({why})" for name, why in list(reasons.items())[:SHOWN]]
-    more = len(reasons) - SHOWN
-    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
