@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -20,20 +19,20 @@ async def _serve_stdio(server: Any) -> None:
 
     An MCP client that stops its server closes stdin, sends SIGTERM 2 s later and SIGKILL 2 s after
     that; a service manager starts at SIGTERM. At SIGTERM every kernel's launcher is told to end at
-    once (each removes its container, SIGKILL or not), then the server closes as at stdin's end.
+    once (each removes its container and, its owner gone, its directory), then the server ends as
+    SIGTERM ends a process: a thread reading an open stdin would otherwise hold it.
     """
     from ..execution.session import stop_launchers
 
-    serving = asyncio.current_task()
-    assert serving is not None
+    loop = asyncio.get_running_loop()
 
     def terminate() -> None:
         stop_launchers()
-        serving.cancel()
+        loop.remove_signal_handler(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
-    with contextlib.suppress(asyncio.CancelledError):
-        await server.run_stdio_async()
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    await server.run_stdio_async()
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

@@ -7,8 +7,11 @@ import base64
 import os
 import signal
 import time
+from pathlib import Path
 
 import anyio
+
+from kernel_sandbox.docker.containers import LABEL_PRIVATE_DIR
 
 from support.mcp_server import children, containers_of, stdio_session
 
@@ -103,19 +106,32 @@ async def test_two_sessions_two_containers_nothing_shared(docker_engine):
         await asyncio.sleep(0.5)
 
 
-async def test_sigterm_ends_the_kernels_at_once(docker_engine):
+async def test_sigterm_ends_the_server_and_its_kernels_at_once(docker_engine):
     """SIGTERM (an MCP client's next step when the server outlives stdin by 2 s, a service
-    manager's stop) ends the session's kernel at once, not after orphan_timeout (600 s here)."""
+    manager's stop) ends the server, its stdin still open, and the session's kernel at once, not
+    after orphan_timeout (600 s here): its container and its private directory go."""
     before = children()
     async with stdio_session("--set", "orphan_timeout=600") as session:
         await session.call_tool("run_code", {"code": "1"})
         (server,) = children() - before
-        assert containers_of(docker_engine, server)
+        (container,) = containers_of(docker_engine, server)
+        private = Path(container.labels[LABEL_PRIVATE_DIR])
+        assert private.is_dir()
         os.kill(server, signal.SIGTERM)
         deadline = time.monotonic() + 60
-        while containers_of(docker_engine, server):
-            assert time.monotonic() < deadline, "the kernel outlived its server's SIGTERM"
+        while containers_of(docker_engine, server) or private.exists() or not ended(server):
+            assert time.monotonic() < deadline, (
+                f"after SIGTERM: server ended {ended(server)}, containers {containers_of(docker_engine, server)}, "
+                f"private directory left {private.exists()}")
             await asyncio.sleep(0.5)
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie its parent has not reaped yet included)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 async def test_container_gone_after_the_server_is_killed(docker_engine):
