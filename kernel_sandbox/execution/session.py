@@ -331,7 +331,12 @@ class SandboxSession(KernelExchange):
         try:
             self._disconnect()
             if km is not None and km.has_kernel:
-                await km.shutdown_kernel(now=True)
+                shutdown = asyncio.ensure_future(km.shutdown_kernel(now=True))
+                try:
+                    await asyncio.shield(shutdown)
+                except asyncio.CancelledError:
+                    await shutdown  # cancelled, the close still ends the kernel it let go of
+                    raise
         finally:
             _LIVE.discard(self)
             if self._tmp:

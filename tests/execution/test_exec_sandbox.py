@@ -284,6 +284,20 @@ def test_nothing_is_left_behind_by_failures_or_forgotten_sandboxes(docker_engine
     assert own_containers() == before
 
 
+async def test_a_cancelled_close_still_ends_the_kernel(docker_engine, own_containers) -> None:
+    """A close cancelled midway (a pool closing while a start cleans up after itself) ends the kernel
+    all the same: the sandbox has let go of it, so nothing else would until this process exits."""
+    before = own_containers()
+    sandbox = await AsyncSandbox().start()
+    assert len(own_containers() - before) == 1
+    closing = asyncio.ensure_future(sandbox.close())
+    await asyncio.sleep(0.05)  # the shutdown is under way
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert own_containers() == before
+
+
 SECRET = "sk-test-7f3a9c2e41b8d6"
 
 
