@@ -5,6 +5,9 @@ give without waking it, and the line that tells the first cell it woke up."""
 from __future__ import annotations
 
 import collections.abc
+import contextlib
+import ctypes
+import gc
 from typing import Any
 
 from ..privdir import SUSPEND_REQUEST
@@ -19,6 +22,37 @@ WOKEN_ANSWERS: dict[str, tuple[str, dict[str, Any]]] = {
 them), no input history (its IPython is a new one, in a new container)."""
 SHOWN = 8
 """Names a sleep's messages list at most (the others are counted)."""
+WIDGET_TARGET = "jupyter.widget"
+DEBUG_INFO_MAX = 64 * 1024
+"""Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
+BUSY_LIMIT = 256
+"""Requests a kernel may say it is busy with that :class:`Busy` remembers (the oldest go first)."""
+
+
+class Busy:
+    """The requests a kernel is busy with, from its IOPub ``status`` messages, by parent: the
+    busy/idle that ipykernel sends around a control request (a client's ``kernel_info``, say)
+    while a cell runs leaves the cell running. True while any is."""
+
+    def __init__(self) -> None:
+        self._parents: dict[str, None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._parents)
+
+    def note(self, parts: list[Any]) -> str | None:
+        """Take a ``status`` message's parts; return its parent's msg_id when it says busy."""
+        content = bytes(parts[3][:200])
+        parent = parse_part(bytes(parts[1]))
+        msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        key = msg_id if isinstance(msg_id, str) else ""
+        if b'"busy"' not in content:  # idle (or starting: no request of a client's)
+            self._parents.pop(key, None)
+            return None
+        self._parents[key] = None
+        while len(self._parents) > BUSY_LIMIT:
+            del self._parents[next(iter(self._parents))]
+        return key
 
 
 def answer_idle(
@@ -84,6 +118,26 @@ def dormant_answers(
     return answers
 
 
+def answer_shutdown(front: Front, channel: str, idents: list[Any], parts: list[Any]) -> None:
+    """Answer a ``shutdown_request`` for a kernel that sleeps (it then ends, never woken)."""
+    content = parse_part(bytes(parts[3]))
+    restart = bool(content.get("restart")) if isinstance(content, dict) else False
+    reply = {"status": "ok", "restart": restart}
+    front.reply(channel, idents, bytes(parts[0]), "shutdown_reply", reply)
+
+
+def kept_debug_info(reply: Any, kept: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``debugInfo`` answer to keep after the kernel's debug reply ``reply`` (``kept``: the
+    one kept so far): one from a kernel whose debugger is off, to answer it asleep."""
+    if not isinstance(reply, dict) or reply.get("command") != "debugInfo":
+        return kept
+    body = reply.get("body")
+    if not isinstance(body, dict):
+        return kept
+    off = body.get("isStarted") is False and not body.get("breakpoints")
+    return reply if off and not body.get("stoppedThreads") else None
+
+
 def debug_command(parts: list[Any]) -> str | None:
     """The command of a client's ``debug_request`` (None: not one, or malformed)."""
     if msg_type_of(bytes(parts[0])) != "debug_request":
@@ -110,3 +164,45 @@ def listed(reasons: dict[str, str]) -> str:
     names = [f"{name} ({why})" for name, why in list(reasons.items())[:SHOWN]]
     more = len(reasons) - SHOWN
     return ", ".join(names) + (f" and {more} more" if more > 0 else "")
+
+
+class Widgets:
+    """The widget comms a kernel has open (a sleep closes them), from the comm messages."""
+
+    def __init__(self) -> None:
+        self._open: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def note(self, parts: list[Any], from_client: bool) -> None:
+        """Take a ``comm_open`` or ``comm_close`` message's parts (a client opens no widget)."""
+        kind = msg_type_of(bytes(parts[0]))
+        content = parse_part(bytes(parts[3]))
+        comm_id = content.get("comm_id") if isinstance(content, dict) else None
+        if not isinstance(comm_id, str):
+            return
+        if kind == "comm_open" and not from_client and content.get("target_name") == WIDGET_TARGET:
+            self._open.add(comm_id)
+        elif kind == "comm_close":
+            self._open.discard(comm_id)
+
+
+def cells(queue: collections.abc.Iterable[tuple[str, Any, list[Any]]]) -> set[str]:
+    """The msg_ids of the ``execute_request`` messages in ``queue``."""
+    found = set()
+    for channel, _, parts in queue:
+        if channel == "shell" and msg_type_of(bytes(parts[0])) == "execute_request":
+            header = parse_part(bytes(parts[0]))
+            msg_id = header.get("msg_id") if isinstance(header, dict) else None
+            if isinstance(msg_id, str):
+                found.add(msg_id)
+    return found
+
+
+def give_back_memory() -> None:
+    """Return the heap the awake kernel's traffic left free to the system (glibc keeps it
+    otherwise), so that a sleeping kernel's launcher holds what it uses; nothing elsewhere."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

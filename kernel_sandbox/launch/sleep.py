@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import ctypes
-import gc
 import logging
 import time
 import uuid
@@ -53,7 +50,20 @@ from ..privdir import (
     kept_checkpoint,
     note_sleep,
 )
-from .asleep import answer_idle, answer_woken, debug_command, listed, tell_first_cell
+from .asleep import (
+    DEBUG_INFO_MAX,
+    Busy,
+    Widgets,
+    answer_idle,
+    answer_shutdown,
+    answer_woken,
+    cells,
+    debug_command,
+    give_back_memory,
+    kept_debug_info,
+    listed,
+    tell_first_cell,
+)
 from .checkpoints import BlobChannel, CheckpointStore
 from .front import Answer, ExitStatus, Front, KernelLink
 from .messages import dumps, msg_type_of, parse_part
@@ -70,9 +80,6 @@ CHECK_EVERY = 1.0
 DORMANT_AFTER = 2.0
 """Seconds a sleeping kernel stays quiet before its launcher makes way for the small process that
 holds the channels meanwhile (:mod:`.dormant`)."""
-WIDGET_TARGET = "jupyter.widget"
-DEBUG_INFO_MAX = 64 * 1024
-"""Bytes of a ``debugInfo`` answer the launcher reads to keep (a larger one is not kept)."""
 log = logging.getLogger("kernel_sandbox.launch")
 
 
@@ -101,8 +108,14 @@ class Sleeper:
         self.state = "awake"
         """``awake``, ``suspending``, ``asleep`` or ``waking``."""
         self._last = self._loop.time()
-        self._busy = False
-        self._widgets: set[str] = set()
+        self._busy = Busy()
+        self._interrupt_on: set[str] = set()
+        """The cells that waited for a wake when an interrupt came: the first to run gets it."""
+        self._abandon = False
+        """Set by a wake asked while the checkpoint is taken: the sleep is abandoned."""
+        self._suspended: asyncio.Future[None] | None = None
+        """Done when the sleep being taken is over (asleep, or abandoned)."""
+        self._widgets = Widgets()
         self._own: collections.deque[bytes] = collections.deque(maxlen=4)
         """The msg_ids of the launcher's own latest cells (their messages reach no client)."""
         self._own_reply: asyncio.Future[Any] | None = None
@@ -281,7 +294,7 @@ class Sleeper:
         if channel != "stdin":
             self._last = self._loop.time()
             if channel == "shell" and b"comm_close" in parts[0]:
-                self._comm(parts, True)
+                self._widgets.note(parts, from_client=True)
             elif channel == "control" and b"debug_request" in parts[0]:
                 if debug_command(parts) != "debugInfo":
                     self._debug_info = None  # the debugger is in use: only the kernel answers
@@ -289,6 +302,14 @@ class Sleeper:
             self._link.send(channel, idents, parts)
             return
         msg_type = msg_type_of(bytes(parts[0])) or ""
+        if msg_type == "interrupt_request" and self.state == "suspending" and self._link:
+            self._link.send(channel, idents, parts)  # a cell runs: its checkpoint, or a client's
+            return
+        if msg_type == "interrupt_request" and self.state in ("waking", "asleep"):
+            assert self._front is not None
+            self._interrupt_on.update(cells(self._queue))  # see :meth:`interrupt`
+            answer_idle(self._front, channel, idents, parts, None)
+            return
         if self.state == "asleep" and self._answer_asleep(channel, idents, parts, msg_type):
             return
         self._queue.append((channel, idents, parts))
@@ -304,15 +325,7 @@ class Sleeper:
         if answer_woken(front, channel, idents, parts, self._debug_info):
             return True
         if kind == "shutdown_request":
-            content = parse_part(bytes(parts[3]))
-            restart = bool(content.get("restart")) if isinstance(content, dict) else False
-            front.reply(
-                channel,
-                idents,
-                bytes(parts[0]),
-                "shutdown_reply",
-                {"status": "ok", "restart": restart},
-            )
+            answer_shutdown(front, channel, idents, parts)
             self._end(ExitStatus(0, "the kernel shut down (asleep)"))
             return True
         return False
@@ -330,9 +343,13 @@ class Sleeper:
             self._link.pause_reading(channel, paused)
 
     async def interrupt(self) -> None:
-        """Interrupt the running cell; a sleeping kernel runs none."""
-        if self._link is not None and self.state == "awake":
+        """Interrupt the running cell (its checkpoint's too); the first cell that waits for the
+        kernel to wake is interrupted as soon as it starts (SIGINT reaches an ipykernel only while
+        a cell runs: sent before, it would be lost)."""
+        if self._link is not None and self.state in ("awake", "suspending"):
             await self._link.interrupt()
+        else:
+            self._interrupt_on.update(cells(self._queue))
 
     def usage(self) -> Usage | None:
         """The container's usage; asleep, no memory and state ``suspended``."""
@@ -355,13 +372,13 @@ class Sleeper:
             return True  # none of its messages reaches a client
         if channel == "iopub":
             if b'"status"' in header and msg_type_of(header) == "status":
-                self._busy = b'"idle"' not in bytes(parts[3][:200])
-                self._last = self._loop.time()
+                self._status(parts)
             elif b'"comm_' in header and msg_type_of(header) in ("comm_open", "comm_close"):
-                self._comm(parts, False)  # never a comm_msg's content (widget data: megabytes)
+                # never a comm_msg: its content (widget data) may be megabytes
+                self._widgets.note(parts, from_client=False)
         elif channel == "control" and b"debug_reply" in header:
             if msg_type_of(header) == "debug_reply" and len(parts[3]) < DEBUG_INFO_MAX:
-                self._note_debug_info(parse_part(bytes(parts[3])))
+                self._debug_info = kept_debug_info(parse_part(bytes(parts[3])), self._debug_info)
         elif channel == "shell":
             if b"kernel_info_reply" in header and msg_type_of(header) == "kernel_info_reply":
                 self._kernel_info = parse_part(bytes(parts[3]))
@@ -372,15 +389,14 @@ class Sleeper:
                     self._count = count
         return False
 
-    def _note_debug_info(self, reply: Any) -> None:
-        """Keep a ``debugInfo`` answer of the kernel whose debugger is off, to answer it asleep."""
-        if not isinstance(reply, dict) or reply.get("command") != "debugInfo":
-            return
-        body = reply.get("body")
-        if not isinstance(body, dict):
-            return
-        off = body.get("isStarted") is False and not body.get("breakpoints")
-        self._debug_info = reply if off and not body.get("stoppedThreads") else None
+    def _status(self, parts: list[bytes]) -> None:
+        """Note whether a cell runs; interrupt the one that waited for the wake, if asked."""
+        started = self._busy.note(parts)
+        self._last = self._loop.time()
+        if started is not None and started in self._interrupt_on:
+            self._interrupt_on.clear()
+            if self._link is not None:
+                self._spawn(self._link.interrupt())
 
     def _take_own(self, channel: str, parts: list[bytes]) -> None:
         """A message of the launcher's own cell: the checkpoint request, the reply."""
@@ -390,18 +406,6 @@ class Sleeper:
         elif channel == "shell" and kind == "execute_reply" and self._own_reply is not None:
             if not self._own_reply.done():
                 self._own_reply.set_result(parse_part(bytes(parts[3])))
-
-    def _comm(self, parts: list[Any], from_client: bool) -> None:
-        """Track the widget comms open (a sleep closes them)."""
-        kind = msg_type_of(bytes(parts[0]))
-        content = parse_part(bytes(parts[3]))
-        comm_id = content.get("comm_id") if isinstance(content, dict) else None
-        if not isinstance(comm_id, str):
-            return
-        if kind == "comm_open" and not from_client and content.get("target_name") == WIDGET_TARGET:
-            self._widgets.add(comm_id)
-        elif kind == "comm_close":
-            self._widgets.discard(comm_id)
 
     # -- sleeping ------------------------------------------------------------------------------
 
@@ -440,19 +444,25 @@ class Sleeper:
             return {"status": "error", "evalue": refusal}
         self.state = "suspending"
         self._kept = None
+        self._abandon = False
+        self._suspended = self._loop.create_future()
         try:
             reply = await self._own_cell(f"__import__({EXTENSION!r}).ready_to_sleep()\n%checkpoint")
             if reply.get("status") != "ok":
                 raise CheckpointError(str(reply.get("evalue") or "the checkpoint failed"))
             if self._kept is None:  # the kernel's word is not enough: the store must have kept it
                 raise CheckpointError("the launcher kept no checkpoint for it")
-            if self._queue:
+            if self._queue or self._abandon:
                 raise CheckpointError("a client's request came while the checkpoint was taken")
         except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
             reason = str(exc) or "no answer in time"
+            if self._store is not None:  # awake, the kernel holds no sleep's disk
+                self._store.path.unlink(missing_ok=True)
             self._awake()
             self._note({"state": "awake", "why": reason})
             return {"status": "error", "evalue": reason}
+        finally:
+            self._suspended.set_result(None)
         link, self._link = self._link, None
         self.state = "asleep"
         self._since = time.time()
@@ -465,7 +475,7 @@ class Sleeper:
         self._note({**state, "why": why})
         await link.stop()
         self._last = self._loop.time()  # quiet from now on: its reply is yet to go
-        _give_back_memory()
+        give_back_memory()
         log.info("the kernel sleeps (%s); its checkpoint is %d bytes", why, size)
         if self._queue and self._wake_task is None:
             self._wake_task = self._spawn(self._wake())
@@ -531,6 +541,9 @@ class Sleeper:
     # -- waking --------------------------------------------------------------------------------
 
     async def _wake_request(self) -> dict[str, Any]:
+        if self.state == "suspending" and self._suspended is not None:
+            self._abandon = True  # a request that needs the kernel: the sleep is abandoned
+            await asyncio.shield(self._suspended)
         if self.state == "awake":
             return {"status": "ok", "state": "awake"}
         if self._wake_task is None:
@@ -585,11 +598,3 @@ class Sleeper:
 
     def _note(self, state: dict[str, Any] | None) -> None:
         note_sleep(self.request.private, state)
-
-
-def _give_back_memory() -> None:
-    """Return the heap the awake kernel's traffic left free to the system (glibc keeps it
-    otherwise), so that a sleeping kernel's launcher holds what it uses; nothing elsewhere."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -58,7 +58,7 @@ from .relay import ExecdRelay
 from ..launch.front import ExitStatus, Front
 from ..launch.messages import launcher_note, msg_type_of, parse_part
 from ..launch.wire import new_header
-from ..launch.asleep import answer_idle, tell_first_cell
+from ..launch.asleep import Busy, answer_idle, tell_first_cell
 from ..launch.sleep import CHECK_EVERY
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class OpenSandboxLink:
         self._sleep_lock = asyncio.Lock()
         self._waking: asyncio.Future[None] | None = None
         self._last = asyncio.get_running_loop().time()
-        self._busy = False
+        self._busy = Busy()
         self._kernel_info: Any = None
         self._since = 0.0
 
@@ -396,7 +396,7 @@ class OpenSandboxLink:
         if not isinstance(header, bytes):
             return False
         if channel == "iopub" and b'"status"' in header and msg_type_of(header) == "status":
-            self._busy = b'"idle"' not in bytes(parts[3][:200])
+            self._busy.note(parts)
             self._last = asyncio.get_running_loop().time()
         elif channel == "shell" and msg_type_of(header) == "kernel_info_reply":
             self._kernel_info = parse_part(bytes(parts[3]))

@@ -5,10 +5,12 @@ OpenSandbox backend's refusal of the checkpoint sleep's options)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +143,89 @@ async def test_a_program_attaches_to_a_sleeping_kernel_whose_owner_died_and_wake
     finally:
         await sandbox.close()
     assert containers(kernel_id) == []
+
+
+LONG_CELL = "import time\nfor i in range(300): time.sleep(0.1)\nprint('ran to the end')"
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_control_request_during_a_cell_does_not_make_it_idle() -> None:
+    """ipykernel wraps a control request (a client's kernel_info) in busy/idle while a cell runs: the
+    cell still runs, so the kernel is not put to sleep, and an interrupt stops the cell."""
+    async with AsyncSandbox(suspend_after=1) as sb:
+        kc = sb._kc
+        cell_id = kc.execute(LONG_CELL)
+        await until_busy(kc, cell_id)
+        probe = kc.session.msg("kernel_info_request", {})
+        kc.control_channel.send(probe)
+        while (await kc.get_control_msg(timeout=30))["parent_header"].get("msg_id") != probe["header"]["msg_id"]:
+            pass
+        await asyncio.sleep(3)  # past suspend_after, twice over
+        assert (await sb.metrics()).state == "running"
+        await sb.interrupt()
+        while (msg := await kc.get_iopub_msg(timeout=60))["msg_type"] != "error" or msg["parent_header"].get("msg_id") != cell_id:
+            assert msg["msg_type"] != "stream" or "ran to the end" not in msg["content"]["text"], "not interrupted"
+        assert msg["content"]["ename"] == "KeyboardInterrupt"
+
+
+async def until_busy(kc: object, msg_id: str) -> None:
+    """Wait until the kernel says it is busy with the request ``msg_id``."""
+    while True:
+        msg = await kc.get_iopub_msg(timeout=60)  # type: ignore[attr-defined]
+        if msg["parent_header"].get("msg_id") == msg_id and msg["content"].get("execution_state") == "busy":
+            return
+
+
+SLOW_TO_PICKLE = """
+import time
+class Slow:
+    def __reduce__(self):
+        time.sleep(3)
+        return (Slow, ())
+slow = Slow()
+x = 'kept'
+"""
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_wake_asked_while_the_checkpoint_is_taken_abandons_the_sleep_and_its_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wake request (``wake()``'s) during the sleep's checkpoint (an object slow to pickle) is answered
+    once the sleep is abandoned: the kernel runs on in its container, and the blob taken meanwhile goes."""
+    from kernel_sandbox.privdir import SLEEP_SLOT, SUSPEND_REQUEST, WAKE_REQUEST, checkpoint_root, stored_bytes
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # a store of this test's own
+    async with AsyncSandbox(suspend_after=3600) as sb:
+        assert (await sb.run(SLOW_TO_PICKLE)).error is None
+        kc, replies = sb._kc, {}
+        for kind in (SUSPEND_REQUEST, WAKE_REQUEST):
+            msg = kc.session.msg(kind, {})
+            kc.control_channel.send(msg)
+            replies[msg["header"]["msg_id"]] = kind
+            await asyncio.sleep(1)  # the checkpoint takes 3 s
+        answers = []
+        while len(answers) < 2:
+            reply = await kc.get_control_msg(timeout=120)
+            if reply["parent_header"].get("msg_id") in replies:
+                answers.append((replies[reply["parent_header"]["msg_id"]], reply["content"]))
+        assert answers == [
+            (SUSPEND_REQUEST, {"status": "error", "evalue": "a client's request came while the checkpoint was taken"}),
+            (WAKE_REQUEST, {"status": "ok", "state": "awake"}),
+        ]
+        assert (await sb.metrics()).state == "running" and len(containers(sb.kernel_id)) == 1
+        assert stored_bytes(checkpoint_root(), SLEEP_SLOT) == (0, 0), "the abandoned sleep's blob went"
+        assert (await sb.run("print(x)")).stdout == "kept\n"
+
+
+@pytest.mark.security("fault", "sessions")
+def test_a_cell_past_its_deadline_while_the_kernel_wakes_is_interrupted_with_its_state_kept() -> None:
+    """The call's deadline passes while the kernel wakes for it: the interrupt is kept for the cell and
+    sent as it starts, so the cell stops, and the variables stay (no restart)."""
+    with Sandbox(suspend_after=3600, interrupt_grace=60.0) as sb:
+        sb.run("x = 'kept'")
+        sb.suspend()
+        execution = sb.run(LONG_CELL, timeout=0.3)
+        assert execution.error is not None and execution.error.name == "TimeoutError", execution
+        assert not execution.state_lost and "ran to the end" not in execution.stdout
+        assert sb.run("print(x)").stdout == "kept\n"
