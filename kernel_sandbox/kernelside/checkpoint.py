@@ -3,7 +3,9 @@ files.
 
 :func:`save` writes one blob, a ZIP archive (stored, not compressed) holding ``namespace.pickle``
 (the names the user defined, pickled together with cloudpickle, so shared objects stay shared and
-functions keep seeing the namespace as their globals) and ``files/...`` (the regular files of the
+functions keep seeing the namespace as their globals), ``sys_path.json`` (the import path, so that
+a class from a package the user put on it, say ``sys.path.append('lib')``, loads again) and
+``files/...`` (the regular files of the
 work directory; other mounts under it are left out and said so), in a private directory of this
 kernel (:func:`area`). The host moves the blob with the file operations of the helper
 (:mod:`workfiles`, under that directory) and keeps it as opaque bytes: it never opens it.
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import io
+import json
 import os
 import pickle
 import re
@@ -35,6 +39,7 @@ except ImportError:  # on the host (tests run this module as code)
 
 BLOB = "checkpoint.zip"
 NAMESPACE = "namespace.pickle"
+SYS_PATH = "sys_path.json"
 FILES = "files/"
 _IPYTHON_NAMES = re.compile(r"_+|_i+|_i?\d+|_[dio]h|__\w+__")
 _AREA = "_kernel_sandbox_checkpoint_area"
@@ -208,6 +213,7 @@ def save(work):
             with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
                 for relative, path in found:
                     archive.write(path, FILES + relative)
+                archive.writestr(SYS_PATH, json.dumps([p for p in sys.path if isinstance(p, str)]))
                 with archive.open(NAMESPACE, "w", force_zip64=True) as stream:
                     pickler_class(stream, ns, hidden).dump({name: ns[name] for name in saved})
             break
@@ -268,6 +274,10 @@ def load(work, sha256):
                         offset += len(block)
                     if offset == 0:
                         files.write_chunk(work, relative, 0, b"")
+            if SYS_PATH in archive.namelist():
+                saved = json.loads(archive.read(SYS_PATH))
+                sys.path[:] = saved + [p for p in sys.path if p not in saved]
+            importlib.invalidate_caches()  # the files just written, and the path, are to be seen
             ns, hidden = namespace()
             with archive.open(NAMESPACE) as stream:
                 values = _Unpickler(stream, ns, hidden).load()

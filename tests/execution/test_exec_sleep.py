@@ -229,3 +229,25 @@ def test_a_cell_past_its_deadline_while_the_kernel_wakes_is_interrupted_with_its
         assert execution.error is not None and execution.error.name == "TimeoutError", execution
         assert not execution.state_lost and "ran to the end" not in execution.stdout
         assert sb.run("print(x)").stdout == "kept\n"
+
+
+PACKAGE_ON_THE_PATH = """
+import os, sys
+os.makedirs('lib/mypkg', exist_ok=True)
+open('lib/mypkg/__init__.py', 'w').write('class Model:\\n    def __init__(self): self.w = 42\\n')
+sys.path.append('lib')
+from mypkg import Model
+m = Model()
+results = list(range(10))
+"""
+
+
+def test_a_class_from_a_package_the_user_put_on_the_path_wakes_with_its_objects() -> None:
+    """The checkpoint keeps the import path with the work directory's files: an object of a class from
+    ``lib/`` (``sys.path.append('lib')``) loads again in the new container, so the wake does not fail
+    and take every other name with it."""
+    with Sandbox(suspend_after=3600) as sb:
+        assert sb.run(PACKAGE_ON_THE_PATH).error is None
+        sb.suspend()
+        execution = sb.run("print(m.w, len(results), 'lib' in sys.path)")
+        assert execution.error is None and execution.stdout == "42 10 True\n", execution
