@@ -100,12 +100,14 @@ def answer_woken(
 
 
 def dormant_answers(
-    kernel_info: Any, lost: dict[str, str]
+    kernel_info: Any, lost: dict[str, str], new_kernel: bool = True
 ) -> dict[str, tuple[list[str], str, dict[str, Any], bool]]:
     """What the dormant process answers by itself, by request type: the channels it comes on,
-    the reply's type and content, and whether the status messages go around it."""
+    the reply's type and content, and whether the status messages go around it. ``new_kernel``:
+    the kernel that wakes is a new one (:data:`WOKEN_ANSWERS`), not the same one resumed."""
     either = ["shell", "control"]
-    answers = {kind: (either, *answer, True) for kind, answer in WOKEN_ANSWERS.items()}
+    woken = WOKEN_ANSWERS if new_kernel else {}
+    answers = {kind: (either, *answer, True) for kind, answer in woken.items()}
     if kernel_info is not None:
         answers["kernel_info_request"] = (either, "kernel_info_reply", kernel_info, True)
     answers["interrupt_request"] = (["control"], "interrupt_reply", {"status": "ok"}, False)

@@ -11,7 +11,10 @@ answers what the launcher left answers for: heartbeats, IOPub subscriptions, and
 around them). A message whose signature does not verify is dropped, as the launcher drops it.
 
 Anything else (a cell, a shutdown, SIGTERM or SIGHUP, the owner gone) execs the launcher again
-with the messages read (:func:`exec_with`), and it handles them as if they had just arrived. The
+with the messages read (:func:`exec_with`), and it handles them as if they had just arrived. A link
+with something to do meanwhile (a paused OpenSandbox sandbox's renewal) names a command, which this
+process runs every so many seconds in a process of its own (:meth:`Dormant._keep`); any exit status
+but 0 hands back to the launcher too. The
 clients' connections close at that exec: ZMQ clients reconnect on their own, with the routing
 identity they set (jupyter_client and jupyter_server set their session's), and the launcher waits
 for their IOPub subscriptions before it answers. A client whose socket sets no routing identity
@@ -167,7 +170,13 @@ class Dormant:
         self.peers: dict[str, set[_Peer]] = {channel: set() for channel in SOCKET_TYPES}
         self.pending: list[tuple[str, list[bytes]]] = []
         self.why: str | None = None
+        self.keeping: int | None = None
+        """The pid of the ``keep`` command running, if one is."""
+        self.next_keep = 0.0
+        for fd in state["locks"]:  # inherited by the launcher only (:func:`exec_with`), never
+            os.set_inheritable(fd, False)  # by the ``keep`` command
         for channel, fd in self.carried["listeners"].items():
+            os.set_inheritable(fd, False)
             listener = socket.socket(fileno=fd)
             listener.setblocking(False)
             self.listeners[channel] = listener
@@ -182,6 +191,8 @@ class Dormant:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing runs: nothing to interrupt
         handle_signals()
         next_look = 0.0
+        keep = self.state.get("keep")
+        self.next_keep = time.monotonic() + (keep["every"] if keep is not None else 0)
         while self.why is None and not self.pending:
             for key, events in self.selector.select(OWNER_EVERY):
                 if isinstance(key.data, str):
@@ -195,6 +206,34 @@ class Dormant:
             if self.why is None and time.monotonic() >= next_look:  # a signal's reason stands
                 next_look = time.monotonic() + OWNER_EVERY
                 self._look_at_owner()
+            if self.why is None and keep is not None:
+                self._keep(keep)
+
+    def _keep(self, keep: dict[str, Any]) -> None:
+        """Run ``keep["argv"]`` every ``keep["every"]`` seconds, ``keep["state"]`` on the
+        descriptor after its :data:`STATE_OPTION`, one at a time (one that outlasts its period is
+        killed); an exit status but 0 hands back to the launcher."""
+        now = time.monotonic()
+        if self.keeping is not None:
+            done, status = os.waitpid(self.keeping, os.WNOHANG)
+            if not done and now < self.next_keep:
+                return
+            if not done:
+                os.kill(self.keeping, signal.SIGKILL)
+                os.waitpid(self.keeping, 0)
+            self.keeping = None
+            if not done or os.waitstatus_to_exitcode(status) != 0:
+                self.why = "kept"
+        elif now >= self.next_keep:
+            fd = write_state(keep["state"])
+            argv = [*keep["argv"], STATE_OPTION, str(fd)]
+            try:
+                self.keeping = os.posix_spawn(argv[0], argv, os.environ)
+            except OSError:
+                self.why = "kept"
+            finally:
+                os.close(fd)
+            self.next_keep = now + keep["every"]
 
     def _stop(self, why: str) -> None:
         self.why = why
@@ -347,6 +386,9 @@ class Dormant:
             "why": self.why,
             "subscribers": sum(1 for peer in self.peers["iopub"] if peer.topics),
         }
+        if self.keeping is not None:  # the launcher does it itself from now on
+            os.kill(self.keeping, signal.SIGKILL)
+            os.waitpid(self.keeping, 0)
         keep = [*self.carried["listeners"].values(), *self.state["locks"]]
         try:
             exec_with(self.carried["argv"], state, keep)

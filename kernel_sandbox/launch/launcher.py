@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .. import backends
 from ..controls import escape_controls
@@ -61,6 +61,28 @@ from .request import (
     request_state,
 )
 from .sleep import Sleeper, SleepableLink
+
+
+@runtime_checkable
+class RestingLink(KernelLink, Protocol):
+    """A link that lets the dormant process (:mod:`.dormant`) hold its sleeping kernel's channels:
+    the Docker :class:`Sleeper`, and the OpenSandbox link while its sandbox is paused."""
+
+    resting: asyncio.Future[None]
+    may_rest: Callable[[], bool]
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a launcher exec'd anew needs to go on (JSON): with ``kernel_info``, ``lost`` (the
+        names the sleep did not keep) and, optionally, ``new_kernel`` (False: the kernel that
+        wakes is the same one) and ``keep`` (a command the dormant process runs meanwhile:
+        :meth:`.dormant.Dormant._keep`)."""
+
+    async def resume(self, front: Front, kept: dict[str, Any]) -> None:
+        """Go on asleep as the launcher before an exec left off (``kept``: :meth:`snapshot`)."""
+
+    def own_dir(self) -> PrivateDir | None:
+        """The directory made for a kernel whose client ran argv (None: the provisioner's)."""
+
 
 OWNER_CHECK_INTERVAL = 1.0
 RECONNECT_WAIT = 5.0
@@ -160,7 +182,7 @@ async def serve(
     try:
         front.attach(link)
         if resumed is not None:
-            started = asyncio.ensure_future(cast(Sleeper, link).resume(front, resumed["sleep"]))
+            started = asyncio.ensure_future(cast(RestingLink, link).resume(front, resumed["sleep"]))
         else:
             started = asyncio.ensure_future(link.start(front))
         await asyncio.wait((started, stop), return_when=asyncio.FIRST_COMPLETED)
@@ -209,7 +231,7 @@ async def _until_ended(
         await asyncio.wait((ended, stop, resting), return_when=asyncio.FIRST_COMPLETED)
         if ended.done() or stop.done():
             break
-        sleeper = cast(Sleeper, link)
+        sleeper = cast(RestingLink, link)
         if front.input_waiting():  # a message came meanwhile: handled here, the rest is later
             sleeper.resting = resting = asyncio.get_running_loop().create_future()
             continue
@@ -222,9 +244,9 @@ def _resting(
     link: KernelLink, request: LaunchRequest, may_exec: bool, owner: asyncio.Future[None]
 ) -> asyncio.Future[Any]:
     """Done when the dormant process may take over the sleeping kernel: the launcher is its own
-    process, the link is a :class:`Sleeper`, and the kernel's owner is there (else the owner watch
-    counts down here)."""
-    if not may_exec or not isinstance(link, Sleeper):
+    process, the link is a :class:`RestingLink`, and the kernel's owner is there (else the owner
+    watch counts down here)."""
+    if not may_exec or not isinstance(link, RestingLink):
         return asyncio.get_running_loop().create_future()  # never
     private = request.private
 
@@ -239,7 +261,7 @@ def _resting(
     return link.resting
 
 
-def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
+def _go_dormant(request: LaunchRequest, front: Front, link: RestingLink) -> None:
     """Exec the dormant process (:mod:`.dormant`) in this one's place; returns only if the exec
     failed (the kernel then sleeps on here)."""
     lock = _lock_fd(request.private)
@@ -253,7 +275,7 @@ def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
     )
     gate_dir = front.gate_dir()
     kept = link.snapshot()
-    answers = dormant_answers(kept["kernel_info"], kept["lost"])
+    answers = dormant_answers(kept["kernel_info"], kept["lost"], kept.get("new_kernel", True))
     state: dict[str, Any] = {
         "launcher": {
             "request": request_state(request),
@@ -280,6 +302,7 @@ def _go_dormant(request: LaunchRequest, front: Front, link: Sleeper) -> None:
         "locks": locks,
         "owner": owner,
         "remove": None if gate_dir is None else str(gate_dir.path),
+        "keep": kept.get("keep"),
     }
     state["answers"]["usage_request"] = {
         "channels": ["control"],

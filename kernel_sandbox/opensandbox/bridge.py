@@ -80,7 +80,11 @@ class WebsocketBridge:
 
     async def start(self) -> None:
         """Start a kernel in the sandbox's Jupyter server, connect, and return once it answers."""
-        self.kernel_id = await self.jupyter.start_kernel(self.settings.kernel_name)
+        await self.attach(await self.jupyter.start_kernel(self.settings.kernel_name))
+
+    async def attach(self, kernel_id: str) -> None:
+        """Connect to the server's kernel ``kernel_id`` and return once it answers."""
+        self.kernel_id = kernel_id
         await self._connect()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.ready_timeout

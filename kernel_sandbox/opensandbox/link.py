@@ -25,7 +25,10 @@ it sleeps the launcher answers heartbeats, ``kernel_info_request`` (with the ker
 and ``interrupt_request`` itself and renews the expiration as before; any other request resumes
 the sandbox, waits for execd's ``/ping`` and passes on what waited, the first cell saying once
 that the sandbox was paused. The kernel's ``sleep.json`` says it sleeps (``ps``, ``metrics()``), or
-why a pause failed; a resume that fails ends the kernel with the reason.
+why a pause failed; a resume that fails ends the kernel with the reason. Paused and quiet, the
+launcher lets the dormant process hold the channels (:meth:`snapshot`), which renews the sandbox
+through :mod:`.renewal`; the launcher exec'd again connects to the same kernel
+(:class:`~.reach.KernelReach`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from ..errors import (
@@ -50,16 +54,19 @@ from .execd import ExecdClient
 from .client import keep_alive
 from .gc import owner_metadata
 from .bridge import WAITING_LIMIT, WebsocketBridge
-from .jupyter import JupyterServer, dumps
+from .jupyter import dumps
 from ..metrics import Usage
 from .settings import OpenSandboxSettings
 from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
+from . import renewal
+from .reach import KernelReach
 from .relay import ExecdRelay
 from ..launch.front import ExitStatus, Front
 from ..launch.messages import launcher_note, msg_type_of, parse_part
+from ..launch.request import request_state
 from ..launch.wire import new_header
 from ..launch.asleep import Busy, answer_idle, tell_first_cell
-from ..launch.sleep import CHECK_EVERY
+from ..launch.sleep import CHECK_EVERY, DORMANT_AFTER
 
 if TYPE_CHECKING:
     from ..launch.request import LaunchRequest
@@ -84,12 +91,11 @@ class OpenSandboxLink:
         # make_link chose this link by their type
         self.settings = cast(OpenSandboxSettings, request.settings)
         self.sandbox_id: str | None = None
-        self.mode: str | None = None
         self._token = secrets.token_hex(32)
         self._front: Front | None = None
         self._client: OpenSandboxClient | None = None
         self._execd: ExecdClient | None = None
-        self._jupyter: JupyterServer | None = None
+        self._reach: KernelReach | None = None
         self._bridge: WebsocketBridge | ExecdRelay | None = None
         self._waiting: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
         self._running = asyncio.Event()
@@ -109,6 +115,12 @@ class OpenSandboxLink:
         self._busy = Busy()
         self._kernel_info: Any = None
         self._since = 0.0
+        self._kept: dict[str, Any] | None = None
+        """The connection a launcher before an exec left (:meth:`resume`), to be made again."""
+        self.resting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once the paused sandbox's kernel has been quiet for :data:`DORMANT_AFTER` seconds
+        and :attr:`may_rest` says yes: the launcher may then exec the dormant process."""
+        self.may_rest: Callable[[], bool] = lambda: False
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -117,15 +129,8 @@ class OpenSandboxLink:
         answers."""
         self._front = front
         settings = self.settings
-        client = self._client = OpenSandboxClient(
-            settings.api_base,
-            settings.api_key,
-            use_server_proxy=settings.use_server_proxy,
-            poll_interval=settings.poll_interval,
-            ready_timeout=settings.ready_timeout,
-            limits=settings.limits,
-            signed_endpoints=settings.signed_endpoints,
-        )
+        client = self._client = self._new_client()
+        reach = self._reach = KernelReach(front, settings, self._token, self._end, self._running)
         env = {
             **self.request.env,
             **settings.env,
@@ -159,7 +164,7 @@ class OpenSandboxLink:
         self._tasks.append(asyncio.ensure_future(self._watch()))
         self._execd = client.execd(sandbox.endpoint)
         try:
-            self._bridge = await self._connect(client, sandbox.id)
+            self._bridge = await reach.connect(client, self._execd, sandbox.id)
         except OpenSandboxError as exc:
             raise KernelLaunchError(
                 f"the kernel in sandbox {sandbox.id} did not come up: {exc}"
@@ -168,14 +173,22 @@ class OpenSandboxLink:
             "kernel %s runs in OpenSandbox sandbox %s (%s mode)",
             self.request.kernel_id,
             sandbox.id,
-            self.mode,
+            reach.mode,
         )
-        if settings.suspend_after is not None:
-            front.watchers.append(self._watch_kernel)
-            front.requests[SUSPEND_REQUEST] = lambda content: self.suspend("asked by a client")
-            front.requests[WAKE_REQUEST] = lambda content: self._wake_request()
-            self._tasks.append(asyncio.ensure_future(self._idle_clock()))
+        self._watch_sleep(front)
         self._flush()
+
+    def _new_client(self) -> OpenSandboxClient:
+        settings = self.settings
+        return OpenSandboxClient(
+            settings.api_base,
+            settings.api_key,
+            use_server_proxy=settings.use_server_proxy,
+            poll_interval=settings.poll_interval,
+            ready_timeout=settings.ready_timeout,
+            limits=settings.limits,
+            signed_endpoints=settings.signed_endpoints,
+        )
 
     def _created(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
@@ -188,52 +201,6 @@ class OpenSandboxLink:
         private = self.request.private
         if private is not None:
             private.write_json(LAUNCHER_STATE, {"pid": os.getpid(), "sandbox_id": sandbox_id})
-
-    async def _connect(
-        self, client: OpenSandboxClient, sandbox_id: str
-    ) -> WebsocketBridge | ExecdRelay:
-        settings = self.settings
-        assert self._front is not None and self._execd is not None
-        if settings.mode == "websocket":
-            await self._find_jupyter(client, sandbox_id, settings.ready_timeout)
-        elif settings.mode == "auto":
-            try:
-                await asyncio.wait_for(
-                    self._find_jupyter(client, sandbox_id, settings.jupyter_wait),
-                    settings.jupyter_wait,
-                )
-            except (OpenSandboxError, asyncio.TimeoutError) as exc:
-                reason = str(exc) or f"no answer within jupyter_wait ({settings.jupyter_wait:g} s)"
-                log.warning(
-                    "the sandbox's Jupyter server (port %d) was not found: %s; using execd's "
-                    "/code instead (mode 'execd': no display data, comms, stdin)",
-                    settings.jupyter_port,
-                    reason,
-                )
-                self._jupyter = None
-        if self._jupyter is not None:
-            self.mode = "websocket"
-            bridge = WebsocketBridge(self._front, self._jupyter, settings, self._end, self._running)
-            await bridge.start()
-            return bridge
-        self.mode = "execd"
-        context_id = await self._execd.create_context(
-            settings.language, timeout=settings.ready_timeout
-        )
-        return ExecdRelay(self._front, self._execd, context_id, settings, self._end)
-
-    async def _find_jupyter(self, client: OpenSandboxClient, sandbox_id: str, wait: float) -> None:
-        """Look up the Jupyter port's endpoint and wait for its server (``self._jupyter`` once it
-        answers)."""
-        settings = self.settings
-        endpoint = await client.endpoint(sandbox_id, settings.jupyter_port)
-        jupyter = JupyterServer(endpoint.url, self._token, endpoint.headers, limits=client.limits)
-        try:
-            await jupyter.wait_ready(wait, min(settings.poll_interval, 0.2))
-        except BaseException:
-            await jupyter.aclose()
-            raise
-        self._jupyter = jupyter
 
     # -- the sandbox's life ----------------------------------------------------------------------
 
@@ -282,7 +249,12 @@ class OpenSandboxLink:
                 )
                 self._running.clear()
             elif state == "Running" and self.asleep and not self._sleep_lock.locked():
-                self._woke(None)  # the link's own pause, ended by someone else
+                # the link's own pause, ended by someone else
+                if self._bridge is not None:
+                    self._woke(None)
+                elif self._waking is None:  # resumed asleep (:meth:`resume`): connect first
+                    self._waking = asyncio.ensure_future(self._wake(say=False))
+                    self._tasks.append(self._waking)
             elif state == "Running" and not self._running.is_set() and not self.asleep:
                 log.warning(
                     "sandbox %s runs again: passing on %d waiting messages",
@@ -359,8 +331,10 @@ class OpenSandboxLink:
         """Echo a ping while the kernel is reachable or only paused (its Jupyter server restarts a
         dead kernel itself)."""
         bridge = self._bridge
-        reachable = isinstance(bridge, ExecdRelay) or (
-            bridge is not None and (bridge.alive or not self._running.is_set())
+        reachable = (
+            self.asleep
+            or isinstance(bridge, ExecdRelay)
+            or (bridge is not None and (bridge.alive or not self._running.is_set()))
         )
         if self._front is not None and reachable:
             self._front.heartbeat_reply(frames)
@@ -390,6 +364,14 @@ class OpenSandboxLink:
 
     # -- sleeping: pause when idle (suspend_after) ------------------------------------------------
 
+    def _watch_sleep(self, front: Front) -> None:
+        if self.settings.suspend_after is not None:
+            self._last = asyncio.get_running_loop().time()  # idle from now, not from the create
+            front.watchers.append(self._watch_kernel)
+            front.requests[SUSPEND_REQUEST] = lambda content: self.suspend("asked by a client")
+            front.requests[WAKE_REQUEST] = lambda content: self._wake_request()
+            self._tasks.append(asyncio.ensure_future(self._idle_clock()))
+
     def _watch_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> bool:
         """Note from the kernel's messages whether a cell runs, and its last kernel_info reply."""
         header = parts[0]
@@ -403,20 +385,32 @@ class OpenSandboxLink:
         return False
 
     async def _idle_clock(self) -> None:
-        """Pause the sandbox once the kernel has been idle ``suspend_after`` seconds."""
+        """Pause the sandbox once the kernel has been idle ``suspend_after`` seconds; once it has
+        slept quietly for :data:`DORMANT_AFTER` seconds, say the launcher may rest."""
         after = self.settings.suspend_after
         assert after is not None
         loop = asyncio.get_running_loop()
         while True:
+            if self.asleep:
+                self._rest_if_quiet()
+                await asyncio.sleep(CHECK_EVERY / 4)
+                continue
             left = self._last + after - loop.time()
             if left > 0:
                 await asyncio.sleep(min(left, CHECK_EVERY))
                 continue
-            if not self.asleep and not self._busy and self._running.is_set():
+            if not self._busy and self._running.is_set():
                 result = await self.suspend(f"idle for {after:g} s")
                 if result.get("status") != "ok":
                     log.info("the sandbox stays running: %s", result.get("evalue"))
             self._last = loop.time()
+
+    def _rest_if_quiet(self) -> None:
+        assert self._front is not None
+        busy = self._front.answering() or self._waking is not None or self._waiting
+        quiet = not busy and asyncio.get_running_loop().time() - self._last >= DORMANT_AFTER
+        if quiet and not self._sleep_lock.locked() and not self.resting.done() and self.may_rest():
+            self.resting.set_result(None)
 
     async def suspend(self, why: str) -> dict[str, Any]:
         """Pause the sandbox; the reply says whether the kernel sleeps, or why not."""
@@ -446,6 +440,7 @@ class OpenSandboxLink:
                 note_sleep(self.request.private, {"state": "awake", "why": reason})
                 return {"status": "error", "evalue": reason}
             self._since = time.time()
+            self._last = asyncio.get_running_loop().time()
             state = {"state": "suspended", "since": self._since, "paused": self.sandbox_id}
             note_sleep(self.request.private, {**state, "why": why})
         log.info("sandbox %s is paused (%s)", self.sandbox_id, why)
@@ -461,16 +456,28 @@ class OpenSandboxLink:
             return {"status": "error", "evalue": self._ended.result().reason}
         return {"status": "ok", "state": "awake"}
 
-    async def _wake(self) -> None:
-        """Resume the sandbox, wait for execd, pass on what waited."""
+    async def _wake(self, say: bool = True) -> None:
+        """Resume the sandbox (unless someone else did), connect again if the launcher was
+        exec'd meanwhile, wait for execd, pass on what waited (the first cell saying it woke,
+        with ``say``)."""
         try:
             async with self._sleep_lock:
                 if not self.asleep:
                     return
-                assert self._client is not None and self._execd is not None
+                assert self._client is not None and self.sandbox_id is not None
                 settings = self.settings
                 try:
-                    await self._client.resume(str(self.sandbox_id))
+                    info = await self._client.get(self.sandbox_id)
+                    if sandbox_state(info) != "Running":
+                        await self._client.resume(self.sandbox_id)
+                    if self._bridge is None:
+                        endpoint = await self._client.endpoint(self.sandbox_id)
+                        self._execd = self._client.execd(endpoint)
+                        assert self._reach is not None and self._kept is not None
+                        self._bridge = await self._reach.connect_again(
+                            self._client, self._execd, self.sandbox_id, self._kept
+                        )
+                    assert self._execd is not None
                     await self._execd.wait_ready(
                         settings.ready_timeout, min(settings.poll_interval, 0.2)
                     )
@@ -483,7 +490,8 @@ class OpenSandboxLink:
                     self._end(ExitStatus(1, reason))
                     return
                 slept = time.strftime("%H:%M", time.localtime(self._since))
-                self._woke(f"The sandbox was paused from {slept} while idle and resumed as it was.")
+                text = f"The sandbox was paused from {slept} while idle and resumed as it was."
+                self._woke(text if say else None)
         finally:
             self._waking = None
 
@@ -496,6 +504,55 @@ class OpenSandboxLink:
             tell_first_cell(self._front, self._waiting, text)
         self._running.set()
         self._flush()
+
+    # -- resting: the dormant process holds the channels while the sandbox is paused ------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a launcher exec'd anew needs to go on with the paused sandbox (JSON), and for the
+        dormant process meanwhile: the kernel that resumes is the same one (its comms and history
+        are kept), and the sandbox is renewed (:mod:`.renewal`)."""
+        return {
+            "lost": {},
+            "new_kernel": False,
+            "keep": {
+                "every": self.settings.renew_every,
+                "argv": renewal.argv(),
+                "state": {"request": request_state(self.request), "sandbox_id": self.sandbox_id},
+            },
+            "sandbox_id": self.sandbox_id,
+            "token": self._token,
+            "kernel_info": self._kernel_info,
+            "since": self._since,
+            # the connection made, or the one kept since an exec (made again at the wake)
+            "connection": self._kept if self._bridge is None else KernelReach.kept(self._bridge),
+        }
+
+    def own_dir(self) -> None:
+        """The provisioner's directory is the kernel's (no directory of the link's own)."""
+        return None
+
+    async def resume(self, front: Front, kept: dict[str, Any]) -> None:
+        """Go on with the sandbox a launcher before an exec paused (:meth:`snapshot`): renew it
+        at once, watch it, and connect again at the next request that needs the kernel."""
+        self._front = front
+        self._client = self._new_client()
+        self.sandbox_id, self._token = kept["sandbox_id"], kept["token"]
+        self._kernel_info, self._since = kept["kernel_info"], kept["since"]
+        self._kept = kept["connection"]
+        self._reach = KernelReach(front, self.settings, self._token, self._end, self._running)
+        self._named.set()
+        self.asleep = True
+        self._running.clear()
+        self._watch_sleep(front)
+        self._tasks.append(asyncio.ensure_future(self._renew()))
+        self._tasks.append(asyncio.ensure_future(self._watch()))
+        try:
+            await self._client.renew(self.sandbox_id, self.settings.timeout)
+        except SandboxNotFound:
+            gone = f"sandbox {self.sandbox_id} is gone (404: it expired or was deleted)"
+            self._end(ExitStatus(1, gone))
+        except OpenSandboxError as exc:
+            log.warning("renewing sandbox %s failed: %s", self.sandbox_id, exc)
 
     async def stop(self) -> None:
         """Close the connection and delete the sandbox; safe at any time, twice too."""
@@ -523,6 +580,6 @@ class OpenSandboxLink:
                 log.error("could not delete the kernel's sandbox %s: %s", self.sandbox_id, exc)
             else:  # nothing left for the provisioner to remove
                 self._record(None)
-        for closer in (self._jupyter, self._client):
+        for closer in (self._reach, self._client):
             if closer is not None:
                 await closer.aclose()

@@ -23,6 +23,8 @@ from kernel_sandbox.errors import SandboxNotFound
 from kernel_sandbox.execution import AsyncSandbox
 from kernel_sandbox.privdir import SLEEP
 
+from support.kernel import DORMANT_GOAL, dormant, unique_memory
+
 pytestmark = pytest.mark.opensandbox_server
 
 SLEEP_AFTER = 2
@@ -154,3 +156,47 @@ async def test_a_sandbox_resumed_by_someone_else_while_it_sleeps_is_awake_again(
         assert stderr == [], "the launcher did not pause it: nothing to say"
         await sb.suspend()  # and it sleeps again when asked
         assert container_state(deployment, sandbox_id) == "paused"
+
+
+@pytest.mark.parametrize("kind", ["execd", "websocket"])
+async def test_a_paused_sandboxs_launcher_rests_small_renews_it_and_wakes_the_same_kernel(deployment: Any, kind: str) -> None:
+    """While its sandbox is paused the launcher execs the dormant process (a few MiB, not the launcher's
+    ~30), which renews the sandbox through a process of its own and stays. The next cell resumes the
+    sandbox and connects again to the same kernel (its variables, its process)."""
+    options = sandbox_options(deployment, kind, suspend_after=SLEEP_AFTER, renew_interval=2, timeout=60)
+    async with AsyncSandbox("opensandbox", **options) as sb:
+        assert (await sb.run("import os\nx = 41\npid = os.getpid()")).error is None
+        before = (await sb.run("print(pid)")).stdout
+        sandbox_id, launcher = sb._km.provisioner.sandbox_id, sb._km.provisioner.process.pid
+        await until(lambda: dormant(launcher), what="the dormant process to hold the channels")
+        assert unique_memory(launcher) <= DORMANT_GOAL
+        first = await expires_at(deployment, sandbox_id)
+        deadline = time.monotonic() + 60
+        while await expires_at(deployment, sandbox_id) == first:
+            assert dormant(launcher) and time.monotonic() < deadline, "renewed by the dormant process"
+            await asyncio.sleep(0.5)
+        assert dormant(launcher) and container_state(deployment, sandbox_id) == "paused"
+        assert (await sb.metrics()).state == "suspended"
+        stderr: list[str] = []
+        execution = await sb.run("x += 1\nprint(x, pid)", on_stderr=stderr.append)
+        assert execution.stdout == f"42 {before.strip()}\n", execution
+        assert "".join(stderr).startswith(RESUMED)
+        assert container_state(deployment, sandbox_id) == "running"
+
+
+@pytest.mark.security("fault", "sessions")
+async def test_a_sandbox_deleted_while_its_launcher_rests_ends_the_kernel_at_the_next_renewal(deployment: Any) -> None:
+    """The dormant process hands back at each renewal: the launcher finds the sandbox gone (404), and the
+    kernel ends with the reason rather than sleeping on with nothing behind it."""
+    options = sandbox_options(deployment, suspend_after=3600, renew_interval=2, timeout=60)
+    async with AsyncSandbox("opensandbox", **options) as sb:
+        assert (await sb.run("x = 1")).error is None
+        sandbox_id, launcher = sb._km.provisioner.sandbox_id, sb._km.provisioner.process
+        await sb.suspend()
+        await until(lambda: dormant(launcher.pid), what="the dormant process to hold the channels")
+        async with deployment.client() as client:
+            await client.delete(sandbox_id)
+        await until(lambda: launcher.poll() is not None, what="the kernel to end")
+        execution = await sb.run("print(x)")
+        assert execution.error is not None and execution.error.name == "KernelDied"
+        assert sandbox_id in execution.error.value and "404" in execution.error.value, execution.error.value
