@@ -447,7 +447,16 @@ class Egress:
             self._upstream = upstream_context()
         streams = (reader, writer, upstream_reader, upstream)
         refused = self.refusals.refused
-        await intercept(request, table, streams, self._upstream, touch, refused, self.fill)
+        # a call's secret goes with its call, and so does the connection it is filled in on,
+        # whatever let the destination through (the kernel's list, another window)
+        call = next((w for w in self.windows.values() if w.secrets is table), None)
+        if call is not None:
+            call.connections.add(writer)
+        try:
+            await intercept(request, table, streams, self._upstream, touch, refused, self.fill)
+        finally:
+            if call is not None:
+                call.connections.discard(writer)
 
     async def _pipe(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, client: asyncio.StreamWriter

@@ -565,6 +565,65 @@ async def test_a_quiet_bound_host_is_cut_off_after_the_idle_timeout(tmp_path: Pa
         server.close()
 
 
+async def test_a_calls_connection_closes_with_the_call_even_when_the_list_allows_its_host(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A tool call's secret for a host the kernel's list allows anyway: when the call ends its
+    intercepted connection is cut (the list let it through, not the call's window) and the call's
+    table, which holds the value, is no longer referenced."""
+    import asyncio
+    import gc
+    import socket
+    import ssl
+
+    from kernel_sandbox.egress import parse_destinations
+    from kernel_sandbox.launch.egress import Egress
+    from kernel_sandbox.kernelside.trust import CA_ENV
+    from kernel_sandbox.launch.intercept import KernelCA, SecretTable
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server_ca = KernelCA(["api.test"])
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ca.server_context("api.test"))
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "ca.pem").write_text(server_ca.pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    egress = Egress(parse_destinations("network", [f"api.test:{port}@127.0.0.1"]), resolve=resolve, own_addresses=())
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    await egress.serve(listener)
+    try:
+        bound = egress.bind([{"binding": f"CALL_KEY@api.test:{port}", "value": VALUE}], 60)
+        token = bound["env"]["CALL_KEY"]
+        trust = bound["env"][CA_ENV]
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+        writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        await writer.start_tls(ssl.create_default_context(cadata=trust), server_hostname="api.test")
+        writer.write(f"GET / HTTP/1.1\r\nHost: api.test:{port}\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+        assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+        assert egress.close_window(bound["window"])
+        assert await asyncio.wait_for(reader.read(), 10) == b"", "the call's connection is cut"
+        for _ in range(50):
+            gc.collect()
+            if not [t for t in gc.get_objects() if isinstance(t, SecretTable)]:
+                break
+            await asyncio.sleep(0.1)
+        assert [t for t in gc.get_objects() if isinstance(t, SecretTable)] == [], "the call's table is let go"
+        writer.close()
+    finally:
+        await egress.close()
+        server.close()
+
+
 def test_a_calls_trust_bundle_adds_its_ca_to_the_kernels_and_certifi_follows_it(
     tmp_path: Path, monkeypatch
 ) -> None:
