@@ -310,6 +310,18 @@ class CappedHTTP:
             ) from exc
 
 
+async def cancel_until_done(*tasks: asyncio.Future[Any], every: float = 1.0) -> None:
+    """Cancel ``tasks`` and wait until each has ended, cancelling again every ``every`` seconds:
+    Python 3.11's ``asyncio.wait_for`` (:meth:`CappedHTTP.call`) swallows a cancel that comes as its
+    call ends, and the task then goes on (a launcher polled a sandbox that never ran for an hour
+    after SIGTERM)."""
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=every)
+    await asyncio.gather(*tasks, return_exceptions=True)  # their errors taken, not reported
+
+
 def _json(response: httpx.Response, what: str) -> Any:
     try:
         return response.json()

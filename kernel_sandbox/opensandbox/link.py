@@ -53,6 +53,7 @@ from .lifecycle import note_unknown_state, OpenSandboxClient, sandbox_state, TER
 from .execd import ExecdClient
 from .client import keep_alive
 from .gc import owner_metadata
+from .http import cancel_until_done
 from .bridge import WAITING_LIMIT, WebsocketBridge
 from .jupyter import dumps
 from ..metrics import Usage
@@ -571,8 +572,7 @@ class OpenSandboxLink:
                     [creating, named], timeout=STOP_WAIT, return_when=asyncio.FIRST_COMPLETED
                 )
                 named.cancel()
-            creating.cancel()
-            await asyncio.gather(creating, return_exceptions=True)
+            await cancel_until_done(creating)
         if self.sandbox_id is not None and self._client is not None:
             try:
                 await self._client.delete(self.sandbox_id)

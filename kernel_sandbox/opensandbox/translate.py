@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import KernelSandboxError
 from ..results import ExecutionError
 from .events import MAX_ERROR_FIELD_CHARS, REPLY_TRACEBACK_CHARS, Event, cap_traceback, clean_text
+from .http import cancel_until_done
 
 DEFAULT_FLUSH_BYTES = 64 * 1024
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -257,10 +258,7 @@ class CellRelay:
                 except asyncio.CancelledError:
                     pump.cancel()
                     raise
-            tasks = [task for task in (pump, getter) if task is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_until_done(*(task for task in (pump, getter) if task is not None))
             self._abort(asyncio.CancelledError())
             if hasattr(events, "aclose"):
                 try:

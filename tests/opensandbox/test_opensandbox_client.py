@@ -892,3 +892,23 @@ def test_fuzz_any_answer_gives_a_result_or_the_clients_own_error(answers: list[t
         asyncio.run(main())
     finally:
         client_module.asyncio.sleep = original  # type: ignore[assignment]
+
+
+async def test_a_cancel_that_wait_for_swallows_is_sent_again() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns its result when the call ends as the cancel comes,
+    and the task goes on (a launcher polled a sandbox that never ran for an hour after SIGTERM):
+    ``cancel_until_done`` cancels until the task has ended."""
+    from kernel_sandbox.opensandbox.http import cancel_until_done
+
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[int] = loop.create_future()
+
+    async def polling() -> None:
+        await asyncio.wait_for(answered, 10)
+        await asyncio.sleep(3600)  # the next poll
+
+    task = asyncio.ensure_future(polling())
+    await asyncio.sleep(0.01)
+    answered.set_result(1)
+    await asyncio.wait_for(cancel_until_done(task, every=0.05), 10)
+    assert task.cancelled()
