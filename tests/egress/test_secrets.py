@@ -8,9 +8,13 @@ CA the host trusts) and nowhere else. Every test checks what the servers receive
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import pickle
+import socket
+import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +26,7 @@ from kernel_sandbox.docker.settings import DockerSettings
 from kernel_sandbox.errors import ConfigError
 from kernel_sandbox.execution import Sandbox, Secret
 from kernel_sandbox.kernelspecs import install as install_kernelspec
-from kernel_sandbox.launch.egress import PROXY_PORT
+from kernel_sandbox.launch.egress import PROXY_PORT, Egress
 from support.kernel import run_cell
 from support.secrets_servers import Servers, serve
 
@@ -510,17 +514,59 @@ def test_a_long_body_comes_whole_and_short_ones_keep_the_connection(
     assert len(new) == 5 and all(["Authorization", f"Bearer {VALUE}"] in r["headers"] for r in new)
 
 
+@contextlib.asynccontextmanager
+async def api_host(tmp_path: Path, monkeypatch, answer) -> AsyncIterator[int]:
+    """A TLS server named ``api.test`` on 127.0.0.1 whose connections ``answer`` handles, its
+    certificate trusted by this process (``SSL_CERT_FILE``, as the proxy's); yields its port."""
+    from kernel_sandbox.launch.intercept import KernelCA
+
+    server_ca = KernelCA(["api.test"])
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ca.server_context("api.test"))
+    (tmp_path / "ca.pem").write_text(server_ca.pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+@contextlib.asynccontextmanager
+async def proxy_to(port: int, **options) -> AsyncIterator[tuple[Egress, int]]:
+    """The launcher's proxy with ``api.test:port`` on its list (resolved to 127.0.0.1 by a stub) and
+    ``options``, served on 127.0.0.1; yields it and its port."""
+    from kernel_sandbox.egress import parse_destinations
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    network = parse_destinations("network", [f"api.test:{port}@127.0.0.1"])
+    egress = Egress(network, resolve=resolve, own_addresses=(), **options)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    await egress.serve(listener)
+    try:
+        yield egress, listener.getsockname()[1]
+    finally:
+        await egress.close()
+
+
+async def tunnel(proxy: int, port: int, trust: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A CONNECT to ``api.test:port`` through the proxy on port ``proxy``, then TLS trusting the CA
+    ``trust`` (PEM)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy)
+    writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    await writer.start_tls(ssl.create_default_context(cadata=trust), server_hostname="api.test")
+    return reader, writer
+
+
 async def test_a_quiet_bound_host_is_cut_off_after_the_idle_timeout(tmp_path: Path, monkeypatch) -> None:
     """The kernel's request reaches a bound host that never answers: the proxy's sweeper ends both
     sides of the intercepted connection after ``idle_timeout`` (no timer per read)."""
-    import asyncio
-    import socket
-    import ssl
-
-    from kernel_sandbox.egress import parse_destinations
     from kernel_sandbox.hostsecrets import parse_binding
-    from kernel_sandbox.launch.egress import Egress
-    from kernel_sandbox.launch.intercept import KernelCA, SecretTable
+    from kernel_sandbox.launch.intercept import SecretTable
 
     heard: list[bytes] = []
 
@@ -528,41 +574,18 @@ async def test_a_quiet_bound_host_is_cut_off_after_the_idle_timeout(tmp_path: Pa
         heard.append(await reader.read(65536))
         heard.append(await reader.read())  # b"" once the proxy gives up
 
-    server_ca = KernelCA(["api.test"])
-    server = await asyncio.start_server(
-        silent, "127.0.0.1", 0, ssl=server_ca.server_context("api.test")
-    )
-    port = server.sockets[0].getsockname()[1]
-    (tmp_path / "ca.pem").write_text(server_ca.pem)
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
-    table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
-
-    async def resolve(host: str, port: int) -> list[str]:
-        return ["127.0.0.1"]
-
-    network = parse_destinations("network", [f"api.test:{port}@127.0.0.1"])
-    egress = Egress(network, resolve=resolve, own_addresses=(), secrets=table, idle_timeout=1.0)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
-    await egress.serve(listener)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
-        writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-        await writer.start_tls(ssl.create_default_context(cadata=table.ca.pem), server_hostname="api.test")
-        writer.write(f"GET /quiet HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-        assert await asyncio.wait_for(reader.read(), 30) == b""
-        for _ in range(300):
-            if len(heard) == 2:
-                break
-            await asyncio.sleep(0.1)
-        assert heard[0].startswith(b"GET /quiet ") and heard[1] == b"" and not egress._clients
-        writer.close()
-    finally:
-        await egress.close()
-        server.close()
+    async with api_host(tmp_path, monkeypatch, silent) as port:
+        table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
+        async with proxy_to(port, secrets=table, idle_timeout=1.0) as (egress, proxy):
+            reader, writer = await tunnel(proxy, port, table.ca.pem)
+            writer.write(f"GET /quiet HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+            assert await asyncio.wait_for(reader.read(), 30) == b""
+            for _ in range(300):
+                if len(heard) == 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert heard[0].startswith(b"GET /quiet ") and heard[1] == b"" and not egress._clients
+            writer.close()
 
 
 async def test_a_calls_connection_closes_with_the_call_even_when_the_list_allows_its_host(
@@ -571,43 +594,19 @@ async def test_a_calls_connection_closes_with_the_call_even_when_the_list_allows
     """A tool call's secret for a host the kernel's list allows anyway: when the call ends its
     intercepted connection is cut (the list let it through, not the call's window) and the call's
     table, which holds the value, is no longer referenced."""
-    import asyncio
     import gc
-    import socket
-    import ssl
 
-    from kernel_sandbox.egress import parse_destinations
-    from kernel_sandbox.launch.egress import Egress
     from kernel_sandbox.kernelside.trust import CA_ENV
-    from kernel_sandbox.launch.intercept import KernelCA, SecretTable
+    from kernel_sandbox.launch.intercept import SecretTable
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await reader.readuntil(b"\r\n\r\n"):
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
-    server_ca = KernelCA(["api.test"])
-    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ca.server_context("api.test"))
-    port = server.sockets[0].getsockname()[1]
-    (tmp_path / "ca.pem").write_text(server_ca.pem)
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
-
-    async def resolve(host: str, port: int) -> list[str]:
-        return ["127.0.0.1"]
-
-    egress = Egress(parse_destinations("network", [f"api.test:{port}@127.0.0.1"]), resolve=resolve, own_addresses=())
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
-    await egress.serve(listener)
-    try:
+    async with api_host(tmp_path, monkeypatch, answer) as port, proxy_to(port) as (egress, proxy):
         bound = egress.bind([{"binding": f"CALL_KEY@api.test:{port}", "value": VALUE}], 60)
         token = bound["env"]["CALL_KEY"]
-        trust = bound["env"][CA_ENV]
-        reader, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
-        writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-        await writer.start_tls(ssl.create_default_context(cadata=trust), server_hostname="api.test")
+        reader, writer = await tunnel(proxy, port, bound["env"][CA_ENV])
         writer.write(f"GET / HTTP/1.1\r\nHost: api.test:{port}\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
         assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
         assert egress.close_window(bound["window"])
@@ -619,9 +618,6 @@ async def test_a_calls_connection_closes_with_the_call_even_when_the_list_allows
             await asyncio.sleep(0.1)
         assert [t for t in gc.get_objects() if isinstance(t, SecretTable)] == [], "the call's table is let go"
         writer.close()
-    finally:
-        await egress.close()
-        server.close()
 
 
 def test_a_calls_trust_bundle_adds_its_ca_to_the_kernels_and_certifi_follows_it(
