@@ -312,9 +312,10 @@ class CappedHTTP:
 
 async def cancel_until_done(*tasks: asyncio.Future[Any], every: float = 1.0) -> None:
     """Cancel ``tasks`` and wait until each has ended, cancelling again every ``every`` seconds:
-    Python 3.11's ``asyncio.wait_for`` (:meth:`CappedHTTP.call`) swallows a cancel that comes as its
-    call ends, and the task then goes on (a launcher polled a sandbox that never ran for an hour
-    after SIGTERM)."""
+    Python 3.11's ``asyncio.wait_for`` swallows a cancel that comes as its call ends, and the task
+    then goes on (a launcher polled a sandbox that never ran for 20 minutes after SIGTERM, until it
+    was killed). Every call of :meth:`CappedHTTP.call` is such a ``wait_for``; ``asyncio.timeout``,
+    which has no such race, is 3.11's and this package supports 3.10."""
     while pending := [task for task in tasks if not task.done()]:
         for task in pending:
             task.cancel()
