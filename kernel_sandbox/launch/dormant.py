@@ -210,9 +210,9 @@ class Dormant:
                 self._keep(keep)
 
     def _keep(self, keep: dict[str, Any]) -> None:
-        """Run ``keep["argv"]`` every ``keep["every"]`` seconds, ``keep["state"]`` on the
-        descriptor after its :data:`STATE_OPTION`, one at a time (one that outlasts its period is
-        killed); an exit status but 0 hands back to the launcher."""
+        """Run ``keep["argv"]`` every ``keep["every"]`` seconds, ``keep["state"]`` and the launch
+        request on the descriptor after its :data:`STATE_OPTION`, one at a time (one that outlasts
+        its period is killed); an exit status but 0 hands back to the launcher."""
         now = time.monotonic()
         if self.keeping is not None:
             done, status = os.waitpid(self.keeping, os.WNOHANG)
@@ -225,7 +225,7 @@ class Dormant:
             if not done or os.waitstatus_to_exitcode(status) != 0:
                 self.why = "kept"
         elif now >= self.next_keep:
-            fd = write_state(keep["state"])
+            fd = write_state({**keep["state"], "request": self.carried["request"]})
             argv = [*keep["argv"], STATE_OPTION, str(fd)]
             try:
                 self.keeping = os.posix_spawn(argv[0], argv, os.environ)

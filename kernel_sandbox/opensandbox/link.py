@@ -64,7 +64,6 @@ from .reach import KernelReach
 from .relay import ExecdRelay
 from ..launch.front import ExitStatus, Front
 from ..launch.messages import launcher_note, msg_type_of, parse_part
-from ..launch.request import request_state
 from ..launch.wire import new_header
 from ..launch.asleep import Busy, answer_idle, tell_first_cell
 from ..launch.sleep import CHECK_EVERY, DORMANT_AFTER
@@ -518,7 +517,7 @@ class OpenSandboxLink:
             "keep": {
                 "every": self.settings.renew_every,
                 "argv": renewal.argv(),
-                "state": {"request": request_state(self.request), "sandbox_id": self.sandbox_id},
+                "state": {"sandbox_id": self.sandbox_id},
             },
             "sandbox_id": self.sandbox_id,
             "token": self._token,
