@@ -21,23 +21,28 @@ How an answer travels, and why a tool cannot pass a fake one off as the real one
 from __future__ import annotations
 
 import base64
-import binascii
-import hashlib
 import json
-import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FramingError, ResultLimitError
-from ..kernelside import sources
+from ..kernelside import sources, textframe
 from ..kernelside.toolhost import CHUNK, TARGET, VERSION
 from .limits import DecodeLimits
 
-MODULES = ("dataformat", "workfiles", "checkpoint", "packages", "trust", "guard", "toolhost")
-MAX_PARTS = 10_000
-_HEADER = re.compile(r"(\d{1,12}) ([0-9a-f]{64}) ")
+MODULES = (
+    "dataformat",
+    "workfiles",
+    "checkpoint",
+    "packages",
+    "trust",
+    "guard",
+    "textframe",
+    "toolhost",
+)
+MAX_PARTS = textframe.MAX_PARTS
 
 __all__ = ["CHUNK", "TARGET", "VERSION", "Answer", "bootstrap_cell", "new_marker", "text_cell"]
 
@@ -55,7 +60,7 @@ if install or getattr(sys.modules.get("_kernel_sandbox_toolhost"), "VERSION", No
         sys.modules[name] = module
         exec(compile(text, "<" + name + ">", "exec"), module.__dict__)
 info = sys.modules["_kernel_sandbox_toolhost"].install(marker, work, probe, channel)
-result = None if channel else sys.modules["_kernel_sandbox_toolhost"].frame(marker, info, [])
+result = None if channel else sys.modules["_kernel_sandbox_textframe"].frame(marker, info, [])
 """
 
 
@@ -89,25 +94,10 @@ def text_cell(request: dict[str, Any], buffers: Sequence[bytes] = ()) -> str:
 
 def parse_text_frame(text: str, marker: str) -> tuple[dict[str, Any], list[bytes]] | None:
     """The (meta, buffers) of a text frame made with ``marker``; None if ``text`` is not one."""
-    begin, end = f"BEGIN-{marker} ", f" END-{marker}"
-    if not (text.startswith(begin) and text.endswith(end)):
-        return None
-    match = _HEADER.match(text, len(begin))
-    if match is None:
-        raise FramingError("The answer's frame has no valid length and digest.")
-    body = text[match.end() : len(text) - len(end)]
-    if len(body) != int(match.group(1)) or hashlib.sha256(
-        body.encode("ascii", "replace")
-    ).hexdigest() != match.group(2):
-        raise FramingError("The answer's frame failed its length or digest check.")
     try:
-        parsed = json.loads(body)
-        meta, parts = parsed["meta"], parsed["parts"]
-        if not isinstance(meta, dict) or not isinstance(parts, list) or len(parts) > MAX_PARTS:
-            raise ValueError("unexpected shape")
-        return meta, [base64.b64decode(part, validate=True) for part in parts]
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
-        raise FramingError(f"The answer's frame is malformed: {exc}") from None
+        return textframe.parse(text, marker)
+    except ValueError as exc:
+        raise FramingError(f"The answer's frame is invalid: {exc}.") from None
 
 
 @dataclass

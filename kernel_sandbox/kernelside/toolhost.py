@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import hashlib
 import importlib
 import inspect
 import json
@@ -41,10 +40,11 @@ try:  # inside the kernel, the host installed the siblings under these names
     import _kernel_sandbox_dataformat as dataformat
     import _kernel_sandbox_guard as guard
     import _kernel_sandbox_packages as packages
+    import _kernel_sandbox_textframe as textframe
     import _kernel_sandbox_trust as trust
     import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint, dataformat, guard, packages, trust
+    from kernel_sandbox.kernelside import checkpoint, dataformat, guard, packages, textframe, trust
     from kernel_sandbox.kernelside import workfiles as files
 
 VERSION = 2
@@ -349,30 +349,11 @@ def _on_msg(msg):
     )
 
 
-class _Frame:
-    """A cell's value whose repr is the text frame of an answer (for relays without comms)."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
-def frame(marker, meta, buffers):
-    """The text frame ``BEGIN-marker length sha256 body END-marker`` of an answer."""
-    body = json.dumps(
-        {"meta": meta, "parts": [base64.b64encode(part).decode("ascii") for part in buffers]}
-    )
-    digest = hashlib.sha256(body.encode("ascii")).hexdigest()
-    return _Frame(f"BEGIN-{marker} {len(body)} {digest} {body} END-{marker}")
-
-
 def text_request(request_text, buffers_text=()):
     """Handle a request given as JSON text and base64 buffers; the cell's value is the frame."""
     request = json.loads(request_text)
     meta, buffers = handle(request, [base64.b64decode(part) for part in buffers_text])
-    return frame(request["marker"], meta, buffers)
+    return textframe.frame(request["marker"], meta, buffers)
 
 
 def install(marker, work, probe=None, channel=True):

@@ -10,7 +10,7 @@ from kernel_sandbox.execution import DecodeLimits, FramingError, PathError, Resu
 from kernel_sandbox.execution.channel import CHUNK, Answer, parse_text_frame
 from kernel_sandbox.execution.decode import decode
 from kernel_sandbox.execution.files import chunks, confine
-from kernel_sandbox.kernelside import toolhost
+from kernel_sandbox.kernelside import textframe, toolhost
 
 WORK = "/home/sandbox/work"
 
@@ -18,7 +18,7 @@ WORK = "/home/sandbox/work"
 def test_text_frame_round_trip_and_tampering() -> None:
     marker = secrets.token_hex(16)
     meta, buffers = toolhost.answer(marker, {"ok": b"x" * 100_000})
-    text = repr(toolhost.frame(marker, meta, buffers))
+    text = repr(textframe.frame(marker, meta, buffers))
     parsed_meta, parsed = parse_text_frame(text, marker)
     doc, parts = Answer.first(parsed_meta, parsed, DecodeLimits()).parts()
     assert decode(doc, parts) == {"ok": b"x" * 100_000}
