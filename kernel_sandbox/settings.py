@@ -17,7 +17,16 @@ from typing import Any, ClassVar, TypeVar
 
 from .egress import PYPI, parse_package_index
 from .errors import ConfigError
-from .parsers import option, parse_names, parse_orphan_seconds, refuse
+from .parsers import (
+    UNLIMITED,
+    option,
+    parse_flag,
+    parse_max_memory,
+    parse_names,
+    parse_orphan_seconds,
+    parse_size,
+    refuse,
+)
 from .policy.output import MODES as POLICY_MODES, OutputPolicy
 
 HOME_DIR = "/home/sandbox"
@@ -141,6 +150,43 @@ class BackendSettings:
         "Where pip finds packages: install() opens it for the call alone; an index URL "
         "(https://mirror.example/simple) or destinations; default PyPI's two hosts.",
     )
+    suspend_lossy: bool = option(
+        False,
+        parse_flag,
+        "Let an idle kernel sleep by checkpoint (suspend_after) even when its checkpoint would "
+        "leave names behind (open sockets, threads, generators...) or it has open widgets; false: "
+        "such a kernel stays awake.",
+    )
+    max_suspended_bytes: int | None = option(
+        UNLIMITED,
+        parse_max_memory,
+        "The most disk the checkpoints of sleeping kernels (suspend_after) may take, all kernels "
+        "of the host user together (e.g. 4g); a kernel whose sleep would go past it stays awake, "
+        "and ps says why. 'unlimited': only max_checkpoint_bytes bounds them.",
+    )
+    checkpoint_max_bytes: int = option(
+        "1g",
+        parse_size,
+        "The largest checkpoint the host keeps for one kernel, %checkpoint's or a sleep's (e.g. "
+        "512m, 2g).",
+    )
+    max_checkpoint_bytes: int = option(
+        "2g",
+        parse_size,
+        "The most disk the checkpoints the host keeps (%checkpoint's and sleeps') may take, all "
+        "kernels of the host user together (partial ones and a kernel's previous one until "
+        "replaced included); 2g lets one kernel at the default checkpoint_max_bytes replace its "
+        "own.",
+    )
+
+    def __post_init__(self) -> None:
+        """A kernel's checkpoint must fit in all kernels'."""
+        if self.checkpoint_max_bytes > self.max_checkpoint_bytes:
+            raise ConfigError(
+                f"checkpoint_max_bytes={self.checkpoint_max_bytes} does not fit in "
+                f"max_checkpoint_bytes={self.max_checkpoint_bytes} (all kernels' checkpoints on "
+                "the host together): lower checkpoint_max_bytes or raise max_checkpoint_bytes"
+            )
 
     @classmethod
     def options(cls) -> dict[str, dataclasses.Field[Any]]:

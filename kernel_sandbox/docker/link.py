@@ -211,6 +211,9 @@ class DockerLink(WatchedLink):
             raise KernelLaunchError("the kernel has no container yet")
         return self._files
 
+    def count_from(self, count: int | None) -> None:
+        """Nothing: the kernel counts its cells, and the sleeper's own store no history."""
+
     async def _start_egress(self) -> None:
         """Serve the kernel's filtering proxy (:mod:`.egress`) on the container's loopback before
         the kernel answers, so before any of the user's code runs (nothing else holds its port

@@ -32,7 +32,6 @@ from ..parsers import (
     parse_pids,
     parse_runtime,
     parse_seconds,
-    parse_size,
     parse_standby,
     parse_text,
     parse_tmpfs,
@@ -176,25 +175,6 @@ class DockerSettings(BackendSettings):
         "standbys included (e.g. 8g); past it a launch waits as for max_kernels. 'unlimited': no "
         "limit.",
     )
-    max_suspended_bytes: int | None = option(
-        UNLIMITED,
-        parse_max_memory,
-        "The most disk the checkpoints of sleeping kernels (suspend_after) may take, all kernels "
-        "of the host user together (e.g. 4g); a kernel whose sleep would go past it stays awake, "
-        "and ps says why. 'unlimited': only max_checkpoint_bytes bounds them.",
-    )
-    checkpoint_max_bytes: int = option(
-        "1g",
-        parse_size,
-        "The largest checkpoint %checkpoint may keep on the host for one kernel (e.g. 512m, 2g).",
-    )
-    max_checkpoint_bytes: int = option(
-        "2g",
-        parse_size,
-        "The most disk the checkpoints %checkpoint keeps on the host may take, all kernels of "
-        "the host user together (partial ones and a kernel's previous one until replaced "
-        "included); 2g lets one kernel at the default checkpoint_max_bytes replace its own.",
-    )
     checkpoint_on_oom: bool = option(
         False,
         parse_flag,
@@ -210,16 +190,11 @@ class DockerSettings(BackendSettings):
         "in a new container at the next request; 'unlimited' (the execution API's default): "
         "never. The kernelspecs install writes 1800.",
     )
-    suspend_lossy: bool = option(
-        False,
-        parse_flag,
-        "Suspend an idle kernel even when its checkpoint would leave names behind (open sockets, "
-        "threads, generators...) or it has open widgets; false: such a kernel stays awake.",
-    )
 
     def __post_init__(self) -> None:
-        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory, a
-        kernel's checkpoint in all kernels', one mount of the work directory."""
+        """The options that must hold together: the tmpfs sizes (/dev/shm's too) fit in memory,
+        one mount of the work directory (and :class:`BackendSettings`'s)."""
+        super().__post_init__()
         if self.runtime == "runsc" and self.memory is not None and self.memory < 2 * RUNSC_OVERHEAD:
             raise ConfigError(
                 f"memory={self.memory // MiB}m is too little under runtime='runsc': gVisor's own "
@@ -248,12 +223,6 @@ class DockerSettings(BackendSettings):
             raise ConfigError(
                 "secrets need the filtering proxy, which network=true bypasses: give network a "
                 "list of destinations (or false: the secrets' hosts are allowed anyway)"
-            )
-        if self.checkpoint_max_bytes > self.max_checkpoint_bytes:
-            raise ConfigError(
-                f"checkpoint_max_bytes={self.checkpoint_max_bytes} does not fit in "
-                f"max_checkpoint_bytes={self.max_checkpoint_bytes} (all kernels' checkpoints on "
-                "the host together): lower checkpoint_max_bytes or raise max_checkpoint_bytes"
             )
         if self.mount_cwd != "off" and any(mount.target == WORK_DIR for mount in self.mounts):
             raise ConfigError(

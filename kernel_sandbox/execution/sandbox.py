@@ -58,8 +58,9 @@ class AsyncSandbox(SkillRuns, ToolCalls):
 
     async def suspend(self) -> None:
         """Put the kernel to sleep now (started with ``suspend_after``): on Docker its variables are
-        checkpointed on the host and its container removed, on OpenSandbox the sandbox is paused;
-        the next call, or :meth:`wake`, wakes it with them.
+        checkpointed on the host and its container removed, on OpenSandbox the sandbox is paused
+        (or, as ``suspend_by`` says, checkpointed as on Docker); the next call, or :meth:`wake`,
+        wakes it with them.
 
         Raises :class:`SandboxError` saying why when it stays awake (names its checkpoint would
         leave behind without ``suspend_lossy``, a checkpoint over its cap...): it then runs on.

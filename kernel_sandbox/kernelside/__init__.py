@@ -18,7 +18,7 @@ def source(module: str) -> str:
 
 INSTALLED_PREFIX = "_kernel_sandbox_"
 """A module installed into a running kernel is named ``_kernel_sandbox_<module>`` there."""
-MAGICS = ("workfiles", "checkpoint", "packages", "magics", "trust")
+MAGICS = ("workfiles", "checkpoint", "packages", "textframe", "magics", "trust")
 """The modules the kernel's boot installs, in order: those of ``%checkpoint``, ``%restore`` and the
 ``%pip`` wrapper, and the egress proxy's CA in the kernel's trust."""
 

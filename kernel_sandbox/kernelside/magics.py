@@ -13,8 +13,13 @@ decides and checks everything (the size cap, the hash, the image): a kernel that
 reaches only its own checkpoint. The launcher keeps a checkpoint only for a cell the client signed
 with a line ``%checkpoint`` of its own (:func:`checkpoint_lines`), once per such line: a kernel
 cannot fill the host's disk unasked.
+
+The launcher's sleep (:mod:`kernel_sandbox.launch.sleep`) calls the ``sleep_*`` functions in
+cells of its own, each printing its answer as a text frame (:mod:`.textframe`); where the kernel
+was not booted with this module (OpenSandbox) the sleep installs it first.
 """
 
+import base64
 import json
 import os
 import secrets
@@ -23,8 +28,11 @@ import time
 try:  # inside the kernel, the boot installed the siblings under these names
     import _kernel_sandbox_checkpoint as checkpoint
     import _kernel_sandbox_packages as packages
+    import _kernel_sandbox_textframe as textframe
+    import _kernel_sandbox_workfiles as files
 except ImportError:  # on the host (tests run this module as code)
-    from kernel_sandbox.kernelside import checkpoint, packages
+    from kernel_sandbox.kernelside import checkpoint, packages, textframe
+    from kernel_sandbox.kernelside import workfiles as files
 
 REQUEST = "kernel_sandbox_checkpoint"
 """The IOPub message type of a request to the launcher."""
@@ -156,9 +164,9 @@ class Magics:
         )
 
 
-def ready_to_sleep():
+def _ready_to_sleep():
     """Refuse a sleep (:mod:`kernel_sandbox.launch.sleep`, which runs this before its
-    ``%checkpoint``) while packages installed with ``%pip`` or ``install()`` are there: the new
+    checkpoint) while packages installed with ``%pip`` or ``install()`` are there: the new
     container would not have them, and names that refer to them could not be restored."""
     names = packages.installed(os.environ)
     if names:
@@ -169,6 +177,60 @@ def ready_to_sleep():
         )
 
 
+WORK = os.getcwd()
+"""The kernel's work directory: where it was when this module was installed (at its start)."""
+
+
+def _say(marker, meta, buffers=()):
+    """Print the answer to one of the launcher's cells, as a frame of its ``marker``."""
+    print(textframe.frame(marker, meta, list(buffers)).text, flush=True)
+
+
+def sleep_save(marker):
+    """The launcher's sleep (:mod:`kernel_sandbox.launch.sleep`): save the kernel's state, unless
+    packages installed in it refuse it (:func:`_ready_to_sleep`); answer the report and the blob's
+    path, for the launcher to pull."""
+    _ready_to_sleep()
+    report = checkpoint.save(WORK)
+    _say(marker, dict(report, blob=os.path.join(checkpoint.area(), checkpoint.BLOB)))
+
+
+def sleep_path(marker):
+    """Answer where the launcher puts the blob to wake the kernel from."""
+    _say(marker, {"blob": os.path.join(checkpoint.area(), checkpoint.BLOB)})
+
+
+def sleep_read(marker, offset, size):
+    """Answer ``size`` bytes of the blob at ``offset`` and its whole size (a backend without a
+    file channel pulls it through cells)."""
+    total, data = files.read_chunk(checkpoint.area(), checkpoint.BLOB, offset, size)
+    _say(marker, {"size": total}, [data])
+
+
+def sleep_write(marker, offset, data):
+    """Write the base64 ``data`` at ``offset`` of the blob (0 starts it anew); answer its size."""
+    size = files.write_chunk(checkpoint.area(), checkpoint.BLOB, offset, base64.b64decode(data))
+    _say(marker, {"size": size})
+
+
+def sleep_load(marker, sha256, count):
+    """Load the blob the launcher put back, if its sha256 is ``sha256``; the next cell's
+    execution count is ``count`` (None: unchanged), unless the kernel counted further already (a
+    relay that stores every cell in its history: a number used again would clash there)."""
+    from IPython import get_ipython
+
+    loaded = checkpoint.load(WORK, sha256)
+    shell = get_ipython()
+    if count is not None and count > shell.execution_count:
+        shell.execution_count = count
+    _say(marker, loaded)
+
+
+def sleep_drop():
+    """Remove the blob, if any (after the launcher pulled it, or gave it up)."""
+    checkpoint.drop()
+
+
 def _no_arguments(name, line):
     if line.strip():
         raise CheckpointFailed(f"%{name} takes no arguments (got {line.strip()!r})")
@@ -177,7 +239,7 @@ def _no_arguments(name, line):
 def load_ipython_extension(shell):
     """Register ``%checkpoint`` and ``%restore``, and run ``%pip`` with pip's own temporary
     directory (IPython calls this at the kernel's start)."""
-    magics = Magics(shell, os.getcwd())
+    magics = Magics(shell, WORK)
     shell.register_magic_function(magics.checkpoint, "line", "checkpoint")
     shell.register_magic_function(magics.restore, "line", "restore")
     pip = shell.find_line_magic("pip")

@@ -1,6 +1,7 @@
 """What a sleeping kernel answers with no kernel running: the replies the Docker sleeper
 (:mod:`.sleep`), a paused OpenSandbox sandbox's link and the dormant process (:mod:`.dormant`)
-give without waking it, and the line that tells the first cell it woke up."""
+give without waking it, and the line that tells the first cell it woke up; what the sleeper needs
+of a link."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import collections.abc
 import contextlib
 import ctypes
 import gc
-from typing import Any
+from typing import Any, Protocol
 
-from ..privdir import SUSPEND_REQUEST
-from .front import Front
+from ..privdir import SUSPEND_REQUEST, PrivateDir
+from .checkpoints import BlobChannel
+from .front import Front, KernelLink
 from .messages import launcher_note, msg_type_of, parse_part
 
 WOKEN_ANSWERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -208,3 +210,38 @@ def give_back_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class SleepableLink(KernelLink, Protocol):
+    """A link whose container can be checkpointed and replaced (the Docker and OpenSandbox
+    links)."""
+
+    keep_dir: PrivateDir | None
+
+    def blob_channel(self) -> BlobChannel:
+        """How blobs move into and out of the link's container (a :class:`CellChannel`: through
+        the kernel's cells, whose kernel side the sleep installs first)."""
+
+    def count_from(self, count: int | None) -> None:
+        """The kernel's last cell was number ``count``, whatever the launcher's own cells did."""
+
+
+class PausingLink(SleepableLink, Protocol):
+    """A link that can also sleep on its own, keeping its sandbox (OpenSandbox's pause)."""
+
+    asleep: bool
+
+    async def suspend(self, why: str) -> dict[str, Any]:
+        """Pause; the reply says whether it sleeps, or why not (``unsupported``: never will)."""
+
+    async def wake(self) -> dict[str, Any]:
+        """Resume, and pass on what waited."""
+
+    def quiet(self) -> bool:
+        """Paused, with nothing waiting: the launcher may rest."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a launcher exec'd anew needs to go on with the paused link."""
+
+    async def resume(self, front: Front, kept: dict[str, Any]) -> None:
+        """Go on paused as the launcher before an exec left off."""

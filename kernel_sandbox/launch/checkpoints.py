@@ -108,8 +108,6 @@ class CheckpointStore:
         :class:`CheckpointError` (a sleep that would lose names: :mod:`.sleep`)."""
         self.expected: str | None = None
         """The sha256 the kept checkpoint must have to be given back (None: any it records)."""
-        self.answered: Callable[[dict[str, Any]], None] | None = None
-        """Called with each answer the store gives the kernel."""
         self.slot_cap: tuple[int, str] | None = None
         """The most bytes the checkpoints of this store's slot may take, all this user's kernels'
         together, and the option that sets it (the sleeps': ``max_suspended_bytes``)."""
@@ -168,9 +166,9 @@ class CheckpointStore:
     async def _serve(self, content: dict[str, Any], answer: str) -> None:
         try:
             if content.get("action") == "checkpoint":
-                reply = await self._keep(content)
+                reply = await self.keep(content)
             elif content.get("action") == "restore":
-                reply = await self._give(content)
+                reply = await self.give(content)
             else:
                 reply = _error(f"unknown action {content.get('action')!r}")
         except (KernelSandboxError, OSError) as exc:
@@ -180,8 +178,6 @@ class CheckpointStore:
             reply = _error(f"the launcher failed: {exc!r}")
         finally:
             self._serving = False  # before the answer: the magic may send its next request at once
-        if self.answered is not None:
-            self.answered(reply)
         await self._answer(answer, reply)
 
     async def _answer(self, path: str, reply: dict[str, Any]) -> None:
@@ -191,8 +187,9 @@ class CheckpointStore:
         except (KernelSandboxError, OSError) as exc:
             log.warning("could not answer the kernel's checkpoint request: %s", exc)
 
-    async def _keep(self, content: dict[str, Any]) -> dict[str, Any]:
-        """Pull the blob the kernel made into the kept file, replacing the one kept before."""
+    async def keep(self, content: dict[str, Any]) -> dict[str, Any]:
+        """Pull the blob the kernel made (``content``: what it states of it, and its path) into
+        the kept file, replacing the one kept before; refused with :class:`CheckpointError`."""
         header = _stated(content)
         if self.vet is not None:
             self.vet(header)
@@ -271,8 +268,9 @@ class CheckpointStore:
                 raise
             return fd
 
-    async def _give(self, content: dict[str, Any]) -> dict[str, Any]:
-        """Write the kept blob where the kernel asks, if it was made in the image it runs."""
+    async def give(self, content: dict[str, Any]) -> dict[str, Any]:
+        """Write the kept blob where the kernel asks (``content["blob"]``), if it was made in the
+        image it runs; refused with :class:`CheckpointError`."""
         if not _path(content.get("blob")):
             raise CheckpointError("the restore request names no valid path for the blob")
         try:

@@ -60,7 +60,8 @@ from .request import (
     request_from_state,
     request_state,
 )
-from .sleep import Sleeper, SleepableLink
+from .asleep import SleepableLink
+from .sleep import Sleeper
 
 
 @runtime_checkable
@@ -93,12 +94,9 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 def make_link(request: LaunchRequest) -> KernelLink:
     """The kernel link of the request's backend (the registry imports its wing now: each pulls in
-    its SDK); one that sleeps when idle with ``suspend_after`` (:mod:`.sleep`), unless the link
-    does that itself (``SUSPENDS_ITSELF``: OpenSandbox pauses its sandbox)."""
+    its SDK); one that sleeps when idle with ``suspend_after`` (:mod:`.sleep`)."""
     link_class = backends.load(backends.for_settings(request.settings).link)
-    if getattr(request.settings, "suspend_after", None) is None or getattr(
-        link_class, "SUSPENDS_ITSELF", False
-    ):
+    if getattr(request.settings, "suspend_after", None) is None:
         link: KernelLink = link_class(request)
         return link
     return Sleeper(request, lambda: cast(SleepableLink, link_class(request)))

@@ -3,20 +3,21 @@
 
 A :class:`Sleeper` stands between the front and the backend's links, one link per container. When
 the kernel has been idle for ``suspend_after`` seconds (no client request on shell or control, no
-cell running, no open widget), it runs ``%checkpoint`` in the kernel as a request of its own
-(silent: ``execution_count`` does not move, and no client sees its messages), keeps the blob on the
-host through the same :class:`~.checkpoints.CheckpointStore` as ``%checkpoint`` (same caps, same
-store, a slot of its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`; all the user's sleeping
-kernels' blobs together within ``max_suspended_bytes``), and removes the container (the blob goes
-once the kernel is awake again).
+cell running, no open widget), a link that can pause its sandbox (OpenSandbox) does, keeping it
+whole; otherwise (Docker; ``suspend_by: checkpoint``; a server that cannot pause) the sleeper runs
+cells of its own (:mod:`.owncells`: no client sees them) that save the kernel's state, pulls the
+blob into the same :class:`~.checkpoints.CheckpointStore` as ``%checkpoint`` (same caps, a slot of
+its own: :data:`~kernel_sandbox.privdir.SLEEP_SLOT`; all the user's sleeping kernels' blobs
+together within ``max_suspended_bytes``), through the backend's channel or through cells
+(:mod:`.cellblobs`), and removes the container (the blob goes once the kernel is awake again).
 Asleep, the launcher answers heartbeats, ``kernel_info_request`` (with the live kernel's last
 reply), ``comm_info_request`` and ``history_request`` (as the woken kernel will: no comms, no
 history), the debugger's ``debugInfo`` (while it was off), ``interrupt_request`` and
-``shutdown_request`` itself. Any other request wakes the kernel: a new
-container of the same settings, ``%restore`` of the blob (only if its sha256 is the one kept
-at sleep), ``execution_count`` set where it was, then the requests that waited pass on, and the
-first cell's output starts with one line saying the kernel woke up and what was not kept. The client
-keeps its connection, kernel id and connection file.
+``shutdown_request`` itself. Any other request wakes the kernel: a new container of the same
+settings, the blob put back and loaded (only if its sha256 is the one kept at sleep),
+``execution_count`` set where it was, then the requests that waited pass on, and the first cell's
+output starts with one line saying the kernel woke up and what was not kept. The client keeps its
+connection, kernel id and connection file.
 
 Nothing is lost silently: a kernel whose checkpoint would leave names behind (sockets, threads,
 generators...) or that has open widgets stays awake unless ``suspend_lossy``; a checkpoint refused
@@ -30,16 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, cast
 
+from .. import backends
 from ..errors import CheckpointError, KernelLaunchError, KernelSandboxError
 from ..kernelside.boot import EXTENSION
-from ..kernelside.magics import REQUEST
 from ..metrics import Usage
 from ..privdir import (
     LAUNCHER_LOCK,
@@ -53,6 +54,8 @@ from ..privdir import (
 from .asleep import (
     DEBUG_INFO_MAX,
     Busy,
+    PausingLink,
+    SleepableLink,
     Widgets,
     answer_idle,
     answer_shutdown,
@@ -64,17 +67,15 @@ from .asleep import (
     listed,
     tell_first_cell,
 )
-from .checkpoints import BlobChannel, CheckpointStore
-from .front import Answer, ExitStatus, Front, KernelLink
-from .messages import dumps, msg_type_of, parse_part
-from .wire import new_header
+from .cellblobs import CellChannel
+from .checkpoints import CheckpointStore
+from .front import Answer, ExitStatus, Front
+from .owncells import OwnCells
+from .messages import msg_type_of, parse_part
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
 
-OWN_TIMEOUT = 600.0
-"""Seconds the launcher waits for its own ``%checkpoint`` or ``%restore`` cell (the magic itself
-gives the host 300 s to move the blob)."""
 CHECK_EVERY = 1.0
 """Seconds between two looks at the idle clock, at most."""
 DORMANT_AFTER = 2.0
@@ -83,24 +84,18 @@ holds the channels meanwhile (:mod:`.dormant`)."""
 log = logging.getLogger("kernel_sandbox.launch")
 
 
-class SleepableLink(KernelLink, Protocol):
-    """A link whose container can be checkpointed and replaced (the Docker link)."""
-
-    keep_dir: PrivateDir | None
-
-    def blob_channel(self) -> BlobChannel:
-        """How blobs move into and out of the link's container."""
-
-
 class Sleeper:
     """A :class:`KernelLink` that puts its kernel to sleep when idle (see the module docstring)."""
 
     def __init__(self, request: LaunchRequest, make: Callable[[], SleepableLink]) -> None:
         self.request = request
         settings: Any = request.settings
+        self._settings = settings
         self.after: float = settings.suspend_after
         self.lossy: bool = settings.suspend_lossy
         self._make = make
+        self._pauses = getattr(settings, "suspend_by", "checkpoint") != "checkpoint"
+        """The link pauses when idle, as long as its server can (``suspend_by``)."""
         self._loop = asyncio.get_running_loop()
         self._link: SleepableLink | None = None
         self._front: Front | None = None
@@ -116,9 +111,7 @@ class Sleeper:
         self._suspended: asyncio.Future[None] | None = None
         """Done when the sleep being taken is over (asleep, or abandoned)."""
         self._widgets = Widgets()
-        self._own: collections.deque[bytes] = collections.deque(maxlen=4)
-        """The msg_ids of the launcher's own latest cells (their messages reach no client)."""
-        self._own_reply: asyncio.Future[Any] | None = None
+        self._cells = OwnCells(lambda: self._link)
         self._queue: collections.deque[tuple[str, list[Any], list[Any]]] = collections.deque()
         self._kernel_info: Any = None
         self._debug_info: dict[str, Any] | None = None
@@ -128,10 +121,8 @@ class Sleeper:
         self._lost: dict[str, str] = {}
         self._kept_sha: str | None = None
         """The sha256 of the checkpoint kept at the last sleep (the only one a wake restores)."""
-        self._kept: str | None = None
         self._since = 0.0
         self._saved: int | None = None
-        self._session = uuid.uuid4().hex
         self._own_dir: PrivateDir | None = None
         self._dir = request.private
         self._store: CheckpointStore | None = None
@@ -169,6 +160,14 @@ class Sleeper:
             path, fd = kept["own_dir"]
             self._dir = self._own_dir = PrivateDir(Path(path))
             self._own_dir.adopt(LAUNCHER_LOCK, fd)
+        if kept.get("paused"):  # the link's own sleep: it goes on with its sandbox
+            link = self._make()
+            link.keep_dir = self._own_dir
+            self._link = link
+            await cast(PausingLink, link).resume(front, kept)
+            self._took(link)
+            self._spawn(self._idle_clock())
+            return
         self._kernel_info, self._debug_info = kept["kernel_info"], kept["debug_info"]
         self._count, self._lost, self._kept_sha = kept["count"], kept["lost"], kept["kept_sha"]
         self._since, self._saved = kept["since"], kept["saved"]
@@ -185,8 +184,12 @@ class Sleeper:
         """What a launcher exec'd anew needs to go on with this sleeping kernel (JSON; the own
         directory's lock descriptor is to be inherited)."""
         own = self._own_dir
+        own_dir = None if own is None else [str(own.path), own.lock_fd(LAUNCHER_LOCK)]
+        paused = self._paused()
+        if paused is not None:
+            return {**paused.snapshot(), "paused": True, "own_dir": own_dir}
         return {
-            "own_dir": None if own is None else [str(own.path), own.lock_fd(LAUNCHER_LOCK)],
+            "own_dir": own_dir,
             "kernel_info": self._kernel_info,
             "debug_info": self._debug_info,
             "count": self._count,
@@ -198,28 +201,41 @@ class Sleeper:
         }
 
     async def _start_link(self) -> None:
-        assert self._front is not None and self._dir is not None
+        assert self._front is not None
         link = self._make()
         link.keep_dir = self._own_dir
         self._link = link
         await link.start(self._front)
-        settings: Any = self.request.settings
+        self._took(link)
+
+    def _took(self, link: SleepableLink) -> None:
+        """Move blobs through ``link``'s channel; its requests wake the kernel; its end (unless
+        let go to sleep) is the kernel's."""
+        assert self._dir is not None
+        settings = self._settings
+        channel = link.blob_channel()
+        if isinstance(channel, CellChannel):
+            channel.call = self._cells.call
         if self._store is None:
             self._store = CheckpointStore(
                 self._dir.path,
-                link.blob_channel(),
+                channel,
                 settings.checkpoint_max_bytes,
                 settings.max_checkpoint_bytes,
-                "docker",
+                backends.for_settings(settings).name,
                 slot=SLEEP_SLOT,
             )
             self._store.vet = self._vet
             if settings.max_suspended_bytes is not None:
                 self._store.slot_cap = (settings.max_suspended_bytes, "max_suspended_bytes")
-            self._store.answered = self._answered
-        self._store.channel = link.blob_channel()
+        self._store.channel = channel
         self._wrap_requests()
         self._spawn(self._follow(link))
+
+    def _paused(self) -> PausingLink | None:
+        """The link, while it sleeps on its own (paused)."""
+        link = self._link
+        return cast(PausingLink, link) if getattr(link, "asleep", False) else None
 
     def _wrap_requests(self) -> None:
         """Make the requests the new link answers itself (its egress window) wake a sleeping
@@ -367,9 +383,8 @@ class Sleeper:
         header, parent = parts[0], parts[1]
         if not isinstance(header, bytes) or not isinstance(parent, bytes):
             return False
-        if any(own in parent for own in self._own):
-            self._take_own(channel, parts)
-            return True  # none of its messages reaches a client
+        if self._cells.take(channel, parts):
+            return True
         if channel == "iopub":
             if b'"status"' in header and msg_type_of(header) == "status":
                 self._status(parts)
@@ -398,21 +413,12 @@ class Sleeper:
             if self._link is not None:
                 self._spawn(self._link.interrupt())
 
-    def _take_own(self, channel: str, parts: list[bytes]) -> None:
-        """A message of the launcher's own cell: the checkpoint request, the reply."""
-        kind = msg_type_of(parts[0])
-        if channel == "iopub" and kind == REQUEST and self._store is not None:
-            self._store.handle(parse_part(bytes(parts[3])), parse_part(parts[1]))
-        elif channel == "shell" and kind == "execute_reply" and self._own_reply is not None:
-            if not self._own_reply.done():
-                self._own_reply.set_result(parse_part(bytes(parts[3])))
-
     # -- sleeping ------------------------------------------------------------------------------
 
     async def _idle_clock(self) -> None:
         """Put the kernel to sleep once it has been idle ``suspend_after`` seconds."""
         while True:
-            if self.state == "asleep":
+            if self.state == "asleep" or self._paused() is not None:
                 self._rest_if_quiet()
                 await asyncio.sleep(CHECK_EVERY / 4)
                 continue
@@ -428,30 +434,33 @@ class Sleeper:
 
     def _rest_if_quiet(self) -> None:
         assert self._front is not None
-        busy = self._front.answering() or self._wake_task is not None or self._queue
+        paused = self._paused()
+        busy = self._front.answering() or self._wake_task is not None or bool(self._queue)
+        busy = busy or (paused is not None and not paused.quiet())
         quiet = not busy and self._loop.time() - self._last >= DORMANT_AFTER
         if quiet and not self.resting.done() and self.may_rest():
             self.resting.set_result(None)
 
     async def suspend(self, why: str) -> dict[str, Any]:
-        """Checkpoint the kernel and remove its container; the reply says whether it sleeps, or
-        why not (the container then runs on)."""
+        """Pause the link where it can (``suspend_by``), else checkpoint the kernel and remove its
+        container; the reply says whether it sleeps, or why not (the container then runs on)."""
         if self.state == "asleep":
             return {"status": "ok", "state": "suspended", "not_kept": self._lost}
+        if self._pauses and self._link is not None and self.state == "awake":
+            paused = await cast(PausingLink, self._link).suspend(why)
+            if not paused.get("unsupported") or self._settings.suspend_by == "pause":
+                return paused
+            self._pauses = False  # the server never pauses this sandbox: checkpoints from now on
+            log.info("%s; the kernel sleeps by checkpoint instead", paused.get("evalue"))
         refusal = self._refusal()
         if refusal is not None:
-            self._note({"state": "awake", "why": refusal})
+            note_sleep(self.request.private, {"state": "awake", "why": refusal})
             return {"status": "error", "evalue": refusal}
         self.state = "suspending"
-        self._kept = None
         self._abandon = False
         self._suspended = self._loop.create_future()
         try:
-            reply = await self._own_cell(f"__import__({EXTENSION!r}).ready_to_sleep()\n%checkpoint")
-            if reply.get("status") != "ok":
-                raise CheckpointError(str(reply.get("evalue") or "the checkpoint failed"))
-            if self._kept is None:  # the kernel's word is not enough: the store must have kept it
-                raise CheckpointError("the launcher kept no checkpoint for it")
+            self._kept_sha = await self._checkpoint()
             if self._queue or self._abandon:
                 raise CheckpointError("a client's request came while the checkpoint was taken")
         except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
@@ -459,10 +468,12 @@ class Sleeper:
             if self._store is not None:  # awake, the kernel holds no sleep's disk
                 self._store.path.unlink(missing_ok=True)
             self._awake()
-            self._note({"state": "awake", "why": reason})
+            note_sleep(self.request.private, {"state": "awake", "why": reason})
             return {"status": "error", "evalue": reason}
         finally:
             self._suspended.set_result(None)
+            if self._link is not None:
+                self._link.count_from(self._count)
         link, self._link = self._link, None
         self.state = "asleep"
         self._since = time.time()
@@ -472,7 +483,7 @@ class Sleeper:
         self._saved = held.memory if held is not None else None
         # said before the container goes: whoever finds it gone finds the kernel asleep
         state = {"state": "suspended", "since": self._since, "bytes": size, "saved": self._saved}
-        self._note({**state, "why": why})
+        note_sleep(self.request.private, {**state, "why": why})
         await link.stop()
         self._last = self._loop.time()  # quiet from now on: its reply is yet to go
         give_back_memory()
@@ -503,10 +514,22 @@ class Sleeper:
             )
         self._lost = lost
 
-    def _answered(self, reply: dict[str, Any]) -> None:
-        """The store's answer to the sleep's checkpoint (or restore): the sha256 of what it kept."""
-        if self.state == "suspending" and reply.get("status") == "ok":
-            self._kept = self._kept_sha = reply.get("sha256")
+    async def _checkpoint(self) -> str:
+        """Keep the kernel's state on the host (the sleep's slot of the store); its sha256."""
+        assert self._store is not None
+        await self._install()
+        try:
+            report, _ = await self._cells.call("sleep_save")
+            kept = await self._store.keep(report)
+        finally:
+            with contextlib.suppress(KernelSandboxError, asyncio.TimeoutError):
+                await self._cells.run(f"__import__({EXTENSION!r}).sleep_drop()")
+        return str(kept["sha256"])
+
+    async def _install(self) -> None:
+        """Install the sleep's kernel side where the blob moves through cells."""
+        if isinstance(self._store and self._store.channel, CellChannel):
+            await self._cells.install()
 
     def _awake(self) -> None:
         """Back to awake with the container that runs; what waited meanwhile passes on."""
@@ -515,32 +538,12 @@ class Sleeper:
         while self._queue and self._link is not None:
             self._link.send(*self._queue.popleft())
 
-    async def _own_cell(self, code: str) -> Any:
-        """Run ``code`` as the launcher's own silent cell; its execute_reply content."""
-        assert self._link is not None and self._store is not None
-        header = new_header("execute_request", self._session, "kernel-sandbox")
-        content = {
-            "code": code,
-            "silent": True,
-            "store_history": False,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": False,
-        }
-        parts = [dumps(header), b"{}", b"{}", dumps(content)]
-        self._own.append(header["msg_id"].encode())
-        self._own_reply = self._loop.create_future()
-        self._store.client_sent(parts)
-        self._link.send("shell", [], parts)
-        try:
-            reply = await asyncio.wait_for(asyncio.shield(self._own_reply), OWN_TIMEOUT)
-        finally:
-            self._own_reply = None
-        return reply if isinstance(reply, dict) else {}
-
     # -- waking --------------------------------------------------------------------------------
 
     async def _wake_request(self) -> dict[str, Any]:
+        paused = self._paused()
+        if paused is not None:
+            return await paused.wake()
         if self.state == "suspending" and self._suspended is not None:
             self._abandon = True  # a request that needs the kernel: the sleep is abandoned
             await asyncio.shield(self._suspended)
@@ -561,14 +564,14 @@ class Sleeper:
             self.state = "waking"
             try:
                 await self._start_link()
-                assert self._store is not None
+                assert self._store is not None and self._link is not None
+                await self._install()
                 self._store.expected = self._kept_sha
-                code = "%restore"
-                if self._count is not None:
-                    code += f"\nget_ipython().execution_count = {self._count + 1}"
-                reply = await self._own_cell(code)
-                if reply.get("status") != "ok":
-                    raise CheckpointError(str(reply.get("evalue") or "the restore failed"))
+                blob, _ = await self._cells.call("sleep_path")
+                await self._store.give(blob)
+                count = None if self._count is None else self._count + 1
+                await self._cells.call("sleep_load", self._kept_sha, count)
+                self._link.count_from(self._count)
             except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
                 assert self._dir is not None
                 kept = kept_checkpoint(self._dir.path, SLEEP_SLOT)
@@ -580,7 +583,7 @@ class Sleeper:
                 self._end(ExitStatus(1, reason, KernelLaunchError.__name__))
                 return
             self._store.path.unlink(missing_ok=True)  # awake, it holds no sleep's disk
-            self._note(None)
+            note_sleep(self.request.private, None)
             self._tell_first_cell()
             self._awake()
         finally:
@@ -595,6 +598,3 @@ class Sleeper:
         if self._lost:
             text += f" Not kept: {listed(self._lost)}."
         tell_first_cell(self._front, self._queue, text)
-
-    def _note(self, state: dict[str, Any] | None) -> None:
-        note_sleep(self.request.private, state)

@@ -18,17 +18,20 @@ Two modes carry the kernel's messages (``mode``):
 (``max_output_bytes`` per message or execd run, ``max_response_bytes`` per answer) and every call
 has a deadline; the front applies the output policy and signs for the client.
 
-With ``suspend_after`` the link pauses its sandbox once the kernel has been idle that long (no
-client request on shell or control, no cell running): ``POST /sandboxes/{id}/pause`` keeps the
-container's processes and memory, so the kernel (or execd's context) keeps its state whole. While
-it sleeps the launcher answers heartbeats, ``kernel_info_request`` (with the kernel's last reply)
-and ``interrupt_request`` itself and renews the expiration as before; any other request resumes
-the sandbox, waits for execd's ``/ping`` and passes on what waited, the first cell saying once
-that the sandbox was paused. The kernel's ``sleep.json`` says it sleeps (``ps``, ``metrics()``), or
-why a pause failed; a resume that fails ends the kernel with the reason. Paused and quiet, the
-launcher lets the dormant process hold the channels (:meth:`snapshot`), which renews the sandbox
-through :mod:`.renewal`; the launcher exec'd again connects to the same kernel
-(:class:`~.reach.KernelReach`).
+With ``suspend_after`` the :class:`~kernel_sandbox.launch.sleep.Sleeper` around the link asks it
+to pause its sandbox once the kernel has been idle that long (:meth:`OpenSandboxLink.suspend`):
+``POST /sandboxes/{id}/pause`` keeps the container's processes and memory, so the kernel (or
+execd's context) keeps its state whole. While it sleeps the link answers heartbeats,
+``kernel_info_request`` (with the kernel's last reply) and ``interrupt_request`` itself and renews
+the expiration as before; any other request resumes the sandbox, waits for execd's ``/ping`` and
+passes on what waited, the first cell saying once that the sandbox was paused. The kernel's
+``sleep.json`` says it sleeps (``ps``, ``metrics()``), or why a pause failed; a resume that fails
+ends the kernel with the reason. Paused and quiet, the launcher lets the dormant process hold the
+channels (:meth:`snapshot`), which renews the sandbox through :mod:`.renewal`; the launcher exec'd
+again connects to the same kernel (:class:`~.reach.KernelReach`). A server that cannot pause
+(a Kubernetes provider without pause) says so, and the sleeper then checkpoints the kernel
+through its cells (:class:`~kernel_sandbox.launch.cellblobs.CellChannel`) and deletes the sandbox,
+as it removes a Docker kernel's container.
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import (
     KernelLaunchError,
     KernelSandboxError,
+    OpenSandboxAPIError,
     OpenSandboxError,
     SandboxNotFound,
 )
@@ -58,7 +61,7 @@ from .bridge import WAITING_LIMIT, WebsocketBridge
 from .jupyter import dumps
 from ..metrics import Usage
 from .settings import OpenSandboxSettings
-from ..privdir import LAUNCHER_STATE, SUSPEND_REQUEST, WAKE_REQUEST, note_sleep
+from ..privdir import LAUNCHER_STATE, PrivateDir, note_sleep
 from . import renewal
 from .reach import KernelReach
 from .relay import ExecdRelay
@@ -66,7 +69,7 @@ from ..launch.front import ExitStatus, Front
 from ..launch.messages import launcher_note, msg_type_of, parse_part
 from ..launch.wire import new_header
 from ..launch.asleep import Busy, answer_idle, tell_first_cell
-from ..launch.sleep import CHECK_EVERY, DORMANT_AFTER
+from ..launch.cellblobs import CellChannel
 
 if TYPE_CHECKING:
     from ..launch.request import LaunchRequest
@@ -82,12 +85,9 @@ STOP_WAIT = 30.0
 class OpenSandboxLink:
     """The kernel in a fresh OpenSandbox sandbox (see the module docstring)."""
 
-    SUSPENDS_ITSELF: ClassVar[bool] = True
-    """``suspend_after`` pauses the sandbox here (no :class:`~kernel_sandbox.launch.sleep.Sleeper`
-    around the link)."""
-
     def __init__(self, request: LaunchRequest) -> None:
         self.request = request
+        self.keep_dir: PrivateDir | None = None
         # make_link chose this link by their type
         self.settings = cast(OpenSandboxSettings, request.settings)
         self.sandbox_id: str | None = None
@@ -111,16 +111,11 @@ class OpenSandboxLink:
         """True from the moment the link pauses its idle sandbox until it has resumed it."""
         self._sleep_lock = asyncio.Lock()
         self._waking: asyncio.Future[None] | None = None
-        self._last = asyncio.get_running_loop().time()
         self._busy = Busy()
         self._kernel_info: Any = None
         self._since = 0.0
         self._kept: dict[str, Any] | None = None
         """The connection a launcher before an exec left (:meth:`resume`), to be made again."""
-        self.resting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        """Done once the paused sandbox's kernel has been quiet for :data:`DORMANT_AFTER` seconds
-        and :attr:`may_rest` says yes: the launcher may then exec the dormant process."""
-        self.may_rest: Callable[[], bool] = lambda: False
 
     # -- starting --------------------------------------------------------------------------------
 
@@ -175,7 +170,7 @@ class OpenSandboxLink:
             sandbox.id,
             reach.mode,
         )
-        self._watch_sleep(front)
+        front.watchers.append(self._watch_kernel)
         self._flush()
 
     def _new_client(self) -> OpenSandboxClient:
@@ -278,8 +273,6 @@ class OpenSandboxLink:
         """Pass a client message on (kept until the kernel is connected and its sandbox not
         paused); while the link has paused the idle sandbox, answered here or kept for the
         resume it starts."""
-        if channel != "stdin":
-            self._last = asyncio.get_running_loop().time()
         if self.asleep:
             assert self._front is not None
             if answer_idle(self._front, channel, idents, parts, self._kernel_info):
@@ -364,14 +357,6 @@ class OpenSandboxLink:
 
     # -- sleeping: pause when idle (suspend_after) ------------------------------------------------
 
-    def _watch_sleep(self, front: Front) -> None:
-        if self.settings.suspend_after is not None:
-            self._last = asyncio.get_running_loop().time()  # idle from now, not from the create
-            front.watchers.append(self._watch_kernel)
-            front.requests[SUSPEND_REQUEST] = lambda content: self.suspend("asked by a client")
-            front.requests[WAKE_REQUEST] = lambda content: self._wake_request()
-            self._tasks.append(asyncio.ensure_future(self._idle_clock()))
-
     def _watch_kernel(self, channel: str, idents: list[bytes], parts: list[bytes]) -> bool:
         """Note from the kernel's messages whether a cell runs, and its last kernel_info reply."""
         header = parts[0]
@@ -379,38 +364,9 @@ class OpenSandboxLink:
             return False
         if channel == "iopub" and b'"status"' in header and msg_type_of(header) == "status":
             self._busy.note(parts)
-            self._last = asyncio.get_running_loop().time()
         elif channel == "shell" and msg_type_of(header) == "kernel_info_reply":
             self._kernel_info = parse_part(bytes(parts[3]))
         return False
-
-    async def _idle_clock(self) -> None:
-        """Pause the sandbox once the kernel has been idle ``suspend_after`` seconds; once it has
-        slept quietly for :data:`DORMANT_AFTER` seconds, say the launcher may rest."""
-        after = self.settings.suspend_after
-        assert after is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            if self.asleep:
-                self._rest_if_quiet()
-                await asyncio.sleep(CHECK_EVERY / 4)
-                continue
-            left = self._last + after - loop.time()
-            if left > 0:
-                await asyncio.sleep(min(left, CHECK_EVERY))
-                continue
-            if not self._busy and self._running.is_set():
-                result = await self.suspend(f"idle for {after:g} s")
-                if result.get("status") != "ok":
-                    log.info("the sandbox stays running: %s", result.get("evalue"))
-            self._last = loop.time()
-
-    def _rest_if_quiet(self) -> None:
-        assert self._front is not None
-        busy = self._front.answering() or self._waking is not None or self._waiting
-        quiet = not busy and asyncio.get_running_loop().time() - self._last >= DORMANT_AFTER
-        if quiet and not self._sleep_lock.locked() and not self.resting.done() and self.may_rest():
-            self.resting.set_result(None)
 
     async def suspend(self, why: str) -> dict[str, Any]:
         """Pause the sandbox; the reply says whether the kernel sleeps, or why not."""
@@ -438,15 +394,15 @@ class OpenSandboxLink:
                 reason = f"the server did not pause sandbox {self.sandbox_id}: {exc}"
                 self._woke(None)
                 note_sleep(self.request.private, {"state": "awake", "why": reason})
-                return {"status": "error", "evalue": reason}
+                return {"status": "error", "evalue": reason, "unsupported": _unsupported(exc)}
             self._since = time.time()
-            self._last = asyncio.get_running_loop().time()
             state = {"state": "suspended", "since": self._since, "paused": self.sandbox_id}
             note_sleep(self.request.private, {**state, "why": why})
         log.info("sandbox %s is paused (%s)", self.sandbox_id, why)
         return {"status": "ok", "state": "suspended"}
 
-    async def _wake_request(self) -> dict[str, Any]:
+    async def wake(self) -> dict[str, Any]:
+        """Resume the paused sandbox and pass on what waited; the reply says whether it runs."""
         if self.asleep and self._waking is None:
             self._waking = asyncio.ensure_future(self._wake())
             self._tasks.append(self._waking)
@@ -498,7 +454,6 @@ class OpenSandboxLink:
     def _woke(self, text: str | None) -> None:
         """Awake again: what waited passes on, the first cell saying ``text`` (if any)."""
         self.asleep = False
-        self._last = asyncio.get_running_loop().time()
         note_sleep(self.request.private, None)
         if text is not None and self._front is not None:
             tell_first_cell(self._front, self._waiting, text)
@@ -527,9 +482,21 @@ class OpenSandboxLink:
             "connection": self._kept if self._bridge is None else KernelReach.kept(self._bridge),
         }
 
-    def own_dir(self) -> None:
-        """The provisioner's directory is the kernel's (no directory of the link's own)."""
-        return None
+    def quiet(self) -> bool:
+        """Paused, with no resume under way and nothing waiting: the launcher may rest."""
+        waking = self._waking is not None or self._sleep_lock.locked()
+        return self.asleep and not waking and not self._waiting
+
+    def blob_channel(self) -> CellChannel:
+        """Blobs move through the kernel's cells (the server offers no file channel the launcher
+        can use as the kernel's user); the image's name is its id."""
+        return CellChannel(self.settings.image)
+
+    def count_from(self, count: int | None) -> None:
+        """execd's relay counts cells itself: its next is ``count + 1``, whatever the sleeper's
+        own cells were."""
+        if isinstance(self._bridge, ExecdRelay) and count is not None:
+            self._bridge.execution_count = count
 
     async def resume(self, front: Front, kept: dict[str, Any]) -> None:
         """Go on with the sandbox a launcher before an exec paused (:meth:`snapshot`): renew it
@@ -543,7 +510,7 @@ class OpenSandboxLink:
         self._named.set()
         self.asleep = True
         self._running.clear()
-        self._watch_sleep(front)
+        front.watchers.append(self._watch_kernel)
         self._tasks.append(asyncio.ensure_future(self._renew()))
         self._tasks.append(asyncio.ensure_future(self._watch()))
         try:
@@ -582,3 +549,12 @@ class OpenSandboxLink:
         for closer in (self._reach, self._client):
             if closer is not None:
                 await closer.aclose()
+
+
+def _unsupported(exc: OpenSandboxError) -> bool:
+    """Whether the server says it never pauses this sandbox (Kubernetes providers without pause:
+    ``400 SANDBOX::INVALID_STATE`` "Pause is not supported for this sandbox type"; or 501)."""
+    if not isinstance(exc, OpenSandboxAPIError):
+        return False
+    said = str(exc).lower()
+    return exc.status_code == 501 or (exc.status_code == 400 and "not supported" in said)

@@ -52,6 +52,7 @@ from .http import (
 )
 
 MODES = ("auto", "websocket", "execd")
+SUSPEND_BY = ("auto", "pause", "checkpoint")
 """How the launcher reaches the kernel: the sandbox's Jupyter server (``websocket``), execd's
 ``/code`` (``execd``), or the first when the sandbox serves Jupyter, else the second (``auto``)."""
 JUPYTER_PORT = 44771
@@ -454,12 +455,23 @@ class OpenSandboxSettings(BackendSettings):
         parse_orphan_seconds,
         "Seconds of idleness (no client request, no running cell) after which the launcher "
         "pauses the sandbox (POST /sandboxes/{id}/pause: its processes and memory are kept) and "
-        "resumes it at the next request that needs the kernel; 'unlimited': never.",
+        "resumes it at the next request that needs the kernel (or, where the server cannot pause, "
+        "as suspend_by says); 'unlimited': never.",
+    )
+    suspend_by: str = option(
+        "auto",
+        parse_choice(SUSPEND_BY),
+        "How an idle kernel sleeps (suspend_after): 'pause' the sandbox (the server keeps its "
+        "memory); 'checkpoint' its variables on this host and delete the sandbox, as the Docker "
+        "backend does (suspend_lossy, max_suspended_bytes apply); 'auto': pause, and checkpoint "
+        "where the server says it cannot pause.",
+        choices=SUSPEND_BY,
     )
 
     def __post_init__(self) -> None:
         """``network``, ``allow_internet`` and ``network_policy`` must not say different things; a
-        pool needs open egress."""
+        pool needs open egress (and :class:`BackendSettings`'s)."""
+        super().__post_init__()
         if EXTENSION_POOL in self.extensions and (
             self.network_policy is not None or not self.egress["allow_internet"]
         ):

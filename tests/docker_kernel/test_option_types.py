@@ -30,6 +30,10 @@ SHARED = {
     "allow_widget_modules": (list, tuple),
     "allow_help_links": (list, tuple),
     "package_index": (str, list, tuple),
+    "suspend_lossy": (bool,),
+    "max_suspended_bytes": (*SIZE, type(None)),
+    "checkpoint_max_bytes": SIZE,
+    "max_checkpoint_bytes": SIZE,
 }
 DOCKER = {
     **SHARED,
@@ -56,12 +60,8 @@ DOCKER = {
     "standby": (int,),
     "max_kernels": (int, str, type(None)),
     "max_memory": (*SIZE, type(None)),
-    "max_suspended_bytes": (*SIZE, type(None)),
-    "checkpoint_max_bytes": SIZE,
-    "max_checkpoint_bytes": SIZE,
     "checkpoint_on_oom": (bool,),
     "suspend_after": (*NUMBER, str, type(None)),  # seconds or 'unlimited'
-    "suspend_lossy": (bool,),
     "secrets": (list, tuple),
 }
 OPENSANDBOX = {
@@ -97,6 +97,7 @@ OPENSANDBOX = {
     "interrupt_grace": NUMBER,
     "state_check_interval": NUMBER,
     "suspend_after": (*NUMBER, str, type(None)),  # seconds or 'unlimited'
+    "suspend_by": (str,),
 }
 # The session's own keywords (the rest go to the backend's model, checked above).
 SESSION = {

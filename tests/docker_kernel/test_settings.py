@@ -67,7 +67,7 @@ def test_environment_holds_only_what_is_given_and_the_kernel_key() -> None:
     env = spec(env={"GREETING": "hi"})["environment"]
     modules = json.loads(env.pop("KERNEL_SANDBOX_MODULES"))  # the magics' sources, for the boot
     assert list(modules) == [
-        "_kernel_sandbox_workfiles", "_kernel_sandbox_checkpoint", "_kernel_sandbox_packages", "_kernel_sandbox_magics",
+        "_kernel_sandbox_workfiles", "_kernel_sandbox_checkpoint", "_kernel_sandbox_packages", "_kernel_sandbox_textframe", "_kernel_sandbox_magics",
         "_kernel_sandbox_trust",
     ]
     assert env == {

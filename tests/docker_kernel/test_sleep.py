@@ -290,11 +290,11 @@ async def test_a_kernel_that_understates_its_sleep_to_slip_under_max_suspended_b
     km = manager(max_suspended_bytes="2m", standby=0)
     async with started_client(km) as kc:
         code = (
-            "import os, _kernel_sandbox_magics as magics\nbig = os.urandom(4 * 2**20)\nreal = magics._ask\n"
-            "def lying(kernel, action, **fields):\n"
-            "    if action == 'checkpoint':\n        fields['size'] = 2**20\n"
-            "    return real(kernel, action, **fields)\n"
-            "magics._ask = lying"
+            "import os, _kernel_sandbox_magics as magics\nbig = os.urandom(4 * 2**20)\nreal = magics._say\n"
+            "def lying(marker, meta, buffers=()):\n"
+            "    if 'sha256' in meta:\n        meta = dict(meta, size=2**20)\n"
+            "    return real(marker, meta, buffers)\n"
+            "magics._say = lying"
         )
         assert (await cell(kc, code))[1]["status"] == "ok"
         why = await kept_awake(km)
@@ -365,12 +365,20 @@ async def test_a_kernel_with_packages_it_installed_stays_awake_even_when_lossy()
 
 @pytest.mark.security("attack", "results")
 async def test_a_kernel_that_fakes_its_checkpoint_is_not_put_to_sleep() -> None:
-    """Its own %checkpoint answers "ok" and keeps nothing: the launcher trusts its store, not the kernel's reply."""
+    """Its sleep's kernel side answers without saving anything, or states a blob of its choosing: the
+    launcher trusts what it pulled and hashed, not the kernel's word."""
     km = manager()
     async with started_client(km) as kc:
-        code = "get_ipython().register_magic_function(lambda line: None, 'line', 'checkpoint')\nx = 'alive'"
-        assert (await cell(kc, code))[1]["status"] == "ok"
-        assert "the launcher kept no checkpoint for it" in await kept_awake(km)
+        silent = "import _kernel_sandbox_magics as m\nm.sleep_save = lambda marker: None\nx = 'alive'"
+        assert (await cell(kc, silent))[1]["status"] == "ok"
+        assert "the kernel gave no answer to sleep_save" in await kept_awake(km)
+        forged = (
+            "report = {'size': 4, 'sha256': '0' * 64, 'saved': ['x'], 'not_saved': {}, 'files': 0, "
+            "'files_not_saved': {}, 'blob': '/etc/hostname'}\n"
+            "m.sleep_save = lambda marker: m._say(marker, report)"
+        )
+        assert (await cell(kc, forged))[1]["status"] == "ok"
+        await until(lambda: "Refused the checkpoint" in sleep_state(km)["why"], what="the forged sleep refused")
         assert len(containers(km.kernel_id)) == 1
         assert (await cell(kc, "print(x)"))[0] == "alive\n"
 

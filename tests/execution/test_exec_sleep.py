@@ -94,12 +94,13 @@ async def test_suspend_without_suspend_after_names_the_option() -> None:
             await sb.suspend()
 
 
-def test_the_opensandbox_backend_refuses_the_checkpoint_sleeps_options_by_name() -> None:
-    """Its suspend_after pauses the sandbox (tests/opensandbox/test_opensandbox_sleep.py): nothing is
-    checkpointed, so the options of a checkpoint's sleep are not its own."""
-    for option in ("suspend_lossy", "max_suspended_bytes"):
-        with pytest.raises(ConfigError, match=f"has no option '{option}'"):
-            Sandbox(backend="opensandbox", suspend_after=60, **{option: True if option == "suspend_lossy" else "1g"})
+def test_the_opensandbox_backend_checks_how_it_sleeps_by_name() -> None:
+    """``suspend_by`` (pause, checkpoint, or auto) and the checkpoint sleep's caps are checked before
+    anything starts, naming the option."""
+    with pytest.raises(ConfigError, match="suspend_by"):
+        Sandbox(backend="opensandbox", suspend_after=60, suspend_by="freeze")
+    with pytest.raises(ConfigError, match="max_suspended_bytes"):
+        Sandbox(backend="opensandbox", suspend_after=60, max_suspended_bytes="lots")
 
 
 async def test_opening_the_package_index_wakes_a_sleeping_kernel_first() -> None:
