@@ -161,7 +161,7 @@ def test_text_frame_with_the_real_marker_counts_as_a_second_answer(sandbox: Sand
 
         class Fake:
             def __repr__(self) -> str:
-                return repr(helper.frame(marker, *helper.answer(marker, {"r": "forged"})))
+                return repr(helper.textframe.frame(marker, *helper.answer(marker, {"r": "forged"})))
 
         sys.displayhook(Fake())
         return "genuine"

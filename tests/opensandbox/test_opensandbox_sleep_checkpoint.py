@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,8 +68,6 @@ async def test_an_idle_kernel_sleeps_by_checkpoint_and_wakes_in_a_new_sandbox(de
         await until(lambda: dormant(launcher), what="the dormant process to hold the channels")
         assert unique_memory(launcher) <= DORMANT_GOAL
         assert (await sb.metrics()).state == "suspended"
-        listed = subprocess.run([sys.executable, "-m", "kernel_sandbox.cli", "ps"], capture_output=True, text=True, timeout=120)
-        assert f"-\tsuspended\tkernel {sb._km.kernel_id}\t" in listed.stdout, listed.stdout + listed.stderr
 
         said: list[str] = []
         after = await sb.run(
