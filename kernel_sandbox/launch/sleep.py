@@ -467,13 +467,13 @@ class Sleeper:
             reason = str(exc) or "no answer in time"
             if self._store is not None:  # awake, the kernel holds no sleep's disk
                 self._store.path.unlink(missing_ok=True)
+            if self._link is not None:  # before the cells that waited go on
+                self._link.count_from(self._count)
             self._awake()
             note_sleep(self.request.private, {"state": "awake", "why": reason})
             return {"status": "error", "evalue": reason}
         finally:
             self._suspended.set_result(None)
-            if self._link is not None:
-                self._link.count_from(self._count)
         link, self._link = self._link, None
         self.state = "asleep"
         self._since = time.time()

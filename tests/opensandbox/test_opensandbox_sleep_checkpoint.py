@@ -76,6 +76,7 @@ async def test_an_idle_kernel_sleeps_by_checkpoint_and_wakes_in_a_new_sandbox(de
             on_stderr=said.append,
         )
         assert after.error is None and after.stdout.endswith("41 True kept\n"), after
+        assert after.execution_count == before.execution_count + 1, (before, after)
         assert sum(text.count(WOKE) for text in said) == 1, said
         assert sb._km.provisioner.sandbox_id not in (None, first)
         assert sleep_state(sb) == {}
@@ -174,10 +175,13 @@ async def test_a_kernel_that_plants_its_own_sleep_code_cannot_make_the_host_keep
             "fake.sleep_drop = lambda: None\n"
             "sys.modules['_kernel_sandbox_magics'] = fake\nz = 'alive'"
         )
-        assert (await sb.run(planted)).error is None
+        before = await sb.run(planted)
+        assert before.error is None and before.execution_count is not None
         with pytest.raises(SandboxError, match="Refused the checkpoint|invalid|no answer"):
             await sb.suspend()
         assert sleep_state(sb)["state"] == "awake"
         assert not kept_checkpoint(sb._km.provisioner.private.path, SLEEP_SLOT).exists()
         assert not await gone(deployment, sb._km.provisioner.sandbox_id)
-        assert (await sb.run("print(z)")).stdout == "alive\n"
+        after = await sb.run("print(z)")
+        assert after.stdout == "alive\n"
+        assert after.execution_count == before.execution_count + 1, "the sleep's own cells count for no one"
