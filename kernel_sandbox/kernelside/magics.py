@@ -23,6 +23,7 @@ import base64
 import json
 import os
 import secrets
+import threading
 import time
 
 try:  # inside the kernel, the boot installed the siblings under these names
@@ -41,6 +42,19 @@ ANSWER_TIMEOUT = 300.0
 ANSWER_BYTES = 1024 * 1024
 POLL_SECONDS = 0.02
 SHOWN_NAMES = 20
+KERNEL_MODULES = (
+    "ipykernel",
+    "IPython",
+    "zmq",
+    "jupyter_client",
+    "tornado",
+    "comm",
+    "debugpy",
+    "_pydevd",
+    "pydevd",
+    "concurrent.futures",
+)
+"""Where the kernel's own threads come from (and thread pools' workers)."""
 
 
 def checkpoint_lines(code):
@@ -186,12 +200,26 @@ def _say(marker, meta, buffers=()):
     print(textframe.frame(marker, meta, list(buffers)).text, flush=True)
 
 
+def running_threads():
+    """The threads started in the kernel that still run, besides the kernel's own: a sleep stops
+    them with the container, whether a name holds them or not (a worker of a thread pool, idle or
+    not, is not told apart: its pool is)."""
+    found = {}
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        where = getattr(target, "__module__", None) or type(thread).__module__ or ""
+        if thread is not threading.main_thread() and not where.startswith(KERNEL_MODULES):
+            found[f"thread {thread.name}"] = "a running thread stops with the container"
+    return found
+
+
 def sleep_save(marker):
     """The launcher's sleep (:mod:`kernel_sandbox.launch.sleep`): save the kernel's state, unless
-    packages installed in it refuse it (:func:`_ready_to_sleep`); answer the report and the blob's
-    path, for the launcher to pull."""
+    packages installed in it refuse it (:func:`_ready_to_sleep`); answer the report (the running
+    threads among the names not saved) and the blob's path, for the launcher to pull."""
     _ready_to_sleep()
     report = checkpoint.save(WORK)
+    report["not_saved"] = {**report["not_saved"], **running_threads()}
     _say(marker, dict(report, blob=os.path.join(checkpoint.area(), checkpoint.BLOB)))
 
 

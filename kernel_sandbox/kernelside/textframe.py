@@ -58,5 +58,5 @@ def parse(text, marker, anywhere=False):
         if not isinstance(meta, dict) or not isinstance(parts, list) or len(parts) > MAX_PARTS:
             raise ValueError("unexpected shape")
         return meta, [base64.b64decode(part, validate=True) for part in parts]
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError, binascii.Error) as exc:
         raise ValueError(f"the frame is malformed: {exc}") from None

@@ -6,11 +6,14 @@ of a link."""
 from __future__ import annotations
 
 import collections.abc
+import asyncio
 import contextlib
 import ctypes
 import gc
+import logging
 from typing import Any, Protocol
 
+from ..errors import KernelSandboxError
 from ..privdir import SUSPEND_REQUEST, PrivateDir
 from .checkpoints import BlobChannel
 from .front import Front, KernelLink
@@ -210,6 +213,15 @@ def give_back_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def failure(exc: Exception) -> str:
+    """Why a sleep or a wake failed, in words (an error not of the launcher's own kind is
+    logged with its traceback)."""
+    if not isinstance(exc, (KernelSandboxError, OSError, asyncio.TimeoutError)):
+        logging.getLogger("kernel_sandbox.launch").error("a sleep or wake failed", exc_info=exc)
+        return f"{type(exc).__name__}: {exc}"
+    return str(exc) or "no answer in time"
 
 
 class SleepableLink(KernelLink, Protocol):

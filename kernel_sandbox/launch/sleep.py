@@ -62,6 +62,7 @@ from .asleep import (
     answer_woken,
     cells,
     debug_command,
+    failure,
     give_back_memory,
     kept_debug_info,
     listed,
@@ -463,8 +464,8 @@ class Sleeper:
             self._kept_sha = await self._checkpoint()
             if self._queue or self._abandon:
                 raise CheckpointError("a client's request came while the checkpoint was taken")
-        except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
-            reason = str(exc) or "no answer in time"
+        except Exception as exc:  # whatever failed, the kernel runs on (the kernel's answers too)
+            reason = failure(exc)
             if self._store is not None:  # awake, the kernel holds no sleep's disk
                 self._store.path.unlink(missing_ok=True)
             if self._link is not None:  # before the cells that waited go on
@@ -541,8 +542,7 @@ class Sleeper:
     # -- waking --------------------------------------------------------------------------------
 
     async def _wake_request(self) -> dict[str, Any]:
-        paused = self._paused()
-        if paused is not None:
+        if (paused := self._paused()) is not None:
             return await paused.wake()
         if self.state == "suspending" and self._suspended is not None:
             self._abandon = True  # a request that needs the kernel: the sleep is abandoned
@@ -572,12 +572,12 @@ class Sleeper:
                 count = None if self._count is None else self._count + 1
                 await self._cells.call("sleep_load", self._kept_sha, count)
                 self._link.count_from(self._count)
-            except (KernelSandboxError, OSError, asyncio.TimeoutError) as exc:
+            except Exception as exc:  # whatever failed, the kernel ends saying why
                 assert self._dir is not None
                 kept = kept_checkpoint(self._dir.path, SLEEP_SLOT)
                 reason = (
-                    f"the kernel could not wake from sleep ({exc or 'no answer in time'}); its "
-                    f"checkpoint is kept at {kept}"
+                    f"the kernel could not wake from sleep ({failure(exc)}); its checkpoint is "
+                    f"kept at {kept}"
                 )
                 log.error("%s", reason)
                 self._end(ExitStatus(1, reason, KernelLaunchError.__name__))

@@ -252,3 +252,52 @@ def test_a_class_from_a_package_the_user_put_on_the_path_wakes_with_its_objects(
         sb.suspend()
         execution = sb.run("print(m.w, len(results), 'lib' in sys.path)")
         assert execution.error is None and execution.stdout == "42 10 True\n", execution
+
+
+DEEP_FRAME = '''
+import sys, hashlib
+frame = sys._getframe()
+while 'marker' not in frame.f_locals:  # the launcher's call that runs now, found on the stack
+    frame = frame.f_back
+marker = frame.f_locals['marker']
+body = '{"meta": ' + '[' * 50000 + ']' * 50000 + ', "parts": []}'
+print(f"BEGIN-{marker} {len(body)} {hashlib.sha256(body.encode()).hexdigest()} {body} END-{marker}", flush=True)
+'''
+
+
+@pytest.mark.security("attack", "container")
+async def test_a_frame_too_deep_to_decode_fails_the_sleep_or_the_wake_with_the_reason() -> None:
+    """A frame with the running call's marker, a valid length and digest, and JSON nested 50,000 deep: the
+    host's decoder gives up (RecursionError). During the sleep the kernel stays awake and works; during the
+    wake (an object whose unpickling prints it) the kernel ends naming where its checkpoint is kept. Neither
+    waits for ever with every request queued."""
+    async with AsyncSandbox(suspend_after=3600, standby=0) as sb:
+        planted = f"import _kernel_sandbox_magics as m\nm._say = lambda *a, **k: exec({DEEP_FRAME!r})\nx = 'alive'"
+        assert (await sb.run(planted)).error is None
+        with pytest.raises(SandboxError, match="malformed"):
+            await sb.suspend()
+        assert (await sb.run("print(x)")).stdout == "alive\n"
+    async with AsyncSandbox(suspend_after=3600, standby=0) as sb:
+        bomb = f"class Bomb:\n    def __reduce__(self):\n        return (exec, ({DEEP_FRAME!r},))\nbomb = Bomb()"
+        assert (await sb.run(bomb)).error is None
+        await sb.suspend()
+        execution = await sb.run("print('after')")
+        assert execution.error is not None and execution.error.name == "KernelDied", execution
+        assert "could not wake from sleep" in execution.error.value and "kept at" in execution.error.value
+
+
+async def test_a_running_thread_keeps_the_kernel_awake_or_is_named_when_it_sleeps() -> None:
+    """A background job whose thread no name holds (a common notebook pattern) stops with the container:
+    the sleep is refused, saying so, unless suspend_lossy, and then the wake line names it."""
+    job = "import threading, time\nthreading.Thread(target=lambda: time.sleep(3600), name='job', daemon=True).start()"
+    async with AsyncSandbox(suspend_after=3600, standby=0) as sb:
+        assert (await sb.run(job)).error is None
+        with pytest.raises(SandboxError, match="thread job"):
+            await sb.suspend()
+        assert len(containers(sb.kernel_id)) == 1
+    async with AsyncSandbox(suspend_after=3600, suspend_lossy=True, standby=0) as sb:
+        assert (await sb.run(job + "\ny = 1")).error is None
+        await sb.suspend()
+        said: list[str] = []
+        assert (await sb.run("print(y)", on_stderr=said.append)).stdout == "1\n"
+        assert "Not kept: thread job" in "".join(said), said
