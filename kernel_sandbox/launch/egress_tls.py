@@ -9,7 +9,8 @@ import ssl
 from collections.abc import Callable
 
 from .egress_grammar import HEAD_LIMIT, Refusal, Request
-from .intercept import Fill, SecretTable, TlsStream, refuse_request, relay_http
+from .intercept import Fill, SecretTable, refuse_request, relay_http
+from .tls_stream import TlsStream
 
 Streams = tuple[
     asyncio.StreamReader, asyncio.StreamWriter, asyncio.StreamReader, asyncio.StreamWriter
@@ -39,6 +40,7 @@ async def intercept(
         server_side=False,
         server_hostname=host,
         touch=touch,
+        direct=True,  # nothing has read the host's socket yet: the TLS client speaks first
     )
     verified = asyncio.ensure_future(outbound.handshake())
     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -62,5 +64,6 @@ async def intercept(
         )
         refused(refusal.name, refusal.reason)
         await refuse_request(inbound, refusal.status, refusal.reason, HEAD_LIMIT)
-        return
-    await relay_http(fill, host, port, inbound, outbound, HEAD_LIMIT, refused)
+    else:
+        await relay_http(fill, host, port, inbound, outbound, HEAD_LIMIT, refused)
+    await inbound.sent()

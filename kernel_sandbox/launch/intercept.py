@@ -13,7 +13,6 @@ plain HTTP included, sees the placeholder.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import os
 import secrets
@@ -36,15 +35,11 @@ from ..egress import Destination
 from ..errors import ConfigError
 from ..hostsecrets import MAX_SECRETS, Binding, check_value, parse_binding
 from ..kernelside.trust import BUNDLE, CA_ENV, TRUST_ENV
+from .tls_stream import CHUNK, TlsStream
 
-CHUNK = 64 * 1024
-"""Plaintext taken from one side before it is sent on: small enough that the kernel decrypts one
-chunk while the proxy decrypts the next (a 1 MiB download intercepted: +2.2 ms over the splice,
-against +3.5 ms with 256 KiB chunks; bench/README.md)."""
 LONG_BODY = 64 * 1024
 """An answer's body this long or longer is copied to the kernel as it comes, not event by event
 through h11 (whose buffer copies every byte several times); its connection closes after it."""
-HANDSHAKE_TIMEOUT = 10.0
 VALID_DAYS = 400
 PLACEHOLDER_MIN = 40
 _ALPHABET = string.ascii_letters + string.digits
@@ -293,89 +288,6 @@ class SecretTable:
         return out, path + question + query
 
 
-class TlsStream:
-    """TLS over a pair of asyncio streams by memory BIOs (so over the exec-stream relay's too)."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        context: ssl.SSLContext,
-        *,
-        server_side: bool,
-        server_hostname: str | None = None,
-        touch: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.reader, self.writer, self.touch = reader, writer, touch
-        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._ended = False
-        if writer.get_extra_info("socket") is not None:
-            # room for a chunk while the next one is decrypted (not the relay's own transport)
-            writer.transport.set_write_buffer_limits(high=2 * CHUNK)
-        self.tls = context.wrap_bio(
-            self._in, self._out, server_side=server_side, server_hostname=server_hostname
-        )
-
-    async def _flush(self) -> None:
-        data = self._out.read()
-        if data:
-            self.writer.write(data)
-            await self.writer.drain()
-
-    async def _call(self, op: Callable[..., object], *args: object) -> object:
-        while True:
-            try:
-                result = op(*args)
-            except ssl.SSLWantReadError:
-                await self._flush()
-                data = await self.reader.read(CHUNK)
-                self.touch()
-                if data:
-                    self._in.write(data)
-                else:
-                    self._in.write_eof()
-                continue
-            await self._flush()
-            return result
-
-    async def handshake(self) -> None:
-        """Do the TLS handshake (raises ssl.SSLError, e.g. a certificate that did not verify)."""
-        await asyncio.wait_for(self._call(self.tls.do_handshake), HANDSHAKE_TIMEOUT)
-
-    async def read(self) -> bytes:
-        """Some plaintext: all that the bytes already received hold, up to :data:`CHUNK` (TLS
-        gives one record, at most 16 KiB, at a time); b"" at the end (a close, clean or not)."""
-        if self._ended:
-            return b""
-        try:
-            data = await self._call(self.tls.read, CHUNK)
-        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-            return b""
-        assert isinstance(data, bytes)
-        parts, size = [data], len(data)
-        while size < CHUNK and data:
-            try:
-                data = self.tls.read(CHUNK - size)
-            except ssl.SSLWantReadError:
-                break
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                self._ended = True  # said at the next read, after what came before it
-                break
-            parts.append(data)
-            size += len(data)
-        if self._out.pending:
-            await self._flush()
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def write(self, data: bytes | memoryview) -> None:
-        """Send ``data`` whole."""
-        view = memoryview(data)
-        while view:
-            sent = await self._call(self.tls.write, view)
-            assert isinstance(sent, int)
-            view = view[sent:]
-
-
 async def _next(conn: h11.Connection, stream: TlsStream) -> object:
     """The next event; a quiet connection is ended by the proxy's sweeper (both of its sides)."""
     while True:
@@ -431,19 +343,24 @@ def _long_body(request: h11.Request, answer: h11.Response) -> int | None:
     return length if length >= LONG_BODY else None
 
 
-async def _copy_body(buffered: bytes, length: int, upstream: TlsStream, kernel: TlsStream) -> None:
-    """Send the kernel ``length`` bytes of body: those h11 holds already, then the upstream's as
-    they come (what follows them, if anything, is dropped: the connection then closes)."""
-    data = memoryview(buffered)
-    while True:
-        if data:
-            await kernel.write(data[:length])
-            length -= min(length, len(data))
-        if not length:
+async def _copy_body(
+    head: bytes, buffered: bytes, length: int, upstream: TlsStream, kernel: TlsStream
+) -> None:
+    """Send the kernel the answer's ``head`` and ``length`` bytes of body: those h11 holds already
+    (in one write with the head: one record and one send fewer), then the upstream's as they come,
+    decrypted into one buffer and encrypted from it (what follows them, if anything, is dropped:
+    the connection then closes)."""
+    first = buffered[:length]
+    await kernel.write(head + first)
+    length -= len(first)
+    buffer = memoryview(bytearray(min(CHUNK, length)))
+    while length:
+        size = await upstream.read_into(buffer[: min(CHUNK, length)])
+        if not size:
             return
-        data = memoryview(await upstream.read())
-        if not data:
-            return
+        # write() encrypts the whole chunk before it returns: the buffer is free again
+        await kernel.write(buffer[:size])
+        length -= size
 
 
 async def refuse_request(stream: TlsStream, status: int, reason: str, head_limit: int) -> None:
@@ -538,14 +455,15 @@ async def relay_http(  # noqa: C901
         length = _long_body(event, answer)
         if length is not None:
             headers.append((b"connection", b"close"))
-        await _send(
-            server,
-            kernel,
-            h11.Response(status_code=answer.status_code, headers=headers, reason=answer.reason),
+        response = h11.Response(
+            status_code=answer.status_code, headers=headers, reason=answer.reason
         )
         if length is not None:
-            await _copy_body(client.trailing_data[0], length, upstream, kernel)
+            head = server.send(response)
+            assert head is not None  # a Response always has a head
+            await _copy_body(head, client.trailing_data[0], length, upstream, kernel)
             return
+        await _send(server, kernel, response)
         try:
             while True:
                 part = await _next(client, upstream)

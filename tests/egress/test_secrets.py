@@ -531,9 +531,10 @@ async def api_host(tmp_path: Path, monkeypatch, answer) -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
-async def proxy_to(port: int, **options) -> AsyncIterator[tuple[Egress, int]]:
+async def proxy_to(port: int, send_buffer: int | None = None, **options) -> AsyncIterator[tuple[Egress, int]]:
     """The launcher's proxy with ``api.test:port`` on its list (resolved to 127.0.0.1 by a stub) and
-    ``options``, served on 127.0.0.1; yields it and its port."""
+    ``options``, served on 127.0.0.1 (``send_buffer``: its connections' send buffer); yields it and
+    its port."""
     from kernel_sandbox.egress import parse_destinations
 
     async def resolve(host: str, port: int) -> list[str]:
@@ -542,6 +543,8 @@ async def proxy_to(port: int, **options) -> AsyncIterator[tuple[Egress, int]]:
     network = parse_destinations("network", [f"api.test:{port}@127.0.0.1"])
     egress = Egress(network, resolve=resolve, own_addresses=(), **options)
     listener = socket.socket()
+    if send_buffer is not None:  # the connections accepted inherit it
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.setblocking(False)
@@ -618,6 +621,132 @@ async def test_a_calls_connection_closes_with_the_call_even_when_the_list_allows
             await asyncio.sleep(0.1)
         assert [t for t in gc.get_objects() if isinstance(t, SecretTable)] == [], "the call's table is let go"
         writer.close()
+
+
+SMALL_BUFFER = 64 * 1024
+"""The socket buffers of the flow-control tests (explicit, so not grown by the kernel's autotuning):
+all of them together hold a few MiB at most, far less than what the tests send."""
+
+
+async def small_buffers(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The proxy's connection to a host, with a small receive buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (address, port))
+    return await asyncio.open_connection(sock=sock)
+
+
+async def settled(amount, seconds: float = 10.0) -> int:
+    """``amount()`` once it stopped changing for half a second (at most ``seconds``)."""
+    last, since, deadline = amount(), time.monotonic(), time.monotonic() + seconds
+    while time.monotonic() < deadline and time.monotonic() - since < 0.5:
+        await asyncio.sleep(0.05)
+        if (now := amount()) != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+async def test_a_long_answer_is_read_from_the_host_only_as_fast_as_the_kernel_takes_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A bound host sends 32 MiB that the kernel does not read yet: the proxy stops reading the host
+    after a bounded amount (its TLS reads the socket straight into the TLS object, without asyncio's
+    stream reader and its limit), so the host can send little of the answer (the sockets' buffers
+    are small); then, as the kernel reads, the answer comes whole. Its end too: the proxy used to
+    cut the connection once it had written the last chunk, and what its socket's transport still
+    held (16 to 114 KiB here) was lost."""
+    import hashlib
+
+    from kernel_sandbox.hostsecrets import parse_binding
+    from kernel_sandbox.launch.intercept import SecretTable
+
+    size = 32 << 20
+    body = bytes(range(256)) * (size // 256)
+    sent = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        for start in range(0, size, 1 << 16):  # a piece at a time: counts what was taken
+            writer.write(body[start : start + (1 << 16)])
+            await writer.drain()
+            sent[0] = start + (1 << 16)
+
+    async with api_host(tmp_path, monkeypatch, answer) as port:
+        table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
+        async with proxy_to(port, SMALL_BUFFER, secrets=table, connect=small_buffers) as (egress, proxy):
+            kernel = socket.socket()
+            kernel.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+            kernel.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(kernel, ("127.0.0.1", proxy))
+            reader, writer = await asyncio.open_connection(sock=kernel)
+            writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            await writer.start_tls(ssl.create_default_context(cadata=table.ca.pem), server_hostname="api.test")
+            writer.write(f"GET /big HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+            taken = await settled(lambda: sent[0])
+            assert 0 < taken < size // 4, f"the host could send {taken} bytes the kernel did not read"
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            digest, left = hashlib.sha256(), size
+            while left:
+                data = await asyncio.wait_for(reader.read(min(left, 1 << 20)), 30)
+                assert data, f"{left} bytes missing"
+                digest.update(data)
+                left -= len(data)
+            assert digest.digest() == hashlib.sha256(body).digest()
+            writer.close()
+
+
+async def test_a_long_request_goes_to_the_host_only_as_fast_as_it_takes_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The kernel sends a bound host a 32 MiB body that the host does not read yet: the proxy holds
+    a bounded amount for the host (its writes still wait for the socket, now that the proxy's own
+    protocol reads that socket and passes its pauses on), and once the host reads, it gets the body
+    whole and answers."""
+    import hashlib
+
+    from kernel_sandbox.hostsecrets import parse_binding
+    from kernel_sandbox.launch.intercept import SecretTable
+
+    size = 32 << 20
+    body = bytes(range(256)) * (size // 256)
+    gate = asyncio.Event()
+    received: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await gate.wait()
+        digest, left = hashlib.sha256(), size
+        while left and (data := await reader.read(min(left, 1 << 20))):
+            digest.update(data)
+            left -= len(data)
+        received.append(digest.digest())
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with api_host(tmp_path, monkeypatch, answer) as port:
+        table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
+        async with proxy_to(port, secrets=table) as (egress, proxy):
+            reader, writer = await tunnel(proxy, port, table.ca.pem)
+            writer.write(
+                f"POST /up HTTP/1.1\r\nHost: api.test:{port}\r\nContent-Length: {size}\r\n\r\n".encode()
+            )
+            writer.write(body)
+            await asyncio.sleep(0.5)
+            (upstream,) = egress._upstreams.values()
+            most = 0
+            for _ in range(20):
+                most = max(most, upstream.transport.get_write_buffer_size())
+                await asyncio.sleep(0.05)
+            assert most <= 1 << 20, f"the proxy held {most} bytes for a host that did not read them"
+            gate.set()
+            head = await asyncio.wait_for(reader.readuntil(b"ok"), 30)
+            assert head.startswith(b"HTTP/1.1 200")
+            assert received == [hashlib.sha256(body).digest()]
+            writer.close()
 
 
 def test_a_calls_trust_bundle_adds_its_ca_to_the_kernels_and_certifi_follows_it(
