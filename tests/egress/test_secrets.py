@@ -1129,3 +1129,42 @@ def test_the_fill_never_sends_a_value_toward_another_destination(
     sent = b"".join(name + value for name, value in out) + target
     bound = (host, port) == ("api.test", 8443)
     assert (VALUE.encode() in sent) is bound and (b"/p/" + token) in target
+
+
+async def test_a_spliced_answer_comes_whole_to_a_kernel_that_closed_its_sending_side() -> None:
+    """A spliced connection (no secret) whose kernel sent its request and shut its sending side, as
+    some clients do, then reads the long answer slower than the host sends: the proxy cut it once both
+    directions had ended, and its transport dropped the end it still held."""
+    import hashlib
+
+    size = 8 << 20
+    body = bytes(range(256)) * (size // 256)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with proxy_to(port, SMALL_BUFFER) as (_, proxy):
+            kernel = socket.socket()
+            kernel.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+            kernel.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(kernel, ("127.0.0.1", proxy))
+            reader, writer = await asyncio.open_connection(sock=kernel)
+            writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            writer.write_eof()
+            digest, got = hashlib.sha256(), 0
+            while data := await asyncio.wait_for(reader.read(1 << 16), 30):
+                digest.update(data)
+                got += len(data)
+                await asyncio.sleep(0.001)  # slower than the host sends
+            assert got == size and digest.digest() == hashlib.sha256(body).digest(), f"{size - got} bytes lost"
+            writer.close()
+    finally:
+        server.close()
