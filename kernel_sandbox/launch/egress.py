@@ -468,10 +468,11 @@ class Egress:
                 await sink.drain()
             if sink.can_write_eof():
                 sink.write_eof()
-            # all of it leaves before the connection is cut (an abort drops what a transport holds);
-            # the sweeper's idle timeout bounds the wait
-            sink.transport.set_write_buffer_limits(high=0)
-            await sink.drain()
+            if sink.get_extra_info("socket") is not None:  # the relay's keeps its frames in order
+                # all of it leaves before the connection is cut (an abort drops what a socket's
+                # transport holds); the sweeper's idle timeout bounds the wait
+                sink.transport.set_write_buffer_limits(high=0)
+                await sink.drain()
         except (ConnectionError, OSError):
             sink.transport.abort()
 
