@@ -555,12 +555,18 @@ async def proxy_to(port: int, send_buffer: int | None = None, **options) -> Asyn
         await egress.close()
 
 
-async def tunnel(proxy: int, port: int, trust: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A CONNECT to ``api.test:port`` through the proxy on port ``proxy``, then TLS trusting the CA
-    ``trust`` (PEM)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", proxy)
+async def connected(proxy: int, port: int, open_connection=asyncio.open_connection) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A CONNECT to ``api.test:port`` through the proxy on port ``proxy``, established (the kernel's
+    connection made by ``open_connection(address, port)``)."""
+    reader, writer = await open_connection("127.0.0.1", proxy)
     writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
     assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    return reader, writer
+
+
+async def tunnel(proxy: int, port: int, trust: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """:func:`connected`, then TLS trusting the CA ``trust`` (PEM)."""
+    reader, writer = await connected(proxy, port)
     await writer.start_tls(ssl.create_default_context(cadata=trust), server_hostname="api.test")
     return reader, writer
 
@@ -629,7 +635,7 @@ all of them together hold a few MiB at most, far less than what the tests send."
 
 
 async def small_buffers(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """The proxy's connection to a host, with a small receive buffer."""
+    """A connection with a small receive buffer (the proxy's to a host, or a kernel's to the proxy)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
     sock.setblocking(False)
@@ -677,13 +683,7 @@ async def test_a_long_answer_is_read_from_the_host_only_as_fast_as_the_kernel_ta
     async with api_host(tmp_path, monkeypatch, answer) as port:
         table = SecretTable([parse_binding("secrets", f"API_KEY@api.test:{port}")], {"API_KEY": VALUE})
         async with proxy_to(port, SMALL_BUFFER, secrets=table, connect=small_buffers) as (egress, proxy):
-            kernel = socket.socket()
-            kernel.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
-            kernel.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(kernel, ("127.0.0.1", proxy))
-            reader, writer = await asyncio.open_connection(sock=kernel)
-            writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            reader, writer = await connected(proxy, port, small_buffers)  # the kernel reads slowly
             await writer.start_tls(ssl.create_default_context(cadata=table.ca.pem), server_hostname="api.test")
             writer.write(f"GET /big HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
             taken = await settled(lambda: sent[0])
@@ -1150,13 +1150,7 @@ async def test_a_spliced_answer_comes_whole_to_a_kernel_that_closed_its_sending_
     port = server.sockets[0].getsockname()[1]
     try:
         async with proxy_to(port, SMALL_BUFFER) as (_, proxy):
-            kernel = socket.socket()
-            kernel.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
-            kernel.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(kernel, ("127.0.0.1", proxy))
-            reader, writer = await asyncio.open_connection(sock=kernel)
-            writer.write(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            reader, writer = await connected(proxy, port, small_buffers)  # the kernel reads slowly
             writer.write(b"GET / HTTP/1.1\r\n\r\n")
             writer.write_eof()
             digest, got = hashlib.sha256(), 0
