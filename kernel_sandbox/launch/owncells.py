@@ -27,8 +27,7 @@ from .messages import dumps, msg_type_of, parse_part
 from .wire import new_header
 
 OWN_TIMEOUT = 600.0
-"""Seconds the launcher waits for its own cell (the magic itself gives the host 300 s to move the
-blob)."""
+"""Seconds the launcher waits for its own cell (saving or loading a large state takes a while)."""
 OWN_OUTPUT = 4 * CHUNK
 """Characters of output taken from one own cell (a chunk's answer fits)."""
 
