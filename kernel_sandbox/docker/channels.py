@@ -22,7 +22,7 @@ from ..kernelside import source
 from ..kernelside.boot import PORTS, SIGNATURE_SCHEME
 from ..launch import egress
 from ..launch.checkpoints import CheckpointStore
-from ..launch.messages import DELIM, REQUEST_CHANNELS, Signer, msg_type_of, unpack
+from ..launch.messages import DELIM, REQUEST_CHANNELS, Signer, msg_type_of, parse_part, unpack
 from ..launch.front import ExitStatus, Front
 from ..metrics import CgroupProbe, Usage
 from ..privdir import PrivateDir
@@ -62,6 +62,10 @@ LIFELINE_CHANNEL = "hb"
 CHANNEL_PORTS = {
     channel: PORTS[f"{channel}_port"] for channel in (*REQUEST_CHANNELS, "iopub", "hb")
 }
+RUNS_CODE = ("execute_request", "comm_open", "comm_msg", "comm_close")
+"""The shell requests that run the user's code: what an interrupt is for."""
+RUNNING_LIMIT = 1024
+"""Such requests the launcher follows at once (more: the kernel counts as running)."""
 SHUTDOWN_WAIT = 10.0
 """Seconds a kernel has, after its ``shutdown_request``, to exit on its own before the launcher
 stops it (as jupyter_client's manager kills a kernel after ``shutdown_wait_time``: an ipykernel
@@ -119,8 +123,10 @@ class ChannelLink:
         self._probing: asyncio.Future[None] | None = None
         self._reopening: set[asyncio.Future[None]] = set()
         self._shutdown_asked = False
-        self._idle = True
-        """What the kernel's last status said (a client's own guess: only for :meth:`interrupt`)."""
+        self._running: set[str] = set()
+        """The ids of the client's requests that run code (:data:`RUNS_CODE`) whose idle status
+        has not come: for :meth:`interrupt` alone. Per request: ipykernel handles control
+        requests in their own thread, so the idle of one says nothing of a cell that runs."""
         self._egress: egress.Egress | None = None
         self._secrets: SecretTable | None = None
         self._cgroup: CgroupProbe | None = None
@@ -251,7 +257,7 @@ class ChannelLink:
             return
         idents, parts = message
         if channel == "iopub" and b"status" in parts[0] and msg_type_of(parts[0]) == "status":
-            self._idle = b'"idle"' in parts[3]
+            self._note_status(parts)
         if channel == "iopub" and not self._welcomed.done() and b"iopub_welcome" in parts[0]:
             self._welcomed.set_result(None)
         if not idents and channel == "shell" and self._info_id.encode() in parts[1]:
@@ -260,10 +266,24 @@ class ChannelLink:
             return  # the answer to the launcher's own request
         self._front.from_kernel(channel, idents, parts)
 
+    def _note_status(self, parts: list[Any]) -> None:
+        if self._running and b'"idle"' in parts[3]:
+            parent = parse_part(parts[1])
+            if isinstance(parent, dict):
+                self._running.discard(str(parent.get("msg_id")))
+
+    def running(self) -> bool:
+        """Whether a request of the client's that runs code has not ended (said idle)."""
+        return bool(self._running)
+
     def send(self, channel: str, idents: list[Any], parts: list[Any]) -> None:
         """Sign a client message with the kernel's key and send it on (noting a shutdown
         request)."""
         header = parts[0]
+        if channel == "shell" and len(self._running) < RUNNING_LIMIT:
+            request = parse_part(header) if isinstance(header, bytes) else None
+            if isinstance(request, dict) and request.get("msg_type") in RUNS_CODE:
+                self._running.add(str(request.get("msg_id")))
         if (
             not self._shutdown_asked
             and channel != "stdin"

@@ -26,6 +26,9 @@ log = logging.getLogger("kernel_sandbox.launch")
 
 SIGKILLED = 128 + 9
 """The init's exit code when the kernel's process was killed with SIGKILL."""
+INTERRUPTS = ("2", "SIGINT")
+"""A ``kill`` event's signal that is an interrupt (the link's own :meth:`interrupt`, or a
+``docker kill -s INT``), not a kill."""
 ENGINE_CHECK_TIMEOUT = 10
 ENGINE_PROBE_INTERVAL = 10.0
 """Seconds between two pings of the engine while the kernel runs: a hung engine (connections
@@ -71,7 +74,9 @@ class WatchedLink(ChannelLink):
             self._oom_events += 1
             self.heartbeat([OOM_PROBE, str(self._oom_events).encode()])
         elif status == "kill" and not self._stopping:
-            self._killed = str(attributes.get("signal", "?"))
+            signal = str(attributes.get("signal", "?"))
+            if signal not in INTERRUPTS:  # an interrupt earlier in its life is no kill
+                self._killed = signal
         elif status == "exec_die":
             stream = self._execs.pop(str(attributes.get("execID")), None)
             if stream is not None:
@@ -95,7 +100,7 @@ class WatchedLink(ChannelLink):
         if self._oom:
             limit = f", limit {self.settings.memory // MiB} MiB" if self.settings.memory else ""
             return f"out of memory{limit}; raise memory"
-        if self._killed is not None and self._killed not in ("2", "SIGINT"):
+        if self._killed is not None:
             return (
                 f"killed through the Docker engine (signal {self._killed}: a `docker kill`, "
                 "`docker stop` or `docker rm -f`)"

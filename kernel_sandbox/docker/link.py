@@ -81,9 +81,6 @@ PROBE_INTERVAL = 0.5
 WELCOME_WAIT = 1.0
 """Seconds to wait, once the heartbeat answers, for ipykernel 7's ``iopub_welcome`` (JEP 65) to
 confirm the launcher's IOPub subscription; kernels without it start after this pause."""
-INTERRUPT_DELAY = 0.2
-"""Seconds a SIGINT for the kernel waits for a shutdown request that makes it moot (see
-:meth:`DockerLink.interrupt`)."""
 
 
 class DockerLink(WatchedLink):
@@ -386,21 +383,19 @@ class DockerLink(WatchedLink):
         return near_misses(checked, usage, error_text)
 
     async def interrupt(self) -> None:
-        """Send SIGINT to the kernel through the container's init, unless it is idle and being shut
-        down.
+        """Send SIGINT to the kernel through the container's init, while code of a client's runs.
 
-        jupyter_client interrupts every kernel it shuts down, just before its ``shutdown_request``;
-        an idle ipykernel that a SIGINT catches in the tail of a handler (the reply sent, its idle
-        status not yet) logs a false ``KeyboardInterrupt caught in kernel`` error. So the signal
-        waits :data:`INTERRUPT_DELAY` s, and is not sent when a shutdown was asked meanwhile and
-        the kernel said it is idle; a busy kernel is interrupted, as the client means. A kernel
-        that has ended has nothing to interrupt: its end is reported where it is seen.
+        ipykernel ignores SIGINT between cells, and jupyter_client interrupts every kernel it
+        shuts down: sent to a kernel in the tail of a handler (its reply sent, its idle status
+        not yet), the signal logs a false ``KeyboardInterrupt caught in kernel`` error. So a
+        kernel with no request of :data:`.channels.RUNS_CODE` open is left alone, and a busy one
+        is interrupted at once, as a local one is. A kernel that has ended has nothing to
+        interrupt: its end is reported where it is seen.
         """
         if self._client is None or self.container_id is None:
             return
-        await asyncio.sleep(INTERRUPT_DELAY)
-        if (self._shutdown_asked and self._idle) or self._ended.done():
-            log.debug("not interrupting a kernel that is shutting down idle or has ended")
+        if not self.running() or self._ended.done():
+            log.debug("not interrupting a kernel that runs no code or has ended")
             return
         try:
             await asyncio.to_thread(self._client.api.kill, self.container_id, "SIGINT")

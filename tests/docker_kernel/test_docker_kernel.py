@@ -258,18 +258,51 @@ async def test_an_ending_is_named_from_what_ended_the_kernel_not_an_earlier_oom_
 
 async def test_an_abort_on_the_way_out_of_a_shutdown_is_no_crash_and_one_before_is(caplog: pytest.LogCaptureFixture) -> None:
     """A kernel that aborts (SIGABRT, exit code 134) in its teardown after a shutdown_request ended as
-    asked: nothing is logged as an error. The same abort in a cell is the crash it is."""
-    manager = AsyncKernelManager(kernel_name="sandboxed-python")
-    await manager.start_kernel()
-    await run(manager, "import atexit, os\natexit.register(os.abort)")
-    await manager.shutdown_kernel()
-    assert "exit code 134" not in caplog.text
+    asked: nothing is logged as an error, also when it was interrupted earlier in its life (the
+    engine reports a SIGINT as a kill; a busy server's shutdown sent one). An interrupt between
+    cells does not hit the next cell. The same abort in a cell is the crash it is."""
+    for interrupted in (False, True):
+        manager = AsyncKernelManager(kernel_name="sandboxed-python")
+        await manager.start_kernel()
+        await run(manager, "import atexit, os\natexit.register(os.abort)")
+        if interrupted:
+            await manager.interrupt_kernel()
+            assert (await run(manager, "'still here'"))["results"][0]["data"]["text/plain"] == "'still here'"
+        await manager.shutdown_kernel()
+        assert manager.provisioner.exit_reason == "the kernel shut down", interrupted
+        assert "exit code 134" not in caplog.text, interrupted
     manager = AsyncKernelManager(kernel_name="sandboxed-python")
     manager.autorestart = False
     async with started_client(manager, timeout=60) as kc:
         kc.execute("import os; os.abort()")
         await until_ended(manager)
         assert manager.provisioner.exit_reason == "exit code 134"
+
+
+async def test_a_busy_kernel_asked_to_shut_down_is_interrupted_not_killed(docker_engine) -> None:
+    """jupyter_client interrupts a kernel before its shutdown_request: a cell that runs is
+    interrupted (SIGINT through the engine) and the kernel exits on its own, as a local one does,
+    although the idle of the shutdown_request (handled in ipykernel's control thread) came
+    meanwhile; it is not left to the launcher's SIGKILL."""
+    manager = AsyncKernelManager(kernel_name="sandboxed-python", config=Config({"DockerProvisioner": {"standby": 0}}))
+    await manager.start_kernel()
+    container_id, since = manager.provisioner.container_id, int(time.time()) - 1
+    kc = manager.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        kc.execute("import time\nprint('running', flush=True)\ntime.sleep(600)")
+        while True:  # the cell runs
+            msg = await kc.get_iopub_msg(timeout=60)
+            if msg["msg_type"] == "stream" and "running" in msg["content"]["text"]:
+                break
+        await manager.shutdown_kernel()
+    finally:
+        kc.stop_channels()
+    assert manager.provisioner.exit_reason == "the kernel shut down"
+    kills = docker_engine.events(filters={"container": container_id, "event": "kill"}, decode=True,
+                                 since=since, until=int(time.time()) + 1)
+    assert [event["Actor"]["Attributes"].get("signal") for event in kills] == ["2"]
 
 
 async def test_shutdown_leaves_nothing(docker_engine) -> None:
