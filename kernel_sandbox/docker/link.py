@@ -236,11 +236,14 @@ class DockerLink(WatchedLink):
                     str(egress.PROXY_PORT),
                 ]
                 exec_id, relay = await asyncio.to_thread(self._exec_socket, command)
-                transport, _ = await self._loop.connect_accepted_socket(
+                transport, stream = await self._loop.connect_accepted_socket(
                     lambda: RelayStream(proxy, Demux, front.notice_next_cell), relay
                 )
                 self._streams.append(transport)
                 self._execs[exec_id] = transport
+                failed = await stream.listening  # the kernel's first cell finds its proxy there
+                if failed is not None:
+                    raise OSError(failed)
         except (OSError, docker.errors.APIError) as exc:
             raise KernelLaunchError(
                 f"Could not serve the kernel's egress proxy on its port {egress.PROXY_PORT}: {exc}"

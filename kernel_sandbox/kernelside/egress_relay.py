@@ -2,7 +2,8 @@
 
 The launcher runs ``python -I -S -c SOURCE PORT`` through one Docker exec stream. This relay
 listens on 127.0.0.1:PORT in the container and carries every connection made to it over the
-stream, as frames of :data:`HEADER` (connection id, kind, length) and a payload: ``OPEN`` (a
+stream, as frames of :data:`HEADER` (connection id, kind, length) and a payload: first
+``LISTENING`` (id 0: the port is open, the launcher may call the kernel ready), then ``OPEN`` (a
 client connected), ``DATA``, ``EOF`` (no more bytes this way), ``CLOSE``, and ``PAUSE``/``RESUME``
 (stop and go on reading that client: from the launcher; from the relay, stop and go on sending it
 bytes for a client that does not read them). The launcher decides everything; the
@@ -20,7 +21,7 @@ import struct
 import sys
 
 HEADER = struct.Struct(">IBI")
-OPEN, DATA, EOF, CLOSE, PAUSE, RESUME = range(1, 7)
+OPEN, DATA, EOF, CLOSE, PAUSE, RESUME, LISTENING = range(1, 8)
 CHUNK = 64 * 1024
 PAUSE_AT = 4 * CHUNK
 """Bytes waiting for a client that make the relay ask the launcher to pause that connection (the
@@ -216,6 +217,7 @@ def main(argv):
         sys.stderr.write(f"egress relay: cannot listen on port {argv[0]}: {exc}\n")
         return 1
     try:
+        send(LISTENING, 0)
         serve(listener)
     except OSError:  # the launcher's end is gone (a write to it failed)
         pass

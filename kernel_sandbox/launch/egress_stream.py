@@ -15,9 +15,10 @@ yet read by the proxy, more than :data:`READ_BUDGET` for all of them together, o
 (:meth:`RelayStream.broken`): the stream closes, the proxy refuses install windows, and the kernel
 is told why in its next cell (as when the relay exits). So do frames no relay sends: an id opened
 twice, more than :data:`~kernel_sandbox.kernelside.egress_relay.MAX_CLIENTS` connections at once,
-bytes after a connection's end, a frame of an unknown kind. The relay may ask to pause a
-connection whose client does not read (``PAUSE``/``RESUME`` its way): the proxy then waits for
-room as it does when the stream is full.
+bytes after a connection's end, a frame of an unknown kind, a second ``LISTENING``. The first one
+(:attr:`RelayStream.listening`) is what the launcher waits for before it calls the kernel ready.
+The relay may ask to pause a connection whose client does not read (``PAUSE``/``RESUME`` its
+way): the proxy then waits for room as it does when the stream is full.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..kernelside.egress_relay import (
     DATA,
     EOF,
     HEADER,
+    LISTENING,
     MAX_CLIENTS,
     OPEN,
     PAUSE,
@@ -184,6 +186,10 @@ class RelayStream(asyncio.Protocol):
         """Why the kernel's egress was ended (its relay broke a bound), once it was."""
         self.writing_paused = False
         """The relay's stream is over its high-water mark: every connection waits for room."""
+        self.listening: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        """None once the relay said it listens on the kernel's proxy port; why not when its
+        stream ended first (with what the relay wrote on stderr)."""
+        self._said = ""
         self._pending = bytearray()
         self._demux = demux_factory(self._frames, self._stderr)
 
@@ -245,23 +251,33 @@ class RelayStream(asyncio.Protocol):
             self._frame(kind, ident, payload)
 
     def _frame(self, kind: int, ident: int, payload: bytes) -> None:
-        if kind not in (OPEN, DATA, EOF, CLOSE, PAUSE, RESUME):
+        if kind not in (OPEN, DATA, EOF, CLOSE, PAUSE, RESUME, LISTENING):
             self.broken(f"sent a frame of an unknown kind ({kind})")
+        elif kind == LISTENING:
+            if self.listening.done():
+                self.broken("said twice that it listens")
+            else:
+                self.listening.set_result(None)
+        elif kind == OPEN:
+            self._open(ident)
+        else:
+            self._on_connection(kind, ident, payload)
+
+    def _open(self, ident: int) -> None:
+        # the relay numbers its connections in turn and holds at most MAX_CLIENTS: the launcher
+        # holds none that the relay does not
+        if ident in self.connections:
+            self.broken(f"opened connection {ident} twice")
             return
-        if kind == OPEN:
-            # the relay numbers its connections in turn and holds at most MAX_CLIENTS: the
-            # launcher holds none that the relay does not
-            if ident in self.connections:
-                self.broken(f"opened connection {ident} twice")
-                return
-            if len(self.connections) >= MAX_CLIENTS:
-                self.broken(f"opened more than {MAX_CLIENTS} connections at once")
-                return
-            opened = self.connections[ident] = _Connection(self, ident)
-            opened.protocol.connection_made(opened)
-            opened.flow()
-            asyncio.ensure_future(self._serve(opened))
+        if len(self.connections) >= MAX_CLIENTS:
+            self.broken(f"opened more than {MAX_CLIENTS} connections at once")
             return
+        opened = self.connections[ident] = _Connection(self, ident)
+        opened.protocol.connection_made(opened)
+        opened.flow()
+        asyncio.ensure_future(self._serve(opened))
+
+    def _on_connection(self, kind: int, ident: int, payload: bytes) -> None:
         connection = self.connections.get(ident)
         if connection is None:
             return
@@ -300,7 +316,8 @@ class RelayStream(asyncio.Protocol):
             connection.reader.taken(connection.reader.held)
 
     def _stderr(self, data: memoryview) -> None:
-        log.debug("egress relay: %s", bytes(data[:500]).decode(errors="replace").strip())
+        self._said = bytes(data[:500]).decode(errors="replace").strip()
+        log.debug("egress relay: %s", self._said)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -313,6 +330,10 @@ class RelayStream(asyncio.Protocol):
             connection.flow()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.listening.done():
+            self.listening.set_result(
+                f"the relay exited before it listened ({self._said or exc or 'no word'})"
+            )
         for connection in list(self.connections.values()):
             connection.lost()
         self.transport = None

@@ -54,15 +54,13 @@ import os, signal, struct, time
 HEADER = struct.Struct({HEADER.format!r})
 OPEN, DATA = {OPEN}, {DATA}
 def relay():
-    for _ in range(100):  # the launcher may start it a moment after the kernel answers
-        for pid in os.listdir('/proc'):
-            try:
-                cmd = open(f'/proc/{{pid}}/cmdline', 'rb').read().split(b'\\0')
-            except OSError:
-                continue
-            if cmd[1:4] == [b'-I', b'-S', b'-c'] and cmd[-2:] == [b'{PROXY_PORT}', b'']:
-                return int(pid)
-        time.sleep(0.1)
+    for pid in os.listdir('/proc'):  # it listens before the kernel answers
+        try:
+            cmd = open(f'/proc/{{pid}}/cmdline', 'rb').read().split(b'\\0')
+        except OSError:
+            continue
+        if cmd[1:4] == [b'-I', b'-S', b'-c'] and cmd[-2:] == [b'{PROXY_PORT}', b'']:
+            return int(pid)
     raise LookupError('no egress relay in the container')
 def hijack():
     """Stop the relay; a non-blocking fd writing into the launcher's stream in its place."""

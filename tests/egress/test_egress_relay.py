@@ -22,7 +22,7 @@ import pytest
 
 from kernel_sandbox.egress import parse_destinations
 from kernel_sandbox.kernelside import source
-from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, MAX_CLIENTS, OPEN
+from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, LISTENING, MAX_CLIENTS, OPEN
 from kernel_sandbox.launch.egress import Egress
 from kernel_sandbox.launch.egress_outbound import open_outbound
 from support.launcher_hooks import guarded
@@ -119,12 +119,7 @@ async def relay(proxy: Proxy) -> AsyncIterator:
     transport, stream = await asyncio.get_running_loop().connect_accepted_socket(
         lambda: RelayStream(proxy.egress, Straight, proxy.told.append), ours
     )
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            await asyncio.sleep(0.02)
+    assert await asyncio.wait_for(stream.listening, 30) is None  # the port is open from here on
     yield port, proxy.echo, stream, proxy.egress, process
     if process.poll() is None:
         assert proxy.told == [] and stream.ended is None, "an honest relay broke a budget"
@@ -197,6 +192,28 @@ async def test_a_relay_killed_in_the_kernel_ends_egress_with_a_reason(relay) -> 
         await asyncio.sleep(0.1)
     assert stream.ended == "this kernel's egress ended: its relay in the container exited; restart the kernel to have egress again"
     assert egress.answer({"open": 60}) == {"status": "error", "evalue": stream.ended}
+
+
+async def test_a_relay_that_cannot_listen_says_why_before_the_kernel_is_ready(proxy: Proxy) -> None:
+    """Its port taken, the relay exits: the launcher's wait for it ends with the relay's reason
+    (the Docker link then fails the launch with it), never with a kernel whose proxy is missing."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen([sys.executable, "-I", "-S", "-c", source("egress_relay"), str(taken.getsockname()[1])],
+                               stdin=theirs, stdout=theirs, stderr=subprocess.PIPE)
+    theirs.close()
+    ours.setblocking(False)
+    try:
+        _, stream = await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: RelayStream(proxy.egress, Straight, proxy.told.append), ours
+        )
+        assert await asyncio.to_thread(process.wait, 30) == 1
+        assert "cannot listen on port" in process.stderr.read().decode()
+        assert (await asyncio.wait_for(stream.listening, 30) or "").startswith("the relay exited before it listened")
+    finally:
+        taken.close()
 
 
 # ---- a relay in the attacker's hands --------------------------------------------------------------
@@ -343,8 +360,10 @@ async def test_answers_to_forged_openings_are_bounded(forged: Forged, monkeypatc
     (b"".join(frame(OPEN, i) for i in range(MAX_CLIENTS + 1)), f"opened more than {MAX_CLIENTS} connections at once"),
     (frame(OPEN, 5) + frame(EOF, 5) + frame(DATA, 5, b"x"), "sent bytes on connection 5 after its end"),
     (frame(200, 5), "sent a frame of an unknown kind (200)"),
+    (frame(LISTENING, 0) * 2, "said twice that it listens"),
 ])
 async def test_frames_no_relay_sends_end_egress(forged: Forged, frames: bytes, breach: str) -> None:
-    """An id opened twice; more connections than the relay holds; bytes after a connection's end; a kind unknown."""
+    """An id opened twice; more connections than the relay holds; bytes after a connection's end; a
+    kind unknown; a second word that it listens."""
     assert await forged.send(frames)
     assert breach in await forged.ended()
