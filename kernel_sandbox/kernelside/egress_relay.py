@@ -79,11 +79,14 @@ class Relay:
         """Clients whose end (EOF from the launcher) follows their outbox."""
         self.held = set()
         """Clients the launcher was asked to pause (their outbox is over :data:`PAUSE_AT`)."""
+        self.closing = set()
+        """Clients the launcher closed whose outbox they have not taken yet: closed after it, as
+        a socket's close sends what it holds."""
         self.serial = 0
 
     def drop(self, ident, tell=False):
         """Close client ``ident`` (and tell the launcher when it did not ask)."""
-        for group in (self.reading, self.ending, self.held):
+        for group in (self.reading, self.ending, self.held, self.closing):
             group.discard(ident)
         self.outbox.pop(ident, None)
         self.clients.pop(ident).close()
@@ -100,6 +103,9 @@ class Relay:
             pass
         except OSError:
             self.drop(ident, tell=True)
+            return
+        if not box and ident in self.closing:
+            self.drop(ident)
             return
         if not box and ident in self.ending:
             self.ending.discard(ident)
@@ -124,6 +130,9 @@ class Relay:
         elif kind == EOF:
             self.ending.add(ident)
             self.flush(ident)
+        elif kind == CLOSE and self.outbox[ident]:
+            self.closing.add(ident)
+            self.reading.discard(ident)
         elif kind == CLOSE:
             self.drop(ident)
         elif kind == PAUSE:

@@ -15,6 +15,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import pytest
 
 from kernel_sandbox.egress import parse_destinations
 from kernel_sandbox.kernelside import source
-from kernel_sandbox.kernelside.egress_relay import DATA, EOF, HEADER, LISTENING, MAX_CLIENTS, OPEN
+from kernel_sandbox.kernelside.egress_relay import CLOSE, DATA, EOF, HEADER, LISTENING, MAX_CLIENTS, OPEN
 from kernel_sandbox.launch.egress import Egress
 from kernel_sandbox.launch.egress_outbound import open_outbound
 from support.launcher_hooks import guarded
@@ -179,6 +180,67 @@ async def test_a_client_that_stops_reading_holds_up_no_other(relay) -> None:
     while received < 8 * MiB:  # the stalled download goes on once read
         received += len(await asyncio.wait_for(reader.read(1 << 20), 30))
     writer.close()
+
+
+async def test_a_slow_client_gets_every_byte_of_an_answer_the_upstream_ended(relay) -> None:
+    """The upstream sends its last bytes and closes while the relay still holds some for a client
+    that reads slowly: the relay hands them over before it closes that client (the proxy's close
+    is a socket's close, not an abort)."""
+    port, upstream_port, stream, egress, _ = relay
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the relay's outbox fills
+    client.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=client)
+    writer.write(f"CONNECT index.test:{upstream_port} HTTP/1.1\r\n\r\n".encode())
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)).startswith(b"HTTP/1.1 200")
+    payload = bytes(range(256)) * 4096  # 1 MiB, echoed, then the echo closes
+    writer.write(payload)
+    writer.write_eof()
+    received = bytearray()
+    while data := await asyncio.wait_for(reader.read(16384), 30):
+        received += data
+        await asyncio.sleep(0.002)
+    writer.close()
+    assert len(received) == len(payload) and received == payload
+
+
+def test_the_relay_hands_a_slow_client_its_bytes_before_the_close_the_launcher_sent() -> None:
+    """The launcher's CLOSE comes while the relay holds bytes its client has not taken: the client
+    gets each of them, then the end (a close drops nothing that was sent)."""
+    ours, theirs = socket.socketpair()
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-I", "-S", "-c", source("egress_relay"), str(port)],
+                               stdin=theirs, stdout=theirs)
+    theirs.close()
+    ours.settimeout(30)
+
+    def next_frame() -> tuple[int, int]:
+        head = b""
+        while len(head) < HEADER.size:
+            head += ours.recv(HEADER.size - len(head))
+        ident, kind, length = HEADER.unpack(head)
+        assert length == 0
+        return kind, ident
+
+    try:
+        assert next_frame() == (LISTENING, 0)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        client.settimeout(30)
+        assert next_frame() == (OPEN, 1)
+        payload = bytes(range(256)) * 32768  # 8 MiB: more than the sockets on the way hold
+        ours.sendall(b"".join(frame(DATA, 1, payload[i:i + 65536]) for i in range(0, len(payload), 65536)))
+        ours.sendall(frame(CLOSE, 1))
+        received = bytearray()
+        while data := client.recv(8192):
+            received += data
+            time.sleep(0.001)
+        assert len(received) == len(payload) and received == payload
+        client.close()
+    finally:
+        ours.close()
+        assert process.wait(30) == 0
 
 
 async def test_a_relay_killed_in_the_kernel_ends_egress_with_a_reason(relay) -> None:
