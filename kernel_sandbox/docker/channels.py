@@ -280,8 +280,13 @@ class ChannelLink:
         """Sign a client message with the kernel's key and send it on (noting a shutdown
         request)."""
         header = parts[0]
-        if channel == "shell" and len(self._running) < RUNNING_LIMIT:
-            request = parse_part(header) if isinstance(header, bytes) else None
+        if (
+            channel == "shell"
+            and isinstance(header, bytes)
+            and (b"execute_request" in header or b"comm_" in header)
+            and len(self._running) < RUNNING_LIMIT
+        ):
+            request = parse_part(header)
             if isinstance(request, dict) and request.get("msg_type") in RUNS_CODE:
                 self._running.add(str(request.get("msg_id")))
         if (
